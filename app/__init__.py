@@ -1,0 +1,1 @@
+"""The Qt application: windows, engine supervisor, API/stats clients, NVML sampler, settings."""

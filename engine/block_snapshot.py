@@ -1,0 +1,31 @@
+"""A picture of every physical KV block (state, ref count, owner) for the GUI's block map."""
+from __future__ import annotations
+
+import numpy as np
+
+from engine.block_pool import BlockPool
+from engine.outputs import BlockPoolSnapshot
+from engine.sequence import Sequence
+
+FREE, USED, CACHED_FREE = 0, 1, 2
+
+
+def snapshot_blocks(pool: BlockPool, running: list[Sequence]) -> BlockPoolSnapshot:
+    n = pool.num_blocks
+    ref_count = np.fromiter((b.ref_count for b in pool.blocks), dtype=np.int32, count=n)
+    state = np.where(ref_count > 0, USED, FREE).astype(np.uint8)
+    for block_hash, block in pool.cached.items():
+        if block.ref_count == 0:
+            state[block.block_id] = CACHED_FREE
+    owner = np.full(n, -1, dtype=np.int32)
+    owner_ids: list[str] = []
+    index: dict[str, int] = {}
+    for seq in running:
+        rid = seq.request.request_id
+        k = index.setdefault(rid, len(owner_ids))
+        if k == len(owner_ids):
+            owner_ids.append(rid)
+        ids = np.fromiter((b.block_id for b in seq.block_table), dtype=np.int64, count=len(seq.block_table))
+        unowned = ids[owner[ids] < 0]
+        owner[unowned] = k
+    return BlockPoolSnapshot(state, ref_count, owner, owner_ids)

@@ -1,0 +1,174 @@
+"""Engine flags, their defaults and the engine configuration, declared once.
+
+Torch-free on purpose: the GUI imports this module to build its settings form, and the CLI builds
+its argument parser from the same `FLAGS`. Each flag uses vLLM's name, so commands written for vLLM
+carry over. A flag for a feature that is not built gets a clear "not supported yet" error from
+`EngineConfig.validate`, never silent acceptance.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
+DEVICES = ("auto", "cuda", "cpu")
+ATTENTION_BACKENDS = ("auto", "triton", "torch")
+SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
+DEFAULT_CPU_KV_CACHE_GIB = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One engine or server setting: its CLI spelling, type, default and help, used by CLI and GUI."""
+
+    name: str  # attribute name, e.g. "max_model_len"; CLI spelling is --max-model-len
+    type: type
+    default: Any
+    help: str
+    group: str = "engine"  # engine | scheduler | cache | parallel | server
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    negatable: bool = False  # booleans that default on get --no-<name>
+    gui: bool = True  # shown in the GUI's settings form
+
+    @property
+    def cli(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("model", str, None, "Hugging Face model folder or hub repo id", "model", gui=False),
+    Flag("served_model_name", str, None, "Model name reported by the API (default: --model)", "server"),
+    Flag("tokenizer", str, None, "Tokenizer folder or repo id (default: --model)", "model", gui=False),
+    Flag("revision", str, None, "Hub revision of the model", "model", gui=False),
+    Flag("trust_remote_code", bool, False, "Allow custom code from the model repo (tokenizer only)", "model", gui=False),
+    Flag("dtype", str, "auto", "Weight/activation dtype; auto: float32 on CPU, bf16/fp16 on CUDA", "engine", DTYPES),
+    Flag("device", str, "auto", "Where the engine runs", "engine", DEVICES, gui=False),
+    Flag("seed", int, 0, "Seed for requests that do not set their own", "engine", minimum=0),
+    Flag("max_model_len", int, None, "Longest prompt + output, in tokens (default: model's context)", "engine",
+         minimum=1),
+    Flag("quantization", str, None, "Weight quantization method", "engine", gui=False),
+    Flag("enforce_eager", bool, False, "Never capture CUDA graphs", "engine"),
+    Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
+         gui=False),
+    Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
+    Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
+         minimum=0.05, maximum=1.0),
+    Flag("kv_cache_memory", float, None, f"KV cache size in GiB on CPU (default {DEFAULT_CPU_KV_CACHE_GIB})",
+         "cache", minimum=0.0, gui=False),
+    Flag("num_gpu_blocks_override", int, None, "Exact number of KV blocks (overrides memory sizing)", "cache",
+         minimum=1, gui=False),
+    Flag("kv_cache_dtype", str, "auto", "KV cache storage; fp8 halves its memory", "cache", KV_CACHE_DTYPES),
+    Flag("enable_prefix_caching", bool, True, "Reuse KV blocks of shared prompt prefixes", "cache",
+         negatable=True),
+    Flag("max_num_seqs", int, 256, "Most sequences in one step", "scheduler", minimum=1),
+    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default 8192, or max_model_len "
+         "without chunked prefill)", "scheduler", minimum=1),
+    Flag("enable_chunked_prefill", bool, True, "Split long prompts over steps while decodes continue",
+         "scheduler", negatable=True),
+    Flag("tensor_parallel_size", int, 1, "Split the model over this many GPUs", "parallel", minimum=1),
+    Flag("data_parallel_size", int, 1, "Full model replicas", "parallel", minimum=1, gui=False),
+    Flag("host", str, "127.0.0.1", "Address to bind; 0.0.0.0 exposes the server to your network", "server"),
+    Flag("port", int, 8000, "Port to serve on", "server", minimum=1, maximum=65535),
+    Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
+)
+
+FLAGS_BY_NAME = {f.name: f for f in FLAGS}
+SERVER_FLAGS = tuple(f.name for f in FLAGS if f.group == "server")
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """Add every flag to an argparse parser, vLLM-style (booleans as --x / --no-x)."""
+    for f in FLAGS:
+        if f.type is bool:
+            parser.add_argument(f.cli, action=argparse.BooleanOptionalAction, default=f.default, help=f.help)
+        else:
+            parser.add_argument(f.cli, type=f.type, default=f.default, choices=f.choices, help=f.help)
+
+
+def flags_to_argv(values: dict[str, Any]) -> list[str]:
+    """Turn {flag name: value} into CLI arguments, leaving out values equal to the default."""
+    argv: list[str] = []
+    for name, value in values.items():
+        f = FLAGS_BY_NAME[name]
+        if value is None or value == f.default:
+            continue
+        if f.type is bool:
+            argv.append(f.cli if value else "--no-" + f.cli[2:])
+        else:
+            argv += [f.cli, str(value)]
+    return argv
+
+
+@dataclass
+class EngineConfig:
+    """Everything the engine needs to start; field names and defaults come from `FLAGS`."""
+
+    model: str = ""
+    served_model_name: str | None = None
+    tokenizer: str | None = None
+    revision: str | None = None
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    device: str = "auto"
+    seed: int = 0
+    max_model_len: int | None = None
+    quantization: str | None = None
+    enforce_eager: bool = False
+    attention_backend: str = "auto"
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    kv_cache_memory: float | None = None
+    num_gpu_blocks_override: int | None = None
+    kv_cache_dtype: str = "auto"
+    enable_prefix_caching: bool = True
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool = True
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "EngineConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine argument(s) {unknown}; known: {sorted(names - {'extra'})}")
+        return cls(**kwargs)
+
+    def validate(self) -> None:
+        """Raise ValueError for settings that are out of range or name an unbuilt feature."""
+        for f in FLAGS:
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if f.choices is not None and value not in f.choices:
+                raise ValueError(f"{f.cli} must be one of {list(f.choices)}, got {value!r}")
+            if f.minimum is not None and value < f.minimum:
+                raise ValueError(f"{f.cli} must be >= {f.minimum}, got {value}")
+            if f.maximum is not None and value > f.maximum:
+                raise ValueError(f"{f.cli} must be <= {f.maximum}, got {value}")
+        if self.quantization is not None and self.quantization not in SUPPORTED_QUANTIZATION:
+            raise ValueError(f"--quantization {self.quantization} is not supported yet "
+                             f"(supported: {list(SUPPORTED_QUANTIZATION) or 'none'}); "
+                             "use an unquantized model folder")
+        if self.data_parallel_size != 1:
+            raise ValueError("--data-parallel-size > 1 is not supported yet")
+
+    def resolve_max_num_batched_tokens(self, max_model_len: int) -> int:
+        if self.max_num_batched_tokens is not None:
+            if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
+                raise ValueError(
+                    f"--max-num-batched-tokens ({self.max_num_batched_tokens}) is smaller than max_model_len "
+                    f"({max_model_len}) with chunked prefill off, so long prompts could never run; raise it, "
+                    "lower --max-model-len or turn on --enable-chunked-prefill")
+            return self.max_num_batched_tokens
+        return 8192 if self.enable_chunked_prefill else max(8192, max_model_len)

@@ -1,0 +1,47 @@
+"""Attention over the paged KV cache: write this step's K/V into their slots, then attend through block tables.
+
+The batch layout travels explicitly in `AttentionMetadata` (no global context); the kernels come from
+`kernels.get_attention_backend`, so the torch path (CPU) and the Triton path (CUDA) see identical inputs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from kernels import get_attention_backend
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32: cached + new tokens
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    max_query_len: int
+    max_seq_len: int
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None,
+                 backend: str = "torch") -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = head_dim ** -0.5
+        self.sliding_window = sliding_window
+        self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
+        self.k_cache = self.v_cache = torch.empty(0)
+        self.k_scale = self.v_scale = 1.0
+
+    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale=1.0, v_scale=1.0) -> None:
+        self.k_cache, self.v_cache, self.k_scale, self.v_scale = k_cache, v_cache, k_scale, v_scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None):
+        """q: [T, H, D]; k, v: [T, Hkv, D]. Without metadata (profiling run) attention is skipped."""
+        if meta is None or self.k_cache.numel() == 0:
+            return q
+        self.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
+        return self.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
+                                    meta.query_start_loc, self.scale, self.sliding_window, self.k_scale,
+                                    self.v_scale)

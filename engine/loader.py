@@ -1,0 +1,50 @@
+"""Find a model folder (local path or hub repo id) and stream its safetensors weights.
+
+A hub id is resolved through huggingface_hub: the local cache first, then a download of config,
+tokenizer and *.safetensors files only. Sharded checkpoints are read through their index file, one shard
+at a time, so peak memory stays near one shard.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from safetensors import safe_open
+
+MODEL_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
+
+
+def resolve_model_path(model: str, revision: str | None = None) -> Path:
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ValueError(f"{path} has no config.json; point --model at a Hugging Face model folder")
+        return path
+    if path.exists() or model.startswith((".", "/", "~")) or model.count("/") != 1:
+        raise ValueError(f"model {model!r} is neither a local model folder nor a hub repo id (owner/name)")
+    from huggingface_hub import snapshot_download
+    try:
+        return Path(snapshot_download(model, revision=revision, allow_patterns=MODEL_FILE_PATTERNS,
+                                      local_files_only=True))
+    except Exception:
+        return Path(snapshot_download(model, revision=revision, allow_patterns=MODEL_FILE_PATTERNS))
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / s for s in shards]
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{path} has no *.safetensors weights (only safetensors checkpoints are supported)")
+    return files
+
+
+def iterate_weights(path: Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt", device=device) as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)

@@ -1,0 +1,131 @@
+"""ModelRunner: builds the model and its KV cache on one device and runs one scheduled batch.
+
+A batch becomes flat tensors (input_ids, positions, slot_mapping, block_tables, seq_lens,
+query_start_loc); the model runs once over all of it, and logits are computed only for the last
+position of each sequence that samples this step. Copy-on-write block copies run first.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.layers.attention import AttentionMetadata
+from engine.loader import iterate_weights
+from engine.model_config import ModelConfig
+from engine.models.decoder import DecoderForCausalLM
+from engine.scheduler import ScheduledSeq
+
+KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
+                "half": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda was requested but no CUDA device is available; use --device cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, model_dtype: str, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return TORCH_DTYPES[dtype]
+    if device.type == "cpu":
+        return torch.float32
+    if model_dtype in ("float16", "bfloat16"):
+        return TORCH_DTYPES[model_dtype]
+    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+
+def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    return KV_CACHE_DTYPES.get(kv_cache_dtype, dtype)
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
+                 block_size: int, attention_backend: str) -> None:
+        self.config = model_config
+        self.device, self.dtype, self.block_size = device, dtype, block_size
+        torch.set_default_dtype(dtype)
+        try:
+            with torch.device(device):
+                self.model = DecoderForCausalLM(model_config, attention_backend)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        self.model.load_weights(iterate_weights(model_path, device="cpu"))
+        self.model.eval()
+        self.kv_cache: torch.Tensor | None = None
+
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        attn = self.model.attention_layers()
+        shape = (len(attn), 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
+        self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
+        for i, layer in enumerate(attn):
+            layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
+
+    def graph_bytes(self) -> int:
+        """Memory held by captured CUDA graphs (none yet: the engine runs eagerly)."""
+        return 0
+
+    def kv_cache_bytes(self) -> int:
+        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+
+    def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if copies and self.kv_cache is not None:
+            src = torch.tensor([c[0] for c in copies], device=self.device)
+            dst = torch.tensor([c[1] for c in copies], device=self.device)
+            cache = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
+            cache[:, :, dst] = cache[:, :, src]
+
+    def prepare(self, batch: list[ScheduledSeq]):
+        """Flat inputs for the whole batch, plus the row of each sampling sequence's last token."""
+        bs = self.block_size
+        input_ids, positions, slots = [], [], []
+        seq_lens, query_start, logits_rows = [], [0], []
+        max_blocks = max(len(s.seq.block_table) for s in batch)
+        tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
+        for i, item in enumerate(batch):
+            seq, start = item.seq, item.seq.num_computed_tokens
+            end = start + item.num_new_tokens
+            ids = [b.block_id for b in seq.block_table]
+            tables[i, :len(ids)] = ids
+            input_ids.extend(seq.token_ids[start:end])
+            pos = np.arange(start, end)
+            positions.append(pos)
+            slots.append(tables[i, pos // bs].astype(np.int64) * bs + pos % bs)
+            seq_lens.append(end)
+            query_start.append(query_start[-1] + item.num_new_tokens)
+            if item.samples:
+                logits_rows.append(query_start[-1] - 1)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
+            block_tables=torch.from_numpy(tables).to(dev),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
+            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
+            max_query_len=max(b.num_new_tokens for b in batch), max_seq_len=max(seq_lens))
+        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
+        pos = torch.from_numpy(np.concatenate(positions)).to(dev)
+        return ids, pos, meta, logits_rows
+
+    @torch.inference_mode()
+    def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]]) -> torch.Tensor:
+        """Run the batch; return float32 logits ``[num_sampling_seqs, vocab]`` in batch order."""
+        self.copy_blocks(block_copies)
+        input_ids, positions, meta, rows = self.prepare(batch)
+        hidden = self.model(input_ids, positions, meta)
+        if not rows:
+            return torch.empty(0, self.config.vocab_size)
+        return self.model.compute_logits(hidden[rows]).float()
+
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int) -> None:
+        """A forward over `num_tokens` dummy tokens without attention, to measure peak activation memory."""
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        pos = torch.arange(num_tokens, device=self.device) % self.config.max_position_embeddings
+        hidden = self.model(ids, pos, None)
+        self.model.compute_logits(hidden[-min(num_tokens, 256):])

@@ -1,0 +1,1 @@
+"""Model implementations: one decoder with the per-architecture differences as configuration."""

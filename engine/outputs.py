@@ -1,0 +1,83 @@
+"""What the engine hands back: RequestOutput / CompletionOutput (vLLM's shapes) and engine statistics.
+
+Outputs are cumulative: each step's RequestOutput carries the whole text and token ids so far; streaming
+callers take the part past what they already sent. Torch-free plain data.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class Logprob:
+    logprob: float
+    rank: int  # 1 = most likely
+    decoded_token: str | None = None
+
+
+@dataclass
+class CompletionOutput:
+    index: int
+    text: str
+    token_ids: list[int]
+    cumulative_logprob: float | None
+    logprobs: list[dict[int, Logprob]] | None  # per generated token: chosen token + top-k
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
+    stop_reason: int | str | None = None  # the stop string or stop token id that ended it
+
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+
+
+@dataclass
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """Counters and gauges for /metrics and the GUI; totals are since start."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    num_blocks: int = 0
+    block_size: int = 0
+    num_used_blocks: int = 0
+    num_cached_free_blocks: int = 0
+    kv_cache_usage: float = 0.0  # used blocks / total, 0..1
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    num_preemptions: int = 0
+    prompt_tokens_total: int = 0  # prompt tokens computed (cache hits excluded)
+    generation_tokens_total: int = 0
+    num_steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class BlockPoolSnapshot:
+    """Every physical block: state (0 free, 1 used, 2 cached and free), ref count, owner index.
+
+    `owner[i]` indexes `owner_ids` (the request owning block i, the first one when shared), -1 for none.
+    Arrays are numpy (uint8 state, int32 ref_count, int32 owner).
+    """
+
+    state: object
+    ref_count: object
+    owner: object
+    owner_ids: list[str]

@@ -1,0 +1,80 @@
+"""SamplingParams: how one request is decoded, with vLLM's field names, validated on construction.
+
+Every check raises ValueError naming the field, the value and the allowed range, so the server can turn
+it into a 400 and the offline API into a clear exception. Torch-free.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MAX_N = 16
+MAX_LOGPROBS = 20
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 512
+
+
+@dataclass
+class SamplingParams:
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 (or 0): off
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None: up to max_model_len
+    min_tokens: int = 0
+    stop: list[str] | str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    include_stop_str_in_output: bool = False
+    logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
+    logit_bias: dict[int, float] | None = None
+    skip_special_tokens: bool = True
+    stop_strings: list[str] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        if self.top_k == 0:
+            self.top_k = -1
+        self._validate()
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < 1e-5
+
+    def _validate(self) -> None:
+        _check(1 <= self.n <= MAX_N, "n", self.n, f"between 1 and {MAX_N}")
+        _check(self.temperature >= 0, "temperature", self.temperature, ">= 0")
+        _check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
+        _check(self.top_k >= -1, "top_k", self.top_k, "-1 (off) or >= 1")
+        _check(0 <= self.min_p <= 1, "min_p", self.min_p, "in [0, 1]")
+        _check(-2 <= self.presence_penalty <= 2, "presence_penalty", self.presence_penalty, "in [-2, 2]")
+        _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", self.frequency_penalty, "in [-2, 2]")
+        _check(0 < self.repetition_penalty <= 2, "repetition_penalty", self.repetition_penalty, "in (0, 2]")
+        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
+        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
+        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
+               f"<= max_tokens ({self.max_tokens})")
+        _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs,
+               f"between 0 and {MAX_LOGPROBS}")
+        _check(self.seed is None or 0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
+        _check(len(self.stop_strings) <= MAX_STOP_STRINGS, "stop", f"{len(self.stop_strings)} strings",
+               f"at most {MAX_STOP_STRINGS} strings")
+        for s in self.stop_strings:
+            _check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS, "stop", repr(s)[:40],
+                   f"non-empty strings of at most {MAX_STOP_STRING_CHARS} characters")
+
+    def validate_token_ids(self, vocab_size: int) -> None:
+        """Token ids named by the request must exist in the model's vocabulary."""
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or {}))):
+            bad = [i for i in ids if not 0 <= int(i) < vocab_size]
+            _check(not bad, name, bad[:5], f"token ids in [0, {vocab_size})")
+
+
+def _check(ok: bool, name: str, value: object, allowed: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {allowed}, got {value}")

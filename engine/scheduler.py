@@ -1,0 +1,137 @@
+"""Scheduler: who runs this step, with one token budget and no separate prefill or decode phases.
+
+Running sequences go first, each taking what it still needs (one token for a decode, the next chunk of
+a prompt); when blocks run out the most recently admitted running sequence is preempted (blocks freed,
+recomputed later from the head of the waiting queue). Waiting sequences are then admitted in order
+while the budget, `max_num_seqs` and free blocks allow, reusing cached prefix blocks. Without chunked
+prefill a prompt is only admitted when it fits the budget whole.
+"""
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import Sequence, SequenceStatus
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last known token, so its logits are sampled."""
+        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool) -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked = enable_chunked_prefill
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.max_num_batched_tokens
+        preempted = self._schedule_running(out, budget)
+        budget -= out.num_tokens
+        if not preempted:
+            self._schedule_waiting(out, budget)
+        out.block_copies = self.kv.take_copies()
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> bool:
+        """Decodes first, then prompt chunks of running sequences; preempt from the tail when out of blocks."""
+        preempted = False
+        picked: dict[int, ScheduledSeq] = {}
+        remaining = lambda s: s.num_tokens - s.num_computed_tokens  # noqa: E731
+        order = [s for s in self.running if remaining(s) == 1] + [s for s in self.running if remaining(s) > 1]
+        for seq in order:
+            if budget <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new = min(remaining(seq), budget)
+            while not self.kv.allocate_slots(seq, num_new):
+                preempted = True
+                victim = self.running.pop()
+                if victim.seq_id in picked:  # scheduled earlier this step: give its tokens back
+                    undone = picked.pop(victim.seq_id)
+                    out.scheduled.remove(undone)
+                    budget += undone.num_new_tokens
+                if victim is seq and not self.running:
+                    self.kv.free(seq)  # alone and still no room: it can never fit the pool
+                    seq.status = SequenceStatus.FINISHED
+                    out.too_long.append(seq)
+                    break
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                picked[seq.seq_id] = ScheduledSeq(seq, num_new)
+                out.scheduled.append(picked[seq.seq_id])
+                budget -= num_new
+        return preempted
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            seq = self.waiting[0]
+            if seq.request.aborted:
+                self.waiting.popleft()
+                continue
+            computed = self.kv.get_computed_blocks(seq)
+            num_new = seq.num_tokens - seq.num_computed_tokens - len(computed) * self.kv.block_size
+            if num_new > budget:
+                if not self.chunked:
+                    break
+                num_new = budget
+            if not self.kv.allocate_slots(seq, num_new, computed):
+                if self.running or out.scheduled:
+                    break
+                self.waiting.popleft()  # the whole pool is free and it still does not fit
+                seq.status = SequenceStatus.FINISHED
+                out.too_long.append(seq)
+                continue
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSeq(seq, num_new))
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.kv.free(seq)
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seqs: list[Sequence]) -> None:
+        """Free finished sequences' blocks and drop them from the running list (one pass per step)."""
+        if not seqs:
+            return
+        for seq in seqs:
+            self.kv.free(seq)
+        self.running = [s for s in self.running if not s.is_finished]

@@ -1,0 +1,108 @@
+"""Request and Sequence: a request holds a prompt and SamplingParams; each of its n outputs is a Sequence.
+
+A Sequence owns its block table (logical block i -> physical Block) and knows how many of its tokens
+already have K/V in the cache (`num_computed_tokens`); everything past that is what the scheduler still
+has to run. Sequences of one request share the prompt's blocks through ref counts.
+"""
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.block_pool import Block
+from engine.detokenizer import IncrementalDetokenizer
+from engine.outputs import Logprob, RequestMetrics
+from engine.sampling_params import SamplingParams
+
+_seq_counter = itertools.count()
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    def __init__(self, request: "Request", index: int, token_ids: list[int],
+                 generator: torch.Generator | None) -> None:
+        self.seq_id = next(_seq_counter)
+        self.request = request
+        self.index = index
+        self.token_ids = list(token_ids)
+        self.num_prompt_tokens = request.num_prompt_tokens
+        self.num_computed_tokens = 0
+        self.block_table: list[Block] = []
+        self.block_hashes: list[bytes] = []  # hash of each full block of token_ids, chained
+        self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
+        self.status = SequenceStatus.WAITING
+        self.generator = generator
+        self.cumulative_logprob = 0.0
+        self.logprobs: list[dict[int, Logprob]] | None = [] if request.params.logprobs is not None else None
+        self.detokenizer = IncrementalDetokenizer(request.tokenizer, request.params, self.num_prompt_tokens)
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request.request_id}#{self.index}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def params(self) -> SamplingParams:
+        return self.request.params
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int, logprob: float, top: dict[int, Logprob] | None) -> None:
+        self.token_ids.append(token_id)
+        self.cumulative_logprob += logprob
+        if self.logprobs is not None and top is not None:
+            self.logprobs.append(top)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    tokenizer: object
+    arrival_time: float
+    seqs: list[Sequence] = field(default_factory=list)
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+    aborted: bool = False
+
+    def __post_init__(self) -> None:
+        self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
+
+    def make_generator(self, index: int) -> torch.Generator | None:
+        """Seeded requests get their own generator per output, so the batch around them never matters."""
+        if self.params.seed is None or self.params.greedy:
+            return None
+        return torch.Generator().manual_seed((self.params.seed * 1_000_003 + index) % 2**63)

@@ -1,0 +1,134 @@
+"""Plain-torch paged attention: the CPU path and the oracle every Triton kernel is tested against.
+
+Layout shared by every backend:
+- K/V cache of one layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``, in the compute dtype or
+  an 8-bit float type (then values are stored divided by a per-tensor scale).
+- ``slot_mapping[t] = block_id * block_size + offset`` for each new token; a negative slot is skipped.
+- A flat batch of ``num_seqs`` sequences: ``query_start_loc`` (``[num_seqs + 1]``, cumulative counts of
+  new tokens), ``seq_lens`` (context + new tokens of each sequence) and ``block_tables``
+  (``[num_seqs, max_blocks]``, unused entries are ignored). New tokens of a sequence sit at the last
+  positions ``seq_len - query_len .. seq_len - 1`` and attend causally; their K/V are written before
+  attention runs, so attention reads only the cache.
+Imports nothing of ours.
+"""
+from __future__ import annotations
+
+import torch
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in FP8_DTYPES
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtype) -> torch.Tensor:
+    """x / scale saturated to the finite range of `dtype`, then cast (the cast alone would make inf/nan)."""
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-limit, limit).to(dtype)
+
+
+def dequantize(cache: torch.Tensor, scale: torch.Tensor | float | None, dtype: torch.dtype) -> torch.Tensor:
+    if not is_fp8(cache.dtype):
+        return cache.to(dtype)
+    return (cache.float() * (1.0 if scale is None else scale)).to(dtype)
+
+
+def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         slot_mapping: torch.Tensor, k_scale: torch.Tensor | float | None = None,
+                         v_scale: torch.Tensor | float | None = None) -> None:
+    """Store key/value ``[num_tokens, num_kv_heads, head_dim]`` at their slots of the paged cache."""
+    slot_mapping = slot_mapping.long()  # index_copy_ takes int64 indices only
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    num_blocks, block_size, heads, dim = k_cache.shape
+    for src, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
+        flat = cache.view(num_blocks * block_size, heads, dim)
+        if is_fp8(cache.dtype):
+            # index_copy_ has no fp8 kernel on CPU; copy the bytes through a uint8 view instead.
+            data = quantize_fp8(src, 1.0 if scale is None else scale, cache.dtype)
+            flat.view(torch.uint8).index_copy_(0, slot_mapping, data.view(torch.uint8))
+        else:
+            flat.index_copy_(0, slot_mapping, src.to(cache.dtype))
+
+
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
+    """The first `seq_len` cached tokens of one sequence as ``[seq_len, num_kv_heads, head_dim]``."""
+    block_size = cache.shape[1]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+
+
+def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                          block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                          scale: float, sliding_window: int | None = None,
+                          k_scale: torch.Tensor | float | None = None, v_scale: torch.Tensor | float | None = None,
+                          ) -> torch.Tensor:
+    """Causal attention of every new token over its sequence's cache; returns ``[num_tokens, heads, dim]``.
+
+    Sequences with one new token (decodes) are batched into one padded matmul; longer query runs
+    (prefill chunks) go one sequence at a time through scaled_dot_product_attention.
+    """
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    query_lens = [starts[i + 1] - starts[i] for i in range(len(lens))]
+    decode = [i for i, q in enumerate(query_lens) if q == 1]
+    if decode:
+        _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
+                      k_scale, v_scale, group, out)
+    for i, q_len in enumerate(query_lens):
+        if q_len <= 1:
+            continue
+        seq_len, start = lens[i], starts[i]
+        k = dequantize(gather_kv(k_cache, block_tables[i], seq_len), k_scale, query.dtype)
+        v = dequantize(gather_kv(v_cache, block_tables[i], seq_len), v_scale, query.dtype)
+        q = query[start:start + q_len]
+        mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
+            enable_gqa=group > 1)
+        out[start:start + q_len] = o.transpose(0, 1)
+    return out
+
+
+def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+    q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
+    k_pos = torch.arange(seq_len, device=device)[None, :]
+    mask = k_pos <= q_pos
+    if sliding_window is not None:
+        mask &= k_pos > q_pos - sliding_window
+    return mask
+
+
+def _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
+                  k_scale, v_scale, group, out) -> None:
+    """All one-token queries at once: gather each cache padded to the longest, mask, one batched matmul."""
+    block_size = k_cache.shape[1]
+    seq_lens = torch.tensor([lens[i] for i in decode], device=query.device)
+    max_len = int(seq_lens.max())
+    max_blocks = (max_len + block_size - 1) // block_size
+    table = block_tables[decode, :max_blocks].long()
+    # Entries past a sequence's own blocks are unused and may hold anything (-1, stale ids): read block 0.
+    own_blocks = (seq_lens + block_size - 1) // block_size
+    table = table.masked_fill(torch.arange(max_blocks, device=query.device)[None, :] >= own_blocks[:, None], 0)
+    k = dequantize(k_cache[table].flatten(1, 2), k_scale, query.dtype)  # [B, L, Hkv, D]
+    v = dequantize(v_cache[table].flatten(1, 2), v_scale, query.dtype)
+    rows = torch.tensor([starts[i] for i in decode], device=query.device)
+    q = query[rows]  # [B, H, D]
+    batch, num_heads, dim = q.shape
+    q = q.view(batch, -1, group, dim)  # [B, Hkv, G, D]
+    scores = torch.einsum("bhgd,blhd->bhgl", q, k) * scale
+    pos = torch.arange(k.shape[1], device=query.device)[None, :]
+    valid = pos < seq_lens[:, None]
+    if sliding_window is not None:
+        valid &= pos >= (seq_lens[:, None] - sliding_window)
+    scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
+    v = v.masked_fill(~valid[:, :, None, None], 0)  # padding slots may hold NaN garbage; 0 * NaN is NaN
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    o = torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(batch, num_heads, dim)
+    out[rows] = o

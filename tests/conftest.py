@@ -1,0 +1,33 @@
+"""Shared fixtures: tiny random-weight model folders made once per test session."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """Factory: tiny_model_dir("qwen2") -> path of a cached random-weight model folder."""
+    made: dict[tuple, Path] = {}
+
+    def make(arch: str = "llama", **overrides) -> Path:
+        key = (arch, tuple(sorted(overrides.items())))
+        if key not in made:
+            made[key] = make_tiny_model(tmp_path_factory.mktemp(arch), arch, **overrides)
+        return made[key]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def llama_dir(tiny_model_dir):
+    return tiny_model_dir("llama")

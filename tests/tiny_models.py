@@ -1,0 +1,92 @@
+"""Tiny random-weight Hugging Face model folders for tests: config, safetensors, tokenizer, chat template.
+
+`make_tiny_model(tmp_dir, arch)` writes a folder exactly like one from the hub (config.json,
+model.safetensors or a sharded set with an index, tokenizer.json, tokenizer_config.json with a chat
+template, generation_config.json), built from transformers configs with random weights, so the real
+loading code runs and HF transformers on the same folder is the correctness reference.
+"""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+import torch
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.", "PagedAttention splits the KV cache into blocks.",
+    "def main():\n    print('hello world')\n", "Continuous batching schedules at every step.",
+    "Les élèves étudient l'été à Paris. Ça coûte cher!", "日本語のテキストも少しだけ。", "Emoji: 🚀🔥✨ 👍",
+    "numbers 0 1 2 3 4 5 6 7 8 9 10 100 1000", "Qwen, Llama and Mistral are model families.",
+]
+SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<pad>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+ARCHS = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 64}, tie_word_embeddings=False)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=48, tie_word_embeddings=False)),
+}
+
+
+@functools.cache
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL_TOKENS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(CORPUS * 4, trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   pad_token="<pad>", additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, seed: int = 0,
+                    **overrides) -> Path:
+    """Write a random-weight `arch` model folder under tmp_dir and return its path."""
+    import transformers
+    from transformers import GenerationConfig
+
+    config_name, model_name, extra = ARCHS[arch]
+    tokenizer = _tokenizer()
+    vocab = len(tokenizer)
+    kwargs = dict(vocab_size=vocab + 12, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6, torch_dtype="float32")
+    kwargs.update(extra)
+    kwargs.update(overrides)
+    config = getattr(transformers, config_name)(**kwargs)
+    config.architectures = [model_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config).eval()
+    with torch.no_grad():  # HF init leaves biases zero and norms one; randomize them so they matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    path = Path(tmp_dir) / f"tiny-{arch}"
+    max_shard = "40KB" if shards > 1 else "2GB"
+    model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard)
+    tokenizer.save_pretrained(path)
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    return path
+
+
+def hf_model(path: str | Path):
+    """The transformers reference model for a folder, float32 on CPU."""
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2))
