@@ -1,0 +1,122 @@
+"""BlockPool / KVCacheManager: exact states after each operation, and invariants under random sequences."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.block_pool import BlockPool
+from engine.kv_cache_manager import KVCacheManager
+
+
+def free_ids(pool: BlockPool) -> list[int]:
+    return [b.block_id for b in pool.free_queue]
+
+
+def fake_seq(tokens: list[int]):
+    return SimpleNamespace(token_ids=list(tokens), num_computed_tokens=0, block_table=[], block_hashes=[],
+                           num_cached_blocks=0, num_tokens=len(tokens))
+
+
+def test_free_queue_is_lru_and_removal_is_from_the_middle():
+    pool = BlockPool(6)
+    a = pool.get_new_blocks(3)
+    assert free_ids(pool) == [3, 4, 5] and [b.ref_count for b in a] == [1, 1, 1]
+    pool.free_blocks(reversed(a))
+    assert free_ids(pool) == [3, 4, 5, 2, 1, 0]
+    pool.touch([pool.blocks[5]])  # out of the middle, O(1)
+    assert free_ids(pool) == [3, 4, 2, 1, 0] and pool.blocks[5].ref_count == 1
+    assert pool.num_free_blocks == 5
+
+
+def test_cached_blocks_survive_free_until_reallocated():
+    kv = KVCacheManager(num_blocks=4, block_size=4, enable_caching=True)
+    seq = fake_seq(list(range(10)))
+    assert kv.allocate_slots(seq, 10)
+    first_two = [b.block_id for b in seq.block_table[:2]]
+    kv.free(seq)
+    again = fake_seq(list(range(10)))
+    hits = kv.get_computed_blocks(again)
+    assert [b.block_id for b in hits] == first_two
+    assert kv.prefix_hits == 8
+    # Allocating all blocks to other tokens evicts the cached ones.
+    other = fake_seq([99] * 16)
+    assert kv.allocate_slots(other, 16)
+    assert kv.get_computed_blocks(fake_seq(list(range(10)))) == []
+
+
+def test_fully_cached_prompt_still_recomputes_last_token():
+    kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=True)
+    seq = fake_seq(list(range(8)))
+    kv.allocate_slots(seq, 8)
+    twin = fake_seq(list(range(8)))
+    hits = kv.get_computed_blocks(twin)
+    assert len(hits) == 1  # the block holding the last token is not reused
+    assert kv.allocate_slots(twin, 4, hits) and twin.num_computed_tokens == 4
+
+
+def test_fork_shares_blocks_and_copies_partial_block_on_write():
+    kv = KVCacheManager(num_blocks=8, block_size=4, enable_caching=False)
+    parent = fake_seq(list(range(6)))
+    kv.allocate_slots(parent, 6)
+    parent.num_computed_tokens = 6
+    child = fake_seq(list(range(6)))
+    kv.fork(parent, child)
+    assert [b.ref_count for b in parent.block_table] == [2, 2]
+    child.token_ids.append(7)
+    assert kv.allocate_slots(child, 1)
+    (src, dst), = kv.take_copies()
+    assert src == parent.block_table[1].block_id and dst == child.block_table[1].block_id != src
+    assert child.block_table[0] is parent.block_table[0] and parent.block_table[1].ref_count == 1
+
+
+operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free", "fork"]), st.integers(0, 40)),
+                      max_size=60)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=operations, caching=st.booleans())
+def test_invariants_under_random_operations(ops, caching):
+    kv = KVCacheManager(num_blocks=12, block_size=4, enable_caching=caching)
+    pool = kv.pool
+    live = []
+    for op, arg in ops:
+        if op == "add":
+            seq = fake_seq([arg % 5] * (arg % 13 + 1))
+            hits = kv.get_computed_blocks(seq)
+            new = seq.num_tokens - len(hits) * 4
+            if kv.allocate_slots(seq, new, hits):
+                seq.num_computed_tokens = seq.num_tokens
+                live.append(seq)
+        elif op == "grow" and live:
+            seq = live[arg % len(live)]
+            seq.token_ids.append(arg)
+            seq.num_tokens += 1
+            if kv.allocate_slots(seq, 1):
+                seq.num_computed_tokens += 1
+            else:
+                seq.token_ids.pop()
+                seq.num_tokens -= 1
+        elif op == "free" and live:
+            kv.free(live.pop(arg % len(live)))
+        elif op == "fork" and live:
+            parent = live[arg % len(live)]
+            child = fake_seq(parent.token_ids)
+            kv.fork(parent, child)
+            live.append(child)
+        kv.take_copies()
+        holders: dict[int, int] = {}
+        for seq in live:
+            assert len(seq.block_table) == -(-seq.num_computed_tokens // 4)
+            for b in seq.block_table:
+                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+        for b in pool.blocks:
+            assert b.ref_count >= 0
+            assert b.ref_count == holders.get(b.block_id, 0)  # shared only through ref counts
+        used = sum(1 for b in pool.blocks if b.ref_count > 0)
+        assert used + pool.num_free_blocks == pool.num_blocks
+        assert sorted(free_ids(pool)) == sorted(b.block_id for b in pool.blocks if b.ref_count == 0)
+    for seq in live:
+        kv.free(seq)
+    assert pool.num_free_blocks == pool.num_blocks and all(b.ref_count == 0 for b in pool.blocks)
