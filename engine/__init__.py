@@ -8,6 +8,7 @@ from __future__ import annotations
 _EXPORTS = {
     "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "SamplingParams": "engine.sampling_params",
     "EngineConfig": "engine.config", "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs",
+    "BeamSearchParams": "engine.beam_search",
 }
 __all__ = list(_EXPORTS)
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
+from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -46,6 +47,29 @@ class LLM:
             self.engine.add_request(request_id, prompt, p)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
+
+    def beam_search(self, prompts: Prompt | Sequence[Prompt], params: BeamSearchParams | None = None, *,
+                    beam_width: int | None = None, max_tokens: int | None = None, length_penalty: float = 1.0,
+                    ignore_eos: bool = False, use_tqdm: bool = True) -> list[BeamSearchOutput]:
+        """Beam search per prompt; `params` or the keyword arguments (vLLM's names) set the search."""
+        if params is None:
+            if beam_width is None or max_tokens is None:
+                raise ValueError("beam_search needs beam_width and max_tokens (or a BeamSearchParams)")
+            params = BeamSearchParams(beam_width, max_tokens, length_penalty, ignore_eos)
+        ids = []
+        for prompt in _as_list(prompts):
+            request_id = str(next(self._ids))
+            self.engine.add_beam_request(request_id, prompt, params)
+            ids.append(request_id)
+        outputs = []
+        for out in self._run(ids, use_tqdm):
+            n = len(out.prompt_token_ids)
+            beams = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
+                                        c.cumulative_logprob / max(1, len(c.token_ids)) ** params.length_penalty)
+                     for c in out.outputs]
+            outputs.append(BeamSearchOutput(out.request_id, out.prompt, beams))
+            assert all(len(b.tokens) > n for b in beams)
+        return outputs
 
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True, **template_kwargs: Any) -> list[RequestOutput]:

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.config import EngineConfig
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
@@ -72,6 +73,13 @@ class LLMEngine:
         request.seqs.append(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
+
+    def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams) -> None:
+        """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
+        sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
+        self.add_request(request_id, prompt, sampling)
+        request = self.requests[request_id]
+        request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -151,6 +159,11 @@ class LLMEngine:
                            touched: dict[str, Request]) -> list[Sequence]:
         seqs: list[Sequence] = []
         logit_rows: list[int] = []
+        beams = [row for row, item in enumerate(sampling) if item.seq.request.beam is not None]
+        if beams:
+            self._advance_beams([sampling[r].seq for r in beams], logits[beams], touched)
+            keep = [r for r in range(len(sampling)) if sampling[r].seq.request.beam is None]
+            sampling, logits = [sampling[r] for r in keep], logits[keep]
         for row, item in enumerate(sampling):
             request = item.seq.request
             # Once its prompt is computed, a request with n > 1 forks its other sequences off the first;
@@ -158,6 +171,8 @@ class LLMEngine:
             targets = self._fork_outputs(item.seq) if len(request.seqs) < request.params.n else [item.seq]
             seqs += targets
             logit_rows += [row] * len(targets)
+        if not seqs:
+            return []
         if len(logit_rows) != len(sampling):
             logits = logits[logit_rows]
         eos = self.model_config.eos_token_ids
@@ -173,6 +188,36 @@ class LLMEngine:
             touched[seq.request.request_id] = seq.request
         self.stats.generation_tokens_total += len(seqs)
         return [s for s in seqs if s.is_finished]
+
+    def _advance_beams(self, beams: list[Sequence], logits: torch.Tensor, touched: dict[str, Request]) -> None:
+        """Record each beam's next-token log-probs; once a request has all of them, fork the next beams."""
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        groups: dict[str, Request] = {}
+        for seq, row in zip(beams, logprobs):
+            seq.request.beam.pending[seq.index] = row
+            groups[seq.request.request_id] = seq.request
+        for request in groups.values():
+            group = request.beam
+            if not group.ready():
+                continue
+            old = request.seqs
+            survivors = group.advance([s.token_ids for s in old])
+            children = []
+            for index, cand in enumerate(survivors):
+                child = Sequence(request, index, old[cand.parent].token_ids, None)
+                self.kv.fork(old[cand.parent], child)
+                child.append_token(cand.token, 0.0, None)
+                child.status = SequenceStatus.RUNNING
+                children.append(child)
+            for seq in old:
+                seq.status = SequenceStatus.FINISHED
+            self.scheduler.finish(old)  # drops the parents' references; children hold theirs
+            self.scheduler.running += children
+            request.seqs = children
+            self.stats.generation_tokens_total += len(children)
+            if group.done:
+                request.metrics.finished_time = time.time()
+                touched[request.request_id] = request
 
     def _fork_outputs(self, parent: Sequence) -> list[Sequence]:
         request = parent.request
@@ -221,6 +266,8 @@ class LLMEngine:
     # ---- outputs -----------------------------------------------------------------------------------
 
     def _make_output(self, request: Request) -> RequestOutput:
+        if request.beam is not None:
+            return self._make_beam_output(request)
         finished = request.finished
         outputs = []
         for seq in sorted(request.seqs, key=lambda s: s.index):
@@ -232,6 +279,17 @@ class LLMEngine:
         if finished:
             self.requests.pop(request.request_id, None)
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished,
+                             request.metrics, request.num_cached_tokens)
+
+    def _make_beam_output(self, request: Request) -> RequestOutput:
+        n, max_tokens = request.num_prompt_tokens, request.params.max_tokens
+        outputs = []
+        for i, (_, tokens, cum) in enumerate(request.beam.finished):
+            text = self.tokenizer.decode(tokens[n:], skip_special_tokens=True)
+            reason = "length" if len(tokens) - n >= max_tokens else "stop"
+            outputs.append(CompletionOutput(i, text, tokens[n:], cum, None, reason))
+        self.requests.pop(request.request_id, None)
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, True,
                              request.metrics, request.num_cached_tokens)
 
     def get_stats(self) -> EngineStats:

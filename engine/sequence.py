@@ -89,6 +89,7 @@ class Request:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     aborted: bool = False
+    beam: object | None = None  # BeamGroup for beam-search requests
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
@@ -99,6 +100,8 @@ class Request:
 
     @property
     def finished(self) -> bool:
+        if self.beam is not None:
+            return self.beam.done or self.aborted
         return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
 
     def make_generator(self, index: int) -> torch.Generator | None:

@@ -31,3 +31,19 @@ def tiny_model_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def llama_dir(tiny_model_dir):
     return tiny_model_dir("llama")
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_model_dir):
+    """reference(arch) -> (model path, prompts, HF greedy continuations), computed once per session."""
+    from hf_reference import MAX_TOKENS, hf_greedy, make_prompts
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            path = tiny_model_dir(arch)
+            prompts = make_prompts(400)
+            cache[arch] = (path, prompts, hf_greedy(path, prompts, MAX_TOKENS))
+        return cache[arch]
+
+    return get
