@@ -4,13 +4,14 @@ from __future__ import annotations
 import numpy as np
 
 from engine.block_pool import BlockPool
-from engine.outputs import BlockPoolSnapshot
+from engine.outputs import BlockPoolSnapshot, RequestState
 from engine.sequence import Sequence
 
 FREE, USED, CACHED_FREE = 0, 1, 2
+MAX_WAITING_LISTED = 256
 
 
-def snapshot_blocks(pool: BlockPool, running: list[Sequence]) -> BlockPoolSnapshot:
+def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequence]) -> BlockPoolSnapshot:
     n = pool.num_blocks
     ref_count = np.fromiter((b.ref_count for b in pool.blocks), dtype=np.int32, count=n)
     state = np.where(ref_count > 0, USED, FREE).astype(np.uint8)
@@ -28,4 +29,12 @@ def snapshot_blocks(pool: BlockPool, running: list[Sequence]) -> BlockPoolSnapsh
         ids = np.fromiter((b.block_id for b in seq.block_table), dtype=np.int64, count=len(seq.block_table))
         unowned = ids[owner[ids] < 0]
         owner[unowned] = k
-    return BlockPoolSnapshot(state, ref_count, owner, owner_ids)
+    requests = {}
+    for status, seqs in (("running", running), ("waiting", waiting[:MAX_WAITING_LISTED])):
+        for seq in seqs:
+            rid = seq.request.request_id
+            row = requests.setdefault(rid, RequestState(rid, status, 0, seq.num_prompt_tokens, 0, 0))
+            row.num_blocks += len(seq.block_table)
+            row.num_computed_tokens += seq.num_computed_tokens
+            row.num_generated_tokens += seq.num_output_tokens
+    return BlockPoolSnapshot(state, ref_count, owner, owner_ids, list(requests.values()))

@@ -69,6 +69,18 @@ class EngineStats:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass(slots=True)
+class RequestState:
+    """One request as the GUI shows it; counts are summed over the request's sequences."""
+
+    request_id: str
+    status: str  # running | waiting
+    num_blocks: int
+    num_prompt_tokens: int
+    num_computed_tokens: int
+    num_generated_tokens: int
+
+
 @dataclass
 class BlockPoolSnapshot:
     """Every physical block: state (0 free, 1 used, 2 cached and free), ref count, owner index.
@@ -81,3 +93,4 @@ class BlockPoolSnapshot:
     ref_count: object
     owner: object
     owner_ids: list[str]
+    requests: list[RequestState] = field(default_factory=list)  # holders of blocks first, then waiting

@@ -1,0 +1,127 @@
+"""pagedesk-serve / `python -m engine.serve`: parse vLLM-style flags, start the server, load the model behind it.
+
+The HTTP server listens first (/health answers 503 while loading); the model loads in the engine
+thread. When both are up it prints "PagedDesk serving <name> at http://host:port/v1". Exit codes
+tell a supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of
+memory at load (do not restart), 1 for any other load failure, 0 after a clean shutdown.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import time
+
+from engine.config import EngineConfig, add_flags
+
+EXIT_CONFIG_ERROR = 2
+EXIT_OUT_OF_MEMORY = 3
+EXIT_LOAD_FAILED = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pagedesk-serve",
+                                     description="Serve a model over an OpenAI-compatible HTTP API.")
+    add_flags(parser)
+    return parser
+
+
+def parse_config(argv: list[str] | None = None) -> EngineConfig:
+    """Parse and validate flags; raises SystemExit(2) (argparse) or ValueError with a one-line reason."""
+    args = build_parser().parse_args(argv)
+    config = EngineConfig.from_kwargs(**vars(args))
+    if not config.model:
+        raise ValueError("--model is required: a Hugging Face model folder or hub repo id")
+    config.validate()
+    return config
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    text = f"{type(exc).__name__} {exc}".lower()
+    return isinstance(exc, MemoryError) or "outofmemory" in text or "out of memory" in text
+
+
+def load_exit(exc: BaseException) -> tuple[int, str]:
+    """Exit code and one-line message for a failed model load."""
+    first_line = (str(exc).strip().splitlines() or [""])[0]
+    if is_out_of_memory(exc):
+        return EXIT_OUT_OF_MEMORY, f"error: out of memory while loading the model: {first_line}"
+    if isinstance(exc, (ValueError, FileNotFoundError, OSError)):
+        return EXIT_CONFIG_ERROR, f"error: cannot load the model: {first_line}"
+    return EXIT_LOAD_FAILED, f"error: loading the model failed: {type(exc).__name__}: {first_line}"
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def _watch(server, async_engine, config: EngineConfig, name: str, outcome: dict) -> None:
+    """Announce readiness once both the socket and the model are up; stop the server if the load failed."""
+    async_engine.wait_until_loaded()
+    if async_engine.load_error is not None:
+        outcome["code"], outcome["message"] = load_exit(async_engine.load_error)
+        server.should_exit = True
+        return
+    stats = async_engine.stats
+    _say(f"Model loaded in {async_engine.load_seconds:.1f} s ({stats.num_blocks} KV-cache blocks of "
+         f"{stats.block_size} tokens)")
+    while not server.started and not server.should_exit:
+        time.sleep(0.05)
+    if server.started:
+        _say(f"PagedDesk serving {name} at http://{config.host}:{config.port}/v1")
+
+
+def _stop_quietly(signum: int, frame: object) -> None:
+    """Handler uvicorn restores and re-raises after its graceful shutdown: a requested stop exits 0."""
+
+
+def serve(config: EngineConfig) -> int:
+    import uvicorn
+
+    from engine.async_engine import AsyncEngine
+    from engine.server import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    name = config.served_model_name or config.model
+    async_engine = AsyncEngine(config)
+    app = create_app(async_engine, name, config.api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                           access_log=False, timeout_graceful_shutdown=3))
+    outcome: dict = {"code": 0, "message": None}
+    _say(f"Loading {config.model} (device {config.device}, dtype {config.dtype}, "
+         f"tensor parallel {config.tensor_parallel_size}) ...")
+    async_engine.start()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _stop_quietly) for sig in (signal.SIGINT, signal.SIGTERM)}
+    threading.Thread(target=_watch, args=(server, async_engine, config, name, outcome), daemon=True).start()
+    try:
+        server.run()
+    except SystemExit:  # uvicorn exits when it cannot bind; say so in one line below
+        pass
+    finally:
+        async_engine.shutdown()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if outcome["message"]:
+        print(outcome["message"], file=sys.stderr, flush=True)
+    elif not server.started:
+        print(f"error: could not serve on {config.host}:{config.port} (is the port in use?)", file=sys.stderr,
+              flush=True)
+        return EXIT_CONFIG_ERROR
+    return outcome["code"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        config = parse_config(argv)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

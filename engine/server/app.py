@@ -1,0 +1,33 @@
+"""create_app: the FastAPI application of one server (routes, auth, error shape, body limit, metrics).
+
+The app does not own the engine: the caller starts the AsyncEngine (model loading runs in its
+thread while the server already answers /health with 503) and shuts it down. All per-server state
+lives on `app.state.ctx`, so tests can run several apps in one process.
+"""
+from __future__ import annotations
+
+from fastapi import Depends, FastAPI
+
+from engine.async_engine import AsyncEngine
+from engine.server import routes_chat, routes_completions, routes_models, routes_state, routes_tokenize
+from engine.server.auth import require_api_key
+from engine.server.context import ServerContext
+from engine.server.errors import install_error_handlers
+from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
+from engine.server.metrics import ServerMetrics
+from engine.server.responses import ErrorResponse
+
+ERROR_RESPONSES = {code: {"model": ErrorResponse} for code in (400, 401, 404, 413, 503)}
+
+
+def create_app(async_engine: AsyncEngine, served_name: str, api_key: str | None = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    app = FastAPI(title="PagedDesk", summary="OpenAI-compatible paged-attention LLM server", version="0.1.0")
+    app.state.ctx = ServerContext(async_engine, served_name, api_key, ServerMetrics(async_engine, served_name))
+    install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    app.include_router(routes_models.open_router, responses={503: {"model": ErrorResponse}})
+    guarded = dict(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
+    for module in (routes_models, routes_completions, routes_chat, routes_tokenize, routes_state):
+        app.include_router(module.router, **guarded)
+    return app

@@ -1,0 +1,118 @@
+"""Request bodies of the OpenAI-compatible API (OpenAI's fields plus vLLM's sampling extras), as pydantic models.
+
+Field ranges are declared from SamplingParams' own limits, so /openapi.json documents them and a
+client gets a 400 naming the field; SamplingParams checks them again for the offline API. Every text
+field rejects lone UTF-16 surrogates, and floats reject NaN and infinity, so nothing malformed
+reaches the tokenizer or the sampler.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from engine.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+
+
+def _valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text holds a lone UTF-16 surrogate at position {exc.start}; send valid Unicode") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_valid_unicode)]
+TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,12}$")]
+StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class SamplingFields(_Request):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: Text | None = Field(None, description="Served model name; default: the one model served")
+    n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt")
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1, description="-1 or 0: off")
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=2)
+    seed: int | None = Field(None, ge=0, lt=2**63)
+    stop: StopText | list[StopText] | None = Field(None, max_length=MAX_STOP_STRINGS)
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
+        None, description="Token id (as a string) → bias added to its logit")
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: Text | None = None
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Text | list[Text] | TokenIds | list[TokenIds] = Field(
+        ..., description="A string, a list of strings, token ids, or a list of token-id lists (none empty)")
+    max_tokens: int | None = Field(16, ge=0, description="0 only with echo, which is refused (no prompt logprobs)")
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
+    echo: bool = False
+    suffix: Text | None = None
+    best_of: int | None = None
+    add_special_tokens: bool = True
+
+
+class TextPart(_Request):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "image_url", "input_audio", "video_url", "audio_url", "file", "refusal"]
+    text: Text | None = None
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Text | list[TextPart] | None = None
+    name: Text | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: Text | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(..., min_length=1)
+    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI; max_completion_tokens wins")
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
+                                     description="With logprobs=true: top alternatives per token")
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+
+class TokenizeRequest(_Request):
+    model: Text | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    tools: list[dict[str, Any]] | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: Text | None = None
+    tokens: list[int]

@@ -1,0 +1,43 @@
+"""GET /health, GET /metrics and GET /v1/models: readiness, Prometheus text, and the served model's card.
+
+/health answers 200 only when the engine is loaded and alive; 503 (in the error shape) while it
+loads or after it died, so a supervisor can wait on it.
+"""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from engine.server.context import ServerContext, get_context
+from engine.server.errors import error_response
+from engine.server.responses import ModelCard, ModelList
+
+open_router = APIRouter()  # no API key
+router = APIRouter()
+
+
+@open_router.get("/health")
+async def health(ctx: ServerContext = Depends(get_context)) -> Response:
+    engine = ctx.async_engine
+    if engine.ready:
+        return JSONResponse({"status": "ok"})
+    if engine.status == "loading":
+        return error_response(503, "the model is still loading", code="model_loading")
+    return error_response(503, f"the engine is not running ({engine.status}): {engine.error}", code="engine_dead")
+
+
+@open_router.get("/metrics")
+async def metrics(ctx: ServerContext = Depends(get_context)) -> Response:
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/v1/models", response_model=ModelList)
+async def list_models(ctx: ServerContext = Depends(get_context)) -> ModelList:
+    engine = ctx.async_engine
+    if engine.ready:
+        model = ctx.served_model()
+        card = ModelCard(id=model.name, created=model.created, root=model.root, max_model_len=model.max_model_len)
+    else:
+        card = ModelCard(id=ctx.served_name, created=0, root=str(engine.config.model))
+    return ModelList(data=[card])

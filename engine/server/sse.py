@@ -1,0 +1,20 @@
+"""Server-sent events: one `data: {json}` event per chunk, `data: [DONE]` at the end of OpenAI streams."""
+from __future__ import annotations
+
+import json
+from typing import AsyncIterator
+
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel
+
+DONE = "data: [DONE]\n\n"
+
+
+def sse_event(data: BaseModel | dict) -> str:
+    body = data.model_dump_json() if isinstance(data, BaseModel) else json.dumps(data, separators=(",", ":"))
+    return f"data: {body}\n\n"
+
+
+def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
+    return StreamingResponse(events, media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

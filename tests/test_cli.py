@@ -1,0 +1,149 @@
+"""pagedesk-serve / python -m engine.serve: vLLM's flags parse, config errors exit 2 with one line, an
+out-of-memory load exits 3, and a real start prints the URL and serves /health."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine import serve
+from engine.config import FLAGS
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_FLAGS = ["--model", "--served-model-name", "--host", "--port", "--api-key", "--tensor-parallel-size",
+              "--max-model-len", "--gpu-memory-utilization", "--max-num-seqs", "--max-num-batched-tokens",
+              "--block-size", "--enable-chunked-prefill", "--enable-prefix-caching", "--kv-cache-dtype",
+              "--quantization", "--enforce-eager", "--dtype", "--seed", "--device", "--trust-remote-code"]
+
+
+def run_serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "engine.serve", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_parser_has_vllms_flags_from_config():
+    parser = serve.build_parser()
+    known = {opt for action in parser._actions for opt in action.option_strings}
+    assert set(VLLM_FLAGS) <= known
+    assert {f.cli for f in FLAGS} <= known
+    config = serve.parse_config(["--model", "m"])
+    assert (config.host, config.port, config.trust_remote_code, config.api_key) == ("127.0.0.1", 8000, False, None)
+
+
+def test_seed_commands_parse(llama_dir):
+    docker = serve.parse_config(["--model", str(llama_dir), "--tensor-parallel-size", "2", "--max-model-len", "16384",
+                                 "--gpu-memory-utilization", "0.92", "--enable-chunked-prefill", "--kv-cache-dtype",
+                                 "fp8", "--trust-remote-code"])
+    assert (docker.tensor_parallel_size, docker.max_model_len, docker.gpu_memory_utilization) == (2, 16384, 0.92)
+    assert docker.enable_chunked_prefill and docker.kv_cache_dtype == "fp8" and docker.trust_remote_code
+    offline = serve.parse_config(["--model", str(llama_dir), "--tensor-parallel-size", "1",
+                                  "--gpu-memory-utilization", "0.90"])
+    assert (offline.tensor_parallel_size, offline.gpu_memory_utilization) == (1, 0.90)
+    with pytest.raises(ValueError, match="not supported yet"):
+        serve.parse_config(["--model", str(llama_dir), "--tensor-parallel-size", "1", "--gpu-memory-utilization",
+                            "0.90", "--max-num-batched-tokens", "8192", "--quantization", "awq"])
+
+
+def test_awq_command_exits_with_one_clear_line(llama_dir):
+    r = run_serve("--model", str(llama_dir), "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.90",
+                  "--max-num-batched-tokens", "8192", "--quantization", "awq")
+    assert r.returncode == serve.EXIT_CONFIG_ERROR
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not supported yet" in lines[0] and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("args,expected", [
+    ([], "--model is required"),
+    (["--model", "m", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be <="),
+    (["--model", "m", "--port", "0"], "--port must be >="),
+    (["--model", "m", "--data-parallel-size", "2"], "not supported yet"),
+])
+def test_config_errors_exit_2(args, expected, capsys):
+    assert serve.main(args) == serve.EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err.strip()
+    assert expected in err and len(err.splitlines()) == 1
+
+
+def test_bad_choice_is_argparse_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        serve.main(["--model", "m", "--kv-cache-dtype", "int3"])
+    assert exc.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def test_missing_model_folder_exits_2(tmp_path, capsys):
+    code = serve.main(["--model", str(tmp_path / "nope"), "--device", "cpu", "--port", str(free_port())])
+    err = capsys.readouterr().err
+    assert code == serve.EXIT_CONFIG_ERROR and "cannot load the model" in err and "Traceback" not in err
+
+
+def test_out_of_memory_at_load_exits_3(monkeypatch, capsys, llama_dir):
+    import engine.llm_engine
+
+    class OutOfMemoryEngine:
+        def __init__(self, config):
+            raise MemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(engine.llm_engine, "LLMEngine", OutOfMemoryEngine)
+    code = serve.main(["--model", str(llama_dir), "--device", "cpu", "--port", str(free_port())])
+    assert code == serve.EXIT_OUT_OF_MEMORY == 3
+    assert "out of memory" in capsys.readouterr().err
+
+
+def test_serve_starts_prints_url_and_stops_cleanly(llama_dir):
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", str(llama_dir), "--device", "cpu",
+                             "--served-model-name", "tiny", "--port", str(port), "--max-model-len", "128",
+                             "--num-gpu-blocks-override", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    try:
+        lines = []
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+            if line.startswith("PagedDesk serving"):
+                break
+        assert lines and lines[-1] == f"PagedDesk serving tiny at http://127.0.0.1:{port}/v1", lines
+        assert any(line.startswith("Loading ") for line in lines)
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json={"prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"] == "tiny"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("exc,code", [
+    ("torch_oom", serve.EXIT_OUT_OF_MEMORY),
+    (RuntimeError("CUDA error: out of memory"), serve.EXIT_OUT_OF_MEMORY),
+    (ValueError("model architecture 'GPT2LMHeadModel' is not supported"), serve.EXIT_CONFIG_ERROR),
+    (FileNotFoundError("config.json"), serve.EXIT_CONFIG_ERROR),
+    (RuntimeError("NCCL error"), serve.EXIT_LOAD_FAILED),
+])
+def test_load_failures_map_to_exit_codes(exc, code):
+    if exc == "torch_oom":
+        import torch
+        exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    got, message = serve.load_exit(exc)
+    assert got == code and message.startswith("error: ") and "\n" not in message
+    assert ("out of memory" in message) == (code == serve.EXIT_OUT_OF_MEMORY)
