@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+DECODE_GROUP = 32  # decodes per padded attention call
 
 
 def is_fp8(dtype: torch.dtype) -> bool:
@@ -107,28 +108,37 @@ def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: t
 
 def _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
                   k_scale, v_scale, group, out) -> None:
-    """All one-token queries at once: gather each cache padded to the longest, mask, one batched matmul."""
+    """All one-token queries, sorted by length and cut into groups, each one padded SDPA call.
+
+    Sorting keeps padding small (each group pads only to its own longest context); SDPA's fused kernel
+    is about twice as fast on CPU as an explicit matmul-softmax-matmul over the same padded tensors.
+    """
+    order = sorted(decode, key=lambda i: lens[i])
+    for g in range(0, len(order), DECODE_GROUP):
+        _decode_group(query, k_cache, v_cache, block_tables, lens, starts, order[g:g + DECODE_GROUP], scale,
+                      sliding_window, k_scale, v_scale, group, out)
+
+
+def _decode_group(query, k_cache, v_cache, block_tables, lens, starts, rows_of, scale, sliding_window,
+                  k_scale, v_scale, group, out) -> None:
     block_size = k_cache.shape[1]
-    seq_lens = torch.tensor([lens[i] for i in decode], device=query.device)
-    max_len = int(seq_lens.max())
-    max_blocks = (max_len + block_size - 1) // block_size
-    table = block_tables[decode, :max_blocks].long()
+    device = query.device
+    seq_lens = torch.tensor([lens[i] for i in rows_of], device=device)
+    max_blocks = (int(seq_lens.max()) + block_size - 1) // block_size
+    table = block_tables[rows_of, :max_blocks].long()
     # Entries past a sequence's own blocks are unused and may hold anything (-1, stale ids): read block 0.
     own_blocks = (seq_lens + block_size - 1) // block_size
-    table = table.masked_fill(torch.arange(max_blocks, device=query.device)[None, :] >= own_blocks[:, None], 0)
+    table = table.masked_fill(torch.arange(max_blocks, device=device)[None, :] >= own_blocks[:, None], 0)
     k = dequantize(k_cache[table].flatten(1, 2), k_scale, query.dtype)  # [B, L, Hkv, D]
     v = dequantize(v_cache[table].flatten(1, 2), v_scale, query.dtype)
-    rows = torch.tensor([starts[i] for i in decode], device=query.device)
-    q = query[rows]  # [B, H, D]
-    batch, num_heads, dim = q.shape
-    q = q.view(batch, -1, group, dim)  # [B, Hkv, G, D]
-    scores = torch.einsum("bhgd,blhd->bhgl", q, k) * scale
-    pos = torch.arange(k.shape[1], device=query.device)[None, :]
+    pos = torch.arange(k.shape[1], device=device)[None, :]
     valid = pos < seq_lens[:, None]
     if sliding_window is not None:
         valid &= pos >= (seq_lens[:, None] - sliding_window)
-    scores.masked_fill_(~valid[:, None, None, :], float("-inf"))
-    v = v.masked_fill(~valid[:, :, None, None], 0)  # padding slots may hold NaN garbage; 0 * NaN is NaN
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    o = torch.einsum("bhgl,blhd->bhgd", probs, v).reshape(batch, num_heads, dim)
-    out[rows] = o
+    pad = ~valid[:, :, None, None]  # padding slots may hold NaN garbage, and NaN survives masking and 0 * NaN
+    k, v = k.masked_fill(pad, 0), v.masked_fill(pad, 0)
+    rows = torch.tensor([starts[i] for i in rows_of], device=device)
+    o = torch.nn.functional.scaled_dot_product_attention(
+        query[rows][:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
+        scale=scale, enable_gqa=group > 1)
+    out[rows] = o[:, :, 0]
