@@ -34,8 +34,6 @@ class KVCacheManager:
             if block is None:
                 break
             hits.append(block)
-        self.prefix_queries += seq.num_tokens
-        self.prefix_hits += len(hits) * self.block_size
         return hits
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: list[Block] = ()) -> bool:
@@ -47,6 +45,9 @@ class KVCacheManager:
         revived = sum(1 for b in computed if b.ref_count == 0)  # cached free blocks leave the free queue
         if num_new_blocks + cow + revived > self.pool.num_free_blocks:
             return False
+        if self.enable_caching and not seq.block_table:  # a fresh admission: count its prefix lookup
+            self.prefix_queries += seq.num_tokens
+            self.prefix_hits += len(computed) * self.block_size
         if computed:
             self.pool.touch(computed)
             seq.block_table.extend(computed)

@@ -39,7 +39,8 @@ def test_cached_blocks_survive_free_until_reallocated():
     again = fake_seq(list(range(10)))
     hits = kv.get_computed_blocks(again)
     assert [b.block_id for b in hits] == first_two
-    assert kv.prefix_hits == 8
+    assert kv.allocate_slots(again, 2, hits) and kv.prefix_hits == 8 and kv.prefix_queries == 20
+    kv.free(again)
     # Allocating all blocks to other tokens evicts the cached ones.
     other = fake_seq([99] * 16)
     assert kv.allocate_slots(other, 16)
