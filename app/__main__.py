@@ -1,0 +1,6 @@
+"""`python -m app` starts the PagedDesk window."""
+import sys
+
+from app.main import main
+
+sys.exit(main())

@@ -1,0 +1,183 @@
+"""Streams one chat completion from the local OpenAI-compatible endpoint in a worker thread.
+
+`ChatWorker.run` POSTs /v1/chat/completions with stream=true via httpx, emits each content delta,
+and finishes with a `ChatResult`: time to first token, generated tokens (from `usage` when the
+server sends it, else one per content chunk) and decode tokens/s. `stop()` closes the stream at the
+next chunk, which makes the server abort the request. `ChatClient` owns the thread for the panel.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+from PySide6.QtCore import QObject, Qt, QThread, Signal
+
+from app.sse import auth_headers, iter_sse_data
+
+
+@dataclass
+class ChatRequest:
+    base_url: str
+    model: str
+    messages: list[dict]
+    api_key: str | None = None
+    temperature: float = 0.7
+    top_p: float = 1.0
+    max_tokens: int = 512
+
+    def body(self) -> dict:
+        return {"model": self.model, "messages": self.messages, "stream": True, "temperature": self.temperature,
+                "top_p": self.top_p, "max_tokens": self.max_tokens, "stream_options": {"include_usage": True}}
+
+
+@dataclass
+class ChatResult:
+    text: str = ""
+    ttft_s: float | None = None
+    completion_tokens: int = 0
+    elapsed_s: float = 0.0
+    finish_reason: str | None = None
+    usage: dict = field(default_factory=dict)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        decode_s = self.elapsed_s - (self.ttft_s or 0.0)
+        return (self.completion_tokens - 1) / decode_s if self.completion_tokens > 1 and decode_s > 0 else None
+
+    def summary(self) -> str:
+        parts = [f"TTFT {1000 * self.ttft_s:.0f} ms" if self.ttft_s is not None else "no tokens"]
+        if self.tokens_per_s is not None:
+            parts.append(f"{self.tokens_per_s:.1f} tokens/s")
+        parts.append(f"{self.completion_tokens} tokens")
+        if self.finish_reason:
+            parts.append(f"finish: {self.finish_reason}")
+        return " · ".join(parts)
+
+
+def error_text(response: httpx.Response) -> str:
+    try:
+        return response.json()["error"]["message"]
+    except Exception:
+        return response.text[:300]
+
+
+class ChatWorker(QObject):
+    delta = Signal(str)
+    finished = Signal(object)  # ChatResult
+    failed = Signal(str)
+    done = Signal()  # after finished or failed: the thread may quit
+
+    def __init__(self, request: ChatRequest) -> None:
+        super().__init__()
+        self.request = request
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        try:
+            self.finished.emit(self._stream())
+        except httpx.ConnectError:
+            self.failed.emit(f"Could not reach the engine at {self.request.base_url}; is it running? "
+                             "Start it from the Engine tab.")
+        except (httpx.HTTPError, ValueError) as e:
+            self.failed.emit(f"{type(e).__name__}: {e}")
+        finally:
+            self.done.emit()
+
+    def _stream(self) -> ChatResult:
+        r = self.request
+        result = ChatResult()
+        start = time.perf_counter()
+        timeout = httpx.Timeout(10.0, read=120.0)
+        with httpx.Client(timeout=timeout, headers=auth_headers(r.api_key)) as client:
+            with client.stream("POST", f"{r.base_url.rstrip('/')}/v1/chat/completions", json=r.body()) as response:
+                if response.status_code != 200:
+                    response.read()
+                    raise ValueError(f"HTTP {response.status_code}: {error_text(response)}")
+                for payload in iter_sse_data(response):
+                    if self._stop.is_set():
+                        result.finish_reason = "stopped"
+                        break
+                    if payload.strip() == "[DONE]":
+                        break
+                    self._take_chunk(json.loads(payload), result, start)
+        result.elapsed_s = time.perf_counter() - start
+        if result.usage.get("completion_tokens"):
+            result.completion_tokens = int(result.usage["completion_tokens"])
+        return result
+
+    def _take_chunk(self, chunk: dict, result: ChatResult, start: float) -> None:
+        if chunk.get("usage"):
+            result.usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            content = (choice.get("delta") or {}).get("content")
+            if content:
+                if result.ttft_s is None:
+                    result.ttft_s = time.perf_counter() - start
+                result.text += content
+                result.completion_tokens += 1
+                self.delta.emit(content)
+            if choice.get("finish_reason"):
+                result.finish_reason = choice["finish_reason"]
+
+
+class ChatClient(QObject):
+    """One streaming request at a time; signals delta / finished / failed on the GUI thread."""
+
+    delta = Signal(str)
+    finished = Signal(object)
+    failed = Signal(str)
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._thread: QThread | None = None
+        self._worker: ChatWorker | None = None
+        self._retiring: list[tuple[QThread, ChatWorker]] = []
+
+    def busy(self) -> bool:
+        return self._thread is not None
+
+    def send(self, request: ChatRequest) -> None:
+        """Start streaming `request`; a previous request still winding down is stopped and silenced."""
+        self._retire()
+        self._worker = ChatWorker(request)
+        self._thread = QThread()
+        self._worker.moveToThread(self._thread)
+        self._thread.started.connect(self._worker.run)
+        self._worker.delta.connect(self.delta)
+        self._worker.finished.connect(self.finished)
+        self._worker.failed.connect(self.failed)
+        self._worker.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)
+        thread = self._thread
+        thread.finished.connect(lambda: self._on_thread_finished(thread))
+        thread.start()
+
+    def stop(self) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+
+    def _retire(self) -> None:
+        if self._thread is None or self._worker is None:
+            return
+        self._worker.stop()
+        for signal in (self._worker.delta, self._worker.finished, self._worker.failed):
+            signal.disconnect()
+        self._retiring.append((self._thread, self._worker))
+        self._thread = self._worker = None
+
+    def _on_thread_finished(self, thread: QThread) -> None:
+        if thread is self._thread:
+            self._thread = self._worker = None
+        self._retiring = [(t, w) for t, w in self._retiring if t is not thread]
+
+    def wait_idle(self, timeout_ms: int = 5000) -> None:
+        """For application exit only."""
+        self._retire()
+        for thread, _worker in self._retiring:
+            thread.wait(timeout_ms)
+        self._retiring.clear()

@@ -1,0 +1,232 @@
+"""The Chat tab: conversations list, editable system prompt, sampling settings, transcript and input.
+
+Sending stores the user turn in the `ChatStore`, streams the reply through `ChatClient` (a worker
+thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s line. Stop ends the
+stream; Regenerate drops the last reply and asks again. When the engine is not running it says so
+instead of sending. The endpoint (base URL, key, served model name) is set by the main window.
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
+                               QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout, QWidget)
+
+from app.chat_client import ChatClient, ChatRequest, ChatResult
+from app.chat_store import ChatStore
+from widgets.chat_view import ChatMessage, ChatView
+
+NOT_RUNNING = "The engine is not running. Choose a model and press **Start** (Engine tab), then send again."
+DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+class ChatPanel(QWidget):
+    reply_finished = Signal(object)  # ChatResult
+    reply_failed = Signal(str)
+
+    def __init__(self, store: ChatStore, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.client = ChatClient(self)
+        self.client.delta.connect(self._on_delta)
+        self.client.finished.connect(self._on_finished)
+        self.client.failed.connect(self._on_failed)
+        self.base_url: str | None = None
+        self.api_key: str | None = None
+        self.model = ""
+        self.generating = False
+        self.conversation_id: int | None = None
+        self._build()
+        self._load_conversations()
+
+    # ---- layout -------------------------------------------------------------------------------------
+    def _build(self) -> None:
+        self.conversation_list = QListWidget()
+        self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conversation_list.currentItemChanged.connect(self._on_conversation_chosen)
+        new_button = QPushButton("New chat", clicked=self.new_conversation)
+        delete_button = QPushButton("Delete", clicked=self.delete_conversation)
+        left = QWidget()
+        left_layout = QVBoxLayout(left)
+        left_layout.addWidget(self.conversation_list, 1)
+        buttons = QHBoxLayout()
+        buttons.addWidget(new_button)
+        buttons.addWidget(delete_button)
+        left_layout.addLayout(buttons)
+
+        self.system_prompt = QPlainTextEdit(DEFAULT_SYSTEM_PROMPT)
+        self.system_prompt.setMaximumHeight(60)
+        self.system_prompt.textChanged.connect(self._save_system_prompt)
+        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, value=0.7)
+        self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0)
+        self.max_tokens = QSpinBox(minimum=1, maximum=131072, value=512)
+        params = QHBoxLayout()
+        for label, widget in (("Temperature", self.temperature), ("top_p", self.top_p),
+                              ("Max tokens", self.max_tokens)):
+            params.addWidget(QLabel(label))
+            params.addWidget(widget)
+        params.addStretch(1)
+        self.view = ChatView()
+        self.input = QPlainTextEdit(placeholderText="Message the model… (Ctrl+Enter to send)")
+        self.input.setMaximumHeight(90)
+        self.send_button = QPushButton("Send", clicked=self.send)
+        self.send_button.setShortcut("Ctrl+Return")
+        self.stop_button = QPushButton("Stop", clicked=self.stop, enabled=False)
+        self.regenerate_button = QPushButton("Regenerate", clicked=self.regenerate)
+        self.status = QLabel("")
+        actions = QVBoxLayout()
+        for b in (self.send_button, self.stop_button, self.regenerate_button):
+            actions.addWidget(b)
+        input_row = QHBoxLayout()
+        input_row.addWidget(self.input, 1)
+        input_row.addLayout(actions)
+
+        right = QWidget()
+        form = QFormLayout()
+        form.addRow("System prompt", self.system_prompt)
+        right_layout = QVBoxLayout(right)
+        right_layout.addLayout(form)
+        right_layout.addLayout(params)
+        right_layout.addWidget(self.view, 1)
+        right_layout.addLayout(input_row)
+        right_layout.addWidget(self.status)
+        splitter = QSplitter()
+        splitter.addWidget(left)
+        splitter.addWidget(right)
+        splitter.setStretchFactor(1, 1)
+        splitter.setSizes([200, 800])
+        QVBoxLayout(self).addWidget(splitter)
+
+    # ---- endpoint -------------------------------------------------------------------------------------
+    def set_endpoint(self, base_url: str | None, api_key: str | None = None, model: str | None = None) -> None:
+        """base_url None means the engine is not running."""
+        self.base_url, self.api_key = base_url, api_key
+        if model:
+            self.model = model
+
+    # ---- conversations --------------------------------------------------------------------------------
+    def _load_conversations(self) -> None:
+        conversations = self.store.conversations()
+        if not conversations:
+            self.store.new_conversation(system_prompt=DEFAULT_SYSTEM_PROMPT)
+            conversations = self.store.conversations()
+        self.conversation_list.blockSignals(True)
+        self.conversation_list.clear()
+        for c in conversations:
+            item = QListWidgetItem(c.title)
+            item.setData(Qt.ItemDataRole.UserRole, c.id)
+            self.conversation_list.addItem(item)
+        self.conversation_list.blockSignals(False)
+        row = next((i for i, c in enumerate(conversations) if c.id == self.conversation_id), 0)
+        self.conversation_list.setCurrentRow(row)
+        self._open(conversations[row].id)
+
+    def _on_conversation_chosen(self, item: QListWidgetItem | None, _previous=None) -> None:
+        if item is not None and not self.generating:
+            self._open(int(item.data(Qt.ItemDataRole.UserRole)))
+
+    def _open(self, conversation_id: int) -> None:
+        if conversation_id == self.conversation_id and self.view.messages:
+            return
+        self.conversation_id = conversation_id
+        conversation = self.store.conversation(conversation_id)
+        self.system_prompt.blockSignals(True)
+        self.system_prompt.setPlainText(conversation.system_prompt if conversation else "")
+        self.system_prompt.blockSignals(False)
+        self.view.set_messages([ChatMessage(m.role, m.content, m.stats) for m in self.store.messages(conversation_id)])
+
+    def new_conversation(self) -> None:
+        if self.generating:
+            return
+        self.conversation_id = self.store.new_conversation(system_prompt=self.system_prompt.toPlainText())
+        self.view.set_messages([])
+        self._load_conversations()
+
+    def delete_conversation(self) -> None:
+        if self.generating or self.conversation_id is None:
+            return
+        self.store.delete_conversation(self.conversation_id)
+        self.conversation_id = None
+        self._load_conversations()
+
+    def _save_system_prompt(self) -> None:
+        if self.conversation_id is not None:
+            self.store.update_conversation(self.conversation_id, system_prompt=self.system_prompt.toPlainText())
+
+    # ---- sending ----------------------------------------------------------------------------------------
+    def send(self) -> None:
+        text = self.input.toPlainText().strip()
+        if not text or self.generating:
+            return
+        if self.base_url is None:
+            self.view.add_message(ChatMessage("error", NOT_RUNNING))
+            self.reply_failed.emit(NOT_RUNNING)
+            return
+        assert self.conversation_id is not None
+        self.input.clear()
+        self.store.add_message(self.conversation_id, "user", text)
+        conversation = self.store.conversation(self.conversation_id)
+        if conversation and conversation.title == "New chat":
+            self.store.update_conversation(self.conversation_id, title=text.splitlines()[0][:40])
+            self._rename_current(text.splitlines()[0][:40])
+        self.view.add_message(ChatMessage("user", text))
+        self._ask()
+
+    def regenerate(self) -> None:
+        if self.generating or self.conversation_id is None:
+            return
+        stored = self.store.messages(self.conversation_id)
+        if not stored or self.base_url is None:
+            return
+        if stored[-1].role == "assistant":
+            self.store.delete_message(stored[-1].id)
+            self.view.set_messages([ChatMessage(m.role, m.content, m.stats) for m in stored[:-1]])
+        self._ask()
+
+    def stop(self) -> None:
+        self.client.stop()
+
+    def _history(self) -> list[dict]:
+        assert self.conversation_id is not None
+        messages = [{"role": "system", "content": self.system_prompt.toPlainText()}]
+        if not messages[0]["content"].strip():
+            messages = []
+        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(self.conversation_id)
+                     if m.role in ("user", "assistant")]
+        return messages
+
+    def _ask(self) -> None:
+        request = ChatRequest(self.base_url or "", self.model, self._history(), self.api_key,
+                              self.temperature.value(), self.top_p.value(), self.max_tokens.value())
+        self.view.add_message(ChatMessage("assistant", ""))
+        self._set_generating(True)
+        self.client.send(request)
+
+    def _on_delta(self, text: str) -> None:
+        self.view.append_to_last(text)
+
+    def _on_finished(self, result: ChatResult) -> None:
+        self._set_generating(False)
+        stats = result.summary()
+        if self.conversation_id is not None:
+            self.store.add_message(self.conversation_id, "assistant", result.text, stats)
+        self.view.set_last_stats(stats)
+        self.reply_finished.emit(result)
+
+    def _on_failed(self, message: str) -> None:
+        self._set_generating(False)
+        if self.view.messages and self.view.messages[-1].role == "assistant" and not self.view.messages[-1].text:
+            self.view.messages.pop()
+        self.view.add_message(ChatMessage("error", message))
+        self.reply_failed.emit(message)
+
+    def _set_generating(self, on: bool) -> None:
+        self.generating = on
+        self.send_button.setEnabled(not on)
+        self.regenerate_button.setEnabled(not on)
+        self.stop_button.setEnabled(on)
+        self.status.setText("Generating…" if on else "")
+
+    def _rename_current(self, title: str) -> None:
+        item = self.conversation_list.currentItem()
+        if item is not None:
+            item.setText(title)

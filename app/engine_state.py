@@ -1,0 +1,72 @@
+"""The engine-state snapshot (docs/engine-state.md) as plain data, decoded from its JSON.
+
+`blocks` is base64(zlib(state | ref_count | owner)): n bytes of state, n bytes of ref count, then n
+little-endian uint16 owner indices. `parse_state` turns one SSE payload into an `EngineState` whose
+`blocks` is the widget-ready `BlockSnapshot`. Pure functions, no Qt, no I/O.
+"""
+from __future__ import annotations
+
+import base64
+import zlib
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from widgets.block_map import BlockSnapshot
+
+
+@dataclass
+class EngineState:
+    time: float
+    model: str
+    device: str
+    block_size: int
+    num_blocks: int
+    blocks: BlockSnapshot
+    requests: list[dict] = field(default_factory=list)
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    num_preemptions: int = 0
+    prompt_tokens_per_s: float = 0.0
+    generation_tokens_per_s: float = 0.0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    weights_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+
+
+def decode_blocks(encoded: str, num_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    raw = zlib.decompress(base64.b64decode(encoded)) if encoded else b""
+    if len(raw) != 4 * num_blocks:
+        raise ValueError(f"blocks payload has {len(raw)} bytes, expected 4 * num_blocks = {4 * num_blocks}")
+    buf = np.frombuffer(raw, np.uint8)
+    owner = buf[2 * num_blocks:].view("<u2").astype(np.uint16)
+    return buf[:num_blocks].copy(), buf[num_blocks: 2 * num_blocks].copy(), owner
+
+
+def encode_blocks(state: np.ndarray, ref_count: np.ndarray, owner: np.ndarray) -> str:
+    """The inverse of `decode_blocks` (used by demos and tests)."""
+    raw = state.astype(np.uint8).tobytes() + ref_count.astype(np.uint8).tobytes() + owner.astype("<u2").tobytes()
+    return base64.b64encode(zlib.compress(raw)).decode()
+
+
+def parse_state(data: dict) -> EngineState:
+    n = int(data.get("num_blocks", 0))
+    state, ref_count, owner = decode_blocks(data.get("blocks", ""), n)
+    requests = list(data.get("requests") or [])
+    memory = data.get("memory") or {}
+    return EngineState(
+        time=float(data.get("time", 0.0)), model=str(data.get("model", "")), device=str(data.get("device", "")),
+        block_size=int(data.get("block_size", 0)), num_blocks=n,
+        blocks=BlockSnapshot(state, ref_count, owner, [str(r.get("id", "?")) for r in requests]),
+        requests=requests, num_running=int(data.get("num_running", 0)), num_waiting=int(data.get("num_waiting", 0)),
+        kv_cache_usage=float(data.get("kv_cache_usage", 0.0)),
+        prefix_cache_hit_rate=float(data.get("prefix_cache_hit_rate", 0.0)),
+        num_preemptions=int(data.get("num_preemptions", 0)),
+        prompt_tokens_per_s=float(data.get("prompt_tokens_per_s", 0.0)),
+        generation_tokens_per_s=float(data.get("generation_tokens_per_s", 0.0)),
+        prompt_tokens_total=int(data.get("prompt_tokens_total", 0)),
+        generation_tokens_total=int(data.get("generation_tokens_total", 0)),
+        weights_bytes=memory.get("weights_bytes"), kv_cache_bytes=memory.get("kv_cache_bytes"))

@@ -1,0 +1,81 @@
+"""What a local Hugging Face model folder holds, read without loading weights.
+
+Architecture, context length and dtype come from config.json; the parameter count comes from the
+safetensors headers (8-byte length + JSON of dtype/shape per tensor) of each shard listed in
+model.safetensors.index.json, or of every *.safetensors file. Only headers are read, never tensors.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx")
+
+
+@dataclass
+class ModelInfo:
+    path: Path
+    architecture: str
+    num_parameters: int | None
+    context_length: int | None
+    dtype: str
+    config: dict = field(default_factory=dict)
+
+    def describe(self) -> str:
+        params = format_count(self.num_parameters) if self.num_parameters else "unknown"
+        context = f"{self.context_length:,}" if self.context_length else "unknown"
+        return f"{self.architecture} · {params} parameters · context {context} tokens · {self.dtype}"
+
+
+def format_count(n: int) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(n)
+
+
+def safetensors_header(path: Path) -> dict:
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+        if length > 100 * 1024 * 1024:
+            raise ValueError(f"{path.name}: safetensors header of {length} bytes is implausible")
+        return json.loads(f.read(length))
+
+
+def count_parameters(folder: Path) -> int | None:
+    """Sum of tensor element counts over the folder's safetensors shards, or None without any."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        files = [folder / s for s in shards]
+    else:
+        files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        for name, entry in safetensors_header(file).items():
+            if name != "__metadata__":
+                total += math.prod(entry["shape"])
+    return total
+
+
+def text_config(config: dict) -> dict:
+    """Multimodal configs nest the language model's settings under text_config."""
+    return config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
+
+
+def read_model_info(folder: str | Path) -> ModelInfo:
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    if not config_path.exists():
+        raise FileNotFoundError(f"{folder} has no config.json; choose a Hugging Face model folder")
+    config = json.loads(config_path.read_text())
+    text = text_config(config)
+    architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
+    context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "unknown")
+    return ModelInfo(folder, architecture, count_parameters(folder), context, dtype, config)

@@ -1,0 +1,126 @@
+"""Model chooser: a local folder, a model from the hub cache, or a download by repo id.
+
+Shows the chosen model's architecture, parameter count, context length and dtype (read from
+config.json and safetensors headers only). Downloads run a `DownloadWorker` on a daemon thread (a
+download stuck on the network must not keep the application from quitting) with a progress bar and
+a Cancel button; the GUI thread only receives the worker's signals.
+"""
+from __future__ import annotations
+
+import threading
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import (QComboBox, QFileDialog, QGroupBox, QHBoxLayout, QLabel, QLineEdit, QProgressBar,
+                               QPushButton, QVBoxLayout, QWidget)
+
+from app.hf_cache import CachedModel, DownloadWorker, cached_models
+from app.model_info import ModelInfo, read_model_info
+from widgets.gpu_panel import format_bytes
+
+
+class ModelPicker(QGroupBox):
+    """Emits `model_changed(ModelInfo)` whenever a valid model folder is chosen."""
+
+    model_changed = Signal(object)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__("Model", parent)
+        self.info: ModelInfo | None = None
+        self.path_edit = QLineEdit(placeholderText="Hugging Face model folder")
+        self.path_edit.editingFinished.connect(lambda: self.set_model_path(self.path_edit.text()))
+        browse = QPushButton("Browse…", clicked=self._browse)
+        self.cache_combo = QComboBox()
+        self.cache_combo.activated.connect(self._cache_chosen)
+        rescan = QPushButton("Rescan cache", clicked=self.refresh_cache)
+        self.repo_edit = QLineEdit(placeholderText="repo id, e.g. Qwen/Qwen2.5-0.5B-Instruct")
+        self.download_button = QPushButton("Download", clicked=self.start_download)
+        self.cancel_button = QPushButton("Cancel", clicked=self.cancel_download, enabled=False)
+        self.progress = QProgressBar(visible=False)
+        self.details = QLabel("No model chosen", wordWrap=True)
+        layout = QVBoxLayout(self)
+        for widgets in ((self.path_edit, browse), (QLabel("Hub cache:"), self.cache_combo, rescan),
+                        (self.repo_edit, self.download_button, self.cancel_button)):
+            row = QHBoxLayout()
+            for w in widgets:
+                row.addWidget(w, 1 if isinstance(w, (QLineEdit, QComboBox)) else 0)
+            layout.addLayout(row)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.details)
+        self._cached: list[CachedModel] = []
+        self._worker: DownloadWorker | None = None
+        self.refresh_cache()
+
+    def refresh_cache(self) -> None:
+        self._cached = cached_models()
+        self.cache_combo.clear()
+        if not self._cached:
+            self.cache_combo.addItem("(no models in the Hugging Face cache)")
+        for m in self._cached:
+            self.cache_combo.addItem(f"{m.repo_id}  ({format_bytes(m.size_on_disk)})")
+
+    def _cache_chosen(self, row: int) -> None:
+        if 0 <= row < len(self._cached):
+            self.set_model_path(str(self._cached[row].snapshot))
+
+    def _browse(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Choose a Hugging Face model folder", self.path_edit.text())
+        if folder:
+            self.set_model_path(folder)
+
+    def set_model_path(self, folder: str) -> bool:
+        folder = folder.strip()
+        if not folder:
+            return False
+        self.path_edit.setText(folder)
+        try:
+            info = read_model_info(folder)
+        except (OSError, ValueError, KeyError) as e:
+            self.info = None
+            self.details.setText(f"<span style='color:#bf616a'>{e}</span>")
+            return False
+        self.info = info
+        self.details.setText(info.describe())
+        self.model_changed.emit(info)
+        return True
+
+    def start_download(self) -> None:
+        repo_id = self.repo_edit.text().strip()
+        if not repo_id or self._worker is not None:
+            return
+        self._worker = DownloadWorker(repo_id)
+        self._worker.progress.connect(self._on_progress)
+        self._worker.finished.connect(self._on_downloaded)
+        self._worker.failed.connect(self._on_download_failed)
+        self.progress.setRange(0, 0)
+        self.progress.setVisible(True)
+        self.download_button.setEnabled(False)
+        self.cancel_button.setEnabled(True)
+        self.details.setText(f"Downloading {repo_id}…")
+        threading.Thread(target=self._worker.run, name=f"download {repo_id}", daemon=True).start()
+
+    def cancel_download(self) -> None:
+        if self._worker is not None:
+            self._worker.cancel()
+            self.details.setText("Cancelling at the next progress update…")
+
+    def _on_progress(self, done: float, total: float, unit: str) -> None:
+        if unit != "B" or total <= 0:
+            return
+        self.progress.setRange(0, 1000)
+        self.progress.setValue(int(1000 * done / total))
+        self.progress.setFormat(f"{format_bytes(done)} / {format_bytes(total)}")
+
+    def _finish_download(self) -> None:
+        self._worker = None
+        self.progress.setVisible(False)
+        self.download_button.setEnabled(True)
+        self.cancel_button.setEnabled(False)
+
+    def _on_downloaded(self, path: str) -> None:
+        self._finish_download()
+        self.refresh_cache()
+        self.set_model_path(path)
+
+    def _on_download_failed(self, message: str) -> None:
+        self._finish_download()
+        self.details.setText(f"<span style='color:#bf616a'>{message}</span>")

@@ -1,0 +1,78 @@
+"""The Monitor tab: block map, time-series plots and GPU panel, fed from engine-state and NVML samples.
+
+`on_state(EngineState)` hands the block snapshot to the block map and appends one sample to each
+plot's ring buffer; `on_gpu_readings` / `on_gpu_unavailable` feed the GPU panel and its VRAM plot.
+Nothing here draws per event: the widgets redraw on their own timers.
+"""
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QGridLayout, QLabel, QSplitter, QVBoxLayout, QWidget
+
+from app.engine_state import EngineState
+from widgets.block_map import BlockMapWidget
+from widgets.gpu_panel import GIB, GpuPanel, GpuReading
+from widgets.time_plot import TimePlot
+
+GPU_COLORS = ("#88c0d0", "#d08770", "#a3be8c", "#b48ead")
+
+
+class MonitorPanel(QWidget):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.block_map = BlockMapWidget()
+        self.kv_plot = TimePlot("KV cache usage", [("KV used %", "#88c0d0"), ("prefix hit %", "#a3be8c")],
+                                unit="%", y_range=(0, 100))
+        self.queue_plot = TimePlot("Requests", [("running", "#a3be8c"), ("waiting", "#ebcb8b")])
+        self.tokens_plot = TimePlot("Throughput", [("prompt tok/s", "#b48ead"), ("generation tok/s", "#d08770")],
+                                    unit="tok/s")
+        self.vram_plot = TimePlot("VRAM used", [("GPU 0", GPU_COLORS[0])], unit="GiB")
+        self.gpu_panel = GpuPanel()
+        self.headline = QLabel("Waiting for the engine-state stream…")
+        self.samples = 0
+        plots = QWidget()
+        grid = QGridLayout(plots)
+        grid.setContentsMargins(0, 0, 0, 0)
+        for i, plot in enumerate((self.kv_plot, self.queue_plot, self.tokens_plot, self.vram_plot)):
+            grid.addWidget(plot, i // 2, i % 2)
+        top = QWidget()
+        top_layout = QVBoxLayout(top)
+        top_layout.setContentsMargins(0, 0, 0, 0)
+        top_layout.addWidget(self.headline)
+        top_layout.addWidget(self.block_map, 1)
+        splitter = QSplitter(Qt.Orientation.Vertical)
+        splitter.addWidget(top)
+        splitter.addWidget(plots)
+        splitter.addWidget(self.gpu_panel)
+        splitter.setSizes([380, 320, 110])
+        QVBoxLayout(self).addWidget(splitter)
+
+    def on_state(self, state: EngineState, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        self.samples += 1
+        self.block_map.set_blocks(state.blocks)
+        self.kv_plot.append(now, (100 * state.kv_cache_usage, 100 * state.prefix_cache_hit_rate))
+        self.queue_plot.append(now, (state.num_running, state.num_waiting))
+        self.tokens_plot.append(now, (state.prompt_tokens_per_s, state.generation_tokens_per_s))
+        self.gpu_panel.set_engine_memory(state.weights_bytes, state.kv_cache_bytes, state.device)
+        self.headline.setText(
+            f"<b>{state.model}</b> on {state.device} · {state.num_blocks:,} blocks × {state.block_size} tokens · "
+            f"running {state.num_running} · waiting {state.num_waiting} · preemptions {state.num_preemptions} · "
+            f"{state.prompt_tokens_total:,} prompt / {state.generation_tokens_total:,} generated tokens")
+
+    def on_gpu_readings(self, readings: list[GpuReading], now: float | None = None) -> None:
+        self.gpu_panel.set_readings(readings)
+        if len(readings) != len(self.vram_plot.curves):
+            self.vram_plot.set_series([(f"GPU {r.index}", GPU_COLORS[i % len(GPU_COLORS)])
+                                       for i, r in enumerate(readings)])
+        self.vram_plot.append(time.monotonic() if now is None else now, [r.memory_used / GIB for r in readings])
+
+    def on_gpu_unavailable(self, reason: str) -> None:
+        self.gpu_panel.set_unavailable(reason)
+        self.vram_plot.setTitle("VRAM used (no NVIDIA GPU detected)", size="10pt")
+
+    def on_engine_stopped(self) -> None:
+        self.headline.setText("Engine not running.")
+        self.gpu_panel.set_engine_memory(None, None)

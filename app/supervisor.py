@@ -1,0 +1,269 @@
+"""EngineSupervisor: runs `python -m engine.serve` as a QProcess in its own process group and minds it.
+
+Start checks the port with a real bind (moving to the next free port, with a message, when taken),
+launches the engine in a new session so the whole group (engine plus tensor-parallel workers) can be
+signalled at once, and polls /health until READY while the process's `finished` signal reports an
+early exit at once. Output (stdout and stderr merged) goes to a bounded tail and the `log` signal.
+A crash reports the exit code and the last log lines and restarts with exponential backoff up to a
+cap; an out-of-memory at load (exit code 3 or "out of memory" in the log) is never restarted,
+because it would fail the same way. Stop and quit send SIGTERM to the group, then SIGKILL after a
+grace period, and any group member left behind by a dead leader is killed so no orphan keeps VRAM.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from collections import deque
+from typing import Any
+
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
+
+from app.health_probe import HealthProbe
+from app.paths import REPO_ROOT
+from app.port_check import next_free_port, port_is_free
+from app.settings import serve_argv
+
+STOPPED, STARTING, READY, CRASHED = "STOPPED", "STARTING", "READY", "CRASHED"
+OOM_EXIT_CODE = 3
+OOM_TEXT = "out of memory"
+POSIX = os.name == "posix"
+SIGTERM, SIGKILL = signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)
+
+
+def connect_host(bind_host: str) -> str:
+    """Where a client on this machine reaches a server bound to `bind_host`."""
+    return "127.0.0.1" if bind_host in ("", "0.0.0.0", "::") else bind_host
+
+
+class EngineSupervisor(QObject):
+    state_changed = Signal(str)
+    log = Signal(str)  # a chunk of merged stdout/stderr lines
+    ready = Signal(str)  # base URL
+    crashed = Signal(int, str)  # exit code (-1: killed by a signal), last log lines
+    message = Signal(str)  # something the user should read: port moved, restart scheduled, OOM
+
+    def __init__(self, command: list[str] | None = None, max_restarts: int = 3, backoff_s: float = 1.0,
+                 grace_s: float = 5.0, tail_lines: int = 400, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.command = command or [sys.executable, "-m", "engine.serve"]
+        self.max_restarts = max_restarts
+        self.backoff_s = backoff_s
+        self.grace_s = grace_s
+        self.state = STOPPED
+        self.tail: deque[str] = deque(maxlen=tail_lines)
+        self.process: QProcess | None = None
+        self.base_url = ""
+        self.restarts = 0
+        self.last_exit_code: int | None = None
+        self._pgid: int | None = None
+        self._partial = ""
+        self._stopping = False
+        self._launch: tuple[str, dict[str, Any], list[str]] | None = None
+        self._probe = HealthProbe(parent=self)
+        self._probe.healthy.connect(self._on_healthy)
+        self._restart_timer = QTimer(self, singleShot=True, timeout=self._restart_now)
+        self._kill_timer = QTimer(self, singleShot=True, timeout=lambda: self._signal_group(SIGKILL))
+        self._stable_timer = QTimer(self, singleShot=True, interval=60_000, timeout=self._reset_restarts)
+
+    # ---- public API -------------------------------------------------------------------------------
+    def start(self, model: str, values: dict[str, Any], extra_argv: list[str] | None = None) -> bool:
+        """Launch the engine; False (with a message) when it is already running or no port is free."""
+        if self.process is not None:
+            self.message.emit("The engine is already running; stop it first.")
+            return False
+        values = dict(values)
+        host, port = values.get("host") or "127.0.0.1", int(values.get("port") or 8000)
+        if not port_is_free(host, port):
+            free = next_free_port(host, port + 1)
+            if free is None:
+                self.message.emit(f"Port {port} on {host} is in use and no free port was found after it; "
+                                  "choose another port in the settings.")
+                return False
+            self.message.emit(f"Port {port} on {host} is in use (another server?); using port {free} instead.")
+            values["port"] = port = free
+        self._restart_timer.stop()
+        self._launch = (model, values, list(extra_argv or []))
+        self.restarts = 0
+        self._spawn()
+        return True
+
+    def stop(self) -> None:
+        """SIGTERM the group now, SIGKILL after the grace period; STOPPED once the process is gone."""
+        self._restart_timer.stop()
+        self._probe.stop()
+        if self.process is None:
+            self._set_state(STOPPED)
+            return
+        self._stopping = True
+        self._signal_group(SIGTERM)
+        self._kill_timer.start(int(self.grace_s * 1000))
+
+    def restart(self) -> None:
+        """Start again with the last launch settings (after a crash or a stop)."""
+        if self._launch is None or self.process is not None:
+            return
+        self._restart_timer.stop()
+        self.restarts = 0
+        self._spawn()
+
+    def shutdown(self) -> None:
+        """Blocking stop for application quit: TERM the group, wait the grace period, KILL what is left."""
+        self._restart_timer.stop()
+        self._probe.stop()
+        process = self.process
+        if process is not None:
+            self._stopping = True
+            self._signal_group(SIGTERM)
+            if not process.waitForFinished(int(self.grace_s * 1000)):
+                self._signal_group(SIGKILL)
+                process.waitForFinished(3000)
+        self._signal_group(SIGKILL)  # stragglers whose leader already exited
+
+    @property
+    def restart_pending(self) -> bool:
+        """An automatic restart is scheduled (Stop cancels it)."""
+        return self._restart_timer.isActive()
+
+    @property
+    def port(self) -> int | None:
+        return int(self._launch[1]["port"]) if self._launch else None
+
+    @property
+    def pid(self) -> int | None:
+        return int(self.process.processId()) if self.process is not None else None
+
+    def argv(self) -> list[str]:
+        assert self._launch is not None
+        model, values, extra = self._launch
+        return [*self.command, *serve_argv(model, values, extra)]
+
+    # ---- process lifecycle --------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        assert self._launch is not None
+        _model, values, _extra = self._launch
+        argv = self.argv()
+        process = QProcess(self)
+        process.setProcessChannelMode(QProcess.ProcessChannelMode.MergedChannels)
+        process.setProcessEnvironment(self._environment())
+        process.setWorkingDirectory(str(REPO_ROOT))
+        if POSIX:
+            process.setUnixProcessParameters(QProcess.UnixProcessFlag.CreateNewSession)
+        # Bound-method slots (not lambdas): Qt drops them if this supervisor is destroyed first.
+        process.readyReadStandardOutput.connect(self._on_ready_read)
+        process.finished.connect(self._on_process_finished)
+        process.errorOccurred.connect(self._on_process_error)
+        self.process = process
+        self._stopping = False
+        self._partial = ""
+        self.base_url = f"http://{connect_host(values.get('host') or '127.0.0.1')}:{values['port']}"
+        self._append_log(f"$ {' '.join(argv)}\n")
+        self._set_state(STARTING)
+        process.started.connect(self._on_started)
+        process.start(argv[0], argv[1:])
+
+    def _on_ready_read(self) -> None:
+        self._on_output(self.sender())
+
+    def _on_process_finished(self, code: int, status: QProcess.ExitStatus) -> None:
+        self._on_finished(self.sender(), code, status)
+
+    def _on_process_error(self, error: QProcess.ProcessError) -> None:
+        self._on_error(self.sender(), error)
+
+    def _on_started(self) -> None:
+        process = self.sender()
+        if process is self.process:
+            self._pgid = int(process.processId()) if POSIX else None
+            self._probe.start(self.base_url)
+
+    @staticmethod
+    def _environment() -> QProcessEnvironment:
+        env = QProcessEnvironment.systemEnvironment()
+        path = env.value("PYTHONPATH", "")
+        env.insert("PYTHONPATH", str(REPO_ROOT) + (os.pathsep + path if path else ""))
+        env.insert("PYTHONUNBUFFERED", "1")
+        return env
+
+    def _on_output(self, process: QProcess) -> None:
+        text = self._partial + bytes(process.readAllStandardOutput().data()).decode("utf-8", "replace")
+        complete, _, self._partial = text.rpartition("\n")
+        if complete:
+            self._append_log(complete + "\n")
+
+    def _append_log(self, text: str) -> None:
+        self.tail.extend(text.splitlines())
+        self.log.emit(text)
+
+    def _on_healthy(self) -> None:
+        if self.state == STARTING and self.process is not None:
+            self._set_state(READY)
+            self._stable_timer.start()
+            self.ready.emit(self.base_url)
+
+    def _on_error(self, process: QProcess, error: QProcess.ProcessError) -> None:
+        if error == QProcess.ProcessError.FailedToStart and process is self.process:
+            self._append_log(f"could not start {self.command[0]}: {process.errorString()}\n")
+            self._on_finished(process, 127, QProcess.ExitStatus.CrashExit)
+
+    def _on_finished(self, process: QProcess, code: int, status: QProcess.ExitStatus) -> None:
+        if process is not self.process:
+            return
+        if self._partial:
+            self._append_log(self._partial + "\n")
+            self._partial = ""
+        self._kill_timer.stop()
+        self._stable_timer.stop()
+        self._probe.stop()
+        self._signal_group(SIGKILL)  # leader gone: take any worker left in its group with it
+        self.process, self._pgid = None, None
+        process.deleteLater()
+        if self._stopping:
+            self._stopping = False
+            self._set_state(STOPPED)
+            return
+        exit_code = code if status == QProcess.ExitStatus.NormalExit else -1
+        self._report_crash(exit_code)
+
+    def _report_crash(self, exit_code: int) -> None:
+        self.last_exit_code = exit_code
+        last_lines = "\n".join(list(self.tail)[-20:])
+        self._set_state(CRASHED)
+        how = "was killed by a signal" if exit_code < 0 else f"exited with code {exit_code}"
+        self.crashed.emit(exit_code, last_lines)
+        if exit_code == OOM_EXIT_CODE or OOM_TEXT in "\n".join(list(self.tail)[-50:]).lower():
+            self.message.emit(f"The engine {how}: out of memory while loading the model. Not restarting — "
+                              "lower --gpu-memory-utilization or --max-model-len, use --kv-cache-dtype fp8, "
+                              "raise --tensor-parallel-size or pick a smaller model.")
+            return
+        if self.restarts >= self.max_restarts:
+            self.message.emit(f"The engine {how}; gave up after {self.restarts} automatic restarts. "
+                              "Read the log, then press Start.")
+            return
+        delay = self.backoff_s * 2 ** self.restarts
+        self.restarts += 1
+        self.message.emit(f"The engine {how}; restarting in {delay:.0f} s "
+                          f"(attempt {self.restarts} of {self.max_restarts}).")
+        self._restart_timer.start(int(delay * 1000))
+        self.state_changed.emit(self.state)  # same state, but Stop now has a restart to cancel
+
+    def _restart_now(self) -> None:
+        if self.process is None and self._launch is not None:
+            self._spawn()
+
+    def _reset_restarts(self) -> None:
+        self.restarts = 0
+
+    def _signal_group(self, sig: int) -> None:
+        if POSIX and self._pgid is not None:
+            try:
+                os.killpg(self._pgid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        elif self.process is not None:
+            self.process.kill() if sig == SIGKILL else self.process.terminate()
+
+    def _set_state(self, state: str) -> None:
+        if state != self.state:
+            self.state = state
+            self.state_changed.emit(state)

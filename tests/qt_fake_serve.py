@@ -1,0 +1,133 @@
+"""A stand-in for `python -m engine.serve` used by the supervisor and client tests (stdlib only).
+
+Serves /health, a short streamed chat completion and the engine-state stream with synthetic blocks,
+so the GUI's process handling and HTTP clients can be tested in seconds without torch. Behaviour is
+chosen by environment variables: FAKE_SERVE_MODE=ok|oom|exit1|ignore_term, FAKE_SERVE_DELAY
+(seconds before listening), FAKE_SERVE_TOKEN_DELAY (seconds between streamed words),
+FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
+tensor-parallel worker). Unknown engine flags are accepted and ignored.
+"""
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zlib
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+NUM_BLOCKS = 256
+
+
+def state_payload(tick: int) -> dict:
+    n = NUM_BLOCKS
+    used = 8 + tick % 40
+    state = bytes([1] * used + [2] * 10 + [0] * (n - used - 10))
+    ref = bytes([2 if i < 4 else 1 for i in range(used)] + [0] * (n - used))
+    owner = b"".join(((1 + i // 16) if i < used else 0).to_bytes(2, "little") for i in range(n))
+    requests = [{"id": f"cmpl-{k}", "status": "running", "num_blocks": 16} for k in range(1 + (used - 1) // 16)]
+    return {"time": time.time(), "model": "fake-model", "device": "cpu", "block_size": 16, "num_blocks": n,
+            "blocks": base64.b64encode(zlib.compress(state + ref + owner)).decode(), "requests": requests,
+            "num_running": len(requests), "num_waiting": tick % 3, "kv_cache_usage": used / n,
+            "prefix_cache_hit_rate": 0.25, "num_preemptions": 0, "prompt_tokens_total": 100 + tick,
+            "generation_tokens_total": 10 * tick, "prompt_tokens_per_s": 50.0, "generation_tokens_per_s": 20.0 + tick,
+            "memory": {"weights_bytes": 123456, "kv_cache_bytes": 654321}}
+
+
+class Handler(BaseHTTPRequestHandler):
+    api_key: str | None = None
+
+    def log_message(self, fmt, *args):  # noqa: N802 - keep test output quiet but visible in the log tail
+        sys.stdout.write("fake-serve: " + fmt % args + "\n")
+
+    def _authorized(self) -> bool:
+        if self.api_key and self.headers.get("Authorization") != f"Bearer {self.api_key}":
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "bad api key"}}')
+            return False
+        return True
+
+    def _start_sse(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+
+    def _event(self, obj) -> None:
+        data = obj if isinstance(obj, str) else json.dumps(obj)
+        self.wfile.write(f"data: {data}\n\n".encode())
+        self.wfile.flush()
+
+    def do_GET(self):  # noqa: N802
+        url = urlparse(self.path)
+        if url.path == "/health":
+            self.send_response(200)
+            self.end_headers()
+            return
+        if url.path == "/v1/engine/state/stream" and self._authorized():
+            hz = float(parse_qs(url.query).get("hz", ["4"])[0])
+            self._start_sse()
+            try:
+                for tick in range(100000):
+                    self._event(state_payload(tick))
+                    time.sleep(1 / hz)
+            except (BrokenPipeError, ConnectionResetError):
+                return
+        self.send_response(404)
+        self.end_headers()
+
+    def do_POST(self):  # noqa: N802
+        if urlparse(self.path).path != "/v1/chat/completions" or not self._authorized():
+            return
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        words = ["Hello", " from", " the", " fake", " engine", ".\n\n```python\nprint('hi')\n```"]
+        self._start_sse()
+        try:
+            for i, word in enumerate(words[: body.get("max_tokens", 16)]):
+                self._event({"id": "cmpl-1", "object": "chat.completion.chunk", "model": body.get("model"),
+                             "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
+                time.sleep(float(os.environ.get("FAKE_SERVE_TOKEN_DELAY", "0.02")))
+            self._event({"id": "cmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+            self._event({"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 6}})
+            self._event("[DONE]")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--api-key")
+    args, _unknown = parser.parse_known_args()
+    mode = os.environ.get("FAKE_SERVE_MODE", "ok")
+    print(f"fake-serve: starting in mode {mode} on {args.host}:{args.port}", flush=True)
+    if mode == "oom":
+        print("RuntimeError: CUDA out of memory while loading weights (tried to allocate 2.00 GiB)", flush=True)
+        sys.exit(3)
+    if mode == "exit1":
+        print("fake-serve: failing on purpose", flush=True)
+        sys.exit(1)
+    if mode == "ignore_term":
+        signal.signal(signal.SIGTERM, lambda *_: print("fake-serve: ignoring SIGTERM", flush=True))
+    child_file = os.environ.get("FAKE_SERVE_CHILD_PID_FILE")
+    if child_file:
+        child = subprocess.Popen([sys.executable, "-c", "import signal, time; "
+                                  "signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"])
+        with open(child_file, "w") as f:
+            f.write(str(child.pid))
+    time.sleep(float(os.environ.get("FAKE_SERVE_DELAY", "0")))
+    Handler.api_key = args.api_key
+    server = ThreadingHTTPServer((args.host, args.port), Handler)
+    server.daemon_threads = True
+    print("fake-serve: ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

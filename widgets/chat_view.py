@@ -1,0 +1,99 @@
+"""Chat transcript view: messages rendered from Markdown (fenced code included) into a QTextBrowser.
+
+`ChatView` holds a list of `ChatMessage` (role, Markdown text, a stats line) and renders them as
+HTML through python-markdown. Streaming appends to the last message are cheap: they mark the view
+dirty and the HTML is rebuilt on a short timer, never per token. It knows nothing about HTTP.
+"""
+from __future__ import annotations
+
+import functools
+import html
+from dataclasses import dataclass
+
+import markdown
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QTextBrowser, QWidget
+
+STYLE = """
+<style>
+ body { font-size: 10pt; }
+ .role { font-weight: bold; margin-top: 10px; }
+ .user { color: #5e81ac; } .assistant { color: #a3be8c; } .system { color: #b48ead; } .error { color: #bf616a; }
+ .stats { color: #808890; font-size: 8pt; }
+ pre { background: #1e222a; color: #e5e9f0; padding: 6px; font-family: monospace; }
+ code { background: #2e3440; color: #ebcb8b; font-family: monospace; }
+</style>
+"""
+_MD_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "nl2br"]
+
+
+@functools.cache
+def _markdown() -> markdown.Markdown:
+    md = markdown.Markdown(extensions=_MD_EXTENSIONS)
+    # Raw HTML from a model is shown as text, never interpreted: drop the raw-HTML block and inline rules.
+    md.preprocessors.deregister("html_block")
+    md.inlinePatterns.deregister("html")
+    return md
+
+
+def render_markdown(text: str) -> str:
+    """Markdown → HTML with fenced code; raw HTML in the text comes out escaped. GUI thread only."""
+    md = _markdown()
+    md.reset()
+    return md.convert(text)
+
+
+@dataclass
+class ChatMessage:
+    role: str  # user | assistant | system | error
+    text: str
+    stats: str = ""
+
+
+class ChatView(QTextBrowser):
+    """Renders a conversation; `append_to_last` for streamed tokens, redrawn every `redraw_ms`."""
+
+    ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System", "error": "Error"}
+
+    def __init__(self, parent: QWidget | None = None, redraw_ms: int = 100) -> None:
+        super().__init__(parent)
+        self.setOpenExternalLinks(True)
+        self.messages: list[ChatMessage] = []
+        self._dirty = False
+        self._timer = QTimer(self, interval=redraw_ms, timeout=self._redraw_if_dirty)
+        self._timer.start()
+
+    def set_messages(self, messages: list[ChatMessage]) -> None:
+        self.messages = list(messages)
+        self.rerender()
+
+    def add_message(self, message: ChatMessage) -> None:
+        self.messages.append(message)
+        self.rerender()
+
+    def append_to_last(self, delta: str) -> None:
+        assert self.messages, "append_to_last needs a message to extend"
+        self.messages[-1].text += delta
+        self._dirty = True
+
+    def set_last_stats(self, stats: str) -> None:
+        if self.messages:
+            self.messages[-1].stats = stats
+            self.rerender()
+
+    def _redraw_if_dirty(self) -> None:
+        if self._dirty:
+            self.rerender()
+
+    def rerender(self) -> None:
+        self._dirty = False
+        parts = [STYLE]
+        for m in self.messages:
+            title = self.ROLE_TITLES.get(m.role, m.role)
+            parts.append(f'<div class="role {m.role}">{title}</div>')
+            parts.append(render_markdown(m.text) if m.text else "<p>…</p>")
+            if m.stats:
+                parts.append(f'<div class="stats">{html.escape(m.stats)}</div>')
+        self.setHtml("".join(parts))
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())

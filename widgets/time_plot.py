@@ -1,0 +1,119 @@
+"""Time-series plots fed from preallocated numpy ring buffers and redrawn on a timer.
+
+`RingBuffer` keeps the last N samples of a few channels without allocating per sample; `TimePlot`
+owns one, takes `append(t, values)` at any rate and calls `setData` on its curves only on its timer
+tick (and only when something new arrived), with the x axis in seconds relative to the newest sample.
+Plain data in, pixels out: no app or engine imports.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QWidget
+
+BACKGROUND = "#1e222a"
+
+
+class RingBuffer:
+    """Fixed-capacity time series of `channels` float columns; oldest samples are overwritten."""
+
+    def __init__(self, capacity: int, channels: int) -> None:
+        assert capacity > 0 and channels > 0
+        self.capacity = capacity
+        self._t = np.zeros(capacity)
+        self._values = np.zeros((capacity, channels))
+        self._next = 0
+        self._size = 0
+
+    def __len__(self) -> int:
+        return self._size
+
+    def set_series(self, series: Sequence[tuple[str, str]]) -> None:
+        """Replace the curves (e.g. when the number of GPUs becomes known); clears the history."""
+        for curve in self.curves:
+            self.removeItem(curve)
+        self.legend.clear()
+        self.buffer = RingBuffer(self.capacity, len(series))
+        self.curves = [self.plot([], [], name=name, pen=pg.mkPen(color, width=2)) for name, color in series]
+
+    def append(self, t: float, values: Sequence[float]) -> None:
+        self._t[self._next] = t
+        self._values[self._next] = values
+        self._next = (self._next + 1) % self.capacity
+        self._size = min(self._size + 1, self.capacity)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        """(t, values) oldest first, as views when contiguous, copies when wrapped."""
+        if self._size < self.capacity:
+            return self._t[: self._size], self._values[: self._size]
+        order = np.r_[self._next: self.capacity, 0: self._next]
+        return self._t[order], self._values[order]
+
+    def clear(self) -> None:
+        self._next = self._size = 0
+
+
+class TimePlot(pg.PlotWidget):
+    """A plot of a few named series over the last `window_s` seconds, redrawn every `redraw_ms`."""
+
+    def __init__(self, title: str, series: Sequence[tuple[str, str]], unit: str = "", capacity: int = 2400,
+                 window_s: float = 120.0, y_range: tuple[float, float] | None = None,
+                 redraw_ms: int = 200, parent: QWidget | None = None) -> None:
+        super().__init__(parent=parent, background=BACKGROUND)
+        self.capacity = capacity
+        self.window_s = window_s
+        self.setTitle(title, size="10pt")
+        self.setLabel("bottom", "time", units="s")
+        if unit:
+            self.setLabel("left", unit)
+        self.showGrid(x=True, y=True, alpha=0.15)
+        self.setMouseEnabled(x=False, y=False)
+        self.setMenuEnabled(False)
+        self.setXRange(-window_s, 0, padding=0)
+        if y_range is not None:
+            self.setYRange(*y_range, padding=0.02)
+        self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt", brush=pg.mkBrush(30, 34, 42, 200))
+        self.setClipToView(True)
+        self.curves: list[pg.PlotDataItem] = []
+        self.set_series(series)
+        self._dirty = False
+        self.redraw_count = 0
+        self._timer = QTimer(self, interval=redraw_ms, timeout=self.redraw)
+        self._timer.start()
+
+    def set_series(self, series: Sequence[tuple[str, str]]) -> None:
+        """Replace the curves (e.g. when the number of GPUs becomes known); clears the history."""
+        for curve in self.curves:
+            self.removeItem(curve)
+        self.legend.clear()
+        self.buffer = RingBuffer(self.capacity, len(series))
+        self.curves = [self.plot([], [], name=name, pen=pg.mkPen(color, width=2)) for name, color in series]
+
+    def append(self, t: float, values: Sequence[float]) -> None:
+        """Record one sample (no drawing here; the timer draws)."""
+        self.buffer.append(t, values)
+        self._dirty = True
+
+    def clear_data(self) -> None:
+        self.buffer.clear()
+        for curve in self.curves:
+            curve.setData([], [])
+
+    def redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        t, values = self.buffer.arrays()
+        if len(t) == 0:
+            return
+        x = t - t[-1]
+        for i, curve in enumerate(self.curves):
+            curve.setData(x, values[:, i])
+        self.redraw_count += 1
+
+    def last_values(self) -> np.ndarray | None:
+        t, values = self.buffer.arrays()
+        return values[-1].copy() if len(t) else None
