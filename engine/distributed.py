@@ -2,10 +2,14 @@
 
 Set once per process by `init_tensor_parallel` before the model is built (rank 0 in the engine process,
 ranks 1.. in spawned workers); with one rank every collective is a no-op, so single-device runs never
-touch torch.distributed.
+touch torch.distributed. `init_distributed` also joins the torch.distributed group (gloo on CPU, NCCL on
+CUDA) through a FileStore in a per-engine temporary folder: rendezvous never opens a listening socket,
+and gloo's own data connections are pinned to the loopback interface.
 """
 from __future__ import annotations
 
+import datetime
+import os
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +28,37 @@ _group = TensorParallelGroup()
 def init_tensor_parallel(rank: int, size: int) -> None:
     global _group
     _group = TensorParallelGroup(rank, size)
+
+
+def init_distributed(rank: int, size: int, backend: str, store_path: str, timeout_s: float) -> None:
+    """Join the `size`-rank torch.distributed group and make it this process's tensor-parallel group.
+
+    Blocks until every rank has joined. `timeout_s` bounds rendezvous and every collective."""
+    if dist.is_initialized():
+        raise RuntimeError("this process already belongs to a torch.distributed group: one tensor-parallel "
+                           "engine per process; shut the other engine down first")
+    if backend == "gloo":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    else:
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    store = dist.FileStore(store_path, size)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    init_tensor_parallel(rank, size)
+
+
+def destroy_distributed(abort: bool = False) -> None:
+    """Leave the group; `abort` (a peer died) drops NCCL communicators without waiting on their kernels."""
+    init_tensor_parallel(0, 1)
+    if not dist.is_initialized():
+        return
+    if abort and dist.get_backend() == "nccl":
+        try:
+            dist.distributed_c10d._abort_process_group()
+        except Exception:  # best effort (a private, NCCL-only API): the engine is failing anyway
+            pass
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def get_tp_rank() -> int:

@@ -14,11 +14,12 @@ import torch
 
 from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.config import EngineConfig
+from engine.executor import create_executor
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
-from engine.model_runner import (ModelRunner, resolve_device, resolve_dtype, resolve_kv_cache_dtype)
+from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.outputs import BlockPoolSnapshot, CompletionOutput, EngineStats, Logprob, RequestOutput
 from engine.sampler import SamplerOutput, SamplingRow, sample
 from engine.sampling_params import SamplingParams
@@ -42,14 +43,19 @@ class LLMEngine:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
-        self.runner = ModelRunner(self.model_config, self.model_path, self.device, self.dtype,
-                                  config.block_size, backend)
-        max_len = self.model_config.max_model_len
-        self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
-        kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
-        num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
-                                       self.max_num_batched_tokens)
-        self.runner.allocate_kv_cache(num_blocks, kv_dtype)
+        # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
+        self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
+                                      config.block_size, backend, config.tensor_parallel_size)
+        try:
+            max_len = self.model_config.max_model_len
+            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
+            kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+            num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
+                                           self.max_num_batched_tokens)
+            self.runner.allocate_kv_cache(num_blocks, kv_dtype)
+        except BaseException:
+            self.runner.shutdown()  # no worker outlives a failed start
+            raise
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
@@ -306,10 +312,12 @@ class LLMEngine:
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
         from engine.block_snapshot import snapshot_blocks
-        return snapshot_blocks(self.kv.pool, self.scheduler.running)
+        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting))
 
     def memory_usage(self) -> dict[str, int]:
         return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}
 
     def shutdown(self) -> None:
+        """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
         self.requests.clear()
+        self.runner.shutdown()

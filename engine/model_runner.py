@@ -1,10 +1,14 @@
-"""ModelRunner: builds the model and its KV cache on one device and runs one scheduled batch.
+"""ModelRunner: builds the model (this rank's shard of it) and its KV cache on one device and runs one batch.
 
-A batch becomes flat tensors (input_ids, positions, slot_mapping, block_tables, seq_lens,
-query_start_loc); the model runs once over all of it, and logits are computed only for the last
-position of each sequence that samples this step. Copy-on-write block copies run first.
+`prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, block_tables,
+seq_lens, query_start_loc, logits rows, block copies) as plain numpy, so rank 0 can ship the same
+`StepInputs` to tensor-parallel workers; `run` moves them to the device, applies copy-on-write block
+copies, runs the model once over all of it and computes logits only for the last position of each
+sequence that samples this step. It never samples and never talks to other processes itself.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -42,11 +46,30 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dty
     return KV_CACHE_DTYPES.get(kv_cache_dtype, dtype)
 
 
+@dataclass(slots=True)
+class StepInputs:
+    """One step's flat model inputs, device-free and picklable (what rank 0 sends each worker)."""
+
+    input_ids: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
+    seq_lens: np.ndarray  # [num_seqs] int32
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    logits_rows: list[int]  # token row of each sampling sequence's last position
+    max_query_len: int
+    max_seq_len: int
+    block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
+        # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
+        self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
+            else (0, 0)
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
@@ -81,8 +104,8 @@ class ModelRunner:
             cache = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
             cache[:, :, dst] = cache[:, :, src]
 
-    def prepare(self, batch: list[ScheduledSeq]):
-        """Flat inputs for the whole batch, plus the row of each sampling sequence's last token."""
+    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
+        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token."""
         bs = self.block_size
         input_ids, positions, slots = [], [], []
         seq_lens, query_start, logits_rows = [], [0], []
@@ -101,26 +124,35 @@ class ModelRunner:
             query_start.append(query_start[-1] + item.num_new_tokens)
             if item.samples:
                 logits_rows.append(query_start[-1] - 1)
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(np.concatenate(slots)).to(dev),
-            block_tables=torch.from_numpy(tables).to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=dev),
-            query_start_loc=torch.tensor(query_start, dtype=torch.int32, device=dev),
-            max_query_len=max(b.num_new_tokens for b in batch), max_seq_len=max(seq_lens))
-        ids = torch.tensor(input_ids, dtype=torch.long, device=dev)
-        pos = torch.from_numpy(np.concatenate(positions)).to(dev)
-        return ids, pos, meta, logits_rows
+        return StepInputs(
+            input_ids=np.asarray(input_ids, dtype=np.int64), positions=np.concatenate(positions),
+            slot_mapping=np.concatenate(slots), block_tables=tables,
+            seq_lens=np.asarray(seq_lens, dtype=np.int32), query_start_loc=np.asarray(query_start, dtype=np.int32),
+            logits_rows=logits_rows, max_query_len=max(b.num_new_tokens for b in batch),
+            max_seq_len=max(seq_lens), block_copies=list(block_copies))
 
     @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """One forward over prepared inputs; float32 logits ``[len(logits_rows), vocab]``.
+
+        Under tensor parallelism every rank runs this with the same inputs (the collectives pair up)."""
+        self.copy_blocks(inputs.block_copies)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.from_numpy(inputs.slot_mapping).to(dev),
+            block_tables=torch.from_numpy(inputs.block_tables).to(dev),
+            seq_lens=torch.from_numpy(inputs.seq_lens).to(dev),
+            query_start_loc=torch.from_numpy(inputs.query_start_loc).to(dev),
+            max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
+        hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev), torch.from_numpy(inputs.positions).to(dev),
+                            meta)
+        if not inputs.logits_rows:
+            return torch.empty(0, self.config.vocab_size)
+        return self.model.compute_logits(hidden[inputs.logits_rows]).float()
+
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]]) -> torch.Tensor:
         """Run the batch; return float32 logits ``[num_sampling_seqs, vocab]`` in batch order."""
-        self.copy_blocks(block_copies)
-        input_ids, positions, meta, rows = self.prepare(batch)
-        hidden = self.model(input_ids, positions, meta)
-        if not rows:
-            return torch.empty(0, self.config.vocab_size)
-        return self.model.compute_logits(hidden[rows]).float()
+        return self.run(self.prepare(batch, block_copies))
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int) -> None:
@@ -129,3 +161,14 @@ class ModelRunner:
         pos = torch.arange(num_tokens, device=self.device) % self.config.max_position_embeddings
         hidden = self.model(ids, pos, None)
         self.model.compute_logits(hidden[-min(num_tokens, 256):])
+
+    def profile_memory(self, num_tokens: int) -> list:
+        """This card's MemoryProfile after a profiling forward (a list: one entry per rank, like the executor)."""
+        from engine.kv_cache_sizing import measure_memory
+        return [measure_memory(self, num_tokens)]
+
+    def check_health(self) -> None:
+        """Nothing to check on one device (the tensor-parallel executor checks its workers)."""
+
+    def shutdown(self) -> None:
+        """Nothing to stop on one device: the model and KV cache go with this object."""

@@ -1,8 +1,13 @@
 """Capacity arithmetic: weights per card, KV bytes per token, and how many tokens fit the KV budget.
 
 Torch-free so the GUI's capacity planner and the engine's KV sizing use the same numbers. The model is
-given as a ModelConfig (read from config.json); activation memory is measured by the engine's profiling
-pass and estimated here when no measurement exists (the planner).
+given as a ModelConfig (read from config.json). The planner estimates weights and activations
+(`plan_capacity`); the engine measures them on every card after loading and a profiling forward
+(`MemoryProfile`) and plans each card with `plan_from_profile` — the same formula:
+
+    usable   = min(total × gpu_memory_utilization, free memory at start)
+    KV bytes = usable − weights − peak activations − overhead (CUDA graphs, NCCL buffers)
+    blocks   = KV bytes // (KV bytes per token per card × block_size)
 """
 from __future__ import annotations
 
@@ -21,16 +26,20 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1) -> in
 
 
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
-    """Layer matrices split across ranks (4-bit when quantized, with a scale per 128 weights); embeddings
-    vocab-split; norms replicated."""
+    """Layer matrices split across ranks (4-bit when quantized, with a 16-bit scale per 128 weights);
+    embeddings and LM head vocab-split in `dtype`; QKV biases split; norms replicated."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, max(1, cfg.num_kv_heads // tp) * tp * cfg.head_dim
     matrix_params = cfg.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size) // tp
+    vector_params = (2 * cfg.num_layers + 1) * h  # RMSNorm weights, replicated
+    if cfg.qkv_bias:
+        vector_params += cfg.num_layers * (q + 2 * kv) // tp
+    if cfg.qk_norm:
+        vector_params += cfg.num_layers * 2 * cfg.head_dim
     matrix_bytes = matrix_params * dtype_bytes if quant_bits is None else \
         matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
     embed_rows = -(-cfg.vocab_size // tp)
     embed_bytes = embed_rows * h * dtype_bytes * (1 if cfg.tie_word_embeddings else 2)
-    norm_bytes = (2 * cfg.num_layers + 1) * h * dtype_bytes
-    return matrix_bytes + embed_bytes + norm_bytes
+    return matrix_bytes + embed_bytes + vector_params * dtype_bytes
 
 
 def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1) -> int:
@@ -44,7 +53,7 @@ def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: in
 @dataclass
 class CapacityPlan:
     card_bytes: int  # total memory of the smallest card
-    usable_bytes: int  # card_bytes * gpu_memory_utilization
+    usable_bytes: int  # card_bytes * gpu_memory_utilization, capped by the free memory at start if measured
     weights_bytes: int  # per card
     activation_bytes: int  # per card
     kv_bytes_per_token: int  # per card
@@ -52,6 +61,9 @@ class CapacityPlan:
     block_size: int
     max_model_len: int
     tensor_parallel_size: int
+    overhead_bytes: int = 0  # measured: CUDA graphs and memory outside torch's allocator (NCCL buffers)
+    other_programs_bytes: int = 0  # measured: held by the desktop and other processes when the engine started
+    card: str = ""  # which card this plan is for, e.g. "cuda:1 (NVIDIA GeForce RTX 3090)"
 
     @property
     def num_blocks(self) -> int:
@@ -74,13 +86,60 @@ class CapacityPlan:
                 f" · {self.num_tokens:,} tokens fit · {self.num_full_seqs} × {self.max_model_len:,}-token sequences")
 
     def explain_misfit(self) -> str:
-        return (f"not even one {self.max_model_len}-token sequence fits: {self.usable_bytes / GIB:.2f} GiB usable "
-                f"per card ({self.card_bytes / GIB:.2f} GiB × gpu_memory_utilization) − weights "
-                f"{self.weights_bytes / GIB:.2f} GiB − activations {self.activation_bytes / GIB:.2f} GiB leaves "
-                f"{max(0, self.kv_budget_bytes) / GIB:.2f} GiB for the KV cache at "
-                f"{self.kv_bytes_per_token / 1024:.1f} KiB/token = {self.num_tokens:,} tokens. Lower --max-model-len "
-                f"(to {max(self.num_tokens // 2 ** 10 * 2 ** 10, 0):,} or less), raise --gpu-memory-utilization, use "
-                "--kv-cache-dtype fp8, or raise --tensor-parallel-size")
+        where = f" on {self.card}" if self.card else ""
+        usable = f"{self.card_bytes / GIB:.2f} GiB × gpu_memory_utilization"
+        if self.other_programs_bytes:
+            usable += f", capped by the {self.other_programs_bytes / GIB:.2f} GiB other programs hold"
+        overhead = f" − CUDA graphs/NCCL {self.overhead_bytes / GIB:.2f} GiB" if self.overhead_bytes else ""
+        if self.weights_bytes >= self.usable_bytes:
+            levers = ("The weights alone need more than the usable memory: raise --tensor-parallel-size (more cards) "
+                      "or pick a smaller or 4-bit model")
+        elif self.num_tokens:
+            levers = (f"Lower --max-model-len to {self.num_tokens:,} or less, raise --gpu-memory-utilization, use "
+                      "--kv-cache-dtype fp8, or raise --tensor-parallel-size")
+        else:
+            levers = ("Lower --max-num-batched-tokens (activations), raise --gpu-memory-utilization, or raise "
+                      "--tensor-parallel-size")
+        return (f"not even one {self.max_model_len:,}-token sequence fits{where}: {self.usable_bytes / GIB:.2f} GiB "
+                f"usable per card ({usable}) − weights {self.weights_bytes / GIB:.2f} GiB − activations "
+                f"{self.activation_bytes / GIB:.2f} GiB{overhead} leaves {max(0, self.kv_budget_bytes) / GIB:.2f} GiB "
+                f"for the KV cache; at {self.kv_bytes_per_token / 1024:.1f} KiB/token that holds "
+                f"{self.num_tokens:,} tokens. {levers}")
+
+
+@dataclass(frozen=True)
+class MemoryProfile:
+    """What one rank measured on its card: at start, after loading its shard, and at the profiling peak."""
+
+    card: str  # e.g. "cuda:1 (NVIDIA GeForce RTX 3090)"
+    total_bytes: int
+    free_bytes_at_start: int  # before the engine loaded anything (the desktop holds the rest)
+    weights_bytes: int
+    activation_bytes: int  # peak of the profiling forward above what was allocated before it
+    overhead_bytes: int  # CUDA graphs and memory allocated outside torch's allocator (NCCL)
+
+
+def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
+                      max_model_len: int, tensor_parallel_size: int) -> CapacityPlan:
+    wanted = int(p.total_bytes * gpu_memory_utilization)
+    usable = min(wanted, p.free_bytes_at_start)
+    others = p.total_bytes - p.free_bytes_at_start if usable < wanted else 0
+    budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes
+    return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
+                        block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card)
+
+
+def free_memory_shortfall(p: MemoryProfile, gpu_memory_utilization: float) -> str | None:
+    """A plain sentence when the card had less free memory at start than the requested fraction."""
+    wanted = p.total_bytes * gpu_memory_utilization
+    if p.free_bytes_at_start >= wanted:
+        return None
+    fits = int(p.free_bytes_at_start / p.total_bytes * 100) / 100
+    return (f"{p.card}: only {p.free_bytes_at_start / GIB:.2f} GiB of {p.total_bytes / GIB:.2f} GiB was free at "
+            f"start, below --gpu-memory-utilization {gpu_memory_utilization:.2f} ({wanted / GIB:.2f} GiB); other "
+            f"programs (the desktop, other processes) hold {(p.total_bytes - p.free_bytes_at_start) / GIB:.2f} GiB, "
+            f"so the engine uses {p.free_bytes_at_start / GIB:.2f} GiB. Close them, or set "
+            f"--gpu-memory-utilization {fits:.2f} or lower to plan for it")
 
 
 def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilization: float, *, dtype: str = "bfloat16",

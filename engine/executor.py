@@ -1,0 +1,348 @@
+"""Executors: what LLMEngine calls `self.runner` — one ModelRunner, or rank 0 of a tensor-parallel group.
+
+`create_executor` returns the plain ModelRunner for one device. For tensor_parallel_size N it returns a
+`TensorParallelExecutor`, which owns rank 0's ModelRunner (in this process) and N-1 spawned worker
+processes (engine/tp_worker.py), and offers the ModelRunner methods the engine uses. Control goes over
+two one-way OS pipes per worker (never a network socket): each step rank 0 prepares the flat
+`StepInputs` once, sends them to every worker, runs its own forward — tensors meet in the layers'
+torch.distributed collectives (gloo on CPU, NCCL on CUDA) — and then waits for every worker's ack while
+watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
+never a hang. Shutdown, garbage collection and interpreter exit all end the workers; the workers end
+themselves if this process dies (engine/parent_watch.py).
+"""
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import tempfile
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable
+
+import torch
+
+from engine.distributed import destroy_distributed, init_distributed
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner
+from engine.peer_access import nccl_environment
+from engine.tp_worker import WorkerSpec, worker_main
+
+logger = logging.getLogger("pagedesk.engine")
+
+# Bounds rendezvous and every collective. A dead worker is noticed far sooner (through its process);
+# this only ends waits on a worker that is alive but stuck. Generous: first-step kernel compilation.
+DIST_TIMEOUT_S = 300.0
+POLL_S = 0.25
+# After rank 0's own forward fails, how long to wait for a worker's exit or error report to explain it.
+FAILURE_GRACE_S = 3.0
+STOP_GRACE_S = 5.0
+ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
+            "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group"}
+
+
+def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
+                    block_size: int, attention_backend: str, tensor_parallel_size: int = 1):
+    if tensor_parallel_size == 1:
+        return ModelRunner(model_config, model_path, device, dtype, block_size, attention_backend)
+    return TensorParallelExecutor(model_config, model_path, device, dtype, block_size, attention_backend,
+                                  tensor_parallel_size)
+
+
+def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
+    """Fail before spawning anything when the model cannot be split `tp` ways."""
+    problems = []
+    if cfg.num_heads % tp:
+        problems.append(f"{cfg.num_heads} attention heads")
+    if cfg.num_kv_heads % tp and tp % cfg.num_kv_heads:
+        problems.append(f"{cfg.num_kv_heads} key/value heads (nor is it a multiple of them)")
+    if cfg.intermediate_size % tp:
+        problems.append(f"intermediate size {cfg.intermediate_size}")
+    if problems:
+        raise ValueError(f"--tensor-parallel-size {tp} does not divide the model's {', '.join(problems)}; "
+                         "choose a tensor-parallel size that divides the attention heads")
+
+
+@dataclass
+class _Worker:
+    rank: int
+    process: mp.process.BaseProcess
+    commands: Connection  # rank 0 -> worker: (method, args)
+    results: Connection  # worker -> rank 0: ("ok", result) | ("error", traceback)
+
+
+@dataclass
+class _GroupResources:
+    """What must be released however the executor ends: shutdown, failure, garbage collection or exit."""
+
+    workers: list[_Worker] = field(default_factory=list)
+    store_dir: tempfile.TemporaryDirectory = field(
+        default_factory=lambda: tempfile.TemporaryDirectory(prefix="pagedesk-tp-"))
+    joined: bool = False  # this process joined torch.distributed for this group
+    watch_stop: Connection | None = None  # closing it wakes the watch thread
+    released: bool = False  # workers ended on purpose: not news for the watch thread
+
+    def release(self, grace_s: float = 0.5, abort: bool = False) -> None:
+        """Join the workers, then SIGTERM, then SIGKILL whatever is left; leave the group; remove the store."""
+        self.released = True
+        deadline = time.monotonic() + grace_s
+        for w in self.workers:
+            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
+        for w in self.workers:
+            if w.process.is_alive():
+                w.process.terminate()
+                w.process.join(timeout=2.0)
+            if w.process.is_alive():
+                w.process.kill()
+                w.process.join(timeout=2.0)
+            w.commands.close()
+            w.results.close()
+        if self.watch_stop is not None:
+            self.watch_stop.close()
+        self.store_dir.cleanup()
+        if self.joined:
+            self.joined = False
+            destroy_distributed(abort=abort)
+
+
+class TensorParallelExecutor:
+    def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
+                 block_size: int, attention_backend: str, size: int) -> None:
+        check_tensor_parallel(model_config, size)
+        if torch.distributed.is_initialized():
+            raise RuntimeError("this process already runs a tensor-parallel engine (one per process); shut it "
+                               "down first")
+        self.size, self.failure, self._closed = size, None, False
+        self._exited: _Worker | None = None  # set by the watch thread the moment a worker process ends
+        self.dist_backend = "nccl" if device.type == "cuda" else "gloo"
+        env = self._prepare_devices(device, size)
+        self.device = torch.device("cuda", 0) if device.type == "cuda" else device
+        self._resources = _GroupResources()
+        self.workers = self._resources.workers
+        self._finalizer = weakref.finalize(self, self._resources.release)  # garbage collection, interpreter exit
+        store_path = os.path.join(self._resources.store_dir.name, "rendezvous")
+        ctx = mp.get_context("spawn")
+        for rank in range(1, size):
+            spec = WorkerSpec(rank, size, self.dist_backend, store_path, DIST_TIMEOUT_S, os.getpid(), model_config,
+                              model_path, device.type, dtype, block_size, attention_backend, env)
+            # Two one-way OS pipes (not a socketpair): commands in, results out.
+            command_reader, command_writer = ctx.Pipe(duplex=False)
+            result_reader, result_writer = ctx.Pipe(duplex=False)
+            process = ctx.Process(target=worker_main, args=(spec, command_reader, result_writer),
+                                  name=f"pagedesk-tp-rank{rank}", daemon=True)
+            process.start()
+            command_reader.close()  # the worker's ends: closed here, so its death shows as EOF
+            result_writer.close()
+            self.workers.append(_Worker(rank, process, command_writer, result_reader))
+        try:
+            self._watch(lambda: init_distributed(0, size, self.dist_backend, store_path, DIST_TIMEOUT_S), "join")
+            self._resources.joined = True
+            self.runner = ModelRunner(model_config, model_path, self.device, dtype, block_size, attention_backend)
+            self.worker_weights_bytes = self._gather("load")  # each worker's shard, for logs and tests
+        except BaseException:
+            self.shutdown()
+            raise
+        stop_reader, self._resources.watch_stop = ctx.Pipe(duplex=False)
+        threading.Thread(target=_watch_workers, args=(weakref.ref(self), self._resources, stop_reader),
+                         name="pagedesk-tp-watch", daemon=True).start()
+        logger.info("tensor parallel over %d ranks (%s): worker pids %s", size, self.dist_backend, self.worker_pids)
+
+    @staticmethod
+    def _prepare_devices(device: torch.device, size: int) -> dict[str, str]:
+        if device.type != "cuda":
+            return {}
+        if torch.cuda.device_count() < size:
+            raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs but {torch.cuda.device_count()} "
+                             "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
+        env = nccl_environment(size, torch.cuda.can_device_access_peer, os.environ)
+        os.environ.update(env)  # rank 0 too, before its NCCL starts
+        torch.cuda.set_device(0)
+        return env
+
+    # ---- what LLMEngine and the KV sizing call ----------------------------------------------------------
+
+    @property
+    def worker_pids(self) -> list[int]:
+        return [w.process.pid for w in self.workers]
+
+    def execute(self, batch, block_copies: list[tuple[int, int]]) -> torch.Tensor:
+        self._ensure_usable()
+        inputs = self.runner.prepare(batch, block_copies)
+        logits, _ = self._run_everywhere("run", inputs)
+        return logits
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
+
+    def profile_memory(self, num_tokens: int) -> list:
+        """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
+        local, remote = self._run_everywhere("profile_memory", num_tokens)
+        return local + [p for profiles in remote for p in profiles]
+
+    def weights_bytes(self) -> int:
+        return self.runner.weights_bytes()  # per card; every rank holds a same-sized shard
+
+    def kv_cache_bytes(self) -> int:
+        return self.runner.kv_cache_bytes()
+
+    def graph_bytes(self) -> int:
+        return self.runner.graph_bytes()
+
+    # ---- lock-step calls --------------------------------------------------------------------------------
+
+    def _run_everywhere(self, method: str, *args: Any) -> tuple[Any, list[Any]]:
+        """Start `method` on every worker, run it on rank 0, then collect the workers' answers."""
+        self._ensure_usable()
+        for w in self.workers:
+            if not w.process.is_alive():  # don't walk into a collective with a dead peer
+                raise self._fail(self._describe_failure(w, method))
+            try:
+                w.commands.send((method, args))
+            except (BrokenPipeError, ConnectionResetError, EOFError):
+                raise self._fail(self._describe_failure(w, method))
+        try:
+            local = getattr(self.runner, method)(*args)
+        except Exception as exc:
+            raise self._explain_local_failure(exc, method) from exc
+        return local, self._gather(method)
+
+    def check_health(self) -> None:
+        """Raise RuntimeError if a worker has died (even while the engine sat idle)."""
+        self._ensure_usable()
+
+    def _ensure_usable(self) -> None:
+        if self._exited is not None and self.failure is None:
+            raise self._fail(self._describe_failure(self._exited, "waiting for the next step"))
+        if self.failure is not None:
+            raise RuntimeError(f"the tensor-parallel group has already failed: {self.failure}")
+        if self._closed:
+            raise RuntimeError("the tensor-parallel group was shut down")
+
+    def _gather(self, method: str) -> list[Any]:
+        return [self._receive(w, method) for w in self.workers]
+
+    def _receive(self, w: _Worker, method: str) -> Any:
+        deadline = time.monotonic() + DIST_TIMEOUT_S
+        while True:
+            ready = wait([w.results, w.process.sentinel], timeout=POLL_S)
+            if w.results in ready:
+                try:
+                    status, payload = w.results.recv()
+                except (EOFError, OSError):
+                    raise self._fail(self._describe_failure(w, method))
+                if status == "ok":
+                    return payload
+                raise self._fail(f"tensor-parallel worker rank {w.rank} failed while {ACTIVITY.get(method, method)}:"
+                                 f"\n{payload}")
+            if ready:  # the sentinel: the process is gone and left no answer
+                raise self._fail(self._describe_failure(w, method))
+            if time.monotonic() > deadline:
+                raise self._fail(f"tensor-parallel worker rank {w.rank} (pid {w.process.pid}) gave no answer in "
+                                 f"{DIST_TIMEOUT_S:.0f} s while {ACTIVITY.get(method, method)}; it looks stuck")
+
+    def _watch(self, fn: Callable[[], Any], method: str) -> Any:
+        """Run a blocking call (rendezvous) in a thread while watching that no worker dies meanwhile."""
+        box: dict[str, Any] = {}
+
+        def target() -> None:
+            try:
+                box["result"] = fn()
+            except BaseException as exc:  # handed to the caller's thread
+                box["error"] = exc
+
+        thread = threading.Thread(target=target, name="pagedesk-tp-rendezvous", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(POLL_S)
+            for w in self.workers:
+                if not w.process.is_alive():
+                    raise self._fail(self._describe_failure(w, method))
+        if "error" in box:
+            raise box["error"]
+        return box.get("result")
+
+    # ---- failure ------------------------------------------------------------------------------------------
+
+    def _explain_local_failure(self, exc: Exception, method: str) -> BaseException:
+        """Rank 0's own call raised: a collective broken by a worker that died, or rank 0's own fault."""
+        deadline = time.monotonic() + FAILURE_GRACE_S
+        pending = list(self.workers)
+        while pending and time.monotonic() < deadline:
+            for w in list(pending):
+                if not w.process.is_alive():
+                    return self._fail(self._describe_failure(w, method))
+                if w.results.poll():
+                    try:
+                        status, payload = w.results.recv()
+                    except (EOFError, OSError):  # the pipe closed before the process could be reaped
+                        return self._fail(self._describe_failure(w, method))
+                    if status == "error":
+                        return self._fail(f"tensor-parallel worker rank {w.rank} failed while "
+                                          f"{ACTIVITY.get(method, method)}:\n{payload}")
+                    pending.remove(w)  # this worker finished the step: not the culprit
+            wait([w.process.sentinel for w in pending] + [w.results for w in pending], timeout=POLL_S)
+        self._fail(f"rank 0 failed while {ACTIVITY.get(method, method)}: {exc!r}")
+        return exc
+
+    def _describe_failure(self, w: _Worker, method: str) -> str:
+        activity = ACTIVITY.get(method, method)
+        try:
+            if w.results.poll():
+                status, payload = w.results.recv()
+                if status == "error":
+                    return f"tensor-parallel worker rank {w.rank} failed while {activity}:\n{payload}"
+        except (EOFError, OSError):
+            pass
+        w.process.join(timeout=1.0)
+        code = w.process.exitcode
+        if code is None:
+            how = "stopped answering"
+        elif code < 0:
+            how = f"died (killed by {signal.Signals(-code).name})"
+        else:
+            how = f"died (exit code {code})"
+        hint = " — the out-of-memory killer is the usual suspect (see `dmesg`)" if code == -signal.SIGKILL else ""
+        return (f"tensor-parallel worker rank {w.rank} (pid {w.process.pid}) {how} while {activity}{hint}; "
+                "the engine cannot continue without it and has stopped every rank; restart the engine")
+
+    def _fail(self, message: str) -> RuntimeError:
+        """Record the failure, stop every worker, and return the error for the caller to raise."""
+        if self.failure is None:
+            self.failure = message
+            logger.error(message)
+        self.shutdown()
+        return RuntimeError(message)
+
+    # ---- shutdown -----------------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """End every worker (politely, then by signal) and leave the torch.distributed group. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in self.workers:
+            try:
+                w.commands.send(("shutdown", ()))
+            except (OSError, EOFError):
+                pass
+        self._finalizer.detach()
+        self._resources.release(grace_s=STOP_GRACE_S if self.failure is None else 0.5,
+                                abort=self.failure is not None)
+
+
+def _watch_workers(executor_ref: weakref.ref, resources: _GroupResources, stop: Connection) -> None:
+    """Log a worker's death the moment it happens, even while idle; the executor's next call then fails with
+    the cause. Waits on the sentinels only (reaping and the pipes stay with the engine's thread) and holds no
+    strong reference to the executor, so garbage collection can still end the group."""
+    by_sentinel = {w.process.sentinel: w for w in resources.workers}
+    ready = wait([*by_sentinel, stop])
+    ended = [by_sentinel[s] for s in ready if s in by_sentinel]
+    executor = executor_ref()
+    if ended and executor is not None and not resources.released:
+        executor._exited = ended[0]
+        logger.error("tensor-parallel worker rank %d (pid %d) exited; the engine fails on its next call",
+                     ended[0].rank, ended[0].process.pid)

@@ -1,0 +1,103 @@
+"""A tensor-parallel worker process: rank 1.. of the group, holding its shard of the model and KV cache.
+
+Spawned by the executor. It first arranges to die with its parent, joins the torch.distributed group,
+builds its ModelRunner, then loops on its command pipe: each message names a ModelRunner method and its
+arguments (prepared `StepInputs` for a forward step); the worker runs it in lock step with rank 0 (the
+collectives inside the forward pair up) and answers on its result pipe with ("ok", result) or ("error",
+traceback). It never samples: logits are computed, since every rank must join the LM head's all-gather,
+and dropped. Pipe EOF, a "shutdown" command, its own error, or its parent's death ends it.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+
+import torch
+
+from engine.model_config import ModelConfig
+from engine.parent_watch import die_with_parent
+
+# ModelRunner methods rank 0 may ask for; "run" answers None (logits stay on rank 0).
+COMMANDS = ("run", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes")
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs to rebuild its rank of the engine; plain, picklable data."""
+
+    rank: int
+    world_size: int
+    dist_backend: str  # "gloo" | "nccl"
+    store_path: str  # FileStore for rendezvous, in a per-engine temporary folder
+    timeout_s: float
+    parent_pid: int
+    model_config: ModelConfig
+    model_path: Path
+    device_type: str
+    dtype: torch.dtype
+    block_size: int
+    attention_backend: str
+    env: dict[str, str] = field(default_factory=dict)  # set before torch.distributed starts (NCCL_P2P_DISABLE)
+
+
+def worker_main(spec: WorkerSpec, commands: Connection, results: Connection) -> None:
+    die_with_parent(spec.parent_pid)
+    os.environ.update(spec.env)
+    torch.set_num_threads(1)  # the cards do the work; CPU runs (tests) share a few cores between ranks
+    from engine.distributed import destroy_distributed, init_distributed
+    from engine.model_runner import ModelRunner
+    try:
+        device = torch.device("cpu")
+        if spec.device_type == "cuda":
+            device = torch.device("cuda", spec.rank)
+            torch.cuda.set_device(device)
+        init_distributed(spec.rank, spec.world_size, spec.dist_backend, spec.store_path, spec.timeout_s)
+        runner = ModelRunner(spec.model_config, spec.model_path, device, spec.dtype, spec.block_size,
+                             spec.attention_backend)
+        results.send(("ok", runner.weights_bytes()))
+    except BaseException:
+        _reply_error(results)
+        _exit(1)
+    code = serve(runner, commands, results)
+    if code == 0:
+        destroy_distributed()
+    _exit(code)
+
+
+def serve(runner, commands: Connection, results: Connection) -> int:
+    """Answer rank 0's commands until it says shutdown (0), goes away or a command fails (1)."""
+    while True:
+        try:
+            method, args = commands.recv()
+        except (EOFError, OSError):  # rank 0 is gone
+            return 1
+        if method == "shutdown":
+            return 0
+        try:
+            assert method in COMMANDS, f"unknown command {method!r}"
+            result = getattr(runner, method)(*args)
+            if runner.device.type == "cuda":
+                torch.cuda.synchronize(runner.device)  # the ack means "done", so rank 0 can trust it
+            results.send(("ok", None if method == "run" else result))
+        except BaseException:
+            _reply_error(results)
+            return 1
+
+
+def _reply_error(results: Connection) -> None:
+    try:
+        results.send(("error", traceback.format_exc()))
+    except (OSError, EOFError):
+        pass
+
+
+def _exit(code: int) -> None:
+    """Leave at once: interpreter teardown takes seconds with torch loaded, and a failed rank's peers are
+    waiting for its sockets to close. Nothing is left to flush but stdio."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
