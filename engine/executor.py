@@ -42,7 +42,8 @@ POLL_S = 0.25
 FAILURE_GRACE_S = 3.0
 STOP_GRACE_S = 5.0
 ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
-            "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group"}
+            "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
+            "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs"}
 
 
 def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
@@ -191,6 +192,12 @@ class TensorParallelExecutor:
 
     def graph_bytes(self) -> int:
         return self.runner.graph_bytes()
+
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
+        self._run_everywhere("plan_decode_graphs", max_batch, capture)
+
+    def capture_decode_graphs(self) -> None:
+        self._run_everywhere("capture_decode_graphs")  # every rank captures: NCCL all-reduces live in the graphs
 
     # ---- lock-step calls --------------------------------------------------------------------------------
 

@@ -50,9 +50,12 @@ class LLMEngine:
             max_len = self.model_config.max_model_len
             self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+            if self.device.type == "cuda" and not config.enforce_eager:
+                self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
             self.runner.allocate_kv_cache(num_blocks, kv_dtype)
+            self.runner.capture_decode_graphs()
         except BaseException:
             self.runner.shutdown()  # no worker outlives a failed start
             raise

@@ -13,13 +13,16 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.cuda_graphs import DecodeGraphs
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
 from engine.scheduler import ScheduledSeq
+from engine.sizing import estimate_activation_bytes
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+GRAPH_OVERHEAD_BYTES = 2 * 2**20  # per captured graph: kernel parameters and bookkeeping (an estimate)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -79,6 +82,7 @@ class ModelRunner:
         self.model.load_weights(iterate_weights(model_path, device="cpu"))
         self.model.eval()
         self.kv_cache: torch.Tensor | None = None
+        self.graphs: DecodeGraphs | None = None
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -90,9 +94,24 @@ class ModelRunner:
         for i, layer in enumerate(attn):
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
 
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
+        """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
+                                   capture)
+
+    def capture_decode_graphs(self) -> None:
+        if self.graphs is not None:
+            self.graphs.capture()
+
     def graph_bytes(self) -> int:
-        """Memory held by captured CUDA graphs (none yet: the engine runs eagerly)."""
-        return 0
+        """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
+        if self.graphs is None or not self.graphs.capture_graphs:
+            return 0
+        if self.graphs.graphs:
+            return self.graphs.pool_bytes
+        return estimate_activation_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize) + \
+            GRAPH_OVERHEAD_BYTES * len(self.graphs.ladder)
 
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
@@ -144,8 +163,11 @@ class ModelRunner:
             seq_lens=torch.from_numpy(inputs.seq_lens).to(dev),
             query_start_loc=torch.from_numpy(inputs.query_start_loc).to(dev),
             max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
-        hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev), torch.from_numpy(inputs.positions).to(dev),
-                            meta)
+        if self.graphs is not None and self.graphs.can_run(inputs):
+            hidden = self.graphs.run(inputs)
+        else:
+            hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
+                                torch.from_numpy(inputs.positions).to(dev), meta)
         if not inputs.logits_rows:
             return torch.empty(0, self.config.vocab_size)
         return self.model.compute_logits(hidden[inputs.logits_rows]).float()

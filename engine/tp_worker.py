@@ -22,7 +22,8 @@ from engine.model_config import ModelConfig
 from engine.parent_watch import die_with_parent
 
 # ModelRunner methods rank 0 may ask for; "run" answers None (logits stay on rank 0).
-COMMANDS = ("run", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes")
+COMMANDS = ("run", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes", "plan_decode_graphs",
+            "capture_decode_graphs")
 
 
 @dataclass
