@@ -229,13 +229,14 @@ class AsyncEngine:
             busy = engine.has_unfinished_requests()
             if not self._drain_commands(block=not busy):
                 return
-            if engine.has_unfinished_requests():
-                try:
-                    outputs = engine.step()
-                except Exception as exc:  # noqa: BLE001
-                    self._die(exc)
-                    return
-                self._dispatch(outputs)
+            try:
+                if engine.has_unfinished_requests():
+                    self._dispatch(engine.step())
+                elif not busy:
+                    engine.check_health()  # a worker that died while we sat idle fails now, not at the next request
+            except Exception as exc:  # noqa: BLE001
+                self._die(exc)
+                return
             self._sample_stats()
 
     def _drain_commands(self, block: bool) -> bool:

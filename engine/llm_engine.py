@@ -320,6 +320,10 @@ class LLMEngine:
     def memory_usage(self) -> dict[str, int]:
         return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}
 
+    def check_health(self) -> None:
+        """Raise if the engine can no longer run a step (a tensor-parallel worker died while idle)."""
+        self.runner.check_health()
+
     def shutdown(self) -> None:
         """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
         self.requests.clear()

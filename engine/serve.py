@@ -3,7 +3,9 @@
 The HTTP server listens first (/health answers 503 while loading); the model loads in the engine
 thread. When both are up it prints "PagedDesk serving <name> at http://host:port/v1". Exit codes
 tell a supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of
-memory at load (do not restart), 1 for any other load failure, 0 after a clean shutdown.
+memory at load (do not restart), 1 for any other load failure, 4 when the engine died while serving
+(after answering 503 for a short grace period, so clients see why; a supervisor restarts it), 0 after
+a clean shutdown.
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from engine.config import EngineConfig, add_flags
 EXIT_CONFIG_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3
 EXIT_LOAD_FAILED = 1
+EXIT_ENGINE_DIED = 4
+DEAD_GRACE_S = 2.0  # /health answers 503 this long before the process exits
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +75,14 @@ def _watch(server, async_engine, config: EngineConfig, name: str, outcome: dict)
         time.sleep(0.05)
     if server.started:
         _say(f"PagedDesk serving {name} at http://{config.host}:{config.port}/v1")
+    while async_engine.status == "ready" and not server.should_exit:
+        time.sleep(0.1)
+    if async_engine.status == "dead" and not server.should_exit:
+        outcome["code"] = EXIT_ENGINE_DIED
+        outcome["message"] = f"error: the engine died while serving: {async_engine.error}"
+        print(outcome["message"], file=sys.stderr, flush=True)
+        time.sleep(DEAD_GRACE_S)
+        server.should_exit = True
 
 
 def _stop_quietly(signum: int, frame: object) -> None:
@@ -105,7 +117,7 @@ def serve(config: EngineConfig) -> int:
         async_engine.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    if outcome["message"]:
+    if outcome["message"] and outcome["code"] != EXIT_ENGINE_DIED:  # that one was said when it happened
         print(outcome["message"], file=sys.stderr, flush=True)
     elif not server.started:
         print(f"error: could not serve on {config.host}:{config.port} (is the port in use?)", file=sys.stderr,

@@ -147,3 +147,51 @@ def test_load_failures_map_to_exit_codes(exc, code):
     got, message = serve.load_exit(exc)
     assert got == code and message.startswith("error: ") and "\n" not in message
     assert ("out of memory" in message) == (code == serve.EXIT_OUT_OF_MEMORY)
+
+
+def child_pids(parent: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+@pytest.mark.timeout(180)
+def test_serve_exits_4_when_a_tensor_parallel_worker_dies(llama_dir):
+    """A worker killed from outside: /health turns 503, the server exits with code 4 (supervisor restarts it)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", str(llama_dir), "--device", "cpu",
+                             "--tensor-parallel-size", "2", "--port", str(port), "--max-model-len", "128",
+                             "--num-gpu-blocks-override", "64"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    try:
+        lines = []
+        while not (lines and lines[-1].startswith("PagedDesk serving")):
+            line = proc.stdout.readline()
+            assert line, lines
+            lines.append(line.strip())
+        children = child_pids(proc.pid)
+        assert children, "no tensor-parallel worker process"
+        for pid in children:
+            os.kill(int(pid), signal.SIGKILL)
+        saw_503 = False
+        deadline = time.monotonic() + 30
+        while proc.poll() is None and time.monotonic() < deadline:
+            try:
+                saw_503 |= httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 503
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)
+        assert proc.wait(30) == serve.EXIT_ENGINE_DIED
+        assert saw_503
+        assert "engine died while serving" in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -81,6 +81,8 @@ def test_empty_pool_compresses_to_almost_nothing():
 class FakeEngine:
     """Emits one token per step per request; `fail_on_step` makes step() raise."""
 
+    dead_while_idle = False
+
     def __init__(self, config):
         self.config, self.requests, self.aborted, self.fail_on_step = config, {}, [], None
         self.steps = 0
@@ -113,6 +115,10 @@ class FakeEngine:
 
     def get_stats(self):
         return EngineStats(num_running=len(self.requests))
+
+    def check_health(self):
+        if self.dead_while_idle:
+            raise RuntimeError("worker rank 1 died")
 
     def shutdown(self):
         pass
@@ -169,6 +175,16 @@ def test_step_exception_marks_engine_dead(fake_engine):
 
     asyncio.run(run())
     assert not any(t.name == "pagedesk-engine" and t.is_alive() for t in threading.enumerate())
+
+
+def test_worker_death_while_idle_marks_engine_dead(fake_engine):
+    engine, fake = fake_engine
+    fake.dead_while_idle = True
+    for _ in range(200):  # the idle engine thread checks health every IDLE_WAIT_S
+        if engine.status == "dead":
+            break
+        threading.Event().wait(0.02)
+    assert engine.status == "dead" and "worker rank 1 died" in engine.error
 
 
 def test_load_failure_is_reported_not_raised():

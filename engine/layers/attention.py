@@ -32,10 +32,16 @@ class PagedAttention(nn.Module):
         self.sliding_window = sliding_window
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
-        self.k_scale = self.v_scale = 1.0
+        self.k_scale = self.v_scale = None
 
-    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale=1.0, v_scale=1.0) -> None:
-        self.k_cache, self.v_cache, self.k_scale, self.v_scale = k_cache, v_cache, k_scale, v_scale
+    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float = 1.0,
+                   v_scale: float = 1.0) -> None:
+        """Per-tensor FP8 scales live on the device as 1-element tensors: kernels read them without a host
+        sync and CUDA graphs capture them. 1.0 by default (FP8's relative precision does not depend on a
+        scale; it only matters for values beyond ±448, which K/V activations do not reach)."""
+        self.k_cache, self.v_cache = k_cache, v_cache
+        self.k_scale = torch.full((1,), k_scale, dtype=torch.float32, device=k_cache.device)
+        self.v_scale = torch.full((1,), v_scale, dtype=torch.float32, device=k_cache.device)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None):
         """q: [T, H, D]; k, v: [T, Hkv, D]. Without metadata (profiling run) attention is skipped."""

@@ -1,0 +1,176 @@
+"""Compile the Triton kernels for a GPU architecture on a machine without a GPU, and check the machine code.
+
+``python -m kernels.compile_check [--arch 86 90]`` runs Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX,
+cubin with the bundled ptxas) for the kernel variants the backend launches, so code that only the
+interpreter accepts is caught before it meets a GPU. It also reads the PTX: FP8 caches must compile to
+integer bit manipulation with no FP8 conversion instructions (sm_86 has none), and the FP8 KV write must
+use IEEE division (``div.rn.f32``) to round exactly like torch. Must run with TRITON_INTERPRET unset.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
+                torch.int32: "i32", torch.int64: "i64"}
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    name: str
+    kernel: object  # a triton JITFunction
+    pointers: dict[str, str]  # pointer argument -> "*fp16", "*u8", ...
+    constexprs: dict[str, object]
+    fp8: bool = False
+    needs_div_rn: bool = False
+    num_warps: int = 4
+
+
+def _ptr(dtype: torch.dtype) -> str:
+    return "*" + TRITON_TYPES[torch.uint8 if dtype.itemsize == 1 else dtype]
+
+
+def write_variant(dtype: torch.dtype, cache_dtype: torch.dtype) -> Variant:
+    from kernels.triton_write_kv import write_kv_constexprs, write_kv_kernel
+    fp8 = cache_dtype.itemsize == 1
+    pointers = dict(key_ptr=_ptr(dtype), value_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype),
+                    v_cache_ptr=_ptr(cache_dtype), slot_mapping_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+    return Variant(f"write_kv {dtype} -> {cache_dtype}", write_kv_kernel, pointers,
+                   write_kv_constexprs(cache_dtype, 8, 128, 16), fp8=fp8, needs_div_rn=fp8)
+
+
+def attention_variant(dtype, cache_dtype, group: int, head_dim: int, tiles: tuple, window: bool = False,
+                      large_pool: bool = False) -> Variant:
+    from kernels.triton_attention import AttentionTiles, attention_constexprs
+    from kernels.triton_paged_attention import paged_attention_kernel
+    tiles = AttentionTiles(*tiles)
+    pointers = dict(out_ptr=_ptr(dtype), part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32",
+                    query_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype), v_cache_ptr=_ptr(cache_dtype),
+                    block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
+                    k_scale_ptr="*fp32", v_scale_ptr="*fp32")
+    constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool)
+    name = f"attention {dtype}/{cache_dtype} group {group} d{head_dim} {tiles}{' window' if window else ''}"
+    name += " int64 offsets" if large_pool else ""
+    return Variant(name, paged_attention_kernel, pointers, constexprs, fp8=cache_dtype.itemsize == 1,
+                   num_warps=tiles.num_warps)
+
+
+def reduce_variant(dtype: torch.dtype, head_dim: int, num_splits: int) -> Variant:
+    from kernels.triton_attention import reduce_constexprs
+    from kernels.triton_paged_attention import reduce_splits_kernel
+    pointers = dict(out_ptr=_ptr(dtype), part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32",
+                    v_scale_ptr="*fp32")
+    return Variant(f"reduce {num_splits} splits d{head_dim}", reduce_splits_kernel, pointers,
+                   reduce_constexprs(head_dim, num_splits))
+
+
+DECODE, DECODE_SPLIT, PREFILL = (16, 1, 32, 1, 8, 3), (16, 1, 32, 16, 8, 3), (64, 16, 32, 1, 8, 2)
+
+
+def variants() -> list[Variant]:
+    """What choose_tiles picks for common shapes (AttentionTiles fields as tuples), in every cache dtype."""
+    f16, bf16, f32, e4m3, e5m2 = torch.float16, torch.bfloat16, torch.float32, torch.float8_e4m3fn, torch.float8_e5m2
+    return [
+        write_variant(f16, f16), write_variant(f16, e4m3), write_variant(bf16, e5m2),
+        attention_variant(f16, f16, 4, 128, DECODE),  # Llama-3-8B
+        attention_variant(f16, f16, 4, 128, DECODE_SPLIT),
+        attention_variant(f16, f16, 4, 128, PREFILL, window=True),
+        attention_variant(f16, f16, 4, 128, (64, 16, 32, 1, 8, 1)),  # sm_8x prefill
+        attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
+        attention_variant(f16, e4m3, 4, 128, DECODE, large_pool=True),
+        attention_variant(bf16, e5m2, 4, 128, PREFILL),
+        attention_variant(f32, f32, 2, 64, (64, 32, 32, 1, 8, 1)),
+        attention_variant(f16, f16, 7, 64, DECODE),  # Qwen2.5-0.5B
+        attention_variant(f16, f16, 7, 64, (64, 9, 32, 2, 8, 2)),
+        attention_variant(f16, f16, 2, 80, (64, 32, 32, 1, 8, 2)),  # non-power-of-two head_dim
+        attention_variant(bf16, bf16, 2, 256, (32, 16, 16, 1, 8, 2)),
+        reduce_variant(f16, 128, 16),
+    ]
+
+
+def quick_variants() -> list[Variant]:
+    """The FP8 paths plus one mixed-batch and one reduce variant: what CI compiles on every run."""
+    f16, e4m3 = torch.float16, torch.float8_e4m3fn
+    return [write_variant(f16, e4m3), attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
+            attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8)]
+
+
+def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    signature = {}
+    for name in variant.kernel.arg_names:
+        if name in variant.constexprs:
+            signature[name] = "constexpr"
+        else:
+            signature[name] = variant.pointers.get(name, "fp32" if name == "softmax_scale" else "i32")
+    constexprs = {(variant.kernel.arg_names.index(k),): v for k, v in variant.constexprs.items()}
+    source = ASTSource(variant.kernel, signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": variant.num_warps}).asm
+
+
+def register_usage(ptx: str, arch: int) -> str:
+    """Registers and spill bytes per thread from Triton's bundled ptxas (the only perf signal without a GPU)."""
+    import triton
+    bin_dir = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    ptxas = next((p for p in (bin_dir / "ptxas-blackwell", bin_dir / "ptxas") if p.exists()), None)
+    if ptxas is None:
+        return "ptxas not found"
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "kernel.ptx"
+        source.write_text(ptx)
+        arch_name = f"sm_{arch}a" if arch >= 90 else f"sm_{arch}"
+        report = subprocess.run([str(ptxas), f"-arch={arch_name}", "-v", str(source), "-o", os.devnull],
+                                capture_output=True, text=True).stderr
+    registers = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores", report)
+    if not (registers and spills):
+        return "ptxas gave no usage report"
+    return f"{registers.group(1)} registers, {spills.group(1)} B spilled"
+
+
+def check_ptx(variant: Variant, ptx: str) -> list[str]:
+    problems = []
+    if variant.fp8 and any(word in ptx for word in ("e4m3", "e5m2")):
+        problems.append("uses an FP8 conversion instruction")
+    if variant.needs_div_rn and "div.rn.f32" not in ptx:
+        problems.append("FP8 write does not use IEEE division div.rn.f32")
+    return problems
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.split("\n")[0])
+    parser.add_argument("--arch", type=int, nargs="+", default=[86], help="compute capabilities, e.g. 86 90")
+    parser.add_argument("--quick", action="store_true", help="only the few variants CI compiles")
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("TRITON_INTERPRET=1 is set: kernels would be interpreted, not compiled; unset it")
+        return 2
+    failures = 0
+    for arch in args.arch:
+        for variant in quick_variants() if args.quick else variants():
+            start = time.perf_counter()
+            usage = ""
+            try:
+                ptx = compile_variant(variant, arch)["ptx"]
+                problems, usage = check_ptx(variant, ptx), register_usage(ptx, arch)
+            except Exception as exc:  # report every variant, then fail
+                problems = [f"{type(exc).__name__}: {exc}"]
+            failures += bool(problems)
+            status = "ok" if not problems else "FAILED " + "; ".join(problems)
+            print(f"sm_{arch} {variant.name}: {status} ({time.perf_counter() - start:.1f}s) {usage}", flush=True)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

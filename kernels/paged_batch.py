@@ -1,0 +1,100 @@
+"""Random paged-attention batches for kernel tests and the kernel benchmark.
+
+``make_paged_batch`` lays sequences out like the engine does: shuffled physical blocks in a pool with
+spare blocks, unused block-table entries holding an out-of-range id, and every slot no sequence owns
+filled with NaN (so a kernel that reads outside its sequence shows it). The context tokens are already
+in the cache; the new tokens' K/V and their slot_mapping are returned for the caller to write.
+The dense per-sequence K/V (as the cache will hold them, i.e. after any FP8 round trip) come along for
+oracles that do not page. Imports nothing of ours outside kernels/.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kernels.attention_torch import dequantize, is_fp8, quantize_fp8, write_kv_cache_torch
+
+
+@dataclass(slots=True)
+class PagedBatch:
+    query: torch.Tensor  # [num_tokens, num_heads, head_dim]
+    new_key: torch.Tensor  # [num_tokens, num_kv_heads, head_dim], not yet in the cache
+    new_value: torch.Tensor
+    slot_mapping: torch.Tensor  # [num_tokens] int64
+    k_cache: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim], context tokens written
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # [num_seqs, max_blocks] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    dense_keys: list[torch.Tensor]  # per sequence [seq_len, num_kv_heads, head_dim] as stored (dequantized)
+    dense_values: list[torch.Tensor]
+    k_scale: float | None
+    v_scale: float | None
+
+
+def make_paged_batch(query_lens: list[int], seq_lens: list[int], num_kv_heads: int, group: int, head_dim: int,
+                     block_size: int = 16, dtype: torch.dtype = torch.float32, cache_dtype: torch.dtype | None = None,
+                     device: torch.device | str = "cpu", spare_blocks: int = 3) -> PagedBatch:
+    """Everything is created on `device` (the benchmark builds large batches straight on the GPU)."""
+    assert all(0 <= q <= s for q, s in zip(query_lens, seq_lens)), (query_lens, seq_lens)
+    cache_dtype = cache_dtype or dtype
+    block_tables, num_blocks = _shuffled_block_tables(seq_lens, block_size, spare_blocks)
+    block_tables = block_tables.to(device)
+    scale = 0.25 if is_fp8(cache_dtype) else None
+    k_cache = _nan_cache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
+    v_cache = _nan_cache(num_blocks, block_size, num_kv_heads, head_dim, cache_dtype, device)
+    keys = [torch.randn(s, num_kv_heads, head_dim, device=device).to(dtype) for s in seq_lens]
+    values = [torch.randn(s, num_kv_heads, head_dim, device=device).to(dtype) for s in seq_lens]
+    slots = [_slots(block_tables[i], s, block_size) for i, s in enumerate(seq_lens)]
+    context = [s - q for q, s in zip(query_lens, seq_lens)]
+    write_kv_cache_torch(torch.cat([k[:c] for k, c in zip(keys, context)]),
+                         torch.cat([v[:c] for v, c in zip(values, context)]), k_cache, v_cache,
+                         torch.cat([sl[:c] for sl, c in zip(slots, context)]), scale, scale)
+    starts = [0]
+    for q in query_lens:
+        starts.append(starts[-1] + q)
+    return PagedBatch(
+        query=torch.randn(starts[-1], num_kv_heads * group, head_dim, device=device).to(dtype),
+        new_key=torch.cat([k[c:] for k, c in zip(keys, context)]),
+        new_value=torch.cat([v[c:] for v, c in zip(values, context)]),
+        slot_mapping=torch.cat([sl[c:] for sl, c in zip(slots, context)]),
+        k_cache=k_cache, v_cache=v_cache, block_tables=block_tables,
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        dense_keys=[_as_stored(k, cache_dtype, scale) for k in keys],
+        dense_values=[_as_stored(v, cache_dtype, scale) for v in values],
+        k_scale=scale, v_scale=scale)
+
+
+def _shuffled_block_tables(seq_lens: list[int], block_size: int, spare_blocks: int) -> tuple[torch.Tensor, int]:
+    """Each sequence gets distinct random physical blocks; unused entries hold an out-of-range id."""
+    blocks_per_seq = [-(-s // block_size) for s in seq_lens]
+    num_blocks = sum(blocks_per_seq) + spare_blocks
+    physical = torch.randperm(num_blocks).to(torch.int32)
+    block_tables = torch.full((len(seq_lens), max(blocks_per_seq) + 1), num_blocks + 7, dtype=torch.int32)
+    taken = 0
+    for seq, n in enumerate(blocks_per_seq):
+        block_tables[seq, :n] = physical[taken:taken + n]
+        taken += n
+    return block_tables, num_blocks
+
+
+def _slots(block_table: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    pos = torch.arange(seq_len, device=block_table.device)
+    return block_table[pos // block_size].long() * block_size + pos % block_size
+
+
+def _nan_cache(num_blocks: int, block_size: int, heads: int, dim: int, dtype: torch.dtype,
+               device: torch.device | str) -> torch.Tensor:
+    shape = (num_blocks, block_size, heads, dim)
+    if is_fp8(dtype):  # 0x7f is NaN in both e4m3fn and e5m2
+        return torch.full(shape, 0x7F, dtype=torch.uint8, device=device).view(dtype)
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def _as_stored(x: torch.Tensor, cache_dtype: torch.dtype, scale: float | None) -> torch.Tensor:
+    """What attention will read back for `x` (in x's dtype): the cache dtype round trip, FP8 scale included."""
+    if not is_fp8(cache_dtype):
+        return x.to(cache_dtype).to(x.dtype)
+    return dequantize(quantize_fp8(x, scale, cache_dtype), scale, x.dtype)

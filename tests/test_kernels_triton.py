@@ -1,0 +1,264 @@
+"""Triton kernels against the torch reference, run on CPU by the Triton interpreter.
+
+`triton.jit` picks compiled or interpreted when a function is decorated, and triton's own library
+functions (tl.cdiv, tl.sum, ...) are decorated when triton is first imported. So TRITON_INTERPRET=1 is
+set here before the first import of triton (and left set: on CPU nothing else can run Triton anyway).
+If another test module imported triton earlier in this process, the tests below are skipped and
+`test_whole_module_in_a_fresh_process` reruns this file in a subprocess instead. Shapes stay tiny (the
+interpreter is slow per program instance). bf16 is not tested: `tl.dot` on bf16 is wrong in the
+interpreter. Tolerances (atol = rtol): fp32 1e-4, fp16 2e-3. Fresh random inputs on every run.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402  (everything below may import triton)
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kernels import triton_attention, triton_fp8  # noqa: E402
+from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch  # noqa: E402
+from kernels.paged_batch import PagedBatch, make_paged_batch  # noqa: E402
+from kernels.triton_paged_attention import paged_attention_kernel  # noqa: E402
+
+IN_INTERPRETER = isinstance(tl.standard.sum, InterpretedFunction) and isinstance(paged_attention_kernel,
+                                                                                  InterpretedFunction)
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3}
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+
+
+@triton.jit
+def decode_fp8_kernel(byte_ptr, out_ptr, n, FP8_FORMAT: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    bytes_ = tl.load(byte_ptr + offsets, mask=offsets < n)
+    tl.store(out_ptr + offsets, triton_fp8.fp8_to_float(bytes_, FP8_FORMAT), mask=offsets < n)
+
+
+@triton.jit
+def encode_fp8_kernel(x_ptr, out_ptr, n, MAN_BITS: tl.constexpr, BIAS: tl.constexpr, FP8_MAX: tl.constexpr,
+                      BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n)
+    tl.store(out_ptr + offsets, triton_fp8.float_to_fp8(x, MAN_BITS, BIAS, FP8_MAX), mask=offsets < n)
+
+
+@pytest.mark.skipif(IN_INTERPRETER, reason="this process already runs the kernels interpreted")
+def test_whole_module_in_a_fresh_process():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
+                            cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+@pytest.fixture(autouse=True)
+def skip_unless_interpreted(request):
+    if not IN_INTERPRETER and request.function is not test_whole_module_in_a_fresh_process:
+        pytest.skip("triton was imported compiled before this module; test_whole_module_in_a_fresh_process runs it")
+
+
+def test_kernels_run_in_the_interpreter():
+    assert isinstance(triton_attention.write_kv_cache_triton.__globals__["write_kv_kernel"], InterpretedFunction)
+
+
+# ---------------------------------------------------------------- FP8 bit codecs
+
+def decode_bytes(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    out = torch.empty(codes.numel(), dtype=torch.float32)
+    decode_fp8_kernel[(triton.cdiv(codes.numel(), 4096),)](codes, out, codes.numel(),
+                                                         triton_fp8.FP8_FORMATS[dtype].code, BLOCK=4096)
+    return out
+
+
+def encode_floats(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    fmt = triton_fp8.FP8_FORMATS[dtype]
+    out = torch.empty(x.numel(), dtype=torch.uint8)
+    encode_fp8_kernel[(triton.cdiv(x.numel(), 4096),)](x, out, x.numel(), fmt.man_bits, fmt.bias, fmt.max,
+                                                     BLOCK=4096)
+    return out
+
+
+def torch_encode(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    limit = torch.finfo(dtype).max
+    return x.clamp(-limit, limit).to(dtype).view(torch.uint8)
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_fp8_decode_matches_torch_for_all_256_bytes(dtype):
+    codes = torch.arange(256, dtype=torch.uint8)
+    got, want = decode_bytes(codes, dtype), codes.view(dtype).float()
+    assert torch.equal(torch.isnan(got), torch.isnan(want))
+    finite = ~torch.isnan(want)
+    assert torch.equal(got[finite], want[finite])  # exact, infinities included
+    assert torch.equal(torch.signbit(got[finite]), torch.signbit(want[finite]))  # -0.0 too
+
+
+def encode_probe_values(dtype: torch.dtype) -> torch.Tensor:
+    """Every fp8 value, the midpoints between neighbours (ties to even) and one fp32 ulp either side of
+    them, values past the finite range, specials, and random values over the whole exponent range."""
+    grid = torch.arange(256, dtype=torch.uint8).view(dtype).float()
+    grid = grid[torch.isfinite(grid)].unique()  # sorted, one zero
+    mids = (grid[1:] + grid[:-1]) / 2
+    ulp_side = torch.cat([torch.nextafter(mids, torch.tensor(float("inf"))),
+                          torch.nextafter(mids, torch.tensor(float("-inf")))])
+    limit = torch.finfo(dtype).max
+    specials = torch.tensor([0.0, -0.0, limit * 1.01, -limit * 4, float("inf"), float("-inf"), 1e-45, -1e-40,
+                             torch.finfo(dtype).smallest_normal / 3])
+    random = torch.randn(20000) * torch.exp2(torch.randint(-24, 18, (20000,)).float())
+    return torch.cat([grid, mids, ulp_side, specials, random])
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_fp8_encode_matches_torch_cast_after_saturation(dtype):
+    x = encode_probe_values(dtype)
+    got, want = encode_floats(x, dtype), torch_encode(x, dtype)
+    bad = (got != want).nonzero().flatten()[:5]
+    assert bad.numel() == 0, f"{dtype}: x={x[bad].tolist()} got={got[bad].tolist()} want={want[bad].tolist()}"
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_fp8_encode_nan_keeps_sign(dtype):
+    got = encode_floats(torch.tensor([float("nan"), -float("nan")]), dtype)
+    assert got.tolist() == [0x7F, 0xFF]
+
+
+@pytest.mark.parametrize("dtype", FP8)
+def test_fp8_round_trip_error_is_at_most_half_an_ulp(dtype):
+    """RNE in the normal range: relative error <= 2^-(mantissa bits + 1), i.e. 2^-4 for e4m3, 2^-3 for e5m2
+    (tighter than the 2^-3 / 2^-2 a careless rounding would still meet)."""
+    fmt = triton_fp8.FP8_FORMATS[dtype]
+    tiny = torch.finfo(dtype).smallest_normal
+    x = torch.sign(torch.randn(20000)) * torch.exp(torch.empty(20000).uniform_(float(torch.tensor(tiny).log()),
+                                                                              float(torch.tensor(fmt.max).log())))
+    back = decode_bytes(encode_floats(x, dtype), dtype)
+    assert float(((back - x).abs() / x.abs()).max()) <= 2.0 ** -(fmt.man_bits + 1)
+
+
+# ---------------------------------------------------------------- KV write
+
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16, *FP8])
+@pytest.mark.parametrize("slot_dtype", [torch.int32, torch.int64])
+def test_write_kv_matches_torch_bytes(cache_dtype, slot_dtype):
+    batch = make_paged_batch([5, 12], [20, 12], num_kv_heads=2, group=1, head_dim=64, cache_dtype=cache_dtype)
+    batch.slot_mapping[3] = -1
+    qkv = torch.randn(batch.new_key.shape[0], 3, 2, 64)  # key/value as strided views, as a fused qkv makes them
+    key, value = qkv[:, 1], qkv[:, 2]
+    scale = torch.tensor(0.5) if cache_dtype in FP8 else None
+    expected_k, expected_v = batch.k_cache.clone(), batch.v_cache.clone()
+    write_kv_cache_torch(key, value, expected_k, expected_v, batch.slot_mapping, scale, scale)
+    triton_attention.write_kv_cache_triton(key, value, batch.k_cache, batch.v_cache,
+                                           batch.slot_mapping.to(slot_dtype), scale, scale)
+    assert torch.equal(batch.k_cache.view(torch.uint8), expected_k.view(torch.uint8))
+    assert torch.equal(batch.v_cache.view(torch.uint8), expected_v.view(torch.uint8))
+
+
+# ---------------------------------------------------------------- attention
+
+def run_both(batch: PagedBatch, sliding_window=None, tiles=None, scale=0.125):
+    """Write the new tokens and attend with each backend on its own copy of the cache; caches must agree."""
+    k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
+    write_kv_cache_torch(batch.new_key, batch.new_value, k_ref, v_ref, batch.slot_mapping,
+                         batch.k_scale, batch.v_scale)
+    expected = paged_attention_torch(batch.query, k_ref, v_ref, batch.block_tables, batch.seq_lens,
+                                     batch.query_start_loc, scale, sliding_window, batch.k_scale, batch.v_scale)
+    triton_attention.write_kv_cache_triton(batch.new_key, batch.new_value, batch.k_cache, batch.v_cache,
+                                           batch.slot_mapping, batch.k_scale, batch.v_scale)
+    assert torch.equal(batch.k_cache.view(torch.uint8), k_ref.view(torch.uint8))
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            scale, sliding_window, batch.k_scale, batch.v_scale)
+    if tiles is None:
+        got = triton_attention.paged_attention_triton(*args)
+    else:
+        got = triton_attention.launch_paged_attention(*args, tiles)
+    return got, expected
+
+
+def assert_matches(got, expected, dtype):
+    for name, out in (("torch reference", expected), ("Triton", got)):
+        bad_tokens = (~torch.isfinite(out)).flatten(1).any(1).nonzero().flatten().tolist()
+        assert not bad_tokens, f"{name} output is not finite for tokens {bad_tokens}"
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), expected.float(), atol=tol, rtol=tol)
+
+
+DECODE = ([1, 1, 1], [1, 37, 64])  # no context at all, mid-block, exactly four blocks
+MIXED = ([1, 6, 1, 18], [21, 40, 50, 18])  # decodes, a chunk after context, a whole first prompt
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_decode_batch(group, head_dim):
+    batch = make_paged_batch(*DECODE, num_kv_heads=2, group=group, head_dim=head_dim)
+    assert_matches(*run_both(batch), torch.float32)
+
+
+@pytest.mark.parametrize("group", [1, 2, 4])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_mixed_prefill_and_decode_batch(group, dtype):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=group, head_dim=64, dtype=dtype)
+    assert_matches(*run_both(batch), dtype)
+
+
+def test_mixed_batch_head_dim_128_fp16():
+    batch = make_paged_batch(*MIXED, num_kv_heads=1, group=4, head_dim=128, dtype=torch.float16)
+    assert_matches(*run_both(batch), torch.float16)
+
+
+@pytest.mark.parametrize("tiles", [(16, 1, 16, 1), (16, 4, 16, 1), (32, 8, 32, 2)],
+                         ids=["token-per-program", "four-tokens", "split2"])
+def test_mixed_batch_tile_and_split_variants(tiles):
+    batch = make_paged_batch(*MIXED, num_kv_heads=1, group=4, head_dim=64)
+    assert_matches(*run_both(batch, tiles=triton_attention.AttentionTiles(*tiles)), torch.float32)
+
+
+def test_decode_split_four_ways():
+    batch = make_paged_batch(*DECODE, num_kv_heads=2, group=2, head_dim=64)
+    assert_matches(*run_both(batch, tiles=triton_attention.AttentionTiles(16, 1, 16, 4)), torch.float32)
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_sliding_window(num_splits):
+    batch = make_paged_batch([1, 9, 1], [60, 45, 7], num_kv_heads=2, group=2, head_dim=64)
+    tiles = triton_attention.AttentionTiles(16, 8, 16, num_splits)
+    assert_matches(*run_both(batch, sliding_window=19, tiles=tiles), torch.float32)
+
+
+def test_long_decode_split_by_default_heuristic():
+    batch = make_paged_batch([1], [600], num_kv_heads=1, group=2, head_dim=64)
+    tiles = triton_attention.choose_tiles(1, 1, 1, 2, 64, batch.block_tables.shape[1] * 16, torch.device("cpu"))
+    assert tiles.num_splits > 1 and tiles.block_q == 1
+    assert_matches(*run_both(batch), torch.float32)
+
+
+def test_odd_group_and_non_power_of_two_head_dim():
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=3, head_dim=80, dtype=torch.float16)
+    assert_matches(*run_both(batch), torch.float16)
+
+
+@pytest.mark.parametrize("cache_dtype", FP8)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp8_cache(cache_dtype, dtype):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=2, head_dim=64, dtype=dtype, cache_dtype=cache_dtype)
+    assert_matches(*run_both(batch, sliding_window=25 if dtype == torch.float16 else None), dtype)
+
+
+def test_int64_metadata_and_a_sequence_without_new_tokens():
+    batch = make_paged_batch([3, 0, 1], [19, 33, 40], num_kv_heads=2, group=2, head_dim=64)
+    batch.block_tables, batch.seq_lens = batch.block_tables.long(), batch.seq_lens.long()
+    batch.query_start_loc = batch.query_start_loc.long()
+    assert_matches(*run_both(batch), torch.float32)
+
+
+def test_empty_batch_returns_empty():
+    batch = make_paged_batch([1], [5], num_kv_heads=1, group=1, head_dim=64)
+    out = triton_attention.paged_attention_triton(batch.query[:0], batch.k_cache, batch.v_cache,
+                                                  batch.block_tables[:0], batch.seq_lens[:0],
+                                                  batch.query_start_loc[:1], 0.125)
+    assert out.shape == (0, 1, 64)
