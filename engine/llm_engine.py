@@ -121,13 +121,7 @@ class LLMEngine:
         if request is None:
             return
         request.aborted = True
-        done = [s for s in request.seqs if not s.is_finished]
-        for seq in done:
-            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
-        self.scheduler.finish([s for s in done if s.block_table])
-        if any(s in self.scheduler.waiting for s in done):
-            self.scheduler.waiting = type(self.scheduler.waiting)(
-                s for s in self.scheduler.waiting if not s.request.aborted)
+        self.scheduler.abort([s for s in request.seqs if not s.is_finished])
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

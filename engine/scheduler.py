@@ -100,9 +100,6 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
-            if seq.request.aborted:
-                self.waiting.popleft()
-                continue
             computed = self.kv.get_computed_blocks(seq)
             num_new = seq.num_tokens - seq.num_computed_tokens - len(computed) * self.kv.block_size
             if num_new > budget:
@@ -127,6 +124,15 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def abort(self, seqs: list[Sequence]) -> None:
+        """End sequences wherever they are: running ones give their blocks back, waiting ones leave the queue."""
+        was_waiting = any(s.status is SequenceStatus.WAITING for s in seqs)
+        for seq in seqs:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+        self.finish([s for s in seqs if s.block_table])
+        if was_waiting:
+            self.waiting = deque(s for s in self.waiting if not s.is_finished)
 
     def finish(self, seqs: list[Sequence]) -> None:
         """Free finished sequences' blocks and drop them from the running list (one pass per step)."""

@@ -31,14 +31,6 @@ class RingBuffer:
     def __len__(self) -> int:
         return self._size
 
-    def set_series(self, series: Sequence[tuple[str, str]]) -> None:
-        """Replace the curves (e.g. when the number of GPUs becomes known); clears the history."""
-        for curve in self.curves:
-            self.removeItem(curve)
-        self.legend.clear()
-        self.buffer = RingBuffer(self.capacity, len(series))
-        self.curves = [self.plot([], [], name=name, pen=pg.mkPen(color, width=2)) for name, color in series]
-
     def append(self, t: float, values: Sequence[float]) -> None:
         self._t[self._next] = t
         self._values[self._next] = values

@@ -15,6 +15,7 @@ from fastapi import Request
 from engine.async_engine import AsyncEngine, RequestStream
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.server.errors import engine_error
 from engine.server.metrics import ServerMetrics
 
 DISCONNECT_POLL_S = 0.5
@@ -78,3 +79,15 @@ async def unless_disconnected(request: Request, work: Awaitable[Any]) -> tuple[b
     finally:
         if not task.done():
             task.cancel()
+
+
+async def wait_for_finals(request: Request, streams: list[RequestStream],
+                          metrics: ServerMetrics) -> list[RequestOutput] | None:
+    """Non-streaming: every prompt's final output, or None when the client went away (all work aborted)."""
+    try:
+        finished, finals = await unless_disconnected(request, final_outputs(streams, metrics))
+    except Exception as exc:  # noqa: BLE001 - engine errors become OpenAI-shaped responses
+        raise engine_error(exc) from None
+    finally:
+        close_all(streams)
+    return finals if finished else None

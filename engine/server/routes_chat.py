@@ -19,7 +19,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import MAX_LOGPROBS
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, error_body
-from engine.server.generation import close_all, final_outputs, merge, start_requests, unless_disconnected
+from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs
 from engine.server.prompts import chat_prompt, resolve_max_tokens
 from engine.server.protocol import ChatCompletionRequest
@@ -65,13 +65,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     created = int(time.time())
     if req.stream:
         return sse_response(_stream(req, ctx, model, streams, request_id, created))
-    try:
-        finished, finals = await unless_disconnected(request, final_outputs(streams, ctx.metrics))
-    except Exception as exc:  # noqa: BLE001
-        raise engine_error(exc) from None
-    finally:
-        close_all(streams)
-    if not finished:
+    finals = await wait_for_finals(request, streams, ctx.metrics)
+    if finals is None:
         return Response(status_code=499)
     final = finals[0]
     choices = [ChatChoice(index=o.index, message=ChatMessageOut(content=o.text),

@@ -1,0 +1,15 @@
+"""`pagedesk-bench`: benchmarks that print tables for BENCHMARKS.md (throughput, memory); never asserted in tests."""
+from __future__ import annotations
+
+import sys
+
+COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory"}
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] not in COMMANDS:
+        print(f"usage: pagedesk-bench {{{','.join(COMMANDS)}}} [options]  (--help after the command for options)")
+        raise SystemExit(2)
+    import importlib
+    importlib.import_module(COMMANDS[argv[0]]).main(argv[1:])

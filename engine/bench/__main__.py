@@ -1,0 +1,3 @@
+from engine.bench import main
+
+main()

@@ -1,0 +1,102 @@
+"""`pagedesk-bench throughput`: output tokens/s of our engine vs HF `generate` (static padded batches) and
+HF continuous batching (`generate_batch`'s manager), on the same random-weight model and workload.
+
+Every system generates exactly each request's drawn length (EOS ignored), so output tokens are equal and
+the ratio of tokens/s is the ratio of wall time.
+"""
+from __future__ import annotations
+
+import argparse
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from engine.bench.workload import BenchRequest, make_random_llama, sharegpt_like
+
+
+def run_engine(path: Path, requests: list[BenchRequest], max_model_len: int, **engine_kwargs) -> float:
+    from engine import LLM, SamplingParams
+
+    llm = LLM(str(path), device="cpu", max_model_len=max_model_len, **engine_kwargs)
+    params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    start = time.perf_counter()
+    outs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    assert [len(o.outputs[0].token_ids) for o in outs] == [r.output_len for r in requests]
+    return elapsed
+
+
+def run_hf_static(path: Path, requests: list[BenchRequest], batch_size: int) -> float:
+    """HF generate in arrival order, left-padded batches; each batch runs to its longest output."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pad = model.config.pad_token_id
+    start = time.perf_counter()
+    for i in range(0, len(requests), batch_size):
+        batch = requests[i:i + batch_size]
+        width = max(len(r.prompt_token_ids) for r in batch)
+        ids = torch.full((len(batch), width), pad, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, r in enumerate(batch):
+            ids[row, width - len(r.prompt_token_ids):] = torch.tensor(r.prompt_token_ids)
+            mask[row, width - len(r.prompt_token_ids):] = 1
+        longest = max(r.output_len for r in batch)
+        with torch.no_grad():
+            model.generate(ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                           do_sample=False, pad_token_id=pad)
+    return time.perf_counter() - start
+
+
+def run_hf_continuous(path: Path, requests: list[BenchRequest]) -> float:
+    """HF transformers' own continuous batching (the manager behind `generate_batch`), per-request lengths."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    config = GenerationConfig(do_sample=False, eos_token_id=-1, max_new_tokens=max(r.output_len for r in requests))
+    start = time.perf_counter()
+    with model.continuous_batching_context_manager(generation_config=config, block=True, timeout=30) as manager:
+        for i, r in enumerate(requests):
+            manager.add_request(r.prompt_token_ids, request_id=f"r{i}", max_new_tokens=r.output_len, eos_token_id=-1)
+        done = 0
+        while done < len(requests):
+            result = manager.get_result(timeout=1)
+            if result is not None and result.is_finished():
+                done += 1
+            elif result is None and not manager.is_running():
+                raise RuntimeError("HF continuous batching stopped before finishing")
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="pagedesk-bench throughput", description=__doc__)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--model", type=Path, help="model folder (default: random Llama made on the fly)")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--hf-batch-size", type=int, default=16)
+    parser.add_argument("--skip-hf", action="store_true", help="time only our engine")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = args.model or make_random_llama(Path(tmp) / "bench-llama")
+        from transformers import AutoConfig
+        vocab = AutoConfig.from_pretrained(path).vocab_size
+        requests = sharegpt_like(args.num_prompts, vocab, args.max_model_len, args.seed)
+        out_tokens = sum(r.output_len for r in requests)
+        rows = [("pagedesk (paged, continuous)", run_engine(path, requests, args.max_model_len))]
+        if not args.skip_hf:
+            rows.append((f"HF generate, static batches of {args.hf_batch_size}",
+                         run_hf_static(path, requests, args.hf_batch_size)))
+            rows.append(("HF continuous batching (generate_batch)", run_hf_continuous(path, requests)))
+    ours = out_tokens / rows[0][1]
+    print(f"\n{args.num_prompts} requests, {sum(len(r.prompt_token_ids) for r in requests)} prompt tokens, "
+          f"{out_tokens} output tokens; torch {torch.__version__}, {torch.get_num_threads()} threads, "
+          f"{platform.processor() or platform.machine()}\n")
+    print("| system | seconds | output tok/s | pagedesk speed-up |")
+    print("|---|---:|---:|---:|")
+    for name, seconds in rows:
+        tps = out_tokens / seconds
+        print(f"| {name} | {seconds:.1f} | {tps:.1f} | {ours / tps:.2f}× |")
