@@ -38,7 +38,14 @@ class KVCacheManager:
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: list[Block] = ()) -> bool:
         """Reserve blocks for `num_new_tokens` more tokens (after any prefix hit); False if they don't fit."""
-        num_computed = seq.num_computed_tokens + len(computed) * self.block_size
+        bs = self.block_size
+        if not computed and seq.num_computed_tokens % bs:  # fast path: a decode inside its last block
+            total = seq.num_computed_tokens + num_new_tokens
+            if total <= len(seq.block_table) * bs and seq.block_table[-1].ref_count == 1:
+                if self.enable_caching and total % bs == 0:
+                    self._cache_full_blocks(seq, total)
+                return True
+        num_computed = seq.num_computed_tokens + len(computed) * bs
         total = num_computed + num_new_tokens
         num_new_blocks = self.blocks_needed(total) - len(seq.block_table) - len(computed)
         cow = self._needs_copy(seq, num_computed)

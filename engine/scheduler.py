@@ -68,14 +68,17 @@ class Scheduler:
         """Decodes first, then prompt chunks of running sequences; preempt from the tail when out of blocks."""
         preempted = False
         picked: dict[int, ScheduledSeq] = {}
-        remaining = lambda s: s.num_tokens - s.num_computed_tokens  # noqa: E731
-        order = [s for s in self.running if remaining(s) == 1] + [s for s in self.running if remaining(s) > 1]
-        for seq in order:
+        decodes, chunks = [], []
+        for s in self.running:
+            left = len(s.token_ids) - s.num_computed_tokens
+            if left:
+                (decodes if left == 1 else chunks).append((s, left))
+        for seq, left in decodes + chunks:
             if budget <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
-            num_new = min(remaining(seq), budget)
+            num_new = min(left, budget)
             while not self.kv.allocate_slots(seq, num_new):
                 preempted = True
                 victim = self.running.pop()

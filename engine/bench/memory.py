@@ -56,17 +56,20 @@ def max_concurrency(path: Path, num_prompts: int, max_model_len: int, budget_tok
     return peak, budget_tokens // max_model_len
 
 
-def parallel_sampling_blocks(path: Path) -> tuple[int, int]:
-    """Peak blocks for one n=4 request (shared prompt) vs four independent copies without prefix caching."""
-    prompt = list(range(10, 170))
+def parallel_sampling_blocks(path: Path, prompt_len: int = 160, output_len: int = 64) -> tuple[int, int]:
+    """Peak blocks for one n=4 request (shared prompt) vs four independent copies without prefix caching.
+
+    Ideal saving is (n-1)·P / (n·(P+O)) blocks for P prompt and O output blocks: the workload's shape,
+    not the engine, sets it (160+64 tokens: 53.6%; 512+64: 66.7%)."""
+    prompt = [10 + i % 8000 for i in range(prompt_len)]
     peaks = []
     for shared in (True, False):
         eng = engine(path, max_model_len=2048, num_gpu_blocks_override=2048, enable_prefix_caching=shared)
         if shared:
-            eng.add_request("n4", prompt, params(64, n=4, temperature=1.0, seed=0))
+            eng.add_request("n4", prompt, params(output_len, n=4, temperature=1.0, seed=0))
         else:
             for i in range(4):
-                eng.add_request(f"copy{i}", prompt, params(64, temperature=1.0, seed=i))
+                eng.add_request(f"copy{i}", prompt, params(output_len, temperature=1.0, seed=i))
         peak = 0
         while eng.has_unfinished_requests():
             eng.step()
@@ -97,20 +100,36 @@ def ttft(path: Path, repeats: int = 3) -> tuple[float, float]:
     return median(cold), median(warm)
 
 
-def caching_cost(path: Path, num_prompts: int) -> tuple[float, float]:
-    """Wall time of a no-reuse workload with prefix caching on vs off (best of 3, alternating)."""
+def caching_cost(path: Path, num_prompts: int) -> tuple[float, float, float]:
+    """A no-reuse workload with prefix caching on vs off: median wall time of 5 alternating runs each, and
+    the share of the caching-on runs spent inside the prefix-caching code itself (hashing, lookups),
+    which is the cost without the machine's noise. Small model: a step is cheapest, so hashing shows most."""
     reqs = sharegpt_like(num_prompts, 8192, 2048, seed=7)
     times = {True: [], False: []}
-    for _ in range(3):
+    inside = [0.0]
+    for _ in range(5):
         for caching in (True, False):
             eng = engine(path, max_model_len=2048, enable_prefix_caching=caching)
+            if caching:
+                for name in ("get_computed_blocks", "_cache_full_blocks"):
+                    setattr(eng.kv, name, _timed(getattr(eng.kv, name), inside))
             for i, r in enumerate(reqs):
                 eng.add_request(str(i), r.prompt_token_ids, params(r.output_len))
             start = time.perf_counter()
             while eng.has_unfinished_requests():
                 eng.step()
             times[caching].append(time.perf_counter() - start)
-    return min(times[True]), min(times[False])
+    return median(times[True]), median(times[False]), inside[0] / sum(times[True])
+
+
+def _timed(fn, total: list[float]):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            total[0] += time.perf_counter() - start
+    return wrapper
 
 
 def scheduler_step_time(path: Path, num_seqs: int = 256, steps: int = 200) -> float:
@@ -146,21 +165,24 @@ def main(argv: list[str] | None = None) -> None:
         budget = 64 * args.max_model_len
         paged_peak, contiguous_peak = max_concurrency(small, args.num_prompts, args.max_model_len, budget)
         shared, unshared = parallel_sampling_blocks(small)
+        long_shared, long_unshared = parallel_sampling_blocks(small, prompt_len=512)
         cold, warm = ttft(big)
-        on, off = caching_cost(small, min(args.num_prompts, 64))
+        on, off, hashing_share = caching_cost(small, min(args.num_prompts, 64))
         step = scheduler_step_time(small)
     rows = [
         ("KV waste, paged (allocated − used) / allocated", f"{waste['paged']:.1%}", "≤ 4%"),
         ("KV waste, contiguous max_model_len allocation", f"{waste['contiguous']:.1%}", "60–80% quoted"),
         (f"max concurrent sequences in {budget:,} KV tokens, paged", f"{paged_peak}", ""),
         (f"max concurrent sequences in {budget:,} KV tokens, contiguous", f"{contiguous_peak}", ""),
-        ("peak KV blocks, n=4 sampling with shared prompt", f"{shared}", ""),
-        ("peak KV blocks, 4 independent copies", f"{unshared}", ""),
-        ("blocks saved by sharing", f"{1 - shared / unshared:.1%}", "≥ 55%"),
+        ("peak KV blocks, n=4, 160-token prompt + 64 out: shared / 4 copies", f"{shared} / {unshared}", ""),
+        ("blocks saved by sharing (160 + 64; ideal 53.6%)", f"{1 - shared / unshared:.1%}", "≥ 55%"),
+        ("peak KV blocks, n=4, 512-token prompt + 64 out: shared / 4 copies", f"{long_shared} / {long_unshared}", ""),
+        ("blocks saved by sharing (512 + 64; ideal 66.7%)", f"{1 - long_shared / long_unshared:.1%}", "≥ 55%"),
         ("TTFT, 1,024-token system prompt not cached", f"{cold * 1000:.0f} ms", ""),
         ("TTFT, system prompt cached", f"{warm * 1000:.0f} ms", ""),
         ("TTFT speed-up from prefix caching", f"{cold / warm:.1f}×", "≥ 5×"),
-        ("no-reuse workload, prefix caching on vs off", f"{on / off - 1:+.1%}", "≤ 2% cost"),
+        ("no-reuse workload, prefix caching on vs off (median wall time)", f"{on / off - 1:+.1%}", "≤ 2% cost"),
+        ("… time spent in prefix-caching code (hashing, lookups)", f"{hashing_share:.2%}", "≤ 2% cost"),
         ("scheduler + block manager per step, 256 running", f"{step * 1000:.2f} ms", "≤ 1 ms"),
     ]
     print("\n| figure | value | goal |\n|---|---:|---|")
