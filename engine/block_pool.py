@@ -75,6 +75,7 @@ class BlockPool:
         self.free_queue = FreeBlockQueue(self.blocks)
         self.enable_caching = enable_caching
         self.cached: dict[bytes, Block] = {}
+        self.num_cached_free = 0  # free blocks still holding a reusable prefix (kept, not counted, per call)
 
     @property
     def num_blocks(self) -> int:
@@ -94,6 +95,7 @@ class BlockPool:
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:  # evict the least recently used cached prefix
+                self.num_cached_free -= 1
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
                 block.block_hash = None
@@ -106,6 +108,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_count == 0:
                 self.free_queue.remove(block)
+                self.num_cached_free -= block.block_hash is not None
             block.ref_count += 1
 
     def free_blocks(self, blocks: Iterable[Block]) -> None:
@@ -116,6 +119,7 @@ class BlockPool:
             if block.ref_count == 0:
                 if not self.enable_caching:
                     block.block_hash = None
+                self.num_cached_free += block.block_hash is not None
                 self.free_queue.append(block)
 
     def lookup(self, block_hash: bytes) -> Block | None:
@@ -128,6 +132,7 @@ class BlockPool:
         self.cached.setdefault(block_hash, block)
 
     def reset_prefix_cache(self) -> None:
-        for block in self.cached.values():
+        for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        self.num_cached_free = 0

@@ -300,8 +300,7 @@ class LLMEngine:
         pool = self.kv.pool
         s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
         s.num_used_blocks = pool.num_blocks - pool.num_free_blocks
-        s.num_cached_free_blocks = sum(1 for b in pool.free_queue if b.block_hash is not None) \
-            if pool.enable_caching else 0
+        s.num_cached_free_blocks = pool.num_cached_free
         s.kv_cache_usage = pool.usage()
         s.prefix_cache_queries, s.prefix_cache_hits = self.kv.prefix_queries, self.kv.prefix_hits
         s.num_preemptions = self.scheduler.num_preemptions

@@ -118,6 +118,7 @@ def test_invariants_under_random_operations(ops, caching):
         used = sum(1 for b in pool.blocks if b.ref_count > 0)
         assert used + pool.num_free_blocks == pool.num_blocks
         assert sorted(free_ids(pool)) == sorted(b.block_id for b in pool.blocks if b.ref_count == 0)
+        assert pool.num_cached_free == sum(1 for b in pool.free_queue if b.block_hash is not None)
     for seq in live:
         kv.free(seq)
     assert pool.num_free_blocks == pool.num_blocks and all(b.ref_count == 0 for b in pool.blocks)
