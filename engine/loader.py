@@ -12,6 +12,7 @@ from typing import Iterator
 
 import torch
 from safetensors import safe_open
+from tqdm.auto import tqdm
 
 MODEL_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
 
@@ -44,7 +45,9 @@ def safetensors_files(path: Path) -> list[Path]:
 
 
 def iterate_weights(path: Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    for file in safetensors_files(path):
+    """Every (name, tensor) of the checkpoint, with a progress bar over shards when there are several."""
+    files = safetensors_files(path)
+    for file in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=len(files) < 2):
         with safe_open(str(file), framework="pt", device=device) as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
