@@ -55,7 +55,7 @@ def apply_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
             ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
             logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
         if len(row.output_ids) < p.min_tokens:
-            banned = [t for t in (row.eos_ids if not p.ignore_eos else []) + p.stop_token_ids]
+            banned = ([] if p.ignore_eos else row.eos_ids) + p.stop_token_ids
             if banned:
                 logits[i, banned] = float("-inf")
 

@@ -71,7 +71,7 @@ def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     Sequences with one new token (decodes) are batched into one padded matmul; longer query runs
     (prefill chunks) go one sequence at a time through scaled_dot_product_attention.
     """
-    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_heads = query.shape[1]
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(query)

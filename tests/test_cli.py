@@ -103,23 +103,33 @@ def test_out_of_memory_at_load_exits_3(monkeypatch, capsys, llama_dir):
     assert "out of memory" in capsys.readouterr().err
 
 
+def start_serve(model_dir, port: int, *flags: str) -> subprocess.Popen:
+    """`python -m engine.serve` on the tiny model in a subprocess, stdout and stderr merged."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
+            "--max-model-len", "128", "--num-gpu-blocks-override", "64", *flags]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+
+
+def read_until_serving(proc: subprocess.Popen, timeout_s: float = 120) -> list[str]:
+    """Output lines up to and including "PagedDesk serving ..." (or up to EOF / the timeout)."""
+    lines: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line.strip())
+        if line.startswith("PagedDesk serving"):
+            break
+    return lines
+
+
 def test_serve_starts_prints_url_and_stops_cleanly(llama_dir):
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", str(llama_dir), "--device", "cpu",
-                             "--served-model-name", "tiny", "--port", str(port), "--max-model-len", "128",
-                             "--num-gpu-blocks-override", "64"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    proc = start_serve(llama_dir, port, "--served-model-name", "tiny")
     try:
-        lines = []
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line.strip())
-            if line.startswith("PagedDesk serving"):
-                break
+        lines = read_until_serving(proc)
         assert lines and lines[-1] == f"PagedDesk serving tiny at http://127.0.0.1:{port}/v1", lines
         assert any(line.startswith("Loading ") for line in lines)
         assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200
@@ -165,17 +175,10 @@ def child_pids(parent: int) -> list[int]:
 def test_serve_exits_4_when_a_tensor_parallel_worker_dies(llama_dir):
     """A worker killed from outside: /health turns 503, the server exits with code 4 (supervisor restarts it)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", str(llama_dir), "--device", "cpu",
-                             "--tensor-parallel-size", "2", "--port", str(port), "--max-model-len", "128",
-                             "--num-gpu-blocks-override", "64"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+    proc = start_serve(llama_dir, port, "--tensor-parallel-size", "2")
     try:
-        lines = []
-        while not (lines and lines[-1].startswith("PagedDesk serving")):
-            line = proc.stdout.readline()
-            assert line, lines
-            lines.append(line.strip())
+        lines = read_until_serving(proc)
+        assert lines and lines[-1].startswith("PagedDesk serving"), lines
         children = child_pids(proc.pid)
         assert children, "no tensor-parallel worker process"
         for pid in children:

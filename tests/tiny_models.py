@@ -8,7 +8,6 @@ loading code runs and HF transformers on the same folder is the correctness refe
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 
 import torch
@@ -87,6 +86,3 @@ def hf_model(path: str | Path):
     from transformers import AutoModelForCausalLM
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
-
-def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=2))

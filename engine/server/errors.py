@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from engine.async_engine import EngineDeadError, EngineNotReadyError
+from engine.server.sse import sse_event
 
 log = logging.getLogger("pagedesk.server")
 
@@ -123,3 +124,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
         err = engine_error(exc)
         return error_response(err.status, err.message, err.param, err.code)
+
+
+def stream_error_event(exc: BaseException) -> str:
+    """An error after a stream started goes in-band: one SSE event in OpenAI's error shape."""
+    err = engine_error(exc)
+    return sse_event(error_body(err.status, err.message, err.param, err.code))

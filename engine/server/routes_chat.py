@@ -18,7 +18,7 @@ from engine.async_engine import RequestStream
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.sampling_params import MAX_LOGPROBS
 from engine.server.context import ServerContext, get_context
-from engine.server.errors import bad_request, engine_error, error_body
+from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs
 from engine.server.prompts import chat_prompt, resolve_max_tokens
@@ -120,8 +120,7 @@ async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedM
         if req.stream_options and req.stream_options.include_usage and final is not None:
             yield chunk([], _usage(final))
     except Exception as exc:  # noqa: BLE001 - the stream already started: report the error in-band
-        err = engine_error(exc)
-        yield sse_event(error_body(err.status, err.message, err.param, err.code))
+        yield stream_error_event(exc)
     finally:
         close_all(streams)
     yield DONE

@@ -17,7 +17,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from engine.async_engine import RequestStream
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.server.context import ServerContext, get_context
-from engine.server.errors import bad_request, engine_error, error_body
+from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import completion_logprobs
 from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens
@@ -131,8 +131,7 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
             yield sse_event(CompletionResponse(id=request_id, created=created, model=model.name, choices=[],
                                                usage=_usage(finals)))
     except Exception as exc:  # noqa: BLE001 - the stream already started: report the error in-band
-        err = engine_error(exc)
-        yield sse_event(error_body(err.status, err.message, err.param, err.code))
+        yield stream_error_event(exc)
     finally:
         close_all(streams)
     yield DONE
