@@ -25,6 +25,9 @@ from engine.sampler import SamplerOutput, SamplingRow, sample
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, ScheduledSeq
 from engine.sequence import Request, Sequence, SequenceStatus
+from engine.structured_output.bitmask import grammar_bitmask
+from engine.structured_output.compiler import GrammarCompiler
+from engine.structured_output.state import GrammarState
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
@@ -63,6 +66,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
         self.generator = torch.Generator().manual_seed(config.seed)
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
@@ -79,6 +83,8 @@ class LLMEngine:
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time())
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0))
+        if params.structured_outputs is not None:
+            seq.grammar = GrammarState(self.grammars.compile(params.structured_outputs))
         request.seqs.append(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -181,7 +187,8 @@ class LLMEngine:
         eos = self.model_config.eos_token_ids
         rows = [SamplingRow(s.params, s.token_ids[:s.num_prompt_tokens], s.output_token_ids, s.generator, eos)
                 for s in seqs]
-        result = sample(logits, rows, self.generator)
+        bitmask = grammar_bitmask([s.grammar for s in seqs], self.model_config.vocab_size)
+        result = sample(logits, rows, self.generator, bitmask)
         now = time.time()
         for i, seq in enumerate(seqs):
             self._append(seq, i, result)
@@ -227,6 +234,7 @@ class LLMEngine:
         children = [parent]
         for index in range(1, request.params.n):
             child = Sequence(request, index, parent.token_ids, request.make_generator(index))
+            child.grammar = parent.grammar.fork() if parent.grammar is not None else None
             self.kv.fork(parent, child)
             child.status = SequenceStatus.RUNNING
             self.scheduler.running.append(child)
@@ -243,6 +251,8 @@ class LLMEngine:
             for rank, (tid, lp) in enumerate(zip(result.top_ids[i][:k], result.top_logprobs[i][:k]), start=1):
                 top.setdefault(tid, Logprob(lp, rank, decode([tid])))
         seq.append_token(token, result.logprobs[i], top)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         self._check_stop(seq, token, seq.detokenizer.add_token(token))
 
     def _check_stop(self, seq: Sequence, token: int, new_text: str) -> None:
@@ -256,6 +266,8 @@ class LLMEngine:
             stop = seq.detokenizer.find_stop(len(new_text))
             if stop is not None:
                 return self._finish(seq, "stop", stop)
+        if seq.grammar is not None and (seq.grammar.terminated or seq.grammar.rejected):
+            return self._finish(seq, "stop", token)  # the grammar is complete: nothing more may follow
         if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.model_config.max_model_len:
             self._finish(seq, "length")
 

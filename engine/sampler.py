@@ -1,6 +1,6 @@
 """Sampler: logits of the sampling rows -> next token, its logprob and the top-k logprobs.
 
-Order, as in vLLM: logit bias, min_tokens (EOS and stop ids masked), repetition / presence / frequency
+Order, as in vLLM: logit bias, min_tokens (EOS and stop ids masked), the grammar bitmask, repetition / presence / frequency
 penalties, then temperature, top-k, top-p, min-p, then a draw. The draw is an exponential race
 (argmax of p / E with E ~ Exp(1)), which is exactly sampling from p; a seeded request draws its noise
 from its own generator, so its output never depends on what else is in the batch. Logprobs are those of
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.sampling_params import SamplingParams
+from engine.structured_output.bitmask import apply_token_bitmask
 
 
 @dataclass(slots=True)
@@ -81,11 +82,14 @@ def filter_top_k_top_p_min_p(probs: torch.Tensor, rows: list[SamplingRow]) -> to
     return probs
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator) -> SamplerOutput:
+def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator,
+           bitmask: torch.Tensor | None = None) -> SamplerOutput:
     logits = logits.float()
     raw_logprobs = torch.log_softmax(logits, dim=-1)
     logits = logits.clone()
     apply_masks(logits, rows)
+    if bitmask is not None:  # structured outputs: only tokens the row's grammar allows
+        apply_token_bitmask(logits, bitmask)
     apply_penalties(logits, rows)
     greedy = [r.params.greedy for r in rows]
     chosen = logits.argmax(dim=-1)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured_output.params import StructuredOutputsParams
+
 MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
@@ -33,6 +35,7 @@ class SamplingParams:
     logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a grammar
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:

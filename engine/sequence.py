@@ -43,6 +43,7 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] | None = [] if request.params.logprobs is not None else None
         self.detokenizer = IncrementalDetokenizer(request.tokenizer, request.params, self.num_prompt_tokens)
+        self.grammar = None  # GrammarState of a structured-output request
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
