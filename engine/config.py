@@ -16,6 +16,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
+REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
 SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 
@@ -75,6 +77,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("host", str, "127.0.0.1", "Address to bind; 0.0.0.0 exposes the server to your network", "server"),
     Flag("port", int, 8000, "Port to serve on", "server", minimum=1, maximum=65535),
     Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
+    Flag("tool_call_parser", str, None, "Tool-call format of the model (default: detected from its chat template)",
+         "server", TOOL_CALL_PARSERS),
+    Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
+         REASONING_PARSERS),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -134,6 +140,8 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod

@@ -54,8 +54,8 @@ BAD_REQUESTS = {
         {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]}]}),
     "tools without template support": (CHAT, {"messages": USER, "tools": [{"type": "function", "function": {
         "name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]}),
-    "tool_choice required": (CHAT, {"messages": USER, "tool_choice": "required"}),
-    "json response_format": (CHAT, {"messages": USER, "response_format": {"type": "json_object"}}),
+    "tool_choice required without tools": (CHAT, {"messages": USER, "tool_choice": "required"}),
+    "unknown response_format type": (CHAT, {"messages": USER, "response_format": {"type": "yaml"}}),
     "unknown role": (CHAT, {"messages": [{"role": "wizard", "content": "hi"}]}),
     "prompt of wrong type": (COMPLETIONS, {"prompt": {"a": 1}}),
     "missing prompt": (COMPLETIONS, {}),

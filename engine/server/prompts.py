@@ -7,6 +7,7 @@ has none) raises `OpenAIError(400)` with the numbers.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from engine.server.errors import bad_request
@@ -68,21 +69,45 @@ def _message_text(message: ChatMessage, index: int) -> str:
     return "\n".join(texts)
 
 
+def _template_tool_calls(calls: list[dict], index: int) -> list[dict]:
+    """OpenAI sends arguments as JSON text; chat templates (Qwen, Llama, Mistral) expect the object."""
+    out = []
+    for call in calls:
+        call = dict(call)
+        function = dict(call.get("function") or {})
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"] or "{}")
+            except json.JSONDecodeError:
+                raise bad_request(f"messages[{index}].tool_calls arguments are not valid JSON",
+                                  f"messages.{index}.tool_calls") from None
+        call["function"] = function
+        out.append(call)
+    return out
+
+
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     """Messages as the plain dicts chat templates expect."""
     out = []
     for i, m in enumerate(messages):
         d: dict = {"role": m.role, "content": _message_text(m, i)}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(m, key)
             if value is not None:
-                d[key] = value
+                d[key] = _template_tool_calls(value, i) if key == "tool_calls" else value
+        if m.reasoning is not None and m.reasoning_content is None:
+            d["reasoning_content"] = m.reasoning
         out.append(d)
     return out
 
 
-def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
-                add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+_RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "tokenize", "add_generation_prompt", "continue_final_message",
+                             "conversation", "chat_template", "documents", "return_dict"}
+
+
+def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | None,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                chat_template_kwargs: dict | None = None) -> str:
     if not messages:
         raise bad_request("messages must not be empty", "messages")
     if tools and not model.supports_tools:
@@ -93,18 +118,23 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dic
                           "continue_final_message")
     if not model.tokenizer.chat_template:
         raise bad_request(f"model {model.name!r} has no chat template; use /v1/completions", "messages")
+    clash = sorted(set(chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
+    if clash:
+        raise bad_request(f"chat_template_kwargs may not set {clash}; use the request fields", "chat_template_kwargs")
     dicts = chat_messages(messages)
+    tool_dicts = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools or []]
     try:
         return model.tokenizer.apply_chat_template(
-            dicts, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message)
+            dicts, tools=tool_dicts or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - a template refusing these messages is the client's error
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from None
 
 
-def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
-                add_generation_prompt: bool = True, continue_final_message: bool = False) -> Prompt:
-    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message)
+def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | None,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                chat_template_kwargs: dict | None = None) -> Prompt:
+    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
     ids = encode(model, text, add_special_tokens=False)
     if not ids:
         raise bad_request("the rendered chat prompt is empty", "messages")

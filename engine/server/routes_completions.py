@@ -22,10 +22,13 @@ from engine.server.generation import close_all, merge, start_requests, wait_for_
 from engine.server.logprobs import completion_logprobs
 from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens
 from engine.server.protocol import CompletionRequest
-from engine.server.responses import CompletionChoice, CompletionResponse, Usage
+from engine.server.refusals import refuse_unsupported
+from engine.server.responses import CompletionChoice, CompletionResponse
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
 from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.structured import compile_or_400, structured_outputs_for
+from engine.server.usage import usage_of
 
 MAX_PROMPTS = 64
 
@@ -33,8 +36,10 @@ router = APIRouter()
 
 
 def _check_supported(req: CompletionRequest) -> None:
-    if req.suffix:
-        raise bad_request("suffix is not supported", "suffix")
+    refuse_unsupported(req)
+    if req.prompt_logprobs is not None:
+        raise bad_request("prompt_logprobs is not supported: this engine does not compute prompt logprobs",
+                          "prompt_logprobs")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of other than n is not supported (got best_of={req.best_of}, n={req.n})",
                           "best_of")
@@ -51,11 +56,13 @@ async def create_completion(req: CompletionRequest, request: Request,
                             ctx: ServerContext = Depends(get_context)) -> Response | CompletionResponse:
     model = ctx.model_for(req.model)
     _check_supported(req)
+    structured, source = structured_outputs_for(req)
+    await compile_or_400(model, structured, source)
     prompts = await asyncio.to_thread(completion_prompts, model, req.prompt, req.add_special_tokens)
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
     params = [sampling_params(req, resolve_max_tokens(req.max_tokens, len(p.token_ids), model.max_model_len),
-                              req.logprobs, model.vocab_size) for p in prompts]
+                              req.logprobs, model.vocab_size, structured) for p in prompts]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params)
@@ -72,12 +79,6 @@ async def create_completion(req: CompletionRequest, request: Request,
 
 def _prompt_text(model: ServedModel, prompt: Prompt) -> str:
     return prompt.text if prompt.text is not None else model.tokenizer.decode(prompt.token_ids)
-
-
-def _usage(finals: list[RequestOutput]) -> Usage:
-    prompt = sum(len(f.prompt_token_ids) for f in finals)
-    completion = sum(len(o.token_ids) for f in finals for o in f.outputs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 def _choice(req: CompletionRequest, model: ServedModel, index: int, out: CompletionOutput, prefix: str,
@@ -98,7 +99,7 @@ def _response(req: CompletionRequest, model: ServedModel, prompts: list[Prompt],
         for out in sorted(final.outputs, key=lambda o: o.index):
             choices.append(_choice(req, model, i * req.n + out.index, out, prefix, 0, 0))
     return CompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
-                              usage=_usage(finals))
+                              usage=usage_of(finals))
 
 
 async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel, prompts: list[Prompt],
@@ -129,7 +130,7 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
                     finals.append(out)
         if req.stream_options and req.stream_options.include_usage:
             yield sse_event(CompletionResponse(id=request_id, created=created, model=model.name, choices=[],
-                                               usage=_usage(finals)))
+                                               usage=usage_of(finals)))
     except Exception as exc:  # noqa: BLE001 - the stream already started: report the error in-band
         yield stream_error_event(exc)
     finally:

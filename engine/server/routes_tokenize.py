@@ -21,7 +21,8 @@ def _tokenize(model: ServedModel, req: TokenizeRequest) -> list[int]:
     if req.prompt is not None:
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         return encode(model, req.prompt, add_special)
-    text = render_chat(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message)
+    text = render_chat(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
+                       req.chat_template_kwargs)
     return encode(model, text, bool(req.add_special_tokens))
 
 

@@ -10,6 +10,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from engine.tool_parsers import detect_tool_parser
+
 
 @dataclass
 class ServedModel:
@@ -20,6 +22,9 @@ class ServedModel:
     vocab_size: int
     supports_tools: bool
     created: int
+    grammars: Any = None  # the engine's GrammarCompiler (thread-safe; shares its cache with the engine)
+    tool_parser: str | None = None  # --tool-call-parser, or detected from the chat template
+    reasoning_parser: str | None = None
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":
@@ -28,4 +33,7 @@ class ServedModel:
         return cls(name=name, root=str(llm_engine.config.model), tokenizer=tokenizer,
                    max_model_len=int(llm_engine.model_config.max_model_len),
                    vocab_size=int(llm_engine.model_config.vocab_size),
-                   supports_tools="tools" in str(template), created=int(time.time()))
+                   supports_tools="tools" in str(template), created=int(time.time()),
+                   grammars=llm_engine.grammars,
+                   tool_parser=llm_engine.config.tool_call_parser or detect_tool_parser(template),
+                   reasoning_parser=llm_engine.config.reasoning_parser)

@@ -1,0 +1,115 @@
+"""A chat choice's text as an OpenAI message or as stream deltas: reasoning, content and tool calls split.
+
+`ChoiceView` reads the cumulative text of one choice each time it grows and returns only what is new
+and settled: reasoning (`--reasoning-parser`), content, and tool calls — parsed with the model's tool
+parser under tool_choice auto, or read from the grammar-forced JSON under `required` / a named function
+(arguments stream in pieces for a named one). The non-streamed message is the same view read once at
+the end, so streamed deltas always add up to the non-streamed message.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from engine.reasoning import ReasoningParser
+from engine.server.responses import ChatMessageOut, DeltaMessage
+from engine.tool_parsers import ToolCall, ToolParser
+from engine.tool_parsers.base import make_call_id
+
+
+@dataclass
+class ChatOutputPlan:
+    """How a request's choices are read: fixed per request."""
+
+    reasoning: ReasoningParser | None = None
+    include_reasoning: bool = True
+    tool_parser: ToolParser | None = None  # tool_choice auto with tools
+    forced_name: str | None = None  # tool_choice named: the output is this function's arguments
+    forced_required: bool = False  # tool_choice required: the output is a JSON list of calls
+    max_calls: int | None = None  # 1 when parallel_tool_calls is false
+
+
+def _forced_calls(text: str) -> list[ToolCall]:
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError:
+        return []
+    return [ToolCall(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False))
+            for i in items if isinstance(i, dict) and isinstance(i.get("name"), str)]
+
+
+@dataclass
+class ChoiceView:
+    plan: ChatOutputPlan
+    sent_reasoning: int = 0
+    sent_content: int = 0
+    sent_arguments: int = 0
+    calls: list[ToolCall] = field(default_factory=list)
+    named_id: str = field(default_factory=make_call_id)
+
+    def _split(self, text: str, final: bool) -> tuple[str, str, list[ToolCall]]:
+        plan = self.plan
+        if plan.forced_required:
+            return "", "", _forced_calls(text) if final else []
+        reasoning, content = plan.reasoning.split(text, final) if plan.reasoning else ("", text)
+        calls: list[ToolCall] = []
+        parser = plan.tool_parser
+        if parser is not None:
+            start = parser.find_start(content)
+            if start is None:
+                content = content if final else content[:len(content) - parser.held_back(content)]
+            else:
+                parsed = parser.parse_calls(content[start:], final)
+                if parsed is not None:
+                    calls = parsed
+                if parsed or not final:
+                    content = content[:start]
+        return reasoning, content, calls
+
+    def update(self, text: str, final: bool) -> DeltaMessage | None:
+        """The delta since the last update (None when nothing new is settled)."""
+        if self.plan.forced_name is not None:
+            return self._named_delta(text)
+        reasoning, content, calls = self._split(text, final)
+        if self.plan.max_calls is not None:
+            calls = calls[:self.plan.max_calls]
+        delta = DeltaMessage()
+        if reasoning[self.sent_reasoning:] and self.plan.include_reasoning:
+            delta.reasoning_content = reasoning[self.sent_reasoning:]
+        if content[self.sent_content:]:
+            delta.content = content[self.sent_content:]
+        new_calls = calls[len(self.calls):]
+        if new_calls:
+            delta.tool_calls = [dict(index=len(self.calls) + i, **c.to_openai()) for i, c in enumerate(new_calls)]
+            self.calls += new_calls
+        self.sent_reasoning, self.sent_content = len(reasoning), len(content)
+        has = delta.reasoning_content or delta.content or delta.tool_calls
+        return delta if has else None
+
+    def _named_delta(self, text: str) -> DeltaMessage | None:
+        first = not self.calls
+        if first:
+            self.calls.append(ToolCall(self.plan.forced_name, "", self.named_id))
+        piece = text[self.sent_arguments:]
+        self.sent_arguments = len(text)
+        self.calls[0].arguments = text
+        if not first and not piece:
+            return None
+        function = {"arguments": piece}
+        if first:
+            function = {"name": self.plan.forced_name, "arguments": piece}
+        call = {"index": 0, "function": function}
+        if first:
+            call.update(id=self.named_id, type="function")
+        return DeltaMessage(tool_calls=[call])
+
+    def message(self, text: str) -> ChatMessageOut:
+        """The whole choice as a non-streamed message (read once, final)."""
+        delta = self.update(text, final=True) or DeltaMessage()
+        return ChatMessageOut(content=delta.content if delta.content or not self.calls else None,
+                              reasoning_content=delta.reasoning_content,
+                              tool_calls=[c.to_openai() for c in self.calls])
+
+
+def finish_reason(reason: str | None, view: ChoiceView) -> str | None:
+    return "tool_calls" if reason == "stop" and view.calls else reason
