@@ -16,6 +16,7 @@ import threading
 from engine.structured_output.params import StructuredOutputsParams
 
 CACHE_SIZE = 256
+ANY_OBJECT = '{"type": "object", "additionalProperties": true}'
 
 
 class GrammarCompiler:
@@ -57,8 +58,8 @@ class GrammarCompiler:
             if kind == "json":
                 json.loads(spec)
                 return compiler.compile_grammar(json_schema_grammar(spec))
-            if kind == "json_object":
-                return compiler.compile_builtin_json_grammar()
+            if kind == "json_object":  # any object (xgrammar's builtin JSON grammar also allows arrays)
+                return compiler.compile_grammar(json_schema_grammar(ANY_OBJECT))
             if kind == "regex":
                 return compiler.compile_regex(spec)
             if kind == "choice":
