@@ -51,7 +51,7 @@ REFUSALS = [
     Refusal("bad_words", "null or []", "bad-word filtering is not supported", ["x"]),
     Refusal("allowed_token_ids", "null", "use structured outputs or logit_bias", [1, 2]),
     Refusal("truncate_prompt_tokens", "null", "prompts are never truncated; shorten it", 10),
-    Refusal("spaces_between_special_tokens", "true", "special tokens are always joined with spaces when shown",
+    Refusal("spaces_between_special_tokens", "true", "the detokenizer has one spacing mode",
             False, _is(True)),
     Refusal("documents", "null", "RAG documents are not passed to chat templates", [{"text": "x"}]),
     Refusal("chat_template", "null", "only the model's own chat template is used", "{{ messages }}"),
