@@ -78,9 +78,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("port", int, 8000, "Port to serve on", "server", minimum=1, maximum=65535),
     Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
     Flag("tool_call_parser", str, None, "Tool-call format of the model (default: detected from its chat template)",
-         "server", TOOL_CALL_PARSERS),
+         "server", TOOL_CALL_PARSERS, gui=False),
     Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
-         REASONING_PARSERS),
+         REASONING_PARSERS, gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
