@@ -26,8 +26,8 @@ def grammar_bitmask(grammars: list, vocab_size: int) -> torch.Tensor | None:
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """Set the logits of tokens the bitmask does not allow to -inf, in place, on the logits' device."""
-    vocab = logits.shape[-1]
-    bits = bitmask.to(logits.device, non_blocking=True)
-    ids = torch.arange(vocab, device=logits.device)
-    allowed = (bits[:, ids >> 5] >> (ids & 31)) & 1
+    rows, vocab = logits.shape
+    bits = bitmask.to(logits.device)
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(rows, -1).narrow(1, 0, vocab)
     logits.masked_fill_(allowed == 0, float("-inf"))

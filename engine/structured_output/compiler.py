@@ -16,6 +16,7 @@ import threading
 from engine.structured_output.params import StructuredOutputsParams
 
 CACHE_SIZE = 256
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n\uD800-\uDFFF]'
 ANY_OBJECT = '{"type": "object", "additionalProperties": true}'
 
 
@@ -72,14 +73,17 @@ class GrammarCompiler:
 
 
 def json_schema_grammar(schema: str) -> str:
-    r"""xgrammar's EBNF for a JSON schema, with control characters kept out of length-bounded strings.
+    r"""xgrammar's EBNF for a JSON schema, with string characters limited to what JSON and UTF-8 allow.
 
     xgrammar 0.2.9 writes a string with minLength/maxLength as `[^\"\\\r\n]{m,n}`, which lets raw control
-    characters (U+0000-U+001F) through; JSON forbids them unescaped, so the output would not parse.
+    characters (U+0000-U+001F) through, and every string class accepts UTF-8-encoded surrogates
+    (U+D800-U+DFFF, bytes ED A0-BF xx), which are not valid UTF-8; either way the output would not parse.
     """
     import xgrammar as xgr
     text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
-    return text.replace(r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]')
+    for loose in (r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'):
+        text = text.replace(loose, _JSON_STRING_CHAR)
+    return text
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:
