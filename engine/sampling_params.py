@@ -36,6 +36,7 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a grammar
+    prompt_logprobs: int | None = None  # top-k logprobs of each prompt token (the first has none)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -64,6 +65,8 @@ class SamplingParams:
                f"<= max_tokens ({self.max_tokens})")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs,
                f"between 0 and {MAX_LOGPROBS}")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+               self.prompt_logprobs, f"between 0 and {MAX_LOGPROBS}")
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
         _check(len(self.stop_strings) <= MAX_STOP_STRINGS, "stop", f"{len(self.stop_strings)} strings",
                f"at most {MAX_STOP_STRINGS} strings")

@@ -109,7 +109,7 @@ class SamplingFields(RefusableFields):
 class CompletionRequest(SamplingFields):
     prompt: Text | list[Text] | TokenIds | list[TokenIds] = Field(
         ..., description="A string, a list of strings, token ids, or a list of token-id lists (none empty)")
-    max_tokens: int | None = Field(16, ge=0, description="0 only with echo, which is refused (no prompt logprobs)")
+    max_tokens: int | None = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
     echo: bool = False
     add_special_tokens: bool = True

@@ -34,6 +34,7 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None  # vLLM's, when asked for
 
 
 class CompletionResponse(BaseModel):

@@ -1,8 +1,9 @@
 """POST /v1/completions: prompts (text, ids, or a batch of either) → choices, whole or streamed as SSE.
 
-Choice `i * n + j` is sample j of prompt i, as in OpenAI's API. `echo` prepends the prompt; prompt
-logprobs are not computed, so echo with logprobs, and echo with max_tokens 0 (prompt scoring), are
-refused with a 400 that says so.
+Choice `i * n + j` is sample j of prompt i, as in OpenAI's API. `echo` prepends the prompt; with
+`logprobs: k` the prompt's tokens come first in the logprobs lists (the first token's logprob null, as
+in OpenAI's legacy API), and `max_tokens: 0` with echo scores the prompt without generating (lm-eval's
+loglikelihood requests). vLLM's `prompt_logprobs: k` returns each choice's prompt logprobs as vLLM does.
 """
 from __future__ import annotations
 
@@ -19,11 +20,11 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
-from engine.server.logprobs import completion_logprobs
+from engine.server.logprobs import completion_logprobs, vllm_prompt_logprobs
 from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens
 from engine.server.protocol import CompletionRequest
 from engine.server.refusals import refuse_unsupported
-from engine.server.responses import CompletionChoice, CompletionResponse
+from engine.server.responses import CompletionChoice, CompletionLogprobs, CompletionResponse
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
 from engine.server.sse import DONE, sse_event, sse_response
@@ -37,18 +38,21 @@ router = APIRouter()
 
 def _check_supported(req: CompletionRequest) -> None:
     refuse_unsupported(req)
-    if req.prompt_logprobs is not None:
-        raise bad_request("prompt_logprobs is not supported: this engine does not compute prompt logprobs",
-                          "prompt_logprobs")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of other than n is not supported (got best_of={req.best_of}, n={req.n})",
                           "best_of")
-    if req.echo and req.max_tokens is not None and req.max_tokens <= 0:
-        raise bad_request("echo with max_tokens=0 (prompt scoring) is not supported: this engine does not "
-                          "compute prompt logprobs; ask for at least 1 token", "max_tokens")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo with logprobs is not supported: this engine does not compute prompt logprobs",
-                          "logprobs")
+    if _scoring_only(req) and (req.stream or req.n != 1):
+        raise bad_request("max_tokens=0 (prompt scoring) works with n=1 and without stream", "max_tokens")
+
+
+def _scoring_only(req: CompletionRequest) -> bool:
+    """echo + max_tokens 0: the engine runs one token (it must sample to finish) and the reply drops it."""
+    return req.echo and req.max_tokens == 0
+
+
+def _engine_prompt_logprobs(req: CompletionRequest) -> int | None:
+    wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+    return max(wanted) if wanted else None
 
 
 @router.post("/v1/completions", response_model=CompletionResponse)
@@ -61,8 +65,10 @@ async def create_completion(req: CompletionRequest, request: Request,
     prompts = await asyncio.to_thread(completion_prompts, model, req.prompt, req.add_special_tokens)
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
-    params = [sampling_params(req, resolve_max_tokens(req.max_tokens, len(p.token_ids), model.max_model_len),
-                              req.logprobs, model.vocab_size, structured) for p in prompts]
+    max_tokens = 1 if _scoring_only(req) else req.max_tokens
+    params = [sampling_params(req, resolve_max_tokens(max_tokens, len(p.token_ids), model.max_model_len),
+                              req.logprobs, model.vocab_size, structured, _engine_prompt_logprobs(req))
+              for p in prompts]
     request_id = f"cmpl-{uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params)
@@ -81,14 +87,28 @@ def _prompt_text(model: ServedModel, prompt: Prompt) -> str:
     return prompt.text if prompt.text is not None else model.tokenizer.decode(prompt.token_ids)
 
 
-def _choice(req: CompletionRequest, model: ServedModel, index: int, out: CompletionOutput, prefix: str,
-            token_start: int, text_start: int) -> CompletionChoice:
+def _choice(req: CompletionRequest, model: ServedModel, index: int, out: CompletionOutput, final: RequestOutput,
+            prefix: str, token_start: int, text_start: int) -> CompletionChoice:
+    """A choice from `token_start` / `text_start` on; `prefix` (the echoed prompt) only in the first one."""
+    first = token_start == 0 and text_start == 0
+    if _scoring_only(req):
+        token_start, text_start = len(out.token_ids), len(out.text)
     logprobs = None
-    if req.logprobs is not None and out.logprobs is not None:
-        logprobs = completion_logprobs(out.token_ids[token_start:], out.logprobs[token_start:], req.logprobs,
-                                       model.tokenizer, len(prefix) + text_start)
+    if req.logprobs is not None:
+        logprobs = CompletionLogprobs()
+        if req.echo and first and final.prompt_logprobs is not None:
+            completion_logprobs(final.prompt_token_ids, final.prompt_logprobs, req.logprobs, model.tokenizer, 0,
+                                logprobs)
+        if out.logprobs is not None:
+            completion_logprobs(out.token_ids[token_start:], out.logprobs[token_start:], req.logprobs,
+                                model.tokenizer, len(prefix) + text_start, logprobs)
+    prompt_logprobs = None
+    if req.prompt_logprobs is not None and first and final.prompt_logprobs is not None:
+        prompt_logprobs = vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
     return CompletionChoice(index=index, text=prefix + out.text[text_start:], logprobs=logprobs,
-                            finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+                            finish_reason="length" if _scoring_only(req) else out.finish_reason,
+                            stop_reason=None if _scoring_only(req) else out.stop_reason,
+                            prompt_logprobs=prompt_logprobs)
 
 
 def _response(req: CompletionRequest, model: ServedModel, prompts: list[Prompt], finals: list[RequestOutput],
@@ -97,9 +117,9 @@ def _response(req: CompletionRequest, model: ServedModel, prompts: list[Prompt],
     for i, final in enumerate(finals):
         prefix = _prompt_text(model, prompts[i]) if req.echo else ""
         for out in sorted(final.outputs, key=lambda o: o.index):
-            choices.append(_choice(req, model, i * req.n + out.index, out, prefix, 0, 0))
+            choices.append(_choice(req, model, i * req.n + out.index, out, final, prefix, 0, 0))
     return CompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
-                              usage=usage_of(finals))
+                              usage=usage_of(finals, count_completion=not _scoring_only(req)))
 
 
 async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel, prompts: list[Prompt],
@@ -120,7 +140,7 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
                     if not first and len(c.token_ids) == token_start and not c.finished():
                         continue
                     prefix = _prompt_text(model, prompts[i]) if req.echo and first else ""
-                    choice = _choice(req, model, index, c, prefix, token_start, text_start)
+                    choice = _choice(req, model, index, c, out, prefix, token_start, text_start)
                     sent_text[index], sent_tokens[index] = len(c.text), len(c.token_ids)
                     if c.finished():
                         done.add(index)

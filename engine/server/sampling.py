@@ -29,7 +29,8 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, vocab_size: int,
-                    structured_outputs: StructuredOutputsParams | None = None) -> SamplingParams:
+                    structured_outputs: StructuredOutputsParams | None = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams for one prompt of `req`; raises ValueError (→ 400) for out-of-range values."""
     kwargs = {name: getattr(req, name) for name in _OPTIONAL if getattr(req, name) is not None}
     params = SamplingParams(
@@ -37,6 +38,6 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
-        structured_outputs=structured_outputs, **kwargs)
+        structured_outputs=structured_outputs, prompt_logprobs=prompt_logprobs, **kwargs)
     params.validate_token_ids(vocab_size)
     return params
