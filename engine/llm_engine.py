@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 import torch
 
@@ -19,15 +20,26 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
-from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from engine.model_runner import ModelRunnerOutput, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.outputs import BlockPoolSnapshot, CompletionOutput, EngineStats, Logprob, RequestOutput
-from engine.sampler import SamplerOutput, SamplingRow, sample
+from engine.sampler import SamplerOutput
+from engine.sampling_metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler, ScheduledSeq
 from engine.sequence import Request, Sequence, SequenceStatus
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
+
+
+@dataclass
+class StepPlan:
+    """One step's sampling: the runner's batch, the sequence behind each of its rows, forks to make."""
+
+    batch: SamplingBatch
+    targets: list[Sequence] = field(default_factory=list)  # batch.rows[i] appends to targets[i]
+    forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # parent, its new siblings
+    beams: list[Sequence] = field(default_factory=list)  # batch.beam_index[i] belongs to beams[i]
 
 
 class LLMEngine:
@@ -62,7 +74,7 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
@@ -78,7 +90,7 @@ class LLMEngine:
         self._validate(prompt_ids, params)
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time())
-        seq = Sequence(request, 0, prompt_ids, request.make_generator(0))
+        seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
         request.seqs.append(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -138,8 +150,8 @@ class LLMEngine:
             finished.append(seq)
             touched[seq.request.request_id] = seq.request
         if out.scheduled:
-            logits = self.runner.execute(out.scheduled, out.block_copies)
-            sampling = [s for s in out.scheduled if s.samples]
+            plan = self._plan_sampling([s for s in out.scheduled if s.samples])
+            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch)
             for item in out.scheduled:
                 item.seq.num_computed_tokens += item.num_new_tokens
                 self.stats.prompt_tokens_total += self._prompt_part(item)
@@ -147,8 +159,7 @@ class LLMEngine:
                 if request.metrics.first_scheduled_time is None:
                     request.metrics.first_scheduled_time = now
                     request.num_cached_tokens = item.seq.num_computed_tokens - item.num_new_tokens
-            if sampling:
-                finished += self._sample_and_append(sampling, logits, touched)
+            finished += self._apply_samples(plan, result, touched)
             self.stats.num_steps += 1
         self.scheduler.finish([s for s in finished if s.block_table])
         return [self._make_output(r) for r in touched.values()]
@@ -158,46 +169,60 @@ class LLMEngine:
         start = seq.num_computed_tokens - item.num_new_tokens
         return max(0, min(seq.num_computed_tokens, seq.num_prompt_tokens) - start)
 
-    def _sample_and_append(self, sampling: list[ScheduledSeq], logits: torch.Tensor,
-                           touched: dict[str, Request]) -> list[Sequence]:
-        seqs: list[Sequence] = []
-        logit_rows: list[int] = []
-        beams = [row for row, item in enumerate(sampling) if item.seq.request.beam is not None]
-        if beams:
-            self._advance_beams([sampling[r].seq for r in beams], logits[beams], touched)
-            keep = [r for r in range(len(sampling)) if sampling[r].seq.request.beam is None]
-            sampling, logits = [sampling[r] for r in keep], logits[keep]
+    def _plan_sampling(self, sampling: list[ScheduledSeq]) -> StepPlan:
+        """What the runner must draw this step: a row per sequence that samples (a request with n > 1
+        forks its other outputs off the first once its prompt is computed: they all draw their first token
+        from the same logits row), and the top log-probs of every beam row."""
+        plan = StepPlan(SamplingBatch(generator=self.generator))
+        batch, eos = plan.batch, self.model_config.eos_token_ids
         for row, item in enumerate(sampling):
-            request = item.seq.request
-            # Once its prompt is computed, a request with n > 1 forks its other sequences off the first;
-            # they all draw their first token from the same logits.
-            targets = self._fork_outputs(item.seq) if len(request.seqs) < request.params.n else [item.seq]
-            seqs += targets
-            logit_rows += [row] * len(targets)
-        if not seqs:
+            seq, request = item.seq, item.seq.request
+            if request.beam is not None:
+                plan.beams.append(seq)
+                batch.beam_index.append(row)
+                batch.beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
+                continue
+            targets = [seq]
+            if len(request.seqs) < request.params.n:
+                children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
+                            for index in range(1, request.params.n)]
+                plan.forks.append((seq, children))
+                targets += children
+            for target in targets:
+                plan.targets.append(target)
+                batch.rows.append(SamplingRow(target.params, target.token_ids[:target.num_prompt_tokens],
+                                              target.output_token_ids, target.generator, eos))
+                batch.logits_index.append(row)
+        return plan
+
+    def _apply_samples(self, plan: StepPlan, result: ModelRunnerOutput | None,
+                       touched: dict[str, Request]) -> list[Sequence]:
+        """Fork the planned outputs, advance beam searches, append the drawn tokens; the finished come back."""
+        for parent, children in plan.forks:
+            for child in children:
+                self.kv.fork(parent, child)
+                child.status = SequenceStatus.RUNNING
+                self.scheduler.running.append(child)
+                parent.request.seqs.append(child)
+        if plan.beams:
+            self._advance_beams(plan.beams, result, touched)
+        if not plan.targets:
             return []
-        if len(logit_rows) != len(sampling):
-            logits = logits[logit_rows]
-        eos = self.model_config.eos_token_ids
-        rows = [SamplingRow(s.params, s.token_ids[:s.num_prompt_tokens], s.output_token_ids, s.generator, eos)
-                for s in seqs]
-        result = sample(logits, rows, self.generator)
         now = time.time()
-        for i, seq in enumerate(seqs):
-            self._append(seq, i, result)
+        for i, seq in enumerate(plan.targets):
+            self._append(seq, i, result.sampled)
             metrics = seq.request.metrics
             metrics.first_token_time = metrics.first_token_time or now
             metrics.last_token_time = now
             touched[seq.request.request_id] = seq.request
-        self.stats.generation_tokens_total += len(seqs)
-        return [s for s in seqs if s.is_finished]
+        self.stats.generation_tokens_total += len(plan.targets)
+        return [s for s in plan.targets if s.is_finished]
 
-    def _advance_beams(self, beams: list[Sequence], logits: torch.Tensor, touched: dict[str, Request]) -> None:
-        """Record each beam's next-token log-probs; once a request has all of them, fork the next beams."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
+    def _advance_beams(self, beams: list[Sequence], result: ModelRunnerOutput, touched: dict[str, Request]) -> None:
+        """Record each beam's top next-token log-probs; once a request has all of them, fork the next beams."""
         groups: dict[str, Request] = {}
-        for seq, row in zip(beams, logprobs):
-            seq.request.beam.pending[seq.index] = row
+        for seq, logprobs, ids in zip(beams, result.beam_logprobs, result.beam_ids):
+            seq.request.beam.pending[seq.index] = (logprobs, ids)
             groups[seq.request.request_id] = seq.request
         for request in groups.values():
             group = request.beam
@@ -221,18 +246,6 @@ class LLMEngine:
             if group.done:
                 request.metrics.finished_time = time.time()
                 touched[request.request_id] = request
-
-    def _fork_outputs(self, parent: Sequence) -> list[Sequence]:
-        request = parent.request
-        children = [parent]
-        for index in range(1, request.params.n):
-            child = Sequence(request, index, parent.token_ids, request.make_generator(index))
-            self.kv.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
-            self.scheduler.running.append(child)
-            request.seqs.append(child)
-            children.append(child)
-        return children
 
     def _append(self, seq: Sequence, i: int, result: SamplerOutput) -> None:
         token = result.token_ids[i]
