@@ -196,8 +196,9 @@ class ModelRunner:
         if sampling.beam_index:
             values, ids = beam_top_logprobs(logits[torch.as_tensor(sampling.beam_index, device=dev)],
                                             sampling.beam_topk)
-            packed = torch.stack([values.double(), ids.double()]).cpu()  # one copy; ids < 2**53 stay exact
-            out.beam_logprobs, out.beam_ids = packed[0].tolist(), packed[1].long().tolist()
+            # One copy; token ids < 2**53 stay exact in float64.
+            out.beam_logprobs, ids = torch.stack([values.double(), ids.double()]).cpu().tolist()
+            out.beam_ids = [[int(t) for t in row] for row in ids]
         return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],

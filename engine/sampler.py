@@ -40,18 +40,16 @@ class SampledTokens:
 
     def to_host(self) -> SamplerOutput:
         """One device -> host copy: every result packed into float64 (token ids < 2**53 stay exact)."""
-        rows = self.token_ids.shape[0]
         parts = [self.token_ids[:, None], self.logprobs[:, None]]
         if self.ranks is not None:
             parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
-        packed = torch.cat([p.double() for p in parts], dim=1).cpu()
-        out = SamplerOutput([int(t) for t in packed[:, 0].tolist()], packed[:, 1].tolist(), None, None, None)
+        packed = torch.cat([p.double() for p in parts], dim=1).cpu().tolist()
+        out = SamplerOutput([int(r[0]) for r in packed], [r[1] for r in packed], None, None, None)
         if self.ranks is not None:
             k = self.top_ids.shape[1]
-            out.ranks = [int(r) for r in packed[:, 2].tolist()]
-            out.top_ids = packed[:, 3:3 + k].long().tolist()
-            out.top_logprobs = packed[:, 3 + k:].tolist()
-        assert len(out.token_ids) == rows
+            out.ranks = [int(r[2]) for r in packed]
+            out.top_ids = [[int(t) for t in r[3:3 + k]] for r in packed]
+            out.top_logprobs = [r[3 + k:] for r in packed]
         return out
 
 
@@ -70,8 +68,8 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """-inf wherever the packed int32 bitmask has a 0 bit (xgrammar's layout)."""
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
     bits = (bitmask[:, :, None] >> shifts) & 1
-    allowed = bits.reshape(bitmask.shape[0], -1)[:, :logits.shape[1]].bool()
-    logits.masked_fill_(~allowed, float("-inf"))
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :logits.shape[1]]
+    logits.masked_fill_(allowed == 0, float("-inf"))
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[SamplingRow]) -> None:
