@@ -63,7 +63,7 @@ def _as_if_on_cpu(op):
 @pytest.fixture
 def fake_cuda(monkeypatch):
     state = FakeCuda()
-    to = torch.Tensor.to
+    to, cpu, exponential = torch.Tensor.to, torch.Tensor.cpu, torch.Tensor.exponential_
 
     def fake_to(self, *args, **kwargs):
         device = kwargs.get("device", next((a for a in args if isinstance(a, (str, torch.device))), None))
@@ -72,30 +72,25 @@ def fake_cuda(monkeypatch):
             return torch.ops.aten._to_copy.default(self, device=torch.device(device), dtype=dtype)
         return to(self, *args, **kwargs)
 
-    def fake_tolist(self):
-        state.host_copies += self.device.type == "cuda"  # allowed on a card too: an implicit copy and sync
-        return np.zeros(self.shape, dtype=np.int64).tolist()
-
-    cpu = torch.Tensor.cpu
-
     def fake_cpu(self):
         state.host_copies += self.device.type == "cuda"
         return cpu(self)
 
-    exponential = torch.Tensor.exponential_
-    monkeypatch.setattr(torch.Tensor, "__getitem__", _as_if_on_cpu(torch.Tensor.__getitem__))
-    monkeypatch.setattr(torch.Tensor, "__setitem__", _as_if_on_cpu(torch.Tensor.__setitem__))
-    monkeypatch.setattr(torch.Tensor, "copy_", _as_if_on_cpu(torch.Tensor.copy_))  # host <-> device copies
-    monkeypatch.setattr(torch.Tensor, "to", fake_to)
-    monkeypatch.setattr(torch.Tensor, "cpu", fake_cpu)
-    monkeypatch.setattr(FakeTensor, "tolist", fake_tolist, raising=False)
+    def fake_tolist(self):
+        state.host_copies += self.device.type == "cuda"  # allowed on a card too: an implicit copy and sync
+        return np.zeros(self.shape, dtype=np.int64).tolist()
+
     def fake_exponential(self, generator=None):
         if generator is not None and generator.device != self.device:  # what torch checks on a real card
             raise RuntimeError(f"Expected a '{self.device.type}' device type for generator")
         return exponential(self)
 
+    for name in ("__getitem__", "__setitem__", "__invert__", "copy_"):
+        monkeypatch.setattr(torch.Tensor, name, _as_if_on_cpu(getattr(torch.Tensor, name)))
+    monkeypatch.setattr(torch.Tensor, "to", fake_to)
+    monkeypatch.setattr(torch.Tensor, "cpu", fake_cpu)
+    monkeypatch.setattr(FakeTensor, "tolist", fake_tolist, raising=False)
     monkeypatch.setattr(torch.Tensor, "exponential_", fake_exponential)
-    monkeypatch.setattr(torch.Tensor, "__invert__", _as_if_on_cpu(torch.Tensor.__invert__))
     monkeypatch.setattr(fake_tensor, "CONSTANT_NUMEL_LIMIT", 0)  # no real compute on 1-element "constants"
     with FakeTensorMode(allow_non_fake_inputs=True):
         yield state
