@@ -191,6 +191,8 @@ class ModelRunner:
         out, dev = ModelRunnerOutput(), logits.device
         if sampling.rows:
             meta = SamplingMetadata.build(sampling.rows, logits.shape[1], dev)
+            if sampling.bitmask is not None:
+                meta.bitmask = sampling.bitmask.to(dev, non_blocking=True)
             rows = logits[torch.as_tensor(sampling.logits_index, device=dev)]
             out.sampled = sample_on_device(rows, meta, sampling.generator).to_host()
         if sampling.beam_index:
