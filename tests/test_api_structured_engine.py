@@ -9,7 +9,8 @@ from pydantic import BaseModel, Field
 
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
-from engine.structured_output.bitmask import allocate_bitmask, apply_token_bitmask
+from engine.sampler import apply_token_bitmask
+from engine.structured_output.bitmask import allocate_bitmask
 from engine.structured_output.params import StructuredOutputsParams
 
 
@@ -73,5 +74,5 @@ def test_bitmask_applies_on_the_logits_device():
     with FakeTensorMode():
         logits = torch.empty(3, 100, device="cuda")
         bitmask = allocate_bitmask(3, 100)
-        apply_token_bitmask(logits, bitmask)  # a CPU/CUDA mix would raise here
+        apply_token_bitmask(logits, bitmask.to(logits.device))  # a CPU/CUDA mix would raise here
         assert logits.device.type == "cuda"

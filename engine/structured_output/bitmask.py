@@ -1,8 +1,8 @@
-"""Per-step token bitmask: pack the allowed tokens of each row with a grammar, and apply them to logits.
+"""Per-step token bitmask: pack the allowed tokens of each sampling row that has a grammar.
 
-The mask is int32 `[rows, ceil(vocab / 32)]` (bit j of word w allows token 32 w + j), all ones for
-rows without a grammar. It is filled on the host by the matchers (microseconds per row) and applied
-on the logits' device with tensor ops only, so it works the same on CPU, CUDA and fake tensors.
+The mask is int32 `[rows, ceil(vocab / 32)]` (bit j of word w allows token 32 w + j, xgrammar's layout),
+all ones for rows without a grammar. It is filled on the host by the matchers (microseconds per row);
+the sampler applies it on the logits' device (`engine.sampler.apply_token_bitmask`).
 """
 from __future__ import annotations
 
@@ -22,12 +22,3 @@ def grammar_bitmask(grammars: list, vocab_size: int) -> torch.Tensor | None:
         if grammar is not None and not grammar.terminated:
             grammar.fill_bitmask(bitmask, row)
     return bitmask
-
-
-def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set the logits of tokens the bitmask does not allow to -inf, in place, on the logits' device."""
-    rows, vocab = logits.shape
-    bits = bitmask.to(logits.device)
-    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
-    allowed = ((bits.unsqueeze(-1) >> shifts) & 1).view(rows, -1).narrow(1, 0, vocab)
-    logits.masked_fill_(allowed == 0, float("-inf"))
