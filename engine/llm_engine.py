@@ -126,8 +126,6 @@ class LLMEngine:
         if len(prompt_ids) > pool_tokens:
             raise ValueError(f"prompt is {len(prompt_ids)} tokens but the whole KV cache holds {pool_tokens}")
         params.validate_token_ids(self.model_config.vocab_size)
-        if params.prompt_logprobs is not None:
-            raise ValueError("prompt_logprobs is not supported yet: this engine does not compute prompt logprobs")
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)

@@ -9,7 +9,7 @@ and the logprobs asked for. It never talks to other processes itself.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -19,6 +19,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
+from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
@@ -66,6 +67,9 @@ class StepInputs:
     max_query_len: int
     max_seq_len: int
     block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
+    prompt_logits_rows: list[int] = field(default_factory=list)  # token rows whose next prompt token is scored
+    prompt_targets: list[int] = field(default_factory=list)  # that next prompt token, per row
+    prompt_logprobs_k: int = 0  # top-k width asked by the step's prompt-logprobs requests
 
 
 @dataclass(slots=True)
@@ -75,6 +79,7 @@ class ModelRunnerOutput:
     sampled: SamplerOutput | None = None  # one entry per SamplingBatch row
     beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
     beam_ids: list[list[int]] | None = None  # and their token ids
+    prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
 
 
 class ModelRunner:
@@ -140,6 +145,7 @@ class ModelRunner:
         bs = self.block_size
         input_ids, positions, slots = [], [], []
         seq_lens, query_start, logits_rows = [], [0], []
+        prompt_rows, prompt_targets, prompt_k = [], [], 0
         max_blocks = max(len(s.seq.block_table) for s in batch)
         tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
         for i, item in enumerate(batch):
@@ -152,6 +158,11 @@ class ModelRunner:
             positions.append(pos)
             slots.append(tables[i, pos // bs].astype(np.int64) * bs + pos % bs)
             seq_lens.append(end)
+            scored = prompt_positions(seq, start, item.num_new_tokens)
+            if scored:
+                prompt_rows += [query_start[-1] + p - start for p in scored]
+                prompt_targets += seq.token_ids[scored.start + 1:scored.stop + 1]
+                prompt_k = max(prompt_k, seq.request.params.prompt_logprobs)
             query_start.append(query_start[-1] + item.num_new_tokens)
             if item.samples:
                 logits_rows.append(query_start[-1] - 1)
@@ -160,7 +171,8 @@ class ModelRunner:
             slot_mapping=np.concatenate(slots), block_tables=tables,
             seq_lens=np.asarray(seq_lens, dtype=np.int32), query_start_loc=np.asarray(query_start, dtype=np.int32),
             logits_rows=logits_rows, max_query_len=max(b.num_new_tokens for b in batch),
-            max_seq_len=max(seq_lens), block_copies=list(block_copies))
+            max_seq_len=max(seq_lens), block_copies=list(block_copies), prompt_logits_rows=prompt_rows,
+            prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
@@ -181,10 +193,19 @@ class ModelRunner:
         else:
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
+        prompt_logprobs = None
+        if inputs.prompt_logits_rows:
+            prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
+                                                      inputs.prompt_logprobs_k, self.model.compute_logits,
+                                                      reduce=sampling is not None)
         if not inputs.logits_rows:
-            return None if sampling is None else ModelRunnerOutput()
+            return None if sampling is None else ModelRunnerOutput(prompt_logprobs=prompt_logprobs)
         logits = self.model.compute_logits(hidden[torch.as_tensor(inputs.logits_rows, device=dev)])
-        return None if sampling is None else self.sample(logits, sampling)
+        if sampling is None:
+            return None
+        out = self.sample(logits, sampling)
+        out.prompt_logprobs = prompt_logprobs
+        return out
 
     def sample(self, logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
         """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""
