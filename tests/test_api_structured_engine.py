@@ -76,3 +76,21 @@ def test_bitmask_applies_on_the_logits_device():
         bitmask = allocate_bitmask(3, 100)
         apply_token_bitmask(logits, bitmask.to(logits.device))  # a CPU/CUDA mix would raise here
         assert logits.device.type == "cuda"
+
+
+def test_tensor_parallel_grammar_and_prompt_logprobs(tiny_model_dir, llm):
+    """Rank 0 samples under the grammar and reduces the prompt rows; the worker joins every LM-head gather."""
+    so = StructuredOutputsParams(json=Point.model_json_schema())
+    prompt = "numbers 0 1 2 3 4 5 6 7 8 9 10"
+    params = SamplingParams(n=2, temperature=1.0, max_tokens=60, seed=1, structured_outputs=so, prompt_logprobs=2)
+    [single] = llm.generate([prompt], params, use_tqdm=False)
+    tp = LLM(str(tiny_model_dir("qwen2")), device="cpu", tensor_parallel_size=2, max_model_len=128)
+    try:
+        [out] = tp.generate([prompt], params, use_tqdm=False)
+    finally:
+        tp.engine.shutdown()
+    for c in out.outputs:
+        Point.model_validate_json(c.text)
+    for ours, ref in zip(out.prompt_logprobs[1:], single.prompt_logprobs[1:]):
+        assert ours.keys() == ref.keys()
+        assert all(abs(ours[t].logprob - ref[t].logprob) < 1e-4 for t in ours)
