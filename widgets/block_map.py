@@ -3,7 +3,9 @@
 The widget takes three arrays per snapshot (state, ref count, owner index) plus the owner names and
 turns them into one RGBA image with vectorised numpy, so 50,000 blocks cost one `ImageItem.setImage`.
 Snapshots may arrive at any rate; the image is rebuilt on a timer only when a new one is pending.
-Hovering a cell shows its block id, state, owner and ref count. It never imports app or engine code.
+Hovering a cell shows its block id, state, owner and ref count. The wheel zooms and a drag pans
+(16k blocks are a pixel each at full view); "Fit" returns to the whole pool. Its background follows
+the application palette. It never imports app or engine code.
 """
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
+
+from widgets.time_plot import palette_colors
 
 STATE_FREE, STATE_IN_USE, STATE_CACHED = 0, 1, 2
 STATE_NAMES = {STATE_FREE: "free", STATE_IN_USE: "in use", STATE_CACHED: "cached (reusable prefix)"}
@@ -22,7 +26,6 @@ FREE_RGBA = (46, 52, 64, 255)
 CACHED_RGBA = (94, 129, 172, 255)
 SHARED_RGBA = (235, 203, 139, 255)
 PADDING_RGBA = (0, 0, 0, 0)
-BACKGROUND = "#1e222a"
 
 
 def owner_palette(size: int = 64) -> np.ndarray:
@@ -91,8 +94,9 @@ class BlockMapWidget(QWidget):
         self._pending = False
         self._columns = 1
         self._view = pg.GraphicsLayoutWidget()
-        self._view.setBackground(BACKGROUND)
-        self._box = self._view.addViewBox(lockAspect=True, enableMouse=False, invertY=True)
+        self._view.setBackground(palette_colors()[0])
+        self._box = self._view.addViewBox(lockAspect=True, enableMouse=True, invertY=True)
+        self._box.setMenuEnabled(False)
         self._image = pg.ImageItem(axisOrder="row-major")
         self._box.addItem(self._image)
         self._view.scene().sigMouseMoved.connect(self._on_mouse_moved)
@@ -103,7 +107,12 @@ class BlockMapWidget(QWidget):
         layout.addWidget(self._view, 1)
         layout.addLayout(self._legend())
         layout.addWidget(self.summary)
-        layout.addWidget(self.hover_label)
+        hover_row = QHBoxLayout()
+        hover_row.addWidget(self.hover_label, 1)
+        hover_row.addWidget(QLabel("wheel: zoom · drag: pan"))
+        self.fit_button = QPushButton("Fit", clicked=self.fit)
+        hover_row.addWidget(self.fit_button)
+        layout.addLayout(hover_row)
         self._timer = QTimer(self, interval=redraw_ms, timeout=self.redraw)
         self._timer.start()
 
@@ -125,6 +134,11 @@ class BlockMapWidget(QWidget):
         """Queue a snapshot; the next timer tick draws it (cheap to call at any rate)."""
         self._snapshot = snapshot
         self._pending = True
+
+    def fit(self) -> None:
+        """Show the whole pool again after zooming or panning."""
+        self._box.enableAutoRange()
+        self._box.autoRange(padding=0)
 
     def redraw(self) -> None:
         if not self._pending or self._snapshot is None:
