@@ -11,8 +11,9 @@ the window back.
 """
 from __future__ import annotations
 
+import time
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QIcon
 from PySide6.QtWidgets import (QApplication, QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
@@ -40,6 +41,7 @@ from app.tray import Tray
 from widgets.gpu_panel import GpuReading
 
 KEEP_SERVING_KEY = "app/keep_serving"
+DRAIN_S = 1.0  # longest wait for the app's streams to close before the engine gets SIGTERM
 LOG_LINES = 5000
 STATS_HZ = 4.0
 
@@ -97,6 +99,8 @@ class MainWindow(QMainWindow):
         central_layout.addWidget(self.port_banner)
         central_layout.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
+        self._drain_timer = QTimer(self, interval=25, timeout=self._drain_tick)
+        self._drain_deadline = 0.0
         self._build_toolbar()
         self._build_menu()
         self.tray = Tray(self)
@@ -201,8 +205,18 @@ class MainWindow(QMainWindow):
         return self.supervisor.start(str(info.path), values, self.extra_engine_args)
 
     def stop_engine(self) -> None:
+        """STOPPING at once; SIGTERM once the app's own streams have closed (at most DRAIN_S later), because
+        uvicorn cancels streams still open at its shutdown with a traceback per stream."""
         self._close_streams()
-        self.supervisor.stop()
+        self.supervisor.begin_stop()
+        self._drain_deadline = time.monotonic() + DRAIN_S
+        self._drain_timer.start()
+
+    def _drain_tick(self) -> None:
+        drained = self.stats.is_idle() and not self.chat.client.busy()
+        if drained or time.monotonic() > self._drain_deadline:
+            self._drain_timer.stop()
+            self.supervisor.stop()
 
     def restart_engine(self) -> None:
         if self.supervisor.process is not None:
@@ -325,6 +339,7 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         self._closed = True
+        self._drain_timer.stop()
         save_values(self.qsettings, self.settings_form.values())
         self._close_streams()
         self.supervisor.shutdown()

@@ -104,15 +104,21 @@ class EngineSupervisor(QObject):
         self._spawn()
         return True
 
-    def stop(self) -> None:
-        """SIGTERM the group now, SIGKILL after the grace period; STOPPED once the process is gone."""
+    def begin_stop(self) -> None:
+        """STOPPING now, without a signal yet: the caller closes its streams, then calls `stop`. A death in
+        between counts as the stop, not as a crash."""
         self._restart_timer.stop()
         self._probe.stop()
+        if self.process is not None:
+            self._stopping = True
+            self._set_state(STOPPING)
+
+    def stop(self) -> None:
+        """SIGTERM the group now, SIGKILL after the grace period; STOPPED once the process is gone."""
+        self.begin_stop()
         if self.process is None:
             self._set_state(STOPPED)
             return
-        self._stopping = True
-        self._set_state(STOPPING)
         self._signal_group(SIGTERM)
         self._kill_timer.start(int(self.grace_s * 1000))
 

@@ -74,8 +74,12 @@ def test_taken_port_shows_a_banner_and_use_port_starts_there(window, qtbot, tmp_
     assert f":{suggestion}/v1" in win.state_label.text() and not win.port_banner.isVisibleTo(win)
 
 
-def test_stop_closes_streams_first_and_passes_through_stopping(window, qtbot, tmp_path):
+def test_stop_closes_streams_first_and_passes_through_stopping(window, qtbot, tmp_path, monkeypatch):
     win = window
+    terminate = win.supervisor.stop
+    streams_open_at_sigterm = []
+    monkeypatch.setattr(win.supervisor, "stop", lambda: (streams_open_at_sigterm.append(not win.stats.is_idle()),
+                                                         terminate()))
     choose_model(win, tmp_path)
     win.settings_form.set_values({"port": helpers.free_port()})
     with qtbot.waitSignal(win.supervisor.ready, timeout=10_000):
@@ -85,7 +89,9 @@ def test_stop_closes_streams_first_and_passes_through_stopping(window, qtbot, tm
     win.supervisor.state_changed.connect(lambda _s: chips.append(win.state_label.text()))
     with qtbot.waitSignal(win.supervisor.state_changed, timeout=5000, check_params_cb=lambda s: s == STOPPED):
         win.stop_action.trigger()
-        assert not win.stats.is_running() and win.chat.base_url is None  # before the engine saw SIGTERM
+        assert win.supervisor.state == STOPPING and not win.stop_action.isEnabled()
+    # uvicorn cancels streams still open at SIGTERM with a traceback each: the app closes its own first
+    assert streams_open_at_sigterm == [False] and win.chat.base_url is None
     assert chips[0].startswith(f"● {STOPPING}")
     assert chips[-1] == "● STOPPED · Qwen2.5-7B-Instruct"  # no URL once nothing serves
 
