@@ -112,6 +112,8 @@ class MainWindow(QMainWindow):
         self.library.refresh()
         self.library.set_machine(self.settings_form.values(), self.gpu_memory)
         self.library.model_chosen.connect(self._choose_from_library)
+        self.model_picker.download_progress.connect(self.library.show_download)
+        self.model_picker.download_ended.connect(self.library.end_download)
         self.model_picker.model_cleared.connect(lambda: self._on_model_changed(None))
         self._on_state(STOPPED)
         self._update_capacity()

@@ -6,8 +6,9 @@ config.json and safetensors headers only (`app.model_info`): size on disk, archi
 quantization, context. The verdict asks the capacity planner (`app.capacity.capacity_line`, the
 engine's own arithmetic) about the model's full context for a few layouts in order of preference —
 one card, all cards (tensor parallel), then each with an FP8 KV cache — and names the first that
-fits with its token capacity; the planner's full sentence is the cell's tooltip. Double-click (or
-"Use this model") hands the folder to the Engine tab.
+fits with its token capacity; the planner's full sentence is the cell's tooltip. Downloads in
+progress (started in the Engine tab) are rows too, and the list rescans when one ends. Double-click
+(or "Use this model") hands the folder to the Engine tab.
 """
 from __future__ import annotations
 
@@ -121,6 +122,7 @@ class ModelLibrary(QWidget):
         self.entries: list[LibraryEntry] = []
         self.values: dict[str, Any] = {}
         self.gpu_memory: list[int] = []
+        self.downloads: dict[str, str] = {}  # repo id -> progress text
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
@@ -156,12 +158,23 @@ class ModelLibrary(QWidget):
         self.values, self.gpu_memory = dict(values), list(gpu_memory_bytes)
         self._fill()
 
+    def show_download(self, repo_id: str, progress: str) -> None:
+        self.downloads[repo_id] = progress
+        self._fill()
+
+    def end_download(self, repo_id: str, message: str) -> None:
+        self.downloads.pop(repo_id, None)
+        self.refresh()
+
     def _fill(self) -> None:
         where = (f"{len(self.gpu_memory)} NVIDIA GPU(s), smallest {format_bytes(min(self.gpu_memory))}"
                  if self.gpu_memory else "CPU only (no NVIDIA GPU found)")
         self.summary.setText(f"{len(self.entries)} model(s) found · verdicts for this machine: {where}, "
                              "each model at its full context length.")
-        self.table.setRowCount(len(self.entries))
+        self.table.setRowCount(len(self.entries) + len(self.downloads))
+        for row, (repo_id, progress) in enumerate(self.downloads.items(), start=len(self.entries)):
+            for col, text in enumerate((repo_id, "download", "", "", "", "", "", f"⬇ downloading {progress}")):
+                self.table.setItem(row, col, QTableWidgetItem(text))
         for row, e in enumerate(self.entries):
             info = e.info
             verdict = fit_verdict(info.config, self.values, self.gpu_memory)
