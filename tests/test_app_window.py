@@ -139,3 +139,20 @@ def test_close_keeps_serving_only_when_asked_and_a_tray_exists(window, qtbot, tm
     win.keep_serving_action.setChecked(False)
     win.close()
     assert not helpers.pid_alive(pid)
+
+
+def test_tray_menu_and_quit_stop_the_engine_group(window, qtbot, tmp_path, monkeypatch):
+    win = window
+    labels = [a.text() for a in win.tray.menu.actions() if a.text()]
+    assert labels[0] == "STOPPED" and labels[1:] == ["Copy endpoint URL", "▶ Start engine", "■ Stop",
+                                                     "Open PagedDesk", "Quit (stops the engine)"]
+    choose_model(win, tmp_path)
+    win.settings_form.set_values({"port": helpers.free_port()})
+    with qtbot.waitSignal(win.supervisor.ready, timeout=10_000):
+        win.tray.menu.actions()[3].trigger()  # Start, from the tray
+    pid = win.supervisor.pid
+    quits = []
+    stub_app = type("App", (), {"quit": lambda self: quits.append(True)})()
+    monkeypatch.setattr("app.main_window.QApplication", type("QApplication", (), {"instance": lambda: stub_app}))
+    win.quit_action.trigger()
+    assert quits == [True] and not helpers.pid_alive(pid)
