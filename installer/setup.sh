@@ -13,7 +13,7 @@ echo "PagedDesk installed in $(pwd)/.venv"
 
 # --dev: Xvfb and the X libraries Qt's xcb platform plugin loads, for the real-window test
 # (tests/test_app_xvfb.py, skipped without them). Debian/Ubuntu only; needs root or sudo.
-if [[ "${1:-}" == "--dev" ]]; then
+if [[ " $* " == *" --dev "* ]]; then
     XVFB_PACKAGES="xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0
         libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xkb1 libxkbcommon-x11-0 libegl1 libgl1
         libfontconfig1 libdbus-1-3"
