@@ -44,10 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: app.quit())
     wake = QTimer(interval=250, timeout=lambda: None)  # lets Python run its signal handlers
     wake.start()
+    serving = False
     if args.serve_at_login:
         window.keep_serving_for_session = True
-        window.start_engine()
-    if not (args.serve_at_login and window.tray.available()):
+        serving = window.start_engine()
+    if not (serving and window.tray.available()):  # a failed start must be seen: show the window
         window.show()
     return app.exec()
 
