@@ -18,7 +18,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow
 from app.paths import ICON_PATH
-from app.theme import apply_theme
+from app.theme import follow_system_theme
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     app.setOrganizationName("PagedDesk")
     app.setDesktopFileName("pagedesk")
     app.setWindowIcon(QIcon(str(ICON_PATH)))
-    apply_theme(app)
+    follow_system_theme(app)
     window = MainWindow()
     app.aboutToQuit.connect(window.shutdown)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C, logout: quit properly so the engine group stops

@@ -1,9 +1,10 @@
 """One theme for the whole window, following the system's light/dark preference.
 
 `apply_theme` picks the Fusion style with a light or dark palette from Qt's colour-scheme hint (the
-desktop's setting; PAGEDESK_THEME=light|dark overrides it) before any window is built, so the plots
-and the block map, which take their colours from the application palette, match the rest of the
-window instead of being a dark island in a light one.
+desktop's setting; PAGEDESK_THEME=light|dark overrides it) and `follow_system_theme` re-applies it
+when the desktop switches. The plots and the block map take their colours from the application
+palette (and re-read it on a palette change), so they match the rest of the window instead of
+being a dark island in a light one.
 """
 from __future__ import annotations
 
@@ -49,3 +50,9 @@ def apply_theme(app: QApplication) -> bool:
 
 def is_dark() -> bool:
     return QApplication.palette().color(QPalette.ColorRole.Window).lightness() < 128
+
+
+def follow_system_theme(app: QApplication) -> None:
+    """Apply the theme now and again whenever the desktop's light/dark setting changes."""
+    apply_theme(app)
+    app.styleHints().colorSchemeChanged.connect(lambda _scheme: apply_theme(app))

@@ -15,6 +15,7 @@ from app.model_library import FITS_COLUMN, ModelLibrary, fit_verdict, quantizati
 from app.settings import default_values
 from app.status_chip import StatusChip
 from app.theme import apply_theme, is_dark
+from widgets.time_plot import TimePlot
 
 GIB = 2 ** 30
 
@@ -93,9 +94,13 @@ def test_theme_follows_the_preference(qtbot, monkeypatch):
     try:
         monkeypatch.setenv("PAGEDESK_THEME", "dark")
         assert apply_theme(app) and is_dark()
+        plot = TimePlot("x", [("a", "r")])
+        qtbot.addWidget(plot)
+        assert plot.backgroundBrush().color().lightness() < 100
         monkeypatch.setenv("PAGEDESK_THEME", "light")
         assert not apply_theme(app) and not is_dark()
         assert app.palette().color(QPalette.ColorRole.Base).lightness() > 200
+        qtbot.waitUntil(lambda: plot.backgroundBrush().color().lightness() > 200)  # followed the switch
     finally:
         app.setPalette(before)
 

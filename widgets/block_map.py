@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer, Signal
+from PySide6.QtCore import QEvent, QTimer, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
 
 from widgets.time_plot import palette_colors
@@ -134,6 +134,12 @@ class BlockMapWidget(QWidget):
         """Queue a snapshot; the next timer tick draws it (cheap to call at any rate)."""
         self._snapshot = snapshot
         self._pending = True
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        if "_view" in self.__dict__ and event.type() in (QEvent.Type.PaletteChange,
+                                                         QEvent.Type.ApplicationPaletteChange):
+            self._view.setBackground(palette_colors()[0])
 
     def fit(self) -> None:
         """Show the whole pool again after zooming or panning."""

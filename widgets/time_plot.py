@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication, QWidget
 
@@ -64,18 +64,14 @@ class TimePlot(pg.PlotWidget):
     def __init__(self, title: str, series: Sequence[tuple[str, str]], unit: str = "", capacity: int = 2400,
                  window_s: float = 120.0, y_range: tuple[float, float] | None = None,
                  redraw_ms: int = 200, parent: QWidget | None = None) -> None:
-        background, foreground = palette_colors()
-        super().__init__(parent=parent, background=background)
+        super().__init__(parent=parent)
         self.capacity = capacity
         self.window_s = window_s
         self.fixed_y_range = y_range
-        self.foreground = foreground
-        self.set_title(title)
+        self.title = title
         for side in ("left", "bottom"):
-            axis = self.getAxis(side)
-            axis.enableAutoSIPrefix(False)  # else an idle axis reads "(x0.001)" and leaves stale label text
-            axis.setTextPen(foreground)
-            axis.setPen(foreground)
+            self.getAxis(side).enableAutoSIPrefix(False)  # else an idle axis reads "(x0.001)", stale text stays
+        self.apply_palette()
         self.setLabel("bottom", "time (s)")
         if unit:
             self.setLabel("left", unit)
@@ -84,8 +80,8 @@ class TimePlot(pg.PlotWidget):
         self.setMenuEnabled(False)
         self.setXRange(-window_s, 0, padding=0)
         self.setYRange(*(y_range or (0, 1)), padding=0.02)
-        self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt", labelTextColor=foreground,
-                                     brush=pg.mkBrush(pg.mkColor(background).darker(105)))
+        self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt", labelTextColor=self.foreground,
+                                     brush=pg.mkBrush(pg.mkColor(palette_colors()[0]).darker(105)))
         self.setClipToView(True)
         self.curves: list[pg.PlotDataItem] = []
         self.set_series(series)
@@ -95,7 +91,23 @@ class TimePlot(pg.PlotWidget):
         self._timer.start()
 
     def set_title(self, title: str) -> None:
+        self.title = title
         self.setTitle(title, size="10pt", color=self.foreground)
+
+    def apply_palette(self) -> None:
+        """Take background and text colours from the application palette (again, when the theme changes)."""
+        background, self.foreground = palette_colors()
+        self.setBackground(background)
+        self.set_title(self.title)
+        for side in ("left", "bottom"):
+            self.getAxis(side).setTextPen(self.foreground)
+            self.getAxis(side).setPen(self.foreground)
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        built = "title" in self.__dict__  # Qt sends a palette change from inside the base constructor too
+        if built and event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self.apply_palette()
 
     def set_series(self, series: Sequence[tuple[str, str]]) -> None:
         """Replace the curves (e.g. when the number of GPUs becomes known); clears the history."""
