@@ -44,7 +44,8 @@ def serve_command() -> list[str]:
 
 def masked_argv(argv: list[str]) -> list[str]:
     """argv for the log: the value after --api-key replaced by stars, so the key never reaches a screen."""
-    return ["****" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
+    masked = ["****" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
+    return ["--api-key=****" if a.startswith("--api-key=") else a for a in masked]
 
 
 def connect_host(bind_host: str) -> str:

@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from app.port_check import port_owner
-from app.supervisor import CRASHED, READY, STOPPED, STOPPING, EngineSupervisor, serve_command
+from app.supervisor import CRASHED, READY, STOPPED, STOPPING, EngineSupervisor, masked_argv, serve_command
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="process groups are POSIX")
 
@@ -178,6 +178,7 @@ def test_api_key_is_masked_in_the_logged_command(supervisor, qtbot):
     start(supervisor, qtbot, api_key="sk-secret-123")
     command = next(line for line in logged if line.startswith("$ "))
     assert "--api-key ****" in command and "sk-secret-123" not in "".join(logged)
+    assert masked_argv(["x", "--api-key=sk-1", "--port", "1"]) == ["x", "--api-key=****", "--port", "1"]
 
 
 def test_default_command_is_the_console_script(monkeypatch, tmp_path):
