@@ -135,6 +135,7 @@ class MainWindow(QMainWindow):
         self.nvml.unavailable.connect(self.monitor.on_gpu_unavailable)
         self.settings_form.changed.connect(self._on_settings_changed)
         self.model_picker.model_changed.connect(self._on_model_changed)
+        self.model_picker.model_cleared.connect(self._update_capacity)
 
     # ---- engine control ----------------------------------------------------------------------------------
     def start_engine(self) -> bool:

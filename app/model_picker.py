@@ -22,6 +22,7 @@ class ModelPicker(QGroupBox):
     """Emits `model_changed(ModelInfo)` whenever a valid model folder is chosen."""
 
     model_changed = Signal(object)
+    model_cleared = Signal()  # the path does not hold a readable model: plans for the old one no longer apply
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Model", parent)
@@ -77,6 +78,7 @@ class ModelPicker(QGroupBox):
         except (OSError, ValueError, KeyError) as e:
             self.info = None
             self.details.setText(f"<span style='color:#bf616a'>{e}</span>")
+            self.model_cleared.emit()
             return False
         self.info = info
         self.details.setText(info.describe())

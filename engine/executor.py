@@ -179,9 +179,9 @@ class TensorParallelExecutor:
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
 
-    def profile_memory(self, num_tokens: int) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
         """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
-        local, remote = self._run_everywhere("profile_memory", num_tokens)
+        local, remote = self._run_everywhere("profile_memory", num_tokens, max_num_seqs, kv_dtype)
         return local + [p for profiles in remote for p in profiles]
 
     def weights_bytes(self) -> int:

@@ -13,16 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, triton_split_key
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
 from engine.scheduler import ScheduledSeq
-from engine.sizing import estimate_activation_bytes
+from engine.distributed import get_tp_size
+from engine.profiling import profile_batch, profile_sampler
+from engine.sizing import estimate_graph_bytes
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-GRAPH_OVERHEAD_BYTES = 2 * 2**20  # per captured graph: kernel parameters and bookkeeping (an estimate)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -70,6 +71,7 @@ class ModelRunner:
                  block_size: int, attention_backend: str) -> None:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.attention_backend = attention_backend
         # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
         self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
             else (0, 0)
@@ -94,11 +96,18 @@ class ModelRunner:
         for i, layer in enumerate(attn):
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
 
+    def release_kv_cache(self) -> None:
+        """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
+        self.kv_cache = None
+        for layer in self.model.attention_layers():
+            layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
+
     def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
-                                   capture)
+                                   capture, split_key)
 
     def capture_decode_graphs(self) -> None:
         if self.graphs is not None:
@@ -110,8 +119,7 @@ class ModelRunner:
             return 0
         if self.graphs.graphs:
             return self.graphs.pool_bytes
-        return estimate_activation_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize) + \
-            GRAPH_OVERHEAD_BYTES * len(self.graphs.ladder)
+        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
 
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
@@ -177,17 +185,27 @@ class ModelRunner:
         return self.run(self.prepare(batch, block_copies))
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int) -> None:
-        """A forward over `num_tokens` dummy tokens without attention, to measure peak activation memory."""
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device) % self.config.max_position_embeddings
-        hidden = self.model(ids, pos, None)
-        self.model.compute_logits(hidden[-min(num_tokens, 256):])
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+        """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
+        path against a temporary KV cache, logits for max_num_seqs rows, then the sampler at
+        [max_num_seqs, vocab]. Returns the temporary cache's bytes (the real pool replaces them)."""
+        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
+        self.allocate_kv_cache(batch.num_blocks, kv_dtype)
+        temporary_kv_bytes = self.kv_cache_bytes()
+        try:
+            hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
+                                torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
+            logits = self.model.compute_logits(hidden[-min(len(hidden), max_num_seqs):]).float()
+            del hidden, logits
+            profile_sampler(max_num_seqs, self.config.vocab_size, self.device)
+        finally:
+            self.release_kv_cache()
+        return temporary_kv_bytes
 
-    def profile_memory(self, num_tokens: int) -> list:
-        """This card's MemoryProfile after a profiling forward (a list: one entry per rank, like the executor)."""
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+        """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
         from engine.kv_cache_sizing import measure_memory
-        return [measure_memory(self, num_tokens)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""
