@@ -29,7 +29,7 @@ import torch
 from engine.distributed import destroy_distributed, init_distributed
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.peer_access import nccl_environment
+from engine.peer_access import nccl_environment, peer_copy_works
 from engine.tp_worker import WorkerSpec, worker_main
 
 logger = logging.getLogger("pagedesk.engine")
@@ -159,7 +159,7 @@ class TensorParallelExecutor:
         if torch.cuda.device_count() < size:
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs but {torch.cuda.device_count()} "
                              "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
-        env = nccl_environment(size, torch.cuda.can_device_access_peer, os.environ)
+        env = nccl_environment(size, peer_copy_works, os.environ)
         os.environ.update(env)  # rank 0 too, before its NCCL starts
         torch.cuda.set_device(0)
         return env
