@@ -17,6 +17,7 @@ from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPla
 from app.capacity import capacity_line
 from app.chat_panel import ChatPanel
 from app.chat_store import ChatStore
+from app.doctor_panel import DoctorPanel
 from app.endpoint_panel import EndpointPanel
 from app.engine_state import EngineState
 from app.model_info import ModelInfo
@@ -74,6 +75,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.monitor, "Monitor")
         self.tabs.addTab(self.endpoint, "Endpoint")
+        self.tabs.addTab(DoctorPanel(), "Doctor")  # runs pagedesk-doctor when first shown
         self.setCentralWidget(self.tabs)
         self._build_toolbar()
         self.statusBar().addPermanentWidget(self.state_label)
