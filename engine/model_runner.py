@@ -24,6 +24,7 @@ from engine.profiling import profile_batch, profile_sampler
 from engine.sizing import estimate_graph_bytes
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+WARM_UP_MAX_BATCH = 256  # eager start-up compiles decode kernels for batches up to this (all split counts)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -110,8 +111,13 @@ class ModelRunner:
                                    capture, split_key)
 
     def capture_decode_graphs(self) -> None:
+        """After the KV cache exists: capture the decode graphs (their warm-up compiles the kernels), or
+        without graphs compile the Triton decode kernels now, so the first requests do not wait for them."""
         if self.graphs is not None:
             self.graphs.capture()
+        elif self.device.type == "cuda" and self.attention_backend == "triton":
+            DecodeGraphs(self.model, WARM_UP_MAX_BATCH, self.config.max_model_len, self.block_size, self.device,
+                         False, triton_split_key(self.model, self.device)).warm_up()
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
