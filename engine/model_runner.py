@@ -8,22 +8,24 @@ sequence that samples this step. It never samples and never talks to other proce
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.distributed import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
 from engine.scheduler import ScheduledSeq
-from engine.distributed import get_tp_size
 from engine.profiling import profile_batch, profile_sampler
 from engine.sizing import estimate_graph_bytes
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+logger = logging.getLogger("pagedesk.engine")
 WARM_UP_MAX_BATCH = 256  # eager start-up compiles decode kernels for batches up to this (all split counts)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
@@ -114,7 +116,12 @@ class ModelRunner:
         """After the KV cache exists: capture the decode graphs (their warm-up compiles the kernels), or
         without graphs compile the Triton decode kernels now, so the first requests do not wait for them."""
         if self.graphs is not None:
+            planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
+            if self.graphs.pool_bytes > planned:
+                logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
+                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
+                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
         elif self.device.type == "cuda" and self.attention_backend == "triton":
             DecodeGraphs(self.model, WARM_UP_MAX_BATCH, self.config.max_model_len, self.block_size, self.device,
                          False, triton_split_key(self.model, self.device)).warm_up()
