@@ -208,3 +208,16 @@ def test_rope_table_is_built_once_for_all_layers(llama_dir):
     assert len({id(layer.self_attn.rotary_emb) for layer in layers}) == 1 < len(layers)
     tables = [b for name, b in runner.model.named_buffers() if name.endswith("cos_sin")]
     assert len(tables) == 1 and tables[0].numel() * 4 == rope_table_bytes(runner.config)
+
+
+def test_cpu_budget_too_small_for_one_sequence_says_so():
+    cfg = LLAMA_8B.with_max_model_len(8192)
+    runner = type("CpuRunner", (), {"device": torch.device("cpu"), "weights_bytes": lambda self: 0})()
+    config = EngineConfig(model="m", kv_cache_memory=0.5)
+    # 0.5 GiB at 128 KiB/token (bf16 KV) = 4096 tokens < 8192: the planner and the engine say the same thing.
+    message = plan_cpu(cfg, 0.5, kv_cache_dtype="bfloat16").explain_misfit()
+    assert message == ("--kv-cache-memory 0.500 GiB holds 4,096 tokens at 131,072 bytes/token, less than one "
+                       "8,192-token sequence (max_model_len); raise --kv-cache-memory or lower --max-model-len")
+    with pytest.raises(ValueError) as err:
+        choose_num_blocks(config, cfg, runner, torch.bfloat16, 8192)
+    assert str(err.value) == message

@@ -17,15 +17,16 @@ from engine.doctor.system import nvidia_rows, software_rows
 def collect_rows(nvml=None) -> list[Row]:
     import torch
     rows = software_rows()
+    available = torch.cuda.is_available()
+    count = torch.cuda.device_count() if available else 0
     if nvml is None:
         try:
             import pynvml as nvml
         except ImportError:
-            return rows + [Row("NVIDIA GPU", "warn", "nvidia-ml-py is not installed, so cards cannot be listed",
-                               "pip install nvidia-ml-py")]
-    available = torch.cuda.is_available()
-    count = torch.cuda.device_count() if available else 0
-    rows += nvidia_rows(nvml, torch.version.cuda, available, count)
+            rows.append(Row("NVIDIA GPU", "warn", "nvidia-ml-py is not installed, so cards cannot be listed",
+                            "pip install nvidia-ml-py"))
+    if nvml is not None:
+        rows += nvidia_rows(nvml, torch.version.cuda, available, count)
     if available:
         rows += gpu_rows(count)
     return rows
