@@ -74,7 +74,6 @@ class DecodeGraphs:
         self.max_batch = self.ladder[-1]
         self.max_model_len = max_model_len
         self.block_size = block_size
-        self.split_key = split_key
         self.contexts = {b: context_buckets(b, max_model_len, block_size, split_key) for b in self.ladder}
         self.max_blocks = -(-max_model_len // block_size)
         self.device = device
@@ -117,24 +116,6 @@ class DecodeGraphs:
         self.pool_bytes = torch.cuda.memory_allocated(self.device) - before
         logger.info("captured %d CUDA graphs (batch sizes %s, context lengths %s), %.0f MiB", len(self.graphs),
                     self.ladder, sorted({c for cs in self.contexts.values() for c in cs}), self.pool_bytes / 2**20)
-
-    @torch.inference_mode()
-    def warm_up(self) -> int:
-        """Run one decode forward per distinct kernel configuration, uncaptured, so Triton compiles them
-        during start-up rather than on the first requests (eager mode); returns how many ran."""
-        if self.split_key is None:
-            return 0
-        shapes, seen = [], set()
-        for batch in self.ladder:
-            for context in self.contexts[batch]:
-                key = self.split_key(batch, -(-context // self.block_size) * self.block_size)
-                if key not in seen:
-                    seen.add(key)
-                    shapes.append((batch, context))
-        for batch, context in tqdm(shapes, desc="Compiling Triton kernels", unit="shape"):
-            self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch],
-                       self.buffers.meta(batch, context, self.block_size))
-        return len(shapes)
 
     def _capture_all(self, keys: list[tuple[int, int]]) -> None:
         pool = torch.cuda.graph_pool_handle()

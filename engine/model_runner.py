@@ -23,10 +23,11 @@ from engine.models.decoder import DecoderForCausalLM
 from engine.scheduler import ScheduledSeq
 from engine.profiling import profile_batch, profile_sampler
 from engine.sizing import estimate_graph_bytes
+from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 logger = logging.getLogger("pagedesk.engine")
-WARM_UP_MAX_BATCH = 256  # eager start-up compiles decode kernels for batches up to this (all split counts)
+WARM_UP_MAX_BATCH = 256  # without graphs, warm up decode batches up to this (covers every split count)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -69,6 +70,13 @@ class StepInputs:
     block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
 
 
+def every_shape(*shape):
+    """A kernel-configuration key that tells every shape apart. Under tensor parallel each rank must capture
+    and warm up the very same shapes, in the same order, or their all-reduces would not pair up; a key
+    from the card's own SM count could differ between a 3090 and a 4090."""
+    return shape
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
@@ -109,12 +117,14 @@ class ModelRunner:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
         split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
+        if split_key is not None and get_tp_size() > 1:
+            split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
                                    capture, split_key)
 
     def capture_decode_graphs(self) -> None:
-        """After the KV cache exists: capture the decode graphs (their warm-up compiles the kernels), or
-        without graphs compile the Triton decode kernels now, so the first requests do not wait for them."""
+        """After the KV cache exists: capture the decode graphs, then compile the Triton variants the
+        serving path will meet (engine/warm_up.py), so the first requests do not wait for them."""
         if self.graphs is not None:
             planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
@@ -122,9 +132,10 @@ class ModelRunner:
                 logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
                                "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
                                / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
-        elif self.device.type == "cuda" and self.attention_backend == "triton":
-            DecodeGraphs(self.model, WARM_UP_MAX_BATCH, self.config.max_model_len, self.block_size, self.device,
-                         False, triton_split_key(self.model, self.device)).warm_up()
+        if self.device.type == "cuda" and self.attention_backend == "triton":
+            max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
+            warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
+                            every_shape if get_tp_size() > 1 else None)
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""

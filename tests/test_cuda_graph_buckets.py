@@ -61,15 +61,3 @@ def test_failed_capture_falls_back_to_eager(llama_dir, monkeypatch, caplog):
     assert caplog.messages == ["CUDA graph capture failed (RuntimeError: operation not permitted when stream is "
                                "capturing); decode steps run eagerly (slower, same results)"]
 
-
-def test_warm_up_runs_one_forward_per_kernel_configuration(llama_dir):
-    runner = LLM(str(llama_dir), device="cpu").engine.runner
-    calls = []
-    forward = runner.model.forward
-    runner.model.forward = lambda ids, pos, meta: calls.append((len(ids), meta.block_tables.shape[1])) or \
-        forward(ids, pos, meta)
-    # Key: split count 2 for one sequence, 1 otherwise; lengths 32 and 512 → two configurations in all.
-    graphs = DecodeGraphs(runner.model, 4, 512, 16, runner.device, capture=False,
-                          split_key=lambda batch, width: 2 if batch == 1 else 1)
-    assert graphs.warm_up() == 2 and calls == [(1, 32), (2, 32)]
-    assert DecodeGraphs(runner.model, 4, 512, 16, runner.device, capture=False).warm_up() == 0  # torch: nothing
