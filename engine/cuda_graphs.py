@@ -20,6 +20,7 @@ from typing import Callable, Hashable
 import torch
 from tqdm.auto import tqdm
 
+from engine.distributed import all_reduce
 from engine.layers.attention import AttentionMetadata
 from engine.sizing import batch_size_ladder, context_length_ladder
 
@@ -123,9 +124,19 @@ class DecodeGraphs:
             meta = self.buffers.meta(batch, context, self.block_size)
             self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)  # warm-up, compiles
             torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                out = self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)
+            graph, error = torch.cuda.CUDAGraph(), None
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)
+            except Exception as e:  # noqa: BLE001 - decided together with the other ranks just below
+                error = e
+            # Under tensor parallel every rank stops at the same graph (a capture only records its all-reduces;
+            # this one runs), so the eager forwards that follow keep pairing up across ranks.
+            failed = all_reduce(torch.tensor([error is not None], dtype=torch.int32, device=self.device))
+            if error is not None:
+                raise error
+            if int(failed.item()):
+                raise RuntimeError("another tensor-parallel rank could not capture this graph")
             self.graphs[batch, context] = graph
             self.outputs[batch, context] = out
 

@@ -61,3 +61,34 @@ def test_failed_capture_falls_back_to_eager(llama_dir, monkeypatch, caplog):
     assert caplog.messages == ["CUDA graph capture failed (RuntimeError: operation not permitted when stream is "
                                "capturing); decode steps run eagerly (slower, same results)"]
 
+
+
+class RecordingGraph:
+    """Stands in for torch.cuda.CUDAGraph on CPU: the capture context runs the forward once."""
+
+    def replay(self):
+        pass
+
+
+def test_every_rank_falls_back_when_another_rank_cannot_capture(llama_dir, monkeypatch, caplog):
+    import contextlib
+
+    from engine import cuda_graphs
+    runner = LLM(str(llama_dir), device="cpu").engine.runner
+    graphs = DecodeGraphs(runner.model, 4, 64, 16, runner.device, capture=False)
+    graphs.capture_graphs = True
+    for name, fake in {"memory_allocated": lambda device=None: 0, "synchronize": lambda device=None: None,
+                       "graph_pool_handle": lambda: None, "CUDAGraph": RecordingGraph,
+                       "graph": lambda graph, pool=None: contextlib.nullcontext()}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    flags = []
+    # The all-reduce of "failed" flags: this rank captured its graphs; the other rank fails on its third one.
+    monkeypatch.setattr(cuda_graphs, "all_reduce", lambda t: flags.append(int(t)) or t + (len(flags) == 3))
+    with caplog.at_level(logging.WARNING, logger="pagedesk.engine"):
+        graphs.capture()
+    assert flags == [0, 0, 0] and not graphs.graphs and not graphs.capture_graphs
+    assert "another tensor-parallel rank could not capture this graph" in caplog.text
+    graphs.capture_graphs = True
+    monkeypatch.setattr(cuda_graphs, "all_reduce", lambda t: t)  # one rank, all well: every graph kept
+    graphs.capture()
+    assert sorted(graphs.graphs) == [(1, 64), (2, 64), (4, 64)]
