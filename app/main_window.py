@@ -22,6 +22,7 @@ from app.capacity import capacity_line
 from app.chat_panel import ChatPanel
 from app.autostart import autostart_enabled, set_autostart
 from app.chat_store import ChatStore
+from app.doctor_panel import DoctorPanel
 from app.endpoint_panel import EndpointPanel
 from app.engine_state import EngineState
 from app.model_info import ModelInfo
@@ -93,6 +94,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.monitor, "Monitor")
         self.tabs.addTab(self.endpoint, "Endpoint")
+        self.tabs.addTab(DoctorPanel(), "Doctor")  # runs pagedesk-doctor when first shown
         central = QWidget()
         central_layout = QVBoxLayout(central)
         central_layout.setContentsMargins(0, 0, 0, 0)
