@@ -99,11 +99,10 @@ def filter_top_k_top_p_min_p(probs: torch.Tensor, meta: SamplingMetadata) -> tor
         return probs
     sorted_p, order = probs[meta.filter_rows].sort(dim=-1, descending=True)
     keep = torch.arange(probs.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
-    before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above each token
-    keep &= before < meta.top_p[:, None]
+    keep &= sorted_p.cumsum(dim=-1) - sorted_p < meta.top_p[:, None]  # the mass strictly above each token
     keep &= sorted_p >= meta.min_p[:, None] * sorted_p[:, :1]
     keep[:, 0] = True
-    kept = torch.zeros_like(sorted_p).scatter_(1, order, sorted_p * keep)
+    kept = torch.empty_like(sorted_p).scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
     return probs.index_copy_(0, meta.filter_rows, kept)
 
 
@@ -126,17 +125,20 @@ def _exponential(out: torch.Tensor, generator: torch.Generator) -> None:
 
 def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
                      default_generator: torch.Generator) -> SampledTokens:
-    logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
-    logits = logits.clone()
+    raw = logits
+    logits = logits.to(torch.float32, copy=True)  # the working copy; `raw` stays as the model gave it
     apply_bias_and_masks(logits, meta)
     apply_penalties(logits, meta)
     chosen = logits.argmax(dim=-1)
     if meta.sampled_rows is not None:
-        scaled = logits[meta.sampled_rows] / meta.temperature[:, None]
-        probs = filter_top_k_top_p_min_p(torch.softmax(scaled, dim=-1), meta)
+        probs = torch.softmax(logits[meta.sampled_rows] / meta.temperature[:, None], dim=-1)
+        del logits  # not needed past here: full-vocabulary temporaries are what the sampler's peak is made of
+        probs = filter_top_k_top_p_min_p(probs, meta)
         drawn = (probs / draw_noise(probs, meta, default_generator)).argmax(dim=-1)
+        del probs
         chosen.index_copy_(0, meta.sampled_rows, drawn)
+    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries.
+    raw_logprobs = torch.log_softmax(raw.float(), dim=-1)
     token_logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
     out = SampledTokens(chosen, token_logprobs, None, None, None)
     if meta.max_num_logprobs is not None:
