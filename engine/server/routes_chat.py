@@ -59,6 +59,8 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
 def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOutputPlan, dict | None]:
     """How choices are read, and the JSON schema a forced tool call must match (None: not forced)."""
     choice = req.tool_choice if req.tools else None
+    if choice is None and req.tools and model.tool_parser is not None:
+        choice = "auto"  # OpenAI's default when tools are given (without a parser, calls stay text)
     if req.tool_choice not in (None, "none", "auto") and not req.tools:
         raise bad_request("tool_choice needs tools", "tool_choice")
     plan = ChatOutputPlan(reasoning=get_reasoning_parser(model.reasoning_parser),
