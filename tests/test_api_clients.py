@@ -99,10 +99,11 @@ def test_named_tool_choice_streamed_and_not(client):
 
 
 def test_auto_tool_choice_parses_hermes_calls(client):
-    """The hermes parser (detected from the template) reads a call the model wrote as text."""
-    kwargs = dict(model=MODEL_NAME, messages=USER, tools=TOOLS, tool_choice="auto", max_tokens=150, temperature=0,
+    """The hermes parser (detected from the template) reads a call the model wrote as text; without
+    tool_choice, tools mean auto."""
+    kwargs = dict(model=MODEL_NAME, messages=USER, tools=TOOLS, max_tokens=150, temperature=0,
                   extra_body={"guided_regex": r"Sure\." + FORCED_HERMES})
-    r = client.chat.completions.create(**kwargs)
+    r = client.chat.completions.create(tool_choice="auto", **kwargs)
     message = r.choices[0].message
     assert r.choices[0].finish_reason == "tool_calls" and message.content == "Sure."
     [call] = message.tool_calls
