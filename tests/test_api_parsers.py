@@ -28,16 +28,22 @@ def _calls(calls) -> list[tuple[str, dict]]:
 
 
 def _stream(plan: ChatOutputPlan, text: str, step: int = 3) -> tuple[str, str, list[dict]]:
-    """Feed `text` in pieces of `step` characters; return the concatenated content, reasoning and calls."""
+    """Feed `text` in pieces of `step` characters; return the concatenated content, reasoning and calls
+    (fragments joined as a client does: id and name once per index, arguments appended)."""
     view, content, reasoning, calls = ChoiceView(plan), "", "", []
     for end in range(step, len(text) + step, step):
         delta = view.update(text[:end], final=end >= len(text))
         if delta is not None:
             content += delta.content or ""
             reasoning += delta.reasoning_content or ""
-            for call in delta.tool_calls or []:
-                assert call["index"] == len(calls) and call["id"].startswith("call_")
-                calls.append(call)
+            for frag in delta.tool_calls or []:
+                if frag["index"] == len(calls):
+                    assert frag["id"].startswith("call_") and frag["function"]["name"]
+                    calls.append({"id": frag["id"], "function": dict(frag["function"]), "pieces": 1})
+                else:
+                    assert frag["index"] == len(calls) - 1 and "id" not in frag and "name" not in frag["function"]
+                    calls[-1]["function"]["arguments"] += frag["function"]["arguments"]
+                    calls[-1]["pieces"] += 1
     return content, reasoning, calls
 
 
@@ -50,6 +56,10 @@ def test_tool_parser_whole_and_streamed_agree(name):
     streamed_content, _, streamed_calls = _stream(ChatOutputPlan(tool_parser=get_tool_parser(name)), text)
     assert streamed_content == content and "{" not in streamed_content
     assert _calls(streamed_calls) == expected
+    assert [c["function"]["arguments"] for c in streamed_calls] == [c["function"]["arguments"]
+                                                                     for c in message.tool_calls]
+    if name == "hermes":  # name-first calls stream their arguments in pieces
+        assert streamed_calls[0]["pieces"] > 3
 
 
 @pytest.mark.parametrize("name", list(CASES))

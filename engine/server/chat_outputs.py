@@ -46,13 +46,16 @@ class ChoiceView:
     sent_arguments: int = 0
     calls: list[ToolCall] = field(default_factory=list)
     named_id: str = field(default_factory=make_call_id)
+    streaming_call: tuple[str, int] | None = None  # (id, arguments sent) of a call whose arguments stream
 
-    def _split(self, text: str, final: bool) -> tuple[str, str, list[ToolCall]]:
+    def _split(self, text: str, final: bool) -> tuple[str, str, list[ToolCall], tuple[str, str] | None]:
+        """(reasoning, content, complete calls, the open call's name and arguments so far)."""
         plan = self.plan
         if plan.forced_required:
-            return "", "", _forced_calls(text) if final else []
+            return "", "", _forced_calls(text) if final else [], None
         reasoning, content = plan.reasoning.split(text, final) if plan.reasoning else ("", text)
         calls: list[ToolCall] = []
+        open_call = None
         parser = plan.tool_parser
         if parser is not None:
             start = parser.find_start(content)
@@ -62,15 +65,42 @@ class ChoiceView:
                 parsed = parser.parse_calls(content[start:], final)
                 if parsed is not None:
                     calls = parsed
+                    open_call = None if final else parser.open_call(content[start:])
                 if parsed or not final:
                     content = content[:start]
-        return reasoning, content, calls
+        return reasoning, content, calls, open_call
+
+    def _call_deltas(self, calls: list[ToolCall], open_call: tuple[str, str] | None) -> list[dict]:
+        """New complete calls whole (or the rest of the one whose arguments were streaming), then the open
+        call's header and arguments pieces."""
+        deltas = []
+        for call in calls[len(self.calls):]:
+            index = len(self.calls)
+            if self.streaming_call is not None:
+                call.id, sent = self.streaming_call
+                deltas.append({"index": index, "function": {"arguments": call.arguments[sent:]}})
+                self.streaming_call = None
+            else:
+                deltas.append(dict(index=index, **call.to_openai()))
+            self.calls.append(call)
+        if open_call is not None and (self.plan.max_calls is None or len(self.calls) < self.plan.max_calls):
+            name, args = open_call
+            index = len(self.calls)
+            if self.streaming_call is None:
+                call_id = make_call_id()
+                deltas.append({"index": index, "id": call_id, "type": "function",
+                               "function": {"name": name, "arguments": args}})
+                self.streaming_call = (call_id, len(args))
+            elif len(args) > self.streaming_call[1]:
+                deltas.append({"index": index, "function": {"arguments": args[self.streaming_call[1]:]}})
+                self.streaming_call = (self.streaming_call[0], len(args))
+        return deltas
 
     def update(self, text: str, final: bool) -> DeltaMessage | None:
         """The delta since the last update (None when nothing new is settled)."""
         if self.plan.forced_name is not None:
             return self._named_delta(text)
-        reasoning, content, calls = self._split(text, final)
+        reasoning, content, calls, open_call = self._split(text, final)
         if self.plan.max_calls is not None:
             calls = calls[:self.plan.max_calls]
         delta = DeltaMessage()
@@ -78,10 +108,7 @@ class ChoiceView:
             delta.reasoning_content = reasoning[self.sent_reasoning:]
         if content[self.sent_content:]:
             delta.content = content[self.sent_content:]
-        new_calls = calls[len(self.calls):]
-        if new_calls:
-            delta.tool_calls = [dict(index=len(self.calls) + i, **c.to_openai()) for i, c in enumerate(new_calls)]
-            self.calls += new_calls
+        delta.tool_calls = self._call_deltas(calls, open_call) or None
         self.sent_reasoning, self.sent_content = len(reasoning), len(content)
         has = delta.reasoning_content or delta.content or delta.tool_calls
         return delta if has else None

@@ -55,6 +55,10 @@ class ToolParser:
         """The calls in a tool-call section (complete ones only unless final); None: it is not tool calls."""
         raise NotImplementedError
 
+    def open_call(self, section: str) -> tuple[str, str] | None:
+        """(name, arguments so far) of a call still being written, for parsers that stream arguments."""
+        return None
+
     def extract(self, text: str) -> tuple[str, list[ToolCall]]:
         """Non-streamed: (content, tool calls) of a whole output."""
         start = self.find_start(text)
