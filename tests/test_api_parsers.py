@@ -117,3 +117,13 @@ def test_parser_detected_from_chat_template():
     assert detect_tool_parser("{{ messages }}") is None
     with pytest.raises(ValueError, match="tool_call_parser"):
         get_tool_parser("nope")
+
+
+def test_required_tool_calls_stream_in_pieces():
+    text = '[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}, {"name": "get_time", "parameters": {}}]'
+    message = ChoiceView(ChatOutputPlan(forced_required=True)).message(text)
+    assert _calls(message.tool_calls) == [("get_weather", WEATHER), ("get_time", {})] and message.content is None
+    _, _, calls = _stream(ChatOutputPlan(forced_required=True), text, 4)
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in calls] == \
+        [(c["function"]["name"], c["function"]["arguments"]) for c in message.tool_calls]
+    assert calls[0]["pieces"] > 3

@@ -3,12 +3,13 @@
 `ChoiceView` reads the cumulative text of one choice each time it grows and returns only what is new
 and settled: reasoning (`--reasoning-parser`), content, and tool calls — parsed with the model's tool
 parser under tool_choice auto, or read from the grammar-forced JSON under `required` / a named function
-(arguments stream in pieces for a named one). The non-streamed message is the same view read once at
+(arguments stream in pieces). The non-streamed message is the same view read once at
 the end, so streamed deltas always add up to the non-streamed message.
 """
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 
 from engine.reasoning import ReasoningParser
@@ -29,13 +30,30 @@ class ChatOutputPlan:
     max_calls: int | None = None  # 1 when parallel_tool_calls is false
 
 
-def _forced_calls(text: str) -> list[ToolCall]:
-    try:
-        items = json.loads(text)
-    except json.JSONDecodeError:
-        return []
-    return [ToolCall(i["name"], json.dumps(i.get("parameters", {}), ensure_ascii=False))
-            for i in items if isinstance(i, dict) and isinstance(i.get("name"), str)]
+_FORCED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*')
+
+
+def _forced_calls(text: str) -> tuple[list[ToolCall], tuple[str, str] | None]:
+    """The grammar-forced `[{"name": ..., "parameters": {...}}, ...]` of tool_choice required, read as far
+    as it is written: complete calls (arguments as the model wrote them) and the call still open."""
+    decoder, calls, i = json.JSONDecoder(), [], text.find("[") + 1
+    while i > 0:
+        head = _FORCED_HEAD.match(text, i)
+        if head is None:
+            return calls, None
+        name = json.loads(f'"{head.group(1)}"')
+        try:
+            _, end = decoder.raw_decode(text, head.end())
+        except json.JSONDecodeError:
+            return calls, (name, text[head.end():].rstrip(" \t\r\n}]"))
+        close = text.find("}", end)
+        if close < 0:
+            return calls, (name, text[head.end():end])
+        calls.append(ToolCall(name, text[head.end():end]))
+        i = close + 1
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+    return calls, None
 
 
 @dataclass
@@ -52,7 +70,8 @@ class ChoiceView:
         """(reasoning, content, complete calls, the open call's name and arguments so far)."""
         plan = self.plan
         if plan.forced_required:
-            return "", "", _forced_calls(text) if final else [], None
+            calls, open_call = _forced_calls(text)
+            return "", "", calls, None if final else open_call
         reasoning, content = plan.reasoning.split(text, final) if plan.reasoning else ("", text)
         calls: list[ToolCall] = []
         open_call = None
