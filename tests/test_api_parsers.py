@@ -120,7 +120,8 @@ def test_parser_detected_from_chat_template():
 
 
 def test_required_tool_calls_stream_in_pieces():
-    text = '[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}, {"name": "get_time", "parameters": {}}]'
+    text = ('[{"name": "get_weather", "parameters": {"city": "Paris", "unit": "c"}}, '
+            '{"name": "get_time", "parameters": {}}]')
     message = ChoiceView(ChatOutputPlan(forced_required=True)).message(text)
     assert _calls(message.tool_calls) == [("get_weather", WEATHER), ("get_time", {})] and message.content is None
     _, _, calls = _stream(ChatOutputPlan(forced_required=True), text, 4)
