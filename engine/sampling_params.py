@@ -65,6 +65,8 @@ class SamplingParams:
                f"<= max_tokens ({self.max_tokens})")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs,
                f"between 0 and {MAX_LOGPROBS}")
+        _check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens", self.min_tokens,
+               "0 with structured outputs (the grammar decides where the output ends)")
         _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
                self.prompt_logprobs, f"between 0 and {MAX_LOGPROBS}")
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")

@@ -51,6 +51,8 @@ def test_bad_spec_is_a_value_error(llm):
     with pytest.raises(ValueError, match="regex"):
         llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(regex="(unclosed")),
                      use_tqdm=False)
+    with pytest.raises(ValueError, match="min_tokens"):
+        SamplingParams(min_tokens=3, structured_outputs=StructuredOutputsParams(choice=["a"]))
     with pytest.raises(ValueError, match="exactly one"):
         StructuredOutputsParams(regex="a", grammar='root ::= "a"')
 
