@@ -2,6 +2,7 @@
 the fields real clients send are accepted, unknown fields are a 400, and models/usage carry what clients read."""
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -95,3 +96,12 @@ def test_usage_counts_cached_prompt_tokens(server):
     assert first["prompt_tokens_details"]["cached_tokens"] == 0
     cached = second["prompt_tokens_details"]["cached_tokens"]
     assert cached > 0 and cached % 16 == 0 and cached < second["prompt_tokens"]
+
+
+def test_continuous_usage_stats(server):
+    body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 4, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    with httpx.stream("POST", server.url + COMPLETIONS, json=body, timeout=30) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    counts = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
+    assert counts == sorted(counts) and counts[-1] == 4 and events[-1]["usage"]["completion_tokens"] == 4

@@ -36,7 +36,7 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool | None = False
-    continuous_usage_stats: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM: usage so far in every chunk
 
 
 class JsonSchemaFormat(_Request):

@@ -71,8 +71,6 @@ REFUSALS = [
     Refusal("kv_transfer_params", "null", "no disaggregated prefill", {"do_remote_prefill": True}),
     Refusal("vllm_xargs", "null", "no extra engine arguments", {"x": 1}),
     Refusal("suffix", 'null or ""', "insertion (suffix) is not supported", "end", _is("")),
-    Refusal("stream_options.continuous_usage_stats", "false", "usage comes once, in the last chunk", True,
-            _is(False)),
 ]
 BY_FIELD = {r.field: r for r in REFUSALS}
 

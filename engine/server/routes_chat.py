@@ -137,6 +137,8 @@ async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedM
                                              usage=usage))
 
     views = [ChoiceView(plan) for _ in range(req.n)]
+    so = req.stream_options  # vLLM: usage so far in every chunk when both are set
+    continuous = bool(so and so.include_usage and so.continuous_usage_stats)
     sent_tokens = [0] * req.n
     done: set[int] = set()
     final: RequestOutput | None = None
@@ -158,7 +160,7 @@ async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedM
                         continue
                     yield chunk([ChatChunkChoice(index=c.index, delta=delta or DeltaMessage(), logprobs=logprobs,
                                                  finish_reason=finish_reason(c.finish_reason, view),
-                                                 stop_reason=c.stop_reason)])
+                                                 stop_reason=c.stop_reason)], usage_of([out]) if continuous else None)
                 final = out
         if req.stream_options and req.stream_options.include_usage and final is not None:
             yield chunk([], usage_of([final]))

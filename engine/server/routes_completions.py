@@ -128,9 +128,13 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
     sent_tokens: dict[int, int] = {}
     done: set[int] = set()
     finals: list[RequestOutput] = []
+    latest: dict[int, RequestOutput] = {}  # per prompt, for continuous_usage_stats
+    so = req.stream_options  # vLLM: usage so far in every chunk when both are set
+    continuous = bool(so and so.include_usage and so.continuous_usage_stats)
     try:
         async with aclosing(merge(streams, ctx.metrics)) as outputs:
             async for i, out in outputs:
+                latest[i] = out
                 for c in out.outputs:
                     index = i * req.n + c.index
                     if index in done:
@@ -144,8 +148,10 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
                     sent_text[index], sent_tokens[index] = len(c.text), len(c.token_ids)
                     if c.finished():
                         done.add(index)
+                    usage = usage_of(list(latest.values())) if continuous else None
                     yield sse_event(CompletionResponse(id=request_id, created=created, model=model.name,
-                                                       choices=[choice]).model_dump(exclude={"usage"}))
+                                                       choices=[choice], usage=usage).model_dump(
+                                        exclude=None if continuous else {"usage"}))
                 if out.finished:
                     finals.append(out)
         if req.stream_options and req.stream_options.include_usage:
