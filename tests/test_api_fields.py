@@ -105,3 +105,10 @@ def test_continuous_usage_stats(server):
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     counts = [e["usage"]["completion_tokens"] for e in events if e["choices"]]
     assert counts == sorted(counts) and counts[-1] == 4 and events[-1]["usage"]["completion_tokens"] == 4
+
+
+def test_truncate_prompt_tokens_keeps_the_tail(server):
+    body = {"model": MODEL_NAME, "prompt": "The quick brown fox jumps over the lazy dog.", "max_tokens": 1,
+            "echo": True, "truncate_prompt_tokens": 3}
+    r = httpx.post(server.url + COMPLETIONS, json=body, timeout=30).json()
+    assert r["usage"]["prompt_tokens"] == 3 and r["choices"][0]["text"].startswith(" dog.")

@@ -141,6 +141,18 @@ def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | N
     return Prompt(text, ids)
 
 
+def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int) -> Prompt:
+    """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: max_model_len); None leaves it whole."""
+    if keep is None:
+        return prompt
+    if keep == 0:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
+    keep = max_model_len if keep == -1 else keep
+    if len(prompt.token_ids) <= keep:
+        return prompt
+    return Prompt(None, prompt.token_ids[-keep:])
+
+
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,
                        param: str = "max_tokens") -> int:
     """The output budget: as requested, or what is left of the context; 400 when it does not fit."""

@@ -104,6 +104,8 @@ class SamplingFields(RefusableFields):
     structured_outputs: StructuredOutputsField | None = None
     best_of: int | None = Field(None, ge=1)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per prompt token")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the last k prompt tokens; -1: "
+                                                                       "max_model_len")
 
 
 class CompletionRequest(SamplingFields):

@@ -21,7 +21,7 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import completion_logprobs, vllm_prompt_logprobs
-from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens
+from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import CompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import CompletionChoice, CompletionLogprobs, CompletionResponse
@@ -63,6 +63,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     structured, source = structured_outputs_for(req)
     await compile_or_400(model, structured, source)
     prompts = await asyncio.to_thread(completion_prompts, model, req.prompt, req.add_special_tokens)
+    prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len) for p in prompts]
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
     max_tokens = 1 if _scoring_only(req) else req.max_tokens
