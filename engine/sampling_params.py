@@ -37,6 +37,7 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a grammar
     prompt_logprobs: int | None = None  # top-k logprobs of each prompt token (the first has none)
+    allowed_token_ids: list[int] | None = None  # sample only among these (a bitmask, like a grammar's)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -78,7 +79,8 @@ class SamplingParams:
 
     def validate_token_ids(self, vocab_size: int) -> None:
         """Token ids named by the request must exist in the model's vocabulary."""
-        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or {}))):
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or {})),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
             bad = [i for i in ids if not 0 <= int(i) < vocab_size]
             _check(not bad, name, bad[:5], f"token ids in [0, {vocab_size})")
 

@@ -57,6 +57,18 @@ def test_bad_spec_is_a_value_error(llm):
         StructuredOutputsParams(regex="a", grammar='root ::= "a"')
 
 
+def test_allowed_token_ids_with_and_without_a_grammar(llm):
+    allowed = list(range(40, 90))
+    outs = llm.generate(["a", "b"], [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True,
+                                                    allowed_token_ids=allowed),
+                                     SamplingParams(temperature=1.0, max_tokens=12, allowed_token_ids=allowed,
+                                                    structured_outputs=StructuredOutputsParams(regex="[a-z]+"))],
+                        use_tqdm=False)
+    assert len(outs[0].outputs[0].token_ids) == 12 and set(outs[0].outputs[0].token_ids) <= set(allowed)
+    grammar_ids = [t for t in outs[1].outputs[0].token_ids if t not in llm.engine.model_config.eos_token_ids]
+    assert set(grammar_ids) <= set(allowed)
+
+
 def test_bitmask_masks_exactly_the_disallowed_ids():
     vocab = 70
     bitmask = allocate_bitmask(2, vocab)

@@ -49,7 +49,6 @@ REFUSALS = [
     Refusal("use_beam_search", "false", "beam search is not served over HTTP", True, _is(False)),
     Refusal("length_penalty", "1.0", "only used by beam search", 0.5, _is(1.0, 1)),
     Refusal("bad_words", "null or []", "bad-word filtering is not supported", ["x"]),
-    Refusal("allowed_token_ids", "null", "use structured outputs or logit_bias", [1, 2]),
     Refusal("spaces_between_special_tokens", "true", "the detokenizer has one spacing mode",
             False, _is(True)),
     Refusal("documents", "null", "RAG documents are not passed to chat templates", [{"text": "x"}]),

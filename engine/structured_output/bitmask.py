@@ -13,12 +13,24 @@ def allocate_bitmask(rows: int, vocab_size: int) -> torch.Tensor:
     return torch.full((rows, (vocab_size + 31) // 32), -1, dtype=torch.int32)
 
 
-def grammar_bitmask(grammars: list, vocab_size: int) -> torch.Tensor | None:
-    """The step's bitmask for rows with a GrammarState (None entries are unconstrained); None if no row has one."""
-    if all(g is None for g in grammars):
+def ids_bitmask(ids: list[int], vocab_size: int) -> torch.Tensor:
+    """One row allowing exactly `ids`."""
+    ids_t = torch.tensor(sorted(set(ids)), dtype=torch.int64)
+    words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int64)
+    words.index_add_(0, ids_t // 32, torch.ones_like(ids_t) << (ids_t % 32))  # distinct bits: the sum is an OR
+    return (words - (words >= 2**31) * 2**32).to(torch.int32)  # bit 31 as int32's sign bit
+
+
+def grammar_bitmask(grammars: list, vocab_size: int, allowed_ids: list | None = None) -> torch.Tensor | None:
+    """The step's bitmask: each row's grammar (GrammarState or None) and its allowed_token_ids (a list or
+    None) both apply; None when no row has either."""
+    allowed_ids = allowed_ids or [None] * len(grammars)
+    if all(g is None for g in grammars) and all(a is None for a in allowed_ids):
         return None
     bitmask = allocate_bitmask(len(grammars), vocab_size)
-    for row, grammar in enumerate(grammars):
+    for row, (grammar, ids) in enumerate(zip(grammars, allowed_ids)):
         if grammar is not None and not grammar.terminated:
             grammar.fill_bitmask(bitmask, row)
+        if ids is not None:
+            bitmask[row] &= ids_bitmask(ids, vocab_size)
     return bitmask
