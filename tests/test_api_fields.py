@@ -112,3 +112,8 @@ def test_truncate_prompt_tokens_keeps_the_tail(server):
             "echo": True, "truncate_prompt_tokens": 3}
     r = httpx.post(server.url + COMPLETIONS, json=body, timeout=30).json()
     assert r["usage"]["prompt_tokens"] == 3 and r["choices"][0]["text"].startswith(" dog.")
+
+
+def test_request_id_names_the_response(server):
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 1, "request_id": "job-42"}
+    assert httpx.post(server.url + CHAT, json=body, timeout=30).json()["id"] == "chatcmpl-job-42"

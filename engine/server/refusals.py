@@ -61,7 +61,6 @@ REFUSALS = [
     Refusal("guided_whitespace_pattern", "null", "JSON is generated compact", r"[ ]?"),
     Refusal("structural_tag", "null", "structural tags are not supported", '{"type": "structural_tag"}'),
     Refusal("priority", "0", "one priority: first come, first served", 1, _is(0), 0),
-    Refusal("request_id", "null", "the server names its responses", "my-id"),
     Refusal("logits_processors", "null", "custom logits processors are not supported", ["x"]),
     Refusal("return_tokens_as_token_ids", "null or false", "logprob tokens are text", True, _is(False)),
     Refusal("return_token_ids", "null or false", "responses carry text", True, _is(False)),

@@ -101,7 +101,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
     params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+    request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params])
     except Exception as exc:  # noqa: BLE001

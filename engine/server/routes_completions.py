@@ -70,7 +70,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     params = [sampling_params(req, resolve_max_tokens(max_tokens, len(p.token_ids), model.max_model_len),
                               req.logprobs, model.vocab_size, structured, _engine_prompt_logprobs(req))
               for p in prompts]
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params)
     except Exception as exc:  # noqa: BLE001
