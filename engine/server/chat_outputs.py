@@ -1,10 +1,10 @@
 """A chat choice's text as an OpenAI message or as stream deltas: reasoning, content and tool calls split.
 
 `ChoiceView` reads the cumulative text of one choice each time it grows and returns only what is new
-and settled: reasoning (`--reasoning-parser`), content, and tool calls — parsed with the model's tool
-parser under tool_choice auto, or read from the grammar-forced JSON under `required` / a named function
-(arguments stream in pieces). The non-streamed message is the same view read once at
-the end, so streamed deltas always add up to the non-streamed message.
+and settled: reasoning (`--reasoning-parser`), content, and tool calls, parsed with the model's tool
+parser under tool_choice auto or read from the grammar-forced JSON under `required` / a named function.
+A call's arguments stream in pieces while it is being written (forced calls, hermes); the non-streamed
+message is the same view read once at the end, so streamed deltas always add up to it.
 """
 from __future__ import annotations
 
