@@ -9,6 +9,7 @@ import httpx
 import pytest
 import torch
 
+from engine import prompt_logprobs
 from engine.llm import LLM
 from engine.sampling_params import SamplingParams
 from server_harness import MODEL_NAME, start_server
@@ -42,8 +43,9 @@ def _check(entries, ids, rows, k):
         assert [t for t, lp in sorted(entry.items(), key=lambda e: e[1].rank) if lp.rank <= k] == top
 
 
-def test_engine_prompt_logprobs_match_hf_with_chunks_and_cache(reference):
+def test_engine_prompt_logprobs_match_hf_with_chunks_and_cache(reference, monkeypatch):
     path, ref = reference
+    monkeypatch.setattr(prompt_logprobs, "ROWS_PER_SLICE", 5)  # several slices per 16-token chunk
     llm = LLM(str(path), device="cpu", max_model_len=256, num_gpu_blocks_override=64, seed=0,
               max_num_batched_tokens=16)  # prompts of ~20-40 tokens prefill in several chunks
     llm.generate(PROMPTS, SamplingParams(max_tokens=1), use_tqdm=False)  # fills the prefix cache
