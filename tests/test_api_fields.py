@@ -117,3 +117,10 @@ def test_truncate_prompt_tokens_keeps_the_tail(server):
 def test_request_id_names_the_response(server):
     body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 1, "request_id": "job-42"}
     assert httpx.post(server.url + CHAT, json=body, timeout=30).json()["id"] == "chatcmpl-job-42"
+
+
+def test_chat_echo_prepends_the_assistant_message(server):
+    body = {"model": MODEL_NAME, "messages": USER + [{"role": "assistant", "content": "Once upon"}], "max_tokens": 2,
+            "echo": True, "add_generation_prompt": False, "continue_final_message": True}
+    r = httpx.post(server.url + CHAT, json=body, timeout=30).json()
+    assert r["choices"][0]["message"]["content"].startswith("Once upon")

@@ -55,7 +55,7 @@ def completion_prompts(model: ServedModel, prompt: str | list, add_special_token
     return prompts
 
 
-def _message_text(message: ChatMessage, index: int) -> str:
+def message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     texts = []
@@ -90,7 +90,7 @@ def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     """Messages as the plain dicts chat templates expect."""
     out = []
     for i, m in enumerate(messages):
-        d: dict = {"role": m.role, "content": _message_text(m, i)}
+        d: dict = {"role": m.role, "content": message_text(m, i)}
         for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(m, key)
             if value is not None:

@@ -24,7 +24,7 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs
-from engine.server.prompts import chat_prompt, resolve_max_tokens, truncate_prompt
+from engine.server.prompts import chat_prompt, message_text, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -48,8 +48,6 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
         raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}", "top_logprobs")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of other than n is not supported (got best_of={req.best_of}, n={req.n})", "best_of")
-    if req.echo:
-        raise bad_request("echo is not supported on chat completions; use /v1/completions", "echo")
     if req.prompt_logprobs is not None:
         raise bad_request("prompt_logprobs is not supported on chat completions; use /v1/completions",
                           "prompt_logprobs")
@@ -113,14 +111,22 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     if finals is None:
         return Response(status_code=499)
     final = finals[0]
-    choices = []
+    choices, echo = [], _echo(req)
     for o in sorted(final.outputs, key=lambda o: o.index):
         view = ChoiceView(plan)
         message = view.message(o.text)
+        if echo:
+            message.content = echo + (message.content or "")
         choices.append(ChatChoice(index=o.index, message=message, logprobs=_logprobs(req, model, o, 0),
                                   finish_reason=finish_reason(o.finish_reason, view), stop_reason=o.stop_reason))
     return ChatCompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
                                   usage=usage_of([final]))
+
+
+def _echo(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the reply starts with the last message's text when that message is the assistant's."""
+    last = req.messages[-1]
+    return message_text(last, len(req.messages) - 1) if req.echo and last.role == "assistant" else ""
 
 
 def _logprobs(req: ChatCompletionRequest, model: ServedModel, out: CompletionOutput,
@@ -144,7 +150,7 @@ async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedM
     done: set[int] = set()
     final: RequestOutput | None = None
     try:
-        yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=""))
+        yield chunk([ChatChunkChoice(index=i, delta=DeltaMessage(role="assistant", content=_echo(req)))
                      for i in range(req.n)])
         async with aclosing(merge(streams, ctx.metrics)) as outputs:
             async for _, out in outputs:
