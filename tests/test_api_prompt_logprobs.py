@@ -93,3 +93,14 @@ def test_vllm_prompt_logprobs_field(server, reference):
     assert entries[0] is None and len(entries) == len(ids)
     for i in range(1, len(ids)):
         assert math.isclose(entries[i][str(ids[i])]["logprob"], rows[i - 1][ids[i]].item(), abs_tol=1e-4)
+
+
+def test_chat_prompt_logprobs(server):
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+            "prompt_logprobs": 0}
+    r = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60).json()
+    entries = r["prompt_logprobs"]
+    assert entries[0] is None and len(entries) == r["usage"]["prompt_tokens"]
+    assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in entries[1:])
+    r = httpx.post(server.base_url + "/chat/completions", json={**body, "stream": True}, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"

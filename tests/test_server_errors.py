@@ -26,7 +26,6 @@ BAD_REQUESTS = {
     "max_tokens negative": (COMPLETIONS, {"prompt": "hello", "max_tokens": -5}),
     "max_completion_tokens 0": (CHAT, {"messages": USER, "max_completion_tokens": 0}),
     "scoring with n over 1": (COMPLETIONS, {"prompt": "hello", "echo": True, "max_tokens": 0, "n": 2}),
-    "prompt_logprobs on chat": (CHAT, {"messages": USER, "prompt_logprobs": 1}),
     "n over cap": (COMPLETIONS, {"prompt": "hello", "n": 17}),
     "n zero": (CHAT, {"messages": USER, "n": 0}),
     "temperature negative": (CHAT, {"messages": USER, "temperature": -0.5}),

@@ -82,6 +82,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None  # vLLM's, when asked for
 
 
 class DeltaMessage(BaseModel):

@@ -23,7 +23,7 @@ from engine.server.chat_outputs import ChatOutputPlan, ChoiceView, finish_reason
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
-from engine.server.logprobs import chat_logprobs
+from engine.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from engine.server.prompts import chat_prompt, message_text, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
@@ -48,9 +48,8 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
         raise bad_request(f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}", "top_logprobs")
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of other than n is not supported (got best_of={req.best_of}, n={req.n})", "best_of")
-    if req.prompt_logprobs is not None:
-        raise bad_request("prompt_logprobs is not supported on chat completions; use /v1/completions",
-                          "prompt_logprobs")
+    if req.prompt_logprobs is not None and req.stream:
+        raise bad_request("prompt_logprobs works without stream", "prompt_logprobs")
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
@@ -98,7 +97,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
-    params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured)
+    params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured, req.prompt_logprobs)
     request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params])
@@ -119,8 +118,10 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
             message.content = echo + (message.content or "")
         choices.append(ChatChoice(index=o.index, message=message, logprobs=_logprobs(req, model, o, 0),
                                   finish_reason=finish_reason(o.finish_reason, view), stop_reason=o.stop_reason))
+    prompt_logprobs = None if final.prompt_logprobs is None else \
+        vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
     return ChatCompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
-                                  usage=usage_of([final]))
+                                  usage=usage_of([final]), prompt_logprobs=prompt_logprobs)
 
 
 def _echo(req: ChatCompletionRequest) -> str:
