@@ -124,3 +124,17 @@ def test_chat_echo_prepends_the_assistant_message(server):
             "echo": True, "add_generation_prompt": False, "continue_final_message": True}
     r = httpx.post(server.url + CHAT, json=body, timeout=30).json()
     assert r["choices"][0]["message"]["content"].startswith("Once upon")
+
+
+def test_return_token_ids(server):
+    body = {"model": MODEL_NAME, "prompt": "hello there", "max_tokens": 3, "ignore_eos": True,
+            "return_token_ids": True}
+    choice = httpx.post(server.url + COMPLETIONS, json=body, timeout=30).json()["choices"][0]
+    assert len(choice["token_ids"]) == 3 and choice["prompt_token_ids"]
+    tokens = httpx.post(server.url + "/tokenize", json={"model": MODEL_NAME, "prompt": "hello there"}).json()
+    assert choice["prompt_token_ids"] == tokens["tokens"]
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 3, "ignore_eos": True, "return_token_ids": True,
+            "stream": True}
+    with httpx.stream("POST", server.url + CHAT, json=body, timeout=30) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert sum(len(c.get("token_ids") or []) for e in events for c in e["choices"]) == 3

@@ -104,6 +104,7 @@ class SamplingFields(RefusableFields):
     structured_outputs: StructuredOutputsField | None = None
     best_of: int | None = Field(None, ge=1)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per prompt token")
+    return_token_ids: bool | None = Field(None, description="vLLM: prompt and generated token ids in the reply")
     request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
         None, description="vLLM: the response id is cmpl-/chatcmpl- + this (must not be in use)")
     allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)

@@ -35,6 +35,8 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None  # vLLM's, when asked for
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (first chunk only when streamed)
+    token_ids: list[int] | None = None  # return_token_ids: this choice's (or this chunk's) generated ids
 
 
 class CompletionResponse(BaseModel):
@@ -73,6 +75,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -83,6 +86,7 @@ class ChatCompletionResponse(BaseModel):
     choices: list[ChatChoice]
     usage: Usage
     prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None  # vLLM's, when asked for
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class DeltaMessage(BaseModel):
@@ -98,6 +102,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids: this chunk's ids
 
 
 class ChatCompletionChunk(BaseModel):

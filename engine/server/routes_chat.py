@@ -117,11 +117,13 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         if echo:
             message.content = echo + (message.content or "")
         choices.append(ChatChoice(index=o.index, message=message, logprobs=_logprobs(req, model, o, 0),
-                                  finish_reason=finish_reason(o.finish_reason, view), stop_reason=o.stop_reason))
+                                  finish_reason=finish_reason(o.finish_reason, view), stop_reason=o.stop_reason,
+                                  token_ids=o.token_ids if req.return_token_ids else None))
     prompt_logprobs = None if final.prompt_logprobs is None else \
         vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
     return ChatCompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
-                                  usage=usage_of([final]), prompt_logprobs=prompt_logprobs)
+                                  usage=usage_of([final]), prompt_logprobs=prompt_logprobs,
+                                  prompt_token_ids=final.prompt_token_ids if req.return_token_ids else None)
 
 
 def _echo(req: ChatCompletionRequest) -> str:
@@ -161,14 +163,16 @@ async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedM
                     view = views[c.index]
                     delta = view.update(c.text, c.finished())
                     logprobs = _logprobs(req, model, c, sent_tokens[c.index])
+                    new_ids = c.token_ids[sent_tokens[c.index]:] if req.return_token_ids else None
                     sent_tokens[c.index] = len(c.token_ids)
                     if c.finished():
                         done.add(c.index)
-                    elif delta is None and logprobs is None:
+                    elif delta is None and logprobs is None and not new_ids:
                         continue
                     yield chunk([ChatChunkChoice(index=c.index, delta=delta or DeltaMessage(), logprobs=logprobs,
                                                  finish_reason=finish_reason(c.finish_reason, view),
-                                                 stop_reason=c.stop_reason)], usage_of([out]) if continuous else None)
+                                                 stop_reason=c.stop_reason, token_ids=new_ids)],
+                                usage_of([out]) if continuous else None)
                 final = out
         if req.stream_options and req.stream_options.include_usage and final is not None:
             yield chunk([], usage_of([final]))

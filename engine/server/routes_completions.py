@@ -106,10 +106,13 @@ def _choice(req: CompletionRequest, model: ServedModel, index: int, out: Complet
     prompt_logprobs = None
     if req.prompt_logprobs is not None and first and final.prompt_logprobs is not None:
         prompt_logprobs = vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
+    ids = req.return_token_ids or None
     return CompletionChoice(index=index, text=prefix + out.text[text_start:], logprobs=logprobs,
                             finish_reason="length" if _scoring_only(req) else out.finish_reason,
                             stop_reason=None if _scoring_only(req) else out.stop_reason,
-                            prompt_logprobs=prompt_logprobs)
+                            prompt_logprobs=prompt_logprobs,
+                            prompt_token_ids=final.prompt_token_ids if ids and first else None,
+                            token_ids=out.token_ids[token_start:] if ids else None)
 
 
 def _response(req: CompletionRequest, model: ServedModel, prompts: list[Prompt], finals: list[RequestOutput],
