@@ -104,3 +104,15 @@ def test_chat_prompt_logprobs(server):
     assert all(len(e) == 1 and next(iter(e.values()))["logprob"] <= 0 for e in entries[1:])
     r = httpx.post(server.base_url + "/chat/completions", json={**body, "stream": True}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_openai_sdk_echo_logprobs(server, reference):
+    import openai
+    _, ref = reference
+    client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    r = client.completions.create(model=MODEL_NAME, prompt=PROMPTS[1], echo=True, logprobs=2, max_tokens=0)
+    lp = r.choices[0].logprobs
+    ids, rows = ref[PROMPTS[1]]
+    assert r.choices[0].text == PROMPTS[1] and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(math.isclose(a, rows[i][ids[i + 1]].item(), abs_tol=1e-4) for i, a in enumerate(lp.token_logprobs[1:]))
+    assert all(len(top) >= 2 for top in lp.top_logprobs[1:])
