@@ -115,4 +115,4 @@ def test_openai_sdk_echo_logprobs(server, reference):
     ids, rows = ref[PROMPTS[1]]
     assert r.choices[0].text == PROMPTS[1] and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
     assert all(math.isclose(a, rows[i][ids[i + 1]].item(), abs_tol=1e-4) for i, a in enumerate(lp.token_logprobs[1:]))
-    assert all(len(top) >= 2 for top in lp.top_logprobs[1:])
+    assert all(top for top in lp.top_logprobs[1:])  # keyed by text: undecodable byte tokens may share a key
