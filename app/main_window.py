@@ -14,6 +14,8 @@ from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QIcon
 from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit, QScrollArea, QSplitter,
                                QTabWidget, QVBoxLayout, QWidget)
 
+from app.bench_store import BenchStore
+from app.benchmark_panel import BenchmarkPanel
 from app.capacity import capacity_line
 from app.chat_panel import ChatPanel
 from app.chat_store import ChatStore
@@ -68,12 +70,15 @@ class MainWindow(QMainWindow):
         self.chat = ChatPanel(self.store)
         self.monitor = MonitorPanel()
         self.endpoint = EndpointPanel()
+        self.bench_store = BenchStore(data_dir() / "benchmarks.sqlite3")
+        self.benchmark = BenchmarkPanel(self.bench_store)
         self.state_label = QLabel()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._engine_tab(), "Engine")
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.monitor, "Monitor")
         self.tabs.addTab(self.endpoint, "Endpoint")
+        self.tabs.addTab(self.benchmark, "Benchmark")
         self.setCentralWidget(self.tabs)
         self._build_toolbar()
         self.statusBar().addPermanentWidget(self.state_label)
@@ -170,6 +175,7 @@ class MainWindow(QMainWindow):
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
+            self.benchmark.set_endpoint(None)
             self.monitor.on_engine_stopped()
             self._update_endpoint()
 
@@ -177,6 +183,7 @@ class MainWindow(QMainWindow):
         api_key = self.settings_form.values().get("api_key")
         self.stats.start(base_url, api_key, self.stats_hz)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
+        self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
         self._update_endpoint(running=True)
         self.statusBar().showMessage(f"Engine ready at {base_url}", 5000)
 
@@ -239,11 +246,14 @@ class MainWindow(QMainWindow):
         save_values(self.qsettings, self.settings_form.values())
         self.stats.stop()  # close open streams first, so the engine's graceful shutdown has none to wait for
         self.chat.client.stop()
+        self.benchmark.runner.stop()
         self.supervisor.shutdown()
         self.stats.wait_stopped()
         self.chat.client.wait_idle()
         self.nvml.stop()
+        self.benchmark.runner.wait()
         self.store.close()
+        self.bench_store.close()
 
     def closeEvent(self, event: QCloseEvent) -> None:
         self.shutdown()

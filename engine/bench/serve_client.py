@@ -3,7 +3,8 @@
 A request's TTFT is the time from sending it to the first chunk that carries generated text; each later
 text chunk adds one inter-token latency (ITL) — a chunk may hold more than one token when the server's
 detokenizer holds text back, the same definition `vllm bench serve` uses. The output token count comes
-from the final `usage` chunk (`stream_options.include_usage`) when the server sends one.
+and the prompt token count come from the final `usage` chunk (`stream_options.include_usage`) when the
+server sends one (so word-built text prompts are counted exactly).
 """
 from __future__ import annotations
 
@@ -76,8 +77,9 @@ async def send_request(client: httpx.AsyncClient, url: str, body: dict, endpoint
                 if "error" in chunk:
                     outcome.error = f"stream error: {str(chunk['error'])[:200]}"
                     return outcome
-                if chunk.get("usage"):
+                if chunk.get("usage"):  # the server's own counts beat our estimates
                     outcome.output_tokens = int(chunk["usage"].get("completion_tokens") or 0)
+                    outcome.prompt_len = int(chunk["usage"].get("prompt_tokens") or outcome.prompt_len)
                 if not _chunk_text(chunk, endpoint):
                     continue
                 now = time.perf_counter()

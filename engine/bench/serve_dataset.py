@@ -3,7 +3,9 @@ prompts) or a JSONL file of prompts. Torch-free (the GUI's Benchmark tab imports
 
 A synthetic prompt is a list of random token ids drawn by `engine.bench.workload.sharegpt_like`; with a
 tokenizer it is decoded to text (so chat endpoints can take it), without one it travels as token ids
-(completions only), which every vLLM-compatible server accepts and which keeps prompt lengths exact.
+(completions only), which every vLLM-compatible server accepts and which keeps prompt lengths exact;
+`tokenizer="words"` maps the ids to common English words instead (text of about the same length, for an
+endpoint whose tokenizer is unknown, as in the app's Benchmark tab).
 """
 from __future__ import annotations
 
@@ -45,7 +47,23 @@ def synthetic_requests(num_prompts: int, vocab_size: int, max_model_len: int = 2
     return out
 
 
+# Common English words, one token each in the usual BPE vocabularies: text prompts of about the drawn
+# length for endpoints whose tokenizer we do not have (the server's usage chunk reports the exact count).
+WORDS = ("the of and to in is it you that he was for on are with as his they be at one have this from or had by "
+         "word but what some we can out other were all there when up use your how said an each she which do their "
+         "time if will way about many then them write would like so these her long make thing see him two has look "
+         "more day could go come did number sound no most people my over know water than call first who may down "
+         "side been now find any new work part take get place made live where after back little only round man "
+         "year came show every good me give our under name very through just form sentence great think say help").split()
+
+
+def words_prompt(ids: list[int]) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in ids)
+
+
 def _with_tokenizer(ids: list[int], output_len: int, tokenizer) -> ServeRequest:
+    if tokenizer == "words":
+        return ServeRequest(words_prompt(ids), len(ids), output_len)
     if tokenizer is None:
         return ServeRequest(ids, len(ids), output_len)
     text = tokenizer.decode(ids, skip_special_tokens=True)
