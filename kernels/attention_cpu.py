@@ -11,12 +11,18 @@ Imports nothing of ours outside kernels/.
 from __future__ import annotations
 
 import math
+import os
 
 import numba
 import numpy as np
 import torch
 
 from kernels.attention_torch import paged_attention_torch, prefill_attention_torch
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    # numba's own thread pool: its OpenMP layer would start a second libgomp runtime beside torch's, and
+    # two OpenMP pools spin-waiting against each other on few cores slow both.
+    numba.config.THREADING_LAYER = "workqueue"
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
