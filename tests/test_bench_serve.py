@@ -108,3 +108,12 @@ def test_statistics_are_numpys_over_the_recorded_timings():
     assert offsets[0] == 0 and np.all(np.diff(offsets) >= 0)
     assert np.diff(offsets).mean() == pytest.approx(0.1, rel=0.1)  # mean gap 1 / rate
     assert not arrival_times(3, math.inf, 0).any()
+
+
+def test_itl_replay_times_every_token_gap(llama_dir):
+    from engine.bench.itl import replay
+    requests = synthetic_requests(3, 300, max_model_len=128, prompt_mean=40, fixed_output_len=4)
+    r = replay(llama_dir, requests, arrival_times(3, 5.0, seed=0), 128, num_gpu_blocks_override=64,
+               max_num_batched_tokens=16)
+    assert len(r["ttft"]) == 3 and len(r["itl"]) == 3 * 3
+    assert (r["itl"] > 0).all() and (r["ttft"] > 0).all() and r["makespan"] >= r["ttft"].max()

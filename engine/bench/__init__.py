@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve"}
+COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
+            "itl": "engine.bench.itl"}
 
 
 def main(argv: list[str] | None = None) -> None:
