@@ -21,8 +21,9 @@ from engine.bench.workload import BenchRequest, make_random_llama, sharegpt_like
 
 def run_engine(path: Path, requests: list[BenchRequest], max_model_len: int,
                **engine_kwargs) -> tuple[float, dict[int, list[float]]]:
-    """Wall time, and per batch size the engine's overhead share of each step: everything but the forward
-    (`runner.run`: block copies, model, logits) — scheduling, input preparation, sampling, detokenizing."""
+    """Wall time, and per batch size the engine's overhead share of each step: everything but `runner.run`
+    (block copies, model, logits and the on-device sampling kernel) — scheduling, input preparation,
+    per-step sampling tensors, appending tokens, detokenizing, stop checks and outputs."""
     from engine import LLM, SamplingParams
 
     llm = LLM(str(path), device="cpu", max_model_len=max_model_len, **engine_kwargs)
