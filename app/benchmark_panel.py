@@ -23,7 +23,7 @@ from app.benchmark_worker import BenchmarkResult, BenchmarkRunner
 from engine.bench.serve_client import RequestOutcome
 from engine.bench.serve_dataset import synthetic_requests
 from engine.bench.serve_load import ServeLoad
-from widgets.time_plot import BACKGROUND, TimePlot
+from widgets.time_plot import TimePlot, palette_colors
 
 RATE_WINDOW_S = 5.0  # live throughput is averaged over this many seconds of finished requests
 COLUMNS = ("id", "label", "rate", "concurrency", "requests", "errors", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
@@ -87,7 +87,8 @@ class BenchmarkPanel(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.itemSelectionChanged.connect(self.update_overlay)
-        self.overlay = pg.PlotWidget(background=BACKGROUND, title="Past runs: latency by percentile (select 1–2)")
+        self.overlay = pg.PlotWidget(background=palette_colors()[0],
+                                     title="Past runs: latency by percentile (select 1–2)")
         self.overlay.setLabel("bottom", "percentile")
         self.overlay.setLabel("left", "ms")
         self.overlay.addLegend(offset=(8, 8), labelTextSize="8pt")
