@@ -1,9 +1,10 @@
 """`pagedesk-bench itl`: inter-token latency of running streams while prompts arrive, per step budget.
 
 Replays one Poisson arrival trace (10% long prompts by default) through the real engine in-process on a
-simulated clock that advances by each step's measured CPU time (`time.process_time`, all threads), so
-the figures say what a step budget does to ITL without the noise of other programs on a shared machine
-(wall-clock figures come from `pagedesk-bench serve` against a server). A stream's ITL is the clock
+simulated clock that advances by each step's measured CPU time (`time.process_time`; one thread by
+default, so the clock counts work and not threads spinning while others are descheduled), so the figures
+say what a step budget does to ITL without the noise of other programs on a shared machine (wall-clock
+figures come from `pagedesk-bench serve` against a server). A stream's ITL is the clock
 between its successive tokens; TTFT runs from its arrival. The maximum request rate is measured first
 (everything arriving at once); the trace then runs at `--load` × that rate for each configuration.
 """
@@ -62,7 +63,14 @@ def main(argv: list[str] | None = None) -> None:
                    help="step budgets to compare; off = chunked prefill off")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch and numba threads (1: the CPU-time clock then "
+                   "counts work only; with more, a thread spinning at a barrier while its peer is descheduled "
+                   "by other programs is counted too)")
     args = p.parse_args(argv)
+    import numba
+    import torch
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
     with tempfile.TemporaryDirectory() as tmp:
         path = make_random_llama(Path(tmp) / "bench-llama")
         requests = synthetic_requests(args.num_prompts, 8192, args.max_model_len, args.seed,
@@ -72,9 +80,9 @@ def main(argv: list[str] | None = None) -> None:
         max_rate = len(requests) / burst["makespan"]
         rate = args.load * max_rate
         offsets = arrival_times(len(requests), rate, args.seed)
-        print(f"\n{len(requests)} requests ({args.long_prompt_fraction:.0%} with 1024-1900-token prompts), "
-              f"{args.output_len} output tokens; max rate {max_rate:.3f} req/s of engine CPU time; trace at "
-              f"{rate:.3f} req/s ({args.load:.0%})\n")
+        print(f"\n{args.threads} thread(s); {len(requests)} requests ({args.long_prompt_fraction:.0%} with "
+              f"1024-1900-token prompts), {args.output_len} output tokens; max rate {max_rate:.3f} req/s of "
+              f"engine CPU time; trace at {rate:.3f} req/s ({args.load:.0%})\n")
         print("| chunked prefill, step budget | ITL p50 ms | ITL p90 ms | ITL p99 ms | ITL p99 / p50 | TTFT p50 ms "
               "| TTFT p99 ms | makespan s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
         for budget in args.budgets.split(","):

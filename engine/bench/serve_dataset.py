@@ -54,7 +54,8 @@ WORDS = ("the of and to in is it you that he was for on are with as his they be 
          "time if will way about many then them write would like so these her long make thing see him two has look "
          "more day could go come did number sound no most people my over know water than call first who may down "
          "side been now find any new work part take get place made live where after back little only round man "
-         "year came show every good me give our under name very through just form sentence great think say help").split()
+         "year came show every good me give our under name very through just form sentence great think say "
+         "help").split()
 
 
 def words_prompt(ids: list[int]) -> str:
