@@ -19,12 +19,14 @@ ATTENTION_BACKENDS = ("auto", "triton", "torch")
 SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
-# Online serving's step budget, per device: a step's cost grows with its tokens, and every running stream
-# waits for the whole step, so the budget bounds how long a prompt arriving can stall the streams' next
-# token (inter-token latency). On CUDA a 2048-token step costs about a decode step (vLLM's serving
-# default); on CPU a token of prefill costs ~1.5 ms on the benchmark Llama, so a 256-token budget keeps a
-# step with a prefill chunk within ~3x a decode step (BENCHMARKS.md, "Serving"). Offline `LLM` keeps 8192.
-SERVING_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 256}
+# Online serving's step budget, per device: a step's cost grows with its tokens and every running stream
+# waits for the whole step, so the budget bounds how long an arriving prompt stalls the streams' next
+# token. On CUDA a 2048-token step costs about a decode step (vLLM's serving default). On CPU a prefill
+# token costs about as much as a decode row, so only small chunks keep ITL p99 within 3x the median:
+# measured 2.9x at 64 tokens, 3.8x at 96, 5.5x at 128, 7.9x at 256, 9.2x without chunking (BENCHMARKS.md,
+# "pagedesk-bench itl"). Decodes share the budget, so more than 64 concurrent CPU streams want a larger
+# --max-num-batched-tokens. Offline `LLM` keeps 8192 (throughput, no streams to stall).
+SERVING_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +75,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enable_prefix_caching", bool, True, "Reuse KV blocks of shared prompt prefixes", "cache",
          negatable=True),
     Flag("max_num_seqs", int, 256, "Most sequences in one step", "scheduler", minimum=1),
-    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default: serving 256 on CPU, 2048 "
+    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default: serving 64 on CPU, 2048 "
          "on CUDA; offline 8192; at least max_model_len without chunked prefill)", "scheduler", minimum=1),
     Flag("enable_chunked_prefill", bool, True, "Split long prompts over steps while decodes continue",
          "scheduler", negatable=True),

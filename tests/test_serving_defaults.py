@@ -9,7 +9,7 @@ from engine.config import EngineConfig
 def test_serving_budget_follows_the_device_and_offline_keeps_8192():
     served = serve.parse_config(["--model", "m"])
     assert served.serving
-    assert served.resolve_max_num_batched_tokens(2048, "cpu") == 256
+    assert served.resolve_max_num_batched_tokens(2048, "cpu") == 64
     assert served.resolve_max_num_batched_tokens(2048, "cuda") == 2048
     offline = EngineConfig(model="m")
     assert not offline.serving and offline.resolve_max_num_batched_tokens(2048, "cpu") == 8192
