@@ -47,6 +47,7 @@ class BenchmarkPanel(QWidget):
         self.runner.outcome.connect(self._on_outcome)
         self.runner.finished.connect(self._on_finished)
         self.runner.failed.connect(self._on_failed)
+        self.runner.idle.connect(lambda: self.run_button.setEnabled(self.base_url is not None))
         self.refresh_runs()
         self.set_endpoint(None)
 
@@ -177,8 +178,7 @@ class BenchmarkPanel(QWidget):
         self._end_run()
 
     def _end_run(self) -> None:
-        self.stop_button.setEnabled(False)
-        self.run_button.setEnabled(self.base_url is not None)
+        self.stop_button.setEnabled(False)  # Run comes back with the runner's `idle`, once its thread has ended
 
     # ---- past runs -------------------------------------------------------------------------------------
     def refresh_runs(self) -> None:

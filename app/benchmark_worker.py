@@ -76,6 +76,7 @@ class BenchmarkRunner(QObject):
     outcome = Signal(object)
     finished = Signal(object)
     failed = Signal(str)
+    idle = Signal()  # the worker thread has ended: a new run may start
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -111,3 +112,4 @@ class BenchmarkRunner(QObject):
 
     def _forget(self) -> None:
         self._thread = self._worker = None
+        self.idle.emit()

@@ -28,6 +28,7 @@ def panel(qtbot, tmp_path):
 
 
 def run_once(panel, qtbot, label: str) -> None:
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=5000)  # the previous run's thread has ended
     panel.label.setText(label)
     with qtbot.waitSignal(panel.runner.finished, timeout=60000) as blocker:
         panel.run_button.click()
