@@ -121,7 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="time only our engine")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reference-attention", action="store_true",
+                        help="CPU attention by the torch oracle (gather + SDPA) instead of the numba kernel")
     args = parser.parse_args(argv)
+    if args.reference_attention:
+        import kernels.attention_cpu
+        from kernels.attention_torch import paged_attention_torch
+        kernels.attention_cpu.paged_attention_cpu = paged_attention_torch  # looked up when the cache is bound
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or make_random_llama(Path(tmp) / "bench-llama")
         from transformers import AutoConfig
