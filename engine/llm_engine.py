@@ -54,7 +54,7 @@ class LLMEngine:
                                       config.block_size, backend, config.tensor_parallel_size)
         try:
             max_len = self.model_config.max_model_len
-            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
+            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len, self.device.type)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
