@@ -217,6 +217,16 @@ class TensorParallelExecutor:
             raise self._explain_local_failure(exc, method) from exc
         return local, self._gather(method)
 
+    def kill_workers(self) -> None:
+        """SIGKILL every worker; safe from any thread. For a watchdog whose step is stuck in a collective on a
+        worker that stopped answering: with the worker gone the collective fails and the step raises."""
+        for w in self.workers:
+            if w.process.pid is not None and w.process.is_alive():
+                try:
+                    os.kill(w.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
     def check_health(self) -> None:
         """Raise RuntimeError if a worker has died (even while the engine sat idle)."""
         self._ensure_usable()

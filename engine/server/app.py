@@ -2,7 +2,8 @@
 
 The app does not own the engine: the caller starts the AsyncEngine (model loading runs in its
 thread while the server already answers /health with 503) and shuts it down. All per-server state
-lives on `app.state.ctx`, so tests can run several apps in one process.
+lives on `app.state.ctx`, so tests can run several apps in one process. The Host check (hosts.py) reads
+the bind address and `--allowed-hosts` from the engine's config.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from engine.server import routes_chat, routes_completions, routes_models, routes
 from engine.server.auth import require_api_key
 from engine.server.context import ServerContext
 from engine.server.errors import install_error_handlers
+from engine.server.hosts import TrustedHostMiddleware, allowed_host_names
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from engine.server.metrics import ServerMetrics
 from engine.server.responses import ErrorResponse
@@ -26,6 +28,8 @@ def create_app(async_engine: AsyncEngine, served_name: str, api_key: str | None 
     app.state.ctx = ServerContext(async_engine, served_name, api_key, ServerMetrics(async_engine, served_name))
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
+    config = async_engine.config
+    app.add_middleware(TrustedHostMiddleware, allowed=allowed_host_names(config.host, config.allowed_hosts))
     app.include_router(routes_models.open_router, responses={503: {"model": ErrorResponse}})
     guarded = dict(dependencies=[Depends(require_api_key)], responses=ERROR_RESPONSES)
     for module in (routes_models, routes_completions, routes_chat, routes_tokenize, routes_state):
