@@ -4,8 +4,8 @@ The engine thread loads the model, then loops: take queued commands (add, abort,
 `step()`, hand each RequestOutput to its request's asyncio queue via `loop.call_soon_threadsafe`. The
 event loop never touches the LLMEngine. An exception in `step()` marks the engine dead: every
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
-never dies silently. A step watchdog (`--step-timeout`, counted from the second step so the first-step
-kernel compilation is free) declares a step that never returns dead the same way, and ends the
+never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
+least FIRST_STEP_TIMEOUT_S) declares a step that never returns dead the same way, and ends the
 tensor-parallel workers so a collective stuck on one of them fails. A caller that goes away closes
 its `RequestStream`, which aborts the request at once so its blocks are freed.
 """
@@ -27,6 +27,7 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("pagedesk.engine")
 
+FIRST_STEP_TIMEOUT_S = 300.0  # the first step compiles kernels: the watchdog allows it at least this long
 IDLE_WAIT_S = 0.25  # how long an idle engine thread blocks on its command queue
 STATS_EVERY_S = 0.1
 RATE_WINDOW_S = 2.0
@@ -354,14 +355,21 @@ class AsyncEngine:
         while len(self._rate_samples) > 2 and now - self._rate_samples[1][0] >= RATE_WINDOW_S:
             self._rate_samples.popleft()
 
+    def stuck_seconds(self, now: float) -> float | None:
+        """How long the step in progress has run, if that is over its limit (else None). The first step
+        compiles kernels, so its limit is at least FIRST_STEP_TIMEOUT_S."""
+        started = self._step_started
+        if started is None or self.step_timeout <= 0:
+            return None
+        limit = self.step_timeout if self._steps_done else max(self.step_timeout, FIRST_STEP_TIMEOUT_S)
+        elapsed = now - started
+        return elapsed if elapsed > limit else None
+
     def _watchdog(self) -> None:
         poll = min(1.0, self.step_timeout / 4)
         while not self._watchdog_stop.wait(poll) and self.status == "ready":
-            started = self._step_started
-            if started is None or self._steps_done == 0:  # idle, or the first step (kernel compilation)
-                continue
-            elapsed = time.monotonic() - started
-            if elapsed > self.step_timeout:
+            elapsed = self.stuck_seconds(time.monotonic())
+            if elapsed is not None:
                 self._declare_stuck(elapsed)
                 return
 

@@ -1,0 +1,263 @@
+"""Reliability and security of the server process: DNS rebinding, slow readers, SIGTERM mid-stream, a stuck
+tensor-parallel worker. Each test forces its condition (a stream long by construction, a stopped process)
+and bounds its waits; none asserts wall time."""
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import weakref
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.async_engine import FIRST_STEP_TIMEOUT_S, AsyncEngine, EngineDeadError, RequestStream
+from engine.config import EngineConfig
+from engine.outputs import CompletionOutput, RequestOutput
+from engine.serve import EXIT_ENGINE_DIED
+from engine.server.hosts import allowed_host_names, host_name
+from server_harness import start_server
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def long_llama(tiny_model_dir):
+    """The tiny llama with a 4,096-token context, so a stream can be made long by construction."""
+    return tiny_model_dir("llama", max_position_embeddings=4096)
+
+
+@pytest.fixture(scope="module")
+def server(llama_dir):
+    srv = start_server(llama_dir)
+    yield srv
+    srv.stop()
+
+
+# ---- item 4: DNS rebinding ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("path", ["/health", "/v1/models"])
+def test_foreign_host_header_is_refused(server, path):
+    r = httpx.get(server.url + path, headers={"Host": "attacker.example"})
+    assert r.status_code in (400, 421)
+    assert r.json()["error"]["code"] == "invalid_host" and "--allowed-hosts" in r.json()["error"]["message"]
+    for host in (f"127.0.0.1:{server.port}", f"localhost:{server.port}", f"[::1]:{server.port}", "LOCALHOST"):
+        assert httpx.get(server.url + path, headers={"Host": host}).status_code == 200, host
+
+
+def test_allowed_host_names():
+    assert allowed_host_names("127.0.0.1", None) == {"localhost", "127.0.0.1", "::1"}
+    assert allowed_host_names("127.0.0.1", "desk.lan, Box") == {"localhost", "127.0.0.1", "::1", "desk.lan", "box"}
+    assert allowed_host_names("192.168.1.5", None) == {"localhost", "127.0.0.1", "::1", "192.168.1.5"}
+    assert allowed_host_names("127.0.0.1", "*") is None and allowed_host_names("0.0.0.0", None) is None
+    assert allowed_host_names("0.0.0.0", "desk.lan") == {"localhost", "127.0.0.1", "::1", "0.0.0.0", "desk.lan"}
+    assert [host_name(h) for h in ("a.b:80", "[::1]:8000", "::1", "x")] == ["a.b", "::1", "::1", "x"]
+
+
+# ---- item 9: a reader that stops reading holds one output, not one per step -------------------------------------
+
+class _Engine:
+    def abort(self, request_id: str) -> None:
+        self.aborted = request_id
+
+
+def _output(num_tokens: int, finished: bool = False) -> RequestOutput:
+    ids = list(range(num_tokens))
+    return RequestOutput("r", None, [1], [CompletionOutput(0, "x" * num_tokens, ids, None, None)], finished)
+
+
+def test_slow_reader_gets_the_newest_output_and_close_releases_it():
+    async def run():
+        engine = _Engine()
+        stream = RequestStream("r", engine, asyncio.get_running_loop())
+        stream._put(stream_accepted())
+        for n in range(1, 1001):  # a thousand steps while the client reads nothing
+            stream.put_threadsafe(_output(n))
+        await asyncio.sleep(0)
+        newest = await stream.__anext__()
+        assert len(newest.outputs[0].token_ids) == 1000  # cumulative: nothing lost by skipping the rest
+        assert stream.pending_output() is None  # and nothing else was held
+        last = _output(1001)
+        ref = weakref.ref(last)
+        stream._put(last)
+        del last
+        stream.close()  # the client went away: the pending output is dropped and the request aborted
+        gc.collect()
+        assert ref() is None and engine.aborted == "r"
+        stream._put(_output(1002))  # late outputs after close are not kept either
+        assert stream.pending_output() is None
+
+    asyncio.run(run())
+
+
+def stream_accepted():
+    from engine.async_engine import _ACCEPTED
+    return _ACCEPTED
+
+
+def test_error_replaces_pending_output():
+    async def run():
+        stream = RequestStream("r", _Engine(), asyncio.get_running_loop())
+        stream._put(stream_accepted())
+        stream._put(_output(3))
+        stream._put(EngineDeadError("gone"))
+        stream._put(_output(4))  # an error is final
+        with pytest.raises(EngineDeadError):
+            await stream.__anext__()
+
+    asyncio.run(run())
+
+
+# ---- items 3 and 6: server subprocesses ---------------------------------------------------------------------
+
+def start_serve(model_dir, port: int, *flags: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
+            "--num-gpu-blocks-override", "300", "--served-model-name", "tiny", *flags]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
+
+
+def wait_serving(proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    lines = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        assert line, f"the server exited before serving: {lines}"
+        lines.append(line)
+        if line.startswith("PagedDesk serving"):
+            return
+    raise AssertionError(f"the server did not start: {lines}")
+
+
+def free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def open_long_stream(port: int, client: httpx.Client):
+    """A chat stream that cannot finish soon: 4,000 tokens with EOS ignored."""
+    body = {"model": "tiny", "messages": [{"role": "user", "content": "tell a long story"}], "max_tokens": 4000,
+            "ignore_eos": True, "stream": True}
+    return client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
+
+
+def read_events(lines, first_only: bool = False) -> list[str]:
+    """SSE data up to [DONE]; with first_only, up to the first generated token (so a step has run)."""
+    events = []
+    for line in lines:
+        if line.startswith("data: "):
+            events.append(line[6:])
+            if events[-1] == "[DONE]":
+                return events
+            if first_only and json.loads(events[-1])["choices"][0]["delta"].get("content"):
+                return events
+    return events
+
+
+def kill(proc: subprocess.Popen) -> str:
+    if proc.poll() is None:
+        proc.kill()
+    out, _ = proc.communicate(timeout=30)
+    return out or ""
+
+
+@pytest.mark.timeout(120)
+def test_sigterm_ends_streams_in_band_then_exits_0(long_llama):
+    port = free_port()
+    proc = start_serve(long_llama, port)
+    try:
+        wait_serving(proc)
+        with httpx.Client(timeout=60) as client, open_long_stream(port, client) as response:
+            lines = response.iter_lines()
+            assert read_events(lines, first_only=True)  # the stream runs
+            proc.send_signal(signal.SIGTERM)
+            events = read_events(lines)  # ends in-band, not with a cut connection
+        assert events[-1] == "[DONE]", events[-3:]
+        error = json.loads(events[-2])["error"]
+        assert "shutting down" in error["message"] and error["type"] == "service_unavailable_error"
+        assert proc.wait(30) == 0
+        output = proc.stdout.read()
+        assert "CancelledError" not in output and "Traceback" not in output, output
+    finally:
+        kill(proc)
+
+
+def descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def worker_pid(server_pid: int) -> int:
+    """The tensor-parallel worker (its command line runs multiprocessing's spawn main, not the tracker)."""
+    for pid in descendants(server_pid):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"spawn_main" in cmdline:
+            return pid
+    raise AssertionError("no tensor-parallel worker process")
+
+
+@pytest.mark.timeout(180)
+def test_stopped_tensor_parallel_worker_trips_the_step_watchdog(long_llama):
+    """SIGSTOP on the worker mid-stream: the step never returns; the watchdog ends the stream in-band, /health
+    turns 503 and the process exits with code 4 so the GUI's supervisor restarts it."""
+    port = free_port()
+    proc = start_serve(long_llama, port, "--tensor-parallel-size", "2",
+                       "--step-timeout", "2")
+    stopped = None
+    try:
+        wait_serving(proc)
+        stopped = worker_pid(proc.pid)
+        with httpx.Client(timeout=60) as client, open_long_stream(port, client) as response:
+            lines = response.iter_lines()
+            assert read_events(lines, first_only=True)
+            os.kill(stopped, signal.SIGSTOP)
+            events = read_events(lines)
+            saw_503 = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 503
+        assert events[-1] == "[DONE]", events[-3:]
+        assert "--step-timeout" in json.loads(events[-2])["error"]["message"]
+        assert saw_503
+        assert proc.wait(60) == EXIT_ENGINE_DIED
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        kill(proc)
+
+
+def test_watchdog_times_steps_after_the_first():
+    """The first step (kernel compilation) gets a long limit; a later one past --step-timeout is stuck; 0 turns
+    the watchdog off."""
+    engine = AsyncEngine(EngineConfig(model="m", step_timeout=5))
+    engine._step_started = 100.0
+    assert engine.stuck_seconds(200.0) is None and engine.stuck_seconds(100.0 + FIRST_STEP_TIMEOUT_S + 1)
+    engine._steps_done = 1
+    assert engine.stuck_seconds(104.0) is None and engine.stuck_seconds(106.0) == 6.0
+    engine._step_started = None
+    assert engine.stuck_seconds(200.0) is None  # between steps
+    off = AsyncEngine(EngineConfig(model="m", step_timeout=0))
+    off._step_started, off._steps_done = 100.0, 1
+    assert off.stuck_seconds(1e9) is None
