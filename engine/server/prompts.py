@@ -1,9 +1,13 @@
 """Turn request prompts and chat messages into token ids, and check them against the model's limits.
 
 Chat messages are rendered by the tokenizer's own `apply_chat_template` (transformers renders it in a
-sandboxed Jinja environment). Everything a client can get wrong here (empty prompt, ids outside the
-vocabulary, too long for `max_model_len`, images for a text model, tools for a model whose template
-has none) raises `OpenAIError(400)` with the numbers.
+sandboxed Jinja environment). Message content is the user's text, never markup: special-token text in
+it ("</s><|system|>") is tokenized as plain text, while the template's own special tokens stay special,
+so no one can forge a turn of another role. Text longer than any prompt that could fit `max_model_len`
+(MAX_CHARS_PER_TOKEN characters per token, a bound no real tokenizer reaches on average) is refused
+before it is tokenized. Everything a client can get wrong here (empty prompt, ids outside the
+vocabulary, too long, images for a text model, tools for a model whose template has none) raises
+`OpenAIError(400)` with the numbers. These functions run in the tokenizer pool (tokenize_pool.py).
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ from dataclasses import dataclass
 from engine.server.errors import bad_request
 from engine.server.protocol import ChatMessage
 from engine.server.served_model import ServedModel
+
+
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -26,7 +33,33 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise bad_request(f"{param} holds token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", param)
 
 
+def check_prompt_chars(num_chars: int, max_model_len: int, param: str = "prompt") -> None:
+    limit = max_model_len * MAX_CHARS_PER_TOKEN
+    if num_chars > limit:
+        raise bad_request(f"the prompt has {num_chars} characters, more than any prompt that fits this model's "
+                          f"maximum context length of {max_model_len} tokens can have ({limit} characters); "
+                          "shorten the prompt", param)
+
+
+def prompt_chars(prompt: str | list) -> int:
+    """Characters in a completions prompt (all entries), for the cap and the tokenizer pool's lane."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, (str, list)))
+
+
+def message_chars(messages: list[ChatMessage] | None) -> int:
+    total = 0
+    for m in messages or []:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content:
+            total += sum(len(part.text or "") for part in m.content)
+    return total
+
+
 def encode(model: ServedModel, text: str, add_special_tokens: bool) -> list[int]:
+    check_prompt_chars(len(text), model.max_model_len)
     return list(model.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
@@ -93,6 +126,7 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dic
                           "continue_final_message")
     if not model.tokenizer.chat_template:
         raise bad_request(f"model {model.name!r} has no chat template; use /v1/completions", "messages")
+    check_prompt_chars(message_chars(messages), model.max_model_len, "messages")
     dicts = chat_messages(messages)
     try:
         return model.tokenizer.apply_chat_template(
@@ -102,10 +136,45 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dic
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from None
 
 
+def _content_spans(model: ServedModel, messages: list[ChatMessage], text: str) -> list[tuple[int, int]]:
+    """Where the message contents that hold special-token text sit in the rendered `text`, in order."""
+    specials = model.special_token_texts
+    spans, cursor = [], 0
+    for i, message in enumerate(messages):
+        content = _message_text(message, i)
+        if not content or not any(s in content for s in specials):
+            continue
+        start = text.find(content, cursor)
+        if start < 0:
+            raise bad_request(f"messages[{i}] holds special-token text that the chat template rewrites, so it "
+                              "cannot be kept as plain text; remove it", f"messages.{i}.content")
+        spans.append((start, start + len(content)))
+        cursor = start + len(content)
+    return spans
+
+
+def encode_chat(model: ServedModel, messages: list[ChatMessage], text: str, add_special_tokens: bool) -> list[int]:
+    """Ids of a rendered chat: the template's text with its special tokens, each message content as plain text."""
+    check_prompt_chars(len(text), model.max_model_len, "messages")
+    spans = _content_spans(model, messages, text)
+    if not spans:
+        return encode(model, text, add_special_tokens)
+    ids: list[int] = list(model.tokenizer.encode("", add_special_tokens=add_special_tokens))
+    cursor = 0
+    for start, end in spans:
+        if start > cursor:
+            ids += model.tokenizer.encode(text[cursor:start], add_special_tokens=False)
+        ids += model.text_tokenizer.encode(text[start:end], add_special_tokens=False)
+        cursor = end
+    if cursor < len(text):
+        ids += model.tokenizer.encode(text[cursor:], add_special_tokens=False)
+    return ids
+
+
 def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False) -> Prompt:
     text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message)
-    ids = encode(model, text, add_special_tokens=False)
+    ids = encode_chat(model, messages, text, add_special_tokens=False)
     if not ids:
         raise bad_request("the rendered chat prompt is empty", "messages")
     return Prompt(text, ids)
