@@ -24,6 +24,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.serve import EXIT_ENGINE_DIED
 from engine.server.hosts import allowed_host_names, host_name
 from engine.server.prompts import MAX_CHARS_PER_TOKEN
+from engine.server.state_hub import SnapshotHub
 from server_harness import start_server
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -142,6 +143,64 @@ def test_special_token_text_in_content_stays_text(server):
     plain = [{"role": "user", "content": "hello there"}]
     text = tok.apply_chat_template(plain, tokenize=False, add_generation_prompt=False)
     assert _chat_ids(server, plain) == tok.encode(text, add_special_tokens=False)
+
+
+# ---- item 2: engine-state snapshots are shared, not built per subscriber --------------------------------------
+
+def test_hub_shares_one_collection_between_waiting_readers():
+    async def run():
+        release, calls = asyncio.Event(), []
+
+        async def produce():
+            calls.append(1)
+            await release.wait()
+            return f"snapshot {len(calls)}"
+
+        hub = SnapshotHub(produce, min_interval=0.05)
+        readers = [asyncio.ensure_future(hub.get()) for _ in range(50)]
+        await asyncio.sleep(0)
+        release.set()
+        got = await asyncio.gather(*readers)
+        assert len(calls) == 1 and {s.body for s in got} == {"snapshot 1"}
+        assert (await hub.get()).seq == 1  # fresh: handed out again without a collection
+        newer = await hub.get(newer_than=1)  # a newer one waits for the rate cap, then is collected once
+        assert newer.seq == 2 and len(calls) == 2 and newer.started_at - got[0].started_at >= 0.05
+        asked = hub.now()
+        assert (await hub.get(started_after=asked)).started_at >= asked  # one-off reads see the state as of now
+
+    asyncio.run(run())
+
+
+def test_many_state_subscribers_share_snapshots(server):
+    """Fifty subscribers ask while the engine thread is held: one snapshot serves them all."""
+    gate = threading.Event()
+    holder = threading.Thread(target=lambda: asyncio.run(server.async_engine.call(lambda _: gate.wait(30))))
+    holder.start()
+    url = server.base_url + "/engine/state/stream?hz=20"
+
+    async def first_event(client: httpx.AsyncClient, opened: asyncio.Queue) -> dict:
+        async with client.stream("GET", url) as response:
+            await opened.put(1)
+            async for line in response.aiter_lines():
+                if line.startswith("data: "):
+                    return json.loads(line[6:])
+
+    async def run():
+        opened: asyncio.Queue = asyncio.Queue()
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=60)) as client:
+            readers = [asyncio.ensure_future(first_event(client, opened)) for _ in range(50)]
+            for _ in readers:
+                await opened.get()
+            await asyncio.sleep(0.2)  # let the last ones reach the hub (a margin, not a condition tested)
+            gate.set()
+            return await asyncio.gather(*readers)
+
+    try:
+        events = asyncio.run(run())
+    finally:
+        gate.set()
+        holder.join(30)
+    assert len({e["time"] for e in events}) <= 2, "subscribers got snapshots of their own"
 
 
 # ---- item 9: a reader that stops reading holds one output, not one per step -------------------------------------
