@@ -404,3 +404,18 @@ def test_watchdog_times_steps_after_the_first():
     off = AsyncEngine(EngineConfig(model="m", step_timeout=0))
     off._step_started, off._steps_done = 100.0, 1
     assert off.stuck_seconds(1e9) is None
+
+
+# ---- item 12: no rendezvous folder outlives a SIGKILLed server ---------------------------------------------------
+
+def test_stale_rendezvous_folders_of_dead_processes_are_removed(tmp_path):
+    from engine.executor import STORE_PREFIX, remove_stale_store_dirs
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"{STORE_PREFIX}{dead.pid}-abc").mkdir()
+    (tmp_path / f"{STORE_PREFIX}{dead.pid}-abc" / "rendezvous").write_text("x")
+    (tmp_path / f"{STORE_PREFIX}{os.getpid()}-def").mkdir()  # a live owner: kept
+    (tmp_path / "pagedesk-tp-notapid").mkdir()  # not ours to judge: kept
+    assert remove_stale_store_dirs(str(tmp_path)) == [f"{STORE_PREFIX}{dead.pid}-abc"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{STORE_PREFIX}{os.getpid()}-def",
+                                                                  "pagedesk-tp-notapid"])
