@@ -1,7 +1,7 @@
 """AsyncEngine: runs the (not thread-safe) LLMEngine in one background thread and serves asyncio callers.
 
 The engine thread loads the model, then loops: take queued commands (add, abort, call), run one
-`step()`, hand each RequestOutput to its request's asyncio queue via `loop.call_soon_threadsafe`. The
+`step()`, hand each RequestOutput to its request's stream via `loop.call_soon_threadsafe`. The
 event loop never touches the LLMEngine. An exception in `step()` marks the engine dead: every
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
 never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
@@ -18,7 +18,7 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.config import EngineConfig

@@ -1,19 +1,14 @@
-"""Reliability and security of the server process: DNS rebinding, slow readers, SIGTERM mid-stream, a stuck
-tensor-parallel worker. Each test forces its condition (a stream long by construction, a stopped process)
-and bounds its waits; none asserts wall time."""
+"""Reliability and security of the server: DNS rebinding, huge prompts, tokenizing off the event loop, role
+injection, shared engine-state snapshots, schema honesty, slow readers, the step watchdog's clock. Each test
+forces its condition (a held engine thread, a prompt too long by construction) and asserts no wall time.
+Server subprocesses (SIGTERM, a stopped worker) are in test_server_process.py."""
 from __future__ import annotations
 
 import asyncio
 import gc
 import json
-import os
-import signal
-import subprocess
-import sys
 import threading
-import time
 import weakref
-from pathlib import Path
 
 import httpx
 import pytest
@@ -21,19 +16,10 @@ import pytest
 from engine.async_engine import FIRST_STEP_TIMEOUT_S, AsyncEngine, EngineDeadError, RequestStream
 from engine.config import EngineConfig
 from engine.outputs import CompletionOutput, RequestOutput
-from engine.serve import EXIT_ENGINE_DIED
 from engine.server.hosts import allowed_host_names, host_name
 from engine.server.prompts import MAX_CHARS_PER_TOKEN
 from engine.server.state_hub import SnapshotHub
 from server_harness import start_server
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def long_llama(tiny_model_dir):
-    """The tiny llama with a 4,096-token context, so a stream can be made long by construction."""
-    return tiny_model_dir("llama", max_position_embeddings=4096)
 
 
 @pytest.fixture(scope="module")
@@ -203,6 +189,47 @@ def test_many_state_subscribers_share_snapshots(server):
     assert len({e["time"] for e in events}) <= 2, "subscribers got snapshots of their own"
 
 
+# ---- item 10: the schema says what the server does ------------------------------------------------------------
+
+def test_openapi_documents_media_types(server):
+    paths = httpx.get(server.url + "/openapi.json").json()["paths"]
+
+    def media(path, method="get"):
+        return set(paths[path][method]["responses"]["200"]["content"])
+
+    assert media("/metrics") == {"text/plain"}
+    assert media("/v1/engine/state/stream") == {"text/event-stream"}
+    assert media("/v1/completions", "post") == media("/v1/chat/completions", "post") == \
+        {"application/json", "text/event-stream"}
+
+
+@pytest.mark.parametrize("route,body,expected", [
+    ("/v1/completions", {"prompt": [True, False]}, "prompt"),
+    ("/v1/completions", {"prompt": ["5"]}, "prompt"),
+    ("/detokenize", {"tokens": [True]}, "tokens.0: Input should be a valid integer"),
+    ("/v1/completions", {"prompt": "hi", "stop_token_ids": [False]}, "stop_token_ids.0"),
+    ("/v1/completions", {"prompt": ""}, "prompt: String should have at least 1 character"),
+    ("/tokenize", {"messages": []}, "messages: List should have at least 1 item"),
+    ("/v1/completions", {"prompt": "hi", "stop": "x" * 600}, "stop: String should have at most 512 characters"),
+    ("/v1/completions", {"prompt": "hi", "stop": ["x"] * 65}, "stop: List should have at most 64 items"),
+])
+def test_strict_types_and_accurate_messages(server, route, body, expected):
+    r = httpx.post(server.url + route, json=body)
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(expected), r.text
+
+
+def test_refusals_are_in_the_schema(server):
+    schemas = httpx.get(server.url + "/openapi.json").json()["components"]["schemas"]
+    prompt = json.dumps(schemas["CompletionRequest"]["properties"]["prompt"])
+    assert '"minLength": 1' in prompt and '"minItems": 1' in prompt
+    assert schemas["TokenizeRequest"]["properties"]["messages"]["anyOf"][0]["minItems"] == 1
+
+
+def test_nan_rate_names_the_real_problem(server):
+    r = httpx.get(server.base_url + "/engine/state/stream", params={"hz": "nan"})
+    assert r.status_code == 400 and "finite number" in r.json()["error"]["message"]
+
+
 # ---- item 9: a reader that stops reading holds one output, not one per step -------------------------------------
 
 class _Engine:
@@ -257,140 +284,6 @@ def test_error_replaces_pending_output():
     asyncio.run(run())
 
 
-# ---- items 3 and 6: server subprocesses ---------------------------------------------------------------------
-
-def start_serve(model_dir, port: int, *flags: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
-            "--num-gpu-blocks-override", "300", "--served-model-name", "tiny", *flags]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
-
-
-def wait_serving(proc: subprocess.Popen, timeout_s: float = 120) -> None:
-    deadline = time.monotonic() + timeout_s
-    lines = []
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        assert line, f"the server exited before serving: {lines}"
-        lines.append(line)
-        if line.startswith("PagedDesk serving"):
-            return
-    raise AssertionError(f"the server did not start: {lines}")
-
-
-def free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def open_long_stream(port: int, client: httpx.Client):
-    """A chat stream that cannot finish soon: 4,000 tokens with EOS ignored."""
-    body = {"model": "tiny", "messages": [{"role": "user", "content": "tell a long story"}], "max_tokens": 4000,
-            "ignore_eos": True, "stream": True}
-    return client.stream("POST", f"http://127.0.0.1:{port}/v1/chat/completions", json=body)
-
-
-def read_events(lines, first_only: bool = False) -> list[str]:
-    """SSE data up to [DONE]; with first_only, up to the first generated token (so a step has run)."""
-    events = []
-    for line in lines:
-        if line.startswith("data: "):
-            events.append(line[6:])
-            if events[-1] == "[DONE]":
-                return events
-            if first_only and json.loads(events[-1])["choices"][0]["delta"].get("content"):
-                return events
-    return events
-
-
-def kill(proc: subprocess.Popen) -> str:
-    if proc.poll() is None:
-        proc.kill()
-    out, _ = proc.communicate(timeout=30)
-    return out or ""
-
-
-@pytest.mark.timeout(120)
-def test_sigterm_ends_streams_in_band_then_exits_0(long_llama):
-    port = free_port()
-    proc = start_serve(long_llama, port)
-    try:
-        wait_serving(proc)
-        with httpx.Client(timeout=60) as client, open_long_stream(port, client) as response:
-            lines = response.iter_lines()
-            assert read_events(lines, first_only=True)  # the stream runs
-            proc.send_signal(signal.SIGTERM)
-            events = read_events(lines)  # ends in-band, not with a cut connection
-        assert events[-1] == "[DONE]", events[-3:]
-        error = json.loads(events[-2])["error"]
-        assert "shutting down" in error["message"] and error["type"] == "service_unavailable_error"
-        assert proc.wait(30) == 0
-        output = proc.stdout.read()
-        assert "CancelledError" not in output and "Traceback" not in output, output
-    finally:
-        kill(proc)
-
-
-def descendants(pid: int) -> list[int]:
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def worker_pid(server_pid: int) -> int:
-    """The tensor-parallel worker (its command line runs multiprocessing's spawn main, not the tracker)."""
-    for pid in descendants(server_pid):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"spawn_main" in cmdline:
-            return pid
-    raise AssertionError("no tensor-parallel worker process")
-
-
-@pytest.mark.timeout(180)
-def test_stopped_tensor_parallel_worker_trips_the_step_watchdog(long_llama):
-    """SIGSTOP on the worker mid-stream: the step never returns; the watchdog ends the stream in-band, /health
-    turns 503 and the process exits with code 4 so the GUI's supervisor restarts it."""
-    port = free_port()
-    proc = start_serve(long_llama, port, "--tensor-parallel-size", "2",
-                       "--step-timeout", "2")
-    stopped = None
-    try:
-        wait_serving(proc)
-        stopped = worker_pid(proc.pid)
-        with httpx.Client(timeout=60) as client, open_long_stream(port, client) as response:
-            lines = response.iter_lines()
-            assert read_events(lines, first_only=True)
-            os.kill(stopped, signal.SIGSTOP)
-            events = read_events(lines)
-            saw_503 = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 503
-        assert events[-1] == "[DONE]", events[-3:]
-        assert "--step-timeout" in json.loads(events[-2])["error"]["message"]
-        assert saw_503
-        assert proc.wait(60) == EXIT_ENGINE_DIED
-    finally:
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        kill(proc)
-
-
 def test_watchdog_times_steps_after_the_first():
     """The first step (kernel compilation) gets a long limit; a later one past --step-timeout is stuck; 0 turns
     the watchdog off."""
@@ -404,18 +297,3 @@ def test_watchdog_times_steps_after_the_first():
     off = AsyncEngine(EngineConfig(model="m", step_timeout=0))
     off._step_started, off._steps_done = 100.0, 1
     assert off.stuck_seconds(1e9) is None
-
-
-# ---- item 12: no rendezvous folder outlives a SIGKILLed server ---------------------------------------------------
-
-def test_stale_rendezvous_folders_of_dead_processes_are_removed(tmp_path):
-    from engine.executor import STORE_PREFIX, remove_stale_store_dirs
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (tmp_path / f"{STORE_PREFIX}{dead.pid}-abc").mkdir()
-    (tmp_path / f"{STORE_PREFIX}{dead.pid}-abc" / "rendezvous").write_text("x")
-    (tmp_path / f"{STORE_PREFIX}{os.getpid()}-def").mkdir()  # a live owner: kept
-    (tmp_path / "pagedesk-tp-notapid").mkdir()  # not ours to judge: kept
-    assert remove_stale_store_dirs(str(tmp_path)) == [f"{STORE_PREFIX}{dead.pid}-abc"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{STORE_PREFIX}{os.getpid()}-def",
-                                                                  "pagedesk-tp-notapid"])

@@ -26,7 +26,7 @@ from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletion
                                      ChatLogprobs, ChatMessageOut, DeltaMessage, Usage)
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
-from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
 from engine.server.tokenize_pool import off_loop
 
 router = APIRouter()
@@ -46,7 +46,7 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
 async def create_chat_completion(req: ChatCompletionRequest, request: Request,
                                  ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
     model = ctx.model_for(req.model)

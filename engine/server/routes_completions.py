@@ -24,7 +24,7 @@ from engine.server.protocol import CompletionRequest
 from engine.server.responses import CompletionChoice, CompletionResponse, Usage
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
-from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
 from engine.server.tokenize_pool import off_loop
 
 MAX_PROMPTS = 64
@@ -46,7 +46,7 @@ def _check_supported(req: CompletionRequest) -> None:
                           "logprobs")
 
 
-@router.post("/v1/completions", response_model=CompletionResponse)
+@router.post("/v1/completions", response_model=CompletionResponse, responses=SSE_RESPONSE_DOC)
 async def create_completion(req: CompletionRequest, request: Request,
                             ctx: ServerContext = Depends(get_context)) -> Response | CompletionResponse:
     model = ctx.model_for(req.model)

@@ -13,7 +13,7 @@ from fastapi.responses import Response
 from engine.server.context import ServerContext, get_context
 from engine.server.engine_state import build_state, collect_raw
 from engine.server.errors import engine_error, error_body
-from engine.server.sse import sse_response
+from engine.server.sse import EventStreamResponse, sse_response
 from engine.server.state_hub import MAX_SNAPSHOTS_PER_S, SnapshotHub
 
 router = APIRouter()
@@ -38,15 +38,17 @@ def snapshot_hub(ctx: ServerContext) -> SnapshotHub:
     return ctx.snapshots
 
 
-@router.get("/v1/engine/state")
+@router.get("/v1/engine/state", responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                                                  "description": "One snapshot (docs/engine-state.md)"}})
 async def engine_state(ctx: ServerContext = Depends(get_context)) -> Response:
     hub = snapshot_hub(ctx)
     snap = await hub.get(started_after=hub.now())  # the state as of this request, not one a stream took earlier
     return Response(snap.body, media_type="application/json")
 
 
-@router.get("/v1/engine/state/stream")
-async def engine_state_stream(hz: float = Query(4.0, ge=0.5, le=MAX_SNAPSHOTS_PER_S),
+@router.get("/v1/engine/state/stream", response_class=EventStreamResponse,
+            responses={200: {"description": "Snapshots as server-sent events"}})
+async def engine_state_stream(hz: float = Query(4.0, ge=0.5, le=MAX_SNAPSHOTS_PER_S, allow_inf_nan=False),
                               ctx: ServerContext = Depends(get_context)) -> Response:
     ctx.served_model()  # 503 before streaming if the engine is not serving
     hub = snapshot_hub(ctx)
