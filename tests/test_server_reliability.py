@@ -205,7 +205,7 @@ def test_openapi_documents_media_types(server):
 
 @pytest.mark.parametrize("route,body,expected", [
     ("/v1/completions", {"prompt": [True, False]}, "prompt"),
-    ("/v1/completions", {"prompt": ["5"]}, "prompt"),
+    ("/v1/completions", {"prompt": [1, "2"]}, "prompt"),
     ("/detokenize", {"tokens": [True]}, "tokens.0: Input should be a valid integer"),
     ("/v1/completions", {"prompt": "hi", "stop_token_ids": [False]}, "stop_token_ids.0"),
     ("/v1/completions", {"prompt": ""}, "prompt: String should have at least 1 character"),

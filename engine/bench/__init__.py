@@ -1,9 +1,11 @@
-"""`pagedesk-bench`: benchmarks that print tables for BENCHMARKS.md (throughput, memory); never asserted in tests."""
+"""`pagedesk-bench`: benchmarks that print tables for BENCHMARKS.md (throughput, memory, reliability); never
+asserted in tests."""
 from __future__ import annotations
 
 import sys
 
-COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory"}
+COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory",
+            "reliability": "engine.bench.reliability"}
 
 
 def main(argv: list[str] | None = None) -> None:
