@@ -18,7 +18,7 @@ from engine.config import EngineConfig
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.server.hosts import allowed_host_names, host_name
 from engine.server.prompts import MAX_CHARS_PER_TOKEN
-from engine.server.state_hub import SnapshotHub
+from engine.server.state_hub import MAX_EVENTS_PER_S, SnapshotHub
 from server_harness import start_server
 
 
@@ -153,6 +153,10 @@ def test_hub_shares_one_collection_between_waiting_readers():
         assert newer.seq == 2 and len(calls) == 2 and newer.started_at - got[0].started_at >= 0.05
         asked = hub.now()
         assert (await hub.get(started_after=asked)).started_at >= asked  # one-off reads see the state as of now
+        hub.subscribers = 1
+        assert hub.interval(4) == 0.25  # a lone GUI gets what it asks for
+        hub.subscribers = 50
+        assert hub.interval(20) == 50 / MAX_EVENTS_PER_S  # a crowd shares the global event budget
 
     asyncio.run(run())
 

@@ -70,7 +70,7 @@ async def huge_prompts(base: str, pid: int, count: int) -> dict:
 
 async def _subscriber(client: httpx.AsyncClient, url: str, stop: asyncio.Event) -> None:
     async with client.stream("GET", url) as response:
-        async for _ in response.aiter_lines():
+        async for _ in response.aiter_raw():
             if stop.is_set():
                 return
 

@@ -56,16 +56,20 @@ async def engine_state_stream(hz: float = Query(4.0, ge=0.5, le=MAX_SNAPSHOTS_PE
     async def events():
         loop = asyncio.get_running_loop()
         seen = 0
-        while True:
-            started = loop.time()
-            try:
-                snap = await hub.get(seen)
-                seen = snap.seq
-            except Exception as exc:  # noqa: BLE001 - tell the client why the stream ends
-                err = engine_error(exc)
-                yield f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
-                return
-            yield f"data: {snap.body}\n\n"
-            await asyncio.sleep(max(0.0, 1.0 / hz - (loop.time() - started)))
+        hub.subscribers += 1
+        try:
+            while True:
+                started = loop.time()
+                try:
+                    snap = await hub.get(seen)
+                    seen = snap.seq
+                except Exception as exc:  # noqa: BLE001 - tell the client why the stream ends
+                    err = engine_error(exc)
+                    yield f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
+                    return
+                yield f"data: {snap.body}\n\n"
+                await asyncio.sleep(max(0.0, hub.interval(hz) - (loop.time() - started)))
+        finally:
+            hub.subscribers -= 1
 
     return sse_response(events())

@@ -5,7 +5,9 @@ scale with the number of GUI windows or scripts watching: readers ask the hub fo
 the one they hold; a fresh one (younger than the tick) is handed out as is, otherwise one collection
 starts and every reader waiting meanwhile shares it. A one-off reader that needs the state as of its
 call (`started_after`) gets a snapshot begun after it asked. Collections are at least `min_interval`
-apart whatever the readers ask for. The JSON is encoded once per snapshot, not once per reader.
+apart whatever the readers ask for, and streaming subscribers together get at most MAX_EVENTS_PER_S
+events a second (each slows down as more join), since writing events also costs the engine's process
+time. The JSON is encoded once per snapshot, not once per reader.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Awaitable, Callable
 
 MAX_SNAPSHOTS_PER_S = 20.0  # the fastest a client may ask for (hz ≤ 20), and the most the engine pays for
+MAX_EVENTS_PER_S = 100.0  # events a second over all stream subscribers together
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +36,11 @@ class SnapshotHub:
         self._taken_at = -math.inf
         self._inflight: asyncio.Future | None = None
         self.num_collected = 0
+        self.subscribers = 0  # open streams, counted by the stream route
+
+    def interval(self, hz: float) -> float:
+        """Seconds between one subscriber's events: what it asked for, or its share of the global budget."""
+        return max(1.0 / hz, self.subscribers / MAX_EVENTS_PER_S)
 
     async def get(self, newer_than: int = 0, started_after: float | None = None) -> Snapshot:
         """A snapshot newer than seq `newer_than` (and fresh), or begun after `started_after` on the hub's clock;
