@@ -28,6 +28,7 @@ from engine.sampling_params import SamplingParams
 log = logging.getLogger("pagedesk.engine")
 
 FIRST_STEP_TIMEOUT_S = 300.0  # the first step compiles kernels: the watchdog allows it at least this long
+DEFAULT_STEP_TIMEOUT_S = {"cuda": 30.0, "cpu": 600.0}  # --step-timeout unset: a CPU prefill step can be slow
 IDLE_WAIT_S = 0.25  # how long an idle engine thread blocks on its command queue
 STATS_EVERY_S = 0.1
 RATE_WINDOW_S = 2.0
@@ -149,7 +150,7 @@ class AsyncEngine:
         self._rate_samples: collections.deque = collections.deque()
         self._last_stats_time = 0.0
         self._thread = threading.Thread(target=self._run, name="pagedesk-engine", daemon=True)
-        self.step_timeout = float(getattr(config, "step_timeout", 0.0) or 0.0)
+        self.step_timeout = 0.0  # set once loaded, when the device is known
         self._step_started: float | None = None  # monotonic start of the step in progress
         self._steps_done = 0
         self._watchdog_stop = threading.Event()
@@ -254,6 +255,8 @@ class AsyncEngine:
             return False
         self.load_seconds = time.perf_counter() - start
         self._sample_stats(force=True)
+        self.step_timeout = resolve_step_timeout(getattr(self.config, "step_timeout", None),
+                                                 getattr(self.engine, "device", None))
         self.status = "ready"
         self.ready_event.set()
         if self.step_timeout > 0:
@@ -416,6 +419,12 @@ class AsyncEngine:
                 cmd.stream.put_threadsafe(error)
             elif isinstance(cmd, _Call):
                 cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, error)
+
+
+def resolve_step_timeout(configured: float | None, device: Any) -> float:
+    if configured is not None:
+        return float(configured)
+    return DEFAULT_STEP_TIMEOUT_S["cuda" if getattr(device, "type", None) == "cuda" else "cpu"]
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -77,9 +77,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
     Flag("allowed_hosts", str, None, "Comma-separated Host names the server answers (default: localhost names "
          "and --host; '*' answers any, e.g. behind a proxy)", "server", gui=False),
-    Flag("step_timeout", float, 30.0, "Seconds one engine step may take (after the first) before the engine is "
-         "declared stuck and the server exits with code 4; 0 turns the watchdog off", "server", minimum=0.0,
-         gui=False),
+    Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
+         "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
+         "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -140,7 +140,7 @@ class EngineConfig:
     port: int = 8000
     api_key: str | None = None
     allowed_hosts: str | None = None
-    step_timeout: float = 30.0
+    step_timeout: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
