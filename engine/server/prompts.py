@@ -11,6 +11,8 @@ vocabulary, too long, images for a text model, tools for a model whose template 
 """
 from __future__ import annotations
 
+import re
+import secrets
 from dataclasses import dataclass
 
 from engine.server.errors import bad_request
@@ -127,7 +129,11 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dic
     if not model.tokenizer.chat_template:
         raise bad_request(f"model {model.name!r} has no chat template; use /v1/completions", "messages")
     check_prompt_chars(message_chars(messages), model.max_model_len, "messages")
-    dicts = chat_messages(messages)
+    return _apply_template(model, chat_messages(messages), tools, add_generation_prompt, continue_final_message)
+
+
+def _apply_template(model: ServedModel, dicts: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
+                    continue_final_message: bool) -> str:
     try:
         return model.tokenizer.apply_chat_template(
             dicts, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
@@ -136,48 +142,45 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dic
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from None
 
 
-def _content_spans(model: ServedModel, messages: list[ChatMessage], text: str) -> list[tuple[int, int]]:
-    """Where the message contents that hold special-token text sit in the rendered `text`, in order."""
-    specials = model.special_token_texts
-    spans, cursor = [], 0
-    for i, message in enumerate(messages):
-        content = _message_text(message, i)
-        if not content or not any(s in content for s in specials):
-            continue
-        start = text.find(content, cursor)
-        if start < 0:
-            raise bad_request(f"messages[{i}] holds special-token text that the chat template rewrites, so it "
-                              "cannot be kept as plain text; remove it", f"messages.{i}.content")
-        spans.append((start, start + len(content)))
-        cursor = start + len(content)
-    return spans
-
-
-def encode_chat(model: ServedModel, messages: list[ChatMessage], text: str, add_special_tokens: bool) -> list[int]:
-    """Ids of a rendered chat: the template's text with its special tokens, each message content as plain text."""
+def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
+                   add_generation_prompt: bool, continue_final_message: bool,
+                   add_special_tokens: bool = False) -> Prompt:
+    """The rendered chat and its ids: the template's own text with its special tokens, each message content
+    as plain text. Contents holding special-token text are located exactly by rendering once more with a
+    unique marker in their place (searching the rendered text could hit the template's own markers)."""
+    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message)
     check_prompt_chars(len(text), model.max_model_len, "messages")
-    spans = _content_spans(model, messages, text)
-    if not spans:
-        return encode(model, text, add_special_tokens)
+    dicts = chat_messages(messages)
+    contents = {i: d["content"] for i, d in enumerate(dicts)
+                if any(s in d["content"] for s in model.special_token_texts)}
+    if not contents:
+        return Prompt(text, encode(model, text, add_special_tokens))
+    nonce = secrets.token_hex(8)
+    markers = {f"[[pagedesk-content-{nonce}-{i}]]": i for i in contents}
+    for marker, i in markers.items():
+        dicts[i]["content"] = marker
+    marked = _apply_template(model, dicts, tools, add_generation_prompt, continue_final_message)
+    pieces = re.split("(" + "|".join(map(re.escape, markers)) + ")", marked)
+    if sorted(p for p in pieces if p in markers) != sorted(markers):
+        i = min(contents)
+        raise bad_request(f"messages[{i}] holds special-token text, and the chat template does not show the "
+                          "message content as it is, so it cannot be kept as plain text; remove it",
+                          f"messages.{i}.content")
     ids: list[int] = list(model.tokenizer.encode("", add_special_tokens=add_special_tokens))
-    cursor = 0
-    for start, end in spans:
-        if start > cursor:
-            ids += model.tokenizer.encode(text[cursor:start], add_special_tokens=False)
-        ids += model.text_tokenizer.encode(text[start:end], add_special_tokens=False)
-        cursor = end
-    if cursor < len(text):
-        ids += model.tokenizer.encode(text[cursor:], add_special_tokens=False)
-    return ids
+    for piece in pieces:
+        if piece in markers:
+            ids += model.text_tokenizer.encode(contents[markers[piece]], add_special_tokens=False)
+        elif piece:
+            ids += model.tokenizer.encode(piece, add_special_tokens=False)
+    return Prompt(text, ids)
 
 
 def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False) -> Prompt:
-    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message)
-    ids = encode_chat(model, messages, text, add_special_tokens=False)
-    if not ids:
+    prompt = chat_token_ids(model, messages, tools, add_generation_prompt, continue_final_message)
+    if not prompt.token_ids:
         raise bad_request("the rendered chat prompt is empty", "messages")
-    return Prompt(text, ids)
+    return prompt
 
 
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends
 
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request
-from engine.server.prompts import check_token_ids, encode, encode_chat, message_chars, render_chat
+from engine.server.prompts import chat_token_ids, check_token_ids, encode, message_chars
 from engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from engine.server.responses import DetokenizeResponse, TokenizeResponse
 from engine.server.served_model import ServedModel
@@ -25,8 +25,8 @@ def _tokenize(model: ServedModel, req: TokenizeRequest) -> tuple[list[int], list
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         ids = encode(model, req.prompt, add_special)
     else:
-        text = render_chat(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message)
-        ids = encode_chat(model, req.messages, text, bool(req.add_special_tokens))
+        ids = chat_token_ids(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
+                             bool(req.add_special_tokens)).token_ids
     return ids, (model.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None)
 
 
