@@ -31,7 +31,7 @@ import torch
 from engine.distributed import destroy_distributed, init_distributed
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.peer_access import nccl_environment
+from engine.peer_access import nccl_environment, peer_copy_works
 from engine.tp_worker import WorkerSpec, worker_main
 
 logger = logging.getLogger("pagedesk.engine")
@@ -189,7 +189,7 @@ class TensorParallelExecutor:
         if torch.cuda.device_count() < size:
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs but {torch.cuda.device_count()} "
                              "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
-        env = nccl_environment(size, torch.cuda.can_device_access_peer, os.environ)
+        env = nccl_environment(size, peer_copy_works, os.environ)
         os.environ.update(env)  # rank 0 too, before its NCCL starts
         torch.cuda.set_device(0)
         return env
@@ -209,9 +209,9 @@ class TensorParallelExecutor:
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
 
-    def profile_memory(self, num_tokens: int) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
         """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
-        local, remote = self._run_everywhere("profile_memory", num_tokens)
+        local, remote = self._run_everywhere("profile_memory", num_tokens, max_num_seqs, kv_dtype)
         return local + [p for profiles in remote for p in profiles]
 
     def weights_bytes(self) -> int:

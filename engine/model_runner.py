@@ -8,21 +8,26 @@ sequence that samples this step. It never samples and never talks to other proce
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.distributed import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
 from engine.scheduler import ScheduledSeq
-from engine.sizing import estimate_activation_bytes
+from engine.profiling import profile_batch, profile_sampler
+from engine.sizing import estimate_graph_bytes
+from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-GRAPH_OVERHEAD_BYTES = 2 * 2**20  # per captured graph: kernel parameters and bookkeeping (an estimate)
+logger = logging.getLogger("pagedesk.engine")
+WARM_UP_MAX_BATCH = 256  # without graphs, warm up decode batches up to this (covers every split count)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -65,11 +70,19 @@ class StepInputs:
     block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
 
 
+def every_shape(*shape):
+    """A kernel-configuration key that tells every shape apart. Under tensor parallel each rank must capture
+    and warm up the very same shapes, in the same order, or their all-reduces would not pair up; a key
+    from the card's own SM count could differ between a 3090 and a 4090."""
+    return shape
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.attention_backend = attention_backend
         # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
         self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
             else (0, 0)
@@ -94,15 +107,35 @@ class ModelRunner:
         for i, layer in enumerate(attn):
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
 
+    def release_kv_cache(self) -> None:
+        """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
+        self.kv_cache = None
+        for layer in self.model.attention_layers():
+            layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
+
     def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
+        if split_key is not None and get_tp_size() > 1:
+            split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
-                                   capture)
+                                   capture, split_key)
 
     def capture_decode_graphs(self) -> None:
+        """After the KV cache exists: capture the decode graphs, then compile the Triton variants the
+        serving path will meet (engine/warm_up.py), so the first requests do not wait for them."""
         if self.graphs is not None:
+            planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
+            if self.graphs.pool_bytes > planned:
+                logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
+                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
+                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
+        if self.device.type == "cuda" and self.attention_backend == "triton":
+            max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
+            warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
+                            every_shape if get_tp_size() > 1 else None)
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
@@ -110,8 +143,7 @@ class ModelRunner:
             return 0
         if self.graphs.graphs:
             return self.graphs.pool_bytes
-        return estimate_activation_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize) + \
-            GRAPH_OVERHEAD_BYTES * len(self.graphs.ladder)
+        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
 
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
@@ -177,17 +209,27 @@ class ModelRunner:
         return self.run(self.prepare(batch, block_copies))
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int) -> None:
-        """A forward over `num_tokens` dummy tokens without attention, to measure peak activation memory."""
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device) % self.config.max_position_embeddings
-        hidden = self.model(ids, pos, None)
-        self.model.compute_logits(hidden[-min(num_tokens, 256):])
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+        """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
+        path against a temporary KV cache, logits for max_num_seqs rows, then the sampler at
+        [max_num_seqs, vocab]. Returns the temporary cache's bytes (the real pool replaces them)."""
+        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
+        self.allocate_kv_cache(batch.num_blocks, kv_dtype)
+        temporary_kv_bytes = self.kv_cache_bytes()
+        try:
+            hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
+                                torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
+            logits = self.model.compute_logits(hidden[-min(len(hidden), max_num_seqs):]).float()
+            del hidden, logits
+            profile_sampler(max_num_seqs, self.config.vocab_size, self.device)
+        finally:
+            self.release_kv_cache()
+        return temporary_kv_bytes
 
-    def profile_memory(self, num_tokens: int) -> list:
-        """This card's MemoryProfile after a profiling forward (a list: one entry per rank, like the executor)."""
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+        """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
         from engine.kv_cache_sizing import measure_memory
-        return [measure_memory(self, num_tokens)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""

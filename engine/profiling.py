@@ -1,0 +1,68 @@
+"""The dummy step the KV sizing measures: the largest prefill batch the scheduler can form, and sampling.
+
+`profile_batch` lays `max_num_batched_tokens` dummy tokens out as prefill sequences of at most
+max_model_len tokens each (at most max_num_seqs of them), with block tables over a temporary cache just
+big enough for them, so the profiling forward runs the real attention path (K/V writes and the attention
+kernel with their workspaces) rather than skipping it. `profile_sampler` stands in for the sampler at
+its widest, [max_num_seqs, vocab] float32 logits through its full-vocabulary temporaries; it should
+call the real sampler once that runs on device tensors for a whole batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from engine.layers.attention import AttentionMetadata
+
+
+@dataclass(slots=True)
+class ProfileBatch:
+    input_ids: np.ndarray  # [num_tokens] int64, all zero
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
+    seq_lens: np.ndarray  # [num_seqs] int32
+    num_blocks: int  # blocks the temporary KV cache needs
+
+    def metadata(self, device: torch.device) -> AttentionMetadata:
+        query_start = np.concatenate([[0], np.cumsum(self.seq_lens)]).astype(np.int32)
+        return AttentionMetadata(
+            slot_mapping=torch.from_numpy(self.slot_mapping).to(device),
+            block_tables=torch.from_numpy(self.block_tables).to(device),
+            seq_lens=torch.from_numpy(self.seq_lens).to(device),
+            query_start_loc=torch.from_numpy(query_start).to(device),
+            max_query_len=int(self.seq_lens.max()), max_seq_len=int(self.seq_lens.max()))
+
+
+def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> ProfileBatch:
+    """Prefills that fill the token budget: as few sequences as max_model_len allows, each on its own blocks."""
+    num_tokens = min(num_tokens, max_num_seqs * max_model_len)
+    num_seqs = -(-num_tokens // max_model_len)
+    seq_lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int32)
+    seq_lens[:num_tokens % num_seqs] += 1
+    blocks_per_seq = -(-seq_lens // block_size)
+    first_block = np.concatenate([[0], np.cumsum(blocks_per_seq)[:-1]])
+    tables = np.zeros((num_seqs, int(blocks_per_seq.max())), dtype=np.int32)
+    positions, slots = [], []
+    for i, n in enumerate(seq_lens):
+        tables[i, :blocks_per_seq[i]] = first_block[i] + np.arange(blocks_per_seq[i])
+        pos = np.arange(n, dtype=np.int64)
+        positions.append(pos)
+        slots.append(first_block[i] * block_size + pos)  # the sequence's blocks are consecutive
+    return ProfileBatch(np.zeros(num_tokens, dtype=np.int64), np.concatenate(positions), np.concatenate(slots),
+                        tables, seq_lens, int(blocks_per_seq.sum()))
+
+
+def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
+    """Allocate what sampling `num_seqs` rows at once holds at its peak (all alive together, on purpose):
+    float32 logits, log-probabilities, probabilities, the sorted probabilities with their int64 order
+    (top-k/top-p) and their cumulative sum."""
+    logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
+    logprobs = torch.log_softmax(logits, dim=-1)
+    probs = F.softmax(logits, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    cumulative = sorted_probs.cumsum(dim=-1)
+    del logits, logprobs, probs, sorted_probs, order, cumulative
