@@ -200,11 +200,12 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]]) -> torch.Tensor:
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None):
+        """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
         self._ensure_usable()
         inputs = self.runner.prepare(batch, block_copies)
-        logits, _ = self._run_everywhere("run", inputs)
-        return logits
+        out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
+        return out
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
@@ -231,8 +232,9 @@ class TensorParallelExecutor:
 
     # ---- lock-step calls --------------------------------------------------------------------------------
 
-    def _run_everywhere(self, method: str, *args: Any) -> tuple[Any, list[Any]]:
-        """Start `method` on every worker, run it on rank 0, then collect the workers' answers."""
+    def _run_everywhere(self, method: str, *args: Any, rank0_args: tuple = ()) -> tuple[Any, list[Any]]:
+        """Start `method` on every worker, run it on rank 0 (with `rank0_args` appended: what stays in this
+        process, like the sampling batch), then collect the workers' answers."""
         self._ensure_usable()
         for w in self.workers:
             if not w.process.is_alive():  # don't walk into a collective with a dead peer
@@ -242,7 +244,7 @@ class TensorParallelExecutor:
             except (BrokenPipeError, ConnectionResetError, EOFError):
                 raise self._fail(self._describe_failure(w, method))
         try:
-            local = getattr(self.runner, method)(*args)
+            local = getattr(self.runner, method)(*args, *rank0_args)
         except Exception as exc:
             raise self._explain_local_failure(exc, method) from exc
         return local, self._gather(method)

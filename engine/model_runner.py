@@ -3,8 +3,9 @@
 `prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, block_tables,
 seq_lens, query_start_loc, logits rows, block copies) as plain numpy, so rank 0 can ship the same
 `StepInputs` to tensor-parallel workers; `run` moves them to the device, applies copy-on-write block
-copies, runs the model once over all of it and computes logits only for the last position of each
-sequence that samples this step. It never samples and never talks to other processes itself.
+copies, runs the model once over all of it, computes logits only for the last position of each
+sequence that samples this step and samples them on the device (as nano-vllm does), returning token ids
+and the logprobs asked for. It never talks to other processes itself.
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
+from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
+from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
 from engine.profiling import profile_batch, profile_sampler
 from engine.sizing import estimate_graph_bytes
@@ -68,6 +71,15 @@ class StepInputs:
     max_query_len: int
     max_seq_len: int
     block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What a step hands back to the engine: host-side and small, never `[batch, vocab]` logits."""
+
+    sampled: SamplerOutput | None = None  # one entry per SamplingBatch row
+    beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
+    beam_ids: list[list[int]] | None = None  # and their token ids
 
 
 def every_shape(*shape):
@@ -183,10 +195,11 @@ class ModelRunner:
             max_seq_len=max(seq_lens), block_copies=list(block_copies))
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """One forward over prepared inputs; float32 logits ``[len(logits_rows), vocab]``.
+    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+        """One forward over prepared inputs, then sampling on the device; the small results on the host.
 
-        Under tensor parallelism every rank runs this with the same inputs (the collectives pair up)."""
+        Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
+        head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
         dev = self.device
         meta = AttentionMetadata(
@@ -201,12 +214,31 @@ class ModelRunner:
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
         if not inputs.logits_rows:
-            return torch.empty(0, self.config.vocab_size)
-        return self.model.compute_logits(hidden[inputs.logits_rows]).float()
+            return None if sampling is None else ModelRunnerOutput()
+        logits = self.model.compute_logits(hidden[torch.as_tensor(inputs.logits_rows, device=dev)])
+        return None if sampling is None else self.sample(logits, sampling)
 
-    def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]]) -> torch.Tensor:
-        """Run the batch; return float32 logits ``[num_sampling_seqs, vocab]`` in batch order."""
-        return self.run(self.prepare(batch, block_copies))
+    def sample(self, logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
+        """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""
+        out, dev = ModelRunnerOutput(), logits.device
+        if sampling.rows:
+            meta = SamplingMetadata.build(sampling.rows, logits.shape[1], dev)
+            if sampling.bitmask is not None:
+                meta.bitmask = sampling.bitmask.to(dev, non_blocking=True)
+            rows = logits[torch.as_tensor(sampling.logits_index, device=dev)]
+            out.sampled = sample_on_device(rows, meta, sampling.generator).to_host()
+        if sampling.beam_index:
+            values, ids = beam_top_logprobs(logits[torch.as_tensor(sampling.beam_index, device=dev)],
+                                            sampling.beam_topk)
+            # One copy; token ids < 2**53 stay exact in float64.
+            out.beam_logprobs, ids = torch.stack([values.double(), ids.double()]).cpu().tolist()
+            out.beam_ids = [[int(t) for t in row] for row in ids]
+        return out
+
+    def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
+                sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+        """Run the batch and sample what `sampling` asks for."""
+        return self.run(self.prepare(batch, block_copies), sampling)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:

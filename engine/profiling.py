@@ -3,9 +3,8 @@
 `profile_batch` lays `max_num_batched_tokens` dummy tokens out as prefill sequences of at most
 max_model_len tokens each (at most max_num_seqs of them), with block tables over a temporary cache just
 big enough for them, so the profiling forward runs the real attention path (K/V writes and the attention
-kernel with their workspaces) rather than skipping it. `profile_sampler` stands in for the sampler at
-its widest, [max_num_seqs, vocab] float32 logits through its full-vocabulary temporaries; it should
-call the real sampler once that runs on device tensors for a whole batch.
+kernel with their workspaces) rather than skipping it. `profile_sampler` runs the real sampler at its
+widest: [max_num_seqs, vocab] float32 logits through all of its full-vocabulary temporaries.
 """
 from __future__ import annotations
 
@@ -13,9 +12,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from engine.layers.attention import AttentionMetadata
+from engine.sampler import sample_on_device
+from engine.sampling_metadata import SamplingMetadata, SamplingRow, make_generator
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
 
 
 @dataclass(slots=True)
@@ -57,12 +58,10 @@ def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_
 
 
 def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
-    """Allocate what sampling `num_seqs` rows at once holds at its peak (all alive together, on purpose):
-    float32 logits, log-probabilities, probabilities, the sorted probabilities with their int64 order
-    (top-k/top-p) and their cumulative sum."""
+    """Run the real sampler once over `num_seqs` rows at its widest (temperature, top-k/top-p, penalties and
+    logprobs: every full-vocabulary temporary it makes), so its peak is in the measurement."""
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
+                            logprobs=MAX_LOGPROBS)
+    rows = [SamplingRow(params, [0], [0], None, []) for _ in range(num_seqs)]
     logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
-    logprobs = torch.log_softmax(logits, dim=-1)
-    probs = F.softmax(logits, dim=-1)
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    cumulative = sorted_probs.cumsum(dim=-1)
-    del logits, logprobs, probs, sorted_probs, order, cumulative
+    sample_on_device(logits, SamplingMetadata.build(rows, vocab_size, device), make_generator(0, device))
