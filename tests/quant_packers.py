@@ -189,7 +189,8 @@ def dequantized_folder(src: Path, dst: Path) -> Path:
     out = {}
     for name, t in tensors.items():
         module, leaf = name.rsplit(".", 1)
-        if module.rsplit(".", 1)[-1] in LINEARS and (leaf != "weight" or t.dtype == torch.float8_e4m3fn):
+        packed = leaf not in ("weight", "bias") or t.dtype == torch.float8_e4m3fn
+        if module.rsplit(".", 1)[-1] in LINEARS and packed:
             modules.setdefault(module, {})[leaf] = t
         else:
             out[name] = t
