@@ -1,6 +1,6 @@
 """What a local Hugging Face model folder holds, read without loading weights.
 
-Architecture, context length and dtype come from config.json; the parameter count comes from the
+Architecture, context length, dtype and quantization (method, bits, group size) come from config.json; the parameter count comes from the
 safetensors headers (8-byte length + JSON of dtype/shape per tensor) of each shard listed in
 model.safetensors.index.json, or of every *.safetensors file. Only headers are read, never tensors.
 """
@@ -23,11 +23,13 @@ class ModelInfo:
     context_length: int | None
     dtype: str
     config: dict = field(default_factory=dict)
+    quantization: str | None = None  # e.g. "awq 4-bit g128 asym", from quantization_config
 
     def describe(self) -> str:
         params = format_count(self.num_parameters) if self.num_parameters else "unknown"
         context = f"{self.context_length:,}" if self.context_length else "unknown"
-        return f"{self.architecture} · {params} parameters · context {context} tokens · {self.dtype}"
+        weights = f" · {self.quantization}" if self.quantization else ""
+        return f"{self.architecture} · {params} parameters · context {context} tokens · {self.dtype}{weights}"
 
 
 def format_count(n: int) -> str:
@@ -78,4 +80,15 @@ def read_model_info(folder: str | Path) -> ModelInfo:
     architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "unknown")
-    return ModelInfo(folder, architecture, count_parameters(folder), context, dtype, config)
+    return ModelInfo(folder, architecture, count_parameters(folder), context, dtype, config, quantization(config))
+
+
+def quantization(config: dict) -> str | None:
+    """Method, bits and group size of a quantized folder; what is unsupported about it, if anything."""
+    from engine.quantization.config import parse_quantization_config
+    if not (config.get("quantization_config") or config.get("compression_config")):
+        return None
+    try:
+        return parse_quantization_config(config).describe()
+    except ValueError as e:
+        return f"quantized, not supported: {e}"

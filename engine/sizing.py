@@ -14,9 +14,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.model_config import DTYPE_BYTES, ModelConfig
+from engine.quantization.config import QuantConfig
 
 GIB = 1024 ** 3
-QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4}
+QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
+
+
+def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
+    """Bytes of `matrix_params` weights as the checkpoint packs them: codes, plus per group a 16-bit scale and
+    (asymmetric int) a packed zero point. Per-channel scales and g_idx are one number per row: left out."""
+    codes = matrix_params * quant.bits // 8
+    if quant.group_size == -1:
+        return codes
+    zero_bits = 0 if quant.symmetric or quant.weight_type == "float" else quant.bits
+    return codes + matrix_params // quant.group_size * (16 + zero_bits) // 8
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1) -> int:
@@ -26,8 +37,9 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1) -> in
 
 
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
-    """Layer matrices split across ranks (4-bit when quantized, with a 16-bit scale per 128 weights);
-    embeddings and LM head vocab-split in `dtype`; QKV biases split; norms replicated."""
+    """Layer matrices split across ranks — packed as the folder's quantization_config says, or at `quant_bits`
+    with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
+    vocab-split in `dtype`; QKV biases split; norms replicated."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, max(1, cfg.num_kv_heads // tp) * tp * cfg.head_dim
     matrix_params = cfg.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size) // tp
     vector_params = (2 * cfg.num_layers + 1) * h  # RMSNorm weights, replicated
@@ -35,8 +47,12 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
         vector_params += cfg.num_layers * (q + 2 * kv) // tp
     if cfg.qk_norm:
         vector_params += cfg.num_layers * 2 * cfg.head_dim
-    matrix_bytes = matrix_params * dtype_bytes if quant_bits is None else \
-        matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
+    if quant_bits is not None:
+        matrix_bytes = matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
+    elif cfg.quantization is not None:
+        matrix_bytes = packed_matrix_bytes(matrix_params, cfg.quantization)
+    else:
+        matrix_bytes = matrix_params * dtype_bytes
     embed_rows = -(-cfg.vocab_size // tp)
     embed_bytes = embed_rows * h * dtype_bytes * (1 if cfg.tie_word_embeddings else 2)
     return matrix_bytes + embed_bytes + vector_params * dtype_bytes
@@ -153,7 +169,7 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     card = min(card_bytes)
     usable = int(card * gpu_memory_utilization)
     weights = weights_bytes if weights_bytes is not None else \
-        weights_bytes_per_card(cfg, dtype_bytes, tp, QUANT_BITS.get(quantization))
+        weights_bytes_per_card(cfg, dtype_bytes, tp, QUANT_BITS.get(quantization) if cfg.quantization is None else None)
     activations = activation_bytes if activation_bytes is not None else \
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp)
     return CapacityPlan(card, usable, weights, activations, kv_bytes_per_token(cfg, kv_bytes, tp),
