@@ -77,3 +77,25 @@ def int_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 def fp8_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
                      bias: torch.Tensor | None = None) -> torch.Tensor:
     return F.linear(x, dequantize_fp8(weight, scale, x.dtype), bias)
+
+
+def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                    bias: torch.Tensor | None = None) -> torch.Tensor:
+    """FP8 weights times FP8 activations (dynamic per-token scales) on FP8 matrix units (sm_89+).
+
+    `torch._scaled_mm` runs with unit scales and a float32 result, and the per-token and per-channel scales
+    are applied after: the product of the scales factors out of every dot product, so this equals scaled
+    FP8 arithmetic without needing row-wise scaling support. CUDA wants both dims of x a multiple of 16."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k)
+    rows = x2.shape[0]
+    x_scale = x2.abs().amax(dim=1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    xq = (x2.float() / x_scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
+    if x.is_cuda and rows % 16:
+        xq = torch.cat([xq, xq.new_zeros(16 - rows % 16, k)])
+    one = torch.ones((), device=x.device)
+    out = torch._scaled_mm(xq, weight.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)[:rows]
+    out = (out * x_scale * scale.float().view(1, -1)).to(x.dtype)
+    if bias is not None:
+        out += bias
+    return out.reshape(*x.shape[:-1], weight.shape[0])
