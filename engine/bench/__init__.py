@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory"}
+COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "quant": "engine.bench.quant"}
 
 
 def main(argv: list[str] | None = None) -> None:
