@@ -47,8 +47,14 @@ def safetensors_header(path: Path) -> dict:
         return json.loads(f.read(length))
 
 
-def count_parameters(folder: Path) -> int | None:
-    """Sum of tensor element counts over the folder's safetensors shards, or None without any."""
+QUANT_METADATA = ("qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
+                  "input_scale")
+
+
+def count_parameters(folder: Path, codes_per_word: int = 1) -> int | None:
+    """Sum of tensor element counts over the folder's safetensors shards, or None without any. In a
+    quantized folder each packed int32 word holds `codes_per_word` weights, and scales, zero points and
+    g_idx are not parameters."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -60,8 +66,10 @@ def count_parameters(folder: Path) -> int | None:
     total = 0
     for file in files:
         for name, entry in safetensors_header(file).items():
-            if name != "__metadata__":
-                total += math.prod(entry["shape"])
+            if name == "__metadata__" or (codes_per_word > 1 and name.rsplit(".", 1)[-1] in QUANT_METADATA):
+                continue
+            packed = entry["dtype"] == "I32" and name.endswith(("qweight", "weight_packed"))
+            total += math.prod(entry["shape"]) * (codes_per_word if packed else 1)
     return total
 
 
@@ -80,15 +88,18 @@ def read_model_info(folder: str | Path) -> ModelInfo:
     architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "unknown")
-    return ModelInfo(folder, architecture, count_parameters(folder), context, dtype, config, quantization(config))
+    quant, codes_per_word = quantization(config)
+    return ModelInfo(folder, architecture, count_parameters(folder, codes_per_word), context, dtype, config, quant)
 
 
-def quantization(config: dict) -> str | None:
-    """Method, bits and group size of a quantized folder; what is unsupported about it, if anything."""
+def quantization(config: dict) -> tuple[str | None, int]:
+    """Method, bits and group size of a quantized folder (or what is unsupported about it), and how many
+    weights one packed int32 word holds."""
     from engine.quantization.config import parse_quantization_config
     if not (config.get("quantization_config") or config.get("compression_config")):
-        return None
+        return None, 1
     try:
-        return parse_quantization_config(config).describe()
+        quant = parse_quantization_config(config)
     except ValueError as e:
-        return f"quantized, not supported: {e}"
+        return f"quantized, not supported: {e}", 1
+    return quant.describe(), quant.pack_factor

@@ -52,7 +52,9 @@ def test_planner_verdicts_for_24gb_cards():
 
 def test_model_info_names_method_bits_and_group(tiny_model_dir, tmp_path):
     path = make_quantized(tiny_model_dir("llama"), tmp_path / "awq", "gptq", 8, 32, True, True)
-    assert read_model_info(path).describe().endswith("· float32 · gptq 8-bit g32 act-order")
+    info = read_model_info(path)
+    assert info.describe().endswith("· float32 · gptq 8-bit g32 act-order")
+    assert info.num_parameters == read_model_info(tiny_model_dir("llama")).num_parameters  # codes, not words
     assert read_model_info(tiny_model_dir("llama")).quantization is None
 
 
