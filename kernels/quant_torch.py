@@ -17,11 +17,11 @@ AWQ_PACK_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ gemm: nibble i of a word holds 
 
 def unpack_int32(packed: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
     """Codes (int32, 0..2**bits-1) from words packed along `dim`, lowest bits first; that dim grows by 32 // bits."""
-    pack = 32 // bits
+    dim = dim % packed.dim()
     shifts = torch.arange(0, 32, bits, dtype=torch.int32, device=packed.device)
-    moved = packed.movedim(dim, -1).unsqueeze(-1)
-    codes = (moved >> shifts) & ((1 << bits) - 1)
-    return codes.flatten(-2).movedim(-1, dim) if pack > 1 else codes.squeeze(-1).movedim(-1, dim)
+    shifts = shifts.view(-1, *[1] * (packed.dim() - dim - 1))  # on a new axis right after `dim`
+    codes = (packed.unsqueeze(dim + 1) >> shifts) & ((1 << bits) - 1)
+    return codes.flatten(dim, dim + 1)
 
 
 def pack_int32(codes: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
@@ -57,8 +57,14 @@ def dequantize_int(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
                    g_idx: torch.Tensor | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Float weight [N, K] from the packed layout: (code - zero) * scale, computed in float32."""
     codes = unpack_int32(qweight, bits, dim=0)  # [K, N]
-    groups = group_index(codes.shape[0], group_size, g_idx, codes.device)
-    w = (codes - zeros.to(torch.int32)[groups]).to(torch.float32) * scales.to(torch.float32)[groups]
+    k, n = codes.shape
+    size = k if group_size == -1 else group_size
+    if g_idx is None and k % size == 0:  # contiguous groups: broadcast instead of gathering [K, N] scales
+        grouped = codes.view(k // size, size, n) - zeros.to(torch.int32).unsqueeze(1)
+        w = (grouped.to(torch.float32) * scales.to(torch.float32).unsqueeze(1)).view(k, n)
+    else:
+        groups = group_index(k, group_size, g_idx, codes.device)
+        w = (codes - zeros.to(torch.int32)[groups]).to(torch.float32) * scales.to(torch.float32)[groups]
     return w.t().to(dtype)
 
 

@@ -35,7 +35,9 @@ class QuantConfig:
         return 32 // self.bits if self.weight_type == "int" else 1
 
     def describe(self) -> str:
-        """Short human form, e.g. "awq 4-bit g128" or "fp8 8-bit per-channel"."""
+        """Short human form, e.g. "awq 4-bit g128 asym" or "fp8 e4m3 weights, fp8 activations"."""
+        if self.weight_type == "float":
+            return f"{self.method} e4m3 weights{', fp8 activations' if self.activation_fp8 else ''}"
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
         extra = " act-order" if self.act_order else ""
         extra += "" if self.symmetric else " asym"
