@@ -20,7 +20,6 @@ MAX_TOKENS = [10, 6, 8]
 CASES = [  # (arch, format, bits, group, symmetric, act order, tensor parallel size)
     ("llama", "awq", 4, 32, False, False, 1),
     ("llama", "gptq", 4, 64, False, True, 2),
-    ("llama", "ct-fp8", 8, -1, True, False, 1),
     ("qwen2", "gptq", 8, -1, True, False, 1),
     ("qwen2", "ct", 4, 32, False, False, 2),
     ("qwen2", "fp8", 8, -1, True, False, 1),
