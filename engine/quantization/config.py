@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,6 @@ class QuantConfig:
     zero_offset: int = 0  # added to stored zero points (GPTQ v1 stores zero - 1)
     ignore: tuple[str, ...] = ()  # module names or "re:" patterns that stay unquantized
     activation_fp8: bool = False  # the checkpoint asks for FP8 activations (W8A8) where the card has FP8
-    raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def pack_factor(self) -> int:
@@ -98,7 +97,7 @@ def _awq(qc: dict[str, Any]) -> QuantConfig:
         raise ValueError("AWQ without zero points (zero_point: false) is not supported")
     group = _group_size(qc.get("group_size", qc.get("q_group_size", 128)), "AWQ")
     return QuantConfig("awq", "int", bits, group, symmetric=False,
-                       ignore=tuple(qc.get("modules_to_not_convert") or ()), raw=qc)
+                       ignore=tuple(qc.get("modules_to_not_convert") or ()))
 
 
 def _gptq(qc: dict[str, Any]) -> QuantConfig:
@@ -115,7 +114,7 @@ def _gptq(qc: dict[str, Any]) -> QuantConfig:
     return QuantConfig("gptq", "int", bits, _group_size(qc.get("group_size", 128), "GPTQ"),
                        symmetric=bool(qc.get("sym", True)), act_order=bool(qc.get("desc_act", False)),
                        zero_offset=1 if fmt == "gptq" else 0,
-                       ignore=tuple(qc.get("modules_to_not_convert") or ()), raw=qc)
+                       ignore=tuple(qc.get("modules_to_not_convert") or ()))
 
 
 def _fp8(qc: dict[str, Any]) -> QuantConfig:
@@ -126,7 +125,7 @@ def _fp8(qc: dict[str, Any]) -> QuantConfig:
         raise ValueError(f"FP8 weight format {qc.get('fmt')!r} is not supported (e4m3)")
     ignore = tuple(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ())
     return QuantConfig("fp8", "float", 8, -1, ignore=ignore,
-                       activation_fp8=qc.get("activation_scheme", "dynamic") == "dynamic", raw=qc)
+                       activation_fp8=qc.get("activation_scheme", "dynamic") == "dynamic")
 
 
 def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
@@ -146,7 +145,7 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
             raise ValueError(f"compressed-tensors FP8 strategy {strategy!r} is not supported (tensor, channel)")
         acts = scheme.get("input_activations") or {}
         return QuantConfig("compressed-tensors", "float", 8, -1, ignore=ignore,
-                           activation_fp8=acts.get("type") == "float" and bool(acts.get("dynamic")), raw=qc)
+                           activation_fp8=acts.get("type") == "float" and bool(acts.get("dynamic")))
     if fmt != "pack-quantized" or wtype != "int" or bits not in (4, 8):
         raise ValueError(f"compressed-tensors format {fmt!r} with {bits}-bit {wtype} weights is not supported "
                          "(pack-quantized int 4/8-bit, float-quantized fp8)")
@@ -160,4 +159,4 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
         raise ValueError(f"compressed-tensors actorder {actorder!r} is not supported")
     group = _group_size(w.get("group_size") if strategy == "group" else -1, "compressed-tensors")
     return QuantConfig("compressed-tensors", "int", bits, group, symmetric=bool(w.get("symmetric", True)),
-                       act_order=actorder == "group", ignore=ignore, raw=qc)
+                       act_order=actorder == "group", ignore=ignore)
