@@ -154,3 +154,12 @@ def test_quantization_flag_only_confirms_the_folder(quantized, wide_dir):
         ModelConfig.from_folder(path, "gptq")
     with pytest.raises(ValueError, match="has no quantization_config"):
         ModelConfig.from_folder(wide_dir, "awq")
+
+
+def test_a_tensor_of_the_wrong_shape_is_named(quantized):
+    path = quantized("awq", 4, 64, False, False)
+    tensors = load_file(str(path / "model.safetensors"))
+    tensors["model.layers.0.mlp.up_proj.scales"] = tensors["model.layers.0.mlp.up_proj.scales"][:, :8]
+    model = DecoderForCausalLM(ModelConfig.from_folder(path))
+    with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj/up_proj: checkpoint tensor of shape \(2, 8\)"):
+        model.load_weights(tensors.items())

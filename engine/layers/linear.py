@@ -51,6 +51,9 @@ class LinearBase(nn.Module):
         elif loaded.numel() == 1 and dst.shape[dim] > 1:  # a per-tensor scale fills this matrix's channels
             dst.narrow(dim, offset, size).fill_(loaded.reshape(()).item())
             return
+        elif loaded.dim() != dst.dim() or loaded.shape[dim] < start + size:
+            raise ValueError(f"{self.prefix}: checkpoint tensor of shape {tuple(loaded.shape)} has no rows "
+                             f"[{start}, {start + size}) along dim {dim} for parameter {tuple(dst.shape)}")
         else:
             dst, loaded = dst.narrow(dim, offset, size), loaded.narrow(dim, start, size)
         loaded = _input_slice(param, loaded, split_input)
