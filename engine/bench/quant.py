@@ -4,7 +4,8 @@ The bench Llama (engine/bench/workload.py) is written three ways — float32, GP
 codes, symmetric, v1 zero convention) and FP8 per-channel — and each serves the same ShareGPT-like
 requests. The GPTQ engine runs twice: as shipped (weights stay packed, each linear dequantizes its matrix on
 every call) and with every layer's dequantized matrix cached once (float memory again), to show what
-per-call dequantization costs. Then the capacity planner's verdicts for Qwen2.5-32B-Instruct-AWQ on one
+per-call dequantization costs; `--forward-only` times single model forwards instead, interleaving the
+configurations so that other load on the machine hits them alike. Then the capacity planner's verdicts for Qwen2.5-32B-Instruct-AWQ on one
 24 GB card and Llama-3.3-70B-Instruct-AWQ on two, from their published configs (literal dicts).
 """
 from __future__ import annotations
@@ -71,12 +72,12 @@ def write_quantized(src: Path, dst: Path, method: str) -> Path:
     return dst
 
 
-def cache_dequantized(llm) -> int:
+def cache_dequantized(model: torch.nn.Module) -> int:
     """Bench only: give every quantized linear a float copy of its matrix, dequantized once; bytes added."""
     from engine.layers.linear import LinearBase
     from engine.quantization.methods import UnquantizedLinearMethod
     added = 0
-    for module in llm.engine.runner.model.modules():
+    for module in model.modules():
         if isinstance(module, LinearBase) and not isinstance(module.method, UnquantizedLinearMethod):
             weight = module.dequantized_weight(torch.float32)
             module.method.apply = lambda layer, x, bias, w=weight: F.linear(x, w, bias)
@@ -87,7 +88,7 @@ def cache_dequantized(llm) -> int:
 def run(path: Path, requests, max_model_len: int, cached: bool = False) -> tuple[float, int]:
     from engine import LLM, SamplingParams
     llm = LLM(str(path), device="cpu", max_model_len=max_model_len)
-    added = cache_dequantized(llm) if cached else 0
+    added = cache_dequantized(llm.engine.runner.model) if cached else 0
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     start = time.perf_counter()
     llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False)
@@ -95,6 +96,37 @@ def run(path: Path, requests, max_model_len: int, cached: bool = False) -> tuple
     weights = llm.engine.runner.weights_bytes() + added
     llm.engine.shutdown()
     return elapsed, weights
+
+
+def forward_times(configs: list[tuple[str, Path, bool]], token_counts: tuple[int, ...], reps: int) -> None:
+    """Median ms of one model forward (linears, norms, rope; no attention) per config, interleaved so that
+    other load on the machine hits every config alike."""
+    import statistics
+
+    from engine.loader import iterate_weights
+    from engine.model_config import ModelConfig
+    from engine.models.decoder import DecoderForCausalLM
+
+    models = []
+    for _, path, cached in configs:
+        model = DecoderForCausalLM(ModelConfig.from_folder(path)).eval()
+        model.load_weights(iterate_weights(path))
+        if cached:
+            cache_dequantized(model)
+        models.append(model)
+    print("\n| tokens per forward | " + " | ".join(f"{name} ms" for name, _, _ in configs) + " |")
+    print("|---:|" + "---:|" * len(configs))
+    for tokens in token_counts:
+        ids, positions = torch.randint(10, 8000, (tokens,)), torch.arange(tokens)
+        samples = [[] for _ in models]
+        with torch.inference_mode():
+            for rep in range(reps + 1):
+                for i, model in enumerate(models):
+                    start = time.perf_counter()
+                    model(ids, positions, None)
+                    if rep:  # the first round warms up
+                        samples[i].append((time.perf_counter() - start) * 1e3)
+        print(f"| {tokens} | " + " | ".join(f"{statistics.median(s):.1f}" for s in samples) + " |", flush=True)
 
 
 def planner_verdicts() -> None:
@@ -116,23 +148,31 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument("--planner-only", action="store_true")
+    parser.add_argument("--forward-only", action="store_true",
+                        help="time model forwards (8 and 256 tokens) instead of serving requests")
     args = parser.parse_args(argv)
-    if not args.planner_only:
+    if args.forward_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            base = make_random_llama(Path(tmp) / "float")
+            gptq, fp8 = write_quantized(base, Path(tmp) / "gptq", "gptq"), write_quantized(base, Path(tmp) / "fp8", "fp8")
+            forward_times([("float32", base, False), ("GPTQ 4-bit per call", gptq, False),
+                           ("GPTQ 4-bit cached", gptq, True), ("FP8 per call", fp8, False)], (1, 8, 32, 256), 15)
+    elif not args.planner_only:
         with tempfile.TemporaryDirectory() as tmp:
             base = make_random_llama(Path(tmp) / "float")
             requests = sharegpt_like(args.num_prompts, 8192, args.max_model_len, 0)
             out_tokens = sum(r.output_len for r in requests)
             gptq, fp8 = write_quantized(base, Path(tmp) / "gptq", "gptq"), write_quantized(base, Path(tmp) / "fp8", "fp8")
-            rows = [("float32", *run(base, requests, args.max_model_len)),
-                    ("GPTQ 4-bit g128, dequantize per call (default)", *run(gptq, requests, args.max_model_len)),
-                    ("GPTQ 4-bit g128, dequantized once (cached)", *run(gptq, requests, args.max_model_len, True)),
-                    ("FP8 per-channel, dequantize per call (default)", *run(fp8, requests, args.max_model_len))]
-        print(f"\n{args.num_prompts} requests, {out_tokens} output tokens; torch {torch.__version__}, "
-              f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
-        print("| weights | seconds | output tok/s | weights in memory |")
-        print("|---|---:|---:|---:|")
-        for name, seconds, weights in rows:
-            print(f"| {name} | {seconds:.1f} | {out_tokens / seconds:.1f} | {weights / 2**20:.1f} MiB |")
+            print(f"\n{args.num_prompts} requests, {out_tokens} output tokens; torch {torch.__version__}, "
+                  f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
+            print("| weights | seconds | output tok/s | weights in memory |")
+            print("|---|---:|---:|---:|", flush=True)
+            for name, path, cached in [("float32", base, False),
+                                       ("GPTQ 4-bit g128, dequantize per call (default)", gptq, False),
+                                       ("GPTQ 4-bit g128, dequantized once (cached)", gptq, True),
+                                       ("FP8 per-channel, dequantize per call (default)", fp8, False)]:
+                seconds, weights = run(path, requests, args.max_model_len, cached)
+                print(f"| {name} | {seconds:.1f} | {out_tokens / seconds:.1f} | {weights / 2**20:.1f} MiB |", flush=True)
     planner_verdicts()
 
 
