@@ -3,7 +3,10 @@
 `ChatWorker.run` POSTs /v1/chat/completions with stream=true via httpx, emits each content delta,
 and finishes with a `ChatResult`: time to first token, generated tokens (from `usage` when the
 server sends it, else one per content chunk) and decode tokens/s. `stop()` closes the stream at the
-next chunk, which makes the server abort the request. `ChatClient` owns the thread for the panel.
+next chunk, which makes the server abort the request. Failures come out as sentences a user can
+act on — the server's own error message (HTTP error or in-band stream error), "the engine stopped
+while answering" for a cut connection — never a Python exception name. `ChatClient` owns the
+thread for the panel.
 """
 from __future__ import annotations
 
@@ -57,11 +60,19 @@ class ChatResult:
         return " · ".join(parts)
 
 
+STOPPED_WHILE_ANSWERING = "The engine stopped while answering; press Regenerate to try again."
+MALFORMED = "The engine sent a reply this app could not read."
+
+
+class ReplyError(Exception):
+    """A failure already phrased for the user."""
+
+
 def error_text(response: httpx.Response) -> str:
     try:
         return response.json()["error"]["message"]
     except Exception:
-        return response.text[:300]
+        return response.text[:300] or f"HTTP {response.status_code}"
 
 
 class ChatWorker(QObject):
@@ -84,8 +95,16 @@ class ChatWorker(QObject):
         except httpx.ConnectError:
             self.failed.emit(f"Could not reach the engine at {self.request.base_url}; is it running? "
                              "Start it from the Engine tab.")
-        except (httpx.HTTPError, ValueError) as e:
-            self.failed.emit(f"{type(e).__name__}: {e}")
+        except ReplyError as e:
+            self.failed.emit(str(e))
+        except httpx.TimeoutException:
+            self.failed.emit("The engine did not answer in time (it may be overloaded); try again.")
+        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError):
+            self.failed.emit(STOPPED_WHILE_ANSWERING)
+        except httpx.HTTPError as e:
+            self.failed.emit(f"The request to the engine failed: {e}")
+        except ValueError:  # JSON decoding of a chunk
+            self.failed.emit(MALFORMED)
         finally:
             self.done.emit()
 
@@ -98,7 +117,7 @@ class ChatWorker(QObject):
             with client.stream("POST", f"{r.base_url.rstrip('/')}/v1/chat/completions", json=r.body()) as response:
                 if response.status_code != 200:
                     response.read()
-                    raise ValueError(f"HTTP {response.status_code}: {error_text(response)}")
+                    raise ReplyError(f"The engine refused the request: {error_text(response)}")
                 for payload in iter_sse_data(response):
                     if self._stop.is_set():
                         result.finish_reason = "stopped"
@@ -106,12 +125,17 @@ class ChatWorker(QObject):
                     if payload.strip() == "[DONE]":
                         break
                     self._take_chunk(json.loads(payload), result, start)
+                else:
+                    if result.finish_reason is None:  # the stream ended without [DONE] or a finish reason
+                        raise ReplyError(STOPPED_WHILE_ANSWERING)
         result.elapsed_s = time.perf_counter() - start
         if result.usage.get("completion_tokens"):
             result.completion_tokens = int(result.usage["completion_tokens"])
         return result
 
     def _take_chunk(self, chunk: dict, result: ChatResult, start: float) -> None:
+        if chunk.get("error"):  # the server reports a failure after the stream started in-band
+            raise ReplyError(f"The engine failed while answering: {chunk['error'].get('message', chunk['error'])}")
         if chunk.get("usage"):
             result.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:

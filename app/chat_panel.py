@@ -1,13 +1,16 @@
 """The Chat tab: conversations list, editable system prompt, sampling settings, transcript and input.
 
 Sending stores the user turn in the `ChatStore`, streams the reply through `ChatClient` (a worker
-thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s line. Stop ends the
-stream; Regenerate drops the last reply and asks again. When the engine is not running it says so
-instead of sending. The endpoint (base URL, key, served model name) is set by the main window.
+thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s line. A failed reply
+is stored too (any partial text, then the error), so a reopened chat reads as it happened; turns
+left unanswered are not sent again as history, so the model never sees two user turns in a row.
+Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
+until the next deletion. New chats start from the default system prompt; sampling settings persist
+in QSettings. The endpoint (base URL, key, served model name) is set by the main window.
 """
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
                                QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout, QWidget)
 
@@ -23,9 +26,11 @@ class ChatPanel(QWidget):
     reply_finished = Signal(object)  # ChatResult
     reply_failed = Signal(str)
 
-    def __init__(self, store: ChatStore, parent: QWidget | None = None) -> None:
+    def __init__(self, store: ChatStore, settings: QSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.store = store
+        self.settings = settings
+        self._deleted: tuple | None = None  # (title, system prompt, messages) of the last deleted chat
         self.client = ChatClient(self)
         self.client.delta.connect(self._on_delta)
         self.client.finished.connect(self._on_finished)
@@ -43,15 +48,17 @@ class ChatPanel(QWidget):
         self.conversation_list = QListWidget()
         self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.conversation_list.currentItemChanged.connect(self._on_conversation_chosen)
-        new_button = QPushButton("New chat", clicked=self.new_conversation)
-        delete_button = QPushButton("Delete", clicked=self.delete_conversation)
+        self.new_button = QPushButton("New chat", clicked=self.new_conversation)
+        self.delete_button = QPushButton("Delete", clicked=self.delete_conversation)
+        self.undo_button = QPushButton("Undo delete", clicked=self.undo_delete, visible=False)
         left = QWidget()
         left_layout = QVBoxLayout(left)
         left_layout.addWidget(self.conversation_list, 1)
         buttons = QHBoxLayout()
-        buttons.addWidget(new_button)
-        buttons.addWidget(delete_button)
+        buttons.addWidget(self.new_button)
+        buttons.addWidget(self.delete_button)
         left_layout.addLayout(buttons)
+        left_layout.addWidget(self.undo_button)
 
         self.system_prompt = QPlainTextEdit(DEFAULT_SYSTEM_PROMPT)
         self.system_prompt.setMaximumHeight(60)
@@ -59,6 +66,7 @@ class ChatPanel(QWidget):
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.1, value=0.7)
         self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0)
         self.max_tokens = QSpinBox(minimum=1, maximum=131072, value=512)
+        self._restore_sampling()
         params = QHBoxLayout()
         for label, widget in (("Temperature", self.temperature), ("top_p", self.top_p),
                               ("Max tokens", self.max_tokens)):
@@ -137,15 +145,33 @@ class ChatPanel(QWidget):
     def new_conversation(self) -> None:
         if self.generating:
             return
-        self.conversation_id = self.store.new_conversation(system_prompt=self.system_prompt.toPlainText())
+        self.conversation_id = self.store.new_conversation(system_prompt=DEFAULT_SYSTEM_PROMPT)
         self.view.set_messages([])
         self._load_conversations()
 
     def delete_conversation(self) -> None:
+        """Delete the open chat; a chat with messages can be brought back with Undo delete."""
         if self.generating or self.conversation_id is None:
             return
+        conversation = self.store.conversation(self.conversation_id)
+        messages = self.store.messages(self.conversation_id)
         self.store.delete_conversation(self.conversation_id)
+        self._deleted = (conversation.title, conversation.system_prompt, messages) if conversation and messages else None
+        self.undo_button.setText(f"Undo delete of “{conversation.title[:24]}”" if self._deleted else "Undo delete")
+        self.undo_button.setVisible(self._deleted is not None)
         self.conversation_id = None
+        self._load_conversations()
+
+    def undo_delete(self) -> None:
+        if self._deleted is None or self.generating:
+            return
+        title, system_prompt, messages = self._deleted
+        self._deleted = None
+        self.undo_button.setVisible(False)
+        self.conversation_id = self.store.new_conversation(title, system_prompt)
+        for m in messages:
+            self.store.add_message(self.conversation_id, m.role, m.content, m.stats)
+        self.view.set_messages([])
         self._load_conversations()
 
     def _save_system_prompt(self) -> None:
@@ -190,8 +216,10 @@ class ChatPanel(QWidget):
         messages = [{"role": "system", "content": self.system_prompt.toPlainText()}]
         if not messages[0]["content"].strip():
             messages = []
-        messages += [{"role": m.role, "content": m.content} for m in self.store.messages(self.conversation_id)
-                     if m.role in ("user", "assistant")]
+        turns = [m for m in self.store.messages(self.conversation_id) if m.role in ("user", "assistant")]
+        # A user turn whose reply failed is followed by another user turn: leave it out of the history.
+        messages += [{"role": m.role, "content": m.content} for i, m in enumerate(turns)
+                     if not (m.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "user")]
         return messages
 
     def _ask(self) -> None:
@@ -214,8 +242,13 @@ class ChatPanel(QWidget):
 
     def _on_failed(self, message: str) -> None:
         self._set_generating(False)
-        if self.view.messages and self.view.messages[-1].role == "assistant" and not self.view.messages[-1].text:
+        last = self.view.messages[-1] if self.view.messages else None
+        if last is not None and last.role == "assistant" and not last.text:
             self.view.messages.pop()
+        elif last is not None and last.role == "assistant" and self.conversation_id is not None:
+            self.store.add_message(self.conversation_id, "assistant", last.text, "incomplete")
+        if self.conversation_id is not None:
+            self.store.add_message(self.conversation_id, "error", message)
         self.view.add_message(ChatMessage("error", message))
         self.reply_failed.emit(message)
 
@@ -224,7 +257,30 @@ class ChatPanel(QWidget):
         self.send_button.setEnabled(not on)
         self.regenerate_button.setEnabled(not on)
         self.stop_button.setEnabled(on)
+        for button in (self.new_button, self.delete_button, self.undo_button):
+            button.setEnabled(not on)
         self.status.setText("Generating…" if on else "")
+
+    def _restore_sampling(self) -> None:
+        if self.settings is None:
+            return
+        for key, box, kind in self._sampling_boxes():
+            value = self.settings.value(key)
+            try:
+                if value not in (None, ""):
+                    box.setValue(kind(value))
+            except (TypeError, ValueError):
+                pass  # a corrupt stored value keeps the default
+            box.valueChanged.connect(self._save_sampling)
+
+    def _save_sampling(self, *_changed) -> None:
+        if self.settings is not None:
+            for key, box, _kind in self._sampling_boxes():
+                self.settings.setValue(key, box.value())
+
+    def _sampling_boxes(self):
+        return (("chat/temperature", self.temperature, float), ("chat/top_p", self.top_p, float),
+                ("chat/max_tokens", self.max_tokens, int))
 
     def _rename_current(self, title: str) -> None:
         item = self.conversation_list.currentItem()

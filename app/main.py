@@ -2,10 +2,13 @@
 
 Quitting always runs the window's shutdown, so the engine's process group is stopped even when the
 application is ended from outside the window (Ctrl+C in the terminal or SIGTERM at logout, which
-Qt alone would not turn into a clean quit).
+Qt alone would not turn into a clean quit). `--serve-at-login` (the XDG autostart entry's command)
+starts serving the last model at once and stays in the tray, keeping the engine up when the window
+is closed; without a tray it shows the window, since nothing else could bring it back.
 """
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 
@@ -15,21 +18,38 @@ from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow
 from app.paths import ICON_PATH
+from app.theme import follow_system_theme
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="pagedesk", description="PagedDesk desktop serving workstation")
+    parser.add_argument("--serve-at-login", action="store_true",
+                        help="start serving the last model in the tray, keep serving when the window closes")
+    args, _qt_args = parser.parse_known_args(argv[1:])
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:
-    app = QApplication.instance() or QApplication(argv if argv is not None else sys.argv)
+    argv = list(argv if argv is not None else sys.argv)
+    args = parse_args(argv)
+    app = QApplication.instance() or QApplication(argv)
     app.setApplicationName("PagedDesk")
     app.setOrganizationName("PagedDesk")
     app.setDesktopFileName("pagedesk")
     app.setWindowIcon(QIcon(str(ICON_PATH)))
+    follow_system_theme(app)
     window = MainWindow()
     app.aboutToQuit.connect(window.shutdown)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C, logout: quit properly so the engine group stops
         signal.signal(sig, lambda *_: app.quit())
     wake = QTimer(interval=250, timeout=lambda: None)  # lets Python run its signal handlers
     wake.start()
-    window.show()
+    serving = False
+    if args.serve_at_login:
+        window.keep_serving_for_session = True
+        serving = window.start_engine()
+    if not (serving and window.tray.available()):  # a failed start must be seen: show the window
+        window.show()
     return app.exec()
 
 

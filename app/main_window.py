@@ -1,36 +1,50 @@
-"""PagedDesk's main window: Engine (model, settings, capacity, log), Chat, Monitor and Endpoint tabs.
+"""PagedDesk's main window: Engine (model, settings, capacity, log), Models, Chat, Monitor and Endpoint tabs.
 
 Wires the parts together and owns their lifetimes: the `EngineSupervisor` (Start/Stop/Restart in
-the toolbar, state in the status bar), the `StatsClient` (started when the engine is READY, feeding
-the Monitor), the `NvmlThread` (GPU readings), the chat panel and endpoint panel (told the endpoint
-when it changes). Settings persist through QSettings. Closing the window stops the engine's whole
-process group, so nothing is left holding VRAM.
+the toolbar; state, model and live URL in the status chip and the title), the `StatsClient` (started
+when the engine is READY, feeding the Monitor), the `NvmlThread` (GPU readings), the chat panel and
+endpoint panel (told the endpoint when it changes), the tray icon. Settings persist through
+QSettings. Stop closes the app's own streams before signalling the engine, so its graceful shutdown
+has nothing to cancel. Closing the window stops the engine's whole process group, so nothing is
+left holding VRAM — unless "keep serving when the window closes" is on and a tray icon can bring
+the window back.
 """
 from __future__ import annotations
 
+import time
 
-from PySide6.QtCore import QSettings, Qt
+from PySide6.QtCore import QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QIcon
-from PySide6.QtWidgets import (QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit, QScrollArea, QSplitter,
-                               QTabWidget, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QApplication, QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit,
+                               QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
+from app.bench_store import BenchStore
+from app.benchmark_panel import BenchmarkPanel
 from app.capacity import capacity_line
 from app.chat_panel import ChatPanel
+from app.autostart import autostart_enabled, set_autostart
 from app.chat_store import ChatStore
+from app.doctor_panel import DoctorPanel
 from app.endpoint_panel import EndpointPanel
 from app.engine_state import EngineState
 from app.model_info import ModelInfo
+from app.model_library import ModelLibrary
 from app.model_picker import ModelPicker
 from app.monitor_panel import MonitorPanel
 from app.nvml_sampler import NvmlThread
 from app.paths import ICON_PATH, data_dir
+from app.port_banner import PortBanner
 from app.settings import gui_flags, load_values, save_values
 from app.settings_form import SettingsForm
 from app.stats_client import StatsClient
-from app.supervisor import CRASHED, READY, STARTING, STOPPED, EngineSupervisor, connect_host
+from app.status_chip import StatusChip, status_text
+from app.supervisor import READY, STARTING, STOPPED, STOPPING, EngineSupervisor, connect_host
+from app.theme import is_dark
+from app.tray import Tray
 from widgets.gpu_panel import GpuReading
 
-STATE_COLORS = {READY: "#a3be8c", STARTING: "#ebcb8b", CRASHED: "#bf616a", STOPPED: "#808890"}
+KEEP_SERVING_KEY = "app/keep_serving"
+DRAIN_S = 1.0  # longest wait for the app's streams to close before the engine gets SIGTERM
 LOG_LINES = 5000
 STATS_HZ = 4.0
 
@@ -52,35 +66,61 @@ class MainWindow(QMainWindow):
         self.gpu_memory: list[int] = []
         self.stats_hz = STATS_HZ
         self._closed = False
+        self.keep_serving_for_session = False  # `pagedesk --serve-at-login`: the tray is the way back
         if num_gpus is None:
             from app.nvml_sampler import count_nvidia_gpus
             num_gpus = count_nvidia_gpus()
+        self.num_gpus = num_gpus
 
         self.model_picker = ModelPicker()
         self.settings_form = SettingsForm(gui_flags())
+        self.settings_form.set_hardware(num_gpus)
         self.settings_form.set_values(load_values(self.qsettings, num_gpus))
         self.capacity = QLabel(wordWrap=True, textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
         self.log_view = QPlainTextEdit(readOnly=True, maximumBlockCount=LOG_LINES)
         self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.crash_box = QLabel(wordWrap=True, visible=False,
                                 textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.crash_box.setStyleSheet("background: #3b2a2e; color: #f0d0d0; padding: 6px; font-family: monospace;")
-        self.chat = ChatPanel(self.store)
+        self.crash_box.setStyleSheet("background: #3b2a2e; color: #f0d0d0; padding: 6px; font-family: monospace;"
+                                     if is_dark() else
+                                     "background: #fbe3e4; color: #6b1d24; padding: 6px; font-family: monospace;")
+        self.chat = ChatPanel(self.store, self.qsettings)
         self.monitor = MonitorPanel()
         self.endpoint = EndpointPanel()
-        self.state_label = QLabel()
+        self.bench_store = BenchStore(data_dir() / "benchmarks.sqlite3")
+        self.benchmark = BenchmarkPanel(self.bench_store)
+        self.library = ModelLibrary(self.qsettings)
+        self.state_label = StatusChip()
+        self.port_banner = PortBanner()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._engine_tab(), "Engine")
+        self.tabs.addTab(self.library, "Models")
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.monitor, "Monitor")
         self.tabs.addTab(self.endpoint, "Endpoint")
-        self.setCentralWidget(self.tabs)
+        self.tabs.addTab(self.benchmark, "Benchmark")
+        self.tabs.addTab(DoctorPanel(), "Doctor")  # runs pagedesk-doctor when first shown
+        central = QWidget()
+        central_layout = QVBoxLayout(central)
+        central_layout.setContentsMargins(0, 0, 0, 0)
+        central_layout.addWidget(self.port_banner)
+        central_layout.addWidget(self.tabs, 1)
+        self.setCentralWidget(central)
+        self._drain_timer = QTimer(self, interval=25, timeout=self._drain_tick)
+        self._drain_deadline = 0.0
         self._build_toolbar()
+        self._build_menu()
+        self.tray = Tray(self)
         self.statusBar().addPermanentWidget(self.state_label)
         self._connect()
+        self.library.model_chosen.connect(self._choose_from_library)
+        self.model_picker.download_progress.connect(self.library.show_download)
+        self.model_picker.download_ended.connect(self.library.end_download)
+        self.model_picker.model_cleared.connect(lambda: self._on_model_changed(None))
         last_model = self.qsettings.value("model/path", "")
         if last_model:
             self.model_picker.set_model_path(str(last_model))
+        self.library.refresh()
         self._on_state(STOPPED)
         self._update_capacity()
         self._update_endpoint()
@@ -94,8 +134,13 @@ class MainWindow(QMainWindow):
         left_layout = QVBoxLayout(left)
         left_layout.addWidget(self.model_picker)
         left_layout.addWidget(self.settings_form)
-        scroll = QScrollArea(widgetResizable=True)
+        # Vertical scrolling only: the pane is as wide as its widest row, never clipped behind a scrollbar.
+        scroll = self.settings_scroll = QScrollArea(widgetResizable=True)
+        scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         scroll.setWidget(left)
+        self.settings_form.advanced.setVisible(True)  # size for the widest state of the form
+        scroll.setMinimumWidth(left.minimumSizeHint().width() + scroll.verticalScrollBar().sizeHint().width() + 4)
+        self.settings_form.advanced.setVisible(False)
         capacity_box = QGroupBox("Capacity planner")
         QVBoxLayout(capacity_box).addWidget(self.capacity)
         log_box = QGroupBox("Engine log")
@@ -109,7 +154,8 @@ class MainWindow(QMainWindow):
         splitter = QSplitter()
         splitter.addWidget(scroll)
         splitter.addWidget(right)
-        splitter.setSizes([480, 800])
+        splitter.setSizes([scroll.minimumWidth(), 800])
+        splitter.setChildrenCollapsible(False)
         tab = QWidget()
         QHBoxLayout(tab).addWidget(splitter)
         return tab
@@ -118,10 +164,22 @@ class MainWindow(QMainWindow):
         bar = self.addToolBar("Engine")
         bar.setObjectName("engine-toolbar")
         self.start_action = QAction("▶ Start engine", self, triggered=self.start_engine)
-        self.stop_action = QAction("■ Stop", self, triggered=self.supervisor.stop)
+        self.stop_action = QAction("■ Stop", self, triggered=self.stop_engine)
         self.restart_action = QAction("⟳ Restart", self, triggered=self.restart_engine)
         for action in (self.start_action, self.stop_action, self.restart_action):
             bar.addAction(action)
+
+    def _build_menu(self) -> None:
+        menu = self.menuBar().addMenu("&PagedDesk")
+        self.keep_serving_action = QAction("Keep serving when the window closes", self, checkable=True)
+        self.keep_serving_action.setChecked(self.qsettings.value(KEEP_SERVING_KEY, False, type=bool))
+        self.keep_serving_action.toggled.connect(lambda on: self.qsettings.setValue(KEEP_SERVING_KEY, on))
+        self.autostart_action = QAction("Start serving at login", self, checkable=True)
+        self.autostart_action.setChecked(autostart_enabled())
+        self.autostart_action.toggled.connect(set_autostart)
+        self.quit_action = QAction("Quit (stops the engine)", self, triggered=self.quit_app)
+        for action in (self.keep_serving_action, self.autostart_action, self.quit_action):
+            menu.addAction(action)
 
     def _connect(self) -> None:
         sup = self.supervisor
@@ -130,6 +188,8 @@ class MainWindow(QMainWindow):
         sup.ready.connect(self._on_ready)
         sup.crashed.connect(self._on_crashed)
         sup.message.connect(self._on_message)
+        sup.port_busy.connect(self.port_banner.show_busy)
+        self.port_banner.use_port.connect(self._use_port)
         self.stats.state.connect(self._on_engine_state)
         self.nvml.readings.connect(self._on_gpu_readings)
         self.nvml.unavailable.connect(self.monitor.on_gpu_unavailable)
@@ -142,17 +202,51 @@ class MainWindow(QMainWindow):
         if info is None:
             self._on_message("Choose a model folder first (Engine tab → Model).")
             return False
+        problems = self.settings_form.problems()
+        if problems:
+            self._on_message("Not started: " + " ".join(problems))
+            return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
         self.crash_box.setVisible(False)
+        self.port_banner.hide()
         return self.supervisor.start(str(info.path), values, self.extra_engine_args)
+
+    def stop_engine(self) -> None:
+        """STOPPING at once; SIGTERM once the app's own streams have closed (at most DRAIN_S later), because
+        uvicorn cancels streams still open at its shutdown with a traceback per stream."""
+        self._close_streams()
+        self.supervisor.begin_stop()
+        self._drain_deadline = time.monotonic() + DRAIN_S
+        self._drain_timer.start()
+
+    def _drain_tick(self) -> None:
+        drained = self.stats.is_idle() and not self.chat.client.busy()
+        if drained or time.monotonic() > self._drain_deadline:
+            self._drain_timer.stop()
+            self.supervisor.stop()
 
     def restart_engine(self) -> None:
         if self.supervisor.process is not None:
-            self.supervisor.stop()
+            self.stop_engine()
             self.supervisor.state_changed.connect(self._start_after_stop)
         else:
             self.start_engine()
+
+    def _close_streams(self) -> None:
+        """Close the app's own streams first: the engine's graceful shutdown then has none to cancel."""
+        self.stats.stop()
+        self.chat.client.stop()
+        self.chat.set_endpoint(None)
+        self.benchmark.runner.stop()
+
+    def _choose_from_library(self, path: str) -> None:
+        if self.model_picker.set_model_path(path):
+            self.tabs.setCurrentIndex(0)
+
+    def _use_port(self, port: int) -> None:
+        self.settings_form.set_values({"port": port})
+        self.start_engine()
 
     def _start_after_stop(self, state: str) -> None:
         if state == STOPPED:
@@ -161,24 +255,38 @@ class MainWindow(QMainWindow):
 
     # ---- reactions --------------------------------------------------------------------------------------------
     def _on_state(self, state: str) -> None:
-        color = STATE_COLORS.get(state, "#808890")
-        self.state_label.setText(f"<b style='color:{color}'>● {state}</b>")
-        running = state in (READY, STARTING)
-        self.start_action.setEnabled(not running)
+        running = state in (READY, STARTING, STOPPING)
         sup = self.supervisor
-        self.stop_action.setEnabled(running or sup.process is not None or sup.restart_pending)
+        self.start_action.setEnabled(not running and sup.process is None and self.model_picker.info is not None)
+        self.stop_action.setEnabled(state != STOPPING and (running or sup.process is not None or sup.restart_pending))
+        self.restart_action.setEnabled(state != STOPPING and self.model_picker.info is not None)
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
+            self.benchmark.set_endpoint(None)
             self.monitor.on_engine_stopped()
             self._update_endpoint()
+        self._show_status()
+
+    def _show_status(self) -> None:
+        """Chip, title and tray all say the same: state, model, and the URL actually served (if any)."""
+        state = self.supervisor.state
+        url = f"{self.supervisor.base_url}/v1" if state in (READY, STARTING, STOPPING) and self.supervisor.base_url else ""
+        info = self.model_picker.info
+        model = self._served_model_name() if info is not None else ""
+        model = model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", "~", ".")) else model
+        self.state_label.set_status(state, model, url)
+        self.setWindowTitle(" — ".join(p for p in ("PagedDesk", model, url) if p))
+        self.tray.set_status(status_text(state, model, url), state, url)
 
     def _on_ready(self, base_url: str) -> None:
         api_key = self.settings_form.values().get("api_key")
         self.stats.start(base_url, api_key, self.stats_hz)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
+        self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
         self._update_endpoint(running=True)
-        self.statusBar().showMessage(f"Engine ready at {base_url}", 5000)
+        self.crash_box.setVisible(False)  # the previous failure is over
+        self._show_status()
 
     def _on_crashed(self, exit_code: int, last_lines: str) -> None:
         how = "was killed by a signal" if exit_code < 0 else f"exited with code {exit_code}"
@@ -204,19 +312,25 @@ class MainWindow(QMainWindow):
             self._update_capacity()
         self.monitor.on_gpu_readings(readings)
 
-    def _on_model_changed(self, info: ModelInfo) -> None:
-        self.qsettings.setValue("model/path", str(info.path))
+    def _on_model_changed(self, info: ModelInfo | None) -> None:
+        """A new model, or None when the chosen path holds none (nothing may keep describing the old one)."""
+        if info is not None:
+            self.qsettings.setValue("model/path", str(info.path))
+        self.settings_form.set_model_context(info.context_length if info else None)
         self._update_capacity()
         self._update_endpoint()
+        self._on_state(self.supervisor.state)
 
     def _on_settings_changed(self) -> None:
         self._update_capacity()
         self._update_endpoint()
+        self._show_status()
 
     def _update_capacity(self) -> None:
         info = self.model_picker.info
-        self.capacity.setText(capacity_line(info.config if info else None, self.settings_form.values(),
-                                            self.gpu_memory))
+        values = self.settings_form.values()
+        self.capacity.setText(capacity_line(info.config if info else None, values, self.gpu_memory))
+        self.library.set_machine(values, self.gpu_memory)
 
     def _served_model_name(self) -> str:
         values = self.settings_form.values()
@@ -236,15 +350,34 @@ class MainWindow(QMainWindow):
         if self._closed:
             return
         self._closed = True
+        self._drain_timer.stop()
         save_values(self.qsettings, self.settings_form.values())
-        self.stats.stop()  # close open streams first, so the engine's graceful shutdown has none to wait for
-        self.chat.client.stop()
+        self._close_streams()
         self.supervisor.shutdown()
         self.stats.wait_stopped()
         self.chat.client.wait_idle()
         self.nvml.stop()
+        self.benchmark.runner.wait()
         self.store.close()
+        self.bench_store.close()
+        self.tray.hide()
+
+    def quit_app(self) -> None:
+        """Quit for real (menu, tray): stop the engine group, then end the application."""
+        self.shutdown()
+        app = QApplication.instance()
+        if app is not None:
+            app.quit()
+
+    def keeps_serving_on_close(self) -> bool:
+        return ((self.keep_serving_action.isChecked() or self.keep_serving_for_session) and self.tray.available()
+                and self.supervisor.state in (READY, STARTING))
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if self.keeps_serving_on_close():
+            self.hide()  # the tray icon brings it back; Quit there stops the engine
+            self.tray.notify("PagedDesk keeps serving", f"The engine still serves at {self.supervisor.base_url}/v1.")
+            event.ignore()
+            return
         self.shutdown()
         event.accept()

@@ -22,6 +22,9 @@ class ModelPicker(QGroupBox):
     """Emits `model_changed(ModelInfo)` whenever a valid model folder is chosen."""
 
     model_changed = Signal(object)
+    model_cleared = Signal()  # the path does not hold a readable model: plans for the old one no longer apply
+    download_progress = Signal(str, str)  # repo id, progress text ("12% · 1.2 GiB / 9.8 GiB")
+    download_ended = Signal(str, str)  # repo id, "" when it finished or why it did not
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__("Model", parent)
@@ -77,6 +80,7 @@ class ModelPicker(QGroupBox):
         except (OSError, ValueError, KeyError) as e:
             self.info = None
             self.details.setText(f"<span style='color:#bf616a'>{e}</span>")
+            self.model_cleared.emit()
             return False
         self.info = info
         self.details.setText(info.describe())
@@ -95,7 +99,8 @@ class ModelPicker(QGroupBox):
         self.progress.setVisible(True)
         self.download_button.setEnabled(False)
         self.cancel_button.setEnabled(True)
-        self.details.setText(f"Downloading {repo_id}…")
+        self.details.setText(f"Downloading {repo_id}… (a cancelled download resumes where it stopped)")
+        self.download_progress.emit(repo_id, "starting…")
         threading.Thread(target=self._worker.run, name=f"download {repo_id}", daemon=True).start()
 
     def cancel_download(self) -> None:
@@ -109,8 +114,13 @@ class ModelPicker(QGroupBox):
         self.progress.setRange(0, 1000)
         self.progress.setValue(int(1000 * done / total))
         self.progress.setFormat(f"{format_bytes(done)} / {format_bytes(total)}")
+        if self._worker is not None:
+            self.download_progress.emit(self._worker.repo_id,
+                                        f"{100 * done / total:.0f}% · {format_bytes(done)} / {format_bytes(total)}")
 
-    def _finish_download(self) -> None:
+    def _finish_download(self, message: str = "") -> None:
+        if self._worker is not None:
+            self.download_ended.emit(self._worker.repo_id, message)
         self._worker = None
         self.progress.setVisible(False)
         self.download_button.setEnabled(True)
@@ -122,5 +132,5 @@ class ModelPicker(QGroupBox):
         self.set_model_path(path)
 
     def _on_download_failed(self, message: str) -> None:
-        self._finish_download()
+        self._finish_download(message)
         self.details.setText(f"<span style='color:#bf616a'>{message}</span>")

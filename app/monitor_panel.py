@@ -2,7 +2,9 @@
 
 `on_state(EngineState)` hands the block snapshot to the block map and appends one sample to each
 plot's ring buffer; `on_gpu_readings` / `on_gpu_unavailable` feed the GPU panel and its VRAM plot.
-Nothing here draws per event: the widgets redraw on their own timers.
+Nothing here draws per event: the widgets redraw on their own timers. When the engine stops, each
+plot gets a gap so its lines break instead of bridging the downtime; without NVML the VRAM plot
+has no series (no "GPU 0" legend under "no NVIDIA GPU").
 """
 from __future__ import annotations
 
@@ -71,8 +73,12 @@ class MonitorPanel(QWidget):
 
     def on_gpu_unavailable(self, reason: str) -> None:
         self.gpu_panel.set_unavailable(reason)
-        self.vram_plot.setTitle("VRAM used (no NVIDIA GPU detected)", size="10pt")
+        self.vram_plot.set_series([])
+        self.vram_plot.set_title("VRAM used (no NVIDIA GPU detected)")
 
-    def on_engine_stopped(self) -> None:
+    def on_engine_stopped(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        for plot in (self.kv_plot, self.queue_plot, self.tokens_plot):
+            plot.append_gap(now)
         self.headline.setText("Engine not running.")
         self.gpu_panel.set_engine_memory(None, None)

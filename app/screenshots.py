@@ -1,7 +1,7 @@
 """`python -m app.screenshots docs/`: save PNGs of the main views, filled with labelled demo data.
 
 Builds the real MainWindow offscreen (no engine, no NVML), feeds it synthetic engine states, GPU
-readings, a chat and a log from app.demo_data, and grabs each tab: engine.png, chat.png,
+readings, a chat and a log from app.demo_data, and grabs each tab: engine.png, models.png, chat.png,
 monitor.png, endpoint.png. The data is illustrative; the widgets and layout are the real ones.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ os.environ.setdefault("PAGEDESK_DATA_DIR", tempfile.mkdtemp(prefix="pagedesk-scr
 from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
-LOG = """$ python -m engine.serve --model ~/models/Qwen2.5-7B-Instruct --max-model-len 16384 --tensor-parallel-size 2 \
+LOG = """$ pagedesk-serve --model ~/models/Qwen2.5-7B-Instruct --max-model-len 16384 --tensor-parallel-size 2 \
 --kv-cache-dtype fp8 --port 8000
 Loading ~/models/Qwen2.5-7B-Instruct (device auto, dtype auto, tensor parallel 2) ...
 rank 1: worker started (NCCL, peer-to-peer unavailable: falling back to host copies)
@@ -48,9 +48,10 @@ def build_window():
 
     data = Path(os.environ["PAGEDESK_DATA_DIR"])
     settings = QSettings(str(data / "settings.ini"), QSettings.Format.IniFormat)
-    win = MainWindow(settings=settings, num_gpus=2, sample_gpus=False)
     model_dir = data / "models" / "Qwen2.5-7B-Instruct"
     demo_model_folder(model_dir)
+    settings.setValue("library/folders", [str(data / "models")])
+    win = MainWindow(settings=settings, num_gpus=2, sample_gpus=False)
     win.model_picker.set_model_path(str(model_dir))
     win.model_picker.path_edit.setText("~/models/Qwen2.5-7B-Instruct")  # the temp folder's name means nothing
     win.settings_form.set_values({"max_model_len": 16384, "kv_cache_dtype": "fp8", "api_key": "sk-local-demo",
@@ -62,8 +63,9 @@ def build_window():
     win.gpu_memory = [r.memory_total for r in demo_gpu_readings()]
     win._update_capacity()
     win.log_view.setPlainText(LOG)
-    win._on_state(READY)
     win.supervisor.base_url = "http://127.0.0.1:8000"
+    win.supervisor.state = READY  # as if the engine were up: the status chip and title show the live URL
+    win._on_state(READY)
     win._update_endpoint(running=True)
     win.chat.view.set_messages([
         ChatMessage("user", "Explain paged attention in two sentences, with a tiny code example."),
@@ -74,13 +76,17 @@ def build_window():
 
 def save_screenshots(out_dir: str | Path) -> list[Path]:
     app = QApplication.instance() or QApplication(sys.argv[:1])
+    from app.theme import apply_theme
+    apply_theme(app)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     win = build_window()
     win.resize(1400, 900)
     win.show()
     saved = []
-    for index, name in enumerate(("engine", "chat", "monitor", "endpoint")):
+    tabs = {"engine": 0, "models": win.tabs.indexOf(win.library), "chat": win.tabs.indexOf(win.chat),
+            "monitor": win.tabs.indexOf(win.monitor), "endpoint": win.tabs.indexOf(win.endpoint)}
+    for name, index in tabs.items():
         win.tabs.setCurrentIndex(index)
         for plot in (win.monitor.kv_plot, win.monitor.queue_plot, win.monitor.tokens_plot, win.monitor.vram_plot):
             plot.redraw()

@@ -16,8 +16,13 @@ from engine.config import FLAGS, Flag, flags_to_argv
 GROUP = "engine"
 
 
+# Engine flags the form shows although the CLI marks them gui=False: the CPU engine's KV budget is the
+# memory setting that applies on a machine without an NVIDIA GPU (the form shows it only there).
+APP_FLAGS = ("kv_cache_memory",)
+
+
 def gui_flags() -> tuple[Flag, ...]:
-    return tuple(f for f in FLAGS if f.gui)
+    return tuple(f for f in FLAGS if f.gui or f.name in APP_FLAGS)
 
 
 def default_values(num_gpus: int) -> dict[str, Any]:

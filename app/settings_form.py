@@ -1,26 +1,31 @@
 """The engine settings form, rendered from the flag declarations (never written out by hand).
 
 Each GUI flag becomes one editor chosen by its type: a checkbox for booleans, a combo box for
-choices, a spin box for numbers (an "auto" special value stands for None when the default is None),
-a line edit for text (empty means None; the API key is masked). Flags are grouped by `Flag.group`
-and carry their help text as the tooltip. `values()` / `set_values()` speak {flag name: value}.
+choices, a spin box for numbers, a line edit for text (empty means None; the API key is masked). A
+number whose default is None ("auto") gets an explicit "auto" checkbox beside its spin box, so it
+can always go back to auto. Basic settings (context length, KV cache precision, "use all GPUs") sit
+on top; everything else is under Advanced, grouped by `Flag.group`, with the help text as tooltip.
+Spin boxes and combo boxes ignore the mouse wheel unless focused, so scrolling the form never edits
+it. Out-of-range numbers stay as typed and are reported by `problems()` (shown under the form) instead
+of snapping back silently. `values()` / `set_values()` speak {flag name: value}.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from PySide6.QtCore import Signal
-from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QLineEdit, QSpinBox,
-                               QVBoxLayout, QWidget)
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
+                               QLineEdit, QSpinBox, QVBoxLayout, QWidget)
 
 from engine.config import Flag
 
 GROUP_TITLES = {"engine": "Engine", "cache": "KV cache", "scheduler": "Scheduler", "parallel": "Parallelism",
                 "server": "Server", "model": "Model"}
+BASIC = ("max_model_len", "kv_cache_dtype")
+BASIC_LABELS = {"max_model_len": "Context length (tokens)", "kv_cache_dtype": "KV cache precision"}
 INT_MAX = 2 ** 31 - 1
 AUTO = "auto"
-
-
+SHORT_CONTEXT = 128  # below this a chat's prompt plus reply hardly fits: say so
 ACRONYMS = {"api": "API", "gpu": "GPU", "kv": "KV"}
 
 
@@ -30,14 +35,31 @@ def label_for(flag: Flag) -> str:
     return text[0].upper() + text[1:]
 
 
+class WheelGuard(QObject):
+    """Drops wheel events on unfocused editors, so the form scrolls instead of changing values."""
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 (Qt's name)
+        if event.type() == QEvent.Type.Wheel and isinstance(watched, QWidget) and not watched.hasFocus():
+            event.ignore()  # the scroll area behind it scrolls instead
+            return True
+        return False
+
+
 class FlagEditor:
     """One flag's editor widget plus conversion between the widget and the flag's value."""
 
-    def __init__(self, flag: Flag) -> None:
+    def __init__(self, flag: Flag, wheel_guard: WheelGuard) -> None:
         self.flag = flag
-        self.widget = self._make()
-        self.widget.setToolTip(f"{flag.cli}: {flag.help}")
-        self.widget.setObjectName(flag.name)
+        self.auto: QCheckBox | None = None
+        self.input = self._make()
+        for w in (self.input, self.auto):
+            if w is not None:
+                w.setToolTip(f"{flag.cli}: {flag.help}")
+        self.input.setObjectName(flag.name)
+        if isinstance(self.input, (QComboBox, QSpinBox, QDoubleSpinBox)):
+            self.input.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+            self.input.installEventFilter(wheel_guard)
+        self.widget = self._with_auto() if self.auto is not None else self.input
 
     def _make(self) -> QWidget:
         f = self.flag
@@ -50,74 +72,134 @@ class FlagEditor:
             return combo
         if f.type is int:
             spin = QSpinBox()
-            low = int(f.minimum if f.minimum is not None else 0)
-            if f.default is None:
-                low -= 1  # the lowest value reads "auto" and means None
-                spin.setSpecialValueText(AUTO)
-            spin.setRange(low, int(f.maximum) if f.maximum is not None else INT_MAX)
-            return spin
+            spin.setRange(int(f.minimum if f.minimum is not None else 0),
+                          int(f.maximum) if f.maximum is not None else INT_MAX)
+            return self._maybe_auto(spin)
         if f.type is float:
+            # The range is wider than the flag's on purpose: a typed 0.01 stays visible and is reported by
+            # `problems()` instead of snapping back to the previous value without a word.
             spin = QDoubleSpinBox(decimals=2, singleStep=0.05)
-            spin.setRange(f.minimum if f.minimum is not None else 0.0, f.maximum if f.maximum is not None else 1e9)
-            return spin
+            spin.setRange(0.0, f.maximum if f.maximum is not None else 1e9)
+            return self._maybe_auto(spin)
         edit = QLineEdit(placeholderText=AUTO if f.default is None else "")
         if "key" in f.name:
             edit.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         return edit
 
+    def _maybe_auto(self, spin: QWidget) -> QWidget:
+        if self.flag.default is None:  # None means "auto": an explicit checkbox, so auto is always reachable
+            self.auto = QCheckBox(AUTO)
+            self.auto.toggled.connect(lambda on: spin.setEnabled(not on))
+        return spin
+
+    def _with_auto(self) -> QWidget:
+        box = QWidget()
+        row = QHBoxLayout(box)
+        row.setContentsMargins(0, 0, 0, 0)
+        row.addWidget(self.auto)
+        row.addWidget(self.input, 1)
+        return box
+
     def value(self) -> Any:
-        w, f = self.widget, self.flag
+        w = self.input
+        if self.auto is not None and self.auto.isChecked():
+            return None
         if isinstance(w, QCheckBox):
             return w.isChecked()
         if isinstance(w, QComboBox):
             return w.currentData()
         if isinstance(w, QSpinBox):
-            return None if (f.default is None and w.value() == w.minimum()) else w.value()
+            return w.value()
         if isinstance(w, QDoubleSpinBox):
             return round(w.value(), 4)
         return w.text().strip() or None
 
     def set_value(self, value: Any) -> None:
-        w = self.widget
+        w = self.input
+        if self.auto is not None:
+            self.auto.setChecked(value is None)
+            if value is None:
+                return
         if isinstance(w, QCheckBox):
             w.setChecked(bool(value))
         elif isinstance(w, QComboBox):
             w.setCurrentIndex(max(0, w.findData(value)))
         elif isinstance(w, QSpinBox):
-            w.setValue(w.minimum() if value is None else int(value))
+            w.setValue(int(value))
         elif isinstance(w, QDoubleSpinBox):
             w.setValue(float(value))
         else:
             w.setText("" if value is None else str(value))
 
     def connect_changed(self, slot) -> None:
-        w = self.widget
+        w = self.input
         signal = {QCheckBox: "toggled", QComboBox: "currentIndexChanged", QSpinBox: "valueChanged",
                   QDoubleSpinBox: "valueChanged", QLineEdit: "textChanged"}[type(w)]
         getattr(w, signal).connect(lambda *_: slot())
+        if self.auto is not None:
+            self.auto.toggled.connect(lambda *_: slot())
+
+    def problem(self) -> str | None:
+        """Why the current value would be refused by the engine's range check, or None."""
+        value, f = self.value(), self.flag
+        if value is None or f.type not in (int, float):
+            return None
+        if (f.minimum is not None and value < f.minimum) or (f.maximum is not None and value > f.maximum):
+            high = f"{f.maximum:g}" if f.maximum is not None else "∞"
+            return f"{label_for(f)} must be between {f.minimum:g} and {high}; it is {value:g}."
+        return None
 
 
 class SettingsForm(QWidget):
-    """Grouped editors for `flags`; emits `changed` on any edit."""
+    """Basic settings on top, the rest under Advanced; emits `changed` on any edit."""
 
     changed = Signal()
 
     def __init__(self, flags: tuple[Flag, ...], parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.editors = {f.name: FlagEditor(f) for f in flags}
+        self._wheel_guard = WheelGuard(self)
+        self.editors = {f.name: FlagEditor(f, self._wheel_guard) for f in flags}
+        self.model_context: int | None = None
+        self.num_gpus = 0
+        self._hidden: set[str] = set()  # rows that do not apply to this machine
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        forms: dict[str, QFormLayout] = {}
+        basic_box = QGroupBox("Basic")
+        self.basic_form = QFormLayout(basic_box)
+        self.use_all_gpus = QCheckBox("Split the model over all GPUs (tensor parallel)")
+        self.use_all_gpus.toggled.connect(self._on_use_all_gpus)
+        layout.addWidget(basic_box)
+        self.show_advanced = QCheckBox("Show advanced settings")
+        layout.addWidget(self.show_advanced)
+        self.advanced = QWidget()
+        advanced_layout = QVBoxLayout(self.advanced)
+        advanced_layout.setContentsMargins(0, 0, 0, 0)
+        self.forms: dict[str, QFormLayout] = {}
         for editor in self.editors.values():
-            group = editor.flag.group
-            if group not in forms:
-                box = QGroupBox(GROUP_TITLES.get(group, group.capitalize()))
-                forms[group] = QFormLayout(box)
-                layout.addWidget(box)
-            forms[group].addRow(label_for(editor.flag), editor.widget)
+            name = editor.flag.name
+            if name in BASIC:
+                self.basic_form.addRow(BASIC_LABELS.get(name, label_for(editor.flag)), editor.widget)
+            else:
+                group = editor.flag.group
+                if group not in self.forms:
+                    box = QGroupBox(GROUP_TITLES.get(group, group.capitalize()))
+                    self.forms[group] = QFormLayout(box)
+                    advanced_layout.addWidget(box)
+                self.forms[group].addRow(label_for(editor.flag), editor.widget)
             editor.set_value(editor.flag.default)
             editor.connect_changed(self.changed.emit)
+        self.basic_form.addRow(self.use_all_gpus)
+        self.basic_form.setRowVisible(self.use_all_gpus, False)
+        layout.addWidget(self.advanced)
+        self.problems_label = QLabel(wordWrap=True, visible=False, objectName="settings-problems")
+        self.problems_label.setStyleSheet("color: #bf616a;")
+        layout.addWidget(self.problems_label)
         layout.addStretch(1)
+        self.advanced.setVisible(False)
+        self.show_advanced.toggled.connect(self.advanced.setVisible)
+        self.changed.connect(self._show_problems)
+        if "tensor_parallel_size" in self.editors:
+            self.editors["tensor_parallel_size"].connect_changed(self._sync_use_all_gpus)
 
     def values(self) -> dict[str, Any]:
         return {name: e.value() for name, e in self.editors.items()}
@@ -126,3 +208,56 @@ class SettingsForm(QWidget):
         for name, value in values.items():
             if name in self.editors:
                 self.editors[name].set_value(value)
+        self._sync_use_all_gpus()
+
+    def set_hardware(self, num_gpus: int) -> None:
+        """Show the memory setting that applies here (GPU utilization, or the CPU engine's KV budget) and
+        the "use all GPUs" switch when there are several cards."""
+        self.num_gpus = num_gpus
+        self._set_row_visible("gpu_memory_utilization", num_gpus > 0)
+        self._set_row_visible("kv_cache_memory", num_gpus == 0)
+        self.basic_form.setRowVisible(self.use_all_gpus, num_gpus > 1)
+        self.use_all_gpus.setText(f"Split the model over all {num_gpus} GPUs (tensor parallel)")
+        self._sync_use_all_gpus()
+
+    def set_model_context(self, max_position_embeddings: int | None) -> None:
+        self.model_context = max_position_embeddings
+        self._show_problems()
+
+    def problems(self) -> list[str]:
+        """What the engine would refuse, in words; empty when the settings can start."""
+        found = [p for name, e in self.editors.items() if name not in self._hidden for p in [e.problem()] if p]
+        max_len = self.values().get("max_model_len")
+        if max_len is not None and self.model_context and max_len > self.model_context:
+            found.append(f"Context length {max_len:,} is longer than the model's {self.model_context:,} tokens.")
+        return found
+
+    def warnings(self) -> list[str]:
+        max_len = self.values().get("max_model_len")
+        if max_len is not None and max_len < SHORT_CONTEXT:
+            return [f"Context length {max_len} tokens leaves room for only a very short prompt and reply."]
+        return []
+
+    def _show_problems(self) -> None:
+        lines = self.problems() + self.warnings()
+        self.problems_label.setText("\n".join(lines))
+        self.problems_label.setVisible(bool(lines))
+
+    def _set_row_visible(self, name: str, visible: bool) -> None:
+        (self._hidden.discard if visible else self._hidden.add)(name)
+        editor = self.editors.get(name)
+        form = self.forms.get(editor.flag.group) if editor else None
+        if form is not None:
+            form.setRowVisible(editor.widget, visible)
+
+    def _on_use_all_gpus(self, on: bool) -> None:
+        editor = self.editors.get("tensor_parallel_size")
+        if editor is not None and self.num_gpus > 1:
+            editor.set_value(self.num_gpus if on else 1)
+
+    def _sync_use_all_gpus(self) -> None:
+        editor = self.editors.get("tensor_parallel_size")
+        if editor is not None:
+            self.use_all_gpus.blockSignals(True)
+            self.use_all_gpus.setChecked(self.num_gpus > 1 and editor.value() == self.num_gpus)
+            self.use_all_gpus.blockSignals(False)

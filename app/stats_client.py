@@ -99,5 +99,9 @@ class StatsClient(QObject):
             thread.wait(timeout_ms)
         self._retiring.clear()
 
+    def is_idle(self) -> bool:
+        """No worker running or winding down: every stream this client opened is closed."""
+        return self._thread is None and not self._retiring
+
     def is_running(self) -> bool:
         return self._thread is not None

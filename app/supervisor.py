@@ -1,13 +1,15 @@
-"""EngineSupervisor: runs `python -m engine.serve` as a QProcess in its own process group and minds it.
+"""EngineSupervisor: runs `pagedesk-serve` as a QProcess in its own process group and minds it.
 
-Start checks the port with a real bind (moving to the next free port, with a message, when taken),
-launches the engine in a new session so the whole group (engine plus tensor-parallel workers) can be
-signalled at once, and polls /health until READY while the process's `finished` signal reports an
-early exit at once. Output (stdout and stderr merged) goes to a bounded tail and the `log` signal.
-A crash reports the exit code and the last log lines and restarts with exponential backoff up to a
-cap; an out-of-memory at load (exit code 3 or "out of memory" in the log) is never restarted,
-because it would fail the same way. Stop and quit send SIGTERM to the group, then SIGKILL after a
-grace period, and any group member left behind by a dead leader is killed so no orphan keeps VRAM.
+Start checks the configured port with a bind like the server's own; when another process really
+holds it, start refuses and emits `port_busy` (who holds it, and the next free port to offer) rather
+than moving the endpoint behind the user's back. It launches the engine in a new session so the
+whole group (engine plus tensor-parallel workers) can be signalled at once, and polls /health until
+READY while the process's `finished` signal reports an early exit at once. Output (stdout and stderr
+merged) goes to the `log` signal and to a bounded tail holding only the current run. A crash reports
+the exit code and that run's last lines and restarts with exponential backoff up to a cap; a
+configuration error (exit 2) or an out-of-memory at load (exit 3, or "out of memory" in the log) is
+never restarted, because it would fail the same way. Stop and quit pass through STOPPING: SIGTERM to
+the group, then SIGKILL after a grace period, and any member left behind by a dead leader is killed.
 """
 from __future__ import annotations
 
@@ -15,20 +17,35 @@ import os
 import signal
 import sys
 from collections import deque
+from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 from app.health_probe import HealthProbe
 from app.paths import REPO_ROOT
-from app.port_check import next_free_port, port_is_free
+from app.port_check import next_free_port, port_is_free, port_owner
 from app.settings import serve_argv
 
-STOPPED, STARTING, READY, CRASHED = "STOPPED", "STARTING", "READY", "CRASHED"
-OOM_EXIT_CODE = 3
+STOPPED, STARTING, READY, STOPPING, CRASHED = "STOPPED", "STARTING", "READY", "STOPPING", "CRASHED"
+CONFIG_EXIT_CODE = 2  # engine/serve.py's EXIT_CONFIG_ERROR (serve.py is not one of the
+#                      torch-free modules the app may import, so the numbers are repeated here)
+OOM_EXIT_CODE = 3  # engine/serve.py's EXIT_OUT_OF_MEMORY
 OOM_TEXT = "out of memory"
 POSIX = os.name == "posix"
 SIGTERM, SIGKILL = signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)
+
+
+def serve_command() -> list[str]:
+    """The `pagedesk-serve` console script installed beside this Python, else the module it runs."""
+    script = Path(sys.executable).with_name("pagedesk-serve.exe" if os.name == "nt" else "pagedesk-serve")
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "engine.serve"]
+
+
+def masked_argv(argv: list[str]) -> list[str]:
+    """argv for the log: the value after --api-key replaced by stars, so the key never reaches a screen."""
+    masked = ["****" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
+    return ["--api-key=****" if a.startswith("--api-key=") else a for a in masked]
 
 
 def connect_host(bind_host: str) -> str:
@@ -41,12 +58,13 @@ class EngineSupervisor(QObject):
     log = Signal(str)  # a chunk of merged stdout/stderr lines
     ready = Signal(str)  # base URL
     crashed = Signal(int, str)  # exit code (-1: killed by a signal), last log lines
-    message = Signal(str)  # something the user should read: port moved, restart scheduled, OOM
+    message = Signal(str)  # something the user should read: restart scheduled, OOM, configuration error
+    port_busy = Signal(str, int, str, int)  # host, port, who holds it ("" if unknown), next free port (0: none)
 
     def __init__(self, command: list[str] | None = None, max_restarts: int = 3, backoff_s: float = 1.0,
                  grace_s: float = 5.0, tail_lines: int = 400, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self.command = command or [sys.executable, "-m", "engine.serve"]
+        self.command = command or serve_command()
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s
         self.grace_s = grace_s
@@ -68,34 +86,40 @@ class EngineSupervisor(QObject):
 
     # ---- public API -------------------------------------------------------------------------------
     def start(self, model: str, values: dict[str, Any], extra_argv: list[str] | None = None) -> bool:
-        """Launch the engine; False (with a message) when it is already running or no port is free."""
+        """Launch the engine; False (with a message or `port_busy`) when it is already running or the port is taken."""
         if self.process is not None:
             self.message.emit("The engine is already running; stop it first.")
             return False
         values = dict(values)
         host, port = values.get("host") or "127.0.0.1", int(values.get("port") or 8000)
+        values["port"] = port
         if not port_is_free(host, port):
-            free = next_free_port(host, port + 1)
-            if free is None:
-                self.message.emit(f"Port {port} on {host} is in use and no free port was found after it; "
-                                  "choose another port in the settings.")
-                return False
-            self.message.emit(f"Port {port} on {host} is in use (another server?); using port {free} instead.")
-            values["port"] = port = free
+            owner = port_owner(port) or ""
+            self.message.emit(f"Port {port} on {host} is in use" + (f" by {owner}" if owner else "") +
+                              "; the engine was not started.")
+            self.port_busy.emit(host, port, owner, next_free_port(host, port + 1) or 0)
+            return False
         self._restart_timer.stop()
         self._launch = (model, values, list(extra_argv or []))
         self.restarts = 0
         self._spawn()
         return True
 
-    def stop(self) -> None:
-        """SIGTERM the group now, SIGKILL after the grace period; STOPPED once the process is gone."""
+    def begin_stop(self) -> None:
+        """STOPPING now, without a signal yet: the caller closes its streams, then calls `stop`. A death in
+        between counts as the stop, not as a crash."""
         self._restart_timer.stop()
         self._probe.stop()
+        if self.process is not None:
+            self._stopping = True
+            self._set_state(STOPPING)
+
+    def stop(self) -> None:
+        """SIGTERM the group now, SIGKILL after the grace period; STOPPED once the process is gone."""
+        self.begin_stop()
         if self.process is None:
             self._set_state(STOPPED)
             return
-        self._stopping = True
         self._signal_group(SIGTERM)
         self._kill_timer.start(int(self.grace_s * 1000))
 
@@ -156,8 +180,9 @@ class EngineSupervisor(QObject):
         self.process = process
         self._stopping = False
         self._partial = ""
+        self.tail.clear()  # a crash report shows this run's lines, never an earlier run's
         self.base_url = f"http://{connect_host(values.get('host') or '127.0.0.1')}:{values['port']}"
-        self._append_log(f"$ {' '.join(argv)}\n")
+        self._append_log(f"$ {' '.join(masked_argv(argv))}\n")
         self._set_state(STARTING)
         process.started.connect(self._on_started)
         process.start(argv[0], argv[1:])
@@ -236,6 +261,10 @@ class EngineSupervisor(QObject):
                               "lower --gpu-memory-utilization or --max-model-len, use --kv-cache-dtype fp8, "
                               "raise --tensor-parallel-size or pick a smaller model.")
             return
+        if exit_code == CONFIG_EXIT_CODE:
+            self.message.emit(f"The engine stopped at start: {self.error_line() or 'configuration error'}. "
+                              "Not restarting — fix the model or settings, then press Start.")
+            return
         if self.restarts >= self.max_restarts:
             self.message.emit(f"The engine {how}; gave up after {self.restarts} automatic restarts. "
                               "Read the log, then press Start.")
@@ -246,6 +275,13 @@ class EngineSupervisor(QObject):
                           f"(attempt {self.restarts} of {self.max_restarts}).")
         self._restart_timer.start(int(delay * 1000))
         self.state_changed.emit(self.state)  # same state, but Stop now has a restart to cancel
+
+    def error_line(self) -> str:
+        """The engine's last "error: …" line of this run, without the prefix ("" if none)."""
+        for line in reversed(self.tail):
+            if line.startswith("error:"):
+                return line[len("error:"):].strip()
+        return ""
 
     def _restart_now(self) -> None:
         if self.process is None and self._launch is not None:

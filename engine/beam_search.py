@@ -4,7 +4,9 @@ Scoring follows HF transformers' `generate(num_beams=k, do_sample=False, early_s
 all beams' cumulative log-probs take the top 2k continuations; those ending in EOS (or at max_tokens)
 among the first k become finished hypotheses scored sum_logprob / generated_len ** length_penalty; the
 best k unfinished continue. Search ends when k hypotheses are finished (early stopping) or at
-max_tokens. A beam's K/V is never copied: children share the parent's
+max_tokens. Each live beam reports only its top 2k next-token log-probs (computed on the device by the
+model runner): any of the global top 2k continuations is among its own beam's top 2k, so the search
+needs no more, and works on small host tensors. A beam's K/V is never copied: children share the parent's
 blocks through ref counts, and only a shared, partly filled last block is copied when written.
 """
 from __future__ import annotations
@@ -60,7 +62,8 @@ class BeamGroup:
     eos_ids: list[int]
     num_prompt_tokens: int
     scores: list[float] = field(default_factory=lambda: [0.0])  # cumulative logprob per live beam
-    pending: dict[int, torch.Tensor] = field(default_factory=dict)  # live beam index -> logprobs [vocab]
+    # live beam index -> (its top next-token log-probs, their token ids), at least 2k of them, best first
+    pending: dict[int, tuple[list[float], list[int]]] = field(default_factory=dict)
     finished: list[tuple[float, list[int], float]] = field(default_factory=list)  # (score, tokens, cum)
     done: bool = False
 
@@ -71,12 +74,13 @@ class BeamGroup:
         """One search step given every live beam's tokens; returns the beams to continue (may be none)."""
         k, lp = self.params.beam_width, self.params.length_penalty
         generated = len(beam_tokens[0]) - self.num_prompt_tokens
-        logprobs = torch.stack([self.pending[i] for i in range(len(self.scores))])
-        logprobs = logprobs + torch.tensor(self.scores)[:, None]
+        beams = [self.pending[i] for i in range(len(self.scores))]
         self.pending.clear()
-        vocab = logprobs.shape[1]
+        width = min(len(lp) for lp, _ in beams)
+        logprobs = torch.tensor([lp[:width] for lp, _ in beams]) + torch.tensor(self.scores)[:, None]
         top = logprobs.flatten().topk(min(2 * k, logprobs.numel()))
-        candidates = [Candidate(i // vocab, i % vocab, s) for s, i in zip(top.values.tolist(), top.indices.tolist())]
+        candidates = [Candidate(i // width, beams[i // width][1][i % width], s)
+                      for s, i in zip(top.values.tolist(), top.indices.tolist())]
         at_max = generated + 1 >= self.params.max_tokens
         hits = [at_max or (not self.params.ignore_eos and c.token in self.eos_ids) for c in candidates]
         accepting = len(self.finished) < k  # early_stopping=True: k hypotheses end the search

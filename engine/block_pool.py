@@ -131,6 +131,12 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached.setdefault(block_hash, block)
 
+    def uncache_block(self, block: Block) -> None:
+        """Forget `block`'s hash (its slots never got their K/V); a duplicate holder of the hash stays canonical."""
+        if block.block_hash is not None and self.cached.get(block.block_hash) is block:
+            del self.cached[block.block_hash]
+        block.block_hash = None
+
     def reset_prefix_cache(self) -> None:
         for block in self.blocks:
             block.block_hash = None

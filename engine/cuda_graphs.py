@@ -1,28 +1,55 @@
-"""CUDA graphs for decode steps: the whole forward captured once per batch size on a ladder, replayed with padding.
+"""CUDA graphs for decode steps: the whole forward captured per (batch size, context length), replayed with padding.
 
 Decode batches (one new token per sequence) are copied into static input buffers sized for the
 smallest captured batch that holds them; padding rows get slot -1 (their K/V write is skipped) and a
 one-token context in block 0 (their output is discarded), so they never touch a real sequence's cache.
-On CPU, or to test the padding logic without a GPU, `capture=False` runs the same padded buffers
-eagerly: the CPU tests exercise every line except the capture call itself.
+The attention kernel picks its KV split count from the block-table width, which a graph freezes; so
+each batch size is captured at the context lengths of a ladder where that choice changes
+(`split_key`; lengths with the same kernel configuration share one graph), and a step replays the
+narrowest graph that covers its longest sequence. A capture that fails (a driver, NCCL or kernel that
+cannot be captured) logs one line and leaves decode eager. On CPU, or to test the padding logic without
+a GPU, `capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except
+the capture call itself.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable, Hashable
 
 import torch
 from tqdm.auto import tqdm
 
+from engine.distributed import all_reduce
 from engine.layers.attention import AttentionMetadata
+from engine.sizing import batch_size_ladder, context_length_ladder
 
+__all__ = ["DecodeGraphs", "batch_size_ladder", "context_buckets", "triton_split_key"]
 logger = logging.getLogger("pagedesk.engine")
+SplitKey = Callable[[int, int], Hashable]  # (batch size, block-table width in tokens) -> kernel configuration
 
 
-def batch_size_ladder(max_batch: int) -> list[int]:
-    """1, 2, 4, 8, then every 16 up to max_batch (vLLM's spacing): padding wastes at most 15 rows."""
-    ladder = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch + 16, 16))
-    return sorted({min(b, max_batch) for b in ladder})
+def context_buckets(batch: int, max_model_len: int, block_size: int, split_key: SplitKey | None) -> list[int]:
+    """Context lengths to capture `batch` at: the longest length of each run of ladder lengths that share
+    one kernel configuration (without a key, attention does not depend on the width: max_model_len only)."""
+    if split_key is None:
+        return [max_model_len]
+    buckets: list[int] = []
+    last = None
+    for length in reversed(context_length_ladder(max_model_len)):
+        key = split_key(batch, -(-length // block_size) * block_size)
+        if key != last:
+            buckets.append(length)
+            last = key
+    return sorted(buckets)
+
+
+def triton_split_key(model, device: torch.device) -> SplitKey:
+    """The Triton decode kernel's tile and split choice for a decode batch at a given block-table width."""
+    from kernels.triton_attention import choose_tiles
+    attn = model.attention_layers()[0]
+    group = attn.num_heads // attn.num_kv_heads
+    return lambda batch, width: choose_tiles(batch, batch, attn.num_kv_heads, group, attn.head_dim, width, device)
 
 
 @dataclass
@@ -34,18 +61,21 @@ class StaticBuffers:
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
 
-    def meta(self, batch: int, max_seq_len: int) -> AttentionMetadata:
-        return AttentionMetadata(self.slot_mapping[:batch], self.block_tables[:batch], self.seq_lens[:batch],
-                                 self.query_start_loc[:batch + 1], 1, max_seq_len)
+    def meta(self, batch: int, context_len: int, block_size: int) -> AttentionMetadata:
+        width = -(-context_len // block_size)
+        return AttentionMetadata(self.slot_mapping[:batch], self.block_tables[:batch, :width], self.seq_lens[:batch],
+                                 self.query_start_loc[:batch + 1], 1, context_len)
 
 
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, max_model_len: int, block_size: int, device: torch.device,
-                 capture: bool = True) -> None:
+                 capture: bool = True, split_key: SplitKey | None = None) -> None:
         self.model = model
         self.ladder = batch_size_ladder(max_batch)
         self.max_batch = self.ladder[-1]
         self.max_model_len = max_model_len
+        self.block_size = block_size
+        self.contexts = {b: context_buckets(b, max_model_len, block_size, split_key) for b in self.ladder}
         self.max_blocks = -(-max_model_len // block_size)
         self.device = device
         self.capture_graphs = capture and device.type == "cuda"
@@ -56,8 +86,8 @@ class DecodeGraphs:
                 slot_mapping=torch.full((b,), -1, dtype=torch.long),
                 block_tables=torch.zeros(b, self.max_blocks, dtype=torch.int32),
                 seq_lens=torch.ones(b, dtype=torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32))
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context length) -> graph
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool_bytes = 0
 
     def can_run(self, inputs) -> bool:
@@ -67,33 +97,60 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every ladder size, largest first so the smaller graphs reuse its memory pool."""
+        """Capture every (batch, context) pair, largest first so the smaller graphs reuse its memory pool;
+        on any failure drop them all and stay eager (one log line), rather than stop the engine."""
         if not self.capture_graphs:
             return
         before = torch.cuda.memory_allocated(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        for batch in tqdm(list(reversed(self.ladder)), desc="Capturing CUDA graphs", unit="graph"):
-            meta = self.buffers.meta(batch, self.max_model_len)
-            self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)  # warm-up
+        keys = [(b, c) for b in reversed(self.ladder) for c in reversed(self.contexts[b])]
+        try:
+            self._capture_all(keys)
+        except Exception as e:  # noqa: BLE001 - any capture error means "run eagerly", never a dead engine
+            self.graphs.clear()
+            self.outputs.clear()
+            self.capture_graphs = False
             torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                self.outputs[batch] = self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)
-            self.graphs[batch] = graph
+            logger.warning("CUDA graph capture failed (%s: %s); decode steps run eagerly (slower, same results)",
+                           type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return
         torch.cuda.synchronize(self.device)
         self.pool_bytes = torch.cuda.memory_allocated(self.device) - before
-        logger.info("captured %d CUDA graphs (batch sizes %s), %.0f MiB", len(self.graphs), self.ladder,
-                    self.pool_bytes / 2**20)
+        logger.info("captured %d CUDA graphs (batch sizes %s, context lengths %s), %.0f MiB", len(self.graphs),
+                    self.ladder, sorted({c for cs in self.contexts.values() for c in cs}), self.pool_bytes / 2**20)
+
+    def _capture_all(self, keys: list[tuple[int, int]]) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for batch, context in tqdm(keys, desc="Capturing CUDA graphs", unit="graph"):
+            meta = self.buffers.meta(batch, context, self.block_size)
+            self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)  # warm-up, compiles
+            torch.cuda.synchronize(self.device)
+            graph, error = torch.cuda.CUDAGraph(), None
+            try:
+                with torch.cuda.graph(graph, pool=pool):
+                    out = self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)
+            except Exception as e:  # noqa: BLE001 - decided together with the other ranks just below
+                error = e
+            # Under tensor parallel every rank stops at the same graph (a capture only records its all-reduces;
+            # this one runs), so the eager forwards that follow keep pairing up across ranks.
+            failed = all_reduce(torch.tensor([error is not None], dtype=torch.int32, device=self.device))
+            if error is not None:
+                raise error
+            if int(failed.item()):
+                raise RuntimeError("another tensor-parallel rank could not capture this graph")
+            self.graphs[batch, context] = graph
+            self.outputs[batch, context] = out
 
     def run(self, inputs) -> torch.Tensor:
         """Hidden states ``[num_seqs, hidden]`` of a decode batch through the padded static buffers."""
         n = len(inputs.seq_lens)
         batch = next(b for b in self.ladder if b >= n)
+        needed = max(int(inputs.max_seq_len), inputs.block_tables.shape[1] * self.block_size)
+        context = next((c for c in self.contexts[batch] if c >= needed), self.contexts[batch][-1])
         self._fill(inputs, n, batch)
-        if batch in self.graphs:
-            self.graphs[batch].replay()
-            return self.outputs[batch][:n]
-        meta = self.buffers.meta(batch, self.max_model_len)
+        if (batch, context) in self.graphs:
+            self.graphs[batch, context].replay()
+            return self.outputs[batch, context][:n]
+        meta = self.buffers.meta(batch, context, self.block_size)
         return self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)[:n]
 
     def _fill(self, inputs, n: int, batch: int) -> None:

@@ -29,7 +29,7 @@ import torch
 from engine.distributed import destroy_distributed, init_distributed
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.peer_access import nccl_environment
+from engine.peer_access import nccl_environment, peer_copy_works
 from engine.tp_worker import WorkerSpec, worker_main
 
 logger = logging.getLogger("pagedesk.engine")
@@ -159,7 +159,7 @@ class TensorParallelExecutor:
         if torch.cuda.device_count() < size:
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs but {torch.cuda.device_count()} "
                              "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
-        env = nccl_environment(size, torch.cuda.can_device_access_peer, os.environ)
+        env = nccl_environment(size, peer_copy_works, os.environ)
         os.environ.update(env)  # rank 0 too, before its NCCL starts
         torch.cuda.set_device(0)
         return env
@@ -170,18 +170,19 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]]) -> torch.Tensor:
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None):
+        """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
         self._ensure_usable()
         inputs = self.runner.prepare(batch, block_copies)
-        logits, _ = self._run_everywhere("run", inputs)
-        return logits
+        out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
+        return out
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
 
-    def profile_memory(self, num_tokens: int) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
         """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
-        local, remote = self._run_everywhere("profile_memory", num_tokens)
+        local, remote = self._run_everywhere("profile_memory", num_tokens, max_num_seqs, kv_dtype)
         return local + [p for profiles in remote for p in profiles]
 
     def weights_bytes(self) -> int:
@@ -201,8 +202,9 @@ class TensorParallelExecutor:
 
     # ---- lock-step calls --------------------------------------------------------------------------------
 
-    def _run_everywhere(self, method: str, *args: Any) -> tuple[Any, list[Any]]:
-        """Start `method` on every worker, run it on rank 0, then collect the workers' answers."""
+    def _run_everywhere(self, method: str, *args: Any, rank0_args: tuple = ()) -> tuple[Any, list[Any]]:
+        """Start `method` on every worker, run it on rank 0 (with `rank0_args` appended: what stays in this
+        process, like the sampling batch), then collect the workers' answers."""
         self._ensure_usable()
         for w in self.workers:
             if not w.process.is_alive():  # don't walk into a collective with a dead peer
@@ -212,7 +214,7 @@ class TensorParallelExecutor:
             except (BrokenPipeError, ConnectionResetError, EOFError):
                 raise self._fail(self._describe_failure(w, method))
         try:
-            local = getattr(self.runner, method)(*args)
+            local = getattr(self.runner, method)(*args, *rank0_args)
         except Exception as exc:
             raise self._explain_local_failure(exc, method) from exc
         return local, self._gather(method)

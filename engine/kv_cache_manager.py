@@ -67,7 +67,15 @@ class KVCacheManager:
         return True
 
     def free(self, seq: Sequence) -> None:
-        """Release a sequence's blocks, last block first, so its tail is evicted before its shared prefix."""
+        """Release a sequence's blocks, last block first, so its tail is evicted before its shared prefix.
+
+        Blocks are hashed when their slots are allocated, before the forward that writes them; a sequence
+        freed in between (preempted in the step that scheduled it) un-registers the blocks it never computed,
+        so no later prefix hit can read their unwritten slots."""
+        first_uncomputed = seq.num_computed_tokens // self.block_size
+        for block in seq.block_table[first_uncomputed:seq.num_cached_blocks]:
+            assert block.ref_count == 1, f"{block} is shared but was never computed"
+            self.pool.uncache_block(block)
         self.pool.free_blocks(reversed(seq.block_table))
         seq.block_table = []
         seq.num_computed_tokens = 0

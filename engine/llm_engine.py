@@ -1,9 +1,11 @@
 """LLMEngine: requests in, one scheduled forward per `step()`, cumulative RequestOutputs out.
 
-It owns the tokenizer, the scheduler with its KV-cache manager, and the model runner; it validates
-requests on the way in, samples and appends tokens, applies every stop rule, forks the n sequences of a
-request off its prompt once the prompt is computed, frees blocks the moment a sequence finishes, and
-reports statistics and a block-pool snapshot for /metrics and the GUI. Not thread-safe: one caller.
+It owns the tokenizer, the scheduler with its KV-cache manager, the model runner and the output
+processor; it validates requests on the way in, plans each step's sampling (the n outputs of a request
+fork off its prompt once the prompt is computed: their rows share its logits), hands the runner's sampled
+tokens to the output processor (append, stop rules, RequestOutputs) and what that changed to
+`Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
+GUI. Not thread-safe: one caller.
 """
 from __future__ import annotations
 
@@ -20,11 +22,12 @@ from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
 from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
-from engine.outputs import BlockPoolSnapshot, CompletionOutput, EngineStats, Logprob, RequestOutput
-from engine.sampler import SamplerOutput, SamplingRow, sample
+from engine.output_processor import OutputProcessor, StepOutcome, StepPlan
+from engine.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
+from engine.sampling_metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler, ScheduledSeq
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.scheduler import ScheduledSeq, Scheduler
+from engine.sequence import Request, Sequence
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
@@ -49,7 +52,7 @@ class LLMEngine:
                                       config.block_size, backend, config.tensor_parallel_size)
         try:
             max_len = self.model_config.max_model_len
-            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
+            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len, self.device.type)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
@@ -63,9 +66,11 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
-        self.generator = torch.Generator().manual_seed(config.seed)
+        self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
+                                      self.model_config.max_model_len, self.stats)
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
 
@@ -79,7 +84,7 @@ class LLMEngine:
         self._validate(prompt_ids, params)
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time())
-        seq = Sequence(request, 0, prompt_ids, request.make_generator(0))
+        seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
         request.seqs.append(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -131,170 +136,49 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         out = self.scheduler.schedule()
-        now = time.time()
-        touched: dict[str, Request] = {}
-        finished: list[Sequence] = []
+        outcome = StepOutcome()
         for seq in out.too_long:
-            self._finish(seq, "length")
-            finished.append(seq)
-            touched[seq.request.request_id] = seq.request
+            self.output.finish(seq, "length")
+            outcome.finished.append(seq)
+            outcome.touched[seq.request.request_id] = seq.request
         if out.scheduled:
-            logits = self.runner.execute(out.scheduled, out.block_copies)
-            sampling = [s for s in out.scheduled if s.samples]
-            for item in out.scheduled:
-                item.seq.num_computed_tokens += item.num_new_tokens
-                self.stats.prompt_tokens_total += self._prompt_part(item)
-                request = item.seq.request
-                if request.metrics.first_scheduled_time is None:
-                    request.metrics.first_scheduled_time = now
-                    request.num_cached_tokens = item.seq.num_computed_tokens - item.num_new_tokens
-            if sampling:
-                finished += self._sample_and_append(sampling, logits, touched)
+            now = time.time()
+            plan = self._plan_sampling([s for s in out.scheduled if s.samples])
+            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch)
+            self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
-        self.scheduler.finish([s for s in finished if s.block_table])
-        return [self._make_output(r) for r in touched.values()]
+        self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
+        outputs = [self.output.make_output(r) for r in outcome.touched.values()]
+        for output in outputs:
+            if output.finished:
+                self.requests.pop(output.request_id, None)
+        return outputs
 
-    def _prompt_part(self, item: ScheduledSeq) -> int:
-        seq = item.seq
-        start = seq.num_computed_tokens - item.num_new_tokens
-        return max(0, min(seq.num_computed_tokens, seq.num_prompt_tokens) - start)
-
-    def _sample_and_append(self, sampling: list[ScheduledSeq], logits: torch.Tensor,
-                           touched: dict[str, Request]) -> list[Sequence]:
-        seqs: list[Sequence] = []
-        logit_rows: list[int] = []
-        beams = [row for row, item in enumerate(sampling) if item.seq.request.beam is not None]
-        if beams:
-            self._advance_beams([sampling[r].seq for r in beams], logits[beams], touched)
-            keep = [r for r in range(len(sampling)) if sampling[r].seq.request.beam is None]
-            sampling, logits = [sampling[r] for r in keep], logits[keep]
+    def _plan_sampling(self, sampling: list[ScheduledSeq]) -> StepPlan:
+        """What the runner must draw this step: a row per sequence that samples (a request with n > 1
+        forks its other outputs off the first once its prompt is computed: they all draw their first token
+        from the same logits row), and the top log-probs of every beam row."""
+        plan = StepPlan(SamplingBatch(generator=self.generator))
+        batch, eos = plan.batch, self.model_config.eos_token_ids
         for row, item in enumerate(sampling):
-            request = item.seq.request
-            # Once its prompt is computed, a request with n > 1 forks its other sequences off the first;
-            # they all draw their first token from the same logits.
-            targets = self._fork_outputs(item.seq) if len(request.seqs) < request.params.n else [item.seq]
-            seqs += targets
-            logit_rows += [row] * len(targets)
-        if not seqs:
-            return []
-        if len(logit_rows) != len(sampling):
-            logits = logits[logit_rows]
-        eos = self.model_config.eos_token_ids
-        rows = [SamplingRow(s.params, s.token_ids[:s.num_prompt_tokens], s.output_token_ids, s.generator, eos)
-                for s in seqs]
-        result = sample(logits, rows, self.generator)
-        now = time.time()
-        for i, seq in enumerate(seqs):
-            self._append(seq, i, result)
-            metrics = seq.request.metrics
-            metrics.first_token_time = metrics.first_token_time or now
-            metrics.last_token_time = now
-            touched[seq.request.request_id] = seq.request
-        self.stats.generation_tokens_total += len(seqs)
-        return [s for s in seqs if s.is_finished]
-
-    def _advance_beams(self, beams: list[Sequence], logits: torch.Tensor, touched: dict[str, Request]) -> None:
-        """Record each beam's next-token log-probs; once a request has all of them, fork the next beams."""
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        groups: dict[str, Request] = {}
-        for seq, row in zip(beams, logprobs):
-            seq.request.beam.pending[seq.index] = row
-            groups[seq.request.request_id] = seq.request
-        for request in groups.values():
-            group = request.beam
-            if not group.ready():
+            seq, request = item.seq, item.seq.request
+            if request.beam is not None:
+                plan.beams.append(seq)
+                batch.beam_index.append(row)
+                batch.beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
                 continue
-            old = request.seqs
-            survivors = group.advance([s.token_ids for s in old])
-            children = []
-            for index, cand in enumerate(survivors):
-                child = Sequence(request, index, old[cand.parent].token_ids, None)
-                self.kv.fork(old[cand.parent], child)
-                child.append_token(cand.token, 0.0, None)
-                child.status = SequenceStatus.RUNNING
-                children.append(child)
-            for seq in old:
-                seq.status = SequenceStatus.FINISHED
-            self.scheduler.finish(old)  # drops the parents' references; children hold theirs
-            self.scheduler.running += children
-            request.seqs = children
-            self.stats.generation_tokens_total += len(children)
-            if group.done:
-                request.metrics.finished_time = time.time()
-                touched[request.request_id] = request
-
-    def _fork_outputs(self, parent: Sequence) -> list[Sequence]:
-        request = parent.request
-        children = [parent]
-        for index in range(1, request.params.n):
-            child = Sequence(request, index, parent.token_ids, request.make_generator(index))
-            self.kv.fork(parent, child)
-            child.status = SequenceStatus.RUNNING
-            self.scheduler.running.append(child)
-            request.seqs.append(child)
-            children.append(child)
-        return children
-
-    def _append(self, seq: Sequence, i: int, result: SamplerOutput) -> None:
-        token = result.token_ids[i]
-        top = None
-        if seq.logprobs is not None:
-            decode, k = self.tokenizer.decode, seq.params.logprobs
-            top = {token: Logprob(result.logprobs[i], result.ranks[i], decode([token]))}
-            for rank, (tid, lp) in enumerate(zip(result.top_ids[i][:k], result.top_logprobs[i][:k]), start=1):
-                top.setdefault(tid, Logprob(lp, rank, decode([tid])))
-        seq.append_token(token, result.logprobs[i], top)
-        self._check_stop(seq, token, seq.detokenizer.add_token(token))
-
-    def _check_stop(self, seq: Sequence, token: int, new_text: str) -> None:
-        p = seq.params
-        n_out = seq.num_output_tokens
-        if n_out >= p.min_tokens:
-            if not p.ignore_eos and token in self.model_config.eos_token_ids:
-                return self._finish(seq, "stop", token)
-            if token in p.stop_token_ids:
-                return self._finish(seq, "stop", token)
-            stop = seq.detokenizer.find_stop(len(new_text))
-            if stop is not None:
-                return self._finish(seq, "stop", stop)
-        if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.model_config.max_model_len:
-            self._finish(seq, "length")
-
-    def _finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
-        seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
-        if reason == "length" or isinstance(stop_reason, int):
-            seq.detokenizer.flush()
-        if seq.request.finished:
-            seq.request.metrics.finished_time = time.time()
-
-    # ---- outputs -----------------------------------------------------------------------------------
-
-    def _make_output(self, request: Request) -> RequestOutput:
-        if request.beam is not None:
-            return self._make_beam_output(request)
-        finished = request.finished
-        outputs = []
-        for seq in sorted(request.seqs, key=lambda s: s.index):
-            done = seq.is_finished
-            outputs.append(CompletionOutput(
-                index=seq.index, text=seq.detokenizer.visible_text(done), token_ids=seq.output_token_ids,
-                cumulative_logprob=seq.cumulative_logprob, logprobs=seq.logprobs,
-                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
-        if finished:
-            self.requests.pop(request.request_id, None)
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished,
-                             request.metrics, request.num_cached_tokens)
-
-    def _make_beam_output(self, request: Request) -> RequestOutput:
-        n, max_tokens = request.num_prompt_tokens, request.params.max_tokens
-        outputs = []
-        for i, (_, tokens, cum) in enumerate(request.beam.finished):
-            text = self.tokenizer.decode(tokens[n:], skip_special_tokens=True)
-            reason = "length" if len(tokens) - n >= max_tokens else "stop"
-            outputs.append(CompletionOutput(i, text, tokens[n:], cum, None, reason))
-        self.requests.pop(request.request_id, None)
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, True,
-                             request.metrics, request.num_cached_tokens)
+            targets = [seq]
+            if len(request.seqs) < request.params.n:
+                children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
+                            for index in range(1, request.params.n)]
+                plan.forks.append((seq, children))
+                targets += children
+            for target in targets:
+                plan.targets.append(target)
+                batch.rows.append(SamplingRow(target.params, target.token_ids[:target.num_prompt_tokens],
+                                              target.output_token_ids, target.generator, eos))
+                batch.logits_index.append(row)
+        return plan
 
     def get_stats(self) -> EngineStats:
         s = self.stats

@@ -3,26 +3,35 @@
 `prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, block_tables,
 seq_lens, query_start_loc, logits rows, block copies) as plain numpy, so rank 0 can ship the same
 `StepInputs` to tensor-parallel workers; `run` moves them to the device, applies copy-on-write block
-copies, runs the model once over all of it and computes logits only for the last position of each
-sequence that samples this step. It never samples and never talks to other processes itself.
+copies, runs the model once over all of it, computes logits only for the last position of each
+sequence that samples this step and samples them on the device (as nano-vllm does), returning token ids
+and the logprobs asked for. It never talks to other processes itself.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
 
-from engine.cuda_graphs import DecodeGraphs
+from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.distributed import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
+from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
+from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
-from engine.sizing import estimate_activation_bytes
+from engine.profiling import profile_batch, profile_sampler
+from engine.sizing import estimate_graph_bytes
+from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
-GRAPH_OVERHEAD_BYTES = 2 * 2**20  # per captured graph: kernel parameters and bookkeeping (an estimate)
+logger = logging.getLogger("pagedesk.engine")
+WARM_UP_MAX_BATCH = 256  # without graphs, warm up decode batches up to this (covers every split count)
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -65,11 +74,28 @@ class StepInputs:
     block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
 
 
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What a step hands back to the engine: host-side and small, never `[batch, vocab]` logits."""
+
+    sampled: SamplerOutput | None = None  # one entry per SamplingBatch row
+    beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
+    beam_ids: list[list[int]] | None = None  # and their token ids
+
+
+def every_shape(*shape):
+    """A kernel-configuration key that tells every shape apart. Under tensor parallel each rank must capture
+    and warm up the very same shapes, in the same order, or their all-reduces would not pair up; a key
+    from the card's own SM count could differ between a 3090 and a 4090."""
+    return shape
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
+        self.attention_backend = attention_backend
         # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
         self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
             else (0, 0)
@@ -94,15 +120,35 @@ class ModelRunner:
         for i, layer in enumerate(attn):
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
 
+    def release_kv_cache(self) -> None:
+        """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
+        self.kv_cache = None
+        for layer in self.model.attention_layers():
+            layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
+
     def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
+        if split_key is not None and get_tp_size() > 1:
+            split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
-                                   capture)
+                                   capture, split_key)
 
     def capture_decode_graphs(self) -> None:
+        """After the KV cache exists: capture the decode graphs, then compile the Triton variants the
+        serving path will meet (engine/warm_up.py), so the first requests do not wait for them."""
         if self.graphs is not None:
+            planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
+            if self.graphs.pool_bytes > planned:
+                logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
+                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
+                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
+        if self.device.type == "cuda" and self.attention_backend == "triton":
+            max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
+            warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
+                            every_shape if get_tp_size() > 1 else None)
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
@@ -110,8 +156,7 @@ class ModelRunner:
             return 0
         if self.graphs.graphs:
             return self.graphs.pool_bytes
-        return estimate_activation_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize) + \
-            GRAPH_OVERHEAD_BYTES * len(self.graphs.ladder)
+        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
 
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
@@ -124,37 +169,39 @@ class ModelRunner:
             cache[:, :, dst] = cache[:, :, src]
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
-        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token."""
+        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
+
+        One Python pass collects each sequence's numbers; positions, slots and offsets are numpy over the batch."""
         bs = self.block_size
-        input_ids, positions, slots = [], [], []
-        seq_lens, query_start, logits_rows = [], [0], []
-        max_blocks = max(len(s.seq.block_table) for s in batch)
-        tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
-        for i, item in enumerate(batch):
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            ids = [b.block_id for b in seq.block_table]
-            tables[i, :len(ids)] = ids
-            input_ids.extend(seq.token_ids[start:end])
-            pos = np.arange(start, end)
-            positions.append(pos)
-            slots.append(tables[i, pos // bs].astype(np.int64) * bs + pos % bs)
-            seq_lens.append(end)
-            query_start.append(query_start[-1] + item.num_new_tokens)
-            if item.samples:
-                logits_rows.append(query_start[-1] - 1)
+        num_new = np.fromiter((item.num_new_tokens for item in batch), np.int64, len(batch))
+        computed = np.fromiter((item.seq.num_computed_tokens for item in batch), np.int64, len(batch))
+        samples = np.fromiter((item.samples for item in batch), bool, len(batch))
+        block_ids = [[b.block_id for b in item.seq.block_table] for item in batch]
+        table_lens = np.fromiter(map(len, block_ids), np.int64, len(batch))
+        tables = np.zeros((len(batch), int(table_lens.max())), dtype=np.int32)
+        tables[np.arange(tables.shape[1]) < table_lens[:, None]] = np.fromiter(chain.from_iterable(block_ids),
+                                                                               np.int32, int(table_lens.sum()))
+        query_start = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(num_new, out=query_start[1:])
+        num_tokens = int(query_start[-1])
+        owner = np.repeat(np.arange(len(batch)), num_new)  # which sequence each token row belongs to
+        positions = np.arange(num_tokens) - np.repeat(query_start[:-1] - computed, num_new)
+        slots = tables[owner, positions // bs].astype(np.int64) * bs + positions % bs
+        input_ids = np.fromiter(chain.from_iterable(
+            item.seq.token_ids[item.seq.num_computed_tokens:item.seq.num_computed_tokens + item.num_new_tokens]
+            for item in batch), np.int64, num_tokens)
+        seq_lens = (computed + num_new).astype(np.int32)
         return StepInputs(
-            input_ids=np.asarray(input_ids, dtype=np.int64), positions=np.concatenate(positions),
-            slot_mapping=np.concatenate(slots), block_tables=tables,
-            seq_lens=np.asarray(seq_lens, dtype=np.int32), query_start_loc=np.asarray(query_start, dtype=np.int32),
-            logits_rows=logits_rows, max_query_len=max(b.num_new_tokens for b in batch),
-            max_seq_len=max(seq_lens), block_copies=list(block_copies))
+            input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
+            query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
+            max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies))
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """One forward over prepared inputs; float32 logits ``[len(logits_rows), vocab]``.
+    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+        """One forward over prepared inputs, then sampling on the device; the small results on the host.
 
-        Under tensor parallelism every rank runs this with the same inputs (the collectives pair up)."""
+        Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
+        head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
         dev = self.device
         meta = AttentionMetadata(
@@ -169,25 +216,54 @@ class ModelRunner:
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
         if not inputs.logits_rows:
-            return torch.empty(0, self.config.vocab_size)
-        return self.model.compute_logits(hidden[inputs.logits_rows]).float()
+            return None if sampling is None else ModelRunnerOutput()
+        logits = self.model.compute_logits(hidden[torch.as_tensor(inputs.logits_rows, device=dev)])
+        return None if sampling is None else self.sample(logits, sampling)
 
-    def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]]) -> torch.Tensor:
-        """Run the batch; return float32 logits ``[num_sampling_seqs, vocab]`` in batch order."""
-        return self.run(self.prepare(batch, block_copies))
+    def sample(self, logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
+        """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""
+        out, dev = ModelRunnerOutput(), logits.device
+        if sampling.rows:
+            meta = SamplingMetadata.build(sampling.rows, logits.shape[1], dev)
+            if sampling.bitmask is not None:
+                meta.bitmask = sampling.bitmask.to(dev, non_blocking=True)
+            rows = logits[torch.as_tensor(sampling.logits_index, device=dev)]
+            out.sampled = sample_on_device(rows, meta, sampling.generator).to_host()
+        if sampling.beam_index:
+            values, ids = beam_top_logprobs(logits[torch.as_tensor(sampling.beam_index, device=dev)],
+                                            sampling.beam_topk)
+            # One copy; token ids < 2**53 stay exact in float64.
+            out.beam_logprobs, ids = torch.stack([values.double(), ids.double()]).cpu().tolist()
+            out.beam_ids = [[int(t) for t in row] for row in ids]
+        return out
+
+    def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
+                sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+        """Run the batch and sample what `sampling` asks for."""
+        return self.run(self.prepare(batch, block_copies), sampling)
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int) -> None:
-        """A forward over `num_tokens` dummy tokens without attention, to measure peak activation memory."""
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        pos = torch.arange(num_tokens, device=self.device) % self.config.max_position_embeddings
-        hidden = self.model(ids, pos, None)
-        self.model.compute_logits(hidden[-min(num_tokens, 256):])
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+        """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
+        path against a temporary KV cache, logits for max_num_seqs rows, then the sampler at
+        [max_num_seqs, vocab]. Returns the temporary cache's bytes (the real pool replaces them)."""
+        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
+        self.allocate_kv_cache(batch.num_blocks, kv_dtype)
+        temporary_kv_bytes = self.kv_cache_bytes()
+        try:
+            hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
+                                torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
+            logits = self.model.compute_logits(hidden[-min(len(hidden), max_num_seqs):]).float()
+            del hidden, logits
+            profile_sampler(max_num_seqs, self.config.vocab_size, self.device)
+        finally:
+            self.release_kv_cache()
+        return temporary_kv_bytes
 
-    def profile_memory(self, num_tokens: int) -> list:
-        """This card's MemoryProfile after a profiling forward (a list: one entry per rank, like the executor)."""
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+        """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
         from engine.kv_cache_sizing import measure_memory
-        return [measure_memory(self, num_tokens)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""

@@ -1,10 +1,12 @@
-"""Sampler: logits of the sampling rows -> next token, its logprob and the top-k logprobs.
+"""Sampler: the logits of one step's sampling rows -> next tokens, their logprobs and the top-k logprobs.
 
-Order, as in vLLM: logit bias, min_tokens (EOS and stop ids masked), repetition / presence / frequency
-penalties, then temperature, top-k, top-p, min-p, then a draw. The draw is an exponential race
-(argmax of p / E with E ~ Exp(1)), which is exactly sampling from p; a seeded request draws its noise
-from its own generator, so its output never depends on what else is in the batch. Logprobs are those of
-the model's raw distribution.
+Order, as in vLLM: logit bias, min_tokens (EOS and stop ids masked), the structured-output bitmask,
+repetition / presence / frequency penalties, then temperature, top-k, top-p, min-p, then a draw. The draw
+is an exponential race (argmax of p / E with E ~ Exp(1)), which is exactly sampling from p; a seeded
+request draws its noise from its own generator, so its output never depends on what else is in the batch.
+Logprobs are those of the model's raw distribution. Everything runs on the logits' device over the whole
+batch (`SamplingMetadata` tensors, one sort for the filters); only the small results cross to the host, in
+one transfer (`SampledTokens.to_host`).
 """
 from __future__ import annotations
 
@@ -12,16 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_metadata import SamplingMetadata, SamplingRow
 
-
-@dataclass(slots=True)
-class SamplingRow:
-    params: SamplingParams
-    prompt_ids: list[int]
-    output_ids: list[int]
-    generator: torch.Generator | None
-    eos_ids: list[int]
+__all__ = ["SamplerOutput", "SamplingRow", "apply_penalties", "sample", "sample_on_device", "beam_top_logprobs"]
 
 
 @dataclass(slots=True)
@@ -33,77 +28,134 @@ class SamplerOutput:
     ranks: list[int] | None  # rank of the chosen token
 
 
-def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(row.prompt_ids) | set(row.output_ids)), dtype=torch.long,
-                                device=logits.device)
-            vals = logits[i, seen]
-            logits[i, seen] = torch.where(vals > 0, vals / p.repetition_penalty, vals * p.repetition_penalty)
-        if (p.presence_penalty or p.frequency_penalty) and row.output_ids:
-            ids = torch.tensor(row.output_ids, dtype=torch.long, device=logits.device)
-            counts = torch.zeros(logits.shape[1], device=logits.device).index_add_(
-                0, ids, torch.ones(len(ids), device=logits.device))
-            logits[i] -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).float()
+@dataclass(slots=True)
+class SampledTokens:
+    """The sampler's results, still on the device."""
+
+    token_ids: torch.Tensor  # [rows] long
+    logprobs: torch.Tensor  # [rows] float32
+    top_ids: torch.Tensor | None  # [rows, k] long
+    top_logprobs: torch.Tensor | None  # [rows, k] float32
+    ranks: torch.Tensor | None  # [rows] long
+
+    def to_host(self) -> SamplerOutput:
+        """One device -> host copy: every result packed into float64 (token ids < 2**53 stay exact)."""
+        parts = [self.token_ids[:, None], self.logprobs[:, None]]
+        if self.ranks is not None:
+            parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
+        packed = torch.cat([p.double() for p in parts], dim=1).cpu().tolist()
+        out = SamplerOutput([int(r[0]) for r in packed], [r[1] for r in packed], None, None, None)
+        if self.ranks is not None:
+            k = self.top_ids.shape[1]
+            out.ranks = [int(r[2]) for r in packed]
+            out.top_ids = [[int(t) for t in r[3:3 + k]] for r in packed]
+            out.top_logprobs = [r[3 + k:] for r in packed]
+        return out
 
 
-def apply_masks(logits: torch.Tensor, rows: list[SamplingRow]) -> None:
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.logit_bias:
-            ids = torch.tensor(list(p.logit_bias), dtype=torch.long, device=logits.device)
-            logits[i, ids] += torch.tensor(list(p.logit_bias.values()), device=logits.device)
-        if len(row.output_ids) < p.min_tokens:
-            banned = ([] if p.ignore_eos else row.eos_ids) + p.stop_token_ids
-            if banned:
-                logits[i, banned] = float("-inf")
+def apply_bias_and_masks(logits: torch.Tensor, meta: SamplingMetadata) -> None:
+    if meta.bias is not None:
+        rows, ids, values = meta.bias
+        logits.index_put_((rows, ids), values, accumulate=True)
+    if meta.masked is not None:
+        rows, ids = meta.masked
+        logits.index_put_((rows, ids), torch.tensor(float("-inf"), device=logits.device))
+    if meta.bitmask is not None:
+        apply_token_bitmask(logits, meta.bitmask)
 
 
-def filter_top_k_top_p_min_p(probs: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Zero the probabilities each row's top_k / top_p / min_p exclude (the top token always survives)."""
-    for i, row in enumerate(rows):
-        p = row.params
-        if p.top_k == -1 and p.top_p >= 1.0 and p.min_p <= 0.0:
-            continue
-        prob = probs[i]
-        sorted_p, order = prob.sort(descending=True)
-        keep = torch.ones_like(sorted_p, dtype=torch.bool)
-        if p.top_k > 0:
-            keep[p.top_k:] = False
-        if p.top_p < 1.0:
-            before = sorted_p.cumsum(0) - sorted_p  # mass strictly above each token
-            keep &= before < p.top_p
-        if p.min_p > 0.0:
-            keep &= sorted_p >= p.min_p * sorted_p[0]
-        keep[0] = True
-        prob[order[~keep]] = 0.0
-    return probs
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """-inf wherever the packed int32 bitmask has a 0 bit (xgrammar's layout)."""
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    bits = (bitmask[:, :, None] >> shifts) & 1
+    allowed = bits.reshape(bitmask.shape[0], -1)[:, :logits.shape[1]]
+    logits.masked_fill_(allowed == 0, float("-inf"))
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow], default_generator: torch.Generator) -> SamplerOutput:
-    logits = logits.float()
-    raw_logprobs = torch.log_softmax(logits, dim=-1)
-    logits = logits.clone()
-    apply_masks(logits, rows)
-    apply_penalties(logits, rows)
-    greedy = [r.params.greedy for r in rows]
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[SamplingRow]) -> None:
+    """Repetition penalty on every token seen (prompt or output); presence/frequency on output counts."""
+    if isinstance(meta, list):
+        meta = SamplingMetadata.build(meta, logits.shape[1], logits.device)
+    if meta.penalty_rows is None:
+        return
+    vocab = logits.shape[1]
+    rows = logits[meta.penalty_rows]
+    seen = torch.zeros(rows.shape[0], vocab + 1, dtype=torch.bool, device=logits.device)  # column vocab: padding
+    seen.scatter_(1, meta.prompt_ids, True).scatter_(1, meta.output_ids, True)
+    penalty = meta.repetition_penalty[:, None]
+    rows = torch.where(seen[:, :vocab], torch.where(rows > 0, rows / penalty, rows * penalty), rows)
+    counts = torch.zeros(rows.shape[0], vocab + 1, device=logits.device)
+    counts.scatter_add_(1, meta.output_ids, torch.ones_like(meta.output_ids, dtype=counts.dtype))
+    counts = counts[:, :vocab]
+    rows -= meta.frequency_penalty[:, None] * counts + meta.presence_penalty[:, None] * (counts > 0).float()
+    logits.index_copy_(0, meta.penalty_rows, rows)
+
+
+def filter_top_k_top_p_min_p(probs: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Zero the probabilities each sampled row's top_k / top_p / min_p exclude (the top token always
+    survives); one sort over the rows that ask."""
+    if meta.filter_rows is None:
+        return probs
+    sorted_p, order = probs[meta.filter_rows].sort(dim=-1, descending=True)
+    keep = torch.arange(probs.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
+    keep &= sorted_p.cumsum(dim=-1) - sorted_p < meta.top_p[:, None]  # the mass strictly above each token
+    keep &= sorted_p >= meta.min_p[:, None] * sorted_p[:, :1]
+    keep[:, 0] = True
+    kept = torch.empty_like(sorted_p).scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
+    return probs.index_copy_(0, meta.filter_rows, kept)
+
+
+def draw_noise(probs: torch.Tensor, meta: SamplingMetadata, default_generator: torch.Generator) -> torch.Tensor:
+    """Exp(1) noise for the race over the sampled rows: the engine's generator for the batch, then each
+    seeded row's own (so a seeded row's draw never depends on its neighbours)."""
+    noise = torch.empty_like(probs)
+    _exponential(noise, default_generator)
+    for i, gen in enumerate(meta.generators):
+        if gen is not None:
+            _exponential(noise[i], gen)
+    return noise
+
+
+def _exponential(out: torch.Tensor, generator: torch.Generator) -> None:
+    assert generator.device == out.device, \
+        f"a generator on {generator.device} cannot draw noise for logits on {out.device}"
+    out.exponential_(generator=generator)
+
+
+def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
+                     default_generator: torch.Generator) -> SampledTokens:
+    raw = logits
+    logits = logits.to(torch.float32, copy=True)  # the working copy; `raw` stays as the model gave it
+    apply_bias_and_masks(logits, meta)
+    apply_penalties(logits, meta)
     chosen = logits.argmax(dim=-1)
-    if not all(greedy):
-        temps = torch.tensor([1.0 if g else r.params.temperature for g, r in zip(greedy, rows)],
-                             device=logits.device)
-        probs = filter_top_k_top_p_min_p(torch.softmax(logits / temps[:, None], dim=-1), rows)
-        noise = torch.empty_like(probs)
-        for i, row in enumerate(rows):
-            if not greedy[i]:
-                noise[i].exponential_(generator=row.generator or default_generator)
-        drawn = (probs / noise).argmax(dim=-1)
-        chosen = torch.where(torch.tensor(greedy, device=logits.device), chosen, drawn)
+    if meta.sampled_rows is not None:
+        probs = torch.softmax(logits[meta.sampled_rows] / meta.temperature[:, None], dim=-1)
+        del logits  # not needed past here: full-vocabulary temporaries are what the sampler's peak is made of
+        probs = filter_top_k_top_p_min_p(probs, meta)
+        drawn = (probs / draw_noise(probs, meta, default_generator)).argmax(dim=-1)
+        del probs
+        chosen.index_copy_(0, meta.sampled_rows, drawn)
+    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries.
+    raw_logprobs = torch.log_softmax(raw.float(), dim=-1)
     token_logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
-    out = SamplerOutput(chosen.tolist(), token_logprobs.tolist(), None, None, None)
-    k = max((r.params.logprobs or 0) for r in rows)
-    if any(r.params.logprobs is not None for r in rows):
-        top = raw_logprobs.topk(max(k, 1), dim=-1)
-        out.top_ids, out.top_logprobs = top.indices.tolist(), top.values.tolist()
-        out.ranks = ((raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1).tolist()
+    out = SampledTokens(chosen, token_logprobs, None, None, None)
+    if meta.max_num_logprobs is not None:
+        top = raw_logprobs.topk(max(meta.max_num_logprobs, 1), dim=-1)
+        out.top_ids, out.top_logprobs = top.indices, top.values
+        out.ranks = (raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1
     return out
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow] | SamplingMetadata,
+           default_generator: torch.Generator) -> SamplerOutput:
+    """Sample every row of `logits`; the results on the host."""
+    meta = rows if isinstance(rows, SamplingMetadata) else SamplingMetadata.build(rows, logits.shape[1],
+                                                                                  logits.device)
+    return sample_on_device(logits, meta, default_generator).to_host()
+
+
+def beam_top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each beam row's top-k next-token log-probs and ids, on the device: all a beam-search step needs."""
+    top = torch.log_softmax(logits.float(), dim=-1).topk(min(k, logits.shape[1]), dim=-1)
+    return top.values, top.indices

@@ -128,6 +128,21 @@ class Scheduler:
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
+    def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
+                           finished: list[Sequence]) -> None:
+        """After a step: the scheduled tokens are computed; forked sequences take their parent's blocks by
+        reference and join the running list (before any parent that finished frees its own); finished
+        sequences give their blocks back."""
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        for parent, children in forks:
+            for child in children:
+                self.kv.fork(parent, child)
+                if not child.is_finished:
+                    child.status = SequenceStatus.RUNNING
+                self.running.append(child)
+        self.finish([s for s in finished if s.block_table])
+
     def abort(self, seqs: list[Sequence]) -> None:
         """End sequences wherever they are: running ones give their blocks back, waiting ones leave the queue."""
         was_waiting = any(s.status is SequenceStatus.WAITING for s in seqs)

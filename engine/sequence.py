@@ -15,6 +15,7 @@ import torch
 from engine.block_pool import Block
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import Logprob, RequestMetrics
+from engine.sampling_metadata import make_generator
 from engine.sampling_params import SamplingParams
 
 _seq_counter = itertools.count()
@@ -104,8 +105,9 @@ class Request:
             return self.beam.done or self.aborted
         return len(self.seqs) == self.params.n and all(s.is_finished for s in self.seqs)
 
-    def make_generator(self, index: int) -> torch.Generator | None:
-        """Seeded requests get their own generator per output, so the batch around them never matters."""
+    def make_generator(self, index: int, device: torch.device) -> torch.Generator | None:
+        """Seeded requests get their own generator per output, on the device that samples, so the batch
+        around them never matters."""
         if self.params.seed is None or self.params.greedy:
             return None
-        return torch.Generator().manual_seed((self.params.seed * 1_000_003 + index) % 2**63)
+        return make_generator((self.params.seed * 1_000_003 + index) % 2**63, device)

@@ -1,23 +1,53 @@
 """Capacity arithmetic: weights per card, KV bytes per token, and how many tokens fit the KV budget.
 
-Torch-free so the GUI's capacity planner and the engine's KV sizing use the same numbers. The model is
-given as a ModelConfig (read from config.json). The planner estimates weights and activations
-(`plan_capacity`); the engine measures them on every card after loading and a profiling forward
-(`MemoryProfile`) and plans each card with `plan_from_profile` — the same formula:
+Torch-free so the GUI's capacity planner and the engine's KV sizing run the SAME functions. On CUDA the
+engine measures every card (`MemoryProfile`: free memory at start, what it holds after loading, the peak
+of a profiling forward with attention and the sampler, memory outside torch's allocator, CUDA graphs)
+and `plan_from_profile` turns it into a plan; the planner builds the same `MemoryProfile` from estimates
+(`estimate_profile`) and calls the same function. The formula is vLLM v1's / nano-vllm's:
 
-    usable   = min(total × gpu_memory_utilization, free memory at start)
-    KV bytes = usable − weights − peak activations − overhead (CUDA graphs, NCCL buffers)
+    KV bytes = total × gpu_memory_utilization − (what other programs held at start) − (this process's peak)
     blocks   = KV bytes // (KV bytes per token per card × block_size)
+
+On CPU the KV budget is explicit (--kv-cache-memory) and `plan_cpu` caps the pool at max_num_seqs full
+sequences, for the engine and the planner alike.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from engine.model_config import DTYPE_BYTES, ModelConfig
 from engine.quantization.config import QuantConfig
 
 GIB = 1024 ** 3
+MIB = 1024 ** 2
 QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
+SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 4 + 4 + 8 + 4  # fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum
+GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured graph: kernel parameters and bookkeeping (an estimate)
+SPLIT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096, 8192)  # where the decode kernel's split count can change
+
+
+def batch_size_ladder(max_batch: int) -> list[int]:
+    """Decode batch sizes captured as CUDA graphs: 1, 2, 4, 8, then every 16 up to max_batch (vLLM's spacing)."""
+    ladder = [b for b in (1, 2, 4, 8) if b < max_batch] + list(range(16, max_batch + 16, 16))
+    return sorted({min(b, max_batch) for b in ladder})
+
+
+def context_length_ladder(max_model_len: int) -> list[int]:
+    """Context lengths the captured decode graphs are specialised for: the attention kernel picks its KV
+    split count from the block-table width, so a graph captured only at max_model_len would split short
+    contexts as if they were long."""
+    return [c for c in SPLIT_CONTEXT_LENGTHS if c < max_model_len] + [max_model_len]
+
+
+def format_bytes(n: int) -> str:
+    """GiB with two decimals from 1 GiB up, MiB below: tiny test models must not read as 0.00 GiB."""
+    if abs(n) >= GIB:
+        return f"{n / GIB:.2f} GiB"
+    if abs(n) >= MIB // 10:
+        return f"{n / MIB:.1f} MiB"
+    return f"{n / 1024:.1f} KiB"
 
 
 def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
@@ -58,32 +88,54 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     return matrix_bytes + embed_bytes + vector_params * dtype_bytes
 
 
-def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1) -> int:
-    """Peak transient memory of one forward over `num_tokens` tokens (the planner's stand-in for profiling)."""
+def rope_table_bytes(cfg: ModelConfig) -> int:
+    """The one float32 cos/sin table all layers share (engine/layers/rotary.py)."""
+    return cfg.max_position_embeddings * cfg.head_dim * 4
+
+
+def sampler_bytes(num_seqs: int, vocab_size: int) -> int:
+    """Peak of sampling `num_seqs` rows: float32 logits and the sampler's full-vocabulary temporaries."""
+    return num_seqs * vocab_size * SAMPLER_BYTES_PER_LOGIT
+
+
+def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1,
+                              max_num_seqs: int = 256) -> int:
+    """Peak transient memory of one step over `num_tokens` tokens (the planner's stand-in for profiling):
+    the forward's activations plus sampling min(num_tokens, max_num_seqs) rows over the whole vocabulary."""
     per_token = (4 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim // tp
                  + 3 * cfg.intermediate_size // tp) * dtype_bytes
-    logits = min(num_tokens, 256) * cfg.vocab_size * 4
-    return num_tokens * per_token + logits
+    return num_tokens * per_token + sampler_bytes(min(num_tokens, max_num_seqs), cfg.vocab_size)
+
+
+def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, tp: int = 1) -> int:
+    """CUDA-graph memory before capture: the largest decode batch's activations (the graphs share one pool)
+    plus bookkeeping per graph, counting every (batch size, context length) pair that may be captured."""
+    num_graphs = len(batch_size_ladder(max_num_seqs)) * len(context_length_ladder(cfg.max_model_len))
+    return estimate_activation_bytes(cfg, max(batch_size_ladder(max_num_seqs)), dtype_bytes, tp, 0) + \
+        GRAPH_OVERHEAD_BYTES * num_graphs
 
 
 @dataclass
 class CapacityPlan:
-    card_bytes: int  # total memory of the smallest card
-    usable_bytes: int  # card_bytes * gpu_memory_utilization, capped by the free memory at start if measured
-    weights_bytes: int  # per card
-    activation_bytes: int  # per card
+    card_bytes: int  # total memory of the card this plan is for (the KV budget on CPU)
+    usable_bytes: int  # total × gpu_memory_utilization − what other programs held at start
+    weights_bytes: int  # per card: what the process holds after loading (parameters, RoPE table)
+    activation_bytes: int  # per card: peak of one step at max_num_batched_tokens, sampler included
     kv_bytes_per_token: int  # per card
     kv_budget_bytes: int  # per card
     block_size: int
     max_model_len: int
     tensor_parallel_size: int
-    overhead_bytes: int = 0  # measured: CUDA graphs and memory outside torch's allocator (NCCL buffers)
-    other_programs_bytes: int = 0  # measured: held by the desktop and other processes when the engine started
-    card: str = ""  # which card this plan is for, e.g. "cuda:1 (NVIDIA GeForce RTX 3090)"
+    overhead_bytes: int = 0  # CUDA graphs and memory outside torch's allocator (CUDA context, NCCL buffers)
+    other_programs_bytes: int = 0  # held by the desktop and other processes when the engine started
+    card: str = ""  # which card this plan is for, e.g. "cuda:1 (NVIDIA GeForce RTX 3090)", or "CPU"
+    gpu_memory_utilization: float = 0.0  # 0 on CPU, where the budget is --kv-cache-memory
+    max_blocks: int | None = None  # CPU: more than max_num_seqs full sequences could use is memory for nothing
 
     @property
     def num_blocks(self) -> int:
-        return max(0, self.kv_budget_bytes // (self.kv_bytes_per_token * self.block_size))
+        blocks = max(0, self.kv_budget_bytes // (self.kv_bytes_per_token * self.block_size))
+        return blocks if self.max_blocks is None else min(blocks, self.max_blocks)
 
     @property
     def num_tokens(self) -> int:
@@ -98,15 +150,19 @@ class CapacityPlan:
         return self.num_full_seqs >= 1
 
     def summary(self) -> str:
-        return (f"weights {self.weights_bytes / GIB:.2f} GiB/card · KV {self.kv_bytes_per_token / 1024:.1f} KiB/token"
+        return (f"weights {format_bytes(self.weights_bytes)}/card · KV {self.kv_bytes_per_token / 1024:.1f} KiB/token"
                 f" · {self.num_tokens:,} tokens fit · {self.num_full_seqs} × {self.max_model_len:,}-token sequences")
 
     def explain_misfit(self) -> str:
+        if not self.gpu_memory_utilization:
+            return (f"--kv-cache-memory {self.kv_budget_bytes / GIB:.3f} GiB holds {self.num_tokens:,} tokens at "
+                    f"{self.kv_bytes_per_token:,} bytes/token, less than one {self.max_model_len:,}-token sequence "
+                    "(max_model_len); raise --kv-cache-memory or lower --max-model-len")
         where = f" on {self.card}" if self.card else ""
-        usable = f"{self.card_bytes / GIB:.2f} GiB × gpu_memory_utilization"
+        usable = f"{self.card_bytes / GIB:.2f} GiB × gpu_memory_utilization {self.gpu_memory_utilization:.2f}"
         if self.other_programs_bytes:
-            usable += f", capped by the {self.other_programs_bytes / GIB:.2f} GiB other programs hold"
-        overhead = f" − CUDA graphs/NCCL {self.overhead_bytes / GIB:.2f} GiB" if self.overhead_bytes else ""
+            usable += f" − {self.other_programs_bytes / GIB:.2f} GiB other programs hold"
+        overhead = f" − CUDA graphs/context/NCCL {self.overhead_bytes / GIB:.2f} GiB" if self.overhead_bytes else ""
         if self.weights_bytes >= self.usable_bytes:
             levers = ("The weights alone need more than the usable memory: raise --tensor-parallel-size (more cards) "
                       "or pick a smaller or 4-bit model")
@@ -114,8 +170,8 @@ class CapacityPlan:
             levers = (f"Lower --max-model-len to {self.num_tokens:,} or less, raise --gpu-memory-utilization, use "
                       "--kv-cache-dtype fp8, or raise --tensor-parallel-size")
         else:
-            levers = ("Lower --max-num-batched-tokens (activations), raise --gpu-memory-utilization, or raise "
-                      "--tensor-parallel-size")
+            levers = ("Lower --max-num-batched-tokens or --max-num-seqs (activations), raise "
+                      "--gpu-memory-utilization, or raise --tensor-parallel-size")
         return (f"not even one {self.max_model_len:,}-token sequence fits{where}: {self.usable_bytes / GIB:.2f} GiB "
                 f"usable per card ({usable}) − weights {self.weights_bytes / GIB:.2f} GiB − activations "
                 f"{self.activation_bytes / GIB:.2f} GiB{overhead} leaves {max(0, self.kv_budget_bytes) / GIB:.2f} GiB "
@@ -125,52 +181,87 @@ class CapacityPlan:
 
 @dataclass(frozen=True)
 class MemoryProfile:
-    """What one rank measured on its card: at start, after loading its shard, and at the profiling peak."""
+    """What one rank measured on its card (or what the planner estimates for it)."""
 
     card: str  # e.g. "cuda:1 (NVIDIA GeForce RTX 3090)"
     total_bytes: int
     free_bytes_at_start: int  # before the engine loaded anything (the desktop holds the rest)
-    weights_bytes: int
-    activation_bytes: int  # peak of the profiling forward above what was allocated before it
-    overhead_bytes: int  # CUDA graphs and memory allocated outside torch's allocator (NCCL)
+    weights_bytes: int  # allocated after loading
+    activation_bytes: int  # peak of the profiling step above what was allocated before it
+    overhead_bytes: int  # CUDA graphs and memory allocated outside torch's allocator (context, NCCL)
 
 
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
                       max_model_len: int, tensor_parallel_size: int) -> CapacityPlan:
-    wanted = int(p.total_bytes * gpu_memory_utilization)
-    usable = min(wanted, p.free_bytes_at_start)
-    others = p.total_bytes - p.free_bytes_at_start if usable < wanted else 0
+    others = p.total_bytes - p.free_bytes_at_start
+    usable = int(p.total_bytes * gpu_memory_utilization) - others
     budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
-                        block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card)
+                        block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
+                        gpu_memory_utilization)
 
 
-def free_memory_shortfall(p: MemoryProfile, gpu_memory_utilization: float) -> str | None:
-    """A plain sentence when the card had less free memory at start than the requested fraction."""
-    wanted = p.total_bytes * gpu_memory_utilization
-    if p.free_bytes_at_start >= wanted:
+def other_programs_note(p: MemoryProfile, gpu_memory_utilization: float) -> str | None:
+    """A plain sentence when other programs held memory on the card at start (it comes out of the share)."""
+    others = p.total_bytes - p.free_bytes_at_start
+    if others <= 0:
         return None
-    fits = int(p.free_bytes_at_start / p.total_bytes * 100) / 100
-    return (f"{p.card}: only {p.free_bytes_at_start / GIB:.2f} GiB of {p.total_bytes / GIB:.2f} GiB was free at "
-            f"start, below --gpu-memory-utilization {gpu_memory_utilization:.2f} ({wanted / GIB:.2f} GiB); other "
-            f"programs (the desktop, other processes) hold {(p.total_bytes - p.free_bytes_at_start) / GIB:.2f} GiB, "
-            f"so the engine uses {p.free_bytes_at_start / GIB:.2f} GiB. Close them, or set "
-            f"--gpu-memory-utilization {fits:.2f} or lower to plan for it")
+    share = p.total_bytes * gpu_memory_utilization
+    return (f"{p.card}: other programs (the desktop, other processes) held {others / GIB:.2f} GiB at start; it "
+            f"comes out of the engine's {share / GIB:.2f} GiB share ({p.total_bytes / GIB:.2f} GiB × "
+            f"--gpu-memory-utilization {gpu_memory_utilization:.2f}), leaving {(share - others) / GIB:.2f} GiB. "
+            "Close them or raise --gpu-memory-utilization for a larger KV cache")
+
+
+def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, tensor_parallel_size: int,
+                     max_num_batched_tokens: int, max_num_seqs: int, other_programs_bytes: int = 0,
+                     quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
+                     weights_bytes: int | None = None, activation_bytes: int | None = None) -> MemoryProfile:
+    """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape."""
+    tp = tensor_parallel_size
+    weights = weights_bytes if weights_bytes is not None else \
+        weights_bytes_per_card(cfg, dtype_bytes, tp, quant_bits) + rope_table_bytes(cfg)
+    activations = activation_bytes if activation_bytes is not None else \
+        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
+    graphs = estimate_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp) if cuda_graphs else 0
+    return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
 
 
 def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilization: float, *, dtype: str = "bfloat16",
                   kv_cache_dtype: str = "auto", tensor_parallel_size: int = 1, max_model_len: int | None = None,
-                  max_num_batched_tokens: int = 8192, block_size: int = 16, quantization: str | None = None,
-                  weights_bytes: int | None = None, activation_bytes: int | None = None) -> CapacityPlan:
-    """How the smallest card's share of memory splits into weights, activations and KV cache."""
-    tp = tensor_parallel_size
+                  max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, block_size: int = 16,
+                  quantization: str | None = None, other_programs_bytes: list[int] | None = None,
+                  cuda_graphs: bool = False, weights_bytes: int | None = None,
+                  activation_bytes: int | None = None) -> CapacityPlan:
+    """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
+    fewest blocks decides, as in the engine (every rank holds the same blocks)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
-    card = min(card_bytes)
-    usable = int(card * gpu_memory_utilization)
-    weights = weights_bytes if weights_bytes is not None else \
-        weights_bytes_per_card(cfg, dtype_bytes, tp, QUANT_BITS.get(quantization) if cfg.quantization is None else None)
-    activations = activation_bytes if activation_bytes is not None else \
-        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp)
-    return CapacityPlan(card, usable, weights, activations, kv_bytes_per_token(cfg, kv_bytes, tp),
-                        usable - weights - activations, block_size, max_model_len or cfg.max_model_len, tp)
+    if max_model_len:
+        cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
+    per_token = kv_bytes_per_token(cfg, kv_bytes, tensor_parallel_size)
+    quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
+    others = other_programs_bytes or [0] * len(card_bytes)
+    plans = []
+    for i, (total, other) in enumerate(zip(card_bytes, others)):
+        profile = estimate_profile(cfg, total, dtype_bytes=dtype_bytes, tensor_parallel_size=tensor_parallel_size,
+                                   max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
+                                   other_programs_bytes=other, quant_bits=quant_bits,
+                                   cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
+                                   weights_bytes=weights_bytes, activation_bytes=activation_bytes)
+        plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
+                                       max_model_len or cfg.max_model_len, tensor_parallel_size))
+    return min(plans, key=lambda p: p.num_blocks)
+
+
+def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", kv_cache_dtype: str = "auto",
+             max_model_len: int | None = None, max_num_seqs: int = 256, block_size: int = 16,
+             weights_bytes: int | None = None) -> CapacityPlan:
+    """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences."""
+    dtype_bytes = DTYPE_BYTES[dtype]
+    kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
+    max_len = max_model_len or cfg.max_model_len
+    budget = int(kv_cache_gib * GIB)
+    weights = weights_bytes if weights_bytes is not None else weights_bytes_per_card(cfg, dtype_bytes)
+    return CapacityPlan(budget, budget, weights, 0, kv_bytes_per_token(cfg, kv_bytes), budget, block_size, max_len,
+                        1, card="CPU", max_blocks=max_num_seqs * -(-max_len // block_size))

@@ -4,8 +4,8 @@ Spawned by the executor. It first arranges to die with its parent, joins the tor
 builds its ModelRunner, then loops on its command pipe: each message names a ModelRunner method and its
 arguments (prepared `StepInputs` for a forward step); the worker runs it in lock step with rank 0 (the
 collectives inside the forward pair up) and answers on its result pipe with ("ok", result) or ("error",
-traceback). It never samples: logits are computed, since every rank must join the LM head's all-gather,
-and dropped. Pipe EOF, a "shutdown" command, its own error, or its parent's death ends it.
+traceback). It never samples: `run` gets no sampling batch, so logits are computed (every rank must join
+the LM head's all-gather) and dropped. Pipe EOF, a "shutdown" command, its own error, or its parent's death ends it.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ import torch
 from engine.model_config import ModelConfig
 from engine.parent_watch import die_with_parent
 
-# ModelRunner methods rank 0 may ask for; "run" answers None (logits stay on rank 0).
+# ModelRunner methods rank 0 may ask for; "run" answers None (only rank 0 samples).
 COMMANDS = ("run", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes", "plan_decode_graphs",
             "capture_decode_graphs")
 
@@ -83,7 +83,7 @@ def serve(runner, commands: Connection, results: Connection) -> int:
             result = getattr(runner, method)(*args)
             if runner.device.type == "cuda":
                 torch.cuda.synchronize(runner.device)  # the ack means "done", so rank 0 can trust it
-            results.send(("ok", None if method == "run" else result))
+            results.send(("ok", result))
         except BaseException:
             _reply_error(results)
             return 1

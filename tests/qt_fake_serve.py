@@ -2,7 +2,7 @@
 
 Serves /health, a short streamed chat completion and the engine-state stream with synthetic blocks,
 so the GUI's process handling and HTTP clients can be tested in seconds without torch. Behaviour is
-chosen by environment variables: FAKE_SERVE_MODE=ok|oom|exit1|ignore_term, FAKE_SERVE_DELAY
+chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term, FAKE_SERVE_DELAY
 (seconds before listening), FAKE_SERVE_TOKEN_DELAY (seconds between streamed words),
 FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
 tensor-parallel worker). Unknown engine flags are accepted and ignored.
@@ -85,10 +85,20 @@ class Handler(BaseHTTPRequestHandler):
         if urlparse(self.path).path != "/v1/chat/completions" or not self._authorized():
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if body.get("model") == "fail-400":  # the request's model name picks a failure, for the chat tests
+            self.send_response(400)
+            self.end_headers()
+            self.wfile.write(b'{"error": {"message": "max_tokens must be at least 1, got 0", "type": "x"}}')
+            return
         words = ["Hello", " from", " the", " fake", " engine", ".\n\n```python\nprint('hi')\n```"]
         self._start_sse()
         try:
             for i, word in enumerate(words[: body.get("max_tokens", 16)]):
+                if i == 2 and body.get("model") == "die-midway":
+                    return  # connection closes without a finish reason or [DONE], like a killed engine
+                if i == 2 and body.get("model") == "error-midway":
+                    self._event({"error": {"message": "the engine died while serving", "type": "internal_error"}})
+                    return
                 self._event({"id": "cmpl-1", "object": "chat.completion.chunk", "model": body.get("model"),
                              "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
                 time.sleep(float(os.environ.get("FAKE_SERVE_TOKEN_DELAY", "0.02")))
@@ -110,6 +120,9 @@ def main() -> None:
     if mode == "oom":
         print("RuntimeError: CUDA out of memory while loading weights (tried to allocate 2.00 GiB)", flush=True)
         sys.exit(3)
+    if mode == "config":
+        print("error: cannot load the model: no *.safetensors weights in /m", file=sys.stderr, flush=True)
+        sys.exit(2)
     if mode == "exit1":
         print("fake-serve: failing on purpose", flush=True)
         sys.exit(1)

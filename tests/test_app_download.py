@@ -33,10 +33,20 @@ def test_picker_download_reports_failure_and_resets(qtbot, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     from app.model_picker import ModelPicker
 
+    from app.model_library import ModelLibrary
+
     picker = ModelPicker()
+    library = ModelLibrary()
     qtbot.addWidget(picker)
+    qtbot.addWidget(library)
+    picker.download_progress.connect(library.show_download)
+    picker.download_ended.connect(library.end_download)
     picker.repo_edit.setText("pagedesk/not-cached")
-    picker.download_button.click()
-    assert not picker.download_button.isEnabled() and picker.cancel_button.isEnabled()
-    qtbot.waitUntil(lambda: picker.download_button.isEnabled(), timeout=10_000)
+    with qtbot.waitSignal(picker.download_ended, timeout=10_000) as ended:
+        picker.download_button.click()
+        assert not picker.download_button.isEnabled() and picker.cancel_button.isEnabled()
+        rows = [library.table.item(r, 0).text() for r in range(library.table.rowCount())]
+        assert "pagedesk/not-cached" in rows  # the download is a row of the library while it runs
+    assert ended.args[0] == "pagedesk/not-cached" and "failed" in ended.args[1]
     assert "failed" in picker.details.text() and not picker.cancel_button.isEnabled()
+    assert picker.download_button.isEnabled() and "pagedesk/not-cached" not in library.downloads

@@ -1,6 +1,8 @@
 """EngineSupervisor against a fake server process: READY via /health, crash detection and restart,
-no restart after an out-of-memory at load, the port-in-use fallback, and a stop/quit that leaves no
-member of the engine's process group alive (even one that ignores SIGTERM)."""
+no restart after an out-of-memory or configuration error at load, a port left in TIME-WAIT reused
+and a really taken one reported (never silently moved), STOPPING on the way down, a crash report of
+the dying run only, the API key masked in the logged command, and a stop/quit that leaves no member
+of the engine's process group alive (even one that ignores SIGTERM)."""
 import qt_helpers as helpers
 
 import os
@@ -9,7 +11,8 @@ import socket
 
 import pytest
 
-from app.supervisor import CRASHED, READY, STOPPED, EngineSupervisor
+from app.port_check import port_owner
+from app.supervisor import CRASHED, READY, STOPPED, STOPPING, EngineSupervisor, masked_argv, serve_command
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="process groups are POSIX")
 
@@ -107,16 +110,83 @@ def test_shutdown_blocks_until_group_gone(qtbot, tmp_path, monkeypatch):
     qtbot.waitUntil(lambda: not helpers.pid_alive(child), timeout=2000)
 
 
-def test_port_in_use_moves_to_next_free_port(supervisor, qtbot):
+def time_wait_port() -> int:
+    """A port whose only trace is a TIME-WAIT socket: the server side closed a connection first."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn's listener does
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = listener.accept()
+        accepted.close()  # the active closer keeps the (port, peer) pair in TIME-WAIT
+        client.close()
+    return port
+
+
+def test_port_in_time_wait_is_reused(supervisor, qtbot):
+    port = time_wait_port()
+    busy = []
+    supervisor.port_busy.connect(lambda *args: busy.append(args))
+    start(supervisor, qtbot, port=port)
+    assert supervisor.port == port and supervisor.base_url.endswith(f":{port}") and not busy
+
+
+def test_port_really_taken_is_reported_not_moved(supervisor, qtbot):
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        busy = taken.getsockname()[1]
-        messages = []
-        supervisor.message.connect(messages.append)
-        start(supervisor, qtbot, port=busy)
-    assert supervisor.port != busy and f":{supervisor.port}" in supervisor.base_url
-    assert any(f"Port {busy}" in m and "in use" in m for m in messages)
+        busy_port = taken.getsockname()[1]
+        assert port_owner(busy_port).endswith(f"(pid {os.getpid()})")
+        with qtbot.waitSignal(supervisor.port_busy) as busy:
+            assert not supervisor.start("/m", {"host": "127.0.0.1", "port": busy_port})
+    host, port, owner, suggestion = busy.args
+    assert (host, port) == ("127.0.0.1", busy_port) and f"pid {os.getpid()}" in owner and suggestion > busy_port
+    assert supervisor.process is None and supervisor.state == STOPPED
+
+
+def test_stop_passes_through_stopping_and_a_crash_shows_only_its_own_run(supervisor, qtbot, monkeypatch):
+    start(supervisor, qtbot)
+    states = []
+    supervisor.state_changed.connect(states.append)
+    with qtbot.waitSignal(supervisor.state_changed, timeout=5000, check_params_cb=lambda s: s == STOPPED):
+        supervisor.stop()
+    assert states == [STOPPING, STOPPED]
+    monkeypatch.setenv("FAKE_SERVE_MODE", "exit1")
+    supervisor.max_restarts = 0
+    with qtbot.waitSignal(supervisor.crashed, timeout=5000) as crashed:
+        supervisor.start("/m", {"host": "127.0.0.1", "port": helpers.free_port()})
+    assert "failing on purpose" in crashed.args[1]
+    assert "fake-serve: ready" not in crashed.args[1]  # that line belongs to the earlier, healthy run
+
+
+def test_configuration_error_is_not_restarted(qtbot, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVE_MODE", "config")
+    sup = EngineSupervisor(command=helpers.FAKE_SERVE_COMMAND, backoff_s=0.01)
+    messages = []
+    sup.message.connect(messages.append)
+    with qtbot.waitSignal(sup.crashed, timeout=5000) as crashed:
+        sup.start("/m", {"host": "127.0.0.1", "port": helpers.free_port()})
+    assert crashed.args[0] == 2
+    assert any("no *.safetensors weights" in m and "Not restarting" in m for m in messages)
+    assert not sup.restart_pending and sup.restarts == 0 and sup.state == CRASHED
+
+
+def test_api_key_is_masked_in_the_logged_command(supervisor, qtbot):
+    logged = []
+    supervisor.log.connect(logged.append)
+    start(supervisor, qtbot, api_key="sk-secret-123")
+    command = next(line for line in logged if line.startswith("$ "))
+    assert "--api-key ****" in command and "sk-secret-123" not in "".join(logged)
+    assert masked_argv(["x", "--api-key=sk-1", "--port", "1"]) == ["x", "--api-key=****", "--port", "1"]
+
+
+def test_default_command_is_the_console_script(monkeypatch, tmp_path):
+    (tmp_path / "pagedesk-serve").write_text("#!/bin/sh\n")
+    monkeypatch.setattr("sys.executable", str(tmp_path / "python"))
+    assert serve_command() == [str(tmp_path / "pagedesk-serve")]
+    (tmp_path / "pagedesk-serve").unlink()
+    assert serve_command()[1:] == ["-m", "engine.serve"]
 
 
 def test_argv_is_built_from_flags(supervisor):

@@ -34,6 +34,7 @@ def test_cached_blocks_survive_free_until_reallocated():
     kv = KVCacheManager(num_blocks=4, block_size=4, enable_caching=True)
     seq = fake_seq(list(range(10)))
     assert kv.allocate_slots(seq, 10)
+    seq.num_computed_tokens = 10  # the forward wrote them
     first_two = [b.block_id for b in seq.block_table[:2]]
     kv.free(seq)
     again = fake_seq(list(range(10)))
@@ -72,7 +73,7 @@ def test_fork_shares_blocks_and_copies_partial_block_on_write():
     assert child.block_table[0] is parent.block_table[0] and parent.block_table[1].ref_count == 1
 
 
-operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free", "fork"]), st.integers(0, 40)),
+operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free", "fork", "preempt"]), st.integers(0, 40)),
                       max_size=60)
 
 
@@ -101,6 +102,16 @@ def test_invariants_under_random_operations(ops, caching):
                 seq.num_tokens -= 1
         elif op == "free" and live:
             kv.free(live.pop(arg % len(live)))
+        elif op == "preempt" and live:  # slots allocated for a chunk, then freed before any forward wrote them
+            seq = live.pop(arg % len(live))
+            seq.token_ids += [arg % 5] * (arg % 9 + 1)
+            seq.num_tokens = len(seq.token_ids)
+            if kv.allocate_slots(seq, seq.num_tokens - seq.num_computed_tokens):
+                unwritten = seq.block_table[seq.num_computed_tokens // 4:]
+                kv.free(seq)
+                assert all(b.block_hash is None for b in unwritten if b.ref_count == 0)
+            else:
+                kv.free(seq)
         elif op == "fork" and live:
             parent = live[arg % len(live)]
             child = fake_seq(parent.token_ids)

@@ -52,6 +52,44 @@ def test_logit_bias_and_min_tokens_mask():
     assert sample(logits, [r], torch.Generator()).token_ids != [3]
 
 
+def test_bitmask_allows_only_its_tokens():
+    from engine.sampling_metadata import SamplingMetadata
+    logits = torch.randn(2, 70) * 3
+    rows = [row(temperature=0), row(temperature=1.0)]
+    meta = SamplingMetadata.build(rows, 70, logits.device)
+    allowed = [{37}, {3, 63, 69}]
+    bits = torch.zeros(2, 3, dtype=torch.int64)  # packed like xgrammar: bit j of word w allows token 32 w + j
+    for i, tokens in enumerate(allowed):
+        for t in tokens:
+            bits[i, t // 32] |= 1 << (t % 32)
+    meta.bitmask = bits.to(torch.int32)  # bit 31 wraps to the sign bit, as in int32 bitmasks
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        out = sample(logits, meta, gen)
+        assert out.token_ids[0] == 37 and out.token_ids[1] in allowed[1]
+
+
+def test_every_row_of_a_mixed_batch_samples_as_if_alone():
+    """One vectorized pass over rows with different filters, penalties and seeds = each row on its own."""
+    torch.manual_seed(0)
+    kinds = [dict(temperature=0), dict(temperature=0.8, top_k=4, seed=1), dict(temperature=1.0, top_p=0.5, seed=2),
+             dict(temperature=1.2, min_p=0.3, seed=3),
+             dict(temperature=0, repetition_penalty=1.8, presence_penalty=1.0),
+             dict(temperature=0.7, frequency_penalty=2.0, logit_bias={6: 4.0}, seed=4), dict(temperature=1.0, seed=5)]
+    logits = torch.randn(len(kinds), 40) * 2
+
+    def rows():
+        return [SamplingRow(SamplingParams(**k), [1, 2], [3, 3, 4],
+                            torch.Generator().manual_seed(k["seed"]) if "seed" in k else None, [0]) for k in kinds]
+
+    batch, alone_rows = rows(), rows()
+    for _ in range(10):
+        together = sample(logits, batch, torch.Generator())
+        for i, r in enumerate(alone_rows):
+            alone = sample(logits[i:i + 1], [r], torch.Generator())
+            assert (alone.token_ids[0], alone.logprobs[0]) == (together.token_ids[i], together.logprobs[i])
+
+
 @pytest.fixture(scope="module")
 def llm(llama_dir):
     return LLM(str(llama_dir), device="cpu", seed=0)

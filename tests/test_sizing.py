@@ -11,7 +11,7 @@ import torch
 from engine.config import EngineConfig
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.model_config import ModelConfig
-from engine.sizing import GIB, MemoryProfile, free_memory_shortfall, plan_capacity, plan_from_profile
+from engine.sizing import GIB, MemoryProfile, other_programs_note, plan_capacity, plan_from_profile
 
 CARD_24G = 24 * GIB
 
@@ -32,22 +32,37 @@ def test_llama3_8b_on_one_24gb_card():
     # Per layer: qkv 4096·(4096 + 2·1024) = 25,165,824; o 4096·4096 = 16,777,216;
     #   gate+up+down 3·4096·14336 = 176,160,768 → 218,103,808; × 32 layers = 6,979,321,856.
     # Embedding + LM head (untied) 2·128256·4096 = 1,050,673,152; norms (2·32+1)·4096 = 266,240.
-    # Params 8,030,261,248 (the "8B") × 2 bytes = 16,060,522,496 B = 14.96 GiB.
+    # Params 8,030,261,248 (the "8B") × 2 bytes = 16,060,522,496 B, plus ONE shared float32 RoPE cos/sin table
+    #   8192 positions · 128 · 4 B = 4,194,304 → 16,064,716,800 B = 14.96 GiB held after loading.
     # KV per token: 2 (K,V) · 32 layers · 8 heads · 128 · 2 B = 131,072 B = 128 KiB.
-    # Activations at 8192 batched tokens: 8192 · (4·4096 + (32+16)·128 + 3·14336) · 2 B
-    #   = 8192 · 65,536 · 2 = 1,073,741,824, plus logits 256 · 128256 · 4 B = 131,334,144 → 1,205,075,968.
-    # Usable int(24 GiB · 0.9) = 23,192,823,398; KV budget 23,192,823,398 − 16,060,522,496 − 1,205,075,968
-    #   = 5,927,224,934 → // (131,072 · 16) = 2826 blocks = 45,216 tokens = 5 full 8192-token sequences.
+    # Activations at 8192 batched tokens: 8192 · (4·4096 + (32+16)·128 + 3·14336) · 2 B = 1,073,741,824,
+    #   plus the sampler at 256 × 128256: 28 B per logit (fp32 logits, log-softmax, softmax, sorted values,
+    #   int64 order, cumsum) = 919,339,008 → 1,993,080,832.
+    # Usable int(24 GiB · 0.9) − 0 held by others = 23,192,823,398; KV budget 23,192,823,398 − 16,064,716,800
+    #   − 1,993,080,832 = 5,135,025,766 → // (131,072 · 16) = 2448 blocks = 39,168 tokens = 4 × 8192.
     plan = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16")
-    assert plan.weights_bytes == 16_060_522_496
+    assert plan.weights_bytes == 16_064_716_800
     assert plan.kv_bytes_per_token == 131_072
-    assert plan.activation_bytes == 1_205_075_968
+    assert plan.activation_bytes == 1_993_080_832
     assert plan.usable_bytes == 23_192_823_398
-    assert plan.kv_budget_bytes == 5_927_224_934
-    assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (2826, 45_216, 5)
+    assert plan.kv_budget_bytes == 5_135_025_766
+    assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (2448, 39_168, 4)
     assert plan.fits
-    assert plan.summary() == ("weights 14.96 GiB/card · KV 128.0 KiB/token · 45,216 tokens fit · "
-                              "5 × 8,192-token sequences")
+    assert plan.summary() == ("weights 14.96 GiB/card · KV 128.0 KiB/token · 39,168 tokens fit · "
+                              "4 × 8,192-token sequences")
+
+
+def test_planner_subtracts_what_the_desktop_holds_and_the_cuda_graphs():
+    # Same Llama on a 3090 whose desktop holds 1.5 GiB: usable 23,192,823,398 − 1,610,612,736 = 21,582,210,662.
+    # CUDA graphs: activations of a 256-token decode batch 256 · 65,536 · 2 = 33,554,432, plus 2 MiB for each of
+    #   the 20 batch sizes (1, 2, 4, 8, 16 … 256) × 5 context lengths (512, 1024, 2048, 4096, 8192)
+    #   = 209,715,200 → 243,269,632.
+    # KV 21,582,210,662 − 16,064,716,800 − 1,993,080,832 − 243,269,632 = 3,281,143,398 → 1564 blocks.
+    plan = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16", other_programs_bytes=[3 * GIB // 2],
+                         cuda_graphs=True)
+    assert plan.usable_bytes == 21_582_210_662 and plan.other_programs_bytes == 3 * GIB // 2
+    assert plan.overhead_bytes == 243_269_632
+    assert plan.num_blocks == 1564
 
 
 # Qwen2.5-32B at TP=2, per card: head_dim 5120/40 = 128; q = 40·128 = 5120; 8 KV heads → 4 per card, so the
@@ -56,60 +71,63 @@ def test_llama3_8b_on_one_24gb_card():
 #   → 487,587,840; × 64 layers = 31,205,621,760; / 2 ranks = 15,602,810,880 matrix params per card.
 # QKV bias (Qwen2) 64·(5120 + 2048)/2 = 229,376; norms (2·64+1)·5120 = 660,480 (replicated);
 # embedding + LM head: ceil(152064/2) = 76,032 rows · 5120 · 2 (untied) = 778,567,680.
+# RoPE table 32768 · 128 · 4 B = 16,777,216.
 # Activations at 8192 tokens: 8192 · (4·5120 + (40+16)·128/2 + 3·27648/2) · 2 B = 8192 · 65,536 · 2
-#   = 1,073,741,824, plus logits 256 · 152064 · 4 B = 155,713,536 → 1,229,455,360.
+#   = 1,073,741,824, plus the sampler 256 · 152064 · 28 B = 1,089,994,752 → 2,163,736,576.
 # KV per token per card: 2 · 64 layers · 4 heads · 128 · 2 B = 131,072 B (fp16), 65,536 B (fp8).
-QWEN_TP2_ACTIVATIONS = 1_229_455_360
+QWEN_TP2_ACTIVATIONS = 2_163_736_576
 
 
 @pytest.mark.parametrize("kv_cache_dtype,kv_per_token", [("auto", 131_072), ("fp8", 65_536)])
 def test_qwen25_32b_fp16_does_not_fit_two_24gb_cards(kv_cache_dtype, kv_per_token):
-    # Weights (15,602,810,880 + 229,376 + 660,480 + 778,567,680) · 2 B = 32,764,536,832 B = 30.51 GiB per card,
-    # above the 21.60 GiB usable: no KV dtype saves it; the message must say so, with the numbers.
+    # Weights (15,602,810,880 + 229,376 + 660,480 + 778,567,680) · 2 B + 16,777,216 = 32,781,314,048 B
+    # = 30.53 GiB per card, above the 21.60 GiB usable: no KV dtype saves it; the message must say so.
     plan = plan_capacity(QWEN25_32B, [CARD_24G, CARD_24G], 0.9, dtype="float16", kv_cache_dtype=kv_cache_dtype,
                          tensor_parallel_size=2)
-    assert plan.weights_bytes == 32_764_536_832
+    assert plan.weights_bytes == 32_781_314_048
     assert plan.activation_bytes == QWEN_TP2_ACTIVATIONS
     assert plan.kv_bytes_per_token == kv_per_token
-    assert plan.kv_budget_bytes == 23_192_823_398 - 32_764_536_832 - 1_229_455_360  # −10,801,168,794
+    assert plan.kv_budget_bytes == 23_192_823_398 - 32_781_314_048 - QWEN_TP2_ACTIVATIONS
     assert not plan.fits and plan.num_blocks == 0
     message = plan.explain_misfit()
     assert "not even one 32,768-token sequence fits" in message
-    assert "21.60 GiB usable per card" in message and "weights 30.51 GiB" in message
-    assert "activations 1.15 GiB" in message and f"{kv_per_token / 1024:.1f} KiB/token" in message
+    assert "21.60 GiB usable per card (24.00 GiB × gpu_memory_utilization 0.90)" in message
+    assert "weights 30.53 GiB" in message
+    assert "activations 2.02 GiB" in message and f"{kv_per_token / 1024:.1f} KiB/token" in message
     assert "weights alone" in message and "--tensor-parallel-size" in message
 
 
-@pytest.mark.parametrize("kv_cache_dtype,blocks,seqs", [("auto", 5893, 2), ("fp8", 11786, 5)])
+@pytest.mark.parametrize("kv_cache_dtype,blocks,seqs", [("auto", 5439, 2), ("fp8", 10879, 5)])
 def test_qwen25_32b_4bit_on_two_24gb_cards(kv_cache_dtype, blocks, seqs):
     # 4-bit matrices: 15,602,810,880 / 2 = 7,801,405,440 B + a 2-byte scale per 128 weights
     #   (15,602,810,880 / 128 = 121,896,960 scales = 243,793,920 B) = 8,045,199,360 B; bias, norms and the
-    #   vocab-split embeddings stay 16-bit: (229,376 + 660,480 + 778,567,680) · 2 = 1,558,915,072 B.
-    # Weights 9,604,114,432 B = 8.94 GiB per card. KV budget 23,192,823,398 − 9,604,114,432 − 1,229,455,360
-    #   = 12,359,253,606 B. fp16 KV: // (131,072 · 16) = 5893 blocks = 94,288 tokens = 2 × 32,768;
-    #   fp8 KV: // (65,536 · 16) = 11,786 blocks = 188,576 tokens = 5 × 32,768.
+    #   vocab-split embeddings stay 16-bit: (229,376 + 660,480 + 778,567,680) · 2 = 1,558,915,072 B; RoPE
+    #   16,777,216 B. Weights 9,620,891,648 B per card. KV budget 23,192,823,398 − 9,620,891,648 − 2,163,736,576
+    #   = 11,408,195,174 B. fp16 KV: // (131,072 · 16) = 5439 blocks = 87,024 tokens = 2 × 32,768;
+    #   fp8 KV: // (65,536 · 16) = 10,879 blocks = 174,064 tokens = 5 × 32,768.
     plan = plan_capacity(QWEN25_32B, [CARD_24G, CARD_24G], 0.9, dtype="float16", kv_cache_dtype=kv_cache_dtype,
                          tensor_parallel_size=2, quantization="awq")
-    assert plan.weights_bytes == 9_604_114_432
-    assert plan.kv_budget_bytes == 12_359_253_606
+    assert plan.weights_bytes == 9_620_891_648
+    assert plan.kv_budget_bytes == 11_408_195_174
     assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (blocks, blocks * 16, seqs)
 
 
 def test_qwen25_32b_4bit_on_one_card_needs_a_shorter_context():
     # TP=1: matrices 31,205,621,760 params → 15,602,810,880 B + 243,793,920 scales·2 B = 15,846,604,800 B;
     #   bias 64·7168 = 458,752, norms 660,480, embeddings 2·152064·5120 = 1,557,135,360 → ·2 B = 3,116,509,184 B;
-    #   weights 18,963,113,984 + 243,793,920 = 19,206,907,904 B (17.89 GiB).
-    # Activations 8192 · (4·5120 + 56·128 + 3·27648) · 2 + 155,713,536 = 1,811,939,328 + 155,713,536 = 1,967,652,864.
-    # KV budget 23,192,823,398 − 19,206,907,904 − 1,967,652,864 = 2,018,262,630; KV/token 2·64·8·128·2 = 262,144 B
-    #   → // (262,144 · 16) = 481 blocks = 7,696 tokens: no 32,768-token sequence; 4,096 fits once.
+    #   + RoPE 16,777,216 → weights 19,223,685,120 B (17.90 GiB).
+    # Activations 8192 · (4·5120 + 56·128 + 3·27648) · 2 + 1,089,994,752 = 1,811,939,328 + 1,089,994,752
+    #   = 2,901,934,080. KV budget 23,192,823,398 − 19,223,685,120 − 2,901,934,080 = 1,067,204,198;
+    #   KV/token 2·64·8·128·2 = 262,144 B → // (262,144 · 16) = 254 blocks = 4,064 tokens: no 32,768-token
+    #   sequence; a 4,064-token one fits once.
     plan = plan_capacity(QWEN25_32B, [CARD_24G], 0.9, dtype="float16", quantization="awq")
-    assert plan.weights_bytes == 19_206_907_904
-    assert plan.activation_bytes == 1_967_652_864
-    assert (plan.num_blocks, plan.num_tokens) == (481, 7_696)
+    assert plan.weights_bytes == 19_223_685_120
+    assert plan.activation_bytes == 2_901_934_080
+    assert (plan.num_blocks, plan.num_tokens) == (254, 4_064)
     assert not plan.fits
-    assert "Lower --max-model-len to 7,696 or less" in plan.explain_misfit()
+    assert "Lower --max-model-len to 4,064 or less" in plan.explain_misfit()
     assert plan_capacity(QWEN25_32B, [CARD_24G], 0.9, dtype="float16", quantization="awq",
-                         max_model_len=4096).num_full_seqs == 1
+                         max_model_len=4064).num_full_seqs == 1
 
 
 # ---- measured plans: every rank profiles its own card, the pool takes the smallest -------------------------
@@ -118,19 +136,20 @@ def profile(card: str, free_gib: float, weights: int = 8 * GIB, activations: int
     return MemoryProfile(card, CARD_24G, int(free_gib * GIB), weights, activations, overhead)
 
 
-def test_measured_plan_is_capped_by_free_memory_at_start():
-    # 24 GiB · 0.9 = 21.6 GiB wanted, but the desktop holds 3 GiB: usable 21 GiB;
-    # KV budget 21 − 8 − 1 − 0.5 (NCCL) = 11.5 GiB = 12,348,030,976 B → // (131,072 · 16) = 5888 blocks.
-    desktop = profile("cuda:0 (NVIDIA GeForce RTX 3090)", 21.0, overhead=GIB // 2)
+def test_measured_plan_subtracts_what_other_programs_held():
+    # 24 GiB · 0.9 = 21.6 GiB is the engine's share; the desktop held 1.5 GiB at start, which comes out of it:
+    # usable int(24 GiB · 0.9) − 1.5 GiB = 23,192,823,398 − 1,610,612,736 = 21,582,210,662;
+    # KV budget − 8 − 1 − 0.5 (NCCL) GiB = 21,582,210,662 − 10,200,547,328 = 11,381,663,334 → // 2 MiB = 5427 blocks.
+    desktop = profile("cuda:0 (NVIDIA GeForce RTX 3090)", 22.5, overhead=GIB // 2)
     plan = plan_from_profile(desktop, 0.9, 131_072, 16, 32768, 2)
-    assert plan.usable_bytes == 21 * GIB and plan.other_programs_bytes == 3 * GIB
-    assert plan.kv_budget_bytes == 12_348_030_976 and plan.num_blocks == 5888
-    note = free_memory_shortfall(desktop, 0.9)
-    assert note == ("cuda:0 (NVIDIA GeForce RTX 3090): only 21.00 GiB of 24.00 GiB was free at start, below "
-                    "--gpu-memory-utilization 0.90 (21.60 GiB); other programs (the desktop, other processes) hold "
-                    "3.00 GiB, so the engine uses 21.00 GiB. Close them, or set --gpu-memory-utilization 0.87 or "
-                    "lower to plan for it")
-    assert free_memory_shortfall(profile("cuda:1", 23.5), 0.9) is None
+    assert plan.usable_bytes == 21_582_210_662 and plan.other_programs_bytes == 3 * GIB // 2
+    assert plan.kv_budget_bytes == 11_381_663_334 and plan.num_blocks == 5427
+    assert plan.kv_budget_bytes + 8 * GIB + GIB + GIB // 2 + 3 * GIB // 2 <= 0.9 * CARD_24G  # within the share
+    assert other_programs_note(desktop, 0.9) == (
+        "cuda:0 (NVIDIA GeForce RTX 3090): other programs (the desktop, other processes) held 1.50 GiB at start; "
+        "it comes out of the engine's 21.60 GiB share (24.00 GiB × --gpu-memory-utilization 0.90), leaving "
+        "20.10 GiB. Close them or raise --gpu-memory-utilization for a larger KV cache")
+    assert other_programs_note(profile("cuda:1", 24.0), 0.9) is None
 
 
 class FakeExecutor:
@@ -141,7 +160,7 @@ class FakeExecutor:
     def __init__(self, profiles):
         self.profiles = profiles
 
-    def profile_memory(self, num_tokens):
+    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype):
         return self.profiles
 
 
@@ -149,28 +168,31 @@ def test_mixed_cards_size_the_pool_by_the_card_with_less_room(caplog):
     cfg = QWEN25_32B.with_max_model_len(8192)
     config = EngineConfig(model="m", tensor_parallel_size=2, gpu_memory_utilization=0.9)
     # KV per token per card at TP=2 in fp16 = 131,072 B → 2 MiB per 16-token block.
-    # 3090 with the desktop: usable 20 GiB − 8 − 1 = 11 GiB = 5632 blocks; the free 4090: 21.6 − 9 = 12.6 GiB
-    #   = 23,192,823,398 − 9,663,676,416 = 13,529,146,982 B → 6451 blocks. Both ranks hold the same blocks: 5632.
+    # 3090 with the desktop (4 GiB held): 21.6 − 4 − 8 − 1 = 8.6 GiB = 23,192,823,398 − 13 GiB = 9,234,179,686 B
+    #   → 4403 blocks; the 4090 (0.4 GiB held): 21.6 − 0.4 − 9 = 12.2 GiB = 13,099,650,662 B → 6246 blocks.
+    # Both ranks hold the same blocks: 4403.
     profiles = [profile("cuda:0 (NVIDIA GeForce RTX 4090)", 23.6), profile("cuda:1 (NVIDIA GeForce RTX 3090)", 20.0)]
     with caplog.at_level("INFO", logger="pagedesk.engine"):
-        assert choose_num_blocks(config, cfg, FakeExecutor(profiles), torch.float16, 8192) == 5632
-    assert "cuda:1 (NVIDIA GeForce RTX 3090): only 20.00 GiB of 24.00 GiB was free" in caplog.text
-    assert plan_from_profile(profiles[0], 0.9, 131_072, 16, 8192, 2).num_blocks == 6451
+        assert choose_num_blocks(config, cfg, FakeExecutor(profiles), torch.float16, 8192) == 4403
+    assert "cuda:1 (NVIDIA GeForce RTX 3090): other programs (the desktop, other processes) held 4.00 GiB" \
+        in caplog.text
+    assert plan_from_profile(profiles[0], 0.9, 131_072, 16, 8192, 2).num_blocks == 6246
 
 
 def test_start_fails_with_an_actionable_message_when_nothing_fits():
     cfg = QWEN25_32B.with_max_model_len(32768)
     config = EngineConfig(model="m", tensor_parallel_size=2, gpu_memory_utilization=0.9)
-    # The 3090 keeps 20 − 15 − 1 = 4 GiB for KV = 2048 blocks = 32,768 tokens: exactly one sequence fits there...
-    fits_once = [profile("cuda:0", 23.6, weights=15 * GIB), profile("cuda:1 (RTX 3090)", 20.0, weights=15 * GIB)]
-    assert choose_num_blocks(config, cfg, FakeExecutor(fits_once), torch.float16, 8192) == 2048
-    # ...and with 0.5 GiB more held by the desktop, 1792 blocks = 28,672 tokens: not one.
-    short = [profile("cuda:0", 23.6, weights=15 * GIB), profile("cuda:1 (RTX 3090)", 19.5, weights=15 * GIB)]
+    # The 3090 whose desktop holds 1.5 GiB keeps 23,192,823,398 − (1.5 + 15 + 1) GiB = 4,402,341,478 B for KV
+    # = 2099 blocks = 33,584 tokens: one 32,768-token sequence fits there...
+    fits_once = [profile("cuda:0", 24.0, weights=15 * GIB), profile("cuda:1 (RTX 3090)", 22.5, weights=15 * GIB)]
+    assert choose_num_blocks(config, cfg, FakeExecutor(fits_once), torch.float16, 8192) == 2099
+    # ...and with 0.5 GiB more held by the desktop, 3,865,470,566 B = 1843 blocks = 29,488 tokens: not one.
+    short = [profile("cuda:0", 24.0, weights=15 * GIB), profile("cuda:1 (RTX 3090)", 22.0, weights=15 * GIB)]
     with pytest.raises(ValueError) as err:
         choose_num_blocks(config, cfg, FakeExecutor(short), torch.float16, 8192)
     assert str(err.value) == (
-        "not even one 32,768-token sequence fits on cuda:1 (RTX 3090): 19.50 GiB usable per card (24.00 GiB × "
-        "gpu_memory_utilization, capped by the 4.50 GiB other programs hold) − weights 15.00 GiB − activations "
-        "1.00 GiB leaves 3.50 GiB for the KV cache; at 128.0 KiB/token that holds 28,672 tokens. Lower "
-        "--max-model-len to 28,672 or less, raise --gpu-memory-utilization, use --kv-cache-dtype fp8, or raise "
+        "not even one 32,768-token sequence fits on cuda:1 (RTX 3090): 19.60 GiB usable per card (24.00 GiB × "
+        "gpu_memory_utilization 0.90 − 2.00 GiB other programs hold) − weights 15.00 GiB − activations "
+        "1.00 GiB leaves 3.60 GiB for the KV cache; at 128.0 KiB/token that holds 29,488 tokens. Lower "
+        "--max-model-len to 29,488 or less, raise --gpu-memory-utilization, use --kv-cache-dtype fp8, or raise "
         "--tensor-parallel-size")

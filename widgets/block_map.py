@@ -3,7 +3,9 @@
 The widget takes three arrays per snapshot (state, ref count, owner index) plus the owner names and
 turns them into one RGBA image with vectorised numpy, so 50,000 blocks cost one `ImageItem.setImage`.
 Snapshots may arrive at any rate; the image is rebuilt on a timer only when a new one is pending.
-Hovering a cell shows its block id, state, owner and ref count. It never imports app or engine code.
+Hovering a cell shows its block id, state, owner and ref count. The wheel zooms and a drag pans
+(16k blocks are a pixel each at full view); "Fit" returns to the whole pool. Its background follows
+the application palette. It never imports app or engine code.
 """
 from __future__ import annotations
 
@@ -12,17 +14,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QTimer, Signal
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
+
+from widgets.time_plot import palette_colors
 
 STATE_FREE, STATE_IN_USE, STATE_CACHED = 0, 1, 2
 STATE_NAMES = {STATE_FREE: "free", STATE_IN_USE: "in use", STATE_CACHED: "cached (reusable prefix)"}
 
 FREE_RGBA = (46, 52, 64, 255)
+FREE_LIGHT_RGBA = (216, 222, 233, 255)  # free blocks on a light theme: quiet, not a dark slab
 CACHED_RGBA = (94, 129, 172, 255)
 SHARED_RGBA = (235, 203, 139, 255)
 PADDING_RGBA = (0, 0, 0, 0)
-BACKGROUND = "#1e222a"
 
 
 def owner_palette(size: int = 64) -> np.ndarray:
@@ -55,10 +59,11 @@ class BlockSnapshot:
         return int(self.state.shape[0])
 
 
-def block_colors(state: np.ndarray, ref_count: np.ndarray, owner: np.ndarray) -> np.ndarray:
+def block_colors(state: np.ndarray, ref_count: np.ndarray, owner: np.ndarray,
+                 free_rgba: tuple[int, int, int, int] = FREE_RGBA) -> np.ndarray:
     """(n, 4) uint8 colours: free, cached, in use (colour of the owning request) or shared (ref > 1)."""
     rgba = np.empty((state.shape[0], 4), np.uint8)
-    rgba[:] = FREE_RGBA
+    rgba[:] = free_rgba
     rgba[state == STATE_CACHED] = CACHED_RGBA
     in_use = state == STATE_IN_USE
     rgba[in_use] = _PALETTE[owner[in_use].astype(np.int64) % len(_PALETTE)]
@@ -80,6 +85,16 @@ def to_grid(rgba: np.ndarray, columns: int) -> np.ndarray:
     return image.reshape(rows, columns, 4)
 
 
+def free_color() -> tuple[int, int, int, int]:
+    """Free blocks' colour for the application palette: dark on a dark theme, light on a light one."""
+    return FREE_RGBA if pg.mkColor(palette_colors()[0]).lightness() < 128 else FREE_LIGHT_RGBA
+
+
+def _paint_swatch(swatch: QLabel, rgba: tuple) -> None:
+    r, g, b = rgba[:3]
+    swatch.setStyleSheet(f"background: rgb({r},{g},{b}); border: 1px solid #555;")
+
+
 class BlockMapWidget(QWidget):
     """A grid of KV blocks coloured by state with a legend, a summary line and hover details."""
 
@@ -90,9 +105,11 @@ class BlockMapWidget(QWidget):
         self._snapshot: BlockSnapshot | None = None
         self._pending = False
         self._columns = 1
+        self._free_rgba = free_color()
         self._view = pg.GraphicsLayoutWidget()
-        self._view.setBackground(BACKGROUND)
-        self._box = self._view.addViewBox(lockAspect=True, enableMouse=False, invertY=True)
+        self._view.setBackground(palette_colors()[0])
+        self._box = self._view.addViewBox(lockAspect=True, enableMouse=True, invertY=True)
+        self._box.setMenuEnabled(False)
         self._image = pg.ImageItem(axisOrder="row-major")
         self._box.addItem(self._image)
         self._view.scene().sigMouseMoved.connect(self._on_mouse_moved)
@@ -103,18 +120,25 @@ class BlockMapWidget(QWidget):
         layout.addWidget(self._view, 1)
         layout.addLayout(self._legend())
         layout.addWidget(self.summary)
-        layout.addWidget(self.hover_label)
+        hover_row = QHBoxLayout()
+        hover_row.addWidget(self.hover_label, 1)
+        hover_row.addWidget(QLabel("wheel: zoom · drag: pan"))
+        self.fit_button = QPushButton("Fit", clicked=self.fit)
+        hover_row.addWidget(self.fit_button)
+        layout.addLayout(hover_row)
         self._timer = QTimer(self, interval=redraw_ms, timeout=self.redraw)
         self._timer.start()
 
     def _legend(self) -> QHBoxLayout:
         row = QHBoxLayout()
-        entries = [("free", FREE_RGBA), ("in use (colour per request)", tuple(_PALETTE[1])),
+        entries = [("free", self._free_rgba), ("in use (colour per request)", tuple(_PALETTE[1])),
                    ("cached, reusable", CACHED_RGBA), ("shared, ref > 1", SHARED_RGBA)]
-        for text, (r, g, b, _a) in entries:
+        self._swatches = []
+        for text, rgba in entries:
             swatch = QLabel()
             swatch.setFixedSize(12, 12)
-            swatch.setStyleSheet(f"background: rgb({r},{g},{b}); border: 1px solid #555;")
+            _paint_swatch(swatch, rgba)
+            self._swatches.append(swatch)
             row.addWidget(swatch)
             row.addWidget(QLabel(text))
             row.addSpacing(10)
@@ -126,14 +150,28 @@ class BlockMapWidget(QWidget):
         self._snapshot = snapshot
         self._pending = True
 
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        super().changeEvent(event)
+        if "_swatches" in self.__dict__ and event.type() in (QEvent.Type.PaletteChange,
+                                                         QEvent.Type.ApplicationPaletteChange):
+            self._view.setBackground(palette_colors()[0])
+            self._free_rgba = free_color()
+            _paint_swatch(self._swatches[0], self._free_rgba)
+            self._pending = self._snapshot is not None
+
+    def fit(self) -> None:
+        """Show the whole pool again after zooming or panning."""
+        self._box.enableAutoRange()
+        self._box.autoRange(padding=0)
+
     def redraw(self) -> None:
         if not self._pending or self._snapshot is None:
             return
         self._pending = False
         snap = self._snapshot
         self._columns = grid_columns(snap.num_blocks, self._aspect())
-        self._image.setImage(to_grid(block_colors(snap.state, snap.ref_count, snap.owner), self._columns),
-                             autoLevels=False)
+        self._image.setImage(to_grid(block_colors(snap.state, snap.ref_count, snap.owner, self._free_rgba),
+                                     self._columns), autoLevels=False)
         self.summary.setText(self._summary_text(snap))
 
     def _aspect(self) -> float:

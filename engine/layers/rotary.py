@@ -1,4 +1,8 @@
-"""Rotary position embedding (rotate-half layout), with Llama 3.x frequency scaling."""
+"""Rotary position embedding (rotate-half layout), with Llama 3.x frequency scaling.
+
+The float32 cos/sin table is [max_position_embeddings, head_dim] (64 MiB at 128k positions): the model
+builds ONE RotaryEmbedding and hands it to every layer, so the table exists once, not once per layer.
+"""
 from __future__ import annotations
 
 import math

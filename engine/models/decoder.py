@@ -29,7 +29,7 @@ STACKED_PARAMS = {
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         prefix = f"model.layers.{layer}.self_attn"
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
@@ -38,8 +38,7 @@ class DecoderAttention(nn.Module):
         self.head_dim = cfg.head_dim
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, cfg.quantization,
                                         prefix, ("o_proj",))
-        self.rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                          cfg.rope_scaling)
+        self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer],
@@ -73,9 +72,9 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(cfg, layer, backend)
+        self.self_attn = DecoderAttention(cfg, layer, backend, rotary_emb)
         self.mlp = DecoderMLP(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -94,7 +93,8 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: str) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend) for i in range(cfg.num_layers))
+        rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, rotary_emb) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):

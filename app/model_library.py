@@ -1,0 +1,203 @@
+"""The Models tab: every model on this machine in one list, with a "fits?" verdict for this machine.
+
+Rows come from local folders (the roots the user added, default ~/models; a root that is itself a
+model folder counts too) and the Hugging Face cache (`app.hf_cache`), each described from its
+config.json and safetensors headers only (`app.model_info`): size on disk, architecture, parameters,
+quantization, context. The verdict asks the capacity planner (`app.capacity.capacity_line`, the
+engine's own arithmetic) about the model's full context for a few layouts in order of preference —
+one card, all cards (tensor parallel), then each with an FP8 KV cache — and names the first that
+fits with its token capacity; the planner's full sentence is the cell's tooltip. Downloads in
+progress (started in the Engine tab) are rows too, and the list rescans when one ends. Double-click
+(or "Use this model") hands the folder to the Engine tab.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import QSettings, Qt, Signal
+from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
+
+from app.capacity import capacity_line
+from app.hf_cache import cached_models
+from app.model_info import ModelInfo, format_count, read_model_info
+from widgets.gpu_panel import format_bytes
+
+COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine")
+FITS_COLUMN = COLUMNS.index("Fits on this machine")
+FOLDERS_KEY = "library/folders"
+DEFAULT_ROOT = Path.home() / "models"
+_TOKENS_FIT = re.compile(r"([\d,]+) tokens fit")
+
+
+@dataclass
+class LibraryEntry:
+    name: str
+    source: str  # "folder" | "HF cache"
+    size_bytes: int
+    info: ModelInfo
+
+
+@dataclass(frozen=True)
+class Verdict:
+    fits: bool
+    short: str  # for the cell, e.g. "✔ one card · 412,000 tokens"
+    detail: str  # the planner's sentence for the chosen layout
+
+
+def quantization_of(config: dict) -> str:
+    quant = config.get("quantization_config")
+    if isinstance(quant, dict):
+        bits = quant.get("bits") or quant.get("weight_bits")
+        return f"{quant.get('quant_method', 'quantized')}" + (f" {bits}-bit" if bits else "")
+    return f"none ({config.get('torch_dtype', 'unknown')})"
+
+
+def folder_size(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def model_folders(root: Path) -> list[Path]:
+    """`root` itself when it is a model folder, else its direct subfolders that are."""
+    if (root / "config.json").is_file():
+        return [root]
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if (p / "config.json").is_file())
+
+
+def scan_library(roots: list[Path], cache_dir: str | Path | None = None) -> list[LibraryEntry]:
+    """Local model folders under `roots` and the hub cache's models; unreadable folders are skipped."""
+    entries: list[LibraryEntry] = []
+    seen: set[Path] = set()
+    for root in roots:
+        for folder in model_folders(root):
+            if folder.resolve() in seen:
+                continue
+            try:
+                entries.append(LibraryEntry(folder.name, "folder", folder_size(folder), read_model_info(folder)))
+                seen.add(folder.resolve())
+            except (OSError, ValueError, KeyError):
+                continue
+    for cached in cached_models(cache_dir):
+        try:
+            entries.append(LibraryEntry(cached.repo_id, "HF cache", cached.size_on_disk,
+                                        read_model_info(cached.snapshot)))
+        except (OSError, ValueError, KeyError):
+            continue
+    return entries
+
+
+def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int]) -> Verdict:
+    """The first layout that holds one full-context sequence, asked of the capacity planner."""
+    num_gpus = len(gpu_memory_bytes)
+    layouts = [(1, "auto", "one card" if num_gpus else "CPU")]
+    if num_gpus > 1:
+        layouts.append((num_gpus, "auto", f"TP {num_gpus} (all cards)"))
+    if num_gpus:
+        layouts.append((1, "fp8", "one card + FP8 KV"))
+    if num_gpus > 1:
+        layouts.append((num_gpus, "fp8", f"TP {num_gpus} + FP8 KV"))
+    line = ""
+    for tp, kv_dtype, name in layouts:
+        trial = {**values, "tensor_parallel_size": tp, "kv_cache_dtype": kv_dtype, "max_model_len": None}
+        line = capacity_line(config, trial, gpu_memory_bytes)
+        found = _TOKENS_FIT.search(line)
+        if found:
+            return Verdict(True, f"✔ {name} · {found.group(1)} tokens", line)
+    if line.startswith("Cannot plan"):
+        return Verdict(False, "? cannot plan", line)
+    return Verdict(False, "✘ full context does not fit", line)
+
+
+class ModelLibrary(QWidget):
+    model_chosen = Signal(str)  # a model folder
+
+    def __init__(self, settings: QSettings | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.settings = settings
+        self.entries: list[LibraryEntry] = []
+        self.values: dict[str, Any] = {}
+        self.gpu_memory: list[int] = []
+        self.downloads: dict[str, str] = {}  # repo id -> progress text
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.cellDoubleClicked.connect(lambda row, _col: self._choose(row))
+        self.summary = QLabel(wordWrap=True)
+        add = QPushButton("Add folder…", clicked=self._add_folder)
+        rescan = QPushButton("Rescan", clicked=self.refresh)
+        use = QPushButton("Use this model", clicked=lambda: self._choose(self.table.currentRow()))
+        buttons = QHBoxLayout()
+        for b in (add, rescan):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        buttons.addWidget(use)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(buttons)
+
+    def roots(self) -> list[Path]:
+        stored = self.settings.value(FOLDERS_KEY, []) if self.settings is not None else []
+        stored = [stored] if isinstance(stored, str) else list(stored or [])
+        return [DEFAULT_ROOT, *(Path(p) for p in stored)]
+
+    def refresh(self) -> None:
+        self.entries = scan_library(self.roots())
+        self._fill()
+
+    def set_machine(self, values: dict[str, Any], gpu_memory_bytes: list[int]) -> None:
+        """New settings or card sizes: the verdicts are recomputed (the scan is not repeated)."""
+        self.values, self.gpu_memory = dict(values), list(gpu_memory_bytes)
+        self._fill()
+
+    def show_download(self, repo_id: str, progress: str) -> None:
+        self.downloads[repo_id] = progress
+        self._fill()
+
+    def end_download(self, repo_id: str, message: str) -> None:
+        self.downloads.pop(repo_id, None)
+        self.refresh()
+
+    def _fill(self) -> None:
+        where = (f"{len(self.gpu_memory)} NVIDIA GPU(s), smallest {format_bytes(min(self.gpu_memory))}"
+                 if self.gpu_memory else "CPU only (no NVIDIA GPU found)")
+        self.summary.setText(f"{len(self.entries)} model(s) found · verdicts for this machine: {where}, "
+                             "each model at its full context length.")
+        self.table.setRowCount(len(self.entries) + len(self.downloads))
+        for row, (repo_id, progress) in enumerate(self.downloads.items(), start=len(self.entries)):
+            for col, text in enumerate((repo_id, "download", "", "", "", "", "", f"⬇ downloading {progress}")):
+                self.table.setItem(row, col, QTableWidgetItem(text))
+        for row, e in enumerate(self.entries):
+            info = e.info
+            verdict = fit_verdict(info.config, self.values, self.gpu_memory)
+            cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture,
+                     format_count(info.num_parameters) if info.num_parameters else "?",
+                     quantization_of(info.config), f"{info.context_length:,}" if info.context_length else "?",
+                     verdict.short)
+            for col, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                item.setData(Qt.ItemDataRole.UserRole, str(info.path))
+                if col == FITS_COLUMN:
+                    item.setToolTip(verdict.detail)
+                    item.setForeground(Qt.GlobalColor.darkGreen if verdict.fits else Qt.GlobalColor.darkRed)
+                self.table.setItem(row, col, item)
+
+    def _choose(self, row: int) -> None:
+        if 0 <= row < len(self.entries):
+            self.model_chosen.emit(str(self.entries[row].info.path))
+
+    def _add_folder(self) -> None:
+        folder = QFileDialog.getExistingDirectory(self, "Add a folder of models (or one model folder)")
+        if folder and self.settings is not None:
+            stored = [str(p) for p in self.roots()[1:]]
+            self.settings.setValue(FOLDERS_KEY, [*stored, folder])
+        if folder:
+            self.refresh()

@@ -1,0 +1,32 @@
+"""The status bar's chip: engine state as a coloured pill, with the served model and the live URL.
+
+One place decides the colours of the states, so the chip, the tray tooltip and the window title
+agree. The URL shown is the one the engine really serves on (never the form's wish).
+"""
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QLabel, QWidget
+
+STATE_COLORS = {"READY": "#3f8f4f", "STARTING": "#b7892a", "STOPPING": "#b7892a", "CRASHED": "#b8434f",
+                "STOPPED": "#6b7280"}
+
+
+def status_text(state: str, model: str, url: str) -> str:
+    """'READY · model · URL', leaving out what is not known."""
+    return " · ".join(part for part in (state, model, url) if part)
+
+
+class StatusChip(QLabel):
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("status-chip")
+        self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.state = ""
+
+    def set_status(self, state: str, model: str = "", url: str = "") -> None:
+        self.state = state
+        color = STATE_COLORS.get(state, STATE_COLORS["STOPPED"])
+        self.setText(f"● {status_text(state, model, url)}")
+        self.setStyleSheet(f"QLabel#status-chip {{ background: {color}; color: white; border-radius: 9px; "
+                           "padding: 2px 10px; font-weight: bold; }")

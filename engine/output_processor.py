@@ -1,0 +1,165 @@
+"""OutputProcessor: the output side of a step: new tokens appended, stop rules applied, RequestOutputs built.
+
+After the model runner's step it records what was scheduled (prompt tokens, first-scheduled time, prefix
+hits), registers the n outputs a request forks into, advances beam searches, and passes every new token
+through `append_token`, the one place a token joins a sequence (detokenized and stop-checked there). It
+never touches the scheduler or the KV cache: what the scheduler must do about the step (sequences that now
+share a parent's blocks, sequences that finished) goes back as a `StepOutcome` for
+`Scheduler.update_from_output`.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+from engine.sampler import SamplerOutput
+from engine.sampling_metadata import SamplingBatch
+from engine.scheduler import ScheduledSeq
+from engine.sequence import Request, Sequence, SequenceStatus
+
+
+@dataclass
+class StepPlan:
+    """One step's sampling: the runner's batch, the sequence behind each of its rows, forks to make."""
+
+    batch: SamplingBatch
+    targets: list[Sequence] = field(default_factory=list)  # batch.rows[i] appends to targets[i]
+    forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # parent, its new siblings
+    beams: list[Sequence] = field(default_factory=list)  # batch.beam_index[i] belongs to beams[i]
+
+
+@dataclass
+class StepOutcome:
+    """What a step changed that the scheduler must act on, and the requests with news for their callers."""
+
+    finished: list[Sequence] = field(default_factory=list)
+    forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # children share the parent's blocks
+    touched: dict[str, Request] = field(default_factory=dict)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, eos_token_ids: list[int], max_model_len: int, stats: EngineStats) -> None:
+        self.tokenizer, self.eos_token_ids, self.max_model_len, self.stats = tokenizer, eos_token_ids, \
+            max_model_len, stats
+
+    def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
+                now: float) -> None:
+        """Everything a finished forward means for the requests; `result` is the runner's ModelRunnerOutput."""
+        for item in scheduled:
+            self._record_scheduled(item, now)
+        for parent, children in plan.forks:
+            parent.request.seqs += children
+            outcome.forks.append((parent, children))
+        if plan.beams:
+            self._advance_beams(plan.beams, result, outcome)
+        if not plan.targets:
+            return
+        sampled: SamplerOutput = result.sampled
+        for i, seq in enumerate(plan.targets):
+            self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i], self._top_logprobs(seq, i, sampled))
+            metrics = seq.request.metrics
+            metrics.first_token_time = metrics.first_token_time or now
+            metrics.last_token_time = now
+            outcome.touched[seq.request.request_id] = seq.request
+            if seq.is_finished:
+                outcome.finished.append(seq)
+        self.stats.generation_tokens_total += len(plan.targets)
+
+    def _record_scheduled(self, item: ScheduledSeq, now: float) -> None:
+        """Statistics of a scheduled chunk (read before the scheduler counts it as computed)."""
+        seq, start = item.seq, item.seq.num_computed_tokens
+        self.stats.prompt_tokens_total += max(0, min(start + item.num_new_tokens, seq.num_prompt_tokens) - start)
+        request = seq.request
+        if request.metrics.first_scheduled_time is None:
+            request.metrics.first_scheduled_time = now
+            request.num_cached_tokens = start
+
+    def append_token(self, seq: Sequence, token: int, logprob: float, top: dict[int, Logprob] | None) -> None:
+        """Every generated token joins its sequence here, sampled or a beam's; sampled ones are then
+        detokenized and checked against the stop rules (beams are decoded once, at the end)."""
+        seq.append_token(token, logprob, top)
+        if seq.request.beam is None:
+            self._check_stop(seq, token, seq.detokenizer.add_token(token))
+
+    def _top_logprobs(self, seq: Sequence, i: int, result: SamplerOutput) -> dict[int, Logprob] | None:
+        if seq.logprobs is None:
+            return None
+        decode, k, token = self.tokenizer.decode, seq.params.logprobs, result.token_ids[i]
+        top = {token: Logprob(result.logprobs[i], result.ranks[i], decode([token]))}
+        for rank, (tid, lp) in enumerate(zip(result.top_ids[i][:k], result.top_logprobs[i][:k]), start=1):
+            top.setdefault(tid, Logprob(lp, rank, decode([tid])))
+        return top
+
+    def _advance_beams(self, beams: list[Sequence], result, outcome: StepOutcome) -> None:
+        """Record each beam's top next-token log-probs; once a request has all of them, its next beams fork
+        off the surviving parents and the old beams end."""
+        groups: dict[str, Request] = {}
+        for seq, logprobs, ids in zip(beams, result.beam_logprobs, result.beam_ids):
+            seq.request.beam.pending[seq.index] = (logprobs, ids)
+            groups[seq.request.request_id] = seq.request
+        for request in groups.values():
+            group = request.beam
+            if not group.ready():
+                continue
+            old, children = request.seqs, []
+            for index, cand in enumerate(group.advance([s.token_ids for s in old])):
+                parent = old[cand.parent]
+                child = Sequence(request, index, parent.token_ids, None)
+                self.append_token(child, cand.token, 0.0, None)
+                outcome.forks.append((parent, [child]))
+                children.append(child)
+            request.seqs = children
+            for seq in old:
+                seq.status = SequenceStatus.FINISHED
+            outcome.finished += old
+            self.stats.generation_tokens_total += len(request.seqs)
+            if group.done:
+                request.metrics.finished_time = time.time()
+                outcome.touched[request.request_id] = request
+
+    def _check_stop(self, seq: Sequence, token: int, new_text: str) -> None:
+        p = seq.params
+        n_out = seq.num_output_tokens
+        if n_out >= p.min_tokens:
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return self.finish(seq, "stop", token)
+            if token in p.stop_token_ids:
+                return self.finish(seq, "stop", token)
+            stop = seq.detokenizer.find_stop(len(new_text))
+            if stop is not None:
+                return self.finish(seq, "stop", stop)
+        if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len:
+            self.finish(seq, "length")
+
+    def finish(self, seq: Sequence, reason: str, stop_reason: int | str | None = None) -> None:
+        seq.status, seq.finish_reason, seq.stop_reason = SequenceStatus.FINISHED, reason, stop_reason
+        if reason == "length" or isinstance(stop_reason, int):
+            seq.detokenizer.flush()
+        if seq.request.finished:
+            seq.request.metrics.finished_time = time.time()
+
+    # ---- outputs -----------------------------------------------------------------------------------
+
+    def make_output(self, request: Request) -> RequestOutput:
+        if request.beam is not None:
+            return self._make_beam_output(request)
+        outputs = []
+        for seq in sorted(request.seqs, key=lambda s: s.index):
+            done = seq.is_finished
+            outputs.append(CompletionOutput(
+                index=seq.index, text=seq.detokenizer.visible_text(done), token_ids=seq.output_token_ids,
+                cumulative_logprob=seq.cumulative_logprob, logprobs=seq.logprobs,
+                finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
+                             request.finished, request.metrics, request.num_cached_tokens)
+
+    def _make_beam_output(self, request: Request) -> RequestOutput:
+        n, max_tokens = request.num_prompt_tokens, request.params.max_tokens
+        outputs = []
+        for i, (_, tokens, cum) in enumerate(request.beam.finished):
+            text = self.tokenizer.decode(tokens[n:], skip_special_tokens=True)
+            reason = "length" if len(tokens) - n >= max_tokens else "stop"
+            outputs.append(CompletionOutput(i, text, tokens[n:], cum, None, reason))
+        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, True,
+                             request.metrics, request.num_cached_tokens)

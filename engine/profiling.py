@@ -1,0 +1,67 @@
+"""The dummy step the KV sizing measures: the largest prefill batch the scheduler can form, and sampling.
+
+`profile_batch` lays `max_num_batched_tokens` dummy tokens out as prefill sequences of at most
+max_model_len tokens each (at most max_num_seqs of them), with block tables over a temporary cache just
+big enough for them, so the profiling forward runs the real attention path (K/V writes and the attention
+kernel with their workspaces) rather than skipping it. `profile_sampler` runs the real sampler at its
+widest: [max_num_seqs, vocab] float32 logits through all of its full-vocabulary temporaries.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.layers.attention import AttentionMetadata
+from engine.sampler import sample_on_device
+from engine.sampling_metadata import SamplingMetadata, SamplingRow, make_generator
+from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+
+
+@dataclass(slots=True)
+class ProfileBatch:
+    input_ids: np.ndarray  # [num_tokens] int64, all zero
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
+    seq_lens: np.ndarray  # [num_seqs] int32
+    num_blocks: int  # blocks the temporary KV cache needs
+
+    def metadata(self, device: torch.device) -> AttentionMetadata:
+        query_start = np.concatenate([[0], np.cumsum(self.seq_lens)]).astype(np.int32)
+        return AttentionMetadata(
+            slot_mapping=torch.from_numpy(self.slot_mapping).to(device),
+            block_tables=torch.from_numpy(self.block_tables).to(device),
+            seq_lens=torch.from_numpy(self.seq_lens).to(device),
+            query_start_loc=torch.from_numpy(query_start).to(device),
+            max_query_len=int(self.seq_lens.max()), max_seq_len=int(self.seq_lens.max()))
+
+
+def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> ProfileBatch:
+    """Prefills that fill the token budget: as few sequences as max_model_len allows, each on its own blocks."""
+    num_tokens = min(num_tokens, max_num_seqs * max_model_len)
+    num_seqs = -(-num_tokens // max_model_len)
+    seq_lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int32)
+    seq_lens[:num_tokens % num_seqs] += 1
+    blocks_per_seq = -(-seq_lens // block_size)
+    first_block = np.concatenate([[0], np.cumsum(blocks_per_seq)[:-1]])
+    tables = np.zeros((num_seqs, int(blocks_per_seq.max())), dtype=np.int32)
+    positions, slots = [], []
+    for i, n in enumerate(seq_lens):
+        tables[i, :blocks_per_seq[i]] = first_block[i] + np.arange(blocks_per_seq[i])
+        pos = np.arange(n, dtype=np.int64)
+        positions.append(pos)
+        slots.append(first_block[i] * block_size + pos)  # the sequence's blocks are consecutive
+    return ProfileBatch(np.zeros(num_tokens, dtype=np.int64), np.concatenate(positions), np.concatenate(slots),
+                        tables, seq_lens, int(blocks_per_seq.sum()))
+
+
+def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
+    """Run the real sampler once over `num_seqs` rows at its widest (temperature, top-k/top-p, penalties and
+    logprobs: every full-vocabulary temporary it makes), so its peak is in the measurement."""
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
+                            logprobs=MAX_LOGPROBS)
+    rows = [SamplingRow(params, [0], [0], None, []) for _ in range(num_seqs)]
+    logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
+    sample_on_device(logits, SamplingMetadata.build(rows, vocab_size, device), make_generator(0, device))

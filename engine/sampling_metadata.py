@@ -1,0 +1,130 @@
+"""Per-step sampling inputs: what the engine asks for (host side) and the same as batch tensors on the device.
+
+`SamplingBatch` is the engine's request to the model runner for one step: one `SamplingRow` per token to
+draw (with the logits row it reads, so the n outputs of a request fork off one row) and the logits rows of
+beam-search sequences, whose top log-probs are returned instead of a draw. `SamplingMetadata.build` turns
+the rows into tensors on the logits' device once per step (temperatures, filters, penalties, padded
+token ids, flat bias/mask indices), so the sampler never loops over the vocabulary in Python and never
+mixes host and device tensors. Seeded generators are made by `make_generator`, on the device they serve.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator on `device` (a CUDA generator for CUDA logits: a CPU one there is an error in torch)."""
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+@dataclass(slots=True)
+class SamplingRow:
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int]
+    generator: torch.Generator | None  # a seeded request's own; None: the engine's generator
+    eos_ids: list[int]
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """What to draw this step: `rows[i]` samples from logits row `logits_index[i]`."""
+
+    rows: list[SamplingRow] = field(default_factory=list)
+    logits_index: list[int] = field(default_factory=list)
+    beam_index: list[int] = field(default_factory=list)  # logits rows of beam-search sequences
+    beam_topk: int = 0  # how many top log-probs each beam row needs (2 x beam width)
+    generator: torch.Generator | None = None  # the engine's, on the logits' device: unseeded rows draw from it
+    bitmask: torch.Tensor | None = None  # structured outputs: packed int32 [len(rows), ceil(vocab / 32)], host side
+
+
+@dataclass
+class SamplingMetadata:
+    """One step's sampling parameters as device tensors. Work is done only on the rows that ask for it:
+    `sampled_rows` (not greedy), `filter_rows` (of those, the ones with top-k/top-p/min-p; an index into
+    the sampled rows) and `penalty_rows`; each parameter tensor is laid out over its subset. None: no row asks."""
+
+    num_rows: int
+    sampled_rows: torch.Tensor | None  # long [S]: rows that draw (None: all greedy)
+    temperature: torch.Tensor | None  # [S]
+    generators: list[torch.Generator | None]  # [S]: a seeded row's own; None: the engine's
+    filter_rows: torch.Tensor | None  # long [F], positions within the sampled rows
+    top_k: torch.Tensor | None  # long [F], vocab size where off
+    top_p: torch.Tensor | None  # [F], 2.0 where off: the mass above a token never reaches it
+    min_p: torch.Tensor | None  # [F], 0.0 where off
+    penalty_rows: torch.Tensor | None  # long [P]
+    repetition_penalty: torch.Tensor | None  # [P]
+    presence_penalty: torch.Tensor | None  # [P]
+    frequency_penalty: torch.Tensor | None  # [P]
+    prompt_ids: torch.Tensor | None  # long [P, longest prompt], padded with vocab_size
+    output_ids: torch.Tensor | None  # long [P, longest output], padded with vocab_size
+    bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows, token ids, values) of logit_bias
+    masked: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) set to -inf (min_tokens)
+    max_num_logprobs: int | None  # top-k width for logprobs; None: no row asks
+    # Structured outputs: packed allowed-token bits [num_rows, ceil(vocab / 32)] int32 (bit j of word w
+    # allows token 32 w + j; all ones for rows without a grammar), applied right after logit bias/min_tokens.
+    bitmask: torch.Tensor | None = None
+
+    @classmethod
+    def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
+        def tensor(values, dtype=torch.float32) -> torch.Tensor | None:
+            return torch.tensor(values, dtype=dtype, device=device) if values else None
+
+        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
+        sp = [rows[i].params for i in sampled]
+        filt = [j for j, p in enumerate(sp) if p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0]
+        fp = [sp[j] for j in filt]
+        pen = [i for i, r in enumerate(rows) if _penalized(r.params)]
+        pp = [rows[i].params for i in pen]
+        return cls(
+            num_rows=len(rows), sampled_rows=tensor(sampled, torch.long),
+            temperature=tensor([p.temperature for p in sp]), generators=[rows[i].generator for i in sampled],
+            filter_rows=tensor(filt, torch.long),
+            top_k=tensor([p.top_k if p.top_k > 0 else vocab_size for p in fp], torch.long),
+            top_p=tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in fp]), min_p=tensor([p.min_p for p in fp]),
+            penalty_rows=tensor(pen, torch.long), repetition_penalty=tensor([p.repetition_penalty for p in pp]),
+            presence_penalty=tensor([p.presence_penalty for p in pp]),
+            frequency_penalty=tensor([p.frequency_penalty for p in pp]),
+            prompt_ids=_padded([rows[i].prompt_ids for i in pen], vocab_size, device) if pen else None,
+            output_ids=_padded([rows[i].output_ids for i in pen], vocab_size, device) if pen else None,
+            bias=_bias(rows, device), masked=_masked(rows, device),
+            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None))
+
+
+def _penalized(p: SamplingParams) -> bool:
+    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
+
+
+def _padded(lists: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
+    """Ragged token id lists as one [rows, longest] tensor; `pad` (= vocab size) lands in a spare column."""
+    width = max((len(ids) for ids in lists), default=0)
+    out = torch.full((len(lists), max(width, 1)), pad, dtype=torch.long)
+    for i, ids in enumerate(lists):
+        out[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+    return out.to(device)
+
+
+def _bias(rows: list[SamplingRow], device: torch.device):
+    entries = [(i, t, v) for i, r in enumerate(rows) for t, v in (r.params.logit_bias or {}).items()]
+    if not entries:
+        return None
+    i, t, v = zip(*entries)
+    return (torch.tensor(i, device=device), torch.tensor(t, device=device),
+            torch.tensor(v, dtype=torch.float32, device=device))
+
+
+def _masked(rows: list[SamplingRow], device: torch.device):
+    """EOS and stop token ids of rows that have not reached min_tokens yet."""
+    entries = []
+    for i, r in enumerate(rows):
+        p = r.params
+        if len(r.output_ids) < p.min_tokens:
+            entries += [(i, t) for t in ([] if p.ignore_eos else r.eos_ids) + p.stop_token_ids]
+    if not entries:
+        return None
+    i, t = zip(*entries)
+    return torch.tensor(i, device=device), torch.tensor(t, device=device)

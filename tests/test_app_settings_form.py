@@ -1,0 +1,96 @@
+"""The settings form as a user meets it: the mouse wheel scrolls the form instead of editing unfocused
+combo and spin boxes; an "auto" number can always go back to auto; out-of-range values are reported
+rather than silently reverted; the memory setting shown is the one that applies (GPU utilization
+with cards, the KV cache budget on CPU); a tiny or too-long context is called out; basic settings on
+top with the rest under Advanced, and "use all GPUs" driving the tensor-parallel size."""
+import qt_helpers  # noqa: F401  (offscreen Qt, private data dir)
+
+from PySide6.QtCore import QPoint, QPointF, Qt
+from PySide6.QtGui import QWheelEvent
+from PySide6.QtWidgets import QApplication
+
+from app.settings import gui_flags
+from app.settings_form import SettingsForm
+
+
+def form(qtbot, num_gpus=0):
+    f = SettingsForm(gui_flags())
+    f.set_hardware(num_gpus)
+    qtbot.addWidget(f)
+    return f
+
+
+def wheel(widget, steps=-3):
+    event = QWheelEvent(QPointF(5, 5), QPointF(widget.mapToGlobal(QPoint(5, 5))), QPoint(), QPoint(0, 120 * steps),
+                        Qt.MouseButton.NoButton, Qt.KeyboardModifier.NoModifier, Qt.ScrollPhase.NoScrollPhase, False)
+    QApplication.sendEvent(widget, event)
+
+
+def test_wheel_does_not_edit_unfocused_editors(qtbot):
+    f = form(qtbot)
+    f.show_advanced.setChecked(True)
+    f.show()
+    qtbot.waitExposed(f)
+    combo, spin = f.editors["kv_cache_dtype"].input, f.editors["max_num_seqs"].input
+    wheel(combo)
+    wheel(spin)
+    assert f.values()["kv_cache_dtype"] == "auto" and f.values()["max_num_seqs"] == 256
+    spin.setFocus()
+    qtbot.waitUntil(spin.hasFocus)
+    wheel(spin, steps=1)
+    assert f.values()["max_num_seqs"] != 256  # a focused editor still takes the wheel
+
+
+def test_auto_numbers_can_return_to_auto(qtbot):
+    f = form(qtbot)
+    f.set_values({"max_model_len": 4096})
+    assert f.values()["max_model_len"] == 4096 and not f.editors["max_model_len"].auto.isChecked()
+    f.editors["max_model_len"].auto.setChecked(True)
+    assert f.values()["max_model_len"] is None and not f.editors["max_model_len"].input.isEnabled()
+
+
+def test_out_of_range_is_reported_not_reverted(qtbot):
+    f = form(qtbot, num_gpus=1)
+    f.editors["gpu_memory_utilization"].input.setValue(0.01)
+    assert f.values()["gpu_memory_utilization"] == 0.01
+    assert f.problems() == ["GPU memory utilization must be between 0.05 and 1; it is 0.01."]
+    assert f.problems_label.text() == f.problems()[0] and not f.problems_label.isHidden()
+
+
+def test_memory_setting_follows_the_hardware(qtbot):
+    cpu = form(qtbot, num_gpus=0)
+    assert not cpu.forms["cache"].isRowVisible(cpu.editors["gpu_memory_utilization"].widget)
+    assert cpu.forms["cache"].isRowVisible(cpu.editors["kv_cache_memory"].widget)
+    cpu.editors["gpu_memory_utilization"].input.setValue(0.01)
+    assert cpu.problems() == []  # a setting that does not apply here blocks nothing
+    gpu = form(qtbot, num_gpus=1)
+    assert gpu.forms["cache"].isRowVisible(gpu.editors["gpu_memory_utilization"].widget)
+    assert not gpu.forms["cache"].isRowVisible(gpu.editors["kv_cache_memory"].widget)
+
+
+def test_short_and_too_long_contexts_are_called_out(qtbot):
+    f = form(qtbot)
+    f.set_model_context(32768)
+    f.set_values({"max_model_len": 10})
+    assert "very short" in f.warnings()[0] and f.problems() == []
+    f.set_values({"max_model_len": 40000})
+    assert f.problems() == ["Context length 40,000 is longer than the model's 32,768 tokens."]
+
+
+def test_basic_and_advanced(qtbot):
+    f = form(qtbot, num_gpus=2)
+    f.show()
+    qtbot.waitExposed(f)
+    assert f.editors["max_model_len"].widget.isVisible() and f.editors["kv_cache_dtype"].widget.isVisible()
+    assert not f.editors["max_num_seqs"].widget.isVisible()
+    f.show_advanced.setChecked(True)
+    assert f.editors["max_num_seqs"].widget.isVisible()
+    assert f.use_all_gpus.isVisible()
+    f.use_all_gpus.setChecked(False)
+    assert f.values()["tensor_parallel_size"] == 1
+    f.use_all_gpus.setChecked(True)
+    assert f.values()["tensor_parallel_size"] == 2
+    f.set_values({"tensor_parallel_size": 1})
+    assert not f.use_all_gpus.isChecked()
+    one = form(qtbot, num_gpus=1)
+    assert not one.basic_form.isRowVisible(one.use_all_gpus)
