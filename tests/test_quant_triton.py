@@ -59,7 +59,8 @@ def packed_weight(k: int, n: int, bits, group: int, act_order: bool, gen: torch.
                 g_idx=None if g_idx is None else g_idx.to(torch.int32))
 
 
-@pytest.mark.parametrize("bits,group,act_order", WEIGHTS, ids=[f"w{b}-g{g}{'-act' if a else ''}" for b, g, a in WEIGHTS])
+@pytest.mark.parametrize("bits,group,act_order", WEIGHTS,
+                         ids=[f"w{b}-g{g}{'-act' if a else ''}" for b, g, a in WEIGHTS])
 @pytest.mark.parametrize("k,n", SHAPES, ids=[f"k{k}-n{n}" for k, n in SHAPES])
 @pytest.mark.parametrize("rows", [1, 3, 20])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])

@@ -5,8 +5,9 @@ codes, symmetric, v1 zero convention) and FP8 per-channel — and each serves th
 requests. The GPTQ engine runs twice: as shipped (weights stay packed, each linear dequantizes its matrix on
 every call) and with every layer's dequantized matrix cached once (float memory again), to show what
 per-call dequantization costs; `--forward-only` times single model forwards instead, interleaving the
-configurations so that other load on the machine hits them alike. Then the capacity planner's verdicts for Qwen2.5-32B-Instruct-AWQ on one
-24 GB card and Llama-3.3-70B-Instruct-AWQ on two, from their published configs (literal dicts).
+configurations so that other load on the machine hits them alike. Then the capacity planner's verdicts
+for Qwen2.5-32B-Instruct-AWQ on one 24 GB card and Llama-3.3-70B-Instruct-AWQ on two, from their
+published configs (literal dicts).
 """
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.forward_only:
         with tempfile.TemporaryDirectory() as tmp:
             base = make_random_llama(Path(tmp) / "float")
-            gptq, fp8 = write_quantized(base, Path(tmp) / "gptq", "gptq"), write_quantized(base, Path(tmp) / "fp8", "fp8")
+            gptq, fp8 = (write_quantized(base, Path(tmp) / m, m) for m in ("gptq", "fp8"))
             forward_times([("float32", base, False), ("GPTQ 4-bit per call", gptq, False),
                            ("GPTQ 4-bit cached", gptq, True), ("FP8 per call", fp8, False)], (1, 8, 32, 256), 15)
     elif not args.planner_only:
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
             base = make_random_llama(Path(tmp) / "float")
             requests = sharegpt_like(args.num_prompts, 8192, args.max_model_len, 0)
             out_tokens = sum(r.output_len for r in requests)
-            gptq, fp8 = write_quantized(base, Path(tmp) / "gptq", "gptq"), write_quantized(base, Path(tmp) / "fp8", "fp8")
+            gptq, fp8 = (write_quantized(base, Path(tmp) / m, m) for m in ("gptq", "fp8"))
             print(f"\n{args.num_prompts} requests, {out_tokens} output tokens; torch {torch.__version__}, "
                   f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
             print("| weights | seconds | output tok/s | weights in memory |")
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
                                        ("GPTQ 4-bit g128, dequantized once (cached)", gptq, True),
                                        ("FP8 per-channel, dequantize per call (default)", fp8, False)]:
                 seconds, weights = run(path, requests, args.max_model_len, cached)
-                print(f"| {name} | {seconds:.1f} | {out_tokens / seconds:.1f} | {weights / 2**20:.1f} MiB |", flush=True)
+                print(f"| {name} | {seconds:.1f} | {out_tokens / seconds:.1f} | {weights / 2**20:.1f} MiB |",
+                      flush=True)
     planner_verdicts()
 
 
