@@ -16,7 +16,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
-SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # Online serving's step budget, per device: a step's cost grows with its tokens and every running stream
@@ -60,7 +60,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("seed", int, 0, "Seed for requests that do not set their own", "engine", minimum=0),
     Flag("max_model_len", int, None, "Longest prompt + output, in tokens (default: model's context)", "engine",
          minimum=1),
-    Flag("quantization", str, None, "Weight quantization method", "engine", gui=False),
+    Flag("quantization", str, None, "Weight quantization method; the model folder's quantization_config decides, "
+         "this only confirms it", "engine", SUPPORTED_QUANTIZATION, gui=False),
     Flag("enforce_eager", bool, False, "Never capture CUDA graphs", "engine"),
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
@@ -166,10 +167,9 @@ class EngineConfig:
                 raise ValueError(f"{f.cli} must be >= {f.minimum}, got {value}")
             if f.maximum is not None and value > f.maximum:
                 raise ValueError(f"{f.cli} must be <= {f.maximum}, got {value}")
-        if self.quantization is not None and self.quantization not in SUPPORTED_QUANTIZATION:
-            raise ValueError(f"--quantization {self.quantization} is not supported yet "
-                             f"(supported: {list(SUPPORTED_QUANTIZATION) or 'none'}); "
-                             "use an unquantized model folder")
+        if self.quantization is not None:
+            from engine.quantization.config import check_folder_quantization
+            check_folder_quantization(self.model, self.quantization)
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 is not supported yet")
 

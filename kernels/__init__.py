@@ -1,7 +1,9 @@
 """Attention kernels over the paged KV cache: Triton for CUDA, plain torch for CPU and as the test oracle.
 
 `get_attention_backend(name)` returns the pair (write_kv_cache, paged_attention) of one backend; every
-backend takes the same arguments (see kernels/attention_torch.py for the layout). Imports nothing of ours.
+backend takes the same arguments (see kernels/attention_torch.py for the layout). Quantized linear layers
+have the same pairing: kernels/quant_torch.py (reference, CPU) and kernels/triton_quant_linear.py (CUDA).
+Imports nothing of ours.
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
-            "itl": "engine.bench.itl"}
+            "itl": "engine.bench.itl", "quant": "engine.bench.quant"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -20,6 +20,7 @@ class ServedModel:
     vocab_size: int
     supports_tools: bool
     created: int
+    quantization: str | None = None  # QuantConfig.describe() of the loaded checkpoint
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":
@@ -28,4 +29,10 @@ class ServedModel:
         return cls(name=name, root=str(llm_engine.config.model), tokenizer=tokenizer,
                    max_model_len=int(llm_engine.model_config.max_model_len),
                    vocab_size=int(llm_engine.model_config.vocab_size),
-                   supports_tools="tools" in str(template), created=int(time.time()))
+                   supports_tools="tools" in str(template), created=int(time.time()),
+                   quantization=quantization_name(llm_engine.model_config))
+
+
+def quantization_name(model_config: Any) -> str | None:
+    quant = getattr(model_config, "quantization", None)
+    return quant.describe() if quant is not None else None
