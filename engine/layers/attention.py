@@ -30,7 +30,6 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.sliding_window = sliding_window
-        self.backend = backend
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
         self.k_scale = self.v_scale = None
