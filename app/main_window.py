@@ -18,6 +18,8 @@ from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QIcon
 from PySide6.QtWidgets import (QApplication, QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
+from app.bench_store import BenchStore
+from app.benchmark_panel import BenchmarkPanel
 from app.capacity import capacity_line
 from app.chat_panel import ChatPanel
 from app.autostart import autostart_enabled, set_autostart
@@ -85,6 +87,8 @@ class MainWindow(QMainWindow):
         self.chat = ChatPanel(self.store, self.qsettings)
         self.monitor = MonitorPanel()
         self.endpoint = EndpointPanel()
+        self.bench_store = BenchStore(data_dir() / "benchmarks.sqlite3")
+        self.benchmark = BenchmarkPanel(self.bench_store)
         self.library = ModelLibrary(self.qsettings)
         self.state_label = StatusChip()
         self.port_banner = PortBanner()
@@ -94,6 +98,7 @@ class MainWindow(QMainWindow):
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.monitor, "Monitor")
         self.tabs.addTab(self.endpoint, "Endpoint")
+        self.tabs.addTab(self.benchmark, "Benchmark")
         self.tabs.addTab(DoctorPanel(), "Doctor")  # runs pagedesk-doctor when first shown
         central = QWidget()
         central_layout = QVBoxLayout(central)
@@ -233,6 +238,7 @@ class MainWindow(QMainWindow):
         self.stats.stop()
         self.chat.client.stop()
         self.chat.set_endpoint(None)
+        self.benchmark.runner.stop()
 
     def _choose_from_library(self, path: str) -> None:
         if self.model_picker.set_model_path(path):
@@ -257,6 +263,7 @@ class MainWindow(QMainWindow):
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
+            self.benchmark.set_endpoint(None)
             self.monitor.on_engine_stopped()
             self._update_endpoint()
         self._show_status()
@@ -276,6 +283,7 @@ class MainWindow(QMainWindow):
         api_key = self.settings_form.values().get("api_key")
         self.stats.start(base_url, api_key, self.stats_hz)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
+        self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
         self._update_endpoint(running=True)
         self.crash_box.setVisible(False)  # the previous failure is over
         self._show_status()
@@ -349,7 +357,9 @@ class MainWindow(QMainWindow):
         self.stats.wait_stopped()
         self.chat.client.wait_idle()
         self.nvml.stop()
+        self.benchmark.runner.wait()
         self.store.close()
+        self.bench_store.close()
         self.tray.hide()
 
     def quit_app(self) -> None:

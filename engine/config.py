@@ -16,8 +16,17 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
-SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
+OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
+# Online serving's step budget, per device: a step's cost grows with its tokens and every running stream
+# waits for the whole step, so the budget bounds how long an arriving prompt stalls the streams' next
+# token. On CUDA a 2048-token step costs about a decode step (vLLM's serving default). On CPU a prefill
+# token costs about as much as a decode row, so only small chunks keep ITL p99 within 3x the median:
+# measured 2.9x at 64 tokens, 3.8x at 96, 5.5x at 128, 7.9x at 256, 9.2x without chunking (BENCHMARKS.md,
+# "pagedesk-bench itl"). Decodes share the budget, so more than 64 concurrent CPU streams want a larger
+# --max-num-batched-tokens. Offline `LLM` keeps 8192 (throughput, no streams to stall).
+SERVING_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 64}
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,7 +60,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("seed", int, 0, "Seed for requests that do not set their own", "engine", minimum=0),
     Flag("max_model_len", int, None, "Longest prompt + output, in tokens (default: model's context)", "engine",
          minimum=1),
-    Flag("quantization", str, None, "Weight quantization method", "engine", gui=False),
+    Flag("quantization", str, None, "Weight quantization method; the model folder's quantization_config decides, "
+         "this only confirms it", "engine", SUPPORTED_QUANTIZATION, gui=False),
     Flag("enforce_eager", bool, False, "Never capture CUDA graphs", "engine"),
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
@@ -66,8 +76,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enable_prefix_caching", bool, True, "Reuse KV blocks of shared prompt prefixes", "cache",
          negatable=True),
     Flag("max_num_seqs", int, 256, "Most sequences in one step", "scheduler", minimum=1),
-    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default 8192, or max_model_len "
-         "without chunked prefill)", "scheduler", minimum=1),
+    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default: serving 64 on CPU, 2048 "
+         "on CUDA; offline 8192; at least max_model_len without chunked prefill)", "scheduler", minimum=1),
     Flag("enable_chunked_prefill", bool, True, "Split long prompts over steps while decodes continue",
          "scheduler", negatable=True),
     Flag("tensor_parallel_size", int, 1, "Split the model over this many GPUs", "parallel", minimum=1),
@@ -141,6 +151,7 @@ class EngineConfig:
     api_key: str | None = None
     allowed_hosts: str | None = None
     step_timeout: float | None = None
+    serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
     extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -163,10 +174,9 @@ class EngineConfig:
                 raise ValueError(f"{f.cli} must be >= {f.minimum}, got {value}")
             if f.maximum is not None and value > f.maximum:
                 raise ValueError(f"{f.cli} must be <= {f.maximum}, got {value}")
-        if self.quantization is not None and self.quantization not in SUPPORTED_QUANTIZATION:
-            raise ValueError(f"--quantization {self.quantization} is not supported yet "
-                             f"(supported: {list(SUPPORTED_QUANTIZATION) or 'none'}); "
-                             "use an unquantized model folder")
+        if self.quantization is not None:
+            from engine.quantization.config import check_folder_quantization
+            check_folder_quantization(self.model, self.quantization)
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 is not supported yet")
         if self.api_key is not None and not self.api_key.strip():
@@ -176,7 +186,7 @@ class EngineConfig:
             raise ValueError("--api-key has leading or trailing whitespace, which clients cannot send in a "
                              "header; remove it")
 
-    def resolve_max_num_batched_tokens(self, max_model_len: int) -> int:
+    def resolve_max_num_batched_tokens(self, max_model_len: int, device_type: str = "cpu") -> int:
         if self.max_num_batched_tokens is not None:
             if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
                 raise ValueError(
@@ -184,4 +194,8 @@ class EngineConfig:
                     f"({max_model_len}) with chunked prefill off, so long prompts could never run; raise it, "
                     "lower --max-model-len or turn on --enable-chunked-prefill")
             return self.max_num_batched_tokens
-        return 8192 if self.enable_chunked_prefill else max(8192, max_model_len)
+        if not self.enable_chunked_prefill:
+            return max(OFFLINE_MAX_NUM_BATCHED_TOKENS, max_model_len)
+        if self.serving:
+            return SERVING_MAX_NUM_BATCHED_TOKENS.get(device_type, OFFLINE_MAX_NUM_BATCHED_TOKENS)
+        return OFFLINE_MAX_NUM_BATCHED_TOKENS

@@ -38,7 +38,8 @@ class LLMEngine:
         config.validate()
         self.config = config
         self.model_path = resolve_model_path(config.model, config.revision)
-        self.model_config = ModelConfig.from_folder(self.model_path).with_max_model_len(config.max_model_len)
+        self.model_config = ModelConfig.from_folder(self.model_path, config.quantization) \
+            .with_max_model_len(config.max_model_len)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, config.trust_remote_code)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
@@ -51,7 +52,7 @@ class LLMEngine:
                                       config.block_size, backend, config.tensor_parallel_size)
         try:
             max_len = self.model_config.max_model_len
-            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
+            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len, self.device.type)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 import torch
@@ -168,31 +169,32 @@ class ModelRunner:
             cache[:, :, dst] = cache[:, :, src]
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
-        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token."""
+        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
+
+        One Python pass collects each sequence's numbers; positions, slots and offsets are numpy over the batch."""
         bs = self.block_size
-        input_ids, positions, slots = [], [], []
-        seq_lens, query_start, logits_rows = [], [0], []
-        max_blocks = max(len(s.seq.block_table) for s in batch)
-        tables = np.zeros((len(batch), max_blocks), dtype=np.int32)
-        for i, item in enumerate(batch):
-            seq, start = item.seq, item.seq.num_computed_tokens
-            end = start + item.num_new_tokens
-            ids = [b.block_id for b in seq.block_table]
-            tables[i, :len(ids)] = ids
-            input_ids.extend(seq.token_ids[start:end])
-            pos = np.arange(start, end)
-            positions.append(pos)
-            slots.append(tables[i, pos // bs].astype(np.int64) * bs + pos % bs)
-            seq_lens.append(end)
-            query_start.append(query_start[-1] + item.num_new_tokens)
-            if item.samples:
-                logits_rows.append(query_start[-1] - 1)
+        num_new = np.fromiter((item.num_new_tokens for item in batch), np.int64, len(batch))
+        computed = np.fromiter((item.seq.num_computed_tokens for item in batch), np.int64, len(batch))
+        samples = np.fromiter((item.samples for item in batch), bool, len(batch))
+        block_ids = [[b.block_id for b in item.seq.block_table] for item in batch]
+        table_lens = np.fromiter(map(len, block_ids), np.int64, len(batch))
+        tables = np.zeros((len(batch), int(table_lens.max())), dtype=np.int32)
+        tables[np.arange(tables.shape[1]) < table_lens[:, None]] = np.fromiter(chain.from_iterable(block_ids),
+                                                                               np.int32, int(table_lens.sum()))
+        query_start = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(num_new, out=query_start[1:])
+        num_tokens = int(query_start[-1])
+        owner = np.repeat(np.arange(len(batch)), num_new)  # which sequence each token row belongs to
+        positions = np.arange(num_tokens) - np.repeat(query_start[:-1] - computed, num_new)
+        slots = tables[owner, positions // bs].astype(np.int64) * bs + positions % bs
+        input_ids = np.fromiter(chain.from_iterable(
+            item.seq.token_ids[item.seq.num_computed_tokens:item.seq.num_computed_tokens + item.num_new_tokens]
+            for item in batch), np.int64, num_tokens)
+        seq_lens = (computed + num_new).astype(np.int32)
         return StepInputs(
-            input_ids=np.asarray(input_ids, dtype=np.int64), positions=np.concatenate(positions),
-            slot_mapping=np.concatenate(slots), block_tables=tables,
-            seq_lens=np.asarray(seq_lens, dtype=np.int32), query_start_loc=np.asarray(query_start, dtype=np.int32),
-            logits_rows=logits_rows, max_query_len=max(b.num_new_tokens for b in batch),
-            max_seq_len=max(seq_lens), block_copies=list(block_copies))
+            input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
+            query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
+            max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies))
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:

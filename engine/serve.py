@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_config(argv: list[str] | None = None) -> EngineConfig:
     """Parse and validate flags; raises SystemExit(2) (argparse) or ValueError with a one-line reason."""
     args = build_parser().parse_args(argv)
-    config = EngineConfig.from_kwargs(**vars(args))
+    config = EngineConfig.from_kwargs(**vars(args), serving=True)
     if not config.model:
         raise ValueError("--model is required: a Hugging Face model folder or hub repo id")
     config.validate()

@@ -82,10 +82,20 @@ def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if decode:
         _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
                       k_scale, v_scale, group, out)
-    for i, q_len in enumerate(query_lens):
+    prefill_attention_torch(query, k_cache, v_cache, block_tables, lens, starts, scale, sliding_window, k_scale,
+                            v_scale, out)
+    return out
+
+
+def prefill_attention_torch(query, k_cache, v_cache, block_tables, lens: list[int], starts: list[int], scale: float,
+                            sliding_window, k_scale, v_scale, out: torch.Tensor) -> None:
+    """Into `out`: every sequence with more than one new token (a prefill chunk), one SDPA call each over its
+    gathered context (the gather is paid once per chunk, not once per generated token)."""
+    group = query.shape[1] // k_cache.shape[2]
+    for i, seq_len in enumerate(lens):
+        start, q_len = starts[i], starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
-        seq_len, start = lens[i], starts[i]
         k = dequantize(gather_kv(k_cache, block_tables[i], seq_len), k_scale, query.dtype)
         v = dequantize(gather_kv(v_cache, block_tables[i], seq_len), v_scale, query.dtype)
         q = query[start:start + q_len]
@@ -94,7 +104,6 @@ def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
             enable_gqa=group > 1)
         out[start:start + q_len] = o.transpose(0, 1)
-    return out
 
 
 def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:

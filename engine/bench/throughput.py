@@ -10,23 +10,65 @@ import argparse
 import platform
 import tempfile
 import time
+from collections import defaultdict
 from pathlib import Path
+from statistics import median
 
 import torch
 
 from engine.bench.workload import BenchRequest, make_random_llama, sharegpt_like
 
 
-def run_engine(path: Path, requests: list[BenchRequest], max_model_len: int, **engine_kwargs) -> float:
+def run_engine(path: Path, requests: list[BenchRequest], max_model_len: int,
+               **engine_kwargs) -> tuple[float, dict[int, list[float]]]:
+    """Wall time, and per batch size the engine's overhead share of each step: everything but `runner.run`
+    (block copies, model, logits and the on-device sampling kernel) — scheduling, input preparation,
+    per-step sampling tensors, appending tokens, detokenizing, stop checks and outputs."""
     from engine import LLM, SamplingParams
 
     llm = LLM(str(path), device="cpu", max_model_len=max_model_len, **engine_kwargs)
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+    overhead = _profile_steps(llm.engine)
     start = time.perf_counter()
     outs = llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     assert [len(o.outputs[0].token_ids) for o in outs] == [r.output_len for r in requests]
-    return elapsed
+    return elapsed, overhead
+
+
+def _profile_steps(engine) -> dict[int, list[float]]:
+    """Wrap the engine's step and its runner's forward with timers (instance attributes; nothing else changes)."""
+    shares: dict[int, list[float]] = defaultdict(list)
+    forward = [0.0]
+    run, step = engine.runner.run, engine.step
+
+    def timed_run(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            forward[0] += time.perf_counter() - t
+
+    def timed_step():
+        forward[0] = 0.0
+        batch = len(engine.scheduler.running) + len(engine.scheduler.waiting)
+        t = time.perf_counter()
+        result = step()
+        total = time.perf_counter() - t
+        shares[batch].append((total - forward[0]) / total)
+        return result
+
+    engine.runner.run, engine.step = timed_run, timed_step
+    return shares
+
+
+def overhead_line(shares: dict[int, list[float]], batch: int) -> str:
+    """Median overhead share over steps that started with `batch` (or more) sequences, and over all steps."""
+    at_batch = [x for size, xs in shares.items() if size >= batch for x in xs]
+    everything = [x for xs in shares.values() for x in xs]
+    return (f"engine overhead (step time outside the forward): median {100 * median(at_batch):.1f}% over "
+            f"{len(at_batch)} steps with {batch} sequences, {100 * median(everything):.1f}% over all "
+            f"{len(everything)} steps")
 
 
 def run_hf_static(path: Path, requests: list[BenchRequest], batch_size: int) -> float:
@@ -79,14 +121,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--skip-hf", action="store_true", help="time only our engine")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--reference-attention", action="store_true",
+                        help="CPU attention by the torch oracle (gather + SDPA) instead of the numba kernel")
     args = parser.parse_args(argv)
+    if args.reference_attention:
+        import kernels.attention_cpu
+        from kernels.attention_torch import paged_attention_torch
+        kernels.attention_cpu.paged_attention_cpu = paged_attention_torch  # looked up when the model is built
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or make_random_llama(Path(tmp) / "bench-llama")
         from transformers import AutoConfig
         vocab = AutoConfig.from_pretrained(path).vocab_size
         requests = sharegpt_like(args.num_prompts, vocab, args.max_model_len, args.seed)
         out_tokens = sum(r.output_len for r in requests)
-        rows = [("pagedesk (paged, continuous)", run_engine(path, requests, args.max_model_len))]
+        elapsed, overhead = run_engine(path, requests, args.max_model_len)
+        rows = [("pagedesk (paged, continuous)", elapsed)]
         if not args.skip_hf:
             rows.append((f"HF generate, static batches of {args.hf_batch_size}",
                          run_hf_static(path, requests, args.hf_batch_size)))
@@ -100,3 +149,4 @@ def main(argv: list[str] | None = None) -> None:
     for name, seconds in rows:
         tps = out_tokens / seconds
         print(f"| {name} | {seconds:.1f} | {tps:.1f} | {ours / tps:.2f}× |")
+    print("\n" + overhead_line(overhead, args.num_prompts))

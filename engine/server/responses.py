@@ -107,6 +107,7 @@ class ModelCard(BaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    quantization: str | None = None  # e.g. "awq 4-bit g128 asym"; None for float weights
 
 
 class ModelList(BaseModel):

@@ -41,7 +41,8 @@ async def list_models(ctx: ServerContext = Depends(get_context)) -> ModelList:
     engine = ctx.async_engine
     if engine.ready:
         model = ctx.served_model()
-        card = ModelCard(id=model.name, created=model.created, root=model.root, max_model_len=model.max_model_len)
+        card = ModelCard(id=model.name, created=model.created, root=model.root, max_model_len=model.max_model_len,
+                         quantization=model.quantization)
     else:
         card = ModelCard(id=ctx.served_name, created=0, root=str(engine.config.model))
     return ModelList(data=[card])

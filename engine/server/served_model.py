@@ -24,6 +24,7 @@ class ServedModel:
     created: int
     text_tokenizer: Any = None
     special_token_texts: tuple[str, ...] = field(default_factory=tuple)
+    quantization: str | None = None  # QuantConfig.describe() of the loaded checkpoint
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":
@@ -33,7 +34,13 @@ class ServedModel:
                    max_model_len=int(llm_engine.model_config.max_model_len),
                    vocab_size=int(llm_engine.model_config.vocab_size),
                    supports_tools="tools" in str(template), created=int(time.time()),
+                   quantization=quantization_name(llm_engine.model_config),
                    text_tokenizer=plain_text_tokenizer(tokenizer), special_token_texts=special_texts(tokenizer))
+
+
+def quantization_name(model_config: Any) -> str | None:
+    quant = getattr(model_config, "quantization", None)
+    return quant.describe() if quant is not None else None
 
 
 def plain_text_tokenizer(tokenizer: Any) -> Any:

@@ -1,0 +1,96 @@
+"""`pagedesk-bench itl`: inter-token latency of running streams while prompts arrive, per step budget.
+
+Replays one Poisson arrival trace (10% long prompts by default) through the real engine in-process on a
+simulated clock that advances by each step's measured CPU time (`time.process_time`; one thread by
+default, so the clock counts work and not threads spinning while others are descheduled), so the figures
+say what a step budget does to ITL without the noise of other programs on a shared machine (wall-clock
+figures come from `pagedesk-bench serve` against a server). A stream's ITL is the clock
+between its successive tokens; TTFT runs from its arrival. The maximum request rate is measured first
+(everything arriving at once); the trace then runs at `--load` × that rate for each configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from engine.bench.serve_dataset import synthetic_requests
+from engine.bench.serve_load import arrival_times
+from engine.bench.workload import make_random_llama
+
+
+def replay(path: Path, requests, offsets: np.ndarray, max_model_len: int, **engine_kwargs) -> dict:
+    """Run the trace; return per-stream ITLs and TTFTs (seconds of engine CPU time) and the makespan."""
+    from engine import SamplingParams
+    from engine.config import EngineConfig
+    from engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig.from_kwargs(model=str(path), device="cpu", max_model_len=max_model_len,
+                                                **engine_kwargs))
+    clock, sent, last, itls, ttfts = 0.0, 0, {}, [], []
+    while sent < len(requests) or engine.has_unfinished_requests():
+        if not engine.has_unfinished_requests() and offsets[sent] > clock:
+            clock = float(offsets[sent])  # idle until the next arrival
+        while sent < len(requests) and offsets[sent] <= clock:
+            r = requests[sent]
+            engine.add_request(str(sent), r.prompt, SamplingParams(temperature=0, max_tokens=r.output_len,
+                                                                   ignore_eos=True))
+            sent += 1
+        start = time.process_time()
+        outputs = engine.step()
+        clock += time.process_time() - start
+        for out in outputs:
+            n = len(out.outputs[0].token_ids)
+            if n == 1:
+                ttfts.append(clock - offsets[int(out.request_id)])
+            elif n > 1 and out.request_id in last:
+                itls.append(clock - last[out.request_id])
+            last[out.request_id] = clock
+    engine.shutdown()
+    return {"itl": np.array(itls), "ttft": np.array(ttfts), "makespan": clock}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="pagedesk-bench itl", description=__doc__)
+    p.add_argument("--num-prompts", type=int, default=40)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--long-prompt-fraction", type=float, default=0.1)
+    p.add_argument("--load", type=float, default=0.7, help="share of the measured maximum request rate")
+    p.add_argument("--budgets", default="off,8192,512,256,128",
+                   help="step budgets to compare; off = chunked prefill off")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch and numba threads (1: the CPU-time clock then "
+                   "counts work only; with more, a thread spinning at a barrier while its peer is descheduled "
+                   "by other programs is counted too)")
+    args = p.parse_args(argv)
+    import numba
+    import torch
+    torch.set_num_threads(args.threads)
+    numba.set_num_threads(min(args.threads, numba.config.NUMBA_NUM_THREADS))
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_random_llama(Path(tmp) / "bench-llama")
+        requests = synthetic_requests(args.num_prompts, 8192, args.max_model_len, args.seed,
+                                      long_fraction=args.long_prompt_fraction, long_range=(1024, 1900),
+                                      fixed_output_len=args.output_len)
+        burst = replay(path, requests, np.zeros(len(requests)), args.max_model_len)
+        max_rate = len(requests) / burst["makespan"]
+        rate = args.load * max_rate
+        offsets = arrival_times(len(requests), rate, args.seed)
+        print(f"\n{args.threads} thread(s); {len(requests)} requests ({args.long_prompt_fraction:.0%} with "
+              f"1024-1900-token prompts), {args.output_len} output tokens; max rate {max_rate:.3f} req/s of "
+              f"engine CPU time; trace at {rate:.3f} req/s ({args.load:.0%})\n")
+        print("| chunked prefill, step budget | ITL p50 ms | ITL p90 ms | ITL p99 ms | ITL p99 / p50 | TTFT p50 ms "
+              "| TTFT p99 ms | makespan s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
+        for budget in args.budgets.split(","):
+            kwargs = ({"enable_chunked_prefill": False} if budget == "off" else
+                      {"max_num_batched_tokens": int(budget)})
+            r = replay(path, requests, offsets, args.max_model_len, **kwargs)
+            i50, i90, i99 = np.percentile(r["itl"], (50, 90, 99)) * 1e3
+            t50, t99 = np.percentile(r["ttft"], (50, 99)) * 1e3
+            label = "off (whole prompts)" if budget == "off" else f"on, {budget}"
+            print(f"| {label} | {i50:.0f} | {i90:.0f} | {i99:.0f} | {i99 / i50:.1f}× | {t50:.0f} | {t99:.0f} | "
+                  f"{r['makespan']:.1f} |", flush=True)

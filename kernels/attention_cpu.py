@@ -1,0 +1,105 @@
+"""Compiled CPU decode attention that reads K/V in place from the block pool (numba, parallel over
+sequences × KV heads): no per-step gather of every sequence's context, no padding.
+
+Same signature and results (to float tolerance) as `kernels.attention_torch.paged_attention_torch`, which
+stays the oracle. One-token queries (decodes) run here; prefill chunks keep the torch path (one SDPA call
+per chunk, where the gather is paid once per chunk). Caches numba cannot read (FP8, bfloat16) and
+non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
+(BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change.
+Imports nothing of ours outside kernels/.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numba
+import numpy as np
+import torch
+
+from kernels.attention_torch import paged_attention_torch, prefill_attention_torch
+
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    # numba's own thread pool: its OpenMP layer would start a second libgomp runtime beside torch's, and
+    # two OpenMP pools spin-waiting against each other on few cores slow both.
+    numba.config.THREADING_LAYER = "workqueue"
+
+
+@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale, window, out):  # pragma: no cover
+    """out[rows[s], h] = softmax(q·Kᵀ·scale) V over the last min(seq_len, window) tokens of sequence s.
+
+    Two passes per (sequence, KV head): scores for the whole group of query heads sharing the KV head
+    (each K row is read once for the group), then the weighted sum of V rows."""
+    num_seqs = rows.shape[0]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    group = query.shape[1] // num_kv_heads
+    for work in numba.prange(num_seqs * num_kv_heads):
+        s, kvh = work // num_kv_heads, work % num_kv_heads
+        row, seq_len = rows[s], seq_lens[s]
+        first = max(0, seq_len - window)
+        n = seq_len - first
+        scores = np.empty((group, n), dtype=np.float32)
+        for t in range(n):
+            pos = first + t
+            blk, off = block_tables[s, pos // block_size], pos % block_size
+            for g in range(group):
+                acc = np.float32(0.0)
+                for d in range(head_dim):
+                    acc += query[row, kvh * group + g, d] * k_cache[blk, off, kvh, d]
+                scores[g, t] = acc * scale
+        for g in range(group):
+            m = scores[g].max()
+            total = np.float32(0.0)
+            for t in range(n):
+                e = np.exp(scores[g, t] - m)
+                scores[g, t] = e
+                total += e
+            inv = np.float32(1.0) / total
+            for t in range(n):
+                scores[g, t] *= inv
+        acc_out = np.zeros((group, head_dim), dtype=np.float32)
+        for t in range(n):
+            pos = first + t
+            blk, off = block_tables[s, pos // block_size], pos % block_size
+            for g in range(group):
+                p = scores[g, t]
+                for d in range(head_dim):
+                    acc_out[g, d] += p * v_cache[blk, off, kvh, d]
+        for g in range(group):
+            for d in range(head_dim):
+                out[row, kvh * group + g, d] = acc_out[g, d]
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    return query.device.type == "cpu" and query.dtype == torch.float32 and k_cache.dtype == torch.float32
+
+
+def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                        block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                        scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
+    if not supports(query, k_cache):
+        return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
+                                     sliding_window, k_scale, v_scale)
+    out = torch.empty_like(query)
+    starts_np = query_start_loc.numpy()
+    query_lens = np.diff(starts_np)
+    decode = np.flatnonzero(query_lens == 1)
+    if decode.size:
+        window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
+        _decode_kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(),
+                       block_tables.numpy()[decode], seq_lens.numpy()[decode].astype(np.int64),
+                       starts_np[decode].astype(np.int64), np.float32(scale), window, out.numpy())
+    if decode.size < len(query_lens):
+        prefill_attention_torch(query, k_cache, v_cache, block_tables, seq_lens.tolist(), starts_np.tolist(),
+                                scale, sliding_window, k_scale, v_scale, out)
+    return out
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's cache) once, so the first real step does not pay for it."""
+    q = torch.zeros(1, 1, 4)
+    cache = torch.zeros(1, 1, 1, 4)
+    paged_attention_cpu(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
+                        torch.tensor([0, 1], dtype=torch.int32), 1.0)
+    assert math.isfinite(float(q.sum()))

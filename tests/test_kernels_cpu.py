@@ -1,0 +1,55 @@
+"""The compiled CPU attention (kernels/attention_cpu.py) against the torch oracle it replaces on CPU.
+
+Batches from kernels/paged_batch.py (shuffled blocks, NaN in every slot no sequence owns, so reading
+outside a sequence's blocks shows up as NaN). Decodes go through the numba kernel, prefill chunks through
+the torch path; caches numba cannot read fall back to the oracle whole.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.attention_cpu import paged_attention_cpu
+from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch
+from kernels.paged_batch import make_paged_batch
+
+MIXED = ([1, 7, 1, 1, 20, 1], [1, 30, 45, 17, 33, 64])  # decode at position 0, decodes across blocks, chunks
+
+
+def both(batch, scale=0.125, sliding_window=None):
+    write_kv_cache_torch(batch.new_key, batch.new_value, batch.k_cache, batch.v_cache, batch.slot_mapping,
+                         batch.k_scale, batch.v_scale)
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            scale, sliding_window, batch.k_scale, batch.v_scale)
+    return paged_attention_cpu(*args), paged_attention_torch(*args)
+
+
+@pytest.mark.parametrize("group", [1, 3])
+@pytest.mark.parametrize("sliding_window", [None, 11])
+@pytest.mark.parametrize("block_size", [16, 8])
+def test_compiled_matches_oracle(group, sliding_window, block_size):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=group, head_dim=32, block_size=block_size)
+    got, expected = both(batch, sliding_window=sliding_window)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_decode_only_batch_under_inference_mode():
+    batch = make_paged_batch([1] * 9, [3, 200, 16, 17, 1, 64, 5, 90, 33], num_kv_heads=4, group=2, head_dim=64)
+    with torch.inference_mode():
+        got, expected = both(batch)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_non_contiguous_query_is_read_correctly():
+    batch = make_paged_batch([1, 1], [20, 40], num_kv_heads=2, group=2, head_dim=16)
+    batch.query = torch.cat([batch.query, batch.query], dim=-1)[..., ::2]  # a strided view, as after a split
+    got, expected = both(batch)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float16, None), (torch.float32, torch.float8_e4m3fn)])
+def test_unsupported_dtypes_fall_back_to_the_oracle(dtype, cache_dtype):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=2, head_dim=16, dtype=dtype, cache_dtype=cache_dtype)
+    got, expected = both(batch)
+    torch.testing.assert_close(got, expected, atol=0, rtol=0)
