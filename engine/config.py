@@ -85,6 +85,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("host", str, "127.0.0.1", "Address to bind; 0.0.0.0 exposes the server to your network", "server"),
     Flag("port", int, 8000, "Port to serve on", "server", minimum=1, maximum=65535),
     Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
+    Flag("allowed_hosts", str, None, "Comma-separated Host names the server answers (default: localhost names "
+         "and --host; '*' answers any, e.g. behind a proxy)", "server", gui=False),
+    Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
+         "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
+         "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -144,6 +149,8 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    allowed_hosts: str | None = None
+    step_timeout: float | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -172,6 +179,12 @@ class EngineConfig:
             check_folder_quantization(self.model, self.quantization)
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 is not supported yet")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key is empty or blank, which no client could send; give a real key, or leave "
+                             "the flag out to serve without one")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ValueError("--api-key has leading or trailing whitespace, which clients cannot send in a "
+                             "header; remove it")
 
     def resolve_max_num_batched_tokens(self, max_model_len: int, device_type: str = "cpu") -> int:
         if self.max_num_batched_tokens is not None:

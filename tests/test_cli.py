@@ -198,3 +198,21 @@ def test_serve_exits_4_when_a_tensor_parallel_worker_dies(llama_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_empty_or_blank_api_key_is_a_config_error(key, capsys):
+    assert serve.main(["--model", "m", "--api-key", key]) == serve.EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err.strip()
+    assert "--api-key is empty or blank" in err and len(err.splitlines()) == 1
+
+
+def test_taken_port_exits_2_before_loading_the_model(llama_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_serve("--model", str(llama_dir), "--device", "cpu", "--port", str(port), timeout=60)
+    assert r.returncode == serve.EXIT_CONFIG_ERROR
+    assert f"cannot serve on 127.0.0.1:{port}" in r.stderr and "port in use" in r.stderr
+    assert "Loading" not in r.stdout and "Traceback" not in r.stderr  # nothing was loaded

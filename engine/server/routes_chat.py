@@ -6,7 +6,6 @@ Tool definitions are passed to templates that support them; tool calls are retur
 """
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -21,13 +20,14 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs
-from engine.server.prompts import chat_prompt, resolve_max_tokens
+from engine.server.prompts import chat_prompt, message_chars, resolve_max_tokens
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                                      ChatLogprobs, ChatMessageOut, DeltaMessage, Usage)
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
-from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
+from engine.server.tokenize_pool import off_loop
 
 router = APIRouter()
 
@@ -46,13 +46,13 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
 async def create_chat_completion(req: ChatCompletionRequest, request: Request,
                                  ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
     model = ctx.model_for(req.model)
     logprobs = _check_supported(req)
-    prompt = await asyncio.to_thread(chat_prompt, model, req.messages, req.tools, req.add_generation_prompt,
-                                     req.continue_final_message)
+    prompt = await off_loop(message_chars(req.messages), chat_prompt, model, req.messages, req.tools,
+                            req.add_generation_prompt, req.continue_final_message)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)

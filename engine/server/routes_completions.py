@@ -6,7 +6,6 @@ refused with a 400 that says so.
 """
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -20,12 +19,13 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import completion_logprobs
-from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens
+from engine.server.prompts import Prompt, completion_prompts, prompt_chars, resolve_max_tokens
 from engine.server.protocol import CompletionRequest
 from engine.server.responses import CompletionChoice, CompletionResponse, Usage
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
-from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
+from engine.server.tokenize_pool import off_loop
 
 MAX_PROMPTS = 64
 
@@ -46,12 +46,12 @@ def _check_supported(req: CompletionRequest) -> None:
                           "logprobs")
 
 
-@router.post("/v1/completions", response_model=CompletionResponse)
+@router.post("/v1/completions", response_model=CompletionResponse, responses=SSE_RESPONSE_DOC)
 async def create_completion(req: CompletionRequest, request: Request,
                             ctx: ServerContext = Depends(get_context)) -> Response | CompletionResponse:
     model = ctx.model_for(req.model)
     _check_supported(req)
-    prompts = await asyncio.to_thread(completion_prompts, model, req.prompt, req.add_special_tokens)
+    prompts = await off_loop(prompt_chars(req.prompt), completion_prompts, model, req.prompt, req.add_special_tokens)
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
     params = [sampling_params(req, resolve_max_tokens(req.max_tokens, len(p.token_ids), model.max_model_len),
