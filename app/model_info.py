@@ -1,6 +1,6 @@
 """What a local Hugging Face model folder holds, read without loading weights.
 
-Architecture, context length and dtype come from config.json; the parameter count comes from the
+Architecture, context length, dtype and quantization (method, bits, group size) come from config.json; the parameter count comes from the
 safetensors headers (8-byte length + JSON of dtype/shape per tensor) of each shard listed in
 model.safetensors.index.json, or of every *.safetensors file. Only headers are read, never tensors.
 """
@@ -23,11 +23,13 @@ class ModelInfo:
     context_length: int | None
     dtype: str
     config: dict = field(default_factory=dict)
+    quantization: str | None = None  # e.g. "awq 4-bit g128 asym", from quantization_config
 
     def describe(self) -> str:
         params = format_count(self.num_parameters) if self.num_parameters else "unknown"
         context = f"{self.context_length:,}" if self.context_length else "unknown"
-        return f"{self.architecture} · {params} parameters · context {context} tokens · {self.dtype}"
+        weights = f" · {self.quantization}" if self.quantization else ""
+        return f"{self.architecture} · {params} parameters · context {context} tokens · {self.dtype}{weights}"
 
 
 def format_count(n: int) -> str:
@@ -45,8 +47,14 @@ def safetensors_header(path: Path) -> dict:
         return json.loads(f.read(length))
 
 
-def count_parameters(folder: Path) -> int | None:
-    """Sum of tensor element counts over the folder's safetensors shards, or None without any."""
+QUANT_METADATA = ("qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
+                  "input_scale")
+
+
+def count_parameters(folder: Path, codes_per_word: int = 1) -> int | None:
+    """Sum of tensor element counts over the folder's safetensors shards, or None without any. In a
+    quantized folder each packed int32 word holds `codes_per_word` weights, and scales, zero points and
+    g_idx are not parameters."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -58,8 +66,10 @@ def count_parameters(folder: Path) -> int | None:
     total = 0
     for file in files:
         for name, entry in safetensors_header(file).items():
-            if name != "__metadata__":
-                total += math.prod(entry["shape"])
+            if name == "__metadata__" or (codes_per_word > 1 and name.rsplit(".", 1)[-1] in QUANT_METADATA):
+                continue
+            packed = entry["dtype"] == "I32" and name.endswith(("qweight", "weight_packed"))
+            total += math.prod(entry["shape"]) * (codes_per_word if packed else 1)
     return total
 
 
@@ -78,4 +88,18 @@ def read_model_info(folder: str | Path) -> ModelInfo:
     architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "unknown")
-    return ModelInfo(folder, architecture, count_parameters(folder), context, dtype, config)
+    quant, codes_per_word = quantization(config)
+    return ModelInfo(folder, architecture, count_parameters(folder, codes_per_word), context, dtype, config, quant)
+
+
+def quantization(config: dict) -> tuple[str | None, int]:
+    """Method, bits and group size of a quantized folder (or what is unsupported about it), and how many
+    weights one packed int32 word holds."""
+    from engine.quantization.config import parse_quantization_config
+    if not (config.get("quantization_config") or config.get("compression_config")):
+        return None, 1
+    try:
+        quant = parse_quantization_config(config)
+    except ValueError as e:
+        return f"quantized, not supported: {e}", 1
+    return quant.describe(), quant.pack_factor

@@ -1,11 +1,13 @@
 """AsyncEngine: runs the (not thread-safe) LLMEngine in one background thread and serves asyncio callers.
 
 The engine thread loads the model, then loops: take queued commands (add, abort, call), run one
-`step()`, hand each RequestOutput to its request's asyncio queue via `loop.call_soon_threadsafe`. The
+`step()`, hand each RequestOutput to its request's stream via `loop.call_soon_threadsafe`. The
 event loop never touches the LLMEngine. An exception in `step()` marks the engine dead: every
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
-never dies silently. A caller that goes away closes its `RequestStream`, which aborts the request at
-once so its blocks are freed.
+never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
+least FIRST_STEP_TIMEOUT_S) declares a step that never returns dead the same way, and ends the
+tensor-parallel workers so a collective stuck on one of them fails. A caller that goes away closes
+its `RequestStream`, which aborts the request at once so its blocks are freed.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable
 
 from engine.config import EngineConfig
@@ -25,6 +27,8 @@ from engine.sampling_params import SamplingParams
 
 log = logging.getLogger("pagedesk.engine")
 
+FIRST_STEP_TIMEOUT_S = 300.0  # the first step compiles kernels: the watchdog allows it at least this long
+DEFAULT_STEP_TIMEOUT_S = {"cuda": 30.0, "cpu": 600.0}  # --step-timeout unset: a CPU prefill step can be slow
 IDLE_WAIT_S = 0.25  # how long an idle engine thread blocks on its command queue
 STATS_EVERY_S = 0.1
 RATE_WINDOW_S = 2.0
@@ -38,7 +42,7 @@ class EngineDeadError(RuntimeError):
     """The engine failed (at load or in a step) and serves nothing more."""
 
 
-_ACCEPTED = object()  # first item on a request's queue once the engine took it
+_ACCEPTED = object()  # handed to a request's stream once the engine took it
 
 
 @dataclass
@@ -66,22 +70,43 @@ class _Stop:
     pass
 
 
-@dataclass
 class RequestStream:
-    """One request's outputs as they arrive; iterate it, and `close()` it when done (aborts if unfinished)."""
+    """One request's outputs as they arrive; iterate it, and `close()` it when done (aborts if unfinished).
 
-    request_id: str
-    engine: "AsyncEngine"
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finished: bool = False
-    closed: bool = False
+    Outputs are cumulative, so the stream holds only the newest one: a reader that falls behind (a client
+    that stops reading) gets the latest state when it reads again, and memory stays one output per
+    request, not one per step. An error replaces whatever was pending; `close()` drops it.
+    """
+
+    def __init__(self, request_id: str, engine: "AsyncEngine", loop: asyncio.AbstractEventLoop):
+        self.request_id, self.engine, self.loop = request_id, engine, loop
+        self.accepted: asyncio.Future = loop.create_future()
+        self.finished = False
+        self.closed = False
+        self._pending: object = None  # newest RequestOutput or an exception, not yet read
+        self._ready = asyncio.Event()
 
     def put_threadsafe(self, item: object) -> None:
         try:
-            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+            self.loop.call_soon_threadsafe(self._put, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
+
+    def _put(self, item: object) -> None:
+        if not self.accepted.done():
+            if item is _ACCEPTED:
+                self.accepted.set_result(None)
+            elif isinstance(item, BaseException) and not self.closed:  # a closed caller no longer awaits it
+                self.accepted.set_exception(item)
+            return
+        if self.closed or isinstance(self._pending, BaseException):
+            return
+        self._pending = item
+        self._ready.set()
+
+    def pending_output(self) -> object:
+        """What the next read returns without waiting (None if nothing arrived since the last read)."""
+        return self._pending
 
     def __aiter__(self) -> "RequestStream":
         return self
@@ -89,7 +114,9 @@ class RequestStream:
     async def __anext__(self) -> RequestOutput:
         if self.finished:
             raise StopAsyncIteration
-        item = await self.queue.get()
+        await self._ready.wait()
+        item, self._pending = self._pending, None
+        self._ready.clear()
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -99,6 +126,7 @@ class RequestStream:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
+            self._pending = None
             if not self.finished:
                 self.engine.abort(self.request_id)
 
@@ -122,6 +150,10 @@ class AsyncEngine:
         self._rate_samples: collections.deque = collections.deque()
         self._last_stats_time = 0.0
         self._thread = threading.Thread(target=self._run, name="pagedesk-engine", daemon=True)
+        self.step_timeout = 0.0  # set once loaded, when the device is known
+        self._step_started: float | None = None  # monotonic start of the step in progress
+        self._steps_done = 0
+        self._watchdog_stop = threading.Event()
 
     # ---- event-loop side ----
 
@@ -149,14 +181,13 @@ class AsyncEngine:
             self.check_serving()
             self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time()))
         try:
-            item = await stream.queue.get()
-        except BaseException:
+            await asyncio.shield(stream.accepted)
+        except asyncio.CancelledError:
             stream.close()
             raise
-        if isinstance(item, BaseException):
+        except BaseException:
             stream.finished = stream.closed = True
-            raise item
-        assert item is _ACCEPTED
+            raise
         return stream
 
     def abort(self, request_id: str) -> None:
@@ -181,7 +212,12 @@ class AsyncEngine:
         dt = max(t1 - t0, 1e-6)
         return (p1 - p0) / dt, (g1 - g0) / dt
 
+    def stop_serving(self) -> None:
+        """Begin a shutdown without waiting (safe in a signal handler): every stream ends with an error event."""
+        self._commands.put(_Stop())
+
     def shutdown(self, timeout: float = 10.0) -> None:
+        self._watchdog_stop.set()
         self._commands.put(_Stop())
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -219,8 +255,12 @@ class AsyncEngine:
             return False
         self.load_seconds = time.perf_counter() - start
         self._sample_stats(force=True)
+        self.step_timeout = resolve_step_timeout(getattr(self.config, "step_timeout", None),
+                                                 getattr(self.engine, "device", None))
         self.status = "ready"
         self.ready_event.set()
+        if self.step_timeout > 0:
+            threading.Thread(target=self._watchdog, name="pagedesk-step-watchdog", daemon=True).start()
         return True
 
     def _loop(self) -> None:
@@ -229,9 +269,16 @@ class AsyncEngine:
             busy = engine.has_unfinished_requests()
             if not self._drain_commands(block=not busy):
                 return
+            if self.status != "ready":  # the watchdog gave up on a step that then returned after all
+                self._fail_all(EngineDeadError(f"the engine stopped serving: {self.error}"))
+                return
             try:
                 if engine.has_unfinished_requests():
-                    self._dispatch(engine.step())
+                    self._step_started = time.monotonic()
+                    outputs = engine.step()
+                    self._step_started = None
+                    self._steps_done += 1
+                    self._dispatch(outputs)
                 elif not busy:
                     engine.check_health()  # a worker that died while we sat idle fails now, not at the next request
             except Exception as exc:  # noqa: BLE001
@@ -271,6 +318,8 @@ class AsyncEngine:
             cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
 
     def _add(self, cmd: _Add) -> None:
+        if cmd.stream.closed:  # the caller left before the engine took it: its abort came first
+            return
         if cmd.request_id in self._streams:
             cmd.stream.put_threadsafe(ValueError(f"request id {cmd.request_id!r} is already in use"))
             return
@@ -309,14 +358,52 @@ class AsyncEngine:
         while len(self._rate_samples) > 2 and now - self._rate_samples[1][0] >= RATE_WINDOW_S:
             self._rate_samples.popleft()
 
-    def _die(self, exc: BaseException) -> None:
-        log.error("engine step failed; the engine is dead:\n%s",
-                  "".join(traceback.format_exception(exc)))
-        error = EngineDeadError(f"the engine failed and stopped serving: {type(exc).__name__}: {exc}")
+    def stuck_seconds(self, now: float) -> float | None:
+        """How long the step in progress has run, if that is over its limit (else None). The first step
+        compiles kernels, so its limit is at least FIRST_STEP_TIMEOUT_S."""
+        started = self._step_started
+        if started is None or self.step_timeout <= 0:
+            return None
+        limit = self.step_timeout if self._steps_done else max(self.step_timeout, FIRST_STEP_TIMEOUT_S)
+        elapsed = now - started
+        return elapsed if elapsed > limit else None
+
+    def _watchdog(self) -> None:
+        poll = min(1.0, self.step_timeout / 4)
+        while not self._watchdog_stop.wait(poll) and self.status == "ready":
+            elapsed = self.stuck_seconds(time.monotonic())
+            if elapsed is not None:
+                self._declare_stuck(elapsed)
+                return
+
+    def _declare_stuck(self, elapsed: float) -> None:
+        """Watchdog thread: the engine thread is stuck inside step(); fail everything without its help."""
+        message = (f"an engine step has run for {elapsed:.0f} s, over the {self.step_timeout:g} s limit "
+                   "(--step-timeout): a GPU or a tensor-parallel worker is stuck; restart the engine")
+        log.error(message)
         with self._lock:
-            self.error = f"{type(exc).__name__}: {exc}"
-            self.status = "dead"
-        self._fail_all(error)
+            if self.status != "ready":
+                return
+            self.error, self.status = message, "dead"
+        error = EngineDeadError(f"the engine stopped serving: {message}")
+        for stream in list(self._streams.values()):  # the engine thread is inside step(), not touching these
+            stream.put_threadsafe(error)
+        # A collective waiting on a stuck worker only returns once that worker is gone.
+        kill_workers = getattr(getattr(self.engine, "runner", None), "kill_workers", None)
+        if kill_workers is not None:
+            kill_workers()
+
+    def _die(self, exc: BaseException) -> None:
+        with self._lock:
+            stuck = self.status == "dead"  # the watchdog already declared it (and said why)
+            if not stuck:
+                self.error = f"{type(exc).__name__}: {exc}"
+                self.status = "dead"
+        if stuck:
+            log.error("the stuck engine step ended: %s: %s", type(exc).__name__, exc)
+        else:
+            log.error("engine step failed; the engine is dead:\n%s", "".join(traceback.format_exception(exc)))
+        self._fail_all(EngineDeadError(f"the engine failed and stopped serving: {self.error}"))
 
     def _fail_all(self, error: EngineDeadError) -> None:
         """Fail every in-flight request and every command still queued."""
@@ -332,6 +419,12 @@ class AsyncEngine:
                 cmd.stream.put_threadsafe(error)
             elif isinstance(cmd, _Call):
                 cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, error)
+
+
+def resolve_step_timeout(configured: float | None, device: Any) -> float:
+    if configured is not None:
+        return float(configured)
+    return DEFAULT_STEP_TIMEOUT_S["cuda" if getattr(device, "type", None) == "cuda" else "cpu"]
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -18,7 +18,7 @@ DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
-SUPPORTED_QUANTIZATION: tuple[str, ...] = ()
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # Online serving's step budget, per device: a step's cost grows with its tokens and every running stream
@@ -62,7 +62,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("seed", int, 0, "Seed for requests that do not set their own", "engine", minimum=0),
     Flag("max_model_len", int, None, "Longest prompt + output, in tokens (default: model's context)", "engine",
          minimum=1),
-    Flag("quantization", str, None, "Weight quantization method", "engine", gui=False),
+    Flag("quantization", str, None, "Weight quantization method; the model folder's quantization_config decides, "
+         "this only confirms it", "engine", SUPPORTED_QUANTIZATION, gui=False),
     Flag("enforce_eager", bool, False, "Never capture CUDA graphs", "engine"),
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
@@ -86,6 +87,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("host", str, "127.0.0.1", "Address to bind; 0.0.0.0 exposes the server to your network", "server"),
     Flag("port", int, 8000, "Port to serve on", "server", minimum=1, maximum=65535),
     Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
+    Flag("allowed_hosts", str, None, "Comma-separated Host names the server answers (default: localhost names "
+         "and --host; '*' answers any, e.g. behind a proxy)", "server", gui=False),
+    Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
+         "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
+         "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
     Flag("tool_call_parser", str, None, "Tool-call format of the model (default: detected from its chat template)",
          "server", TOOL_CALL_PARSERS, gui=False),
     Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
@@ -149,6 +155,8 @@ class EngineConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None
+    allowed_hosts: str | None = None
+    step_timeout: float | None = None
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
@@ -174,12 +182,17 @@ class EngineConfig:
                 raise ValueError(f"{f.cli} must be >= {f.minimum}, got {value}")
             if f.maximum is not None and value > f.maximum:
                 raise ValueError(f"{f.cli} must be <= {f.maximum}, got {value}")
-        if self.quantization is not None and self.quantization not in SUPPORTED_QUANTIZATION:
-            raise ValueError(f"--quantization {self.quantization} is not supported yet "
-                             f"(supported: {list(SUPPORTED_QUANTIZATION) or 'none'}); "
-                             "use an unquantized model folder")
+        if self.quantization is not None:
+            from engine.quantization.config import check_folder_quantization
+            check_folder_quantization(self.model, self.quantization)
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 is not supported yet")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("--api-key is empty or blank, which no client could send; give a real key, or leave "
+                             "the flag out to serve without one")
+        if self.api_key is not None and self.api_key != self.api_key.strip():
+            raise ValueError("--api-key has leading or trailing whitespace, which clients cannot send in a "
+                             "header; remove it")
 
     def resolve_max_num_batched_tokens(self, max_model_len: int, device_type: str = "cpu") -> int:
         if self.max_num_batched_tokens is not None:

@@ -8,13 +8,15 @@ two one-way OS pipes per worker (never a network socket): each step rank 0 prepa
 torch.distributed collectives (gloo on CPU, NCCL on CUDA) — and then waits for every worker's ack while
 watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
 never a hang. Shutdown, garbage collection and interpreter exit all end the workers; the workers end
-themselves if this process dies (engine/parent_watch.py).
+themselves if this process dies (engine/parent_watch.py). The rendezvous store lives in a temp folder
+named after this process's pid; a new group removes the folders of processes that died without cleanup.
 """
 from __future__ import annotations
 
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import tempfile
 import threading
@@ -44,6 +46,33 @@ STOP_GRACE_S = 5.0
 ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
             "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
             "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs"}
+
+
+STORE_PREFIX = "pagedesk-tp-"  # + owner pid + "-": the rendezvous store folder of one engine process
+
+
+def remove_stale_store_dirs(tmp_dir: str | None = None) -> list[str]:
+    """Remove rendezvous folders left by engine processes that no longer run (a SIGKILL skips every cleanup);
+    returns what was removed. Folders of live processes, and names not ours, are left alone."""
+    tmp_dir = tmp_dir or tempfile.gettempdir()
+    removed = []
+    for name in os.listdir(tmp_dir):
+        owner = name[len(STORE_PREFIX):].split("-", 1)[0]
+        if not name.startswith(STORE_PREFIX) or not owner.isdigit() or _pid_alive(int(owner)):
+            continue
+        shutil.rmtree(os.path.join(tmp_dir, name), ignore_errors=True)
+        removed.append(name)
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
@@ -82,7 +111,7 @@ class _GroupResources:
 
     workers: list[_Worker] = field(default_factory=list)
     store_dir: tempfile.TemporaryDirectory = field(
-        default_factory=lambda: tempfile.TemporaryDirectory(prefix="pagedesk-tp-"))
+        default_factory=lambda: tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-"))
     joined: bool = False  # this process joined torch.distributed for this group
     watch_stop: Connection | None = None  # closing it wakes the watch thread
     released: bool = False  # workers ended on purpose: not news for the watch thread
@@ -121,6 +150,7 @@ class TensorParallelExecutor:
         self._exited: _Worker | None = None  # set by the watch thread the moment a worker process ends
         self.dist_backend = "nccl" if device.type == "cuda" else "gloo"
         env = self._prepare_devices(device, size)
+        remove_stale_store_dirs()
         self.device = torch.device("cuda", 0) if device.type == "cuda" else device
         self._resources = _GroupResources()
         self.workers = self._resources.workers
@@ -218,6 +248,16 @@ class TensorParallelExecutor:
         except Exception as exc:
             raise self._explain_local_failure(exc, method) from exc
         return local, self._gather(method)
+
+    def kill_workers(self) -> None:
+        """SIGKILL every worker; safe from any thread. For a watchdog whose step is stuck in a collective on a
+        worker that stopped answering: with the worker gone the collective fails and the step raises."""
+        for w in self.workers:
+            if w.process.pid is not None and w.process.is_alive():
+                try:
+                    os.kill(w.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def check_health(self) -> None:
         """Raise RuntimeError if a worker has died (even while the engine sat idle)."""

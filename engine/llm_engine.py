@@ -41,7 +41,8 @@ class LLMEngine:
         config.validate()
         self.config = config
         self.model_path = resolve_model_path(config.model, config.revision)
-        self.model_config = ModelConfig.from_folder(self.model_path).with_max_model_len(config.max_model_len)
+        self.model_config = ModelConfig.from_folder(self.model_path, config.quantization) \
+            .with_max_model_len(config.max_model_len)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, config.trust_remote_code)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)

@@ -2,7 +2,7 @@
 
 One decoder implementation serves every supported architecture; this module turns each family's
 config into the switches that decoder reads (QKV bias, q/k RMSNorm, tied embeddings, explicit head_dim,
-rope scaling, sliding window). Torch-free, so the GUI's capacity planner reads models the same way.
+rope scaling, sliding window) and reads its quantization_config. Torch-free, so the GUI's capacity planner reads models the same way.
 """
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from engine.quantization.config import QuantConfig, parse_quantization_config
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
@@ -38,9 +40,12 @@ class ModelConfig:
     bos_token_id: int | None = None
     eos_token_ids: list[int] = field(default_factory=list)
     max_model_len: int = 0
+    quantization: QuantConfig | None = None  # from quantization_config; None for float checkpoints
 
     @classmethod
-    def from_hf_config(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None) -> "ModelConfig":
+    def from_hf_config(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None,
+                       quantization: str | None = None) -> "ModelConfig":
+        """`quantization` (--quantization) may only name the method the folder's quantization_config has."""
         architecture = (hf.get("architectures") or ["<none>"])[0]
         if architecture not in SUPPORTED_ARCHITECTURES:
             raise ValueError(f"model architecture {architecture!r} is not supported; supported: "
@@ -66,15 +71,16 @@ class ModelConfig:
             sliding_windows=_sliding_windows(hf, num_layers),
             torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
             bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=_eos_ids(hf, generation or {}), max_model_len=max_pos)
+            eos_token_ids=_eos_ids(hf, generation or {}), max_model_len=max_pos,
+            quantization=parse_quantization_config(hf, quantization))
 
     @classmethod
-    def from_folder(cls, path: str | Path) -> "ModelConfig":
+    def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
         path = Path(path)
         hf = json.loads((path / "config.json").read_text())
         gen_file = path / "generation_config.json"
         generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
-        return cls.from_hf_config(hf, generation)
+        return cls.from_hf_config(hf, generation, quantization)
 
     def with_max_model_len(self, max_model_len: int | None) -> "ModelConfig":
         if max_model_len is not None and max_model_len > self.max_position_embeddings:

@@ -1,17 +1,20 @@
 """pagedesk-serve / `python -m engine.serve`: parse vLLM-style flags, start the server, load the model behind it.
 
-The HTTP server listens first (/health answers 503 while loading); the model loads in the engine
-thread. When both are up it prints "PagedDesk serving <name> at http://host:port/v1". Exit codes
-tell a supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of
-memory at load (do not restart), 1 for any other load failure, 4 when the engine died while serving
-(after answering 503 for a short grace period, so clients see why; a supervisor restarts it), 0 after
-a clean shutdown.
+The port is bound before anything loads (a taken port is a one-line error, not a wasted model load);
+the HTTP server listens first (/health answers 503 while loading); the model loads in the engine
+thread. When both are up it prints "PagedDesk serving <name> at http://host:port/v1". SIGTERM/SIGINT
+end every stream in-band (an error event, then [DONE]) before the server stops. Exit codes tell a
+supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of memory
+at load (do not restart), 1 for any other load failure, 4 when the engine died or a step got stuck
+while serving (after answering 503 for a short grace period, so clients see why; a supervisor
+restarts it), 0 after a clean shutdown.
 """
 from __future__ import annotations
 
 import argparse
 import logging
 import signal
+import socket
 import sys
 import threading
 import time
@@ -89,18 +92,57 @@ def _stop_quietly(signum: int, frame: object) -> None:
     """Handler uvicorn restores and re-raises after its graceful shutdown: a requested stop exits 0."""
 
 
+def bind_socket(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads; OSError (e.g. address in use) says why not."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def _server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server that, on SIGTERM/SIGINT, first ends every engine stream with an in-band error so
+        clients learn why and the graceful shutdown finds no connection left to cut."""
+
+        def __init__(self, config: "uvicorn.Config", async_engine) -> None:
+            super().__init__(config)
+            self.async_engine = async_engine
+
+        def handle_exit(self, sig: int, frame: object) -> None:
+            self.async_engine.stop_serving()
+            super().handle_exit(sig, frame)
+
+    return Server
+
+
 def serve(config: EngineConfig) -> int:
     import uvicorn
 
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
 
+    try:
+        sock = bind_socket(config.host, config.port)
+    except OSError as exc:
+        print(f"error: cannot serve on {config.host}:{config.port}: {exc.strerror or exc} (is the port in use? "
+              "choose another with --port)", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     name = config.served_model_name or config.model
     async_engine = AsyncEngine(config)
     app = create_app(async_engine, name, config.api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=3))
+    server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
+                                            access_log=False, timeout_graceful_shutdown=3), async_engine)
     outcome: dict = {"code": 0, "message": None}
     _say(f"Loading {config.model} (device {config.device}, dtype {config.dtype}, "
          f"tensor parallel {config.tensor_parallel_size}) ...")
@@ -110,19 +152,14 @@ def serve(config: EngineConfig) -> int:
         previous = {sig: signal.signal(sig, _stop_quietly) for sig in (signal.SIGINT, signal.SIGTERM)}
     threading.Thread(target=_watch, args=(server, async_engine, config, name, outcome), daemon=True).start()
     try:
-        server.run()
-    except SystemExit:  # uvicorn exits when it cannot bind; say so in one line below
-        pass
+        server.run(sockets=[sock])
     finally:
+        sock.close()
         async_engine.shutdown()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     if outcome["message"] and outcome["code"] != EXIT_ENGINE_DIED:  # that one was said when it happened
         print(outcome["message"], file=sys.stderr, flush=True)
-    elif not server.started:
-        print(f"error: could not serve on {config.host}:{config.port} (is the port in use?)", file=sys.stderr,
-              flush=True)
-        return EXIT_CONFIG_ERROR
     return outcome["code"]
 
 

@@ -18,10 +18,11 @@ import dataclasses
 from dataclasses import dataclass
 
 from engine.model_config import DTYPE_BYTES, ModelConfig
+from engine.quantization.config import QuantConfig
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
-QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4}
+QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
 SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 4 + 4 + 8 + 4  # fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum
 GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured graph: kernel parameters and bookkeeping (an estimate)
 SPLIT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096, 8192)  # where the decode kernel's split count can change
@@ -49,6 +50,16 @@ def format_bytes(n: int) -> str:
     return f"{n / 1024:.1f} KiB"
 
 
+def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
+    """Bytes of `matrix_params` weights as the checkpoint packs them: codes, plus per group a 16-bit scale and
+    (asymmetric int) a packed zero point. Per-channel scales and g_idx are one number per row: left out."""
+    codes = matrix_params * quant.bits // 8
+    if quant.group_size == -1:
+        return codes
+    zero_bits = 0 if quant.symmetric or quant.weight_type == "float" else quant.bits
+    return codes + matrix_params // quant.group_size * (16 + zero_bits) // 8
+
+
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1) -> int:
     """K and V bytes of one token on one card: KV heads are split across ranks, replicated below one each."""
     kv_heads = max(1, cfg.num_kv_heads // tp)
@@ -56,8 +67,9 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1) -> in
 
 
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
-    """Layer matrices split across ranks (4-bit when quantized, with a 16-bit scale per 128 weights);
-    embeddings and LM head vocab-split in `dtype`; QKV biases split; norms replicated."""
+    """Layer matrices split across ranks — packed as the folder's quantization_config says, or at `quant_bits`
+    with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
+    vocab-split in `dtype`; QKV biases split; norms replicated."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, max(1, cfg.num_kv_heads // tp) * tp * cfg.head_dim
     matrix_params = cfg.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size) // tp
     vector_params = (2 * cfg.num_layers + 1) * h  # RMSNorm weights, replicated
@@ -65,8 +77,12 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
         vector_params += cfg.num_layers * (q + 2 * kv) // tp
     if cfg.qk_norm:
         vector_params += cfg.num_layers * 2 * cfg.head_dim
-    matrix_bytes = matrix_params * dtype_bytes if quant_bits is None else \
-        matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
+    if quant_bits is not None:
+        matrix_bytes = matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
+    elif cfg.quantization is not None:
+        matrix_bytes = packed_matrix_bytes(matrix_params, cfg.quantization)
+    else:
+        matrix_bytes = matrix_params * dtype_bytes
     embed_rows = -(-cfg.vocab_size // tp)
     embed_bytes = embed_rows * h * dtype_bytes * (1 if cfg.tie_word_embeddings else 2)
     return matrix_bytes + embed_bytes + vector_params * dtype_bytes
@@ -224,12 +240,13 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     if max_model_len:
         cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
     per_token = kv_bytes_per_token(cfg, kv_bytes, tensor_parallel_size)
+    quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
     plans = []
     for i, (total, other) in enumerate(zip(card_bytes, others)):
         profile = estimate_profile(cfg, total, dtype_bytes=dtype_bytes, tensor_parallel_size=tensor_parallel_size,
                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
-                                   other_programs_bytes=other, quant_bits=QUANT_BITS.get(quantization),
+                                   other_programs_bytes=other, quant_bits=quant_bits,
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes)
         plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,

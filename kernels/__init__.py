@@ -1,7 +1,11 @@
 """Attention kernels over the paged KV cache: Triton for CUDA, plain torch for CPU and as the test oracle.
 
 `get_attention_backend(name)` returns the pair (write_kv_cache, paged_attention) of one backend; every
-backend takes the same arguments (see kernels/attention_torch.py for the layout). Imports nothing of ours.
+backend takes the same arguments (see kernels/attention_torch.py for the layout). "torch" is the host path:
+the compiled CPU decode kernel (kernels/attention_cpu.py) in front of the torch oracle, which it falls back to
+for anything it cannot read (prefill chunks, FP8/bf16 caches, tensors off the CPU). Quantized linear layers
+have the same pairing: kernels/quant_torch.py (reference, CPU) and kernels/triton_quant_linear.py (CUDA).
+Imports nothing of ours.
 """
 from __future__ import annotations
 
@@ -12,7 +16,11 @@ from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch
 
 def get_attention_backend(name: str) -> tuple[Callable, Callable]:
     if name == "torch":
-        return write_kv_cache_torch, paged_attention_torch
+        try:  # decodes on CPU read blocks in place (numba); whatever it cannot read goes to the torch oracle
+            from kernels.attention_cpu import paged_attention_cpu
+        except ImportError:  # no numba (e.g. a GPU machine's bare environment): the oracle does everything
+            return write_kv_cache_torch, paged_attention_torch
+        return write_kv_cache_torch, paged_attention_cpu
     if name == "triton":
         from kernels.triton_attention import paged_attention_triton, write_kv_cache_triton
         return write_kv_cache_triton, paged_attention_triton

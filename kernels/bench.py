@@ -6,6 +6,7 @@ cache) and reports achieved bandwidth against the bytes the kernel must move and
 device-to-device copy bandwidth. Then a batch-1 decode step of real model shapes (Qwen2.5-0.5B,
 Llama-3-8B: q/k/v/o/gate/up/down matmuls with random fp16 weights, our KV write and decode attention per
 layer, plus lm_head) against the floor of weight+KV bytes over copy bandwidth, eager and as a CUDA graph.
+Last, the quantized linear kernels (kernels/bench_quant.py) against dense 16-bit matmuls.
 Without a CUDA device it prints "no CUDA device: nothing to time" and exits 0; ``--smoke`` instead
 runs tiny cases on CPU (with TRITON_INTERPRET=1) so the script itself can be tested without a GPU.
 """
@@ -19,6 +20,7 @@ import torch
 
 from kernels.attention_torch import is_fp8, paged_attention_torch, write_kv_cache_torch
 from kernels.bench_models import MODEL_SHAPES, TINY_MODEL, bench_model_decode
+from kernels.bench_quant import bench_quant_linear
 from kernels.bench_timing import copy_bandwidth, l2_bytes, markdown_table, median_ms, rotations_for
 from kernels.paged_batch import PagedBatch, make_paged_batch
 
@@ -176,7 +178,10 @@ def main(argv: list[str] | None = None) -> int:
     print()
     shapes = [TINY_MODEL] if args.smoke else [MODEL_SHAPES[m] for m in args.models]
     print(bench_model_decode(backend, shapes, device, dtype, 32 if args.smoke else args.context, copy_bw, iters))
-    return 1 if any(r.error.startswith("MISMATCH") for r in results) else 0
+    print()
+    quant = bench_quant_linear(device, dtype, args.smoke, iters, copy_bw)
+    print(quant)
+    return 1 if any(r.error.startswith("MISMATCH") for r in results) or "MISMATCH" in quant else 0
 
 
 def _free_bytes(device: torch.device) -> int:

@@ -2,7 +2,7 @@
 
 ``python -m kernels.compile_check [--arch 86 90]`` runs Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX,
 cubin with the bundled ptxas) for the kernel variants the backend launches, so code that only the
-interpreter accepts is caught before it meets a GPU. It also reads the PTX: FP8 caches must compile to
+interpreter accepts is caught before it meets a GPU. The quantized-linear GEMV/GEMM variants are compiled too. It also reads the PTX: FP8 caches must compile to
 integer bit manipulation with no FP8 conversion instructions (sm_86 has none), and the FP8 KV write must
 use IEEE division (``div.rn.f32``) to round exactly like torch. Must run with TRITON_INTERPRET unset.
 """
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
-                torch.int32: "i32", torch.int64: "i64"}
+                torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,20 @@ def reduce_variant(dtype: torch.dtype, head_dim: int, num_splits: int) -> Varian
                    reduce_constexprs(head_dim, num_splits))
 
 
+def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: bool, gemm: bool,
+                         weight_fp8: bool = False) -> Variant:
+    """The W4A16/W8A16 (or weight-only FP8) GEMV or GEMM with the tiles quant_linear_triton launches."""
+    from kernels.triton_quant_linear import quant_gemm_kernel, quant_gemv_kernel
+    pointers = dict(x_ptr=_ptr(dtype), w_ptr="*u8" if weight_fp8 else "*i32", scales_ptr="*fp32",
+                    zeros_ptr="*fp32" if weight_fp8 else "*i16", g_idx_ptr="*i32",
+                    partial_ptr="*fp32", out_ptr=_ptr(dtype))
+    constexprs = dict(BITS=bits, GROUP=group, HAS_G_IDX=act_order, WEIGHT_FP8=weight_fp8, BLOCK_N=64)
+    constexprs |= dict(IEEE_FP32=dtype == torch.float32, BLOCK_M=32, BLOCK_K=32) if gemm else dict(BLOCK_K=32)
+    kind = "fp8" if weight_fp8 else f"w{bits} g{group}{' act-order' if act_order else ''}"
+    return Variant(f"quant {'gemm' if gemm else 'gemv'} {dtype} {kind}", quant_gemm_kernel if gemm else
+                   quant_gemv_kernel, pointers, constexprs, fp8=weight_fp8)
+
+
 DECODE, DECODE_SPLIT, PREFILL = (16, 1, 32, 1, 8, 3), (16, 1, 32, 16, 8, 3), (64, 16, 32, 1, 8, 2)
 
 
@@ -94,6 +108,10 @@ def variants() -> list[Variant]:
         attention_variant(f16, f16, 2, 80, (64, 32, 32, 1, 8, 2)),  # non-power-of-two head_dim
         attention_variant(bf16, bf16, 2, 256, (32, 16, 16, 1, 8, 2)),
         reduce_variant(f16, 128, 16),
+        quant_linear_variant(f16, 4, 128, False, gemm=False), quant_linear_variant(f16, 4, 128, False, gemm=True),
+        quant_linear_variant(bf16, 4, 128, True, gemm=True), quant_linear_variant(bf16, 8, 4096, False, gemm=False),
+        quant_linear_variant(f16, 8, 1, False, gemm=True, weight_fp8=True),
+        quant_linear_variant(bf16, 8, 1, False, gemm=False, weight_fp8=True),
     ]
 
 
@@ -101,7 +119,9 @@ def quick_variants() -> list[Variant]:
     """The FP8 paths plus one mixed-batch and one reduce variant: what CI compiles on every run."""
     f16, e4m3 = torch.float16, torch.float8_e4m3fn
     return [write_variant(f16, e4m3), attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
-            attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8)]
+            attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8),
+            quant_linear_variant(f16, 4, 128, False, gemm=False), quant_linear_variant(f16, 4, 128, False, gemm=True),
+            quant_linear_variant(f16, 8, 1, False, gemm=True, weight_fp8=True)]
 
 
 def compile_variant(variant: Variant, arch: int) -> dict[str, str]:

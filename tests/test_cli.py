@@ -53,7 +53,7 @@ def test_seed_commands_parse(llama_dir):
     offline = serve.parse_config(["--model", str(llama_dir), "--tensor-parallel-size", "1",
                                   "--gpu-memory-utilization", "0.90"])
     assert (offline.tensor_parallel_size, offline.gpu_memory_utilization) == (1, 0.90)
-    with pytest.raises(ValueError, match="not supported yet"):
+    with pytest.raises(ValueError, match="has no quantization_config"):  # a float folder: the flag only confirms
         serve.parse_config(["--model", str(llama_dir), "--tensor-parallel-size", "1", "--gpu-memory-utilization",
                             "0.90", "--max-num-batched-tokens", "8192", "--quantization", "awq"])
 
@@ -63,7 +63,7 @@ def test_awq_command_exits_with_one_clear_line(llama_dir):
                   "--max-num-batched-tokens", "8192", "--quantization", "awq")
     assert r.returncode == serve.EXIT_CONFIG_ERROR
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "not supported yet" in lines[0] and "Traceback" not in r.stderr
+    assert len(lines) == 1 and "has no quantization_config" in lines[0] and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -198,3 +198,21 @@ def test_serve_exits_4_when_a_tensor_parallel_worker_dies(llama_dir):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("key", ["", "   "])
+def test_empty_or_blank_api_key_is_a_config_error(key, capsys):
+    assert serve.main(["--model", "m", "--api-key", key]) == serve.EXIT_CONFIG_ERROR
+    err = capsys.readouterr().err.strip()
+    assert "--api-key is empty or blank" in err and len(err.splitlines()) == 1
+
+
+def test_taken_port_exits_2_before_loading_the_model(llama_dir):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        r = run_serve("--model", str(llama_dir), "--device", "cpu", "--port", str(port), timeout=60)
+    assert r.returncode == serve.EXIT_CONFIG_ERROR
+    assert f"cannot serve on 127.0.0.1:{port}" in r.stderr and "port in use" in r.stderr
+    assert "Loading" not in r.stdout and "Traceback" not in r.stderr  # nothing was loaded

@@ -33,9 +33,10 @@ def test_bench_smoke_run_prints_tables():
     assert "| write_kv | 8 tokens -> float32 |" in result.stdout and "exact" in result.stdout
     assert "MISMATCH" not in result.stdout
     assert "| tiny (smoke) | 2 |" in result.stdout
+    assert "| w4a16 | 1 |" in result.stdout and "| fp8 | 20 |" in result.stdout
 
 
 def test_quick_kernel_variants_compile_for_sm86():
     result = run_module(["kernels.compile_check", "--quick", "--arch", "86"], TRITON_DEFAULT_FP_FUSION="1")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(": ok (") == 4, result.stdout
+    assert result.stdout.count(": ok (") == 7, result.stdout

@@ -1,4 +1,5 @@
-"""--api-key: every /v1 route, /tokenize and /detokenize need the bearer token; /health and /metrics do not."""
+"""--api-key: every /v1 route, /tokenize and /detokenize need the bearer token, checked before the body is
+parsed; /health, /metrics and the API description (/openapi.json, /docs, /redoc) do not."""
 from __future__ import annotations
 
 import httpx
@@ -38,6 +39,21 @@ def test_state_stream_needs_the_key(server):
 def test_health_and_metrics_are_open(server):
     assert httpx.get(server.url + "/health").status_code == 200
     assert httpx.get(server.url + "/metrics").status_code == 200
+    for path in ("/openapi.json", "/docs", "/redoc"):  # the schema, never data: open on purpose (docs/server.md)
+        assert httpx.get(server.url + path).status_code == 200, path
+
+
+def test_key_is_checked_before_the_body_is_parsed(server):
+    for body in (b"{not json", b'{"prompt": 5}'):
+        r = httpx.post(server.base_url + "/completions", content=body, headers={"Content-Type": "application/json"})
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+    assert httpx.post(server.url + "/nope").status_code == 401  # unknown routes say nothing either
+
+
+def test_metrics_label_a_folder_model_by_name_not_path(llama_dir):
+    from engine.server.app import metrics_model_name
+    assert metrics_model_name(str(llama_dir)) == llama_dir.name and str(llama_dir.parent) not in llama_dir.name
+    assert metrics_model_name("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"  # hub id: no folder
 
 
 def test_sdk_with_and_without_key(server):

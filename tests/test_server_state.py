@@ -145,7 +145,8 @@ def test_async_engine_streams_refuses_and_aborts(fake_engine):
     async def run():
         stream = await engine.add_request("a", [1, 2], SamplingParams(max_tokens=3))
         outs = [o async for o in stream]
-        assert [len(o.outputs[0].token_ids) for o in outs] == [1, 2, 3] and outs[-1].finished
+        counts = [len(o.outputs[0].token_ids) for o in outs]  # a reader that lags gets the newest output only
+        assert counts == sorted(set(counts)) and counts[-1] == 3 and outs[-1].finished
         with pytest.raises(ValueError, match="empty"):
             await engine.add_request("b", [], SamplingParams())
         stream = await engine.add_request("c", [1], SamplingParams(max_tokens=10_000))
@@ -174,7 +175,8 @@ def test_step_exception_marks_engine_dead(fake_engine):
             await engine.add_request("b", [1], SamplingParams())
 
     asyncio.run(run())
-    assert not any(t.name == "pagedesk-engine" and t.is_alive() for t in threading.enumerate())
+    engine._thread.join(10)  # the thread ends right after failing the streams; wait for it, not for luck
+    assert not engine._thread.is_alive()
 
 
 def test_worker_death_while_idle_marks_engine_dead(fake_engine):

@@ -1,11 +1,12 @@
-"""`pagedesk-bench`: benchmarks that print tables for BENCHMARKS.md (throughput, memory, online serving);
-never asserted in tests."""
+"""`pagedesk-bench`: benchmarks that print tables for BENCHMARKS.md (throughput, memory, online serving,
+reliability); never asserted in tests."""
 from __future__ import annotations
 
 import sys
 
 COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
-            "itl": "engine.bench.itl", "grammar": "engine.bench.grammar"}
+            "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
+            "grammar": "engine.bench.grammar"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.reference_attention:
         import kernels.attention_cpu
         from kernels.attention_torch import paged_attention_torch
-        kernels.attention_cpu.paged_attention_cpu = paged_attention_torch  # looked up when the cache is bound
+        kernels.attention_cpu.paged_attention_cpu = paged_attention_torch  # looked up when the model is built
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or make_random_llama(Path(tmp) / "bench-llama")
         from transformers import AutoConfig

@@ -30,7 +30,6 @@ class PagedAttention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = head_dim ** -0.5
         self.sliding_window = sliding_window
-        self.backend = backend
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
         self.k_scale = self.v_scale = None
@@ -41,10 +40,6 @@ class PagedAttention(nn.Module):
         sync and CUDA graphs capture them. 1.0 by default (FP8's relative precision does not depend on a
         scale; it only matters for values beyond ±448, which K/V activations do not reach)."""
         self.k_cache, self.v_cache = k_cache, v_cache
-        if self.backend == "torch" and k_cache.device.type == "cpu":
-            # Compiled decode attention reading blocks in place; the torch path stays the oracle in tests.
-            from kernels.attention_cpu import paged_attention_cpu
-            self.paged_attention = paged_attention_cpu
         self.k_scale = torch.full((1,), k_scale, dtype=torch.float32, device=k_cache.device)
         self.v_scale = torch.full((1,), v_scale, dtype=torch.float32, device=k_cache.device)
 

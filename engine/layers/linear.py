@@ -1,63 +1,113 @@
 """Linear layers that know how they are split across tensor-parallel ranks.
 
 Each parameter carries its own `weight_loader(param, loaded, shard_id)`, so sharding lives next to the
-layer that knows the split: column-parallel layers keep a slice of the output rows (QKV and gate/up are
-several column-parallel matrices stacked), row-parallel layers keep a slice of the input columns and
-all-reduce their output. With one rank the loaders simply copy.
+layer that knows the split: column-parallel layers keep a slice of the output features (QKV and gate/up
+are several column-parallel matrices stacked), row-parallel layers keep a slice of the input features and
+all-reduce their output. What the parameters are — a float matrix, or packed codes with scales, zero points
+and g_idx — is the layer's linear method (engine/quantization/methods.py); each parameter names its output
+and input dims, so the same loaders slice float and packed weights. With one rank the loaders simply copy.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import all_reduce, divide, get_tp_rank, get_tp_size
+from engine.quantization.config import QuantConfig
+from engine.quantization.methods import linear_method
 
 
 class LinearBase(nn.Module):
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool, quant: QuantConfig | None = None,
+                 prefix: str = "", modules: tuple[str, ...] = ("",), full_in: int | None = None) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(out_features, in_features), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.prefix = f"{prefix}.{'/'.join(modules)}".strip(".")  # e.g. model.layers.0.self_attn.q_proj/k_proj/v_proj
+        self.method = linear_method(quant, [f"{prefix}.{m}".strip(".") for m in modules])
+        self.method.create_weights(self, in_features, out_features, full_in or in_features)
+        for p in self.parameters(recurse=False):
+            p.weight_loader = self.weight_loader
         if bias:
             self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False)
+            self.bias.output_dim, self.bias.input_dim = 0, None
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return self.method.apply(self, x, self.bias)
+
+    def load_slice(self, param: nn.Parameter, loaded: torch.Tensor, offset: int, size: int, start: int,
+                   split_input: bool = False, shard=None) -> None:
+        """Copy rows [start, start+size) of `loaded`'s output dim into [offset, offset+size) of the parameter,
+        and this rank's slice of its input dim when `split_input`."""
+        loaded = self.method.convert(param, loaded) if param is not self.bias else loaded
+        dst, dim = param.data, param.output_dim
+        if dim is None:  # g_idx: one per input row, shared by every stacked matrix
+            seen = param.__dict__.setdefault("loaded_shards", set())
+            if seen and not torch.equal(dst, _input_slice(param, loaded, split_input)):
+                raise ValueError(f"{self.prefix}: the stacked matrices have different g_idx; such checkpoints "
+                                 "are not supported")
+            seen.add(shard)
+        elif loaded.numel() == 1 and dst.shape[dim] > 1:  # a per-tensor scale fills this matrix's channels
+            dst.narrow(dim, offset, size).fill_(loaded.reshape(()).item())
+            return
+        elif loaded.dim() != dst.dim() or loaded.shape[dim] < start + size:
+            raise ValueError(f"{self.prefix}: checkpoint tensor of shape {tuple(loaded.shape)} has no rows "
+                             f"[{start}, {start + size}) along dim {dim} for parameter {tuple(dst.shape)}")
+        else:
+            dst, loaded = dst.narrow(dim, offset, size), loaded.narrow(dim, start, size)
+        loaded = _input_slice(param, loaded, split_input)
+        if dst.shape != loaded.shape:
+            raise ValueError(f"{self.prefix}: checkpoint tensor of shape {tuple(loaded.shape)} does not fit "
+                             f"parameter slice {tuple(dst.shape)}")
+        dst.copy_(loaded)
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """This rank's weight as a float [out, in] matrix (tests compare it to a direct dequantization)."""
+        return self.method.dequantized_weight(self, dtype)
+
+
+def _input_slice(param: nn.Parameter, loaded: torch.Tensor, split_input: bool) -> torch.Tensor:
+    if not split_input or param.input_dim is None:
+        return loaded
+    dim = param.input_dim
+    size = param.shape[dim]
+    return loaded.narrow(dim, get_tp_rank() * size, size)
 
 
 class ColumnParallelLinear(LinearBase):
-    """Output rows split across ranks: each rank computes its slice of the output, no communication."""
+    """Output features split across ranks: each rank computes its slice of the output, no communication."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__(in_features, divide(out_features, get_tp_size(), "output features"), bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, quant: QuantConfig | None = None,
+                 prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
+        super().__init__(in_features, divide(out_features, get_tp_size(), "output features"), bias, quant, prefix,
+                         modules)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        size = param.shape[0]
-        param.data.copy_(loaded.narrow(0, get_tp_rank() * size, size))
+        size = param.shape[param.output_dim] if param.output_dim is not None else 0
+        self.load_slice(param, loaded, 0, size, get_tp_rank() * size)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel matrices stacked into one (gate and up projections); shard_id is the index."""
 
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False) -> None:
+    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False,
+                 quant: QuantConfig | None = None, prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
         self.output_sizes = output_sizes
-        super().__init__(in_features, sum(output_sizes), bias)
+        super().__init__(in_features, sum(output_sizes), bias, quant, prefix, modules)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
         tp = get_tp_size()
         offset = sum(self.output_sizes[:shard_id]) // tp
         size = self.output_sizes[shard_id] // tp
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, get_tp_rank() * size, size))
+        self.load_slice(param, loaded, offset, size, get_tp_rank() * size, shard=shard_id)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Q, K and V projections in one matrix; KV heads are replicated when there are fewer than ranks."""
 
-    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> None:
+    def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
+                 quant: QuantConfig | None = None, prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
         tp = get_tp_size()
         self.head_dim = head_dim
         self.num_heads = divide(num_heads, tp, "attention heads")
@@ -68,7 +118,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         elif tp % num_kv_heads:
             raise ValueError(f"tensor_parallel_size ({tp}) must be a multiple of the KV heads ({num_kv_heads})")
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        LinearBase.__init__(self, hidden_size, out, bias)
+        LinearBase.__init__(self, hidden_size, out, bias, quant, prefix, modules)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -78,21 +128,23 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, (rank // self.kv_replicas) * kv_size
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, start, size))
+        self.load_slice(param, loaded, offset, size, start, shard=shard_id)
 
 
 class RowParallelLinear(LinearBase):
-    """Input columns split across ranks; partial outputs are summed with an all-reduce."""
+    """Input features split across ranks; partial outputs are summed with an all-reduce."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
-        super().__init__(divide(in_features, get_tp_size(), "input features"), out_features, bias)
+    def __init__(self, in_features: int, out_features: int, bias: bool = False, quant: QuantConfig | None = None,
+                 prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
+        super().__init__(divide(in_features, get_tp_size(), "input features"), out_features, bias, quant, prefix,
+                         modules, full_in=in_features)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if param.dim() == 1:  # bias: added once, on rank 0
+        if param is self.bias:  # added once, on rank 0
             param.data.copy_(loaded if get_tp_rank() == 0 else torch.zeros_like(loaded))
             return
-        size = param.shape[1]
-        param.data.copy_(loaded.narrow(1, get_tp_rank() * size, size))
+        size = param.shape[param.output_dim] if param.output_dim is not None else 0
+        self.load_slice(param, loaded, 0, size, 0, split_input=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(F.linear(x, self.weight, self.bias))
+        return all_reduce(self.method.apply(self, x, self.bias))

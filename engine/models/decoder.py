@@ -3,6 +3,7 @@
 Differences between families are switches read from ModelConfig: QKV bias, q/k RMSNorm, tied
 embeddings, explicit head_dim, rope scaling, per-layer sliding window. Weights stream straight from
 safetensors into these modules through each parameter's weight_loader; no transformers model object.
+Quantized checkpoints load the same way: the linear layers hold the packed tensors under their checkpoint names.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, 
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.model_config import ModelConfig
+from engine.quantization.methods import skipped_tensor
 
 # HF checkpoint name fragment -> (our stacked parameter fragment, shard id)
 STACKED_PARAMS = {
@@ -29,11 +31,13 @@ STACKED_PARAMS = {
 class DecoderAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
+        prefix = f"model.layers.{layer}.self_attn"
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
-                                          cfg.qkv_bias)
+                                          cfg.qkv_bias, cfg.quantization, prefix, ("q_proj", "k_proj", "v_proj"))
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size)
+        self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, cfg.quantization,
+                                        prefix, ("o_proj",))
         self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -54,10 +58,13 @@ class DecoderAttention(nn.Module):
 
 
 class DecoderMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2)
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size)
+        prefix = f"model.layers.{layer}.mlp"
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False,
+                                                       cfg.quantization, prefix, ("gate_proj", "up_proj"))
+        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, cfg.quantization, prefix,
+                                           ("down_proj",))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -68,7 +75,7 @@ class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(cfg, layer, backend, rotary_emb)
-        self.mlp = DecoderMLP(cfg)
+        self.mlp = DecoderMLP(cfg, layer)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -127,6 +134,8 @@ class DecoderForCausalLM(nn.Module):
             if "rotary_emb.inv_freq" in hf_name:
                 continue
             if self.config.tie_word_embeddings and hf_name == "lm_head.weight":
+                continue
+            if skipped_tensor(self.config.quantization, hf_name):
                 continue
             name, shard_id = hf_name, None
             for fragment, (stacked, sid) in STACKED_PARAMS.items():

@@ -1,28 +1,44 @@
-"""Bearer-token check for /v1 routes, /tokenize and /detokenize when the server runs with --api-key.
+"""Bearer-token check for every route but the open ones, when the server runs with --api-key.
 
-The token is compared in constant time (`hmac.compare_digest`), so response timing says nothing about
-how much of a guess was right. /health and /metrics stay open for supervisors and scrapers.
+It runs as ASGI middleware, before routing and before the body is read or parsed, so a client without
+the key learns nothing from the server but "401" (not even whether its JSON was valid). Open without a
+key, on purpose: /health (supervisors), /metrics (scrapers; model name and counters only), and the
+API's own description (/openapi.json, /docs, /redoc: the schema of the routes, never data). The token
+is compared in constant time (`hmac.compare_digest`), so response timing says nothing about how much
+of a guess was right.
 """
 from __future__ import annotations
 
 import hmac
 
-from fastapi import Depends, Request
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.server.context import ServerContext, get_context
-from engine.server.errors import OpenAIError
+from engine.server.errors import error_response
+
+OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
 
-def _bearer_token(request: Request) -> str:
-    header = request.headers.get("authorization", "")
+def bearer_token(headers: dict[bytes, bytes]) -> str:
+    header = headers.get(b"authorization", b"").decode("latin-1")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
 
 
-async def require_api_key(request: Request, ctx: ServerContext = Depends(get_context)) -> None:
-    if ctx.api_key is None:
-        return
-    token = _bearer_token(request)
-    if not hmac.compare_digest(token.encode("utf-8", "surrogateescape"), ctx.api_key.encode("utf-8")):
-        raise OpenAIError(401, "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'",
-                          code="invalid_api_key")
+def key_matches(token: str, api_key: str) -> bool:
+    return hmac.compare_digest(token.encode("utf-8", "surrogateescape"), api_key.encode("utf-8"))
+
+
+class ApiKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str | None):
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.api_key is None or scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        if key_matches(bearer_token(dict(scope.get("headers") or [])), self.api_key):
+            await self.app(scope, receive, send)
+            return
+        response = error_response(401, "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'",
+                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)

@@ -14,6 +14,7 @@ from engine.async_engine import AsyncEngine
 from engine.server.errors import OpenAIError, engine_error
 from engine.server.metrics import ServerMetrics
 from engine.server.served_model import ServedModel
+from engine.server.state_hub import SnapshotHub
 
 
 @dataclass
@@ -23,6 +24,7 @@ class ServerContext:
     api_key: str | None
     metrics: ServerMetrics
     _served: ServedModel | None = None
+    snapshots: SnapshotHub | None = None  # the engine-state snapshots every reader shares (routes_state)
 
     def served_model(self) -> ServedModel:
         try:

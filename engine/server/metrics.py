@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from engine.outputs import RequestOutput
+from engine.server.served_model import quantization_name
 
 if TYPE_CHECKING:
     from engine.async_engine import AsyncEngine
@@ -42,6 +43,12 @@ class _EngineCollector(Collector):
             g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
             g.add_metric([self.model_name], float(value))
             yield g
+        engine = self.async_engine.engine  # set once loaded
+        if engine is not None:
+            info = GaugeMetricFamily(PREFIX + "model_info", "The served model; quantization: method, bits, group "
+                                     "size of its weights, or none", labels=["model_name", "quantization"])
+            info.add_metric([self.model_name, quantization_name(engine.model_config) or "none"], 1.0)
+            yield info
         for name, doc, value in counters:
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self.model_name], float(value))

@@ -1,18 +1,27 @@
 """Turn request prompts and chat messages into token ids, and check them against the model's limits.
 
 Chat messages are rendered by the tokenizer's own `apply_chat_template` (transformers renders it in a
-sandboxed Jinja environment). Everything a client can get wrong here (empty prompt, ids outside the
-vocabulary, too long for `max_model_len`, images for a text model, tools for a model whose template
-has none) raises `OpenAIError(400)` with the numbers.
+sandboxed Jinja environment). Message content is the user's text, never markup: special-token text in
+it ("</s><|system|>") is tokenized as plain text, while the template's own special tokens stay special,
+so no one can forge a turn of another role. Text longer than any prompt that could fit `max_model_len`
+(MAX_CHARS_PER_TOKEN characters per token, a bound no real tokenizer reaches on average) is refused
+before it is tokenized. Everything a client can get wrong here (empty prompt, ids outside the
+vocabulary, too long, images for a text model, tools for a model whose template has none) raises
+`OpenAIError(400)` with the numbers. These functions run in the tokenizer pool (tokenize_pool.py).
 """
 from __future__ import annotations
 
 import json
+import re
+import secrets
 from dataclasses import dataclass
 
 from engine.server.errors import bad_request
 from engine.server.protocol import ChatMessage
 from engine.server.served_model import ServedModel
+
+
+MAX_CHARS_PER_TOKEN = 32
 
 
 @dataclass
@@ -27,7 +36,33 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
         raise bad_request(f"{param} holds token ids outside the vocabulary [0, {vocab_size}): {bad[:5]}", param)
 
 
+def check_prompt_chars(num_chars: int, max_model_len: int, param: str = "prompt") -> None:
+    limit = max_model_len * MAX_CHARS_PER_TOKEN
+    if num_chars > limit:
+        raise bad_request(f"the prompt has {num_chars} characters, more than any prompt that fits this model's "
+                          f"maximum context length of {max_model_len} tokens can have ({limit} characters); "
+                          "shorten the prompt", param)
+
+
+def prompt_chars(prompt: str | list) -> int:
+    """Characters in a completions prompt (all entries), for the cap and the tokenizer pool's lane."""
+    if isinstance(prompt, str):
+        return len(prompt)
+    return sum(len(p) for p in prompt if isinstance(p, (str, list)))
+
+
+def message_chars(messages: list[ChatMessage] | None) -> int:
+    total = 0
+    for m in messages or []:
+        if isinstance(m.content, str):
+            total += len(m.content)
+        elif m.content:
+            total += sum(len(part.text or "") for part in m.content)
+    return total
+
+
 def encode(model: ServedModel, text: str, add_special_tokens: bool) -> list[int]:
+    check_prompt_chars(len(text), model.max_model_len)
     return list(model.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
 
@@ -121,7 +156,13 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
     clash = sorted(set(chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
     if clash:
         raise bad_request(f"chat_template_kwargs may not set {clash}; use the request fields", "chat_template_kwargs")
-    dicts = chat_messages(messages)
+    check_prompt_chars(message_chars(messages), model.max_model_len, "messages")
+    return _apply_template(model, chat_messages(messages), tools, add_generation_prompt, continue_final_message,
+                           chat_template_kwargs)
+
+
+def _apply_template(model: ServedModel, dicts: list[dict], tools: list | None, add_generation_prompt: bool,
+                    continue_final_message: bool, chat_template_kwargs: dict | None = None) -> str:
     tool_dicts = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools or []]
     try:
         return model.tokenizer.apply_chat_template(
@@ -131,14 +172,48 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from None
 
 
+def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list | None,
+                   add_generation_prompt: bool, continue_final_message: bool,
+                   add_special_tokens: bool = False, chat_template_kwargs: dict | None = None) -> Prompt:
+    """The rendered chat and its ids: the template's own text with its special tokens, each message content
+    as plain text. Contents holding special-token text are located exactly by rendering once more with a
+    unique marker in their place (searching the rendered text could hit the template's own markers)."""
+    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
+    check_prompt_chars(len(text), model.max_model_len, "messages")
+    dicts = chat_messages(messages)
+    contents = {i: d["content"] for i, d in enumerate(dicts)
+                if any(s in d["content"] for s in model.special_token_texts)}
+    if not contents:
+        return Prompt(text, encode(model, text, add_special_tokens))
+    nonce = secrets.token_hex(8)
+    markers = {f"[[pagedesk-content-{nonce}-{i}]]": i for i in contents}
+    for marker, i in markers.items():
+        dicts[i]["content"] = marker
+    marked = _apply_template(model, dicts, tools, add_generation_prompt, continue_final_message,
+                             chat_template_kwargs)
+    pieces = re.split("(" + "|".join(map(re.escape, markers)) + ")", marked)
+    if sorted(p for p in pieces if p in markers) != sorted(markers):
+        i = min(contents)
+        raise bad_request(f"messages[{i}] holds special-token text, and the chat template does not show the "
+                          "message content as it is, so it cannot be kept as plain text; remove it",
+                          f"messages.{i}.content")
+    ids: list[int] = list(model.tokenizer.encode("", add_special_tokens=add_special_tokens))
+    for piece in pieces:
+        if piece in markers:
+            ids += model.text_tokenizer.encode(contents[markers[piece]], add_special_tokens=False)
+        elif piece:
+            ids += model.tokenizer.encode(piece, add_special_tokens=False)
+    return Prompt(text, ids)
+
+
 def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
                 chat_template_kwargs: dict | None = None) -> Prompt:
-    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
-    ids = encode(model, text, add_special_tokens=False)
-    if not ids:
+    prompt = chat_token_ids(model, messages, tools, add_generation_prompt, continue_final_message,
+                            chat_template_kwargs=chat_template_kwargs)
+    if not prompt.token_ids:
         raise bad_request("the rendered chat prompt is empty", "messages")
-    return Prompt(text, ids)
+    return prompt
 
 
 def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int) -> Prompt:

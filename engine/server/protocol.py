@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, create_model
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model
 
 from engine.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
 from engine.server.refusals import REFUSALS
@@ -25,9 +25,12 @@ def _valid_unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-TokenIds = list[Annotated[int, Field(ge=0)]]
+TokenId = Annotated[StrictInt, Field(ge=0)]  # strict: true/false and "5" are not token ids
+TokenIds = Annotated[list[TokenId], Field(min_length=1)]
+# Length limits sit on the str itself (before the Unicode check), so errors say "characters", not "items".
+NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_valid_unicode)]
 TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,12}$")]
-StopText = Annotated[Text, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS), AfterValidator(_valid_unicode)]
 
 
 class _Request(BaseModel):
@@ -82,8 +85,8 @@ class SamplingFields(RefusableFields):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
     seed: int | None = Field(None, ge=0, lt=2**63)
-    stop: StopText | list[StopText] | None = Field(None, max_length=MAX_STOP_STRINGS)
-    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: list[TokenId] | None = None
     ignore_eos: bool = False
     min_tokens: int = Field(0, ge=0)
     skip_special_tokens: bool = True
@@ -107,13 +110,14 @@ class SamplingFields(RefusableFields):
     return_token_ids: bool | None = Field(None, description="vLLM: prompt and generated token ids in the reply")
     request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
         None, description="vLLM: the response id is cmpl-/chatcmpl- + this (must not be in use)")
-    allowed_token_ids: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the last k prompt tokens; -1: "
                                                                        "max_model_len")
 
 
 class CompletionRequest(SamplingFields):
-    prompt: Text | list[Text] | TokenIds | list[TokenIds] = Field(
+    prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
+        Annotated[list[TokenIds], Field(min_length=1)] = Field(
         ..., description="A string, a list of strings, token ids, or a list of token-id lists (none empty)")
     max_tokens: int | None = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
@@ -179,7 +183,7 @@ class ChatCompletionRequest(SamplingFields):
 class TokenizeRequest(_Request):
     model: Text | None = None
     prompt: Text | None = None
-    messages: list[ChatMessage] | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
@@ -190,4 +194,4 @@ class TokenizeRequest(_Request):
 
 class DetokenizeRequest(_Request):
     model: Text | None = None
-    tokens: list[int]
+    tokens: list[TokenId]

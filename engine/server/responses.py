@@ -123,6 +123,7 @@ class ModelCard(BaseModel):
     parent: str | None = None
     max_model_len: int | None = None
     context_length: int | None = None  # what Open WebUI and Cline read
+    quantization: str | None = None  # e.g. "awq 4-bit g128 asym"; None for float weights
 
 
 class ModelList(BaseModel):

@@ -7,7 +7,6 @@ under `auto` the model's tool parser reads calls out of the text (chat_outputs).
 """
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -24,15 +23,16 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs, vllm_prompt_logprobs
-from engine.server.prompts import chat_prompt, message_text, resolve_max_tokens, truncate_prompt
+from engine.server.prompts import chat_prompt, message_chars, message_text, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
                                      ChatLogprobs, DeltaMessage, Usage)
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
-from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
 from engine.server.structured import compile_or_400, structured_outputs_for, tool_call_schema
+from engine.server.tokenize_pool import off_loop
 from engine.server.usage import usage_of
 from engine.tool_parsers import get_tool_parser
 
@@ -82,7 +82,7 @@ def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOu
     return plan, tool_call_schema(req.tools, choice, req.parallel_tool_calls is not False)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse)
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
 async def create_chat_completion(req: ChatCompletionRequest, request: Request,
                                  ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
     model = ctx.model_for(req.model)
@@ -91,8 +91,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     structured, source = structured_outputs_for(req, forced_schema)
     await compile_or_400(model, structured, source)
     tools = None if req.tool_choice == "none" else req.tools
-    prompt = await asyncio.to_thread(chat_prompt, model, req.messages, tools, req.add_generation_prompt,
-                                     req.continue_final_message, req.chat_template_kwargs)
+    prompt = await off_loop(message_chars(req.messages), chat_prompt, model, req.messages, tools,
+                            req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
     prompt = truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

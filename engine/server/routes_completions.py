@@ -7,7 +7,6 @@ loglikelihood requests). vLLM's `prompt_logprobs: k` returns each choice's promp
 """
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from contextlib import aclosing
@@ -21,14 +20,15 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import completion_logprobs, vllm_prompt_logprobs
-from engine.server.prompts import Prompt, completion_prompts, resolve_max_tokens, truncate_prompt
+from engine.server.prompts import Prompt, completion_prompts, prompt_chars, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import CompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import CompletionChoice, CompletionLogprobs, CompletionResponse
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
-from engine.server.sse import DONE, sse_event, sse_response
+from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
 from engine.server.structured import compile_or_400, structured_outputs_for
+from engine.server.tokenize_pool import off_loop
 from engine.server.usage import usage_of
 
 MAX_PROMPTS = 64
@@ -55,14 +55,14 @@ def _engine_prompt_logprobs(req: CompletionRequest) -> int | None:
     return max(wanted) if wanted else None
 
 
-@router.post("/v1/completions", response_model=CompletionResponse)
+@router.post("/v1/completions", response_model=CompletionResponse, responses=SSE_RESPONSE_DOC)
 async def create_completion(req: CompletionRequest, request: Request,
                             ctx: ServerContext = Depends(get_context)) -> Response | CompletionResponse:
     model = ctx.model_for(req.model)
     _check_supported(req)
     structured, source = structured_outputs_for(req)
     await compile_or_400(model, structured, source)
-    prompts = await asyncio.to_thread(completion_prompts, model, req.prompt, req.add_special_tokens)
+    prompts = await off_loop(prompt_chars(req.prompt), completion_prompts, model, req.prompt, req.add_special_tokens)
     prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len) for p in prompts]
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")

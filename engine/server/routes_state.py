@@ -1,16 +1,20 @@
-"""GET /v1/engine/state (one snapshot) and GET /v1/engine/state/stream?hz=4 (snapshots as SSE) for the GUI."""
+"""GET /v1/engine/state (one snapshot) and GET /v1/engine/state/stream?hz=4 (snapshots as SSE) for the GUI.
+
+Every reader goes through the server's SnapshotHub, so many subscribers cost the engine no more than one.
+"""
 from __future__ import annotations
 
 import asyncio
 import json
 
 from fastapi import APIRouter, Depends, Query
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from engine.server.context import ServerContext, get_context
 from engine.server.engine_state import build_state, collect_raw
 from engine.server.errors import engine_error, error_body
-from engine.server.sse import sse_response
+from engine.server.sse import EventStreamResponse, sse_response
+from engine.server.state_hub import MAX_SNAPSHOTS_PER_S, SnapshotHub
 
 router = APIRouter()
 
@@ -24,27 +28,48 @@ async def snapshot(ctx: ServerContext) -> dict:
     return await asyncio.to_thread(build_state, raw, ctx.served_name, engine.token_rates())
 
 
-@router.get("/v1/engine/state")
+async def _encoded_snapshot(ctx: ServerContext) -> str:
+    return json.dumps(await snapshot(ctx), separators=(",", ":"))
+
+
+def snapshot_hub(ctx: ServerContext) -> SnapshotHub:
+    if ctx.snapshots is None:
+        ctx.snapshots = SnapshotHub(lambda: _encoded_snapshot(ctx))
+    return ctx.snapshots
+
+
+@router.get("/v1/engine/state", responses={200: {"content": {"application/json": {"schema": {"type": "object"}}},
+                                                  "description": "One snapshot (docs/engine-state.md)"}})
 async def engine_state(ctx: ServerContext = Depends(get_context)) -> Response:
-    return JSONResponse(await snapshot(ctx))
+    hub = snapshot_hub(ctx)
+    snap = await hub.get(started_after=hub.now())  # the state as of this request, not one a stream took earlier
+    return Response(snap.body, media_type="application/json")
 
 
-@router.get("/v1/engine/state/stream")
-async def engine_state_stream(hz: float = Query(4.0, ge=0.5, le=20.0),
+@router.get("/v1/engine/state/stream", response_class=EventStreamResponse,
+            responses={200: {"description": "Snapshots as server-sent events"}})
+async def engine_state_stream(hz: float = Query(4.0, ge=0.5, le=MAX_SNAPSHOTS_PER_S, allow_inf_nan=False),
                               ctx: ServerContext = Depends(get_context)) -> Response:
     ctx.served_model()  # 503 before streaming if the engine is not serving
+    hub = snapshot_hub(ctx)
 
     async def events():
         loop = asyncio.get_running_loop()
-        while True:
-            started = loop.time()
-            try:
-                state = await snapshot(ctx)
-            except Exception as exc:  # noqa: BLE001 - tell the client why the stream ends
-                err = engine_error(exc)
-                yield f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
-                return
-            yield f"data: {json.dumps(state, separators=(',', ':'))}\n\n"
-            await asyncio.sleep(max(0.0, 1.0 / hz - (loop.time() - started)))
+        seen = 0
+        hub.subscribers += 1
+        try:
+            while True:
+                started = loop.time()
+                try:
+                    snap = await hub.get(seen)
+                    seen = snap.seq
+                except Exception as exc:  # noqa: BLE001 - tell the client why the stream ends
+                    err = engine_error(exc)
+                    yield f"data: {json.dumps(error_body(err.status, err.message, err.param, err.code))}\n\n"
+                    return
+                yield f"data: {snap.body}\n\n"
+                await asyncio.sleep(max(0.0, hub.interval(hz) - (loop.time() - started)))
+        finally:
+            hub.subscribers -= 1
 
     return sse_response(events())

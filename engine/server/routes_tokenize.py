@@ -1,41 +1,48 @@
-"""POST /tokenize and POST /detokenize in vLLM's shapes: text or chat messages → ids, and ids → text."""
-from __future__ import annotations
+"""POST /tokenize and POST /detokenize in vLLM's shapes: text or chat messages → ids, and ids → text.
 
-import asyncio
+Both run their tokenizer work in the tokenizer pool (tokenize_pool.py), never on the event loop; text is
+capped like a prompt (prompts.check_prompt_chars) before it is tokenized.
+"""
+from __future__ import annotations
 
 from fastapi import APIRouter, Depends
 
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request
-from engine.server.prompts import check_token_ids, encode, render_chat
+from engine.server.prompts import chat_token_ids, check_token_ids, encode, message_chars
 from engine.server.protocol import DetokenizeRequest, TokenizeRequest
 from engine.server.responses import DetokenizeResponse, TokenizeResponse
 from engine.server.served_model import ServedModel
+from engine.server.tokenize_pool import off_loop
 
 router = APIRouter()
 
 
-def _tokenize(model: ServedModel, req: TokenizeRequest) -> list[int]:
+def _tokenize(model: ServedModel, req: TokenizeRequest) -> tuple[list[int], list[str] | None]:
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("send exactly one of 'prompt' or 'messages'", "prompt")
     if req.prompt is not None:
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
-        return encode(model, req.prompt, add_special)
-    text = render_chat(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
-                       req.chat_template_kwargs)
-    return encode(model, text, bool(req.add_special_tokens))
+        ids = encode(model, req.prompt, add_special)
+    else:
+        ids = chat_token_ids(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
+                             bool(req.add_special_tokens), req.chat_template_kwargs).token_ids
+    return ids, (model.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None)
+
+
+def _detokenize(model: ServedModel, tokens: list[int]) -> str:
+    check_token_ids(tokens, model.vocab_size, "tokens")
+    return model.tokenizer.decode(tokens)
 
 
 @router.post("/tokenize", response_model=TokenizeResponse)
 async def tokenize(req: TokenizeRequest, ctx: ServerContext = Depends(get_context)) -> TokenizeResponse:
     model = ctx.model_for(req.model)
-    ids = await asyncio.to_thread(_tokenize, model, req)
-    strs = model.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None
+    ids, strs = await off_loop(len(req.prompt or "") + message_chars(req.messages), _tokenize, model, req)
     return TokenizeResponse(count=len(ids), max_model_len=model.max_model_len, tokens=ids, token_strs=strs)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse)
 async def detokenize(req: DetokenizeRequest, ctx: ServerContext = Depends(get_context)) -> DetokenizeResponse:
     model = ctx.model_for(req.model)
-    check_token_ids(req.tokens, model.vocab_size, "tokens")
-    return DetokenizeResponse(prompt=model.tokenizer.decode(req.tokens))
+    return DetokenizeResponse(prompt=await off_loop(len(req.tokens), _detokenize, model, req.tokens))

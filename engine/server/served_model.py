@@ -1,13 +1,15 @@
 """ServedModel: what the HTTP layer knows about the loaded model (name, tokenizer copy, limits).
 
 Built once the engine has loaded. The tokenizer is a private copy, so the event loop and its
-threadpool can tokenize while the engine thread detokenizes with its own instance.
+threadpool can tokenize while the engine thread detokenizes with its own instance. `text_tokenizer`
+is a second copy that reads special-token text as plain text (split_special_tokens), for message
+content; a copy of its own because switching that mode on a shared tokenizer races between threads.
 """
 from __future__ import annotations
 
 import copy
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.tool_parsers import detect_tool_parser
@@ -22,6 +24,9 @@ class ServedModel:
     vocab_size: int
     supports_tools: bool
     created: int
+    text_tokenizer: Any = None
+    special_token_texts: tuple[str, ...] = field(default_factory=tuple)
+    quantization: str | None = None  # QuantConfig.describe() of the loaded checkpoint
     grammars: Any = None  # the engine's GrammarCompiler (thread-safe; shares its cache with the engine)
     tool_parser: str | None = None  # --tool-call-parser, or detected from the chat template
     reasoning_parser: str | None = None
@@ -34,6 +39,31 @@ class ServedModel:
                    max_model_len=int(llm_engine.model_config.max_model_len),
                    vocab_size=int(llm_engine.model_config.vocab_size),
                    supports_tools="tools" in str(template), created=int(time.time()),
+                   quantization=quantization_name(llm_engine.model_config),
+                   text_tokenizer=plain_text_tokenizer(tokenizer), special_token_texts=special_texts(tokenizer),
                    grammars=llm_engine.grammars,
                    tool_parser=llm_engine.config.tool_call_parser or detect_tool_parser(template),
                    reasoning_parser=llm_engine.config.reasoning_parser)
+
+
+def quantization_name(model_config: Any) -> str | None:
+    quant = getattr(model_config, "quantization", None)
+    return quant.describe() if quant is not None else None
+
+
+def plain_text_tokenizer(tokenizer: Any) -> Any:
+    copied = copy.deepcopy(tokenizer)
+    copied.split_special_tokens = True
+    backend = getattr(copied, "_tokenizer", None)
+    if backend is not None and hasattr(backend, "encode_special_tokens"):
+        backend.encode_special_tokens = True
+    return copied
+
+
+def special_texts(tokenizer: Any) -> tuple[str, ...]:
+    """Texts the tokenizer would read as special tokens (added tokens marked special, and the named ones)."""
+    texts = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    for added in (getattr(tokenizer, "added_tokens_decoder", None) or {}).values():
+        if getattr(added, "special", False):
+            texts.add(str(added))
+    return tuple(sorted(t for t in texts if t))

@@ -15,6 +15,14 @@ def sse_event(data: BaseModel | dict) -> str:
     return f"data: {body}\n\n"
 
 
+# What /openapi.json says a streaming route answers (merged into the route's JSON 200 where it has one).
+SSE_RESPONSE_DOC = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                          "description": "JSON, or with stream=true server-sent events ending with data: [DONE]"}}
+
+
+class EventStreamResponse(StreamingResponse):
+    media_type = "text/event-stream"
+
+
 def sse_response(events: AsyncIterator[str]) -> StreamingResponse:
-    return StreamingResponse(events, media_type="text/event-stream",
-                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return EventStreamResponse(events, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})

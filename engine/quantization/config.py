@@ -1,0 +1,162 @@
+"""QuantConfig: what a model folder's `quantization_config` says about its packed weights, checked once.
+
+Reads the four checkpoint families the engine serves — AWQ (gemm), GPTQ (v1 and v2 zero convention, act
+order), compressed-tensors (pack-quantized int4/int8, float-quantized FP8) and `fp8` — into one flat
+description (method, bits, group size, symmetry, act order, which modules stay in float). Anything else is
+refused here with the values found, so a folder never half-loads. Torch-free: the GUI's planner and model
+info read the same object the engine builds its layers from.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8")
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    method: str  # awq | gptq | compressed-tensors | fp8
+    weight_type: str  # "int" (packed codes, scales, zero points) | "float" (fp8 e4m3 values, scales)
+    bits: int
+    group_size: int  # weights sharing one scale along the input dim; -1: one per output channel
+    symmetric: bool = True
+    act_order: bool = False  # rows of the input dim are assigned to groups by a stored g_idx
+    zero_offset: int = 0  # added to stored zero points (GPTQ v1 stores zero - 1)
+    ignore: tuple[str, ...] = ()  # module names or "re:" patterns that stay unquantized
+    activation_fp8: bool = False  # the checkpoint asks for FP8 activations (W8A8) where the card has FP8
+
+    @property
+    def pack_factor(self) -> int:
+        return 32 // self.bits if self.weight_type == "int" else 1
+
+    def describe(self) -> str:
+        """Short human form, e.g. "awq 4-bit g128 asym" or "fp8 e4m3 weights, fp8 activations"."""
+        if self.weight_type == "float":
+            return f"{self.method} e4m3 weights{', fp8 activations' if self.activation_fp8 else ''}"
+        group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
+        extra = " act-order" if self.act_order else ""
+        extra += "" if self.symmetric else " asym"
+        return f"{self.method} {self.bits}-bit {group}{extra}"
+
+    def is_ignored(self, module: str) -> bool:
+        """Whether a checkpoint module (e.g. "model.layers.0.mlp.down_proj") stays in float."""
+        for pattern in self.ignore:
+            if pattern.startswith("re:"):
+                if re.fullmatch(pattern[3:], module):
+                    return True
+            elif module == pattern or module.endswith("." + pattern) or module.startswith(pattern + "."):
+                return True
+        return False
+
+
+def parse_quantization_config(hf: dict[str, Any], override: str | None = None) -> QuantConfig | None:
+    """QuantConfig from a config.json dict; `override` (--quantization) must name the folder's own method."""
+    qc = hf.get("quantization_config") or hf.get("compression_config")
+    if not qc:
+        if override is not None:
+            raise ValueError(f"--quantization {override} was given but the model folder has no "
+                             "quantization_config: it holds float weights; drop --quantization or point --model "
+                             "at a quantized checkpoint")
+        return None
+    method = str(qc.get("quant_method", "<missing>")).lower()
+    if method not in SUPPORTED_METHODS:
+        raise ValueError(f"quantization_config.quant_method {method!r} is not supported "
+                         f"(supported: {', '.join(SUPPORTED_METHODS)})")
+    if override is not None and override != method:
+        raise ValueError(f"--quantization {override} does not match the model folder's quant_method {method!r}; "
+                         f"drop --quantization or pass --quantization {method}")
+    return {"awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors, "fp8": _fp8}[method](qc)
+
+
+def check_folder_quantization(model: str, override: str) -> None:
+    """Early check of --quantization against a local folder's config.json (hub ids are checked at load)."""
+    config = Path(model).expanduser() / "config.json"
+    if model and config.is_file():
+        parse_quantization_config(json.loads(config.read_text()), override)
+
+
+def _group_size(value: Any, where: str) -> int:
+    group = -1 if value in (None, -1, 0) else int(value)
+    if group != -1 and (group < 8 or group % 8):
+        raise ValueError(f"{where} group_size {value} is not supported (a multiple of 8, or -1)")
+    return group
+
+
+def _awq(qc: dict[str, Any]) -> QuantConfig:
+    version = str(qc.get("version", "gemm")).lower()
+    bits = int(qc.get("bits", qc.get("w_bit", 4)))
+    if version != "gemm":
+        raise ValueError(f"AWQ version {version!r} is not supported (only 'gemm' checkpoints)")
+    if bits != 4:
+        raise ValueError(f"AWQ with {bits} bits is not supported (only 4-bit)")
+    if not qc.get("zero_point", True):
+        raise ValueError("AWQ without zero points (zero_point: false) is not supported")
+    group = _group_size(qc.get("group_size", qc.get("q_group_size", 128)), "AWQ")
+    return QuantConfig("awq", "int", bits, group, symmetric=False,
+                       ignore=tuple(qc.get("modules_to_not_convert") or ()))
+
+
+def _gptq(qc: dict[str, Any]) -> QuantConfig:
+    bits = int(qc.get("bits", 4))
+    if bits not in (4, 8):
+        raise ValueError(f"GPTQ with {bits} bits is not supported (4 or 8)")
+    fmt = str(qc.get("checkpoint_format", qc.get("format", "gptq"))).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise ValueError(f"GPTQ checkpoint_format {fmt!r} is not supported (gptq, gptq_v2)")
+    if qc.get("dynamic"):
+        raise ValueError("GPTQ per-module overrides (quantization_config.dynamic) are not supported")
+    if qc.get("lm_head"):
+        raise ValueError("GPTQ checkpoints with a quantized lm_head are not supported")
+    return QuantConfig("gptq", "int", bits, _group_size(qc.get("group_size", 128), "GPTQ"),
+                       symmetric=bool(qc.get("sym", True)), act_order=bool(qc.get("desc_act", False)),
+                       zero_offset=1 if fmt == "gptq" else 0,
+                       ignore=tuple(qc.get("modules_to_not_convert") or ()))
+
+
+def _fp8(qc: dict[str, Any]) -> QuantConfig:
+    if qc.get("weight_block_size"):
+        raise ValueError(f"FP8 with block-wise scales (weight_block_size {qc['weight_block_size']}) is not "
+                         "supported (per-tensor or per-channel scales only)")
+    if qc.get("fmt", "e4m3") != "e4m3":
+        raise ValueError(f"FP8 weight format {qc.get('fmt')!r} is not supported (e4m3)")
+    ignore = tuple(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ())
+    return QuantConfig("fp8", "float", 8, -1, ignore=ignore,
+                       activation_fp8=qc.get("activation_scheme", "dynamic") == "dynamic")
+
+
+def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
+    groups = qc.get("config_groups") or {}
+    if len(groups) != 1:
+        raise ValueError(f"compressed-tensors with {len(groups)} config_groups is not supported (exactly one)")
+    scheme = next(iter(groups.values()))
+    targets = scheme.get("targets") or []
+    if targets != ["Linear"]:
+        raise ValueError(f"compressed-tensors targets {targets} are not supported (['Linear'])")
+    w = scheme.get("weights") or {}
+    fmt, wtype, bits = qc.get("format"), w.get("type", "int"), int(w.get("num_bits", 0))
+    strategy = w.get("strategy")
+    ignore = tuple(qc.get("ignore") or ())
+    if fmt == "float-quantized" and wtype == "float" and bits == 8:
+        if strategy not in ("tensor", "channel"):
+            raise ValueError(f"compressed-tensors FP8 strategy {strategy!r} is not supported (tensor, channel)")
+        acts = scheme.get("input_activations") or {}
+        return QuantConfig("compressed-tensors", "float", 8, -1, ignore=ignore,
+                           activation_fp8=acts.get("type") == "float" and bool(acts.get("dynamic")))
+    if fmt != "pack-quantized" or wtype != "int" or bits not in (4, 8):
+        raise ValueError(f"compressed-tensors format {fmt!r} with {bits}-bit {wtype} weights is not supported "
+                         "(pack-quantized int 4/8-bit, float-quantized fp8)")
+    if scheme.get("input_activations"):
+        raise ValueError("compressed-tensors pack-quantized with quantized activations is not supported "
+                         "(weight-only W4A16/W8A16)")
+    if strategy not in ("group", "channel"):
+        raise ValueError(f"compressed-tensors int strategy {strategy!r} is not supported (group, channel)")
+    actorder = w.get("actorder")
+    if actorder not in (None, False, "group", "weight", "static"):
+        raise ValueError(f"compressed-tensors actorder {actorder!r} is not supported")
+    group = _group_size(w.get("group_size") if strategy == "group" else -1, "compressed-tensors")
+    return QuantConfig("compressed-tensors", "int", bits, group, symmetric=bool(w.get("symmetric", True)),
+                       act_order=actorder == "group", ignore=ignore)

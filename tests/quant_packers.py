@@ -1,0 +1,200 @@
+"""Test-only packers: turn a tiny float model folder into an AWQ, GPTQ, compressed-tensors or FP8 checkpoint.
+
+Written from each format's public description, independently of the engine's loader: AWQ gemm packs eight
+4-bit codes per int32 along the output dim in the interleaved order 0,2,4,6,1,3,5,7 (qweight [K, N/8], qzeros
+[G, N/8], scales [G, N]); GPTQ packs codes along the input dim (qweight [K*bits/32, N]) and zero points along
+the output dim, and its v1 format stores zero - 1 (readers add one back after masking the bits); act order
+stores g_idx, the group of every input row. compressed-tensors pack-quantized stores weight_packed [N, K*bits/32]
+with signed codes offset by 2**(bits-1), weight_scale [N, G], weight_zero_point packed along N. `dequantized_folder`
+reads a packed folder back (again independently) into a plain float checkpoint for HF transformers: the oracle.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def pack(codes: torch.Tensor, bits: int, dim: int, order: list[int] | None = None) -> torch.Tensor:
+    """Pack unsigned codes along `dim` into int32 words, word slot i taking element order[i] of each run."""
+    per = 32 // bits
+    c = codes.movedim(dim, -1).to(torch.int64)
+    c = c.reshape(*c.shape[:-1], c.shape[-1] // per, per)
+    words = torch.zeros(c.shape[:-1], dtype=torch.int64)
+    for slot in range(per):
+        words |= (c[..., (order or range(per))[slot]] & ((1 << bits) - 1)) << (bits * slot)
+    words = torch.where(words >= 1 << 31, words - (1 << 32), words)
+    return words.to(torch.int32).movedim(-1, dim).contiguous()
+
+
+def unpack(words: torch.Tensor, bits: int, dim: int, order: list[int] | None = None) -> torch.Tensor:
+    per = 32 // bits
+    w = words.movedim(dim, -1).to(torch.int64) & 0xFFFFFFFF
+    slots = torch.stack([(w >> (bits * s)) & ((1 << bits) - 1) for s in range(per)], -1)
+    if order:  # element j of a run sits in slot order.index(j)
+        slots = slots[..., [order.index(j) for j in range(per)]]
+    return slots.reshape(*w.shape[:-1], -1).movedim(-1, dim)
+
+
+def quantize(w: torch.Tensor, bits: int, group: int, sym: bool, g_idx: torch.Tensor, scale_dtype):
+    """Round-to-nearest codes [N, K], scales [G, N] and unsigned zero points [G, N] for groups given by g_idx."""
+    n, k = w.shape
+    maxq = (1 << bits) - 1
+    num_groups = int(g_idx.max()) + 1
+    scales, zeros = torch.empty(num_groups, n), torch.empty(num_groups, n, dtype=torch.int64)
+    for g in range(num_groups):
+        cols = w[:, g_idx == g]
+        lo, hi = cols.min(1).values.clamp(max=0), cols.max(1).values.clamp(min=0)
+        if sym:
+            scales[g] = torch.maximum(-lo, hi).clamp(min=1e-5) / ((maxq + 1) // 2)
+            zeros[g] = (maxq + 1) // 2
+        else:
+            scales[g] = (hi - lo).clamp(min=1e-5) / maxq
+            zeros[g] = torch.round(-lo / scales[g]).clamp(0, maxq)
+    scales = scales.to(scale_dtype)
+    s, z = scales.float()[g_idx].t(), zeros[g_idx].t()
+    codes = torch.clamp(torch.round(w / s) + z, 0, maxq).to(torch.int64)
+    return codes, scales, zeros
+
+
+def make_g_idx(k: int, group: int, act_order: bool, seed: int) -> torch.Tensor:
+    size = k if group == -1 else group
+    if not act_order:
+        return torch.arange(k) // size
+    perm = torch.randperm(k, generator=torch.Generator().manual_seed(seed))  # the order GPTQ visits rows in
+    g_idx = torch.empty(k, dtype=torch.int64)
+    g_idx[perm] = torch.arange(k) // size
+    return g_idx
+
+
+def quantization_config(fmt: str, bits: int, group: int, sym: bool, act_order: bool, ignore: list[str],
+                        strategy: str = "channel") -> dict:
+    if fmt == "awq":
+        return {"quant_method": "awq", "version": "gemm", "bits": bits, "group_size": group, "zero_point": True,
+                "modules_to_not_convert": ignore or None}
+    if fmt in ("gptq", "gptq_v2"):
+        return {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": act_order,
+                "checkpoint_format": fmt, "static_groups": False, "true_sequential": True,
+                "modules_to_not_convert": ignore or None}
+    if fmt == "ct":
+        weights = {"num_bits": bits, "type": "int", "symmetric": sym, "dynamic": False,
+                   "strategy": "channel" if group == -1 else "group", "group_size": None if group == -1 else group,
+                   "actorder": "group" if act_order else None}
+        return {"quant_method": "compressed-tensors", "format": "pack-quantized", "ignore": ["lm_head", *ignore],
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
+                "quantization_status": "compressed"}
+    if fmt == "ct-fp8":
+        weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy}
+        acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
+        return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head", *ignore],
+                "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
+    assert fmt == "fp8"
+    return {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ignore or None}
+
+
+def pack_linear(w: torch.Tensor, fmt: str, bits: int, group: int, sym: bool, act_order: bool, seed: int,
+                strategy: str = "channel") -> dict[str, torch.Tensor]:
+    """The checkpoint tensors (without the module prefix) of one float weight [N, K] in format `fmt`."""
+    if fmt in ("fp8", "ct-fp8"):
+        amax = w.abs().amax(1) if strategy == "channel" else w.abs().amax().reshape(1)
+        scale = amax.clamp(min=1e-6) / 448.0
+        q = (w / scale.view(-1, 1)).to(torch.float8_e4m3fn)
+        if fmt == "ct-fp8":
+            return {"weight": q, "weight_scale": scale.view(-1, 1) if strategy == "channel" else scale}
+        return {"weight": q, "weight_scale": scale if strategy == "channel" else scale.reshape(()),
+                "input_scale": torch.tensor(1.0)}
+    g_idx = make_g_idx(w.shape[1], group, act_order, seed)
+    codes, scales, zeros = quantize(w, bits, group, sym, g_idx, torch.bfloat16 if fmt == "ct" else torch.float16)
+    mask = (1 << bits) - 1
+    if fmt == "awq":
+        return {"qweight": pack(codes.t(), 4, 1, AWQ_ORDER), "qzeros": pack(zeros, 4, 1, AWQ_ORDER), "scales": scales}
+    if fmt in ("gptq", "gptq_v2"):
+        stored = (zeros - 1) & mask if fmt == "gptq" else zeros
+        return {"qweight": pack(codes.t(), bits, 0), "qzeros": pack(stored, bits, 1), "scales": scales,
+                "g_idx": g_idx.to(torch.int32)}
+    out = {"weight_packed": pack(codes, bits, 1), "weight_scale": scales.t().contiguous(),
+           "weight_shape": torch.tensor(list(w.shape))}
+    if not sym:
+        out["weight_zero_point"] = pack(zeros.t(), bits, 0)  # signed zero + offset == the unsigned zero
+    if act_order:
+        out["weight_g_idx"] = g_idx.to(torch.int32)
+    return out
+
+
+def make_quantized(src: Path, dst: Path, fmt: str, bits: int = 4, group: int = 128, sym: bool = False,
+                   act_order: bool = False, ignore: tuple[str, ...] = (), strategy: str = "channel") -> Path:
+    """Copy the float folder `src` to `dst` with every decoder linear (except `ignore`d modules) packed."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = quantization_config(fmt, bits, group, sym, act_order, list(ignore), strategy)
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(str(dst / "model.safetensors"))
+    out = {}
+    for name, t in tensors.items():
+        module, leaf = name.rsplit(".", 1)
+        quantized = leaf == "weight" and module.rsplit(".", 1)[-1] in LINEARS and \
+            not any(module == i or module.endswith("." + i) for i in ignore)
+        if not quantized:
+            out[name] = t
+            continue
+        layer = int(module.split(".")[2])
+        seed = layer * 10 + (0 if "self_attn" in module else 1) + (5 if module.endswith(("o_proj", "down_proj")) else 0)
+        for leaf_name, packed in pack_linear(t, fmt, bits, group, sym, act_order, seed, strategy).items():
+            out[f"{module}.{leaf_name}"] = packed
+    save_file(out, str(dst / "model.safetensors"))
+    return dst
+
+
+def dequantize_module(t: dict[str, torch.Tensor], qc: dict) -> torch.Tensor:
+    """Float weight [N, K] straight from one module's packed tensors (the reference for the engine's loader)."""
+    method = qc["quant_method"]
+    if "weight" in t:  # fp8
+        return t["weight"].float() * t["weight_scale"].float().reshape(-1, 1)
+    if method == "awq":
+        codes, zeros = unpack(t["qweight"], 4, 1, AWQ_ORDER).t(), unpack(t["qzeros"], 4, 1, AWQ_ORDER)
+        scales, bits = t["scales"], 4
+        g_idx = torch.arange(codes.shape[1]) // qc["group_size"]
+    elif method == "gptq":
+        bits = qc["bits"]
+        codes = unpack(t["qweight"], bits, 0).t()
+        zeros = unpack(t["qzeros"], bits, 1) + (1 if qc["checkpoint_format"] == "gptq" else 0)
+        scales, g_idx = t["scales"], t["g_idx"].long()
+    else:
+        w = qc["config_groups"]["group_0"]["weights"]
+        bits = w["num_bits"]
+        codes = unpack(t["weight_packed"], bits, 1)  # offset codes: signed + 2**(bits-1)
+        zeros = unpack(t["weight_zero_point"], bits, 0).t() if "weight_zero_point" in t else \
+            torch.full((t["weight_scale"].shape[1], codes.shape[0]), 1 << (bits - 1))
+        scales = t["weight_scale"].t()
+        k = codes.shape[1]
+        g_idx = t["weight_g_idx"].long() if "weight_g_idx" in t else \
+            torch.arange(k) // (w["group_size"] or k)
+    return (codes - zeros.t()[:, g_idx]).float() * scales.float().t()[:, g_idx]
+
+
+def dequantized_folder(src: Path, dst: Path) -> Path:
+    """A plain float checkpoint with the weights a packed folder encodes, for HF transformers."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    qc = config.pop("quantization_config")
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    tensors = load_file(str(dst / "model.safetensors"))
+    modules: dict[str, dict[str, torch.Tensor]] = {}
+    out = {}
+    for name, t in tensors.items():
+        module, leaf = name.rsplit(".", 1)
+        packed = leaf not in ("weight", "bias") or t.dtype == torch.float8_e4m3fn
+        if module.rsplit(".", 1)[-1] in LINEARS and packed:
+            modules.setdefault(module, {})[leaf] = t
+        else:
+            out[name] = t
+    for module, parts in modules.items():
+        out[f"{module}.weight"] = dequantize_module(parts, qc).contiguous()
+    save_file(out, str(dst / "model.safetensors"))
+    return dst
