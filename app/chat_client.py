@@ -39,6 +39,7 @@ class ChatRequest:
 @dataclass
 class ChatResult:
     text: str = ""
+    reasoning: str = ""  # reasoning_content deltas (a server started with --reasoning-parser)
     ttft_s: float | None = None
     completion_tokens: int = 0
     elapsed_s: float = 0.0
@@ -77,6 +78,7 @@ def error_text(response: httpx.Response) -> str:
 
 class ChatWorker(QObject):
     delta = Signal(str)
+    reasoning_delta = Signal(str)
     finished = Signal(object)  # ChatResult
     failed = Signal(str)
     done = Signal()  # after finished or failed: the thread may quit
@@ -139,7 +141,12 @@ class ChatWorker(QObject):
         if chunk.get("usage"):
             result.usage = chunk["usage"]
         for choice in chunk.get("choices") or []:
-            content = (choice.get("delta") or {}).get("content")
+            delta = choice.get("delta") or {}
+            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+            if reasoning:
+                result.reasoning += reasoning
+                self.reasoning_delta.emit(reasoning)
+            content = delta.get("content")
             if content:
                 if result.ttft_s is None:
                     result.ttft_s = time.perf_counter() - start
@@ -154,6 +161,7 @@ class ChatClient(QObject):
     """One streaming request at a time; signals delta / finished / failed on the GUI thread."""
 
     delta = Signal(str)
+    reasoning_delta = Signal(str)
     finished = Signal(object)
     failed = Signal(str)
 
@@ -174,6 +182,7 @@ class ChatClient(QObject):
         self._worker.moveToThread(self._thread)
         self._thread.started.connect(self._worker.run)
         self._worker.delta.connect(self.delta)
+        self._worker.reasoning_delta.connect(self.reasoning_delta)
         self._worker.finished.connect(self.finished)
         self._worker.failed.connect(self.failed)
         self._worker.done.connect(self._thread.quit, Qt.ConnectionType.DirectConnection)
@@ -189,7 +198,7 @@ class ChatClient(QObject):
         if self._thread is None or self._worker is None:
             return
         self._worker.stop()
-        for signal in (self._worker.delta, self._worker.finished, self._worker.failed):
+        for signal in (self._worker.delta, self._worker.reasoning_delta, self._worker.finished, self._worker.failed):
             signal.disconnect()
         self._retiring.append((self._thread, self._worker))
         self._thread = self._worker = None

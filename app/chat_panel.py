@@ -33,6 +33,7 @@ class ChatPanel(QWidget):
         self._deleted: tuple | None = None  # (title, system prompt, messages) of the last deleted chat
         self.client = ChatClient(self)
         self.client.delta.connect(self._on_delta)
+        self.client.reasoning_delta.connect(self._on_reasoning_delta)
         self.client.finished.connect(self._on_finished)
         self.client.failed.connect(self._on_failed)
         self.base_url: str | None = None
@@ -231,6 +232,9 @@ class ChatPanel(QWidget):
 
     def _on_delta(self, text: str) -> None:
         self.view.append_to_last(text)
+
+    def _on_reasoning_delta(self, text: str) -> None:
+        self.view.append_reasoning_to_last(text)
 
     def _on_finished(self, result: ChatResult) -> None:
         self._set_generating(False)

@@ -16,6 +16,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
+REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
 SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
@@ -90,6 +92,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
          "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
          "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
+    Flag("tool_call_parser", str, None, "Tool-call format of the model (default: detected from its chat template)",
+         "server", TOOL_CALL_PARSERS, gui=False),
+    Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
+         REASONING_PARSERS, gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -151,6 +157,8 @@ class EngineConfig:
     api_key: str | None = None
     allowed_hosts: str | None = None
     step_timeout: float | None = None
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
     extra: dict[str, Any] = field(default_factory=dict)
 

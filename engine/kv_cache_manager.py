@@ -27,6 +27,8 @@ class KVCacheManager:
         """Longest run of cached full blocks at the start of a fresh sequence (never its last token)."""
         if not self.enable_caching or seq.num_computed_tokens or seq.block_table:
             return []
+        if seq.params.prompt_logprobs is not None:  # cached blocks never had their logits computed
+            return []
         self._hash_full_blocks(seq, seq.num_tokens)
         hits: list[Block] = []
         for block_hash in seq.block_hashes[:(seq.num_tokens - 1) // self.block_size]:

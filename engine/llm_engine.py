@@ -28,6 +28,9 @@ from engine.sampling_metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
+from engine.structured_output.bitmask import grammar_bitmask
+from engine.structured_output.compiler import GrammarCompiler
+from engine.structured_output.state import GrammarState
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
@@ -67,6 +70,7 @@ class LLMEngine:
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill)
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
@@ -85,6 +89,8 @@ class LLMEngine:
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time())
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
+        if params.structured_outputs is not None:
+            seq.grammar = GrammarState(self.grammars.compile(params.structured_outputs))
         request.seqs.append(seq)
         self.requests[request_id] = request
         self.scheduler.add(seq)
@@ -171,6 +177,8 @@ class LLMEngine:
             if len(request.seqs) < request.params.n:
                 children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
                             for index in range(1, request.params.n)]
+                for child in children:
+                    child.grammar = seq.grammar.fork() if seq.grammar is not None else None
                 plan.forks.append((seq, children))
                 targets += children
             for target in targets:
@@ -178,6 +186,8 @@ class LLMEngine:
                 batch.rows.append(SamplingRow(target.params, target.token_ids[:target.num_prompt_tokens],
                                               target.output_token_ids, target.generator, eos))
                 batch.logits_index.append(row)
+        batch.bitmask = grammar_bitmask([t.grammar for t in plan.targets], self.model_config.vocab_size,
+                                        [t.params.allowed_token_ids for t in plan.targets])
         return plan
 
     def get_stats(self) -> EngineStats:

@@ -10,7 +10,7 @@ and the logprobs asked for. It never talks to other processes itself.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import chain
 
 import numpy as np
@@ -22,6 +22,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.decoder import DecoderForCausalLM
+from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
@@ -72,6 +73,9 @@ class StepInputs:
     max_query_len: int
     max_seq_len: int
     block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
+    prompt_logits_rows: list[int] = field(default_factory=list)  # token rows whose next prompt token is scored
+    prompt_targets: list[int] = field(default_factory=list)  # that next prompt token, per row
+    prompt_logprobs_k: int = 0  # top-k width asked by the step's prompt-logprobs requests
 
 
 @dataclass(slots=True)
@@ -81,6 +85,7 @@ class ModelRunnerOutput:
     sampled: SamplerOutput | None = None  # one entry per SamplingBatch row
     beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
     beam_ids: list[list[int]] | None = None  # and their token ids
+    prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
 
 
 def every_shape(*shape):
@@ -191,10 +196,27 @@ class ModelRunner:
             item.seq.token_ids[item.seq.num_computed_tokens:item.seq.num_computed_tokens + item.num_new_tokens]
             for item in batch), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
+        prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
         return StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
-            max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies))
+            max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
+            prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k)
+
+    @staticmethod
+    def _prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,
+                            query_start: np.ndarray) -> tuple[list[int], list[int], int]:
+        """Token rows whose logits score the next prompt token (requests with prompt_logprobs), their targets,
+        and the widest top-k asked."""
+        rows, targets, k = [], [], 0
+        for i, item in enumerate(batch):
+            scored = prompt_positions(item.seq, int(computed[i]), item.num_new_tokens)
+            if scored:
+                first_row = int(query_start[i]) - int(computed[i])
+                rows += [first_row + p for p in scored]
+                targets += item.seq.token_ids[scored.start + 1:scored.stop + 1]
+                k = max(k, item.seq.request.params.prompt_logprobs)
+        return rows, targets, k
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
@@ -215,10 +237,19 @@ class ModelRunner:
         else:
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
+        prompt_logprobs = None
+        if inputs.prompt_logits_rows:
+            prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
+                                                      inputs.prompt_logprobs_k, self.model.compute_logits,
+                                                      reduce=sampling is not None)
         if not inputs.logits_rows:
-            return None if sampling is None else ModelRunnerOutput()
+            return None if sampling is None else ModelRunnerOutput(prompt_logprobs=prompt_logprobs)
         logits = self.model.compute_logits(hidden[torch.as_tensor(inputs.logits_rows, device=dev)])
-        return None if sampling is None else self.sample(logits, sampling)
+        if sampling is None:
+            return None
+        out = self.sample(logits, sampling)
+        out.prompt_logprobs = prompt_logprobs
+        return out
 
     def sample(self, logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
         """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""

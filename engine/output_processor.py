@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 from engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+from engine.prompt_logprobs import PromptLogprobsOutput, prompt_positions
 from engine.sampler import SamplerOutput
 from engine.sampling_metadata import SamplingBatch
 from engine.scheduler import ScheduledSeq
@@ -48,6 +49,8 @@ class OutputProcessor:
         """Everything a finished forward means for the requests; `result` is the runner's ModelRunnerOutput."""
         for item in scheduled:
             self._record_scheduled(item, now)
+        if result is not None and result.prompt_logprobs is not None:
+            self._record_prompt_logprobs(scheduled, result.prompt_logprobs)
         for parent, children in plan.forks:
             parent.request.seqs += children
             outcome.forks.append((parent, children))
@@ -66,6 +69,21 @@ class OutputProcessor:
                 outcome.finished.append(seq)
         self.stats.generation_tokens_total += len(plan.targets)
 
+    def _record_prompt_logprobs(self, scheduled: list[ScheduledSeq], result: PromptLogprobsOutput) -> None:
+        """Each scored row's entry joins its request's prompt_logprobs (index = prompt position of the token);
+        a chunk recomputed after preemption finds its entries already there and adds nothing."""
+        row, decode = 0, self.tokenizer.decode
+        for item in scheduled:
+            seq = item.seq
+            for position in prompt_positions(seq, seq.num_computed_tokens, item.num_new_tokens):
+                entries, token = seq.request.prompt_logprobs, seq.token_ids[position + 1]
+                if len(entries) == position + 1:
+                    entry = {token: Logprob(result.logprobs[row], result.ranks[row], decode([token]))}
+                    for rank, (tid, lp) in enumerate(zip(result.top_ids[row], result.top_logprobs[row]), start=1):
+                        entry.setdefault(tid, Logprob(lp, rank, decode([tid])))
+                    entries.append(entry)
+                row += 1
+
     def _record_scheduled(self, item: ScheduledSeq, now: float) -> None:
         """Statistics of a scheduled chunk (read before the scheduler counts it as computed)."""
         seq, start = item.seq, item.seq.num_computed_tokens
@@ -79,6 +97,8 @@ class OutputProcessor:
         """Every generated token joins its sequence here, sampled or a beam's; sampled ones are then
         detokenized and checked against the stop rules (beams are decoded once, at the end)."""
         seq.append_token(token, logprob, top)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         if seq.request.beam is None:
             self._check_stop(seq, token, seq.detokenizer.add_token(token))
 
@@ -129,6 +149,8 @@ class OutputProcessor:
             stop = seq.detokenizer.find_stop(len(new_text))
             if stop is not None:
                 return self.finish(seq, "stop", stop)
+        if seq.grammar is not None and (seq.grammar.terminated or seq.grammar.rejected):
+            return self.finish(seq, "stop", token)  # the grammar is complete: nothing more may follow
         if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len:
             self.finish(seq, "length")
 
@@ -152,7 +174,7 @@ class OutputProcessor:
                 cumulative_logprob=seq.cumulative_logprob, logprobs=seq.logprobs,
                 finish_reason=seq.finish_reason, stop_reason=seq.stop_reason))
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs,
-                             request.finished, request.metrics, request.num_cached_tokens)
+                             request.finished, request.metrics, request.num_cached_tokens, request.prompt_logprobs)
 
     def _make_beam_output(self, request: Request) -> RequestOutput:
         n, max_tokens = request.num_prompt_tokens, request.params.max_tokens

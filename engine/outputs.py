@@ -47,6 +47,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token; the first is None
 
 
 @dataclass

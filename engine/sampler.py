@@ -66,9 +66,10 @@ def apply_bias_and_masks(logits: torch.Tensor, meta: SamplingMetadata) -> None:
 
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """-inf wherever the packed int32 bitmask has a 0 bit (xgrammar's layout)."""
+    # unsqueeze/view/narrow rather than indexing: fake CUDA tensors on a CPU-only torch accept only these.
     shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
-    bits = (bitmask[:, :, None] >> shifts) & 1
-    allowed = bits.reshape(bitmask.shape[0], -1)[:, :logits.shape[1]]
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    allowed = bits.view(bitmask.shape[0], -1).narrow(1, 0, logits.shape[1])
     logits.masked_fill_(allowed == 0, float("-inf"))
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.structured_output.params import StructuredOutputsParams
+
 MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
@@ -33,6 +35,9 @@ class SamplingParams:
     logprobs: int | None = None  # top-k logprobs per generated token (the chosen token is always included)
     logit_bias: dict[int, float] | None = None
     skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a grammar
+    prompt_logprobs: int | None = None  # top-k logprobs of each prompt token (the first has none)
+    allowed_token_ids: list[int] | None = None  # sample only among these (a bitmask, like a grammar's)
     stop_strings: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -61,6 +66,10 @@ class SamplingParams:
                f"<= max_tokens ({self.max_tokens})")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs,
                f"between 0 and {MAX_LOGPROBS}")
+        _check(self.structured_outputs is None or self.min_tokens == 0, "min_tokens", self.min_tokens,
+               "0 with structured outputs (the grammar decides where the output ends)")
+        _check(self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs",
+               self.prompt_logprobs, f"between 0 and {MAX_LOGPROBS}")
         _check(self.seed is None or 0 <= self.seed < 2**63, "seed", self.seed, "in [0, 2**63)")
         _check(len(self.stop_strings) <= MAX_STOP_STRINGS, "stop", f"{len(self.stop_strings)} strings",
                f"at most {MAX_STOP_STRINGS} strings")
@@ -70,7 +79,8 @@ class SamplingParams:
 
     def validate_token_ids(self, vocab_size: int) -> None:
         """Token ids named by the request must exist in the model's vocabulary."""
-        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or {}))):
+        for name, ids in (("stop_token_ids", self.stop_token_ids), ("logit_bias", list(self.logit_bias or {})),
+                          ("allowed_token_ids", self.allowed_token_ids or [])):
             bad = [i for i in ids if not 0 <= int(i) < vocab_size]
             _check(not bad, name, bad[:5], f"token ids in [0, {vocab_size})")
 

@@ -44,6 +44,7 @@ class Sequence:
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] | None = [] if request.params.logprobs is not None else None
         self.detokenizer = IncrementalDetokenizer(request.tokenizer, request.params, self.num_prompt_tokens)
+        self.grammar = None  # GrammarState of a structured-output request
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
 
@@ -91,9 +92,12 @@ class Request:
     num_cached_tokens: int = 0
     aborted: bool = False
     beam: object | None = None  # BeamGroup for beam-search requests
+    prompt_logprobs: list | None = None  # [None, {token id: Logprob}, ...] when params.prompt_logprobs is set
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)
+        if self.params.prompt_logprobs is not None:
+            self.prompt_logprobs = [None]
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from engine.block_pool import BlockPool
 from engine.kv_cache_manager import KVCacheManager
+from engine.sampling_params import SamplingParams
 
 
 def free_ids(pool: BlockPool) -> list[int]:
@@ -16,7 +17,7 @@ def free_ids(pool: BlockPool) -> list[int]:
 
 def fake_seq(tokens: list[int]):
     return SimpleNamespace(token_ids=list(tokens), num_computed_tokens=0, block_table=[], block_hashes=[],
-                           num_cached_blocks=0, num_tokens=len(tokens))
+                           num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
 
 
 def test_free_queue_is_lru_and_removal_is_from_the_middle():

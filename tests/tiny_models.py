@@ -7,6 +7,7 @@ loading code runs and HF transformers on the same folder is the correctness refe
 """
 from __future__ import annotations
 
+import copy
 import functools
 from pathlib import Path
 
@@ -22,6 +23,17 @@ SPECIAL_TOKENS = ["<s>", "</s>", "<|im_start|>", "<|im_end|>", "<pad>"]
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+# A Qwen2.5-style (hermes) template with tools, tool calls, tool results and reasoning, for the API tests.
+TOOL_CHAT_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou may call functions:\n<tools>\n{%- for t in tools %}{{ t | tojson }}\n"
+    "{%- endfor %}</tools>\nReply with <tool_call>{\"name\": ..., \"arguments\": ...}</tool_call><|im_end|>\n"
+    "{% endif %}{%- for m in messages %}{%- if m['role'] == 'assistant' and m.get('tool_calls') %}"
+    "<|im_start|>assistant\n{%- for c in m['tool_calls'] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
+    "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>{%- endfor %}<|im_end|>\n"
+    "{%- elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>{{ m['content'] }}</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
@@ -50,13 +62,17 @@ def _tokenizer():
 
 
 def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, seed: int = 0,
-                    **overrides) -> Path:
-    """Write a random-weight `arch` model folder under tmp_dir and return its path."""
+                    chat_template: str | None = None, **overrides) -> Path:
+    """Write a random-weight `arch` model folder under tmp_dir and return its path (`chat_template`
+    replaces the default one)."""
     import transformers
     from transformers import GenerationConfig
 
     config_name, model_name, extra = ARCHS[arch]
     tokenizer = _tokenizer()
+    if chat_template is not None:
+        tokenizer = copy.deepcopy(tokenizer)
+        tokenizer.chat_template = chat_template
     vocab = len(tokenizer)
     kwargs = dict(vocab_size=vocab + 12, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,

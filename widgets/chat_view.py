@@ -2,7 +2,8 @@
 
 `ChatView` holds a list of `ChatMessage` (role, Markdown text, a stats line) and renders them as
 HTML through python-markdown. Streaming appends to the last message are cheap: they mark the view
-dirty and the HTML is rebuilt on a short timer, never per token. It knows nothing about HTTP.
+dirty and the HTML is rebuilt on a short timer, never per token. A message's reasoning ("thinking")
+shows as a collapsed block that a click on its header opens or closes. It knows nothing about HTTP.
 """
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import html
 from dataclasses import dataclass
 
 import markdown
-from PySide6.QtCore import QTimer
+from PySide6.QtCore import QTimer, QUrl
+from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 STYLE = """
@@ -20,6 +22,7 @@ STYLE = """
  .role { font-weight: bold; margin-top: 10px; }
  .user { color: #5e81ac; } .assistant { color: #a3be8c; } .system { color: #b48ead; } .error { color: #bf616a; }
  .stats { color: #808890; font-size: 8pt; }
+ .thinking { color: #808890; font-style: italic; }
  pre { background: #1e222a; color: #e5e9f0; padding: 6px; font-family: monospace; }
  code { background: #2e3440; color: #ebcb8b; font-family: monospace; }
 </style>
@@ -48,6 +51,8 @@ class ChatMessage:
     role: str  # user | assistant | system | error
     text: str
     stats: str = ""
+    reasoning: str = ""  # the model's thinking, shown collapsed
+    reasoning_open: bool = False
 
 
 class ChatView(QTextBrowser):
@@ -57,7 +62,8 @@ class ChatView(QTextBrowser):
 
     def __init__(self, parent: QWidget | None = None, redraw_ms: int = 100) -> None:
         super().__init__(parent)
-        self.setOpenExternalLinks(True)
+        self.setOpenLinks(False)  # links are handled here: thinking toggles, http(s) in the browser
+        self.anchorClicked.connect(self._on_anchor)
         self.messages: list[ChatMessage] = []
         self._dirty = False
         self._timer = QTimer(self, interval=redraw_ms, timeout=self._redraw_if_dirty)
@@ -76,6 +82,21 @@ class ChatView(QTextBrowser):
         self.messages[-1].text += delta
         self._dirty = True
 
+    def append_reasoning_to_last(self, delta: str) -> None:
+        assert self.messages, "append_reasoning_to_last needs a message to extend"
+        self.messages[-1].reasoning += delta
+        self._dirty = True
+
+    def toggle_reasoning(self, index: int) -> None:
+        self.messages[index].reasoning_open = not self.messages[index].reasoning_open
+        self.rerender()
+
+    def _on_anchor(self, url: QUrl) -> None:
+        if url.scheme() == "thinking":
+            self.toggle_reasoning(int(url.path() or url.host() or 0))
+        elif url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)
+
     def set_last_stats(self, stats: str) -> None:
         if self.messages:
             self.messages[-1].stats = stats
@@ -88,9 +109,15 @@ class ChatView(QTextBrowser):
     def rerender(self) -> None:
         self._dirty = False
         parts = [STYLE]
-        for m in self.messages:
+        for i, m in enumerate(self.messages):
             title = self.ROLE_TITLES.get(m.role, m.role)
             parts.append(f'<div class="role {m.role}">{title}</div>')
+            if m.reasoning:
+                arrow = "▾" if m.reasoning_open else "▸"
+                parts.append(f'<div class="thinking"><a href="thinking:{i}">{arrow} Thinking '
+                             f'({len(m.reasoning)} characters)</a></div>')
+                if m.reasoning_open:
+                    parts.append(f'<div class="thinking">{render_markdown(m.reasoning)}</div>')
             parts.append(render_markdown(m.text) if m.text else "<p>…</p>")
             if m.stats:
                 parts.append(f'<div class="stats">{html.escape(m.stats)}</div>')

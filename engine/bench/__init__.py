@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
-            "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability"}
+            "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
+            "grammar": "engine.bench.grammar"}
 
 
 def main(argv: list[str] | None = None) -> None:

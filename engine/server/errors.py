@@ -94,6 +94,8 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
         reason = (error.get("ctx") or {}).get("error", "invalid JSON")
         return f"request body is not valid JSON: {reason} at character {error['loc'][-1]}", None
     param = _clean_loc(error.get("loc", ()))
+    if error.get("type") == "extra_forbidden":
+        return f"unknown field {param!r}: it is not part of the OpenAI or vLLM API", param
     message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
     return (f"{param}: {message}" if param else message), param
 

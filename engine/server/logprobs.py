@@ -44,12 +44,21 @@ def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]], k: i
     return out
 
 
-def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]], k: int, tokenizer: Any,
-                        start_offset: int) -> CompletionLogprobs:
-    """Completions' parallel lists; text_offset counts characters from `start_offset`."""
-    result = CompletionLogprobs()
+def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob] | None], k: int, tokenizer: Any,
+                        start_offset: int, result: CompletionLogprobs | None = None) -> CompletionLogprobs:
+    """Completions' parallel lists (appended to `result` if given); text_offset counts characters from
+    `start_offset`. A None entry (the first prompt token under echo) gets null logprobs, as OpenAI sends."""
+    result = result or CompletionLogprobs()
     offset = start_offset
     for tid, entry in zip(token_ids, logprobs):
+        if entry is None:
+            text = tokenizer.decode([tid])
+            result.tokens.append(text)
+            result.token_logprobs.append(None)
+            result.top_logprobs.append(None)
+            result.text_offset.append(offset)
+            offset += len(text)
+            continue
         chosen = entry.get(tid)
         text = _token_text(tid, chosen, tokenizer) if chosen else tokenizer.decode([tid])
         top = {_token_text(alt_id, alt, tokenizer): _finite(alt.logprob) for alt_id, alt in _top(entry, k)}
@@ -60,3 +69,10 @@ def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]]
         result.text_offset.append(offset)
         offset += len(text)
     return result
+
+
+def vllm_prompt_logprobs(entries: list[dict[int, Logprob] | None], tokenizer: Any) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: per prompt token None or {token id: {logprob, rank, decoded_token}}."""
+    return [None if e is None else {tid: {"logprob": _finite(lp.logprob), "rank": lp.rank,
+                                          "decoded_token": _token_text(tid, lp, tokenizer)} for tid, lp in e.items()}
+            for e in entries]

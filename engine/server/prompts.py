@@ -11,6 +11,7 @@ vocabulary, too long, images for a text model, tools for a model whose template 
 """
 from __future__ import annotations
 
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -89,7 +90,7 @@ def completion_prompts(model: ServedModel, prompt: str | list, add_special_token
     return prompts
 
 
-def _message_text(message: ChatMessage, index: int) -> str:
+def message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     texts = []
@@ -103,21 +104,45 @@ def _message_text(message: ChatMessage, index: int) -> str:
     return "\n".join(texts)
 
 
+def _template_tool_calls(calls: list[dict], index: int) -> list[dict]:
+    """OpenAI sends arguments as JSON text; chat templates (Qwen, Llama, Mistral) expect the object."""
+    out = []
+    for call in calls:
+        call = dict(call)
+        function = dict(call.get("function") or {})
+        if isinstance(function.get("arguments"), str):
+            try:
+                function["arguments"] = json.loads(function["arguments"] or "{}")
+            except json.JSONDecodeError:
+                raise bad_request(f"messages[{index}].tool_calls arguments are not valid JSON",
+                                  f"messages.{index}.tool_calls") from None
+        call["function"] = function
+        out.append(call)
+    return out
+
+
 def chat_messages(messages: list[ChatMessage]) -> list[dict]:
     """Messages as the plain dicts chat templates expect."""
     out = []
     for i, m in enumerate(messages):
-        d: dict = {"role": m.role, "content": _message_text(m, i)}
-        for key in ("name", "tool_calls", "tool_call_id"):
+        d: dict = {"role": m.role, "content": message_text(m, i)}
+        for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(m, key)
             if value is not None:
-                d[key] = value
+                d[key] = _template_tool_calls(value, i) if key == "tool_calls" else value
+        if m.reasoning is not None and m.reasoning_content is None:
+            d["reasoning_content"] = m.reasoning
         out.append(d)
     return out
 
 
-def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
-                add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+_RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "tokenize", "add_generation_prompt", "continue_final_message",
+                             "conversation", "chat_template", "documents", "return_dict"}
+
+
+def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | None,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                chat_template_kwargs: dict | None = None) -> str:
     if not messages:
         raise bad_request("messages must not be empty", "messages")
     if tools and not model.supports_tools:
@@ -128,27 +153,32 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list[dic
                           "continue_final_message")
     if not model.tokenizer.chat_template:
         raise bad_request(f"model {model.name!r} has no chat template; use /v1/completions", "messages")
+    clash = sorted(set(chat_template_kwargs or {}) & _RESERVED_TEMPLATE_KWARGS)
+    if clash:
+        raise bad_request(f"chat_template_kwargs may not set {clash}; use the request fields", "chat_template_kwargs")
     check_prompt_chars(message_chars(messages), model.max_model_len, "messages")
-    return _apply_template(model, chat_messages(messages), tools, add_generation_prompt, continue_final_message)
+    return _apply_template(model, chat_messages(messages), tools, add_generation_prompt, continue_final_message,
+                           chat_template_kwargs)
 
 
-def _apply_template(model: ServedModel, dicts: list[dict], tools: list[dict] | None, add_generation_prompt: bool,
-                    continue_final_message: bool) -> str:
+def _apply_template(model: ServedModel, dicts: list[dict], tools: list | None, add_generation_prompt: bool,
+                    continue_final_message: bool, chat_template_kwargs: dict | None = None) -> str:
+    tool_dicts = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools or []]
     try:
         return model.tokenizer.apply_chat_template(
-            dicts, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message)
+            dicts, tools=tool_dicts or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - a template refusing these messages is the client's error
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from None
 
 
-def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
+def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list | None,
                    add_generation_prompt: bool, continue_final_message: bool,
-                   add_special_tokens: bool = False) -> Prompt:
+                   add_special_tokens: bool = False, chat_template_kwargs: dict | None = None) -> Prompt:
     """The rendered chat and its ids: the template's own text with its special tokens, each message content
     as plain text. Contents holding special-token text are located exactly by rendering once more with a
     unique marker in their place (searching the rendered text could hit the template's own markers)."""
-    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message)
+    text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
     check_prompt_chars(len(text), model.max_model_len, "messages")
     dicts = chat_messages(messages)
     contents = {i: d["content"] for i, d in enumerate(dicts)
@@ -159,7 +189,8 @@ def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list[
     markers = {f"[[pagedesk-content-{nonce}-{i}]]": i for i in contents}
     for marker, i in markers.items():
         dicts[i]["content"] = marker
-    marked = _apply_template(model, dicts, tools, add_generation_prompt, continue_final_message)
+    marked = _apply_template(model, dicts, tools, add_generation_prompt, continue_final_message,
+                             chat_template_kwargs)
     pieces = re.split("(" + "|".join(map(re.escape, markers)) + ")", marked)
     if sorted(p for p in pieces if p in markers) != sorted(markers):
         i = min(contents)
@@ -175,12 +206,26 @@ def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list[
     return Prompt(text, ids)
 
 
-def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list[dict] | None,
-                add_generation_prompt: bool = True, continue_final_message: bool = False) -> Prompt:
-    prompt = chat_token_ids(model, messages, tools, add_generation_prompt, continue_final_message)
+def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | None,
+                add_generation_prompt: bool = True, continue_final_message: bool = False,
+                chat_template_kwargs: dict | None = None) -> Prompt:
+    prompt = chat_token_ids(model, messages, tools, add_generation_prompt, continue_final_message,
+                            chat_template_kwargs=chat_template_kwargs)
     if not prompt.token_ids:
         raise bad_request("the rendered chat prompt is empty", "messages")
     return prompt
+
+
+def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int) -> Prompt:
+    """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: max_model_len); None leaves it whole."""
+    if keep is None:
+        return prompt
+    if keep == 0:
+        raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
+    keep = max_model_len if keep == -1 else keep
+    if len(prompt.token_ids) <= keep:
+        return prompt
+    return Prompt(None, prompt.token_ids[-keep:])
 
 
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,

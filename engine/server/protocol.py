@@ -1,17 +1,19 @@
-"""Request bodies of the OpenAI-compatible API (OpenAI's fields plus vLLM's sampling extras), as pydantic models.
+"""Request bodies of the OpenAI-compatible API (OpenAI's fields plus vLLM's extras), as pydantic models.
 
 Field ranges are declared from SamplingParams' own limits, so /openapi.json documents them and a
 client gets a 400 naming the field; SamplingParams checks them again for the offline API. Every text
 field rejects lone UTF-16 surrogates, and floats reject NaN and infinity, so nothing malformed
-reaches the tokenizer or the sampler.
+reaches the tokenizer or the sampler. A field outside both APIs is a 400 naming it (as OpenAI does);
+fields of the APIs we do not implement are declared from `refusals.REFUSALS` and refused by value.
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model
 
 from engine.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from engine.server.refusals import REFUSALS
 
 
 def _valid_unicode(text: str) -> str:
@@ -32,15 +34,45 @@ StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS),
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False, extra="ignore")
+    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
 
 class StreamOptions(_Request):
-    include_usage: bool = False
-    continuous_usage_stats: bool = False
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False  # vLLM: usage so far in every chunk
 
 
-class SamplingFields(_Request):
+class JsonSchemaFormat(_Request):
+    model_config = ConfigDict(populate_by_name=True)
+    name: Text = Field("response", max_length=64)
+    description: Text | None = None
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(_Request):
+    """vLLM's `structured_outputs` object (one constraint kind)."""
+    json_: dict[str, Any] | Text | None = Field(None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+    disable_any_whitespace: bool = False  # JSON is generated compact either way
+    disable_fallback: bool = False  # one grammar engine: nothing to fall back to
+    disable_additional_properties: bool = False  # xgrammar's strict mode already forbids them
+    model_config = ConfigDict(populate_by_name=True)
+
+
+RefusableFields = create_model("RefusableFields", __base__=_Request,
+                               **{r.field: (Any, r.default) for r in REFUSALS if "." not in r.field})
+
+
+class SamplingFields(RefusableFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Text | None = Field(None, description="Served model name; default: the one model served")
@@ -64,18 +96,54 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
+    metadata: dict[str, Any] | None = None  # accepted; nothing is stored
+    safety_identifier: Text | None = None
+    prompt_cache_key: Text | None = None  # a routing hint; the prefix cache is automatic
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | Text | None = None
+    guided_regex: Text | None = None
+    guided_choice: list[Text] | None = None
+    guided_grammar: Text | None = None
+    structured_outputs: StructuredOutputsField | None = None
+    best_of: int | None = Field(None, ge=1)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per prompt token")
+    return_token_ids: bool | None = Field(None, description="vLLM: prompt and generated token ids in the reply")
+    request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
+        None, description="vLLM: the response id is cmpl-/chatcmpl- + this (must not be in use)")
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the last k prompt tokens; -1: "
+                                                                       "max_model_len")
 
 
 class CompletionRequest(SamplingFields):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)] = Field(
         ..., description="A string, a list of strings, token ids, or a list of token-id lists (none empty)")
-    max_tokens: int | None = Field(16, ge=0, description="0 only with echo, which is refused (no prompt logprobs)")
+    max_tokens: int | None = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
     echo: bool = False
-    suffix: Text | None = None
-    best_of: int | None = None
     add_special_tokens: bool = True
+
+
+class FunctionDefinition(_Request):
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_.-]{1,64}$")]
+    description: Text | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class FunctionName(_Request):
+    name: Text
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: FunctionName
 
 
 class TextPart(_Request):
@@ -90,6 +158,9 @@ class ChatMessage(_Request):
     name: Text | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: Text | None = None
+    reasoning_content: Text | None = None
+    reasoning: Text | None = None
+    refusal: Text | None = None
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -99,11 +170,14 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                      description="With logprobs=true: top alternatives per token")
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    include_reasoning: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    echo: bool = False
 
 
 class TokenizeRequest(_Request):
@@ -113,7 +187,8 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ToolDefinition] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
 

@@ -10,10 +10,15 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int = 0
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class CompletionLogprobs(BaseModel):
@@ -29,6 +34,9 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None  # vLLM's, when asked for
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids (first chunk only when streamed)
+    token_ids: list[int] | None = None  # return_token_ids: this choice's (or this chunk's) generated ids
 
 
 class CompletionResponse(BaseModel):
@@ -57,6 +65,7 @@ class ChatLogprobs(BaseModel):
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -66,6 +75,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class ChatCompletionResponse(BaseModel):
@@ -75,11 +85,15 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_logprobs: list[dict[int, dict[str, Any]] | None] | None = None  # vLLM's, when asked for
+    prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 class ChatChunkChoice(BaseModel):
@@ -88,6 +102,7 @@ class ChatChunkChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # vLLM's return_token_ids: this chunk's ids
 
 
 class ChatCompletionChunk(BaseModel):
@@ -107,6 +122,7 @@ class ModelCard(BaseModel):
     root: str | None = None
     parent: str | None = None
     max_model_len: int | None = None
+    context_length: int | None = None  # what Open WebUI and Cline read
     quantization: str | None = None  # e.g. "awq 4-bit g128 asym"; None for float weights
 
 

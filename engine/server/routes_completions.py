@@ -1,8 +1,9 @@
 """POST /v1/completions: prompts (text, ids, or a batch of either) → choices, whole or streamed as SSE.
 
-Choice `i * n + j` is sample j of prompt i, as in OpenAI's API. `echo` prepends the prompt; prompt
-logprobs are not computed, so echo with logprobs, and echo with max_tokens 0 (prompt scoring), are
-refused with a 400 that says so.
+Choice `i * n + j` is sample j of prompt i, as in OpenAI's API. `echo` prepends the prompt; with
+`logprobs: k` the prompt's tokens come first in the logprobs lists (the first token's logprob null, as
+in OpenAI's legacy API), and `max_tokens: 0` with echo scores the prompt without generating (lm-eval's
+loglikelihood requests). vLLM's `prompt_logprobs: k` returns each choice's prompt logprobs as vLLM does.
 """
 from __future__ import annotations
 
@@ -18,14 +19,17 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
-from engine.server.logprobs import completion_logprobs
-from engine.server.prompts import Prompt, completion_prompts, prompt_chars, resolve_max_tokens
+from engine.server.logprobs import completion_logprobs, vllm_prompt_logprobs
+from engine.server.prompts import Prompt, completion_prompts, prompt_chars, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import CompletionRequest
-from engine.server.responses import CompletionChoice, CompletionResponse, Usage
+from engine.server.refusals import refuse_unsupported
+from engine.server.responses import CompletionChoice, CompletionLogprobs, CompletionResponse
 from engine.server.sampling import sampling_params
 from engine.server.served_model import ServedModel
 from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
+from engine.server.structured import compile_or_400, structured_outputs_for
 from engine.server.tokenize_pool import off_loop
+from engine.server.usage import usage_of
 
 MAX_PROMPTS = 64
 
@@ -33,17 +37,22 @@ router = APIRouter()
 
 
 def _check_supported(req: CompletionRequest) -> None:
-    if req.suffix:
-        raise bad_request("suffix is not supported", "suffix")
+    refuse_unsupported(req)
     if req.best_of is not None and req.best_of != req.n:
         raise bad_request(f"best_of other than n is not supported (got best_of={req.best_of}, n={req.n})",
                           "best_of")
-    if req.echo and req.max_tokens is not None and req.max_tokens <= 0:
-        raise bad_request("echo with max_tokens=0 (prompt scoring) is not supported: this engine does not "
-                          "compute prompt logprobs; ask for at least 1 token", "max_tokens")
-    if req.echo and req.logprobs is not None:
-        raise bad_request("echo with logprobs is not supported: this engine does not compute prompt logprobs",
-                          "logprobs")
+    if _scoring_only(req) and (req.stream or req.n != 1):
+        raise bad_request("max_tokens=0 (prompt scoring) works with n=1 and without stream", "max_tokens")
+
+
+def _scoring_only(req: CompletionRequest) -> bool:
+    """echo + max_tokens 0: the engine runs one token (it must sample to finish) and the reply drops it."""
+    return req.echo and req.max_tokens == 0
+
+
+def _engine_prompt_logprobs(req: CompletionRequest) -> int | None:
+    wanted = [k for k in (req.prompt_logprobs, req.logprobs if req.echo else None) if k is not None]
+    return max(wanted) if wanted else None
 
 
 @router.post("/v1/completions", response_model=CompletionResponse, responses=SSE_RESPONSE_DOC)
@@ -51,12 +60,17 @@ async def create_completion(req: CompletionRequest, request: Request,
                             ctx: ServerContext = Depends(get_context)) -> Response | CompletionResponse:
     model = ctx.model_for(req.model)
     _check_supported(req)
+    structured, source = structured_outputs_for(req)
+    await compile_or_400(model, structured, source)
     prompts = await off_loop(prompt_chars(req.prompt), completion_prompts, model, req.prompt, req.add_special_tokens)
+    prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len) for p in prompts]
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
-    params = [sampling_params(req, resolve_max_tokens(req.max_tokens, len(p.token_ids), model.max_model_len),
-                              req.logprobs, model.vocab_size) for p in prompts]
-    request_id = f"cmpl-{uuid.uuid4().hex}"
+    max_tokens = 1 if _scoring_only(req) else req.max_tokens
+    params = [sampling_params(req, resolve_max_tokens(max_tokens, len(p.token_ids), model.max_model_len),
+                              req.logprobs, model.vocab_size, structured, _engine_prompt_logprobs(req))
+              for p in prompts]
+    request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params)
     except Exception as exc:  # noqa: BLE001
@@ -74,20 +88,31 @@ def _prompt_text(model: ServedModel, prompt: Prompt) -> str:
     return prompt.text if prompt.text is not None else model.tokenizer.decode(prompt.token_ids)
 
 
-def _usage(finals: list[RequestOutput]) -> Usage:
-    prompt = sum(len(f.prompt_token_ids) for f in finals)
-    completion = sum(len(o.token_ids) for f in finals for o in f.outputs)
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-def _choice(req: CompletionRequest, model: ServedModel, index: int, out: CompletionOutput, prefix: str,
-            token_start: int, text_start: int) -> CompletionChoice:
+def _choice(req: CompletionRequest, model: ServedModel, index: int, out: CompletionOutput, final: RequestOutput,
+            prefix: str, token_start: int, text_start: int) -> CompletionChoice:
+    """A choice from `token_start` / `text_start` on; `prefix` (the echoed prompt) only in the first one."""
+    first = token_start == 0 and text_start == 0
+    if _scoring_only(req):
+        token_start, text_start = len(out.token_ids), len(out.text)
     logprobs = None
-    if req.logprobs is not None and out.logprobs is not None:
-        logprobs = completion_logprobs(out.token_ids[token_start:], out.logprobs[token_start:], req.logprobs,
-                                       model.tokenizer, len(prefix) + text_start)
+    if req.logprobs is not None:
+        logprobs = CompletionLogprobs()
+        if req.echo and first and final.prompt_logprobs is not None:
+            completion_logprobs(final.prompt_token_ids, final.prompt_logprobs, req.logprobs, model.tokenizer, 0,
+                                logprobs)
+        if out.logprobs is not None:
+            completion_logprobs(out.token_ids[token_start:], out.logprobs[token_start:], req.logprobs,
+                                model.tokenizer, len(prefix) + text_start, logprobs)
+    prompt_logprobs = None
+    if req.prompt_logprobs is not None and first and final.prompt_logprobs is not None:
+        prompt_logprobs = vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
+    ids = req.return_token_ids or None
     return CompletionChoice(index=index, text=prefix + out.text[text_start:], logprobs=logprobs,
-                            finish_reason=out.finish_reason, stop_reason=out.stop_reason)
+                            finish_reason="length" if _scoring_only(req) else out.finish_reason,
+                            stop_reason=None if _scoring_only(req) else out.stop_reason,
+                            prompt_logprobs=prompt_logprobs,
+                            prompt_token_ids=final.prompt_token_ids if ids and first else None,
+                            token_ids=out.token_ids[token_start:] if ids else None)
 
 
 def _response(req: CompletionRequest, model: ServedModel, prompts: list[Prompt], finals: list[RequestOutput],
@@ -96,9 +121,9 @@ def _response(req: CompletionRequest, model: ServedModel, prompts: list[Prompt],
     for i, final in enumerate(finals):
         prefix = _prompt_text(model, prompts[i]) if req.echo else ""
         for out in sorted(final.outputs, key=lambda o: o.index):
-            choices.append(_choice(req, model, i * req.n + out.index, out, prefix, 0, 0))
+            choices.append(_choice(req, model, i * req.n + out.index, out, final, prefix, 0, 0))
     return CompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
-                              usage=_usage(finals))
+                              usage=usage_of(finals, count_completion=not _scoring_only(req)))
 
 
 async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel, prompts: list[Prompt],
@@ -107,9 +132,13 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
     sent_tokens: dict[int, int] = {}
     done: set[int] = set()
     finals: list[RequestOutput] = []
+    latest: dict[int, RequestOutput] = {}  # per prompt, for continuous_usage_stats
+    so = req.stream_options  # vLLM: usage so far in every chunk when both are set
+    continuous = bool(so and so.include_usage and so.continuous_usage_stats)
     try:
         async with aclosing(merge(streams, ctx.metrics)) as outputs:
             async for i, out in outputs:
+                latest[i] = out
                 for c in out.outputs:
                     index = i * req.n + c.index
                     if index in done:
@@ -119,17 +148,19 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
                     if not first and len(c.token_ids) == token_start and not c.finished():
                         continue
                     prefix = _prompt_text(model, prompts[i]) if req.echo and first else ""
-                    choice = _choice(req, model, index, c, prefix, token_start, text_start)
+                    choice = _choice(req, model, index, c, out, prefix, token_start, text_start)
                     sent_text[index], sent_tokens[index] = len(c.text), len(c.token_ids)
                     if c.finished():
                         done.add(index)
+                    usage = usage_of(list(latest.values())) if continuous else None
                     yield sse_event(CompletionResponse(id=request_id, created=created, model=model.name,
-                                                       choices=[choice]).model_dump(exclude={"usage"}))
+                                                       choices=[choice], usage=usage).model_dump(
+                                        exclude=None if continuous else {"usage"}))
                 if out.finished:
                     finals.append(out)
         if req.stream_options and req.stream_options.include_usage:
             yield sse_event(CompletionResponse(id=request_id, created=created, model=model.name, choices=[],
-                                               usage=_usage(finals)))
+                                               usage=usage_of(finals)))
     except Exception as exc:  # noqa: BLE001 - the stream already started: report the error in-band
         yield stream_error_event(exc)
     finally:

@@ -26,7 +26,7 @@ def _tokenize(model: ServedModel, req: TokenizeRequest) -> tuple[list[int], list
         ids = encode(model, req.prompt, add_special)
     else:
         ids = chat_token_ids(model, req.messages, req.tools, req.add_generation_prompt, req.continue_final_message,
-                             bool(req.add_special_tokens)).token_ids
+                             bool(req.add_special_tokens), req.chat_template_kwargs).token_ids
     return ids, (model.tokenizer.convert_ids_to_tokens(ids) if req.return_token_strs else None)
 
 

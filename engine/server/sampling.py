@@ -8,6 +8,7 @@ from __future__ import annotations
 from engine.sampling_params import SamplingParams
 from engine.server.errors import bad_request
 from engine.server.protocol import SamplingFields
+from engine.structured_output.params import StructuredOutputsParams
 
 _OPTIONAL = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
              "repetition_penalty")
@@ -27,13 +28,17 @@ def _logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
     return bias
 
 
-def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, vocab_size: int) -> SamplingParams:
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, vocab_size: int,
+                    structured_outputs: StructuredOutputsParams | None = None,
+                    prompt_logprobs: int | None = None) -> SamplingParams:
     """SamplingParams for one prompt of `req`; raises ValueError (→ 400) for out-of-range values."""
     kwargs = {name: getattr(req, name) for name in _OPTIONAL if getattr(req, name) is not None}
     params = SamplingParams(
         n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
-        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens, **kwargs)
+        logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
+        structured_outputs=structured_outputs, prompt_logprobs=prompt_logprobs,
+        allowed_token_ids=req.allowed_token_ids, **kwargs)
     params.validate_token_ids(vocab_size)
     return params

@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.tool_parsers import detect_tool_parser
+
 
 @dataclass
 class ServedModel:
@@ -25,6 +27,9 @@ class ServedModel:
     text_tokenizer: Any = None
     special_token_texts: tuple[str, ...] = field(default_factory=tuple)
     quantization: str | None = None  # QuantConfig.describe() of the loaded checkpoint
+    grammars: Any = None  # the engine's GrammarCompiler (thread-safe; shares its cache with the engine)
+    tool_parser: str | None = None  # --tool-call-parser, or detected from the chat template
+    reasoning_parser: str | None = None
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":
@@ -35,7 +40,10 @@ class ServedModel:
                    vocab_size=int(llm_engine.model_config.vocab_size),
                    supports_tools="tools" in str(template), created=int(time.time()),
                    quantization=quantization_name(llm_engine.model_config),
-                   text_tokenizer=plain_text_tokenizer(tokenizer), special_token_texts=special_texts(tokenizer))
+                   text_tokenizer=plain_text_tokenizer(tokenizer), special_token_texts=special_texts(tokenizer),
+                   grammars=llm_engine.grammars,
+                   tool_parser=llm_engine.config.tool_call_parser or detect_tool_parser(template),
+                   reasoning_parser=llm_engine.config.reasoning_parser)
 
 
 def quantization_name(model_config: Any) -> str | None:

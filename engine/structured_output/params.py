@@ -1,0 +1,47 @@
+"""StructuredOutputsParams: what a request constrains its output to (vLLM's field names); torch-free.
+
+Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, or an
+EBNF grammar (xgrammar's dialect, which reads GBNF). `key` identifies the spec for the compile cache.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+KINDS = ("json", "json_object", "regex", "choice", "grammar")
+MAX_SPEC_CHARS = 200_000
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    json: str | dict | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: tuple[str, ...] | list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        asked = [k for k in KINDS if getattr(self, k) not in (None, False)]
+        if len(asked) != 1:
+            raise ValueError(f"structured_outputs must set exactly one of {', '.join(KINDS)}; got "
+                             f"{', '.join(asked) or 'none'}")
+        if isinstance(self.json, dict):
+            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+        if self.choice is not None:
+            choice = tuple(self.choice)
+            if not choice or not all(isinstance(c, str) and c for c in choice):
+                raise ValueError("structured_outputs choice must be a non-empty list of non-empty strings")
+            object.__setattr__(self, "choice", choice)
+        if len(self.key[1]) > MAX_SPEC_CHARS:
+            raise ValueError(f"structured_outputs {self.kind} is {len(self.key[1])} characters; at most "
+                             f"{MAX_SPEC_CHARS}")
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def key(self) -> tuple[str, str]:
+        value: Any = getattr(self, self.kind)
+        return self.kind, value if isinstance(value, str) else json.dumps(value)
