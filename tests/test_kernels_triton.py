@@ -11,14 +11,12 @@ interpreter. Tolerances (atol = rtol): fp32 1e-4, fp16 2e-3. Fresh random inputs
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402  (everything below may import triton)
 import torch  # noqa: E402
+from interpreted import fresh_process_tests  # noqa: E402
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
@@ -49,19 +47,7 @@ def encode_fp8_kernel(x_ptr, out_ptr, n, MAN_BITS: tl.constexpr, BIAS: tl.conste
     tl.store(out_ptr + offsets, triton_fp8.float_to_fp8(x, MAN_BITS, BIAS, FP8_MAX), mask=offsets < n)
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this process already runs the kernels interpreted")
-def test_whole_module_in_a_fresh_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-
-
-@pytest.fixture(autouse=True)
-def skip_unless_interpreted(request):
-    if not IN_INTERPRETER and request.function is not test_whole_module_in_a_fresh_process:
-        pytest.skip("triton was imported compiled before this module; test_whole_module_in_a_fresh_process runs it")
+test_whole_module_in_a_fresh_process, skip_unless_interpreted = fresh_process_tests(__file__, IN_INTERPRETER)
 
 
 def test_kernels_run_in_the_interpreter():

@@ -9,14 +9,12 @@ Also the FP8 W8A8 path (torch._scaled_mm, what sm_89+ cards run) against weight-
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
+from interpreted import fresh_process_tests  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
@@ -31,19 +29,7 @@ WEIGHTS = [  # (bits or "fp8", group size, act order)
 SHAPES = [(72, 8), (40, 72)]  # (K, N)
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this process already runs the kernels interpreted")
-def test_whole_module_in_a_fresh_process():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", __file__],
-                            cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True,
-                            timeout=600)
-    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
-
-
-@pytest.fixture(autouse=True)
-def _interpreted_only(request):
-    if not IN_INTERPRETER and request.function is not test_whole_module_in_a_fresh_process:
-        pytest.skip("triton was imported compiled before this module; test_whole_module_in_a_fresh_process runs it")
+test_whole_module_in_a_fresh_process, _interpreted_only = fresh_process_tests(__file__, IN_INTERPRETER)
 
 
 def packed_weight(k: int, n: int, bits, group: int, act_order: bool, gen: torch.Generator):
