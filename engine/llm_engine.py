@@ -183,8 +183,8 @@ class LLMEngine:
                 targets += children
             for target in targets:
                 plan.targets.append(target)
-                batch.rows.append(SamplingRow(target.params, target.token_ids[:target.num_prompt_tokens],
-                                              target.output_token_ids, target.generator, eos))
+                batch.rows.append(SamplingRow(target.params, target.token_ids, target.num_prompt_tokens,
+                                              target.generator, eos))
                 batch.logits_index.append(row)
         batch.bitmask = grammar_bitmask([t.grammar for t in plan.targets], self.model_config.vocab_size,
                                         [t.params.allowed_token_ids for t in plan.targets])

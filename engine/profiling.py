@@ -62,6 +62,6 @@ def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> Non
     logprobs: every full-vocabulary temporary it makes), so its peak is in the measurement."""
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
                             logprobs=MAX_LOGPROBS)
-    rows = [SamplingRow(params, [0], [0], None, []) for _ in range(num_seqs)]
+    rows = [SamplingRow(params, [0, 0], 1, None, []) for _ in range(num_seqs)]
     logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
     sample_on_device(logits, SamplingMetadata.build(rows, vocab_size, device), make_generator(0, device))

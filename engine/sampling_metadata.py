@@ -24,10 +24,22 @@ def make_generator(seed: int, device: torch.device) -> torch.Generator:
 @dataclass(slots=True)
 class SamplingRow:
     params: SamplingParams
-    prompt_ids: list[int]
-    output_ids: list[int]
+    token_ids: list[int]  # prompt + output so far: the sequence's own list, not copied (sliced only for penalties)
+    num_prompt_tokens: int
     generator: torch.Generator | None  # a seeded request's own; None: the engine's generator
     eos_ids: list[int]
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.token_ids[:self.num_prompt_tokens]
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
 
 
 @dataclass(slots=True)
@@ -122,7 +134,7 @@ def _masked(rows: list[SamplingRow], device: torch.device):
     entries = []
     for i, r in enumerate(rows):
         p = r.params
-        if len(r.output_ids) < p.min_tokens:
+        if r.num_output_tokens < p.min_tokens:
             entries += [(i, t) for t in ([] if p.ignore_eos else r.eos_ids) + p.stop_token_ids]
     if not entries:
         return None

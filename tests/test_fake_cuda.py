@@ -103,7 +103,7 @@ def cuda_generator():
 
 def rows_for(params: list[SamplingParams], generators=None) -> list[SamplingRow]:
     generators = generators or [None] * len(params)
-    return [SamplingRow(p, [1, 2, 3], [4, 4, 5], g, [0]) for p, g in zip(params, generators)]
+    return [SamplingRow(p, [1, 2, 3, 4, 4, 5], 3, g, [0]) for p, g in zip(params, generators)]
 
 
 CASES = {

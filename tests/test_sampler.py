@@ -10,7 +10,7 @@ from engine.sampler import SamplingRow, apply_penalties, sample
 
 
 def row(**kw) -> SamplingRow:
-    return SamplingRow(SamplingParams(**kw), [1, 2], [3, 3, 4], None, [0])
+    return SamplingRow(SamplingParams(**kw), [1, 2, 3, 3, 4], 2, None, [0])
 
 
 def test_top_k_top_p_min_p_never_emit_excluded_tokens():
@@ -45,10 +45,10 @@ def test_penalties_match_direct_computation():
 
 def test_logit_bias_and_min_tokens_mask():
     logits = torch.zeros(1, 8)
-    r = SamplingRow(SamplingParams(temperature=0, logit_bias={5: 10.0}), [1], [], None, [0])
+    r = SamplingRow(SamplingParams(temperature=0, logit_bias={5: 10.0}), [1], 1, None, [0])
     assert sample(logits, [r], torch.Generator()).token_ids == [5]
     logits = torch.tensor([[0.0, 0, 0, 9, 0, 0, 0, 0]])
-    r = SamplingRow(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[3]), [1], [], None, [0])
+    r = SamplingRow(SamplingParams(temperature=0, min_tokens=2, stop_token_ids=[3]), [1], 1, None, [0])
     assert sample(logits, [r], torch.Generator()).token_ids != [3]
 
 
@@ -79,7 +79,7 @@ def test_every_row_of_a_mixed_batch_samples_as_if_alone():
     logits = torch.randn(len(kinds), 40) * 2
 
     def rows():
-        return [SamplingRow(SamplingParams(**k), [1, 2], [3, 3, 4],
+        return [SamplingRow(SamplingParams(**k), [1, 2, 3, 3, 4], 2,
                             torch.Generator().manual_seed(k["seed"]) if "seed" in k else None, [0]) for k in kinds]
 
     batch, alone_rows = rows(), rows()
