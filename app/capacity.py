@@ -29,33 +29,46 @@ def resolve_dtype(requested: str, model_dtype: str, on_gpu: bool) -> str:
     return model_dtype if model_dtype in ("float16", "bfloat16") else "bfloat16"
 
 
+def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int],
+             gpu_used_bytes: list[int] | None = None) -> tuple[str, sizing.CapacityPlan]:
+    """(where it runs, the engine's plan) for these settings; ValueError/KeyError/TypeError when the model's
+    config cannot be planned. `gpu_used_bytes`: what other programs hold on each card now (NVML), which the
+    engine will subtract too."""
+    cfg = _shape(hf_config).with_max_model_len(values.get("max_model_len"))
+    on_gpu = bool(gpu_memory_bytes)
+    engine = EngineConfig(max_num_batched_tokens=values.get("max_num_batched_tokens"),
+                          enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)),
+                          serving=True)  # the app runs pagedesk-serve: its step budget sizes the peak
+    common = dict(dtype=resolve_dtype(values.get("dtype") or "auto", cfg.torch_dtype, on_gpu),
+                  kv_cache_dtype=values.get("kv_cache_dtype") or "auto", max_model_len=cfg.max_model_len,
+                  block_size=int(values.get("block_size") or 16),
+                  max_num_seqs=int(values.get("max_num_seqs") or 256))
+    if on_gpu:
+        plan = sizing.plan_capacity(
+            cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),
+            tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
+            max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
+            other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
+        return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
+    budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
+    return f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget", sizing.plan_cpu(cfg, float(budget), **common)
+
+
 def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_bytes: list[int],
                   gpu_used_bytes: list[int] | None = None) -> str:
-    """`gpu_used_bytes`: what other programs hold on each card now (NVML), which the engine will subtract too."""
+    """The planner's sentence: the plan's summary, or why nothing fits, or why the model cannot be planned."""
     if hf_config is None:
         return "Choose a model to see how much fits."
     try:
-        cfg = _shape(hf_config).with_max_model_len(values.get("max_model_len"))
-        on_gpu = bool(gpu_memory_bytes)
-        engine = EngineConfig(max_num_batched_tokens=values.get("max_num_batched_tokens"),
-                              enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)))
-        common = dict(dtype=resolve_dtype(values.get("dtype") or "auto", cfg.torch_dtype, on_gpu),
-                      kv_cache_dtype=values.get("kv_cache_dtype") or "auto", max_model_len=cfg.max_model_len,
-                      block_size=int(values.get("block_size") or 16),
-                      max_num_seqs=int(values.get("max_num_seqs") or 256))
-        if on_gpu:
-            plan = sizing.plan_capacity(
-                cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),
-                tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
-                max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
-                other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
-            where = f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB"
-        else:
-            budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
-            plan = sizing.plan_cpu(cfg, float(budget), **common)
-            where = f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget"
+        where, plan = plan_for(hf_config, values, gpu_memory_bytes, gpu_used_bytes)
     except (ValueError, KeyError, TypeError) as e:
-        return f"Cannot plan this model: {e}"
-    if not plan.fits:
-        return f"{where} — {plan.explain_misfit()}"
-    return f"{where} — {plan.summary()}"
+        return cannot_plan(e)
+    return describe(where, plan)
+
+
+def describe(where: str, plan: sizing.CapacityPlan) -> str:
+    return f"{where} — {plan.summary() if plan.fits else plan.explain_misfit()}"
+
+
+def cannot_plan(error: Exception) -> str:
+    return f"Cannot plan this model: {error}"

@@ -38,7 +38,7 @@ from app.settings import gui_flags, load_values, save_values
 from app.settings_form import SettingsForm
 from app.stats_client import StatsClient
 from app.status_chip import StatusChip, status_text
-from app.supervisor import READY, STARTING, STOPPED, STOPPING, EngineSupervisor, connect_host
+from app.supervisor import CRASHED, READY, STARTING, STOPPED, STOPPING, EngineSupervisor, connect_host
 from app.theme import is_dark
 from app.tray import Tray
 from widgets.gpu_panel import GpuReading
@@ -47,6 +47,7 @@ KEEP_SERVING_KEY = "app/keep_serving"
 DRAIN_S = 1.0  # longest wait for the app's streams to close before the engine gets SIGTERM
 LOG_LINES = 5000
 STATS_HZ = 4.0
+PLAN_USED_STEP = 256 << 20  # re-plan when what other programs hold on a card moves by this much
 
 
 class MainWindow(QMainWindow):
@@ -63,7 +64,8 @@ class MainWindow(QMainWindow):
         self.stats = StatsClient(self)
         self.nvml = NvmlThread(parent=self)
         self.store = ChatStore(data_dir() / "chats.sqlite3")
-        self.gpu_memory: list[int] = []
+        self.gpu_memory: list[int] = []  # each card's total, from NVML
+        self.gpu_used: list[int] = []  # what other programs held on each card while our engine was stopped
         self.stats_hz = STATS_HZ
         self._closed = False
         self.keep_serving_for_session = False  # `pagedesk --serve-at-login`: the tray is the way back
@@ -307,8 +309,13 @@ class MainWindow(QMainWindow):
 
     def _on_gpu_readings(self, readings: list[GpuReading]) -> None:
         totals = [r.memory_total for r in readings]
-        if totals != self.gpu_memory:  # first sample (or a card changed): re-plan with real card sizes
-            self.gpu_memory = totals
+        # What other programs hold counts against the engine's budget too, but only while our engine holds
+        # nothing (once it runs, its own memory is in the reading); re-plan when that moves by 256 MiB.
+        used = [r.memory_used for r in readings] if self.supervisor.state in (STOPPED, CRASHED) else self.gpu_used
+        moved = len(used) != len(self.gpu_used) or any(abs(a - b) >= PLAN_USED_STEP for a, b in zip(used,
+                                                                                               self.gpu_used))
+        if totals != self.gpu_memory or moved:  # first sample, a card changed, or the desktop took memory
+            self.gpu_memory, self.gpu_used = totals, used
             self._update_capacity()
         self.monitor.on_gpu_readings(readings)
 
@@ -329,7 +336,8 @@ class MainWindow(QMainWindow):
     def _update_capacity(self) -> None:
         info = self.model_picker.info
         values = self.settings_form.values()
-        self.capacity.setText(capacity_line(info.config if info else None, values, self.gpu_memory))
+        self.capacity.setText(capacity_line(info.config if info else None, values, self.gpu_memory,
+                                            self.gpu_used or None))
         self.library.set_machine(values, self.gpu_memory)
 
     def _served_model_name(self) -> str:

@@ -3,7 +3,7 @@
 Rows come from local folders (the roots the user added, default ~/models; a root that is itself a
 model folder counts too) and the Hugging Face cache (`app.hf_cache`), each described from its
 config.json and safetensors headers only (`app.model_info`): size on disk, architecture, parameters,
-quantization, context. The verdict asks the capacity planner (`app.capacity.capacity_line`, the
+quantization, context. The verdict asks the capacity planner (`app.capacity.plan_for`, the
 engine's own arithmetic) about the model's full context for a few layouts in order of preference —
 one card, all cards (tensor parallel), then each with an FP8 KV cache — and names the first that
 fits with its token capacity; the planner's full sentence is the cell's tooltip. Downloads in
@@ -12,7 +12,6 @@ progress (started in the Engine tab) are rows too, and the list rescans when one
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.capacity import capacity_line
+from app.capacity import cannot_plan, describe, plan_for
 from app.hf_cache import cached_models
 from app.model_info import ModelInfo, format_count, read_model_info
 from widgets.gpu_panel import format_bytes
@@ -30,7 +29,6 @@ COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantizatio
 FITS_COLUMN = COLUMNS.index("Fits on this machine")
 FOLDERS_KEY = "library/folders"
 DEFAULT_ROOT = Path.home() / "models"
-_TOKENS_FIT = re.compile(r"([\d,]+) tokens fit")
 
 
 @dataclass
@@ -104,12 +102,13 @@ def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     line = ""
     for tp, kv_dtype, name in layouts:
         trial = {**values, "tensor_parallel_size": tp, "kv_cache_dtype": kv_dtype, "max_model_len": None}
-        line = capacity_line(config, trial, gpu_memory_bytes)
-        found = _TOKENS_FIT.search(line)
-        if found:
-            return Verdict(True, f"✔ {name} · {found.group(1)} tokens", line)
-    if line.startswith("Cannot plan"):
-        return Verdict(False, "? cannot plan", line)
+        try:
+            where, plan = plan_for(config, trial, gpu_memory_bytes)
+        except (ValueError, KeyError, TypeError) as e:
+            return Verdict(False, "? cannot plan", cannot_plan(e))
+        line = describe(where, plan)
+        if plan.fits:
+            return Verdict(True, f"✔ {name} · {plan.num_tokens:,} tokens", line)
     return Verdict(False, "✘ full context does not fit", line)
 
 

@@ -21,14 +21,15 @@ REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
 SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
-# Online serving's step budget, per device: a step's cost grows with its tokens and every running stream
-# waits for the whole step, so the budget bounds how long an arriving prompt stalls the streams' next
-# token. On CUDA a 2048-token step costs about a decode step (vLLM's serving default). On CPU a prefill
-# token costs about as much as a decode row, so only small chunks keep ITL p99 within 3x the median:
-# measured 2.9x at 64 tokens, 3.8x at 96, 5.5x at 128, 7.9x at 256, 9.2x without chunking (BENCHMARKS.md,
-# "pagedesk-bench itl"). Decodes share the budget, so more than 64 concurrent CPU streams want a larger
-# --max-num-batched-tokens. Offline `LLM` keeps 8192 (throughput, no streams to stall).
-SERVING_MAX_NUM_BATCHED_TOKENS = {"cuda": 2048, "cpu": 64}
+# Online serving's step budget and prompt-token cap, per device: a step's cost grows with its tokens and
+# every running stream waits for the whole step, so the prompt tokens a decoding step may take bound how
+# long an arriving prompt stalls the streams' next token. On CUDA a 2048-token step costs about a decode
+# step (vLLM's serving default), so the budget alone does it. On CPU a prompt token costs about as much as
+# a decode row, so only small chunks keep ITL p99 within 3x the median (BENCHMARKS.md, "pagedesk-bench
+# itl"): the budget stays large so decodes are never cut, and prompt tokens are capped while anything
+# decodes. Offline `LLM` keeps 8192 and no cap (throughput, no streams to stall).
+SERVING_MAX_NUM_BATCHED_TOKENS = 2048
+SERVING_MAX_BATCH_PREFILL_TOKENS = {"cuda": None, "cpu": 32}
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +79,11 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enable_prefix_caching", bool, True, "Reuse KV blocks of shared prompt prefixes", "cache",
          negatable=True),
     Flag("max_num_seqs", int, 256, "Most sequences in one step", "scheduler", minimum=1),
-    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default: serving 64 on CPU, 2048 "
-         "on CUDA; offline 8192; at least max_model_len without chunked prefill)", "scheduler", minimum=1),
+    Flag("max_num_batched_tokens", int, None, "Token budget of one step (default: serving 2048, offline "
+         "8192; at least max_model_len without chunked prefill)", "scheduler", minimum=1),
+    Flag("max_batch_prefill_tokens", int, None, "Most prompt tokens a step computes while streams are decoding, "
+         "bounding the stall an arriving prompt causes (default: serving 32 on CPU, none on CUDA or offline; 0: "
+         "none; needs chunked prefill)", "scheduler", minimum=0),
     Flag("enable_chunked_prefill", bool, True, "Split long prompts over steps while decodes continue",
          "scheduler", negatable=True),
     Flag("tensor_parallel_size", int, 1, "Split the model over this many GPUs", "parallel", minimum=1),
@@ -149,6 +153,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
+    max_batch_prefill_tokens: int | None = None
     enable_chunked_prefill: bool = True
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
@@ -194,7 +199,7 @@ class EngineConfig:
             raise ValueError("--api-key has leading or trailing whitespace, which clients cannot send in a "
                              "header; remove it")
 
-    def resolve_max_num_batched_tokens(self, max_model_len: int, device_type: str = "cpu") -> int:
+    def resolve_max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:
             if not self.enable_chunked_prefill and self.max_num_batched_tokens < max_model_len:
                 raise ValueError(
@@ -205,5 +210,13 @@ class EngineConfig:
         if not self.enable_chunked_prefill:
             return max(OFFLINE_MAX_NUM_BATCHED_TOKENS, max_model_len)
         if self.serving:
-            return SERVING_MAX_NUM_BATCHED_TOKENS.get(device_type, OFFLINE_MAX_NUM_BATCHED_TOKENS)
+            return SERVING_MAX_NUM_BATCHED_TOKENS
         return OFFLINE_MAX_NUM_BATCHED_TOKENS
+
+    def resolve_max_batch_prefill_tokens(self, device_type: str = "cpu") -> int | None:
+        """The prompt-token cap of a decoding step, or None for no cap (0 on the command line)."""
+        if not self.enable_chunked_prefill:
+            return None  # whole prompts: a cap would keep long ones out for good
+        if self.max_batch_prefill_tokens is not None:
+            return self.max_batch_prefill_tokens or None
+        return SERVING_MAX_BATCH_PREFILL_TOKENS.get(device_type) if self.serving else None

@@ -55,7 +55,7 @@ class LLMEngine:
                                       config.block_size, backend, config.tensor_parallel_size)
         try:
             max_len = self.model_config.max_model_len
-            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len, self.device.type)
+            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
@@ -68,7 +68,8 @@ class LLMEngine:
             raise
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
-                                   config.enable_chunked_prefill)
+                                   config.enable_chunked_prefill,
+                                   config.resolve_max_batch_prefill_tokens(self.device.type))
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         self.requests: dict[str, Request] = {}

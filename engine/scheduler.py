@@ -5,6 +5,11 @@ a prompt); when blocks run out the most recently admitted running sequence is pr
 recomputed later from the head of the waiting queue). Waiting sequences are then admitted in order
 while the budget, `max_num_seqs` and free blocks allow, reusing cached prefix blocks. Without chunked
 prefill a prompt is only admitted when it fits the budget whole.
+
+With `max_batch_prefill_tokens`, a step that decodes anything computes at most that many prompt tokens
+(summed over the prompt chunks it schedules): every running stream waits for the whole step, so this
+bounds how much an arriving prompt delays the streams' next token while decodes keep the full budget.
+A step with no decode gives prompts the whole budget (nobody is waiting on a token).
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ from engine.sequence import Sequence, SequenceStatus
 class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
+    is_prefill: bool = False  # a prompt (or recompute) chunk, not the one-token step of a decode
 
     @property
     def samples(self) -> bool:
@@ -39,11 +45,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool) -> None:
+                 enable_chunked_prefill: bool, max_batch_prefill_tokens: int | None = None) -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked = enable_chunked_prefill
+        self.max_batch_prefill_tokens = max_batch_prefill_tokens if enable_chunked_prefill else None
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -56,13 +63,20 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        budget = self.max_num_batched_tokens
-        preempted = self._schedule_running(out, budget)
-        budget -= out.num_tokens
+        preempted = self._schedule_running(out, self.max_num_batched_tokens)
         if not preempted:
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(out, self.max_num_batched_tokens - out.num_tokens, self._prefill_left(out))
         out.block_copies = self.kv.take_copies()
         return out
+
+    def _prefill_cap(self, out: SchedulerOutput) -> int | None:
+        """Prompt tokens this step may compute in all: capped once a decode is in the step."""
+        decoding = any(not item.is_prefill for item in out.scheduled)
+        return self.max_batch_prefill_tokens if decoding else None
+
+    def _prefill_left(self, out: SchedulerOutput) -> int | None:
+        cap = self._prefill_cap(out)
+        return None if cap is None else cap - sum(i.num_new_tokens for i in out.scheduled if i.is_prefill)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> bool:
         """Decodes first, then prompt chunks of running sequences; preempt from the tail when out of blocks."""
@@ -73,12 +87,15 @@ class Scheduler:
             left = len(s.token_ids) - s.num_computed_tokens
             if left:
                 (decodes if left == 1 else chunks).append((s, left))
-        for seq, left in decodes + chunks:
-            if budget <= 0:
+        prefill_left = None
+        for i, (seq, left) in enumerate(decodes + chunks):
+            if i == len(decodes):
+                prefill_left = self._prefill_left(out)
+            if budget <= 0 or prefill_left is not None and prefill_left <= 0:
                 break
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
-            num_new = min(left, budget)
+            num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
             while not self.kv.allocate_slots(seq, num_new):
                 preempted = True
                 victim = self.running.pop()
@@ -86,6 +103,8 @@ class Scheduler:
                     undone = picked.pop(victim.seq_id)
                     out.scheduled.remove(undone)
                     budget += undone.num_new_tokens
+                    if undone.is_prefill and prefill_left is not None:
+                        prefill_left += undone.num_new_tokens
                 if victim is seq and not self.running:
                     self.kv.free(seq)  # alone and still no room: it can never fit the pool
                     seq.status = SequenceStatus.FINISHED
@@ -95,12 +114,16 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                picked[seq.seq_id] = ScheduledSeq(seq, num_new)
+                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1)
                 out.scheduled.append(picked[seq.seq_id])
                 budget -= num_new
+                if prefill_left is not None and left > 1:
+                    prefill_left -= num_new
         return preempted
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, prefill_left: int | None) -> None:
+        if prefill_left is not None:
+            budget = min(budget, prefill_left)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             seq = self.waiting[0]
             computed = self.kv.get_computed_blocks(seq)
@@ -119,7 +142,7 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
-            out.scheduled.append(ScheduledSeq(seq, num_new))
+            out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
 
     def _preempt(self, seq: Sequence) -> None:

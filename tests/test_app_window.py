@@ -156,3 +156,19 @@ def test_tray_menu_and_quit_stop_the_engine_group(window, qtbot, tmp_path, monke
     monkeypatch.setattr("app.main_window.QApplication", type("QApplication", (), {"instance": lambda: stub_app}))
     win.quit_action.trigger()
     assert quits == [True] and not helpers.pid_alive(pid)
+
+
+def test_planner_counts_what_other_programs_hold_while_the_engine_is_stopped(window, tmp_path):
+    from widgets.gpu_panel import GpuReading
+    win = window
+    choose_model(win, tmp_path)
+    gib = 1 << 30
+    reading = lambda used: [GpuReading(0, "RTX 4090", used, 24 * gib, 0, 40, 50.0, 450.0)]  # noqa: E731
+    win._on_gpu_readings(reading(0))
+    idle = win.capacity.text()
+    win._on_gpu_readings(reading(100 << 20))  # under the re-plan step: the line stays
+    assert win.capacity.text() == idle
+    win._on_gpu_readings(reading(3 * gib))  # a game took 3 GiB
+    busy = win.capacity.text()
+    tokens = lambda line: int(line.split(" tokens fit")[0].rsplit("· ", 1)[1].replace(",", ""))  # noqa: E731
+    assert "tokens fit" in idle and "tokens fit" in busy and tokens(busy) < tokens(idle)

@@ -59,8 +59,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--long-prompt-fraction", type=float, default=0.1)
     p.add_argument("--load", type=float, default=0.7, help="share of the measured maximum request rate")
-    p.add_argument("--budgets", default="off,8192,512,256,128",
-                   help="step budgets to compare; off = chunked prefill off")
+    p.add_argument("--budgets", default="off,2048,256,64,2048/64,2048/32",
+                   help="step budgets to compare: B (tokens per step), B/P (and at most P prompt tokens in a "
+                   "step that decodes: --max-batch-prefill-tokens), off (chunked prefill off)")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch and numba threads (1: the CPU-time clock then "
@@ -83,11 +84,12 @@ def main(argv: list[str] | None = None) -> None:
         print(f"\n{args.threads} thread(s); {len(requests)} requests ({args.long_prompt_fraction:.0%} with "
               f"1024-1900-token prompts), {args.output_len} output tokens; max rate {max_rate:.3f} req/s of "
               f"engine CPU time; trace at {rate:.3f} req/s ({args.load:.0%})\n")
-        print("| chunked prefill, step budget | ITL p50 ms | ITL p90 ms | ITL p99 ms | ITL p99 / p50 | TTFT p50 ms "
+        print("| chunked prefill, step budget / prompt-token cap | ITL p50 ms | ITL p90 ms | ITL p99 ms | ITL p99 / p50 | TTFT p50 ms "
               "| TTFT p99 ms | makespan s |\n|---|---:|---:|---:|---:|---:|---:|---:|")
         for budget in args.budgets.split(","):
+            tokens, _, cap = budget.partition("/")
             kwargs = ({"enable_chunked_prefill": False} if budget == "off" else
-                      {"max_num_batched_tokens": int(budget)})
+                      {"max_num_batched_tokens": int(tokens), "max_batch_prefill_tokens": int(cap or 0)})
             r = replay(path, requests, offsets, args.max_model_len, **kwargs)
             i50, i90, i99 = np.percentile(r["itl"], (50, 90, 99)) * 1e3
             t50, t99 = np.percentile(r["ttft"], (50, 99)) * 1e3

@@ -153,6 +153,29 @@ def scheduler_step_time(path: Path, num_seqs: int = 256, steps: int = 200) -> fl
     return (time.process_time() - start) / steps
 
 
+_SAMPLER_CHILD = """
+import resource, sys, torch
+from engine.profiling import profile_sampler
+rows, vocab = int(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(1)
+profile_sampler(2, vocab, torch.device("cpu"))  # warm: libraries and the allocator's first pages
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+profile_sampler(rows, vocab, torch.device("cpu"))
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+"""
+
+
+def sampler_bytes_per_logit(num_seqs: int = 64, vocab_size: int = 128256) -> float:
+    """Peak memory of the real sampler at its widest per logit (the fp32 logits included), from the growth
+    of a fresh process's peak resident set (`ru_maxrss`); the planner's SAMPLER_BYTES_PER_LOGIT should not
+    be below it. On CPU large tensors are their own mmaps, so the peak set is the peak of live tensors."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-c", _SAMPLER_CHILD, str(num_seqs), str(vocab_size)],
+                          capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[-1]) / (num_seqs * vocab_size)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench memory", description=__doc__)
     parser.add_argument("--num-prompts", type=int, default=200)
@@ -169,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
         cold, warm = ttft(big)
         on, off, hashing_share = caching_cost(small, min(args.num_prompts, 64))
         step = scheduler_step_time(small)
+    from engine.sizing import SAMPLER_BYTES_PER_LOGIT
+    per_logit = sampler_bytes_per_logit()
     rows = [
         ("KV waste, paged (allocated − used) / allocated", f"{waste['paged']:.1%}", "≤ 4%"),
         ("KV waste, contiguous max_model_len allocation", f"{waste['contiguous']:.1%}", "60–80% quoted"),
@@ -184,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
         ("no-reuse workload, prefix caching on vs off (median wall time)", f"{on / off - 1:+.1%}", "≤ 2% cost"),
         ("… time spent in prefix-caching code (hashing, lookups)", f"{hashing_share:.2%}", "≤ 2% cost"),
         ("scheduler + block manager per step, 256 running", f"{step * 1000:.2f} ms", "≤ 1 ms"),
+        ("sampler peak per logit, 64 rows × 128,256 (peak RSS growth)", f"{per_logit:.1f} B",
+         f"≤ {SAMPLER_BYTES_PER_LOGIT} B (the planner's figure)"),
     ]
     print("\n| figure | value | goal |\n|---|---:|---|")
     for name, value, goal in rows:

@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from engine.bench.serve_dataset import jsonl_requests, synthetic_requests
+from engine.bench.serve_dataset import jsonl_requests, synthetic_requests, write_jsonl
 from engine.bench.serve_load import ServeLoad, run_benchmark
 from engine.bench.serve_metrics import ServeSummary
 
@@ -64,6 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one request may take")
     p.add_argument("--result-json", type=Path, help="write the configuration and every figure here")
+    p.add_argument("--save-dataset", type=Path, help="also write the requests as JSONL (prompt, output_len, "
+                   "output_tokens) so another client, e.g. `vllm bench serve --dataset-name custom`, replays "
+                   "the same load")
     p.add_argument("--no-progress", dest="progress", action="store_false")
     return p
 
@@ -102,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         requests = load_requests(args, tokenizer)
+        if args.save_dataset:
+            write_jsonl(args.save_dataset, requests)
         runs = []
         for rate in args.request_rate:
             load = ServeLoad(args.base_url, args.model, args.endpoint, rate, args.max_concurrency, args.ignore_eos,

@@ -73,7 +73,8 @@ def _with_tokenizer(ids: list[int], output_len: int, tokenizer) -> ServeRequest:
 
 def jsonl_requests(path: Path, num_prompts: int | None = None, default_output_len: int = 128,
                    tokenizer=None) -> list[ServeRequest]:
-    """One JSON object per line with "prompt" (text) and optionally "output_len" (or "max_tokens")."""
+    """One JSON object per line with "prompt" (text) and optionally "output_len" (or "max_tokens", or
+    "output_tokens" as in `vllm bench serve --dataset-name custom` files)."""
     out = []
     for line_no, line in enumerate(Path(path).read_text().splitlines(), 1):
         if not line.strip():
@@ -81,7 +82,8 @@ def jsonl_requests(path: Path, num_prompts: int | None = None, default_output_le
         try:
             row = json.loads(line)
             prompt = row["prompt"]
-            output_len = int(row.get("output_len", row.get("max_tokens", default_output_len)))
+            output_len = int(row.get("output_len", row.get("max_tokens", row.get("output_tokens",
+                                                                                    default_output_len))))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}:{line_no}: expected a JSON object with a \"prompt\" string and an "
                              f"optional integer \"output_len\" ({exc})") from None
@@ -94,3 +96,12 @@ def jsonl_requests(path: Path, num_prompts: int | None = None, default_output_le
     if not out:
         raise ValueError(f"{path} holds no prompts")
     return out
+
+
+def write_jsonl(path: Path, requests: list[ServeRequest]) -> None:
+    """Save requests so another client can replay the same load: "prompt", "output_len", and "output_tokens"
+    (the key `vllm bench serve --dataset-name custom` reads)."""
+    if any(not isinstance(r.prompt, str) for r in requests):
+        raise ValueError("--save-dataset needs text prompts: give --tokenizer")
+    Path(path).write_text("".join(json.dumps({"prompt": r.prompt, "output_len": r.output_len,
+                                              "output_tokens": r.output_len}) + "\n" for r in requests))

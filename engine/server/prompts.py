@@ -1,13 +1,13 @@
 """Turn request prompts and chat messages into token ids, and check them against the model's limits.
 
 Chat messages are rendered by the tokenizer's own `apply_chat_template` (transformers renders it in a
-sandboxed Jinja environment). Message content is the user's text, never markup: special-token text in
-it ("</s><|system|>") is tokenized as plain text, while the template's own special tokens stay special,
-so no one can forge a turn of another role. Text longer than any prompt that could fit `max_model_len`
-(MAX_CHARS_PER_TOKEN characters per token, a bound no real tokenizer reaches on average) is refused
-before it is tokenized. Everything a client can get wrong here (empty prompt, ids outside the
-vocabulary, too long, images for a text model, tools for a model whose template has none) raises
-`OpenAIError(400)` with the numbers. These functions run in the tokenizer pool (tokenize_pool.py).
+sandboxed Jinja environment). Everything the client sends (message content, names, tool calls, tool
+definitions) is its text, never markup: special-token text in it ("</s><|system|>") is tokenized as plain
+text, while the template's own special tokens stay special, so no one can forge a turn of another role.
+Text longer than any prompt that could fit `max_model_len` (MAX_CHARS_PER_TOKEN characters per token, a
+bound no real tokenizer reaches on average) is refused before it is tokenized. Everything a client can
+get wrong here (empty prompt, ids outside the vocabulary, too long, images for a text model, tools for a
+model whose template has none) raises `OpenAIError(400)` with the numbers. These functions run in the tokenizer pool (tokenize_pool.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import re
 import secrets
 from dataclasses import dataclass
 
-from engine.server.errors import bad_request
+from engine.server.errors import OpenAIError, bad_request
 from engine.server.protocol import ChatMessage
 from engine.server.served_model import ServedModel
 
@@ -163,47 +163,96 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
 
 def _apply_template(model: ServedModel, dicts: list[dict], tools: list | None, add_generation_prompt: bool,
                     continue_final_message: bool, chat_template_kwargs: dict | None = None) -> str:
-    tool_dicts = [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools or []]
     try:
         return model.tokenizer.apply_chat_template(
-            dicts, tools=tool_dicts or None, tokenize=False, add_generation_prompt=add_generation_prompt,
+            dicts, tools=_tool_dicts(tools) or None, tokenize=False, add_generation_prompt=add_generation_prompt,
             continue_final_message=continue_final_message, **(chat_template_kwargs or {}))
     except Exception as exc:  # noqa: BLE001 - a template refusing these messages is the client's error
         raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from None
 
 
+def _tool_dicts(tools: list | None) -> list[dict]:
+    return [t.model_dump(exclude_none=True) if hasattr(t, "model_dump") else t for t in tools or []]
+
+
+def _rendered_forms(text: str) -> tuple[str, ...]:
+    """How a template may show a client's string: as it is, trimmed (Llama 3's `content | trim`), or inside
+    JSON (`tojson`, with or without ASCII escapes, or Jinja's HTML-safe variant)."""
+    inner = json.dumps(text, ensure_ascii=False)[1:-1]
+    html_safe = (json.dumps(text)[1:-1].replace("<", "\\u003c").replace(">", "\\u003e")
+                 .replace("&", "\\u0026").replace("'", "\\u0027"))
+    return text, text.strip(), inner, json.dumps(text)[1:-1], html_safe
+
+
+class _Marks:
+    """Every client string holding special-token text, swapped for a unique marker."""
+
+    def __init__(self, special: tuple[str, ...]) -> None:
+        self.special, self.nonce = special, secrets.token_hex(8)
+        self.texts: dict[str, str] = {}  # marker -> the client's string
+        self.fields: dict[str, str] = {}  # marker -> where it was, e.g. "messages.2.tool_calls.0.function.name"
+
+    def mark(self, value, where: str):
+        if isinstance(value, str):
+            if not any(s in value for s in self.special):
+                return value
+            marker = f"[[pagedesk-text-{self.nonce}-{len(self.texts)}]]"
+            self.texts[marker], self.fields[marker] = value, where
+            return marker
+        if isinstance(value, dict):
+            for key in value:
+                if isinstance(key, str) and any(s in key for s in self.special):
+                    raise bad_request(f"{where} has a key holding special-token text; rename it", where)
+            return {k: v if k == "role" else self.mark(v, f"{where}.{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.mark(v, f"{where}.{i}") for i, v in enumerate(value)]
+        return value
+
+
 def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list | None,
                    add_generation_prompt: bool, continue_final_message: bool,
                    add_special_tokens: bool = False, chat_template_kwargs: dict | None = None) -> Prompt:
-    """The rendered chat and its ids: the template's own text with its special tokens, each message content
-    as plain text. Contents holding special-token text are located exactly by rendering once more with a
-    unique marker in their place (searching the rendered text could hit the template's own markers)."""
+    """The rendered chat and its ids: the template's own text with its special tokens, every string the client
+    sent (content, names, tool calls and their arguments, tool definitions) as plain text. Strings holding
+    special-token text are located exactly by rendering once more with a unique marker in their place
+    (searching the rendered text could hit the template's own markers); the ids are then built piece by piece
+    and must spell the first rendering exactly, else the request is refused rather than guessed at."""
     text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
     check_prompt_chars(len(text), model.max_model_len, "messages")
-    dicts = chat_messages(messages)
-    contents = {i: d["content"] for i, d in enumerate(dicts)
-                if any(s in d["content"] for s in model.special_token_texts)}
-    if not contents:
+    marks = _Marks(model.special_token_texts)
+    dicts = [marks.mark(d, f"messages.{i}") for i, d in enumerate(chat_messages(messages))]
+    marked_tools = [marks.mark(t, f"tools.{i}") for i, t in enumerate(_tool_dicts(tools))]
+    kwargs = marks.mark(chat_template_kwargs or {}, "chat_template_kwargs")
+    if not marks.texts:
         return Prompt(text, encode(model, text, add_special_tokens))
-    nonce = secrets.token_hex(8)
-    markers = {f"[[pagedesk-content-{nonce}-{i}]]": i for i in contents}
-    for marker, i in markers.items():
-        dicts[i]["content"] = marker
-    marked = _apply_template(model, dicts, tools, add_generation_prompt, continue_final_message,
-                             chat_template_kwargs)
-    pieces = re.split("(" + "|".join(map(re.escape, markers)) + ")", marked)
-    if sorted(p for p in pieces if p in markers) != sorted(markers):
-        i = min(contents)
-        raise bad_request(f"messages[{i}] holds special-token text, and the chat template does not show the "
-                          "message content as it is, so it cannot be kept as plain text; remove it",
-                          f"messages.{i}.content")
+    marked = _apply_template(model, dicts, marked_tools, add_generation_prompt, continue_final_message, kwargs)
+    pieces = re.split("(" + "|".join(map(re.escape, marks.texts)) + ")", marked)
     ids: list[int] = list(model.tokenizer.encode("", add_special_tokens=add_special_tokens))
-    for piece in pieces:
-        if piece in markers:
-            ids += model.text_tokenizer.encode(contents[markers[piece]], add_special_tokens=False)
+    pos = 0
+    for j, piece in enumerate(pieces):  # template text, marker, template text, ... (re.split's captures)
+        if piece in marks.texts:
+            after = pieces[j + 1]
+            form = next((f for f in _rendered_forms(marks.texts[piece])
+                         if text.startswith(f, pos) and text.startswith(after, pos + len(f))), None)
+            if form is None:
+                field = marks.fields[piece]
+                raise bad_request(f"{field} holds special-token text, and the chat template does not show it as "
+                                  "it is, so it cannot be kept as plain text; remove it", field)
+            ids += model.text_tokenizer.encode(form, add_special_tokens=False)
+            pos += len(form)
         elif piece:
+            if not text.startswith(piece, pos):
+                raise _renders_differently()
             ids += model.tokenizer.encode(piece, add_special_tokens=False)
+            pos += len(piece)
+    if pos != len(text):
+        raise _renders_differently()
     return Prompt(text, ids)
+
+
+def _renders_differently() -> OpenAIError:
+    return bad_request("the chat template renders differently when special-token text is kept out of it, so it "
+                       "cannot be kept as plain text; remove it", "messages")
 
 
 def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | None,

@@ -1,0 +1,98 @@
+"""--max-batch-prefill-tokens: a step that decodes computes at most that many prompt tokens (summed over
+running chunks and new admissions), decodes keep the whole budget, a step without decodes gives prompts the
+whole budget, and greedy output is the same as without the cap."""
+from __future__ import annotations
+
+from engine import LLM, SamplingParams
+from engine import serve
+from engine.config import EngineConfig
+from engine.kv_cache_manager import KVCacheManager
+from engine.sampling_params import SamplingParams as Params
+from engine.scheduler import Scheduler
+from engine.sequence import Request, Sequence, SequenceStatus
+from hf_reference import MAX_TOKENS, engine_greedy
+
+
+def seq_of(name: str, tokens: list[int]) -> Sequence:
+    return Sequence(Request(name, None, tokens, Params(temperature=0), None, 0.0), 0, tokens, None)
+
+
+def decoding(kv: KVCacheManager, name: str, tokens: list[int]) -> Sequence:
+    """A running sequence with every token but the last computed: its next step is a decode."""
+    seq = seq_of(name, tokens)
+    assert kv.allocate_slots(seq, len(tokens) - 1)
+    seq.num_computed_tokens = len(tokens) - 1
+    seq.status = SequenceStatus.RUNNING
+    return seq
+
+
+def prompt_tokens(out) -> int:
+    return sum(item.num_new_tokens for item in out.scheduled if item.is_prefill)
+
+
+def test_a_decoding_step_takes_at_most_the_cap_in_prompt_tokens_over_all_prompts():
+    kv = KVCacheManager(num_blocks=200, block_size=4, enable_caching=False)
+    scheduler = Scheduler(kv, max_num_seqs=64, max_num_batched_tokens=512, enable_chunked_prefill=True,
+                          max_batch_prefill_tokens=10)
+    streams = [decoding(kv, f"d{i}", [i + 1] * 6) for i in range(40)]
+    scheduler.running = list(streams)
+    for name in ("a", "b", "c"):
+        scheduler.add(seq_of(name, list(range(1, 30))))
+
+    out = scheduler.schedule()
+
+    assert sum(1 for item in out.scheduled if not item.is_prefill) == 40  # every stream decodes: no cut
+    assert prompt_tokens(out) == 10 and [i.seq.request.request_id for i in out.scheduled if i.is_prefill] == ["a"]
+    for item in out.scheduled:
+        item.seq.num_computed_tokens += item.num_new_tokens
+    for stream in streams:
+        stream.append_token(3, 0.0, None)
+    out = scheduler.schedule()  # "a" is now a running chunk: it and any admission share the same 10
+    assert prompt_tokens(out) == 10
+
+
+def test_a_step_with_no_decode_gives_prompts_the_whole_budget():
+    kv = KVCacheManager(num_blocks=200, block_size=4, enable_caching=False)
+    scheduler = Scheduler(kv, max_num_seqs=64, max_num_batched_tokens=100, enable_chunked_prefill=True,
+                          max_batch_prefill_tokens=10)
+    scheduler.add(seq_of("a", list(range(1, 80))))
+    scheduler.add(seq_of("b", list(range(1, 80))))
+    assert prompt_tokens(scheduler.schedule()) == 100
+
+
+def test_greedy_output_is_the_same_with_the_cap(reference):
+    path, prompts, expected = reference("llama")
+    # three at a time, so the later prompts are admitted (5 tokens a step) while the first ones decode
+    assert engine_greedy(path, prompts, MAX_TOKENS, max_num_batched_tokens=256, max_batch_prefill_tokens=5,
+                         max_num_seqs=3) == expected
+
+
+def test_long_prompt_is_fed_in_capped_chunks_while_a_stream_decodes(reference):
+    path, prompts, _ = reference("llama")
+    llm = LLM(str(path), device="cpu", max_num_batched_tokens=512, max_batch_prefill_tokens=16)
+    engine = llm.engine
+    engine.add_request("short", prompts[2], SamplingParams(temperature=0, max_tokens=30))
+    engine.step()
+    engine.add_request("long", [7] * 200, SamplingParams(temperature=0, max_tokens=1))
+    long_seq = engine.requests["long"].seqs[0]
+    steps = 0
+    while not long_seq.is_finished and steps < 100:
+        before = long_seq.num_computed_tokens
+        outs = {o.request_id for o in engine.step()}
+        steps += 1
+        assert "short" in outs
+        assert long_seq.is_finished or long_seq.num_computed_tokens - before <= 16
+    assert steps == -(-200 // 16)
+
+
+def test_serving_defaults_cap_prompts_on_cpu_only():
+    served = serve.parse_config(["--model", "m"])
+    assert served.resolve_max_batch_prefill_tokens("cpu") == 32
+    assert served.resolve_max_batch_prefill_tokens("cuda") is None
+    assert EngineConfig(model="m").resolve_max_batch_prefill_tokens("cpu") is None  # offline: throughput
+    assert serve.parse_config(["--model", "m", "--max-batch-prefill-tokens", "0"]) \
+        .resolve_max_batch_prefill_tokens("cpu") is None
+    assert serve.parse_config(["--model", "m", "--max-batch-prefill-tokens", "100"]) \
+        .resolve_max_batch_prefill_tokens("cuda") == 100
+    whole = serve.parse_config(["--model", "m", "--no-enable-chunked-prefill"])
+    assert whole.resolve_max_batch_prefill_tokens("cpu") is None
