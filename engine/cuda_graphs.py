@@ -101,7 +101,10 @@ class DecodeGraphs:
         on any failure drop them all and stay eager (one log line), rather than stop the engine."""
         if not self.capture_graphs:
             return
-        before = torch.cuda.memory_allocated(self.device)
+        # Reserved, not allocated, bytes: the intermediates a graph frees during capture stay in its private
+        # pool (reserved for replays) but no longer count as allocated, which would leave only the outputs.
+        torch.cuda.empty_cache()
+        before = torch.cuda.memory_reserved(self.device)
         keys = [(b, c) for b in reversed(self.ladder) for c in reversed(self.contexts[b])]
         try:
             self._capture_all(keys)
@@ -114,7 +117,8 @@ class DecodeGraphs:
                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return
         torch.cuda.synchronize(self.device)
-        self.pool_bytes = torch.cuda.memory_allocated(self.device) - before
+        torch.cuda.empty_cache()  # the warm-up forwards' blocks in the ordinary pool: not the graphs'
+        self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
         logger.info("captured %d CUDA graphs (batch sizes %s, context lengths %s), %.0f MiB", len(self.graphs),
                     self.ladder, sorted({c for cs in self.contexts.values() for c in cs}), self.pool_bytes / 2**20)
 

@@ -39,10 +39,18 @@ TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": tor
 
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device == "cuda" and not torch.cuda.is_available():
         raise ValueError("--device cuda was requested but no CUDA device is available; use --device cpu")
-    return torch.device(device)
+    return indexed_device(torch.device(device))
+
+
+def indexed_device(device: torch.device) -> torch.device:
+    """A bare "cuda" as "cuda:N", the current card. Tensors made on "cuda" report cuda:N, but a generator
+    made on it keeps no index, and the sampler refuses a generator whose device differs from the logits'."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
 
 
 def resolve_dtype(dtype: str, model_dtype: str, device: torch.device) -> torch.dtype:
@@ -98,6 +106,7 @@ def every_shape(*shape):
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
+        device = indexed_device(device)
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.attention_backend = attention_backend
@@ -226,15 +235,15 @@ class ModelRunner:
         head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
         dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(inputs.slot_mapping).to(dev),
-            block_tables=torch.from_numpy(inputs.block_tables).to(dev),
-            seq_lens=torch.from_numpy(inputs.seq_lens).to(dev),
-            query_start_loc=torch.from_numpy(inputs.query_start_loc).to(dev),
-            max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
         if self.graphs is not None and self.graphs.can_run(inputs):
-            hidden = self.graphs.run(inputs)
+            hidden = self.graphs.run(inputs)  # copies into its static buffers: no metadata tensors to make
         else:
+            meta = AttentionMetadata(
+                slot_mapping=torch.from_numpy(inputs.slot_mapping).to(dev),
+                block_tables=torch.from_numpy(inputs.block_tables).to(dev),
+                seq_lens=torch.from_numpy(inputs.seq_lens).to(dev),
+                query_start_loc=torch.from_numpy(inputs.query_start_loc).to(dev),
+                max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
         prompt_logprobs = None

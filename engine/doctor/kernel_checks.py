@@ -6,6 +6,7 @@ torch backend; only the GPU decides what the numbers are.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
@@ -39,9 +40,22 @@ def _sync(*devices: str) -> None:
             torch.cuda.synchronize(d)
 
 
+def on_card(device: str | torch.device):
+    """Make `device` the current card while a check runs on it: Triton launches its kernels on the current
+    device, not on the device of their tensors (torch ops do the latter), so a check of cuda:1 from a process
+    whose current card is cuda:0 would run cuda:0 kernels on cuda:1 pointers (an illegal address)."""
+    device = torch.device(device)
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
 def attention_parity(device: str, dtype: torch.dtype, cache_dtype: torch.dtype, backend: str = "triton") -> str | None:
     """Write K/V and attend over a mixed batch (prefill chunks and decodes, GQA) with `backend` and with the
     torch reference on the same inputs; None when both agree, else what differs."""
+    with on_card(device):
+        return _attention_parity(device, dtype, cache_dtype, backend)
+
+
+def _attention_parity(device: str, dtype: torch.dtype, cache_dtype: torch.dtype, backend: str) -> str | None:
     from kernels import get_attention_backend
     from kernels.paged_batch import make_paged_batch
     batch = make_paged_batch([17, 1, 1, 5], [17, 41, 300, 25], num_kv_heads=2, group=4, head_dim=128,
@@ -60,10 +74,16 @@ def attention_parity(device: str, dtype: torch.dtype, cache_dtype: torch.dtype, 
     return None if err <= PARITY_LIMIT else f"max difference {err:.2e} from the torch reference (> {PARITY_LIMIT})"
 
 
-@torch.inference_mode()
 def decode_tokens_per_s(device: str, dtype: torch.dtype, backend: str, batch: int = 16, context: int = 256,
                         steps: int = 16, block_size: int = 16) -> float:
     """Greedy-shaped decode steps of a random-weight tiny Llama over a paged KV cache: tokens per second."""
+    with on_card(device):
+        return _decode_tokens_per_s(device, dtype, backend, batch, context, steps, block_size)
+
+
+@torch.inference_mode()
+def _decode_tokens_per_s(device: str, dtype: torch.dtype, backend: str, batch: int, context: int, steps: int,
+                         block_size: int) -> float:
     from engine.models.decoder import DecoderForCausalLM
     cfg = ModelConfig.from_hf_config(TINY_LLAMA).with_max_model_len(context + steps)
     torch.set_default_dtype(dtype)

@@ -44,7 +44,8 @@ class LinearBase(nn.Module):
         dst, dim = param.data, param.output_dim
         if dim is None:  # g_idx: one per input row, shared by every stacked matrix
             seen = param.__dict__.setdefault("loaded_shards", set())
-            if seen and not torch.equal(dst, _input_slice(param, loaded, split_input)):
+            # Compared on the parameter's device: torch.equal refuses a CUDA tensor against a host one.
+            if seen and not torch.equal(dst, _input_slice(param, loaded, split_input).to(dst.device)):
                 raise ValueError(f"{self.prefix}: the stacked matrices have different g_idx; such checkpoints "
                                  "are not supported")
             seen.add(shard)
