@@ -69,14 +69,11 @@ class Scheduler:
         out.block_copies = self.kv.take_copies()
         return out
 
-    def _prefill_cap(self, out: SchedulerOutput) -> int | None:
-        """Prompt tokens this step may compute in all: capped once a decode is in the step."""
-        decoding = any(not item.is_prefill for item in out.scheduled)
-        return self.max_batch_prefill_tokens if decoding else None
-
     def _prefill_left(self, out: SchedulerOutput) -> int | None:
-        cap = self._prefill_cap(out)
-        return None if cap is None else cap - sum(i.num_new_tokens for i in out.scheduled if i.is_prefill)
+        """Prompt tokens this step may still take, or None for no cap: capped once a decode is in the step."""
+        if self.max_batch_prefill_tokens is None or all(item.is_prefill for item in out.scheduled):
+            return None
+        return self.max_batch_prefill_tokens - sum(i.num_new_tokens for i in out.scheduled if i.is_prefill)
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> bool:
         """Decodes first, then prompt chunks of running sequences; preempt from the tail when out of blocks."""

@@ -23,7 +23,9 @@ from engine.quantization.config import QuantConfig
 GIB = 1024 ** 3
 MIB = 1024 ** 2
 QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
-SAMPLER_BYTES_PER_LOGIT = 4 + 4 + 4 + 4 + 8 + 4  # fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum
+# The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
+# `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
+SAMPLER_BYTES_PER_LOGIT = 36
 GRAPH_OVERHEAD_BYTES = 2 * MIB  # per captured graph: kernel parameters and bookkeeping (an estimate)
 SPLIT_CONTEXT_LENGTHS = (512, 1024, 2048, 4096, 8192)  # where the decode kernel's split count can change
 

@@ -3,6 +3,8 @@ verdict per model from the capacity planner), the XDG autostart entry, the theme
 system's light/dark preference, the status chip's text, and `pagedesk --serve-at-login`'s flag."""
 import qt_helpers  # noqa: F401  (offscreen Qt, private data dir)
 
+from types import SimpleNamespace
+
 from PySide6.QtCore import QSettings
 from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import QApplication
@@ -51,12 +53,15 @@ def test_verdict_prefers_one_card_then_tp_then_fp8(monkeypatch):
     def planner(config, values, gpus):
         asked.append((values["tensor_parallel_size"], values["kv_cache_dtype"], values["max_model_len"]))
         fits = values["tensor_parallel_size"] == 2 and values["kv_cache_dtype"] == "fp8"
-        return "… 50,000 tokens fit · 1 × 32,768-token sequences" if fits else "… not even one sequence fits"
+        plan = SimpleNamespace(fits=fits, num_tokens=50_000 if fits else 0, summary=lambda: "50,000 tokens fit",
+                               explain_misfit=lambda: "not even one sequence fits")
+        return "2 GPU(s)", plan
 
-    monkeypatch.setattr(library, "capacity_line", planner)
+    monkeypatch.setattr(library, "plan_for", planner)
     verdict = fit_verdict({}, default_values(2), [10 * GIB] * 2)
     assert asked == [(1, "auto", None), (2, "auto", None), (1, "fp8", None), (2, "fp8", None)]
     assert verdict.fits and verdict.short == "✔ TP 2 + FP8 KV · 50,000 tokens"
+    assert verdict.detail == "2 GPU(s) — 50,000 tokens fit"
 
 
 def test_library_widget_fills_rows_and_hands_over_a_model(qtbot, tmp_path):

@@ -106,7 +106,8 @@ def test_statistics_are_numpys_over_the_recorded_timings():
     assert s.goodput == pytest.approx(1.0)  # TTFT 100 and 200 ms meet 250 ms
     offsets = arrival_times(2000, 10.0, seed=3)
     assert offsets[0] == 0 and np.all(np.diff(offsets) >= 0)
-    assert np.diff(offsets).mean() == pytest.approx(0.1, rel=0.1)  # mean gap 1 / rate
+    assert np.diff(offsets).mean() == pytest.approx(0.1)  # the offered rate is exactly the rate asked for
+    assert np.diff(offsets).std() == pytest.approx(0.1, rel=0.1)  # exponential gaps: std = mean
     assert not arrival_times(3, math.inf, 0).any()
 
 

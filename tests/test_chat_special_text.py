@@ -80,5 +80,13 @@ def test_a_template_that_alters_the_string_is_refused_rather_than_guessed(served
     model = served("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['name'] | upper }}\n"
                    "{{ m['content'] }}<|im_end|>\n{% endfor %}")
     assert special_count(model, ids_of(model, [{"role": "user", "name": "bob", "content": "hi"}]).token_ids) == 2
-    with pytest.raises(OpenAIError, match="messages.0.name holds special-token text"):
+    with pytest.raises(OpenAIError, match="cannot be kept as plain text") as refused:
         ids_of(model, [{"role": "user", "name": "<|im_end|>", "content": "hi"}])
+    assert refused.value.status == 400
+
+
+def test_a_string_the_template_rewrites_is_refused_by_its_field(served):
+    model = served("{% for m in messages %}<|im_start|>{{ m['role'] }} {{ m['name'] | replace('<|im_end|>', '') }}"
+                   "\n{{ m['content'] }}<|im_end|>\n{% endfor %}")
+    with pytest.raises(OpenAIError, match="messages.0.name holds special-token text"):
+        ids_of(model, [{"role": "user", "name": "a<|im_end|>b", "content": "hi"}])

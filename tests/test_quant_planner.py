@@ -44,7 +44,7 @@ def test_planner_counts_packed_bytes_with_zero_points():
 def test_planner_verdicts_for_24gb_cards():
     qwen = plan_capacity(ModelConfig.from_hf_config(QWEN25_32B_AWQ), [CARD_24G], 0.9, dtype="float16")
     assert round(qwen.weights_bytes / GIB, 2) == 18.02 and not qwen.fits  # 32,768 tokens do not fit one card
-    assert qwen.num_tokens == 3_600 and "Lower --max-model-len to 3,600" in qwen.explain_misfit()
+    assert qwen.num_tokens == 2_416 and "Lower --max-model-len to 2,416" in qwen.explain_misfit()
     llama = plan_capacity(ModelConfig.from_hf_config(LLAMA33_70B_AWQ), [CARD_24G] * 2, 0.9, dtype="float16",
                           tensor_parallel_size=2, max_model_len=4096)
     assert 18 < llama.weights_bytes / GIB < 19.5 and llama.fits

@@ -36,19 +36,19 @@ def test_llama3_8b_on_one_24gb_card():
     #   8192 positions · 128 · 4 B = 4,194,304 → 16,064,716,800 B = 14.96 GiB held after loading.
     # KV per token: 2 (K,V) · 32 layers · 8 heads · 128 · 2 B = 131,072 B = 128 KiB.
     # Activations at 8192 batched tokens: 8192 · (4·4096 + (32+16)·128 + 3·14336) · 2 B = 1,073,741,824,
-    #   plus the sampler at 256 × 128256: 28 B per logit (fp32 logits, log-softmax, softmax, sorted values,
-    #   int64 order, cumsum) = 919,339,008 → 1,993,080,832.
+    #   plus the sampler at 256 × 128256: 36 B per logit (SAMPLER_BYTES_PER_LOGIT, its measured peak) =
+    #   1,182,007,296 → 2,255,749,120.
     # Usable int(24 GiB · 0.9) − 0 held by others = 23,192,823,398; KV budget 23,192,823,398 − 16,064,716,800
-    #   − 1,993,080,832 = 5,135,025,766 → // (131,072 · 16) = 2448 blocks = 39,168 tokens = 4 × 8192.
+    #   − 2,255,749,120 = 4,872,357,478 → // (131,072 · 16) = 2323 blocks = 37,168 tokens = 4 × 8192 (and more).
     plan = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16")
     assert plan.weights_bytes == 16_064_716_800
     assert plan.kv_bytes_per_token == 131_072
-    assert plan.activation_bytes == 1_993_080_832
+    assert plan.activation_bytes == 2_255_749_120
     assert plan.usable_bytes == 23_192_823_398
-    assert plan.kv_budget_bytes == 5_135_025_766
-    assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (2448, 39_168, 4)
+    assert plan.kv_budget_bytes == 4_872_357_478
+    assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (2323, 37_168, 4)
     assert plan.fits
-    assert plan.summary() == ("weights 14.96 GiB/card · KV 128.0 KiB/token · 39,168 tokens fit · "
+    assert plan.summary() == ("weights 14.96 GiB/card · KV 128.0 KiB/token · 37,168 tokens fit · "
                               "4 × 8,192-token sequences")
 
 
@@ -57,12 +57,12 @@ def test_planner_subtracts_what_the_desktop_holds_and_the_cuda_graphs():
     # CUDA graphs: activations of a 256-token decode batch 256 · 65,536 · 2 = 33,554,432, plus 2 MiB for each of
     #   the 20 batch sizes (1, 2, 4, 8, 16 … 256) × 5 context lengths (512, 1024, 2048, 4096, 8192)
     #   = 209,715,200 → 243,269,632.
-    # KV 21,582,210,662 − 16,064,716,800 − 1,993,080,832 − 243,269,632 = 3,281,143,398 → 1564 blocks.
+    # KV 21,582,210,662 − 16,064,716,800 − 2,255,749,120 − 243,269,632 = 3,018,475,110 → 1439 blocks.
     plan = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16", other_programs_bytes=[3 * GIB // 2],
                          cuda_graphs=True)
     assert plan.usable_bytes == 21_582_210_662 and plan.other_programs_bytes == 3 * GIB // 2
     assert plan.overhead_bytes == 243_269_632
-    assert plan.num_blocks == 1564
+    assert plan.num_blocks == 1439
 
 
 # Qwen2.5-32B at TP=2, per card: head_dim 5120/40 = 128; q = 40·128 = 5120; 8 KV heads → 4 per card, so the
@@ -73,9 +73,9 @@ def test_planner_subtracts_what_the_desktop_holds_and_the_cuda_graphs():
 # embedding + LM head: ceil(152064/2) = 76,032 rows · 5120 · 2 (untied) = 778,567,680.
 # RoPE table 32768 · 128 · 4 B = 16,777,216.
 # Activations at 8192 tokens: 8192 · (4·5120 + (40+16)·128/2 + 3·27648/2) · 2 B = 8192 · 65,536 · 2
-#   = 1,073,741,824, plus the sampler 256 · 152064 · 28 B = 1,089,994,752 → 2,163,736,576.
+#   = 1,073,741,824, plus the sampler 256 · 152064 · 36 B = 1,401,421,824 → 2,475,163,648.
 # KV per token per card: 2 · 64 layers · 4 heads · 128 · 2 B = 131,072 B (fp16), 65,536 B (fp8).
-QWEN_TP2_ACTIVATIONS = 2_163_736_576
+QWEN_TP2_ACTIVATIONS = 2_475_163_648
 
 
 @pytest.mark.parametrize("kv_cache_dtype,kv_per_token", [("auto", 131_072), ("fp8", 65_536)])
@@ -93,22 +93,22 @@ def test_qwen25_32b_fp16_does_not_fit_two_24gb_cards(kv_cache_dtype, kv_per_toke
     assert "not even one 32,768-token sequence fits" in message
     assert "21.60 GiB usable per card (24.00 GiB × gpu_memory_utilization 0.90)" in message
     assert "weights 30.53 GiB" in message
-    assert "activations 2.02 GiB" in message and f"{kv_per_token / 1024:.1f} KiB/token" in message
+    assert "activations 2.31 GiB" in message and f"{kv_per_token / 1024:.1f} KiB/token" in message
     assert "weights alone" in message and "--tensor-parallel-size" in message
 
 
-@pytest.mark.parametrize("kv_cache_dtype,blocks,seqs", [("auto", 5439, 2), ("fp8", 10879, 5)])
+@pytest.mark.parametrize("kv_cache_dtype,blocks,seqs", [("auto", 5291, 2), ("fp8", 10582, 5)])
 def test_qwen25_32b_4bit_on_two_24gb_cards(kv_cache_dtype, blocks, seqs):
     # 4-bit matrices: 15,602,810,880 / 2 = 7,801,405,440 B + a 2-byte scale per 128 weights
     #   (15,602,810,880 / 128 = 121,896,960 scales = 243,793,920 B) = 8,045,199,360 B; bias, norms and the
     #   vocab-split embeddings stay 16-bit: (229,376 + 660,480 + 778,567,680) · 2 = 1,558,915,072 B; RoPE
-    #   16,777,216 B. Weights 9,620,891,648 B per card. KV budget 23,192,823,398 − 9,620,891,648 − 2,163,736,576
-    #   = 11,408,195,174 B. fp16 KV: // (131,072 · 16) = 5439 blocks = 87,024 tokens = 2 × 32,768;
-    #   fp8 KV: // (65,536 · 16) = 10,879 blocks = 174,064 tokens = 5 × 32,768.
+    #   16,777,216 B. Weights 9,620,891,648 B per card. KV budget 23,192,823,398 − 9,620,891,648 − 2,475,163,648
+    #   = 11,096,768,102 B. fp16 KV: // (131,072 · 16) = 5291 blocks = 84,656 tokens = 2 × 32,768 (and more);
+    #   fp8 KV: // (65,536 · 16) = 10,582 blocks = 169,312 tokens = 5 × 32,768 (and more).
     plan = plan_capacity(QWEN25_32B, [CARD_24G, CARD_24G], 0.9, dtype="float16", kv_cache_dtype=kv_cache_dtype,
                          tensor_parallel_size=2, quantization="awq")
     assert plan.weights_bytes == 9_620_891_648
-    assert plan.kv_budget_bytes == 11_408_195_174
+    assert plan.kv_budget_bytes == 11_096_768_102
     assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (blocks, blocks * 16, seqs)
 
 
@@ -116,18 +116,18 @@ def test_qwen25_32b_4bit_on_one_card_needs_a_shorter_context():
     # TP=1: matrices 31,205,621,760 params → 15,602,810,880 B + 243,793,920 scales·2 B = 15,846,604,800 B;
     #   bias 64·7168 = 458,752, norms 660,480, embeddings 2·152064·5120 = 1,557,135,360 → ·2 B = 3,116,509,184 B;
     #   + RoPE 16,777,216 → weights 19,223,685,120 B (17.90 GiB).
-    # Activations 8192 · (4·5120 + 56·128 + 3·27648) · 2 + 1,089,994,752 = 1,811,939,328 + 1,089,994,752
-    #   = 2,901,934,080. KV budget 23,192,823,398 − 19,223,685,120 − 2,901,934,080 = 1,067,204,198;
-    #   KV/token 2·64·8·128·2 = 262,144 B → // (262,144 · 16) = 254 blocks = 4,064 tokens: no 32,768-token
-    #   sequence; a 4,064-token one fits once.
+    # Activations 8192 · (4·5120 + 56·128 + 3·27648) · 2 + 1,401,421,824 = 1,811,939,328 + 1,401,421,824
+    #   = 3,213,361,152. KV budget 23,192,823,398 − 19,223,685,120 − 3,213,361,152 = 755,777,126;
+    #   KV/token 2·64·8·128·2 = 262,144 B → // (262,144 · 16) = 180 blocks = 2,880 tokens: no 32,768-token
+    #   sequence; a 2,880-token one fits once.
     plan = plan_capacity(QWEN25_32B, [CARD_24G], 0.9, dtype="float16", quantization="awq")
     assert plan.weights_bytes == 19_223_685_120
-    assert plan.activation_bytes == 2_901_934_080
-    assert (plan.num_blocks, plan.num_tokens) == (254, 4_064)
+    assert plan.activation_bytes == 3_213_361_152
+    assert (plan.num_blocks, plan.num_tokens) == (180, 2_880)
     assert not plan.fits
-    assert "Lower --max-model-len to 4,064 or less" in plan.explain_misfit()
+    assert "Lower --max-model-len to 2,880 or less" in plan.explain_misfit()
     assert plan_capacity(QWEN25_32B, [CARD_24G], 0.9, dtype="float16", quantization="awq",
-                         max_model_len=4064).num_full_seqs == 1
+                         max_model_len=2880).num_full_seqs == 1
 
 
 # ---- measured plans: every rank profiles its own card, the pool takes the smallest -------------------------
