@@ -12,7 +12,9 @@ import tempfile
 from pathlib import Path
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-os.environ.setdefault("PAGEDESK_DATA_DIR", tempfile.mkdtemp(prefix="pagedesk-screens-"))
+if "PAGEDESK_DATA_DIR" not in os.environ:  # a throwaway data dir (removed at exit): never the user's chats
+    _DATA_DIR = tempfile.TemporaryDirectory(prefix="pagedesk-screens-")
+    os.environ["PAGEDESK_DATA_DIR"] = _DATA_DIR.name
 
 from PySide6.QtCore import QSettings  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
