@@ -87,6 +87,8 @@ class LLMEngine:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_ids = self._tokenize(prompt)
         self._validate(prompt_ids, params)
+        if params.bad_words:
+            params.resolve_bad_words(self.tokenizer)
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time())
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))

@@ -48,7 +48,6 @@ REFUSALS = [
             _is("in_memory")),
     Refusal("use_beam_search", "false", "beam search is not served over HTTP", True, _is(False)),
     Refusal("length_penalty", "1.0", "only used by beam search", 0.5, _is(1.0, 1)),
-    Refusal("bad_words", "null or []", "bad-word filtering is not supported", ["x"]),
     Refusal("spaces_between_special_tokens", "true", "the detokenizer has one spacing mode",
             False, _is(True)),
     Refusal("documents", "null", "RAG documents are not passed to chat templates", [{"text": "x"}]),
