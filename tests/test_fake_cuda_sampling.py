@@ -31,6 +31,7 @@ def test_prompt_logprobs_and_a_host_bitmask_on_cuda(tiny_weights, fake_cuda, mon
     inputs = dataclasses.replace(step_inputs(), prompt_logits_rows=[0, 1, 3], prompt_targets=[2, 3, 5],
                                  prompt_logprobs_k=2)
     out = runner.run(inputs, batch)
+    assert fake_cuda.host_copies == 2  # one for the sampled tokens, one for the prompt logprobs' slice
     assert len(out.sampled.token_ids) == 2 and out.sampled.top_ids is not None
     lp = out.prompt_logprobs
     assert len(lp.logprobs) == len(lp.ranks) == 3 and [len(t) for t in lp.top_ids] == [2, 2, 2]
