@@ -17,7 +17,8 @@ def fake_nvml(num_gpus=2):
         return types.SimpleNamespace(used=(handle + 1) * 4 * GIB, total=24 * GIB, free=0)
 
     return types.SimpleNamespace(
-        NVMLError=pynvml.NVMLError, nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: num_gpus,
+        NVMLError=pynvml.NVMLError, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: num_gpus,
         nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: b"NVIDIA GeForce RTX 4090",
         nvmlDeviceGetMemoryInfo=memory,
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + h, memory=10),

@@ -3,6 +3,10 @@ measurements run on CPU with the torch backend (and gloo for the all-reduce)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -161,3 +165,14 @@ def test_a_card_nvml_cannot_read_is_a_fail_row_not_a_crash():
                                                    ("GPU 1", "fail")]
     assert "GPU is lost" in rows[3].detail and "nvidia-smi" in rows[3].remedy and nvml.shut
     assert exit_code(rows) == 1
+
+
+@pytest.mark.parametrize("preset,expected", [(None, "PCI_BUS_ID"), ("FASTEST_FIRST", "FASTEST_FIRST")])
+def test_cuda_numbers_cards_as_nvml_does_unless_told_otherwise(preset, expected):
+    # The doctor's "GPU i" rows and the app's GPU panel come from NVML (PCI bus order); cuda:i must be the same card.
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_ORDER"}
+    if preset:
+        env["CUDA_DEVICE_ORDER"] = preset
+    done = subprocess.run([sys.executable, "-c", "import engine, os; print(os.environ['CUDA_DEVICE_ORDER'])"],
+                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == expected, done.stderr

@@ -112,3 +112,4 @@ def test_an_engine_samples_and_beam_searches_without_the_desktop_stack(bare_env,
         print("ok")
     """)
     assert run_bare(bare_env, "-c", script).stdout.strip().endswith("ok")
+

@@ -1,8 +1,12 @@
 """The sampling side of a CUDA step on the real card (second audit; tests/test_fake_cuda_sampling.py checks
 placement, these check numbers): prompt logprobs computed on the card match the CPU engine's, the
 allowed-token bitmask (packed int32, unpacked with shifts on the card, bit 31 as the sign bit) confines every
-draw, and a logit bias reaches the card's logits."""
+draw, and a logit bias reaches the card's logits; cuda:i is NVML's (nvidia-smi's) card i."""
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -41,3 +45,21 @@ def test_logit_bias_reaches_the_cards_logits(tiny_model_dir, make_llm):
     params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True, logit_bias={7: 100.0})
     out = llm.generate(make_prompts(400)[:2], params, use_tqdm=False)
     assert [o.outputs[0].token_ids for o in out] == [[7] * 4, [7] * 4]
+
+
+@pytest.mark.skipif("CUDA_VISIBLE_DEVICES" in os.environ,
+                    reason="CUDA_VISIBLE_DEVICES renumbers CUDA's cards, not NVML's")
+def test_cuda_index_i_is_nvml_card_i():
+    # engine/__init__.py sets CUDA_DEVICE_ORDER=PCI_BUS_ID; CUDA reads it when it starts, so this checks the
+    # pytest process only if nothing touched CUDA before engine was imported: ask a fresh interpreter.
+    script = ("import engine, pynvml, torch\n"
+              "pynvml.nvmlInit()\n"
+              "for i in range(torch.cuda.device_count()):\n"
+              "    nvml = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))\n"
+              "    nvml = nvml.decode() if isinstance(nvml, bytes) else nvml\n"
+              "    cuda = str(torch.cuda.get_device_properties(i).uuid)\n"
+              "    print(i, nvml, cuda)\n"
+              "    assert nvml.lower().removeprefix('gpu-') == cuda.lower(), i\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          env={k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_ORDER"})
+    assert done.returncode == 0, done.stdout + done.stderr
