@@ -24,7 +24,7 @@ LOG = """$ pagedesk-serve --model ~/models/Qwen2.5-7B-Instruct --max-model-len 1
 Loading ~/models/Qwen2.5-7B-Instruct (device auto, dtype auto, tensor parallel 2) ...
 rank 1: worker started (NCCL, peer-to-peer unavailable: falling back to host copies)
 weights: 7.10 GiB per card in 3.8 s
-profiling forward over 8192 tokens: peak activations 1.02 GiB per card
+profiling forward over 2048 tokens: peak activations 0.61 GiB per card
 KV cache: 4096 blocks of 16 tokens (12.4 GiB per card, fp8)
 Model loaded in 11.6 s
 PagedDesk serving Qwen/Qwen2.5-7B-Instruct at http://127.0.0.1:8000/v1

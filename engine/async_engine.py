@@ -52,6 +52,7 @@ class _Add:
     params: SamplingParams
     stream: "RequestStream"
     arrival_time: float
+    cache_salt: str | None = None
 
 
 @dataclass
@@ -174,12 +175,12 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine is not running ({self.status}): {self.error}")
 
     async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
-                          arrival_time: float | None = None) -> RequestStream:
+                          arrival_time: float | None = None, cache_salt: str | None = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it; raises ValueError if it refused it."""
         stream = RequestStream(request_id, self, asyncio.get_running_loop())
         with self._lock:
             self.check_serving()
-            self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time()))
+            self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time(), cache_salt))
         try:
             await asyncio.shield(stream.accepted)
         except asyncio.CancelledError:
@@ -324,7 +325,8 @@ class AsyncEngine:
             cmd.stream.put_threadsafe(ValueError(f"request id {cmd.request_id!r} is already in use"))
             return
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time)
+            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
+                                    cache_salt=cmd.cache_salt)
         except Exception as exc:  # noqa: BLE001 - ValueError becomes a 400; anything else is reported
             cmd.stream.put_threadsafe(exc)
             return

@@ -62,8 +62,11 @@ class FreeBlockQueue:
             block = block.next_free
 
 
-def hash_block(parent_hash: bytes | None, token_ids: Sequence[int]) -> bytes:
-    digest = hashlib.sha256(parent_hash or b"root")
+def hash_block(parent_hash: bytes | None, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes:
+    """A full block's key: its tokens chained to its parent's hash. A request's `cache_salt` (vLLM's) seeds
+    the chain's root, so only requests with the same salt share cached blocks."""
+    root = b"root" if cache_salt is None else b"salt:" + cache_salt.encode()
+    digest = hashlib.sha256(parent_hash or root)
     digest.update(array("q", token_ids).tobytes())
     return digest.digest()
 

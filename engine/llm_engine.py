@@ -82,13 +82,15 @@ class LLMEngine:
     # ---- requests in -------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None) -> None:
+                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         prompt_text, prompt_ids = self._tokenize(prompt)
         self._validate(prompt_ids, params)
+        if params.bad_words:
+            params.resolve_bad_words(self.tokenizer)
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
-                          arrival_time or time.time())
+                          arrival_time or time.time(), cache_salt=cache_salt)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
         if params.structured_outputs is not None:
             seq.grammar = GrammarState(self.grammars.compile(params.structured_outputs))

@@ -130,12 +130,17 @@ def _bias(rows: list[SamplingRow], device: torch.device):
 
 
 def _masked(rows: list[SamplingRow], device: torch.device):
-    """EOS and stop token ids of rows that have not reached min_tokens yet."""
+    """Token ids a row may not draw this step: EOS and stop ids before min_tokens, and the last token of each
+    bad word whose other tokens the output ends with (a one-token bad word always)."""
     entries = []
     for i, r in enumerate(rows):
         p = r.params
         if r.num_output_tokens < p.min_tokens:
             entries += [(i, t) for t in ([] if p.ignore_eos else r.eos_ids) + p.stop_token_ids]
+        for word in p.bad_words_token_ids:
+            head = len(word) - 1
+            if head == 0 or (r.num_output_tokens >= head and r.token_ids[len(r.token_ids) - head:] == word[:-1]):
+                entries.append((i, word[-1]))
     if not entries:
         return None
     i, t = zip(*entries)

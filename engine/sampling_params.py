@@ -13,6 +13,7 @@ MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
+MAX_BAD_WORDS = 64
 
 
 @dataclass
@@ -38,7 +39,11 @@ class SamplingParams:
     structured_outputs: StructuredOutputsParams | None = None  # constrain the output to a grammar
     prompt_logprobs: int | None = None  # top-k logprobs of each prompt token (the first has none)
     allowed_token_ids: list[int] | None = None  # sample only among these (a bitmask, like a grammar's)
+    bad_words: list[str] | None = None  # never generate these words (vLLM's bad_words)
     stop_strings: list[str] = field(init=False, default_factory=list)
+    # The bad words as token sequences, each as written and with a leading space (how BPE tokenizers spell a
+    # word inside a sentence): filled by the engine from its tokenizer (`resolve_bad_words`).
+    bad_words_token_ids: list[list[int]] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.stop_strings = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -76,6 +81,21 @@ class SamplingParams:
         for s in self.stop_strings:
             _check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS, "stop", repr(s)[:40],
                    f"non-empty strings of at most {MAX_STOP_STRING_CHARS} characters")
+        words = self.bad_words or []
+        _check(len(words) <= MAX_BAD_WORDS, "bad_words", f"{len(words)} words", f"at most {MAX_BAD_WORDS} words")
+        for w in words:
+            _check(isinstance(w, str) and 0 < len(w.strip()) and len(w) <= MAX_STOP_STRING_CHARS, "bad_words",
+                   repr(w)[:40], f"non-blank strings of at most {MAX_STOP_STRING_CHARS} characters")
+
+    def resolve_bad_words(self, tokenizer) -> None:
+        """Each bad word's token sequences: as written, and with one leading space, without duplicates."""
+        seen: list[list[int]] = []
+        for word in self.bad_words or []:
+            for text in (word.lstrip(), " " + word.lstrip()):
+                ids = list(tokenizer.encode(text, add_special_tokens=False))
+                if ids and ids not in seen:
+                    seen.append(ids)
+        self.bad_words_token_ids = seen
 
     def validate_token_ids(self, vocab_size: int) -> None:
         """Token ids named by the request must exist in the model's vocabulary."""

@@ -1,7 +1,8 @@
 """Tools, reasoning and structured outputs as real clients use them: the openai SDK (tool_choice required /
 named / auto, streamed and not, tool results round-tripping through the template), instructor (TOOLS and
 JSON_SCHEMA modes) and LangChain (with_structured_output, bind_tools), against a tiny random model with a
-hermes-style chat template. Grammars make even a random model's calls validate."""
+hermes-style chat template, and litellm (the OpenAI-compatible provider: chat, streaming, tools, text
+completions). Grammars make even a random model's calls validate."""
 from __future__ import annotations
 
 import json
@@ -156,3 +157,22 @@ def test_langchain_structured_output_and_bind_tools(server):
     message = llm.bind_tools([Weather], tool_choice="Weather").invoke("Weather in Paris?")
     [call] = message.tool_calls
     assert call["name"] == "Weather" and Weather.model_validate(call["args"])
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning:pydantic")  # litellm's own TypedDicts, not ours
+def test_litellm_chat_stream_tools_and_text_completion(server, monkeypatch):
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # else litellm fetches its price list online
+    litellm = pytest.importorskip("litellm")
+    litellm.telemetry = False
+    kw = dict(model=f"openai/{MODEL_NAME}", api_base=server.base_url, api_key="none", temperature=0)
+    reply = litellm.completion(messages=USER, max_tokens=8, **kw)
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 8
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       litellm.completion(messages=USER, max_tokens=8, stream=True, **kw))
+    assert streamed == reply.choices[0].message.content  # greedy: the same text, streamed
+    forced = litellm.completion(messages=USER, tools=TOOLS, max_tokens=80,
+                                tool_choice={"type": "function", "function": {"name": "get_time"}}, **kw)
+    [call] = forced.choices[0].message.tool_calls
+    _validate(call)
+    text = litellm.text_completion(prompt="The weather in Paris is", max_tokens=5, **kw)
+    assert text.choices[0].finish_reason == "length" and text.usage.completion_tokens == 5

@@ -3,6 +3,9 @@ running chunks and new admissions), decodes keep the whole budget, a step withou
 whole budget, and greedy output is the same as without the cap."""
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from engine import LLM, SamplingParams
 from engine import serve
 from engine.config import EngineConfig
@@ -96,3 +99,44 @@ def test_serving_defaults_cap_prompts_on_cpu_only():
         .resolve_max_batch_prefill_tokens("cuda") == 100
     whole = serve.parse_config(["--model", "m", "--no-enable-chunked-prefill"])
     assert whole.resolve_max_batch_prefill_tokens("cpu") is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(prompts=st.lists(st.integers(1, 60), min_size=1, max_size=8), arrivals=st.lists(st.integers(0, 6),
+       min_size=8, max_size=8), cap=st.integers(1, 24), budget=st.integers(8, 64), blocks=st.integers(8, 40),
+       caching=st.booleans())
+def test_scheduler_invariants_under_random_arrivals(prompts, arrivals, cap, budget, blocks, caching):
+    """Whatever arrives when, with a small pool (preemption) and prefix caching on or off: a step stays within
+    the budget, a step that decodes takes at most `cap` prompt tokens, and every request finishes."""
+    kv = KVCacheManager(num_blocks=blocks, block_size=4, enable_caching=caching)
+    scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=True,
+                          max_batch_prefill_tokens=cap)
+    seqs = [seq_of(f"r{i}", [1 + (i + j) % 7 for j in range(n)]) for i, n in enumerate(prompts)]
+    outputs = {id(s): 0 for s in seqs}
+    for step in range(2000):
+        for i, seq in enumerate(seqs):
+            if arrivals[i] == step:
+                scheduler.add(seq)
+        if step > max(arrivals) and not scheduler.has_work():
+            break
+        out = scheduler.schedule()
+        assert out.num_tokens <= budget
+        if any(not item.is_prefill for item in out.scheduled):
+            assert prompt_tokens(out) <= cap
+        finished = list(out.too_long)
+        for item in out.scheduled:
+            item.seq.num_computed_tokens += item.num_new_tokens
+        for item in out.scheduled:
+            seq = item.seq
+            if seq.num_computed_tokens == seq.num_tokens:  # sampled: one more token, three per request
+                if outputs[id(seq)] == 3:
+                    seq.status = SequenceStatus.FINISHED
+                    finished.append(seq)
+                else:
+                    outputs[id(seq)] += 1
+                    seq.append_token(5, 0.0, None)
+            item.seq.num_computed_tokens -= item.num_new_tokens  # update_from_output adds them back
+        scheduler.update_from_output(out, [], finished)
+    assert not scheduler.has_work(), "requests left unfinished"
+    assert all(s.is_finished for s in seqs)
+    assert kv.pool.num_free_blocks == blocks

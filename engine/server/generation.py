@@ -22,13 +22,13 @@ DISCONNECT_POLL_S = 0.5
 
 
 async def start_requests(async_engine: AsyncEngine, request_id: str, prompts: list[list[int]],
-                         params: list[SamplingParams]) -> list[RequestStream]:
+                         params: list[SamplingParams], cache_salt: str | None = None) -> list[RequestStream]:
     """Add every prompt; if the engine refuses one, abort the others and raise its error."""
     streams: list[RequestStream] = []
     try:
         for i, (ids, p) in enumerate(zip(prompts, params)):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            streams.append(await async_engine.add_request(rid, ids, p))
+            streams.append(await async_engine.add_request(rid, ids, p, cache_salt=cache_salt))
     except BaseException:
         close_all(streams)
         raise

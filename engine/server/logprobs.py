@@ -1,6 +1,8 @@
 """Engine logprobs (per token: {token_id: Logprob}) in OpenAI's chat and completions shapes.
 
-JSON has no -inf, so a logprob below -9999 is sent as -9999.0, as vLLM does.
+JSON has no -inf, so a logprob below -9999 is sent as -9999.0, as vLLM does. With vLLM's
+`return_tokens_as_token_ids` every token is spelled "token_id:N" (`token_names`), so tokens that are not
+text on their own (a piece of a UTF-8 character) stay unambiguous.
 """
 from __future__ import annotations
 
@@ -17,7 +19,21 @@ def _finite(value: float) -> float:
     return FLOOR if math.isnan(value) or value < FLOOR else float(value)
 
 
+class TokenIdNames:
+    """Stands in for the tokenizer when tokens are to be named by id."""
+
+    def decode(self, ids: list[int]) -> str:
+        return "".join(f"token_id:{i}" for i in ids)
+
+
+def token_names(req: Any, tokenizer: Any) -> Any:
+    """What spells the request's logprob tokens: the tokenizer, or ids when it set return_tokens_as_token_ids."""
+    return TokenIdNames() if getattr(req, "return_tokens_as_token_ids", None) else tokenizer
+
+
 def _token_text(token_id: int, lp: Logprob, tokenizer: Any) -> str:
+    if isinstance(tokenizer, TokenIdNames):
+        return tokenizer.decode([token_id])
     if lp.decoded_token is not None:
         return lp.decoded_token
     return tokenizer.decode([token_id])

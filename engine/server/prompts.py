@@ -7,7 +7,8 @@ text, while the template's own special tokens stay special, so no one can forge 
 Text longer than any prompt that could fit `max_model_len` (MAX_CHARS_PER_TOKEN characters per token, a
 bound no real tokenizer reaches on average) is refused before it is tokenized. Everything a client can
 get wrong here (empty prompt, ids outside the vocabulary, too long, images for a text model, tools for a
-model whose template has none) raises `OpenAIError(400)` with the numbers. These functions run in the tokenizer pool (tokenize_pool.py).
+model whose template has none) raises `OpenAIError(400)` with the numbers. These functions run in the
+tokenizer pool (tokenize_pool.py).
 """
 from __future__ import annotations
 

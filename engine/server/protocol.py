@@ -111,6 +111,10 @@ class SamplingFields(RefusableFields):
     request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
         None, description="vLLM: the response id is cmpl-/chatcmpl- + this (must not be in use)")
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
+    bad_words: list[Text] | None = Field(None, description="vLLM: words never to generate")
+    return_tokens_as_token_ids: bool | None = Field(None, description="vLLM: logprob tokens as 'token_id:N'")
+    cache_salt: NonEmptyText | None = Field(None, description="vLLM: only requests with the same salt share "
+                                                              "cached prompt prefixes")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the last k prompt tokens; -1: "
                                                                        "max_model_len")
 

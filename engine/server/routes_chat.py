@@ -22,7 +22,7 @@ from engine.server.chat_outputs import ChatOutputPlan, ChoiceView, finish_reason
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
-from engine.server.logprobs import chat_logprobs, vllm_prompt_logprobs
+from engine.server.logprobs import chat_logprobs, token_names, vllm_prompt_logprobs
 from engine.server.prompts import chat_prompt, message_chars, message_text, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
@@ -100,7 +100,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured, req.prompt_logprobs)
     request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     try:
-        streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params])
+        streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     created = int(time.time())
@@ -120,7 +120,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
                                   finish_reason=finish_reason(o.finish_reason, view), stop_reason=o.stop_reason,
                                   token_ids=o.token_ids if req.return_token_ids else None))
     prompt_logprobs = None if final.prompt_logprobs is None else \
-        vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
+        vllm_prompt_logprobs(final.prompt_logprobs, token_names(req, model.tokenizer))
     return ChatCompletionResponse(id=request_id, created=created, model=model.name, choices=choices,
                                   usage=usage_of([final]), prompt_logprobs=prompt_logprobs,
                                   prompt_token_ids=final.prompt_token_ids if req.return_token_ids else None)
@@ -137,7 +137,7 @@ def _logprobs(req: ChatCompletionRequest, model: ServedModel, out: CompletionOut
     if not req.logprobs or out.logprobs is None:
         return None
     return ChatLogprobs(content=chat_logprobs(out.token_ids[token_start:], out.logprobs[token_start:],
-                                              req.top_logprobs or 0, model.tokenizer))
+                                              req.top_logprobs or 0, token_names(req, model.tokenizer)))
 
 
 async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedModel, plan: ChatOutputPlan,

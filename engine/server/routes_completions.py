@@ -19,7 +19,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
-from engine.server.logprobs import completion_logprobs, vllm_prompt_logprobs
+from engine.server.logprobs import completion_logprobs, token_names, vllm_prompt_logprobs
 from engine.server.prompts import Prompt, completion_prompts, prompt_chars, resolve_max_tokens, truncate_prompt
 from engine.server.protocol import CompletionRequest
 from engine.server.refusals import refuse_unsupported
@@ -72,7 +72,8 @@ async def create_completion(req: CompletionRequest, request: Request,
               for p in prompts]
     request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     try:
-        streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params)
+        streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params,
+                                       req.cache_salt)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     created = int(time.time())
@@ -98,14 +99,14 @@ def _choice(req: CompletionRequest, model: ServedModel, index: int, out: Complet
     if req.logprobs is not None:
         logprobs = CompletionLogprobs()
         if req.echo and first and final.prompt_logprobs is not None:
-            completion_logprobs(final.prompt_token_ids, final.prompt_logprobs, req.logprobs, model.tokenizer, 0,
-                                logprobs)
+            completion_logprobs(final.prompt_token_ids, final.prompt_logprobs, req.logprobs,
+                                token_names(req, model.tokenizer), 0, logprobs)
         if out.logprobs is not None:
             completion_logprobs(out.token_ids[token_start:], out.logprobs[token_start:], req.logprobs,
-                                model.tokenizer, len(prefix) + text_start, logprobs)
+                                token_names(req, model.tokenizer), len(prefix) + text_start, logprobs)
     prompt_logprobs = None
     if req.prompt_logprobs is not None and first and final.prompt_logprobs is not None:
-        prompt_logprobs = vllm_prompt_logprobs(final.prompt_logprobs, model.tokenizer)
+        prompt_logprobs = vllm_prompt_logprobs(final.prompt_logprobs, token_names(req, model.tokenizer))
     ids = req.return_token_ids or None
     return CompletionChoice(index=index, text=prefix + out.text[text_start:], logprobs=logprobs,
                             finish_reason="length" if _scoring_only(req) else out.finish_reason,

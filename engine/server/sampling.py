@@ -39,6 +39,6 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,
         structured_outputs=structured_outputs, prompt_logprobs=prompt_logprobs,
-        allowed_token_ids=req.allowed_token_ids, **kwargs)
+        allowed_token_ids=req.allowed_token_ids, bad_words=req.bad_words or None, **kwargs)
     params.validate_token_ids(vocab_size)
     return params
