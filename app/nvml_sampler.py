@@ -45,17 +45,24 @@ def _text(value) -> str:
 
 
 def read_gpu(nvml, index: int) -> GpuReading:
+    """Memory must read (a card that cannot answer that is gone: the caller stops); utilisation, temperature
+    and power are 0 where the board does not report them (NVML_ERROR_NOT_SUPPORTED, e.g. utilisation of
+    a MIG-enabled card)."""
     handle = nvml.nvmlDeviceGetHandleByIndex(index)
     memory = nvml.nvmlDeviceGetMemoryInfo(handle)
-    util = nvml.nvmlDeviceGetUtilizationRates(handle)
-    temp = nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU)
-    try:
-        power = nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0
-        limit = nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0
-    except Exception:  # some boards do not report power
-        power = limit = 0.0
+    util = _optional(lambda: nvml.nvmlDeviceGetUtilizationRates(handle).gpu, nvml)
+    temp = _optional(lambda: nvml.nvmlDeviceGetTemperature(handle, nvml.NVML_TEMPERATURE_GPU), nvml)
+    power = _optional(lambda: nvml.nvmlDeviceGetPowerUsage(handle) / 1000.0, nvml)  # NVML reports milliwatts
+    limit = _optional(lambda: nvml.nvmlDeviceGetEnforcedPowerLimit(handle) / 1000.0, nvml)
     return GpuReading(index, _text(nvml.nvmlDeviceGetName(handle)), int(memory.used), int(memory.total),
-                      int(util.gpu), int(temp), power, limit)
+                      int(util), int(temp), float(power), float(limit))
+
+
+def _optional(read, nvml):
+    try:
+        return read()
+    except nvml.NVMLError:  # NotSupported and kin: a lost card already failed its memory read
+        return 0
 
 
 class NvmlSampler(QObject):

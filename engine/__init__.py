@@ -5,6 +5,13 @@ the GUI without pulling in torch.
 """
 from __future__ import annotations
 
+import os
+
+# CUDA numbers cards fastest first by default, NVML (nvidia-smi, the doctor's card rows, the app's GPU panel)
+# by PCI bus: on a 3090 + 4090 desktop "cuda:0" would be NVML's GPU 1. Read once, when CUDA starts (later
+# than any import of this package), and inherited by tensor-parallel workers; a value the user set stays.
+os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+
 _EXPORTS = {
     "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "SamplingParams": "engine.sampling_params",
     "EngineConfig": "engine.config", "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs",

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.sampler import SampledTokens
+
 ROWS_PER_SLICE = 64  # 64 x 152k vocab x fp32 = 39 MB per temporary: inside what KV sizing leaves free
 
 
@@ -47,11 +49,13 @@ def compute_prompt_logprobs(hidden: torch.Tensor, rows: list[int], targets: list
             continue
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         target = torch.as_tensor(targets[lo:lo + ROWS_PER_SLICE], device=dev)
-        chosen = logprobs.gather(1, target[:, None])
-        ranks = (logprobs > chosen).sum(dim=-1) + 1
+        chosen = logprobs.gather(1, target[:, None])[:, 0]
         top = logprobs.topk(max(k, 1), dim=-1)
-        out.logprobs += chosen[:, 0].tolist()
-        out.ranks += ranks.tolist()
-        out.top_ids += top.indices[:, :k].tolist()
-        out.top_logprobs += top.values[:, :k].tolist()
+        ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
+        # One device -> host copy per slice (the sampler's packing), not one per result list.
+        host = SampledTokens(target, chosen, top.indices[:, :k], top.values[:, :k], ranks).to_host()
+        out.logprobs += host.logprobs
+        out.ranks += host.ranks
+        out.top_ids += host.top_ids
+        out.top_logprobs += host.top_logprobs
     return out if reduce else None

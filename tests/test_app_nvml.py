@@ -17,7 +17,8 @@ def fake_nvml(num_gpus=2):
         return types.SimpleNamespace(used=(handle + 1) * 4 * GIB, total=24 * GIB, free=0)
 
     return types.SimpleNamespace(
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlDeviceGetCount=lambda: num_gpus,
+        NVMLError=pynvml.NVMLError, nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: num_gpus,
         nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetName=lambda h: b"NVIDIA GeForce RTX 4090",
         nvmlDeviceGetMemoryInfo=memory,
         nvmlDeviceGetUtilizationRates=lambda h: types.SimpleNamespace(gpu=50 + h, memory=10),
@@ -60,3 +61,16 @@ def test_mocked_gpus_are_sampled_in_a_thread(qtbot, monkeypatch):
     assert first[1].memory_used == 8 * GIB and first[0].power_w == 250.0 and first[1].temperature == 61
     assert first[0].name == "NVIDIA GeForce RTX 4090"
     assert panel.status.text() == "2 NVIDIA GPUs" and "8.00 GiB / 24.00 GiB" in panel._rows[1].vram.format()
+
+
+def test_a_reading_nvml_does_not_support_is_zero_not_the_end_of_sampling():
+    # MIG-enabled cards answer NVML_ERROR_NOT_SUPPORTED for utilisation, some boards for temperature too:
+    # the card's memory still reads, so the panel keeps showing it (as it does for unsupported power).
+    nvml = fake_nvml(1)
+
+    def not_supported(*args):
+        raise pynvml.NVMLError_NotSupported()
+
+    nvml.nvmlDeviceGetUtilizationRates = nvml.nvmlDeviceGetTemperature = not_supported
+    reading = nvml_sampler.read_gpu(nvml, 0)
+    assert (reading.memory_used, reading.utilization, reading.temperature, reading.power_w) == (4 * GIB, 0, 0, 250.0)

@@ -3,6 +3,10 @@ measurements run on CPU with the torch backend (and gloo for the all-reduce)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -143,3 +147,32 @@ def test_decode_speed_of_a_tiny_model_runs_on_cpu():
 def test_allreduce_bandwidth_with_gloo():
     from engine.doctor.allreduce import allreduce_bus_bandwidth
     assert allreduce_bus_bandwidth(2, "gloo", nbytes=2**20, iters=2, timeout_s=60) > 0
+
+
+class LostCardNvml(FakeNvml):
+    """The second card fell off the bus: NVML lists it but every call on it fails (NVML_ERROR_GPU_IS_LOST)."""
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        if i == 1:
+            raise self.NVMLError("GPU is lost")
+        return self.cards[i]
+
+
+def test_a_card_nvml_cannot_read_is_a_fail_row_not_a_crash():
+    nvml = LostCardNvml()
+    rows = nvidia_rows(nvml, "12.8", True, 2)
+    assert [(r.check, r.status) for r in rows] == [("Driver", "pass"), ("CUDA", "pass"), ("GPU 0", "pass"),
+                                                   ("GPU 1", "fail")]
+    assert "GPU is lost" in rows[3].detail and "nvidia-smi" in rows[3].remedy and nvml.shut
+    assert exit_code(rows) == 1
+
+
+@pytest.mark.parametrize("preset,expected", [(None, "PCI_BUS_ID"), ("FASTEST_FIRST", "FASTEST_FIRST")])
+def test_cuda_numbers_cards_as_nvml_does_unless_told_otherwise(preset, expected):
+    # The doctor's "GPU i" rows and the app's GPU panel come from NVML (PCI bus order); cuda:i must be the same card.
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_ORDER"}
+    if preset:
+        env["CUDA_DEVICE_ORDER"] = preset
+    done = subprocess.run([sys.executable, "-c", "import engine, os; print(os.environ['CUDA_DEVICE_ORDER'])"],
+                          cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == expected, done.stderr

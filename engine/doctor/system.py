@@ -49,7 +49,7 @@ def nvidia_rows(nvml, torch_cuda_version: str | None, torch_cuda_available: bool
         rows = [Row("Driver", "pass", f"{_text(nvml.nvmlSystemGetDriverVersion())}, CUDA up to {driver_cuda}, "
                                       f"{count} GPU(s)")]
         rows.append(_cuda_row(torch_cuda_version, torch_cuda_available, torch_device_count, driver_cuda))
-        rows += [_gpu_row(nvml, i) for i in range(count)]
+        rows += [_readable_gpu_row(nvml, i) for i in range(count)]
         if torch_cuda_available and torch_device_count < count:
             rows.append(Row("Visible GPUs", "warn", f"torch sees {torch_device_count} of {count} GPUs",
                             "CUDA_VISIBLE_DEVICES hides some cards; unset it to use them all"))
@@ -70,6 +70,17 @@ def _cuda_row(torch_cuda: str | None, available: bool, device_count: int, driver
                    "check nvidia-smi and CUDA_VISIBLE_DEVICES; reboot after a driver update")
     return Row("CUDA", "pass", f"torch runs CUDA {torch_cuda} (driver supports {driver_cuda}); {device_count} "
                                "device(s) visible")
+
+
+def _readable_gpu_row(nvml, index: int) -> Row:
+    """A card NVML lists but cannot read (fallen off the bus, no permission) fails its own row; the doctor
+    still reports every other card."""
+    try:
+        return _gpu_row(nvml, index)
+    except nvml.NVMLError as e:
+        return Row(f"GPU {index}", "fail", f"NVML cannot read this card: {e}",
+                   "check nvidia-smi and the kernel log (dmesg); a card that fell off the bus needs a reboot, "
+                   "or a reseat and its power cables checked")
 
 
 def _gpu_row(nvml, index: int) -> Row:

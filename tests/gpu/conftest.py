@@ -11,6 +11,8 @@ import gc
 import pytest
 import torch
 
+import engine  # noqa: F401  (sets CUDA_DEVICE_ORDER=PCI_BUS_ID before any test or skipif starts CUDA)
+
 
 @pytest.fixture(autouse=True)
 def _needs_cuda():
