@@ -89,6 +89,10 @@ class LLMEngine:
         self._validate(prompt_ids, params)
         if params.bad_words:
             params.resolve_bad_words(self.tokenizer)
+            outside = [t for ids in params.bad_words_token_ids for t in ids if t >= self.model_config.vocab_size]
+            if outside:
+                raise ValueError(f"bad_words encode to token ids {outside[:5]} outside the model's vocabulary "
+                                 f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time(), cache_salt=cache_salt)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
@@ -109,13 +113,16 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not prompt:
                 raise ValueError("prompt is empty")
-            return prompt, self.tokenizer.encode(prompt)
-        ids = [int(t) for t in prompt]
+            text, ids = prompt, list(self.tokenizer.encode(prompt))
+        else:
+            text, ids = None, [int(t) for t in prompt]
+        # Text too: a tokenizer with more tokens than the model's embedding would index past it (on CUDA a
+        # device-side assert, which ends the whole engine).
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
-        return None, ids
+        return text, ids
 
     def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         max_len = self.model_config.max_model_len

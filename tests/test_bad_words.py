@@ -118,3 +118,18 @@ def test_bad_words_over_http(llama_dir):
             client.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2, extra_body={"bad_words": [" "]})
     finally:
         server.stop()
+
+
+def test_ids_the_tokenizer_makes_beyond_the_models_vocabulary_are_refused(tiny_model_dir):
+    """A tokenizer larger than the model's embedding (text prompts, bad words) is a clear error, not an index
+    past the embedding (a device-side assert on CUDA)."""
+    path = tiny_model_dir("llama", vocab_size=280)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    text = next(w for w in ("hello world", "the weather", "once upon a time")
+                if max(tokenizer.encode(w, add_special_tokens=False)) >= 280)
+    llm = LLM(str(path), device="cpu")
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        llm.generate([text], SamplingParams(max_tokens=2), use_tqdm=False)
+    with pytest.raises(ValueError, match="bad_words encode to token ids"):
+        llm.generate([[5, 6]], SamplingParams(max_tokens=2, bad_words=[text]), use_tqdm=False)
+    assert llm.generate([[5, 6]], SamplingParams(max_tokens=2), use_tqdm=False)[0].outputs[0].token_ids
