@@ -21,6 +21,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from engine.beam_search import BeamSearchParams
 from engine.config import EngineConfig
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
@@ -53,6 +54,7 @@ class _Add:
     stream: "RequestStream"
     arrival_time: float
     cache_salt: str | None = None
+    beam: BeamSearchParams | None = None  # a beam search instead of sampling
 
 
 @dataclass
@@ -175,12 +177,14 @@ class AsyncEngine:
             raise EngineDeadError(f"the engine is not running ({self.status}): {self.error}")
 
     async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
-                          arrival_time: float | None = None, cache_salt: str | None = None) -> RequestStream:
+                          arrival_time: float | None = None, cache_salt: str | None = None,
+                          beam: BeamSearchParams | None = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it; raises ValueError if it refused it."""
         stream = RequestStream(request_id, self, asyncio.get_running_loop())
         with self._lock:
             self.check_serving()
-            self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time(), cache_salt))
+            self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time(), cache_salt,
+                                    beam))
         try:
             await asyncio.shield(stream.accepted)
         except asyncio.CancelledError:
@@ -325,8 +329,11 @@ class AsyncEngine:
             cmd.stream.put_threadsafe(ValueError(f"request id {cmd.request_id!r} is already in use"))
             return
         try:
-            self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                                    cache_salt=cmd.cache_salt)
+            if cmd.beam is not None:
+                self.engine.add_beam_request(cmd.request_id, cmd.prompt, cmd.beam, cmd.arrival_time, cmd.cache_salt)
+            else:
+                self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
+                                        cache_salt=cmd.cache_salt)
         except Exception as exc:  # noqa: BLE001 - ValueError becomes a 400; anything else is reported
             cmd.stream.put_threadsafe(exc)
             return

@@ -102,10 +102,11 @@ class LLMEngine:
         self.requests[request_id] = request
         self.scheduler.add(seq)
 
-    def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams) -> None:
+    def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
+                         arrival_time: float | None = None, cache_salt: str | None = None) -> None:
         """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
         sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
-        self.add_request(request_id, prompt, sampling)
+        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
 

@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Awaitable
 from fastapi import Request
 
 from engine.async_engine import AsyncEngine, RequestStream
+from engine.beam_search import BeamSearchParams
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.server.errors import engine_error
@@ -22,13 +23,15 @@ DISCONNECT_POLL_S = 0.5
 
 
 async def start_requests(async_engine: AsyncEngine, request_id: str, prompts: list[list[int]],
-                         params: list[SamplingParams], cache_salt: str | None = None) -> list[RequestStream]:
+                         params: list[SamplingParams], cache_salt: str | None = None,
+                         beams: list[BeamSearchParams | None] | None = None) -> list[RequestStream]:
     """Add every prompt; if the engine refuses one, abort the others and raise its error."""
     streams: list[RequestStream] = []
     try:
         for i, (ids, p) in enumerate(zip(prompts, params)):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
-            streams.append(await async_engine.add_request(rid, ids, p, cache_salt=cache_salt))
+            beam = beams[i] if beams else None
+            streams.append(await async_engine.add_request(rid, ids, p, cache_salt=cache_salt, beam=beam))
     except BaseException:
         close_all(streams)
         raise

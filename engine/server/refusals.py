@@ -46,8 +46,6 @@ REFUSALS = [
     Refusal("service_tier", 'null, "auto" or "default"', "one service tier", "flex", _is("auto", "default")),
     Refusal("prompt_cache_retention", 'null or "in_memory"', "the prefix cache lives in memory", "24h",
             _is("in_memory")),
-    Refusal("use_beam_search", "false", "beam search is not served over HTTP", True, _is(False)),
-    Refusal("length_penalty", "1.0", "only used by beam search", 0.5, _is(1.0, 1)),
     Refusal("spaces_between_special_tokens", "true", "the detokenizer has one spacing mode",
             False, _is(True)),
     Refusal("documents", "null", "RAG documents are not passed to chat templates", [{"text": "x"}]),

@@ -19,6 +19,7 @@ from engine.outputs import CompletionOutput, RequestOutput
 from engine.reasoning import get_reasoning_parser
 from engine.sampling_params import MAX_LOGPROBS
 from engine.server.chat_outputs import ChatOutputPlan, ChoiceView, finish_reason
+from engine.server.beam import beam_search_params
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
@@ -98,9 +99,11 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
     params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured, req.prompt_logprobs)
+    beam = beam_search_params(req, params.max_tokens)
     request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     try:
-        streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt)
+        streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt,
+                                       [beam])
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     created = int(time.time())

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Request, Response
 
 from engine.async_engine import RequestStream
 from engine.outputs import CompletionOutput, RequestOutput
+from engine.server.beam import beam_search_params
 from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
@@ -70,10 +71,11 @@ async def create_completion(req: CompletionRequest, request: Request,
     params = [sampling_params(req, resolve_max_tokens(max_tokens, len(p.token_ids), model.max_model_len),
                               req.logprobs, model.vocab_size, structured, _engine_prompt_logprobs(req))
               for p in prompts]
+    beams = [beam_search_params(req, p.max_tokens) for p in params]
     request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params,
-                                       req.cache_salt)
+                                       req.cache_salt, beams)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     created = int(time.time())
