@@ -38,7 +38,7 @@ def test_chat_beam_search_gives_n_choices(served):
 
 
 @pytest.mark.parametrize("field,value", [("stream", True), ("temperature", 0.7), ("top_p", 0.5), ("seed", 1),
-                                         ("logprobs", 2), ("stop", ["x"]), ("logit_bias", {"5": 1.0})])
+                                         ("logprobs", 2), ("logprobs", 0), ("stop", ["x"]), ("logit_bias", {"5": 1.0})])
 def test_what_a_beam_search_cannot_honour_is_refused(served, field, value):
     _, client = served
     with pytest.raises(openai.BadRequestError, match=field):

@@ -29,6 +29,8 @@ def beam_search_params(req: Any, max_tokens: int) -> BeamSearchParams | None:
         return None
     for field, neutral in _NEUTRAL.items():
         value = getattr(req, field, None)
+        if field == "logprobs" and value is not False:
+            neutral = (None,)  # completions' logprobs=0 still asks for the chosen token's logprob (0 == False)
         if value not in neutral and not (field == "response_format" and getattr(value, "type", None) == "text"):
             raise bad_request(f"use_beam_search does not combine with {field} (got {value!r:.60})", field)
     return BeamSearchParams(beam_width=req.n, max_tokens=max_tokens, length_penalty=req.length_penalty or 1.0,
