@@ -16,6 +16,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+SCHEDULING_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
 SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
@@ -86,6 +87,9 @@ FLAGS: tuple[Flag, ...] = (
          "none; needs chunked prefill)", "scheduler", minimum=0),
     Flag("enable_chunked_prefill", bool, True, "Split long prompts over steps while decodes continue",
          "scheduler", negatable=True),
+    Flag("scheduling_policy", str, "fcfs", "fcfs: first come, first served; priority: requests with a lower "
+         "`priority` value are admitted first (ties by arrival) and the lowest-priority running one is preempted "
+         "first", "scheduler", SCHEDULING_POLICIES),
     Flag("tensor_parallel_size", int, 1, "Split the model over this many GPUs", "parallel", minimum=1),
     Flag("data_parallel_size", int, 1, "Full model replicas", "parallel", minimum=1, gui=False),
     Flag("host", str, "127.0.0.1", "Address to bind; 0.0.0.0 exposes the server to your network", "server"),
@@ -155,6 +159,7 @@ class EngineConfig:
     max_num_batched_tokens: int | None = None
     max_batch_prefill_tokens: int | None = None
     enable_chunked_prefill: bool = True
+    scheduling_policy: str = "fcfs"
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     host: str = "127.0.0.1"

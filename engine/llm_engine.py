@@ -69,7 +69,8 @@ class LLMEngine:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
-                                   config.resolve_max_batch_prefill_tokens(self.device.type))
+                                   config.resolve_max_batch_prefill_tokens(self.device.type),
+                                   config.scheduling_policy)
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         self.requests: dict[str, Request] = {}
@@ -82,9 +83,12 @@ class LLMEngine:
     # ---- requests in -------------------------------------------------------------------------------
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                    arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if priority and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority must be 0 unless the engine runs with --scheduling-policy priority, "
+                             f"got {priority}")
         prompt_text, prompt_ids = self._tokenize(prompt)
         self._validate(prompt_ids, params)
         if params.bad_words:
@@ -94,7 +98,7 @@ class LLMEngine:
                 raise ValueError(f"bad_words encode to token ids {outside[:5]} outside the model's vocabulary "
                                  f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
-                          arrival_time or time.time(), cache_salt=cache_salt)
+                          arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
         if params.structured_outputs is not None:
             seq.grammar = GrammarState(self.grammars.compile(params.structured_outputs))
@@ -103,10 +107,10 @@ class LLMEngine:
         self.scheduler.add(seq)
 
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
-                         arrival_time: float | None = None, cache_salt: str | None = None) -> None:
+                         arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
         """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
         sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
-        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt)
+        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
 

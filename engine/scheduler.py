@@ -10,6 +10,10 @@ With `max_batch_prefill_tokens`, a step that decodes anything computes at most t
 (summed over the prompt chunks it schedules): every running stream waits for the whole step, so this
 bounds how much an arriving prompt delays the streams' next token while decodes keep the full budget.
 A step with no decode gives prompts the whole budget (nobody is waiting on a token).
+
+With the "priority" policy (vLLM's), the waiting queue is kept in (priority, arrival) order, lower first,
+and the running sequence preempted when blocks run out is the one latest in that order instead of the
+most recently admitted.
 """
 from __future__ import annotations
 
@@ -45,18 +49,42 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 enable_chunked_prefill: bool, max_batch_prefill_tokens: int | None = None) -> None:
+                 enable_chunked_prefill: bool, max_batch_prefill_tokens: int | None = None,
+                 policy: str = "fcfs") -> None:
         self.kv = kv
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked = enable_chunked_prefill
         self.max_batch_prefill_tokens = max_batch_prefill_tokens if enable_chunked_prefill else None
+        self.by_priority = policy == "priority"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+        if self.by_priority:
+            self._insert_waiting(seq)
+        else:
+            self.waiting.append(seq)
+
+    @staticmethod
+    def _rank(seq: Sequence) -> tuple[int, float]:
+        return seq.request.priority, seq.request.arrival_time
+
+    def _insert_waiting(self, seq: Sequence) -> None:
+        """Before the first waiting sequence that ranks after it (equal ranks keep arrival order)."""
+        rank = self._rank(seq)
+        index = next((i for i, other in enumerate(self.waiting) if self._rank(other) > rank), len(self.waiting))
+        self.waiting.insert(index, seq)
+
+    def _pop_victim(self) -> Sequence:
+        """The running sequence to preempt: the most recently admitted, or under the priority policy the one
+        ranked last."""
+        if not self.by_priority:
+            return self.running.pop()
+        victim = max(reversed(self.running), key=self._rank)  # reversed: among equals, the latest admitted
+        self.running.remove(victim)
+        return victim
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
@@ -95,7 +123,7 @@ class Scheduler:
             num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
             while not self.kv.allocate_slots(seq, num_new):
                 preempted = True
-                victim = self.running.pop()
+                victim = self._pop_victim()
                 if victim.seq_id in picked:  # scheduled earlier this step: give its tokens back
                     undone = picked.pop(victim.seq_id)
                     out.scheduled.remove(undone)
@@ -145,7 +173,10 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.kv.free(seq)
         seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
+        if self.by_priority:
+            self._insert_waiting(seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],

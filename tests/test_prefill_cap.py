@@ -104,14 +104,19 @@ def test_serving_defaults_cap_prompts_on_cpu_only():
 @settings(max_examples=60, deadline=None)
 @given(prompts=st.lists(st.integers(1, 60), min_size=1, max_size=8), arrivals=st.lists(st.integers(0, 6),
        min_size=8, max_size=8), cap=st.integers(1, 24), budget=st.integers(8, 64), blocks=st.integers(8, 40),
-       caching=st.booleans())
-def test_scheduler_invariants_under_random_arrivals(prompts, arrivals, cap, budget, blocks, caching):
-    """Whatever arrives when, with a small pool (preemption) and prefix caching on or off: a step stays within
-    the budget, a step that decodes takes at most `cap` prompt tokens, and every request finishes."""
+       caching=st.booleans(), policy=st.sampled_from(["fcfs", "priority"]),
+       priorities=st.lists(st.integers(-2, 2), min_size=8, max_size=8))
+def test_scheduler_invariants_under_random_arrivals(prompts, arrivals, cap, budget, blocks, caching, policy,
+                                                    priorities):
+    """Whatever arrives when, with a small pool (preemption), prefix caching on or off, either scheduling
+    policy: a step stays within the budget, a step that decodes takes at most `cap` prompt tokens, and every
+    request finishes."""
     kv = KVCacheManager(num_blocks=blocks, block_size=4, enable_caching=caching)
     scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=True,
-                          max_batch_prefill_tokens=cap)
+                          max_batch_prefill_tokens=cap, policy=policy)
     seqs = [seq_of(f"r{i}", [1 + (i + j) % 7 for j in range(n)]) for i, n in enumerate(prompts)]
+    for seq, priority, arrival in zip(seqs, priorities, arrivals):
+        seq.request.priority, seq.request.arrival_time = priority, float(arrival)
     outputs = {id(s): 0 for s in seqs}
     for step in range(2000):
         for i, seq in enumerate(seqs):

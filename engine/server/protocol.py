@@ -113,6 +113,8 @@ class SamplingFields(RefusableFields):
     allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
     bad_words: list[Text] | None = Field(None, description="vLLM: words never to generate")
     return_tokens_as_token_ids: bool | None = Field(None, description="vLLM: logprob tokens as 'token_id:N'")
+    priority: int = Field(0, ge=-2**31, lt=2**31, description="vLLM: with --scheduling-policy priority, lower "
+                                                                "values are served first")
     use_beam_search: bool = Field(False, description="vLLM: beam search of width n; the n best beams are the choices")
     length_penalty: float | None = Field(None, description="vLLM: beams rank by cumulative logprob / length^this")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM: only requests with the same salt share "

@@ -57,7 +57,6 @@ REFUSALS = [
             _is("auto", "xgrammar")),
     Refusal("guided_whitespace_pattern", "null", "JSON is generated compact", r"[ ]?"),
     Refusal("structural_tag", "null", "structural tags are not supported", '{"type": "structural_tag"}'),
-    Refusal("priority", "0", "one priority: first come, first served", 1, _is(0), 0),
     Refusal("logits_processors", "null", "custom logits processors are not supported", ["x"]),
     Refusal("kv_transfer_params", "null", "no disaggregated prefill", {"do_remote_prefill": True}),
     Refusal("vllm_xargs", "null", "no extra engine arguments", {"x": 1}),

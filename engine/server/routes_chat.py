@@ -103,7 +103,7 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt,
-                                       [beam])
+                                       [beam], req.priority)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     created = int(time.time())

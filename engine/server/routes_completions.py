@@ -75,7 +75,7 @@ async def create_completion(req: CompletionRequest, request: Request,
     request_id = f"cmpl-{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [p.token_ids for p in prompts], params,
-                                       req.cache_salt, beams)
+                                       req.cache_salt, beams, req.priority)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     created = int(time.time())
