@@ -96,6 +96,27 @@ def test_vllm_guided_fields(client):
     Item.model_validate_json(r.choices[0].message.content)
 
 
+def test_structural_tags_in_every_form(client):
+    """JSON only between the tags: xgrammar's format forces the tag; vLLM's structures/triggers form leaves free
+    text until a trigger, so the random model's text is checked only where a tag opened."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    forced = {"type": "structural_tag", "format": {"type": "tag", "begin": "<f>", "end": "</f>",
+                                                   "content": {"type": "json_schema", "json_schema": schema}}}
+    for body in ({"response_format": forced}, {"structured_outputs": {"structural_tag": forced}},
+                 {"structural_tag": json.dumps(forced)}):
+        r = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=40, temperature=1.0,
+                                           seed=3, extra_body=body)
+        match = re.fullmatch(r"<f>(.*)</f>", r.choices[0].message.content, re.S)
+        assert match and isinstance(json.loads(match.group(1))["a"], int), r.choices[0].message.content
+    vllm_form = {"type": "structural_tag", "structures": [{"begin": "<f=get>", "schema": schema, "end": "</f>"}],
+                 "triggers": ["<f="]}
+    r = client.completions.create(model=MODEL_NAME, prompt="<f=get>", max_tokens=30, temperature=1.0, n=4, seed=1,
+                                  extra_body={"response_format": vllm_form})
+    for c in r.choices:
+        for inside in re.findall(r"<f=get>(.*?)</f>", c.text, re.S):
+            assert isinstance(json.loads(inside)["a"], int)
+
+
 def test_schema_compiles_once(server, client):
     schema = {"type": "object", "properties": {"v": {"enum": ["p", "q"]}}, "required": ["v"]}
     fmt = {"type": "json_schema", "json_schema": {"name": "v", "schema": schema}}
@@ -117,6 +138,8 @@ def test_schema_compiles_once(server, client):
     ({"guided_json": SCHEMA, "guided_regex": "a+"}, "guided_regex"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema"),
     ({"structured_outputs": {"json": SCHEMA, "unknown_option": 1}}, "structured_outputs.unknown_option"),
+    ({"response_format": {"type": "structural_tag"}}, "response_format"),
+    ({"structural_tag": '{"type": "structural_tag", "format": {"type": "nonsense"}}'}, "structural_tag"),
 ])
 def test_bad_spec_is_400_naming_it(client, body, param):
     with pytest.raises(openai.BadRequestError) as err:

@@ -108,3 +108,21 @@ def test_tensor_parallel_grammar_and_prompt_logprobs(tiny_model_dir, llm):
     for ours, ref in zip(out.prompt_logprobs[1:], single.prompt_logprobs[1:]):
         assert ours.keys() == ref.keys()
         assert all(abs(ours[t].logprob - ref[t].logprob) < 1e-4 for t in ours)
+
+
+def test_structural_tag_in_vllms_form_constrains_only_inside_its_tags(llm):
+    """vLLM's `structures`/`triggers` form: free text anywhere, but once a trigger opens a tag, JSON matching
+    the tag's schema and then the tag's end."""
+    import xgrammar as xgr
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    so = StructuredOutputsParams(structural_tag={"structures": [{"begin": "<f=get>", "schema": schema,
+                                                                 "end": "</f>"}], "triggers": ["<f="]})
+    compiled = llm.engine.grammars.compile(so)
+
+    def accepts(text: str) -> bool:
+        return xgr.GrammarMatcher(compiled).accept_string(text)
+
+    assert accepts('any words <f=get>{"a": 12}</f> and more')
+    assert not accepts('any words <f=get>{"a": "twelve"}')
+    assert not accepts('<f=get>{"b": 1}')
+    assert not accepts('<f=other>')  # a trigger must open one of the tags

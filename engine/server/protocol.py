@@ -50,9 +50,20 @@ class JsonSchemaFormat(_Request):
     strict: bool | None = None
 
 
+class StructureFormat(_Request):
+    """One tag of vLLM's structural_tag response format: JSON matching `schema` between begin and end."""
+    begin: Text
+    structure_schema: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    end: Text
+    model_config = ConfigDict(populate_by_name=True)
+
+
 class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    structures: list[StructureFormat] | None = None  # structural_tag, vLLM's form (with triggers)
+    triggers: list[Text] | None = None
+    format: dict[str, Any] | None = None  # structural_tag, xgrammar's form
 
 
 class StructuredOutputsField(_Request):
@@ -61,6 +72,7 @@ class StructuredOutputsField(_Request):
     regex: Text | None = None
     choice: list[Text] | None = None
     grammar: Text | None = None
+    structural_tag: dict[str, Any] | Text | None = None
     json_object: bool | None = None
     disable_any_whitespace: bool = False  # JSON is generated compact either way
     disable_fallback: bool = False  # one grammar engine: nothing to fall back to
@@ -104,6 +116,7 @@ class SamplingFields(RefusableFields):
     guided_regex: Text | None = None
     guided_choice: list[Text] | None = None
     guided_grammar: Text | None = None
+    structural_tag: Text | None = Field(None, description="vLLM: a structural tag as JSON text")
     structured_outputs: StructuredOutputsField | None = None
     best_of: int | None = Field(None, ge=1)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per prompt token")

@@ -56,7 +56,6 @@ REFUSALS = [
     Refusal("guided_decoding_backend", 'null, "auto" or "xgrammar"', "xgrammar is the grammar engine", "outlines",
             _is("auto", "xgrammar")),
     Refusal("guided_whitespace_pattern", "null", "JSON is generated compact", r"[ ]?"),
-    Refusal("structural_tag", "null", "structural tags are not supported", '{"type": "structural_tag"}'),
     Refusal("logits_processors", "null", "custom logits processors are not supported", ["x"]),
     Refusal("kv_transfer_params", "null", "no disaggregated prefill", {"do_remote_prefill": True}),
     Refusal("vllm_xargs", "null", "no extra engine arguments", {"x": 1}),

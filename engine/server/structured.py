@@ -16,7 +16,7 @@ from engine.server.served_model import ServedModel
 from engine.structured_output.params import StructuredOutputsParams
 
 _VLLM_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
-                ("guided_grammar", "grammar"))
+                ("guided_grammar", "grammar"), ("structural_tag", "structural_tag"))
 
 
 def _from_response_format(req: SamplingFields) -> StructuredOutputsParams | None:
@@ -25,6 +25,15 @@ def _from_response_format(req: SamplingFields) -> StructuredOutputsParams | None
         return None
     if fmt.type == "json_object":
         return StructuredOutputsParams(json_object=True)
+    if fmt.type == "structural_tag":
+        if fmt.format is not None:
+            return StructuredOutputsParams(structural_tag={"type": "structural_tag", "format": fmt.format})
+        if not fmt.structures:
+            raise bad_request("response_format structural_tag needs structures (with triggers) or format",
+                              "response_format")
+        return StructuredOutputsParams(structural_tag={
+            "structures": [{"begin": s.begin, "schema": s.structure_schema, "end": s.end} for s in fmt.structures],
+            "triggers": fmt.triggers or []})
     if fmt.json_schema is None or fmt.json_schema.json_schema is None:
         raise bad_request("response_format json_schema needs json_schema.schema", "response_format.json_schema")
     return StructuredOutputsParams(json=fmt.json_schema.json_schema)
@@ -35,7 +44,7 @@ def _from_structured_outputs(req: SamplingFields) -> StructuredOutputsParams | N
     if so is None:
         return None
     return StructuredOutputsParams(json=so.json_, regex=so.regex, choice=so.choice, grammar=so.grammar,
-                                   json_object=bool(so.json_object))
+                                   structural_tag=so.structural_tag, json_object=bool(so.json_object))
 
 
 def tool_call_schema(tools: list[ToolDefinition], tool_choice: Any, parallel: bool) -> dict:

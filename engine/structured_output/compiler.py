@@ -65,6 +65,8 @@ class GrammarCompiler:
                 return compiler.compile_regex(spec)
             if kind == "choice":
                 return compiler.compile_grammar(choice_grammar(params.choice))
+            if kind == "structural_tag":
+                return compiler.compile_grammar(structural_tag_grammar(spec))
             return compiler.compile_grammar(spec)
         except Exception as exc:  # noqa: BLE001 - xgrammar raises several types; all mean a bad spec
             text = str(exc).strip().splitlines()
@@ -80,10 +82,29 @@ def json_schema_grammar(schema: str) -> str:
     (U+D800-U+DFFF, bytes ED A0-BF xx), which are not valid UTF-8; either way the output would not parse.
     """
     import xgrammar as xgr
-    text = str(xgr.Grammar.from_json_schema(schema, any_whitespace=False))
+    return _strict_json_strings(str(xgr.Grammar.from_json_schema(schema, any_whitespace=False)))
+
+
+def _strict_json_strings(text: str) -> str:
     for loose in (r'[^\"\\\r\n]', r'[^\0-\x1f\"\\\r\n]'):
         text = text.replace(loose, _JSON_STRING_CHAR)
     return text
+
+
+def structural_tag_grammar(spec: str) -> str:
+    """xgrammar's EBNF for a structural tag: xgrammar's own format (`{"type": "structural_tag", "format":
+    ...}`) or vLLM's OpenAI-style one (`{"structures": [{"begin", "schema", "end"}], "triggers": [...]}`:
+    free text until a trigger, then the tag whose begin it starts, its JSON, its end), with JSON strings
+    limited as in `json_schema_grammar`."""
+    import xgrammar as xgr
+    tag = json.loads(spec)
+    if isinstance(tag, dict) and "structures" in tag:
+        tag = {"type": "structural_tag", "format": {
+            "type": "triggered_tags", "triggers": tag.get("triggers") or [],
+            "tags": [{"type": "tag", "begin": s["begin"], "end": s["end"],
+                      "content": {"type": "json_schema", "json_schema": s.get("schema") or {}}}
+                     for s in tag["structures"]]}}
+    return _strict_json_strings(str(xgr.Grammar.from_structural_tag(tag)))
 
 
 def choice_grammar(choices: tuple[str, ...]) -> str:

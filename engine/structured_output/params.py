@@ -1,7 +1,9 @@
 """StructuredOutputsParams: what a request constrains its output to (vLLM's field names); torch-free.
 
-Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, or an
-EBNF grammar (xgrammar's dialect, which reads GBNF). `key` identifies the spec for the compile cache.
+Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, an EBNF
+grammar (xgrammar's dialect, which reads GBNF) or a structural tag (JSON inside given begin/end tags, free
+text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` identifies the spec for the
+compile cache.
 """
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-KINDS = ("json", "json_object", "regex", "choice", "grammar")
+KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 MAX_SPEC_CHARS = 200_000
 
 
@@ -20,14 +22,16 @@ class StructuredOutputsParams:
     regex: str | None = None
     choice: tuple[str, ...] | list[str] | None = None
     grammar: str | None = None
+    structural_tag: str | dict | None = None
 
     def __post_init__(self) -> None:
         asked = [k for k in KINDS if getattr(self, k) not in (None, False)]
         if len(asked) != 1:
             raise ValueError(f"structured_outputs must set exactly one of {', '.join(KINDS)}; got "
                              f"{', '.join(asked) or 'none'}")
-        if isinstance(self.json, dict):
-            object.__setattr__(self, "json", json.dumps(self.json, sort_keys=True))
+        for kind in ("json", "structural_tag"):
+            if isinstance(getattr(self, kind), dict):
+                object.__setattr__(self, kind, json.dumps(getattr(self, kind), sort_keys=True))
         if self.choice is not None:
             choice = tuple(self.choice)
             if not choice or not all(isinstance(c, str) and c for c in choice):
