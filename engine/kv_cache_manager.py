@@ -109,7 +109,7 @@ class KVCacheManager:
 
     def _hash_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         bs = self.block_size
-        salt = getattr(getattr(seq, "request", None), "cache_salt", None)
+        salt = seq.request.cache_salt
         for i in range(len(seq.block_hashes), num_tokens // bs):
             parent = seq.block_hashes[i - 1] if i else None
             seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], salt))

@@ -17,6 +17,7 @@ def free_ids(pool: BlockPool) -> list[int]:
 
 def fake_seq(tokens: list[int]):
     return SimpleNamespace(token_ids=list(tokens), num_computed_tokens=0, block_table=[], block_hashes=[],
+                           request=SimpleNamespace(cache_salt=None),
                            num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
 
 
