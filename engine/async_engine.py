@@ -2,7 +2,9 @@
 
 The engine thread loads the model, then loops: take queued commands (add, abort, call), run one
 `step()`, hand each RequestOutput to its request's stream via `loop.call_soon_threadsafe`. The
-event loop never touches the LLMEngine. An exception in `step()` marks the engine dead: every
+event loop never touches the LLMEngine. A request the engine failed on its own (request_faults.py) gets
+`RequestFailedError` on its stream and nothing else changes; an exception out of `step()` (the batch, the
+device, a worker) marks the engine dead: every
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
 never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
 least FIRST_STEP_TIMEOUT_S) declares a step that never returns dead the same way, and ends the
@@ -41,6 +43,10 @@ class EngineNotReadyError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine failed (at load or in a step) and serves nothing more."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed one request (its blocks are freed); it goes on serving the others."""
 
 
 _ACCEPTED = object()  # handed to a request's stream once the engine took it
@@ -357,7 +363,8 @@ class AsyncEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            stream.put_threadsafe(out)
+            error = getattr(out, "error", None)
+            stream.put_threadsafe(out if error is None else RequestFailedError(error))
 
     def _sample_stats(self, force: bool = False) -> None:
         now = time.monotonic()

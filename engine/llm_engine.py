@@ -24,8 +24,9 @@ from engine.model_config import ModelConfig
 from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.output_processor import OutputProcessor, StepOutcome, StepPlan
 from engine.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
-from engine.sampling_metadata import SamplingBatch, SamplingRow, make_generator
+from engine.sampling_metadata import SamplingBatch, SamplingMetadata, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
+from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.structured_output.bitmask import grammar_bitmask
@@ -75,8 +76,9 @@ class LLMEngine:
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         self.requests: dict[str, Request] = {}
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
-                                      self.model_config.max_model_len, self.stats)
+                                      self.model_config.max_model_len, self.stats, self.faults)
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
 
@@ -142,6 +144,12 @@ class LLMEngine:
         if len(prompt_ids) > pool_tokens:
             raise ValueError(f"prompt is {len(prompt_ids)} tokens but the whole KV cache holds {pool_tokens}")
         params.validate_token_ids(self.model_config.vocab_size)
+        try:  # the request's sampling tensors, once on the host: a value no tensor holds is refused here
+            SamplingMetadata.build([SamplingRow(params, prompt_ids, len(prompt_ids), None,
+                                                self.model_config.eos_token_ids)],
+                                   self.model_config.vocab_size, torch.device("cpu"))
+        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+            raise ValueError(f"sampling parameters cannot be prepared: {exc}") from None
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
@@ -169,10 +177,23 @@ class LLMEngine:
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
-        outputs = [self.output.make_output(r) for r in outcome.touched.values()]
+        outputs = []
+        for request in outcome.touched.values():
+            with self.faults.guard(request, "building its output"):
+                if request not in self.faults:
+                    outputs.append(self.output.make_output(request))
         for output in outputs:
             if output.finished:
                 self.requests.pop(output.request_id, None)
+        return outputs + self._end_failed()
+
+    def _end_failed(self) -> list[RequestOutput]:
+        """Abort the requests that failed this step (their blocks go back) and say why in a final output."""
+        outputs = []
+        for request, message in self.faults.take():
+            self.abort_request(request.request_id)
+            outputs.append(RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [], True,
+                                         request.metrics, request.num_cached_tokens, error=message))
         return outputs
 
     def _plan_sampling(self, sampling: list[ScheduledSeq]) -> StepPlan:
@@ -180,30 +201,46 @@ class LLMEngine:
         forks its other outputs off the first once its prompt is computed: they all draw their first token
         from the same logits row), and the top log-probs of every beam row."""
         plan = StepPlan(SamplingBatch(generator=self.generator))
-        batch, eos = plan.batch, self.model_config.eos_token_ids
         for row, item in enumerate(sampling):
-            seq, request = item.seq, item.seq.request
-            if request.beam is not None:
-                plan.beams.append(seq)
-                batch.beam_index.append(row)
-                batch.beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
-                continue
-            targets = [seq]
-            if len(request.seqs) < request.params.n:
-                children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
-                            for index in range(1, request.params.n)]
-                for child in children:
-                    child.grammar = seq.grammar.fork() if seq.grammar is not None else None
-                plan.forks.append((seq, children))
-                targets += children
-            for target in targets:
-                plan.targets.append(target)
-                batch.rows.append(SamplingRow(target.params, target.token_ids, target.num_prompt_tokens,
-                                              target.generator, eos))
-                batch.logits_index.append(row)
-        batch.bitmask = grammar_bitmask([t.grammar for t in plan.targets], self.model_config.vocab_size,
-                                        [t.params.allowed_token_ids for t in plan.targets])
+            with self.faults.guard(item.seq.request, "preparing its sampling rows"):
+                self._plan_row(plan, row, item.seq)
+        try:
+            plan.batch.bitmask = self._bitmask(plan.targets)
+        except Exception:  # noqa: BLE001 - one request's grammar: find it, fail it, mask the others
+            for target in plan.targets:
+                with self.faults.guard(target.request, "filling its grammar bitmask"):
+                    self._bitmask([target])
+            _drop_failed(plan, self.faults)
+            plan.batch.bitmask = self._bitmask(plan.targets)
         return plan
+
+    def _plan_row(self, plan: StepPlan, row: int, seq: Sequence) -> None:
+        """One scheduled sequence's part of the plan, added only once all of it is made."""
+        request, batch = seq.request, plan.batch
+        if request.beam is not None:
+            beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
+            plan.beams.append(seq)
+            batch.beam_index.append(row)
+            batch.beam_topk = beam_topk
+            return
+        targets, forks = [seq], []
+        if len(request.seqs) < request.params.n:
+            children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
+                        for index in range(1, request.params.n)]
+            for child in children:
+                child.grammar = seq.grammar.fork() if seq.grammar is not None else None
+            forks.append((seq, children))
+            targets += children
+        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids)
+                for t in targets]
+        plan.forks += forks
+        plan.targets += targets
+        batch.rows += rows
+        batch.logits_index += [row] * len(rows)
+
+    def _bitmask(self, targets: list[Sequence]):
+        return grammar_bitmask([t.grammar for t in targets], self.model_config.vocab_size,
+                               [t.params.allowed_token_ids for t in targets])
 
     def get_stats(self) -> EngineStats:
         s = self.stats
@@ -231,3 +268,13 @@ class LLMEngine:
         """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
         self.requests.clear()
         self.runner.shutdown()
+
+
+def _drop_failed(plan: StepPlan, faults: RequestFaults) -> None:
+    """Take the failed requests' rows and forks out of a step's plan (their logits rows are then unused)."""
+    keep = [i for i, t in enumerate(plan.targets) if t.request not in faults]
+    batch = plan.batch
+    plan.targets = [plan.targets[i] for i in keep]
+    batch.rows = [batch.rows[i] for i in keep]
+    batch.logits_index = [batch.logits_index[i] for i in keep]
+    plan.forks = [(parent, children) for parent, children in plan.forks if parent.request not in faults]
