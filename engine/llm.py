@@ -44,6 +44,8 @@ class LLM:
             request_id = str(next(self._ids))
             if isinstance(prompt, dict):
                 prompt = prompt.get("prompt_token_ids") or prompt["prompt"]
+            if p.structured_outputs is not None:  # offline: a bad spec is a ValueError here, as before any step
+                self.engine.grammars.compile(p.structured_outputs, timeout=None)
             self.engine.add_request(request_id, prompt, p)
             ids.append(request_id)
         return self._run(ids, use_tqdm)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
@@ -31,10 +32,12 @@ from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
+from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.state import GrammarState
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
+COMPILE_POLL_S = 0.005  # an engine with only compiling requests checks on them this often
 
 
 class LLMEngine:
@@ -74,7 +77,10 @@ class LLMEngine:
                                    config.scheduling_policy)
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
+        # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
+        self.grammars.submit(StructuredOutputsParams(json_object=True))
         self.requests: dict[str, Request] = {}
+        self.compiling: list[tuple[Sequence, Future]] = []  # requests whose grammar is still compiling
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
@@ -102,11 +108,17 @@ class LLMEngine:
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
+        compiling = None
         if params.structured_outputs is not None:
-            seq.grammar = GrammarState(self.grammars.compile(params.structured_outputs))
+            compiling = self.grammars.submit(params.structured_outputs)  # never compiled on this thread
+            if compiling.done():
+                seq.grammar, compiling = GrammarState(compiling.result()), None
         request.seqs.append(seq)
         self.requests[request_id] = request
-        self.scheduler.add(seq)
+        if compiling is None:
+            self.scheduler.add(seq)
+        else:
+            self.compiling.append((seq, compiling))  # scheduled once its grammar is ready
 
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
                          arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
@@ -164,6 +176,7 @@ class LLMEngine:
     # ---- one step ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
         out = self.scheduler.schedule()
         outcome = StepOutcome()
         for seq in out.too_long:
@@ -186,6 +199,25 @@ class LLMEngine:
             if output.finished:
                 self.requests.pop(output.request_id, None)
         return outputs + self._end_failed()
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the scheduler (a failed compile fails the request).
+        With nothing else to run, wait a moment for one, rather than spin."""
+        if not self.compiling:
+            return
+        if not self.scheduler.has_work():
+            wait([f for _, f in self.compiling], timeout=COMPILE_POLL_S, return_when=FIRST_COMPLETED)
+        still = []
+        for seq, future in self.compiling:
+            if seq.request.aborted:
+                continue
+            if not future.done():
+                still.append((seq, future))
+                continue
+            with self.faults.guard(seq.request, "compiling its grammar"):
+                seq.grammar = GrammarState(future.result())
+                self.scheduler.add(seq)
+        self.compiling = still
 
     def _end_failed(self) -> list[RequestOutput]:
         """Abort the requests that failed this step (their blocks go back) and say why in a final output."""
@@ -245,7 +277,7 @@ class LLMEngine:
     def get_stats(self) -> EngineStats:
         s = self.stats
         pool = self.kv.pool
-        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting) + len(self.compiling)
         s.num_used_blocks = pool.num_blocks - pool.num_free_blocks
         s.num_cached_free_blocks = pool.num_cached_free
         s.kv_cache_usage = pool.usage()
@@ -267,6 +299,7 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
         self.requests.clear()
+        self.grammars.shutdown()
         self.runner.shutdown()
 
 
