@@ -170,6 +170,12 @@ class LLMEngine:
         request.aborted = True
         self.scheduler.abort([s for s in request.seqs if not s.is_finished])
 
+    def pause_request(self, request_id: str, paused: bool) -> None:
+        """A paused request keeps its blocks but its running sequences are not scheduled (a stalled reader)."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            request.paused = paused
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

@@ -14,6 +14,9 @@ A step with no decode gives prompts the whole budget (nobody is waiting on a tok
 With the "priority" policy (vLLM's), the waiting queue is kept in (priority, arrival) order, lower first,
 and the running sequence preempted when blocks run out is the one latest in that order instead of the
 most recently admitted.
+
+A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
+and resumes when the caller reads again.
 """
 from __future__ import annotations
 
@@ -110,7 +113,7 @@ class Scheduler:
         decodes, chunks = [], []
         for s in self.running:
             left = len(s.token_ids) - s.num_computed_tokens
-            if left:
+            if left and not s.request.paused:  # paused: its caller is not reading; it keeps its blocks
                 (decodes if left == 1 else chunks).append((s, left))
         prefill_left = None
         for i, (seq, left) in enumerate(decodes + chunks):

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.async_engine import EngineDeadError, EngineNotReadyError, RequestFailedError
+from engine.async_engine import EngineDeadError, EngineNotReadyError, RequestFailedError, StreamIdleTimeout
 from engine.server.sse import sse_event
 
 log = logging.getLogger("pagedesk.server")
@@ -59,6 +59,8 @@ def engine_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(503, str(exc), code="engine_dead")
     if isinstance(exc, RequestFailedError):  # logged by the engine; the server goes on
         return OpenAIError(500, str(exc), code="request_failed")
+    if isinstance(exc, StreamIdleTimeout):
+        return OpenAIError(408, str(exc), code="stream_idle_timeout")
     log.error("internal error", exc_info=exc)
     return OpenAIError(500, f"internal server error: {type(exc).__name__}: {exc}")
 
