@@ -7,12 +7,15 @@ end every stream in-band (an error event, then [DONE]) before the server stops. 
 supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of memory
 at load (do not restart), 1 for any other load failure, 4 when the engine died or a step got stuck
 while serving (after answering 503 for a short grace period, so clients see why; a supervisor
-restarts it), 0 after a clean shutdown.
+restarts it), 0 after a clean shutdown. At start the soft open-file limit is raised to the hard one and
+connections are capped below it, with a header-read timeout (server/connection_guard.py).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -26,6 +29,9 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_LOAD_FAILED = 1
 EXIT_ENGINE_DIED = 4
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before the process exits
+FD_MARGIN = 128  # file descriptors kept for model files, pipes and workers below the connection cap
+MAX_CONNECTIONS = 8192
+STREAM_END_GRACE_S = 1.0  # on SIGTERM, how long streams get to send their in-band end before stalled ones drop
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,6 +113,33 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (a connection flood must not run out of descriptors at
+    the default 1024); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # e.g. a hard limit above the kernel's nr_open: keep what we have
+            pass
+    return soft
+
+
+def max_connections_for(open_file_limit: int) -> int:
+    from engine.server.connection_guard import RESERVED_FOR_PROBES
+    return max(4 * RESERVED_FOR_PROBES, min(open_file_limit - FD_MARGIN, MAX_CONNECTIONS))
+
+
+def uvicorn_config(app, host: str, port: int, guard) -> "uvicorn.Config":
+    """uvicorn's config for our app: its HTTP protocol behind the connection guard (cap, header timeout)."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=3, http=guard.protocol_factory(AutoHTTPProtocol))
+
+
 def _server_class():
     import uvicorn
 
@@ -122,14 +155,30 @@ def _server_class():
             self.async_engine.stop_serving()
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets=None) -> None:
+            await self._drop_unread_streams()
+            await super().shutdown(sockets)
+
+        async def _drop_unread_streams(self) -> None:
+            """Every stream has been told to end; one whose client is not reading cannot send that end, and
+            uvicorn would cancel it after its graceful timeout (a CancelledError traceback in the log). Give
+            streams STREAM_END_GRACE_S, then drop the connections still writing a response."""
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STREAM_END_GRACE_S
+            while self.server_state.tasks and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            for connection in list(self.server_state.connections):
+                cycle, transport = getattr(connection, "cycle", None), getattr(connection, "transport", None)
+                if cycle is not None and not cycle.response_complete and transport is not None:
+                    transport.abort()
+
     return Server
 
 
 def serve(config: EngineConfig) -> int:
-    import uvicorn
-
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
+    from engine.server.connection_guard import ConnectionGuard
 
     try:
         sock = bind_socket(config.host, config.port)
@@ -141,8 +190,8 @@ def serve(config: EngineConfig) -> int:
     name = config.served_model_name or config.model
     async_engine = AsyncEngine(config)
     app = create_app(async_engine, name, config.api_key)
-    server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                            access_log=False, timeout_graceful_shutdown=3), async_engine)
+    guard = ConnectionGuard(max_connections_for(raise_open_file_limit()))
+    server = _server_class()(uvicorn_config(app, config.host, config.port, guard), async_engine)
     outcome: dict = {"code": 0, "message": None}
     _say(f"Loading {config.model} (device {config.device}, dtype {config.dtype}, "
          f"tensor parallel {config.tensor_parallel_size}) ...")
