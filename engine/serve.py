@@ -31,7 +31,7 @@ EXIT_ENGINE_DIED = 4
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before the process exits
 FD_MARGIN = 128  # file descriptors kept for model files, pipes and workers below the connection cap
 MAX_CONNECTIONS = 8192
-STREAM_END_GRACE_S = 1.0  # on SIGTERM, how long streams get to send their in-band end before stalled ones drop
+STREAM_END_GRACE_S = 2.5  # on SIGTERM, the most streams get to send their in-band end (under uvicorn's 3)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -132,6 +132,15 @@ def max_connections_for(open_file_limit: int) -> int:
     return max(4 * RESERVED_FOR_PROBES, min(open_file_limit - FD_MARGIN, MAX_CONNECTIONS))
 
 
+def _writing_response(connection) -> bool:
+    cycle = getattr(connection, "cycle", None)
+    return cycle is not None and not cycle.response_complete and getattr(connection, "transport", None) is not None
+
+
+def _write_paused(connection) -> bool:
+    return bool(getattr(getattr(connection, "flow", None), "write_paused", False))
+
+
 def uvicorn_config(app, host: str, port: int, guard) -> "uvicorn.Config":
     """uvicorn's config for our app: its HTTP protocol behind the connection guard (cap, header timeout)."""
     import uvicorn
@@ -160,17 +169,20 @@ def _server_class():
             await super().shutdown(sockets)
 
         async def _drop_unread_streams(self) -> None:
-            """Every stream has been told to end; one whose client is not reading cannot send that end, and
-            uvicorn would cancel it after its graceful timeout (a CancelledError traceback in the log). Give
-            streams STREAM_END_GRACE_S, then drop the connections still writing a response."""
+            """Every stream has been told to end; one whose client is not reading (its writes are paused on
+            a full socket) cannot send that end, and uvicorn would cancel it after its graceful timeout (a
+            CancelledError traceback in the log). Once only such streams are left, or the grace is over,
+            drop those connections: a reading client still gets its in-band end."""
             loop = asyncio.get_running_loop()
             deadline = loop.time() + STREAM_END_GRACE_S
-            while self.server_state.tasks and loop.time() < deadline:
+            while loop.time() < deadline:
+                writing = [c for c in self.server_state.connections if _writing_response(c)]
+                if all(_write_paused(c) for c in writing):
+                    break
                 await asyncio.sleep(0.05)
             for connection in list(self.server_state.connections):
-                cycle, transport = getattr(connection, "cycle", None), getattr(connection, "transport", None)
-                if cycle is not None and not cycle.response_complete and transport is not None:
-                    transport.abort()
+                if _writing_response(connection) and _write_paused(connection):
+                    connection.transport.abort()
 
     return Server
 
