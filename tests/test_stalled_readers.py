@@ -90,3 +90,37 @@ def test_a_reader_idle_past_the_timeout_is_aborted_and_its_blocks_freed(llama_di
         asyncio.run(run())
     finally:
         engine.shutdown()
+
+
+def test_paused_requests_give_their_seats_and_blocks_to_readers(tiny_model_dir):
+    """Two paused requests hold both seats (max_num_seqs 2) and most blocks: a third is admitted by preempting
+    them to the back of the queue; resumed, they finish with the same greedy tokens as never paused."""
+    from engine import LLM
+    llm = LLM(str(tiny_model_dir("llama")), device="cpu", max_model_len=128, num_gpu_blocks_override=10,
+              max_num_seqs=2)
+    engine = llm.engine
+    prompts = [[5, 6, 7] * 10, [8, 9, 10] * 10, [11, 12]]
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    for i in (0, 1):
+        engine.add_request(f"p{i}", prompts[i], params)
+    for _ in range(3):
+        engine.step()
+    engine.pause_request("p0", True)
+    engine.pause_request("p1", True)
+    engine.add_request("reader", prompts[2], params)
+    done = {}
+    for _ in range(200):
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+        if "reader" in done:
+            break
+    assert "reader" in done and not {"p0", "p1"} & set(done)
+    assert engine.scheduler.num_preemptions >= 1
+    engine.pause_request("p0", False)
+    engine.pause_request("p1", False)
+    for _ in range(300):
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+        if not engine.has_unfinished_requests():
+            break
+    assert [done[r].outputs[0].token_ids for r in ("p0", "p1", "reader")] == expected
+    assert engine.kv.pool.num_free_blocks == engine.kv.pool.num_blocks
