@@ -69,26 +69,39 @@ def killers(base: str) -> str:
     return f"{sum(served)} of {len(served)}"
 
 
+STATUSES: list[int] = []  # every bystander answer's status, so a fast error never passes for a fast answer
+
+
 def _bystander(base: str, count: int, body: dict) -> list[float]:
     with httpx.Client(timeout=120) as client:
-        return [_timed(client, "POST", base + "/v1/chat/completions", json=body)[0] for _ in range(count)]
+        timed = [_timed(client, "POST", base + "/v1/chat/completions", json=body) for _ in range(count)]
+    STATUSES.extend(status for _, status in timed)
+    return [t for t, _ in timed]
+
+
+def _answered(count: int) -> str:
+    last = STATUSES[-count:]
+    return f"{sum(s == 200 for s in last)}/{len(last)} answered 200"
 
 
 def grammar_storm(base: str, count: int) -> dict:
     quiet = _bystander(base, 5, CHAT)
+    quiet_ok = _answered(5)
     senders = [threading.Thread(target=_bystander, args=(base, 1, {**CHAT, "response_format": {
         "type": "json_schema", "json_schema": {"name": "a", "schema": s}}})) for s in _expensive_schemas(count)]
     for t in senders:
         t.start()
     time.sleep(0.3)
     chat = _bystander(base, 5, CHAT)
+    chat_ok = _answered(5)
     json_object = _bystander(base, 1, {**CHAT, "response_format": {"type": "json_object"}})
+    json_ok = _answered(1)
     with httpx.Client(timeout=120) as client:
         state_s, _ = _timed(client, "GET", base + "/v1/engine/state")
     for t in senders:
         t.join(300)
     return {"quiet_p50": statistics.median(quiet), "p50": statistics.median(chat), "max": max(chat),
-            "json_object": json_object[0], "state": state_s}
+            "json_object": json_object[0], "state": state_s, "ok": (quiet_ok, chat_ok, json_ok)}
 
 
 def _stalled_stream(base: str) -> socket.socket:
@@ -109,11 +122,12 @@ def stalled_readers(base: str, pid: int, count: int, window_s: float) -> dict:
     time.sleep(window_s / 2)
     middle = _rss_mb(pid, "VmRSS")
     chat = _bystander(base, 5, CHAT)
+    ok = _answered(5)
     time.sleep(window_s / 2)
     after = _rss_mb(pid, "VmRSS")
     for s in socks:
         s.close()
-    return {"rss": (before, middle, after), "p50": statistics.median(chat), "max": max(chat)}
+    return {"rss": (before, middle, after), "p50": statistics.median(chat), "max": max(chat), "ok": ok}
 
 
 def connection_flood(base: str, count: int) -> dict:
@@ -171,15 +185,15 @@ def main(argv: list[str] | None = None) -> None:
                 proc, base = start_server(model, args.repo.resolve())
                 threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
             g = grammar_storm(base, args.schemas)
-            rows += [("bystander chat p50, quiet", f"{g['quiet_p50']:.2f} s"),
+            rows += [("bystander chat p50, quiet", f"{g['quiet_p50']:.3f} s ({g['ok'][0]})"),
                      (f"bystander chat p50 / max beside {args.schemas} expensive schemas",
-                      f"{g['p50']:.2f} / {g['max']:.2f} s"),
-                     ("json_object request during the schemas", f"{g['json_object']:.2f} s"),
+                      f"{g['p50']:.3f} / {g['max']:.3f} s ({g['ok'][1]})"),
+                     ("json_object request during the schemas", f"{g['json_object']:.2f} s ({g['ok'][2]})"),
                      ("/v1/engine/state during the schemas", f"{g['state']:.2f} s")]
             s = stalled_readers(base, proc.pid, args.stalled, args.window)
             rows += [(f"server RSS with {args.stalled} never-reading streams: start / {args.window / 2:.0f} s / "
                       f"{args.window:.0f} s", " / ".join(f"{v:.0f}" for v in s["rss"]) + " MB"),
-                     ("bystander chat p50 / max beside them", f"{s['p50']:.2f} / {s['max']:.2f} s")]
+                     ("bystander chat p50 / max beside them", f"{s['p50']:.3f} / {s['max']:.3f} s ({s['ok']})")]
             c = connection_flood(base, args.connections)
             rows.append((f"/health beside {c['opened']} slowloris connections", f"{c['health_s']:.2f} s "
                          f"({c['status'] or 'no answer'})"))
