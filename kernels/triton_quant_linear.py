@@ -162,6 +162,8 @@ def quant_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
                   IEEE_FP32=x.dtype == torch.float32)
     strides = (stride_wk, stride_wn, scales.stride(0), zeros.stride(0))
     kernel = kernel or choose_quant_kernel(m)
+    # A one-row view may carry any row stride (torch calls it contiguous): pass K, so it is no new variant.
+    stride_xm = x2.stride(0) if m > 1 else k
     if kernel.name == "gemv":
         assert kernel.block_m >= m, f"GEMV row tile {kernel.block_m} cannot hold {m} rows"
         splits = gemv_splits(n, k, m, bits)
@@ -169,14 +171,14 @@ def quant_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
         splits = triton.cdiv(k, k_per_split)
         partial = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
         grid = (triton.cdiv(n, GEMV_BLOCK_N), splits)
-        quant_gemv_kernel[grid](x2, weight, scales, zeros, g_idx_arg, partial, m, n, k, k_per_split, x2.stride(0),
+        quant_gemv_kernel[grid](x2, weight, scales, zeros, g_idx_arg, partial, m, n, k, k_per_split, stride_xm,
                                 *strides, USE_DOT=kernel.use_dot, BLOCK_M=kernel.block_m, BLOCK_N=GEMV_BLOCK_N,
                                 BLOCK_K=GEMV_BLOCK_K, **common)
         out = (partial[0] if splits == 1 else partial.sum(0)).to(x.dtype)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
         grid = (triton.cdiv(m, GEMM_BLOCK_M), triton.cdiv(n, GEMM_BLOCK_N))
-        quant_gemm_kernel[grid](x2, weight, scales, zeros, g_idx_arg, out, m, n, k, x2.stride(0), out.stride(0),
+        quant_gemm_kernel[grid](x2, weight, scales, zeros, g_idx_arg, out, m, n, k, stride_xm, out.stride(0),
                                 *strides, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, **common)
     if bias is not None:
         out += bias
