@@ -1,7 +1,7 @@
 """`pagedesk-bench attacks`: issue 27's attacks on a real `pagedesk-serve`, bounded, with what they cost a bystander.
 
 Five attacks in turn against one server (a small random Llama): the requests that used to kill the engine
-(is it still serving after each?), eight concurrent expensive json_schema requests (bystander chat and
+(is it still serving after each?), eight concurrent expensive json_schema requests (bystander completion and
 json_object latency, /v1/engine/state time), fifty streaming clients that never read (server RSS over the
 window, bystander chat latency), a flood of slowloris connections past the default 1024 open files
 (/health time), and SIGTERM with streams in flight (tracebacks in the log). `--repo` runs the server from
@@ -26,8 +26,8 @@ import httpx
 from engine.bench.reliability import SMALL, _rss_mb, start_server
 from engine.bench.workload import make_random_llama
 
-CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
-KILLERS = [("/v1/chat/completions", {**CHAT, "top_k": 2**64}),
+CHAT = {"prompt": "w5 w6 w7", "max_tokens": 8}  # a completion: the random model has no chat template
+KILLERS = [("/v1/completions", {**CHAT, "top_k": 2**64}),
            ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "top_k": 2**63}),
            ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "stop_token_ids": [2**64]}),
            ("/v1/completions", {"prompt": "hi", "max_tokens": 3, "use_beam_search": True, "n": 2,
@@ -74,7 +74,7 @@ STATUSES: list[int] = []  # every bystander answer's status, so a fast error nev
 
 def _bystander(base: str, count: int, body: dict) -> list[float]:
     with httpx.Client(timeout=120) as client:
-        timed = [_timed(client, "POST", base + "/v1/chat/completions", json=body) for _ in range(count)]
+        timed = [_timed(client, "POST", base + "/v1/completions", json=body) for _ in range(count)]
     STATUSES.extend(status for _, status in timed)
     return [t for t, _ in timed]
 
@@ -109,9 +109,8 @@ def _stalled_stream(base: str) -> socket.socket:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
     s.connect((host, int(port)))
-    body = json.dumps({"messages": [{"role": "user", "content": "go"}], "max_tokens": 1500, "ignore_eos": True,
-                       "stream": True}).encode()
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+    body = json.dumps({"prompt": "w5 w6", "max_tokens": 1500, "ignore_eos": True, "stream": True}).encode()
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
               b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     return s
 
