@@ -3,7 +3,7 @@
 Five attacks in turn against one server (a small random Llama): the requests that used to kill the engine
 (is it still serving after each?), eight concurrent expensive json_schema requests (bystander completion and
 json_object latency, /v1/engine/state time), fifty streaming clients that never read (server RSS over the
-window, bystander chat latency), a flood of slowloris connections past the default 1024 open files
+window, bystander completion latency), a flood of slowloris connections past the default 1024 open files
 (/health time), and SIGTERM with streams in flight (tracebacks in the log). `--repo` runs the server from
 another checkout to compare commits; figures go to BENCHMARKS.md, never into tests.
 """
@@ -184,15 +184,15 @@ def main(argv: list[str] | None = None) -> None:
                 proc, base = start_server(model, args.repo.resolve())
                 threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
             g = grammar_storm(base, args.schemas)
-            rows += [("bystander chat p50, quiet", f"{g['quiet_p50']:.3f} s ({g['ok'][0]})"),
-                     (f"bystander chat p50 / max beside {args.schemas} expensive schemas",
+            rows += [("bystander completion p50, quiet", f"{g['quiet_p50']:.3f} s ({g['ok'][0]})"),
+                     (f"bystander completion p50 / max beside {args.schemas} expensive schemas",
                       f"{g['p50']:.3f} / {g['max']:.3f} s ({g['ok'][1]})"),
                      ("json_object request during the schemas", f"{g['json_object']:.2f} s ({g['ok'][2]})"),
                      ("/v1/engine/state during the schemas", f"{g['state']:.2f} s")]
             s = stalled_readers(base, proc.pid, args.stalled, args.window)
             rows += [(f"server RSS with {args.stalled} never-reading streams: start / {args.window / 2:.0f} s / "
                       f"{args.window:.0f} s", " / ".join(f"{v:.0f}" for v in s["rss"]) + " MB"),
-                     ("bystander chat p50 / max beside them", f"{s['p50']:.3f} / {s['max']:.3f} s ({s['ok']})")]
+                     ("bystander completion p50 / max beside them", f"{s['p50']:.3f} / {s['max']:.3f} s ({s['ok']})")]
             c = connection_flood(base, args.connections)
             rows.append((f"/health beside {c['opened']} slowloris connections", f"{c['health_s']:.2f} s "
                          f"({c['status'] or 'no answer'})"))
