@@ -138,15 +138,16 @@ class SamplingFields(RefusableFields):
     length_penalty: float | None = Field(None, description="vLLM: beams rank by cumulative logprob / length^this")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM: only requests with the same salt share "
                                                               "cached prompt prefixes")
-    truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=INT64_LIMIT, description="Keep the last k prompt tokens; -1: "
-                                                                       "max_model_len")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=INT64_LIMIT,
+                                               description="Keep the last k prompt tokens; -1: max_model_len")
 
 
 class CompletionRequest(SamplingFields):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)] = Field(
         ..., description="A string, a list of strings, token ids, or a list of token-id lists (none empty)")
-    max_tokens: int | None = Field(16, ge=0, lt=INT64_LIMIT, description="0 only with echo: score the prompt, generate nothing")
+    max_tokens: int | None = Field(16, ge=0, lt=INT64_LIMIT,
+                                   description="0 only with echo: score the prompt, generate nothing")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
     echo: bool = False
     add_special_tokens: bool = True
@@ -192,7 +193,8 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT, description="Deprecated by OpenAI; max_completion_tokens wins")
+    max_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT,
+                                   description="Deprecated by OpenAI; max_completion_tokens wins")
     max_completion_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
