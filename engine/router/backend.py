@@ -24,6 +24,7 @@ from pathlib import Path
 
 from engine.config import flags_to_argv
 from engine.router.balancer import ReplicaLoad
+from engine.router.engine_main import KEY_ENV
 from engine.router.placement import HOST, ReplicaPlacement
 from engine.router.specs import ModelSpec
 
@@ -80,12 +81,13 @@ class EngineProcess:
             flags["kv_cache_memory"] = round(self.placement.kv_cache_gib, 4)
         return [sys.executable, "-m", "engine.router.engine_main", str(os.getpid()), "--model", self.spec.path,
                 "--served-model-name", self.spec.name, "--host", "127.0.0.1", "--port", str(self.port),
-                "--api-key", self.api_key, *flags_to_argv(flags)]
+                *flags_to_argv(flags)]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        env[KEY_ENV] = self.api_key
         if self.placement.cards != (HOST,):
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.placement.cards)
         if self.placement.cpu_cores:

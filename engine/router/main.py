@@ -74,6 +74,7 @@ def serve_router(config: RouterConfig) -> int:
               "choose another with --port)", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per relayed request otherwise
     manager = ModelManager(config, cards)
     app = create_router_app(manager)
     server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
