@@ -109,7 +109,7 @@ def pid_alive(pid: int) -> bool:
 def test_models_listed_unloaded_with_their_facts(router):
     data = httpx.get(router.url + "/v1/models", headers=AUTH, timeout=10).json()["data"]
     by_id = {m["id"]: m for m in data}
-    assert set(by_id) == {"a", "b", "dp", "t", "huge"}
+    assert set(by_id) == {"a", "b", "dp", "huge"} and by_id["b"]["model_ttl"] == 2
     assert not any(m["loaded"] for m in data)
     assert by_id["a"]["max_model_len"] == 4096 and by_id["dp"]["max_model_len"] == 512
     assert by_id["b"]["quantization"] is None and by_id["dp"]["data_parallel_size"] == 2
