@@ -67,7 +67,12 @@ def test_models_dir_serves_every_folder_by_name(tmp_path, llama_dir, tiny_model_
     (root / "llama").symlink_to(llama_dir)
     (root / "qwen").symlink_to(tiny_model_dir("qwen2"))
     (root / "not-a-model").mkdir()
+    (root / "unsupported").mkdir()
+    (root / "unsupported" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     config = build_specs(*args_of("--models-dir", str(root)))
+    assert sorted(config.models) == ["llama", "qwen", "unsupported"] and config.models["qwen"].discovered
+    from engine.router.main import check_models
+    check_models(config)  # a folder it cannot serve is left out, not fatal
     assert sorted(config.models) == ["llama", "qwen"]
 
 

@@ -104,11 +104,13 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
 
     @app.api_route("/{path:path}", methods=["GET"])
     async def forward_get(path: str, request: Request) -> Response:
+        if path not in GET_ROUTES:
+            raise OpenAIError(404, f"no route GET /{path}")
         entry = manager.entry(request.query_params.get("model"))
         ready = [r for r in entry.replicas if r.state == "ready"]
         if not ready:
-            raise OpenAIError(404 if path not in GET_ROUTES else 503, f"{entry.spec.name} is not loaded; send it a "
-                              "request or POST /v1/models/NAME/load first", "model", "model_not_loaded")
+            raise OpenAIError(503, f"{entry.spec.name} is not loaded; send it a request or POST "
+                                   "/v1/models/NAME/load first", "model", "model_not_loaded")
         index = request.query_params.get("engine", "0")
         replica = next((r for r in ready if str(r.index) == index), None)
         if replica is None:

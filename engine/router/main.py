@@ -21,20 +21,30 @@ EXIT_CONFIG_ERROR = 2
 
 
 def check_models(config: RouterConfig) -> None:
-    """Every model's flags validate and its config.json can be read; ValueError names the model otherwise."""
+    """Every model's flags validate and its config.json can be read; ValueError names the model otherwise. A
+    model found under --models-dir that cannot be served (an unsupported architecture) is left out with a
+    warning instead: the folder may hold anything."""
     from engine.model_config import ModelConfig
     from engine.router.placement import model_folder
 
-    for spec in config.models.values():
+    for spec in list(config.models.values()):
         try:
-            engine_config = spec.engine_config()
-            ModelConfig.from_folder(model_folder(spec), engine_config.quantization) \
-                .with_max_model_len(engine_config.max_model_len)
-        except (OSError, KeyError) as exc:
-            raise ValueError(f"model {spec.name}: cannot read {spec.path}: {exc}") from None
+            try:
+                engine_config = spec.engine_config()
+                ModelConfig.from_folder(model_folder(spec), engine_config.quantization) \
+                    .with_max_model_len(engine_config.max_model_len)
+            except (OSError, KeyError) as exc:
+                raise ValueError(f"model {spec.name}: cannot read {spec.path}: {exc}") from None
+            except ValueError as exc:
+                message = str(exc)
+                raise ValueError(message if spec.name in message else f"model {spec.name}: {message}") from None
         except ValueError as exc:
-            message = str(exc)
-            raise ValueError(message if spec.name in message else f"model {spec.name}: {message}") from None
+            if not spec.discovered:
+                raise
+            print(f"warning: not serving {spec.name} from --models-dir: {exc}", file=sys.stderr, flush=True)
+            del config.models[spec.name]
+    if not config.models:
+        raise ValueError("no servable model: --models-dir holds none this engine supports")
 
 
 def _server_class():

@@ -94,7 +94,8 @@ class ModelManager:
                     for name in evict:
                         log.info("unloading %s (least recently used idle model) to make room for %s",
                                  name, entry.spec.name)
-                        await self._stop_entry(self.entries[name])
+                        async with self.entries[name].lock:  # never a loading one: those are not idle
+                            await self._stop_entry(self.entries[name])
                     entry.replicas = [EngineProcess(entry.spec, i, p) for i, p in enumerate(placements)]
                 await self._start_replicas(entry, entry.replicas)
             finally:

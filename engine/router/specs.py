@@ -28,6 +28,7 @@ class ModelSpec:
     engine_flags: dict[str, Any] = field(default_factory=dict)  # EngineConfig fields, non-default only
     data_parallel_size: int = 1
     model_ttl: float | None = None  # seconds idle before unload; None: never
+    discovered: bool = False  # found under --models-dir (or the HF cache), not named by the user
 
     def engine_config(self) -> EngineConfig:
         """The engine's configuration as one replica would parse it (validated), for planning."""
@@ -101,14 +102,18 @@ def build_specs(model_args: list[str], args: dict[str, Any]) -> RouterConfig:
         if name in paths:
             raise ValueError(f"--model: the name {name!r} is given twice; name each model NAME=PATH")
         paths[name] = path
+    discovered: set[str] = set()
     if merged.get("models_dir"):
         if not Path(merged["models_dir"]).is_dir():
             raise ValueError(f"--models-dir {merged['models_dir']} is not a folder")
         for name, folder in servable_models(merged["models_dir"]).items():
-            paths.setdefault(name, str(folder))
+            if name not in paths:
+                paths[name] = str(folder)
+                discovered.add(name)
     for name, table in per_model.items():
         if "model" in table:
             paths[name] = table["model"]
+            discovered.discard(name)
         elif name not in paths:
             raise ValueError(f"--models-config [models.{name}] has no model = \"PATH\" and no --model names it")
     if not paths:
@@ -118,7 +123,7 @@ def build_specs(model_args: list[str], args: dict[str, Any]) -> RouterConfig:
         table = {k: v for k, v in per_model.get(name, {}).items() if k != "model"}
         flags = {**shared, **{k: v for k, v in table.items() if k in ENGINE_FLAG_NAMES}}
         spec = ModelSpec(name, path, flags, int(table.get("data_parallel_size", merged.get("data_parallel_size") or 1)),
-                         table.get("model_ttl", merged.get("model_ttl")))
+                         table.get("model_ttl", merged.get("model_ttl")), name in discovered)
         if spec.data_parallel_size < 1:
             raise ValueError(f"{name}: --data-parallel-size must be >= 1, got {spec.data_parallel_size}")
         specs[name] = spec
