@@ -89,6 +89,7 @@ class EngineProcess:
         env["PYTHONUNBUFFERED"] = "1"
         env[KEY_ENV] = self.api_key
         if self.placement.cards != (HOST,):
+            env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's numbering, which placement used
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.placement.cards)
         if self.placement.cpu_cores:
             env["OMP_NUM_THREADS"] = str(len(self.placement.cpu_cores))
