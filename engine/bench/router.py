@@ -1,9 +1,10 @@
 """`pagedesk-bench router`: what the router costs, and what data parallel buys, on real processes.
 
 `overhead`: one engine served directly (`pagedesk-serve --model FOLDER`) and the same model through the
-router (`--model m=FOLDER --model-ttl` makes it the router, with one engine of the same flags behind it); the
-same streaming load at `--streams` concurrent requests against each, one after the other, and the ITL/TPOT
-percentiles side by side. `dp`: the router with `--data-parallel-size 1` (the whole process tree pinned to one
+router (`--model m=FOLDER --model-ttl` makes it the router, with one engine of the same flags behind it), each
+process tree pinned to the same single core with one thread (so the router's own CPU time is paid on the
+engine's core, as on a CPU-bound box); the same streaming load at `--streams` concurrent requests against
+each, alternating `--repeats` times, and the ITL/TPOT percentiles side by side. `dp`: the router with `--data-parallel-size 1` (the whole process tree pinned to one
 core with `taskset`, one thread) against `--data-parallel-size 2` (the router pins each replica to its own
 core), output throughput at `--streams` concurrency: two CPU cores standing in for two cards. The model is a
 random-weight llama written to a temporary folder unless `--model` names one. Prints markdown tables.
@@ -77,8 +78,9 @@ def stop(proc: subprocess.Popen) -> None:
 def overhead(folder: Path, args) -> None:
     flags = ["--device", "cpu", "--max-model-len", "1024", *args.engine_flags]
     direct_port, router_port = free_port(), free_port()
-    direct = start(["--model", str(folder), "--served-model-name", "m", *flags], direct_port)
-    router = start(["--model", f"m={folder}", "--model-ttl", "100000", *flags], router_port)
+    core = str(sorted(os.sched_getaffinity(0))[0])  # both on one core, one thread: the router's CPU counts
+    direct = start(["--model", str(folder), "--served-model-name", "m", *flags], direct_port, pin=core, threads=1)
+    router = start(["--model", f"m={folder}", "--model-ttl", "100000", *flags], router_port, pin=core, threads=1)
     try:
         load_all(router_port, ["m"])
         rows = []
