@@ -162,3 +162,16 @@ def test_absolute_kv_budget_ignores_a_sibling_engine(llama_dir):
     assert absolute.kv_budget_bytes == 8 * GIB and absolute.num_blocks == 8 * GIB // (1024 * 16)
     with pytest.raises(ValueError, match="GiB is missing"):
         smallest_plan(EngineConfig(model=str(llama_dir), kv_cache_memory=14.0), cfg, [profile], 1024)
+
+
+def test_the_router_imports_no_torch():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys, engine.router.app, engine.router.main, engine.serve; "
+            "assert 'torch' not in sys.modules, 'the router imported torch'")
+    root = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": root})
+    assert result.returncode == 0, result.stderr

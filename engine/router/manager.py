@@ -105,10 +105,11 @@ class ModelManager:
     async def _start_replicas(self, entry: ModelEntry, replicas: list[EngineProcess]) -> None:
         results = await asyncio.gather(*(r.start(LOAD_TIMEOUT_S) for r in replicas), return_exceptions=True)
         errors = [r for r in results if isinstance(r, BaseException)]
-        if errors:
-            if not any(r.state == "ready" for r in entry.replicas):
-                await self._stop_entry(entry)
+        if errors and not any(r.state == "ready" for r in entry.replicas):
+            await self._stop_entry(entry)
             raise OpenAIError(503, str(errors[0]), "model", "model_load_failed")
+        for error in errors:  # a replica that failed while a sibling serves: restarted on a later request
+            log.warning("%s: a replica did not start: %s", entry.spec.name, error)
 
     async def unload(self, entry: ModelEntry) -> None:
         async with entry.lock:
