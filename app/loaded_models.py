@@ -34,6 +34,7 @@ class ModelRow:
     context: int | None
     quantization: str
     error: str = ""
+    managed: bool = True  # served by the router (load/unload work); False for a one-engine server
 
     @property
     def loaded(self) -> bool:
@@ -58,7 +59,7 @@ def model_rows(payload: dict) -> list[ModelRow]:
         rows.append(ModelRow(str(m.get("id")), state, " | ".join(places),
                              sum(int(e.get("memory_bytes") or 0) for e in engines),
                              m.get("max_model_len"), m.get("quantization") or "none",
-                             errors[0] if errors else m.get("config_error", "")))
+                             errors[0] if errors else m.get("config_error", ""), "loaded" in m))
     return rows
 
 
@@ -177,6 +178,9 @@ class LoadedModelsPanel(QWidget):
                 self.table.setItem(i, j, item)
             if r.name == selected:
                 self.table.selectRow(i)
+        managed = any(r.managed for r in self.rows)  # a one-engine server has no load/unload routes
+        self.load_button.setEnabled(managed)
+        self.unload_button.setEnabled(managed)
         self.models_listed.emit(self.rows)
 
 

@@ -66,7 +66,7 @@ def test_model_rows_from_router_and_single_engine_lists():
     assert rows[0].where == "cuda:0 + cuda:1 | CPU cores 2,3" and rows[0].memory_bytes == 5 and rows[0].loaded
     assert not rows[1].loaded and rows[1].where == ""
     single = model_rows({"data": [{"id": "tiny", "max_model_len": 256}]})  # today's one-engine server
-    assert single[0].loaded and single[0].context == 256
+    assert single[0].loaded and single[0].context == 256 and not single[0].managed and rows[0].managed
 
 
 def test_list_load_unload_and_chat_picker(qtbot, router):
