@@ -67,3 +67,20 @@ def test_a_request_wider_than_max_num_seqs_is_refused(capped):
     with pytest.raises(ValueError, match=r"beam_width \(8\) is more than max_num_seqs \(6\)"):
         capped.engine.add_beam_request("wide", [1, 2, 3], BeamSearchParams(beam_width=8, max_tokens=4))
     assert not capped.engine.requests and not capped.engine.scheduler.waiting
+
+
+def test_api_answers_400_for_n_over_max_num_seqs(llama_dir):
+    import httpx
+    from server_harness import MODEL_NAME, start_server
+    server = start_server(llama_dir, max_num_seqs=4)
+    try:
+        for body in ({"n": 8}, {"n": 8, "use_beam_search": True}):
+            reply = httpx.post(f"{server.base_url}/completions", timeout=30,
+                               json={"model": MODEL_NAME, "prompt": "hello", "max_tokens": 3, **body})
+            assert reply.status_code == 400, reply.text
+            assert "more than max_num_seqs (4)" in reply.json()["error"]["message"]
+        ok = httpx.post(f"{server.base_url}/completions", timeout=60,
+                        json={"model": MODEL_NAME, "prompt": "hello", "max_tokens": 3, "n": 4})
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 4
+    finally:
+        server.stop()
