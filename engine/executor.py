@@ -29,6 +29,7 @@ from typing import Any, Callable
 import torch
 
 from engine.distributed import destroy_distributed, init_distributed
+from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.peer_access import nccl_environment, peer_copy_works
@@ -191,6 +192,7 @@ class TensorParallelExecutor:
                              "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
         env = nccl_environment(size, peer_copy_works, os.environ)
         os.environ.update(env)  # rank 0 too, before its NCCL starts
+        gpu_baseline.record(0)  # before set_device makes this process's context
         torch.cuda.set_device(0)
         return env
 

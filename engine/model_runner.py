@@ -18,6 +18,7 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
 from engine.distributed import get_tp_size
+from engine.gpu_baseline import free_bytes_at_start
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
@@ -110,8 +111,8 @@ class ModelRunner:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.attention_backend = attention_backend
-        # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
-        self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
+        # Free memory before our weights and our CUDA context, so sizing can tell what other programs hold.
+        self.free_bytes_at_start, self.total_bytes = free_bytes_at_start(device.index) if device.type == "cuda" \
             else (0, 0)
         torch.set_default_dtype(dtype)
         try:

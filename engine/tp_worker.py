@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.parent_watch import die_with_parent
 
@@ -55,6 +56,7 @@ def worker_main(spec: WorkerSpec, commands: Connection, results: Connection) -> 
         device = torch.device("cpu")
         if spec.device_type == "cuda":
             device = torch.device("cuda", spec.rank)
+            gpu_baseline.record(spec.rank)  # before set_device makes this process's context
             torch.cuda.set_device(device)
         init_distributed(spec.rank, spec.world_size, spec.dist_backend, spec.store_path, spec.timeout_s)
         runner = ModelRunner(spec.model_config, spec.model_path, device, spec.dtype, spec.block_size,

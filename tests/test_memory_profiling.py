@@ -246,3 +246,70 @@ def test_profiling_step_holds_what_a_full_sampling_step_holds(tiny_model_dir):
           f"({profiled / (rows * 16384):.1f} B per logit)")
     # Equal up to the rows' small per-token tensors (the profile's rows have 2 tokens); without the fix 12% short.
     assert profiled >= 0.99 * step.peak
+
+
+class FakeNvml:
+    """pynvml over SimulatedCards, found by UUID: free memory as the driver sees it, contexts included."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, cards):
+        self.cards = cards
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return self.cards[int(uuid.rsplit("-", 1)[1])]
+
+    def nvmlDeviceGetMemoryInfo(self, card):
+        free, total = card.mem_get_info()
+        return type("Memory", (), {"free": free, "total": total, "used": total - free})()
+
+
+@pytest.mark.parametrize("with_nvml", [True, False])
+def test_own_cuda_context_is_not_counted_as_other_programs(cards, monkeypatch, caplog, with_nvml):
+    """Issue 19 item 10: cudaMemGetInfo makes the process's CUDA context before it answers, so its ~500 MiB
+    read as "other programs" and every start warned. NVML reads the card without a context, before and after."""
+    import sys
+    from engine import gpu_baseline
+    context = 500 * MIB
+    cards.append(SimulatedCard("NVIDIA GeForce RTX 4090", 24 * GIB, 0))
+    made = []
+
+    def mem_get_info(device=None):
+        card = cards[torch.device("cuda", device).index if isinstance(device, int) else 0]
+        if not made:  # the first call that needs a context makes it: memory outside torch's allocator
+            made.append(card)
+            card.outside += context
+        return card.mem_get_info()
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": f"abcd-{i}"})())
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(cards) if with_nvml else None)
+    free, total = gpu_baseline.free_bytes_at_start(0)
+    assert made and total == 24 * GIB
+    assert free == (24 * GIB if with_nvml else 24 * GIB - context)  # without NVML: the old reading, no worse
+    runner = SimulatedRunner(cards[0], 0, weights=8 * GIB, activations=GIB, sampler=GIB)
+    runner.free_bytes_at_start = free
+    config = EngineConfig(model="m", gpu_memory_utilization=0.9)
+    with caplog.at_level(logging.INFO, logger="pagedesk.engine"):
+        choose_num_blocks(config, LLAMA_8B.with_max_model_len(8192), runner, torch.bfloat16, 8192)
+    assert ("other programs" in caplog.text) != with_nvml
+    profile = measure_memory(runner, 8192, 256, torch.bfloat16)
+    assert profile.overhead_bytes >= (context if with_nvml else 0)  # the context is the engine's own overhead
+
+
+def test_recorded_baseline_is_taken_once(cards, monkeypatch):
+    """A tensor-parallel rank records before set_device; its ModelRunner takes that reading, a later one reads anew."""
+    from engine import gpu_baseline
+    cards.append(SimulatedCard("card", 24 * GIB, 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: cards[0].mem_get_info())
+    gpu_baseline.record(0)
+    cards[0].others = GIB  # another program starts after the reading
+    assert gpu_baseline.free_bytes_at_start(0)[0] == 24 * GIB
+    assert gpu_baseline.free_bytes_at_start(0)[0] == 23 * GIB
