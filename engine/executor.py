@@ -32,7 +32,7 @@ from engine.distributed import destroy_distributed, init_distributed
 from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.peer_access import nccl_environment, peer_copy_works
+from engine.peer_access import PeerAccessCache, nccl_environment
 from engine.tp_worker import WorkerSpec, worker_main
 
 logger = logging.getLogger("pagedesk.engine")
@@ -190,7 +190,10 @@ class TensorParallelExecutor:
         if torch.cuda.device_count() < size:
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs but {torch.cuda.device_count()} "
                              "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
-        env = nccl_environment(size, peer_copy_works, os.environ)
+        if "NCCL_P2P_DISABLE" in os.environ:
+            env = {}  # the user's choice: no probe
+        else:  # probed in a throwaway process (no context of ours on the other cards), cached per driver and card
+            env = nccl_environment(size, PeerAccessCache(size), os.environ)
         os.environ.update(env)  # rank 0 too, before its NCCL starts
         gpu_baseline.record(0)  # before set_device makes this process's context
         torch.cuda.set_device(0)
