@@ -69,8 +69,7 @@ CUDA minor-version compatibility; update the driver to >= $(min_driver "$n") for
     TORCH_ARGS=("torch==$TORCH_VERSION" --index-url "${TORCH_INDEX_URL:-$WHEEL_INDEX/$TAG}" --extra-index-url "$PYPI")
 else
     TORCH_BUILD="CPU build of torch ($([ "$FORCE_CPU" = 1 ] && echo "--cpu" || echo "no NVIDIA driver answered"))"
-    # The CPU index's X.Y.Z+cpu outranks PyPI's CUDA X.Y.Z; PyPI serves the dependencies (and, where the
-    # CPU index cannot be reached but a local wheel of the same version is configured for pip, that one).
+    # The CPU index's X.Y.Z+cpu outranks PyPI's CUDA X.Y.Z; PyPI serves the dependencies.
     TORCH_ARGS=("torch==$TORCH_VERSION" --index-url "$WHEEL_INDEX/cpu" --extra-index-url "$PYPI")
 fi
 [ -z "$TORCH_NOTE" ] || echo "$TORCH_NOTE"
@@ -85,6 +84,13 @@ if python -c "import torch" 2>/dev/null; then
     echo "torch already in .venv: $(python -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 else
     echo "Installing the $TORCH_BUILD"
+    if [ -z "$CUDA" ] && ! python -c "import urllib.request as u; u.urlopen('$WHEEL_INDEX/cpu/torch/', timeout=10)" \
+            2>/dev/null; then
+        # No CPU index (an offline mirror, a CI box): only an exact +cpu pin is safe from the indexes pip is set
+        # up with, since PyPI's plain torch is the CUDA build; without a local +cpu wheel this fails, as it should.
+        echo "PyTorch's CPU wheel index cannot be reached: installing torch==$TORCH_VERSION+cpu from pip's own indexes"
+        TORCH_ARGS=("torch==$TORCH_VERSION+cpu")
+    fi
     python -m pip install -q "${TORCH_ARGS[@]}"
 fi
 python -m pip install -q -e ".[dev]"
