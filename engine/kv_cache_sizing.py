@@ -3,7 +3,8 @@
 The arithmetic is engine/sizing.py's (shared with the GUI planner); this module only measures. On CUDA
 every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
 loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
-KV cache, then the sampler at max_num_seqs × vocab), memory outside torch's allocator (CUDA context,
+KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, while the step's
+hidden states and logits are still held), memory outside torch's allocator (CUDA context,
 cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool takes the
 smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090,
 the desktop on one of them) are sized by the card with the least room.
