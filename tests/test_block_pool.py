@@ -15,10 +15,16 @@ def free_ids(pool: BlockPool) -> list[int]:
     return [b.block_id for b in pool.free_queue]
 
 
+class FakeSeq(SimpleNamespace):
+    @property
+    def block_table(self):
+        return self.block_tables[0]
+
+
 def fake_seq(tokens: list[int]):
-    return SimpleNamespace(token_ids=list(tokens), num_computed_tokens=0, block_table=[], block_hashes=[],
-                           request=SimpleNamespace(cache_salt=None),
-                           num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
+    return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[],
+                   request=SimpleNamespace(cache_salt=None),
+                   num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
 
 
 def test_free_queue_is_lru_and_removal_is_from_the_middle():
@@ -41,7 +47,7 @@ def test_cached_blocks_survive_free_until_reallocated():
     kv.free(seq)
     again = fake_seq(list(range(10)))
     hits = kv.get_computed_blocks(again)
-    assert [b.block_id for b in hits] == first_two
+    assert [b.block_id for b in hits.blocks[0]] == first_two
     assert kv.allocate_slots(again, 2, hits) and kv.prefix_hits == 8 and kv.prefix_queries == 20
     kv.free(again)
     # Allocating all blocks to other tokens evicts the cached ones.
