@@ -112,8 +112,11 @@ class KVCacheManager:
         if self.enable_caching and not tables[0]:  # a fresh admission: count its prefix lookup
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += num_hit * bs
-        for manager, hit, cow in zip(self.managers, hits, cows):
-            manager.allocate(seq, hit, num_computed, cow, num_new_blocks, self.pending_copies)
+        if num_hit:
+            for manager, hit in zip(self.managers, hits):
+                manager.take_hit(seq, hit)
+        for manager, cow in zip(self.managers, cows):
+            manager.allocate(seq, num_computed, cow, num_new_blocks, self.pending_copies)
         seq.num_computed_tokens = num_computed
         if self.enable_caching:
             self._cache_full_blocks(seq, total)

@@ -38,12 +38,15 @@ class FullAttentionManager:
         index = num_computed // bs
         return num_computed % bs != 0 and index < len(table) and table[index].ref_count > 1
 
-    def allocate(self, seq, hit: list[Block] | None, num_computed: int, cow: bool, num_new_blocks: int,
+    def take_hit(self, seq, hit: list[Block]) -> None:
+        """A prefix hit's blocks join the table. Every group takes its hit before any group allocates: a cached
+        free block of one group's hit must leave the free queue before another group's allocation evicts it."""
+        self.pool.touch(hit)
+        seq.block_tables[self.group].extend(hit)
+
+    def allocate(self, seq, num_computed: int, cow: bool, num_new_blocks: int,
                  pending_copies: list[tuple[int, int]]) -> None:
         table = seq.block_tables[self.group]
-        if hit:
-            self.pool.touch(hit)
-            table.extend(hit)
         if cow:
             index = num_computed // self.block_size
             shared, fresh = table[index], self.pool.get_new_blocks(1)[0]
