@@ -117,6 +117,11 @@ class KVCacheLayout:
     def has_sliding_window(self) -> bool:
         return any(g.spec.kind == SLIDING_WINDOW for g in self.groups)
 
+    def group_names(self) -> list[str]:
+        """A short name per group for people: "full attention · 10 layers", "window 1024 · 13 layers"."""
+        return [("full attention" if g.spec.kind == FULL_ATTENTION else f"window {g.spec.sliding_window}")
+                + f" · {len(g.layer_ids)} layer{'s' if len(g.layer_ids) != 1 else ''}" for g in self.groups]
+
     def blocks_per_seq(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         """Blocks one sequence of max_model_len tokens holds at its peak, over all groups."""
         return sum(g.spec.max_blocks_per_seq(max_model_len, max_num_batched_tokens) for g in self.groups)

@@ -221,7 +221,8 @@ class LLMEngine:
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
         from engine.block_snapshot import snapshot_blocks
-        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting))
+        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting),
+                               self.kv_layout.group_names())
 
     def memory_usage(self) -> dict[str, int]:
         return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}

@@ -253,3 +253,29 @@ def test_long_sequence_fits_only_because_window_blocks_are_freed(gemma_like):
     # 28 full-group blocks for 440 tokens, each window group ≤ cdiv(23 + 32, 16) + 1 = 5.
     assert peak <= 28 + 5 * 5
     assert_pool_empty(llm)
+
+
+def test_snapshot_state_and_block_map_show_the_groups(gemma_like, qtbot):
+    from app.engine_state import parse_state
+    from engine.server.engine_state import build_state, collect_raw
+    from widgets.block_map import BlockMapWidget
+
+    llm = LLM(str(gemma_like[0]), device="cpu", num_gpu_blocks_override=64, max_num_batched_tokens=64)
+    engine = llm.engine
+    engine.add_request("r", gemma_like[1][2], SamplingParams(temperature=0, max_tokens=4))
+    for _ in range(3):  # 150 prompt tokens in chunks of 64: 10 full-group blocks, window groups only their window
+        engine.step()
+    snap = engine.block_pool_snapshot()
+    assert snap.group_names[0] == "full attention · 1 layer" and snap.group_names[1] == "window 24 · 1 layer"
+    held = [sum(b is not NULL_BLOCK for b in t) for t in engine.requests["r"].seqs[0].block_tables]
+    assert [int((snap.group == g).sum()) for g in range(6)] == held and held[0] == 10 and max(held[1:]) <= 4
+    assert snap.requests[0].num_blocks == sum(held)
+    state = parse_state(build_state(collect_raw(engine), "m", (0.0, 0.0)))
+    assert state.kv_groups == snap.group_names
+    widget = BlockMapWidget()
+    qtbot.addWidget(widget)
+    widget.set_blocks(state.blocks)
+    widget.redraw()
+    assert f"full attention · 1 layer: {held[0]}" in widget.summary.text()
+    used = int((snap.state == 1).nonzero()[0][0])  # a block in use: its group is named on hover
+    assert "· group " in widget.block_info(used)
