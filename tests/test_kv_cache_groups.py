@@ -78,6 +78,35 @@ def test_window_bound_is_window_plus_chunk():
     assert spec.max_blocks_per_seq(100, 512) == 7  # never more than max_model_len needs
 
 
+def test_planner_arithmetic_for_gemma3_27b_by_hand():
+    from engine.bench.kv_groups import gemma3_27b
+    from engine.sizing import GIB, plan_capacity
+    cfg = gemma3_27b()
+    kwargs = dict(dtype="bfloat16", quantization="awq", max_num_batched_tokens=2048)
+    on = plan_capacity(cfg, [24 * GIB], 0.9, **kwargs)
+    off = plan_capacity(cfg, [24 * GIB], 0.9, window_freeing=False, **kwargs)
+    assert on.kv_budget_bytes == off.kv_budget_bytes > 0
+    page = 2 * 16 * 16 * 128 * 2  # K and V of 16 tokens, 16 KV heads of 128, bf16: one layer
+    assert off.kv_bytes_per_token * 16 == 62 * page and on.kv_bytes_per_token * 16 == 13 * page
+    assert off.num_blocks == off.kv_budget_bytes // (62 * page) and off.num_tokens == 16 * off.num_blocks
+    blocks = on.kv_budget_bytes // (13 * page)
+    window = -(-(1023 + 2048) // 16) + 1  # 193 blocks per window group at its peak
+    assert on.num_blocks == blocks and on.num_tokens == 16 * (blocks - 4 * window)  # 4 window groups
+    assert on.num_full_seqs == blocks // (131072 // 16 + 4 * window)
+    assert on.num_tokens > 3 * off.num_tokens
+
+
+def test_cpu_plan_caps_the_pool_at_max_num_seqs_peaks():
+    from engine.sizing import plan_cpu
+    cfg = ModelConfig(architecture="MistralForCausalLM", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=16, intermediate_size=128, vocab_size=100, max_position_embeddings=512,
+                      sliding_windows=[48, 48], max_model_len=512)
+    plan = plan_cpu(cfg, 1.0, max_num_seqs=4, max_num_batched_tokens=32)
+    per_seq = -(-(47 + 32) // 16) + 1  # 6 blocks: an all-window model never needs more per sequence
+    assert plan.num_blocks == plan.max_blocks == 4 * per_seq and plan.num_full_seqs == 4
+    assert plan.num_tokens == 512  # the pool never limits the length: max_model_len
+
+
 # ---- exact block counts ---------------------------------------------------------------------------------------
 
 def test_window_group_frees_blocks_behind_the_window_step_by_step():
