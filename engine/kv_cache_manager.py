@@ -86,17 +86,24 @@ class KVCacheManager:
         """Reserve blocks for `num_new_tokens` more tokens (after any prefix hit); False if they don't fit."""
         bs = self.block_size
         tables = seq.block_tables
+        # Fast path: a decode inside its last block (the tables exist: some tokens are computed). This runs for
+        # most sequences every step, so one group keeps its own branch, with nothing more than before groups.
+        if not computed and seq.num_computed_tokens % bs:
+            total = seq.num_computed_tokens + num_new_tokens
+            last = tables[0]
+            if total <= len(last) * bs and last[-1].ref_count == 1:
+                if self.num_groups == 1:
+                    if self.enable_caching and total % bs == 0:
+                        self._cache_full_blocks(seq, total)
+                    return True
+                if all(t[-1].ref_count == 1 for t in tables):
+                    for manager in self.window_managers:
+                        manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
+                    if self.enable_caching and total % bs == 0:
+                        self._cache_full_blocks(seq, total)
+                    return True
         if len(tables) != self.num_groups:  # a fresh sequence: one empty table per group
             tables = seq.block_tables = self.new_tables()
-        if not computed and seq.num_computed_tokens % bs:  # fast path: a decode inside its last block
-            total = seq.num_computed_tokens + num_new_tokens
-            if total <= len(tables[0]) * bs and tables[0][-1].ref_count == 1 and \
-                    (self.num_groups == 1 or all(t[-1].ref_count == 1 for t in tables)):
-                for manager in self.window_managers:
-                    manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
-                if self.enable_caching and total % bs == 0:
-                    self._cache_full_blocks(seq, total)
-                return True
         num_hit = len(computed)
         hits = computed.blocks if num_hit else (None,) * self.num_groups
         num_computed = seq.num_computed_tokens + num_hit * bs
@@ -106,7 +113,7 @@ class KVCacheManager:
         num_new_blocks = self.blocks_needed(total) - len(tables[0]) - num_hit
         cows = [m.needs_copy(seq, num_computed) for m in self.managers]
         # Cached free blocks of a hit leave the free queue; NULL_BLOCK never counts (never at zero).
-        revived = sum(1 for blocks in hits if blocks for b in blocks if b.ref_count == 0)
+        revived = sum(1 for blocks in hits for b in blocks if b.ref_count == 0) if num_hit else 0
         if max(0, num_new_blocks) * self.num_groups + sum(cows) + revived > self.pool.num_free_blocks:
             return False
         if self.enable_caching and not tables[0]:  # a fresh admission: count its prefix lookup
