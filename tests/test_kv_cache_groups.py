@@ -268,8 +268,8 @@ def test_long_sequence_fits_only_because_window_blocks_are_freed(gemma_like):
     llm = LLM(str(path), device="cpu", max_num_batched_tokens=32, num_gpu_blocks_override=num_blocks,
               enable_prefix_caching=False)
     # Without freeing the same memory (60 one-layer pages) holds 10 blocks of all six layers: 160 tokens.
-    no_freeing = num_blocks * llm.engine.kv_layout.bytes_per_block // (6 * FullAttentionSpec(16, 2, 16, 4)
-                                                                        .page_size_bytes) * 16
+    layout = llm.engine.kv_layout
+    no_freeing = num_blocks * layout.num_slots // layout.num_layers * 16
     assert no_freeing == 160 < len(prompt) + max_tokens
     engine, peak = llm.engine, 0
     engine.add_request("long", prompt, SamplingParams(temperature=0, max_tokens=max_tokens))
@@ -308,3 +308,12 @@ def test_snapshot_state_and_block_map_show_the_groups(gemma_like, qtbot):
     assert f"full attention · 1 layer: {held[0]}" in widget.summary.text()
     used = int((snap.state == 1).nonzero()[0][0])  # a block in use: its group is named on hover
     assert "· group " in widget.block_info(used)
+
+
+def test_tensor_parallel_workers_read_the_same_groups(gemma_like):
+    path, prompts, max_tokens, expected = gemma_like
+    llm = LLM(str(path), device="cpu", tensor_parallel_size=2, max_num_batched_tokens=20)
+    try:
+        assert greedy(llm, prompts[1:], max_tokens[1:]) == [[e] for e in expected[1:]]
+    finally:
+        llm.engine.shutdown()
