@@ -17,7 +17,8 @@ import torch
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.kv_cache_interface import model_kv_layout
 from engine.model_config import ModelConfig
-from engine.sizing import GIB, CapacityPlan, MemoryProfile, other_programs_note, plan_cpu, plan_from_profile
+from engine.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, plan_cpu, \
+    plan_from_budget, plan_from_profile
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -30,7 +31,8 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     if runner.device.type == "cuda":
         layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size)
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
-        plan = smallest_plan(config, model_config, profiles, layout, max_num_batched_tokens)
+        plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
+                             max_num_batched_tokens)
     else:
         plan = plan_cpu(model_config, config.kv_cache_memory if config.kv_cache_memory is not None
                         else DEFAULT_CPU_KV_CACHE_GIB, kv_cache_dtype=_dtype_name(kv_dtype),
@@ -48,15 +50,27 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: list[MemoryProfile],
-                  layout, max_num_batched_tokens: int) -> CapacityPlan:
-    """Plan every card from its measurements and return the plan with the fewest blocks (the MIN over ranks)."""
+                  per_token: int, layout=None, max_num_batched_tokens: int = 0) -> CapacityPlan:
+    """Plan every card from its measurements and return the plan with the fewest blocks (the MIN over ranks).
+    With --kv-cache-memory the budget is absolute (a sibling engine on the card is not "other programs").
+    `layout` (KV cache groups) makes "tokens that fit" count window groups at their bound."""
     plans = []
     for profile in profiles:
+        if config.kv_cache_memory is not None:
+            plan = plan_from_budget(profile, int(config.kv_cache_memory * GIB), per_token, config.block_size,
+                                    model_config.max_model_len, config.tensor_parallel_size, layout,
+                                    max_num_batched_tokens)
+            error = budget_room_error(plan)
+            if error:
+                raise ValueError(error)
+            logger.info("%s: absolute KV budget: %s", profile.card, plan.summary())
+            plans.append(plan)
+            continue
         note = other_programs_note(profile, config.gpu_memory_utilization)
         if note:
             logger.warning(note)
-        plan = plan_from_profile(profile, config.gpu_memory_utilization, layout.bytes_per_block // config.block_size,
-                                 config.block_size, model_config.max_model_len, config.tensor_parallel_size, layout,
+        plan = plan_from_profile(profile, config.gpu_memory_utilization, per_token, config.block_size,
+                                 model_config.max_model_len, config.tensor_parallel_size, layout,
                                  max_num_batched_tokens)
         logger.info("%s: %s", profile.card, plan.summary())
         plans.append(plan)
