@@ -17,6 +17,7 @@ import torch
 from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.config import EngineConfig
 from engine.executor import create_executor
+from engine.kv_cache_interface import model_kv_layout
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
@@ -66,7 +67,9 @@ class LLMEngine:
         except BaseException:
             self.runner.shutdown()  # no worker outlives a failed start
             raise
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 [group.spec for group in self.kv_layout.groups])
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
@@ -227,7 +230,8 @@ class LLMEngine:
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
         from engine.block_snapshot import snapshot_blocks
-        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting))
+        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting),
+                               self.kv_layout.group_names())
 
     def memory_usage(self) -> dict[str, int]:
         return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}
