@@ -167,6 +167,8 @@ def _rope_parameters(text: dict[str, Any], layer_types: list[str]) -> dict[str, 
         params["rope_type"] = rope_type
         params.setdefault("rope_theta", theta)
         params["rope_theta"] = float(params["rope_theta"])
+        if rope_type in ("longrope", "yarn") and text.get("original_max_position_embeddings"):
+            params.setdefault("original_max_position_embeddings", text["original_max_position_embeddings"])  # Phi-3
         if "partial_rotary_factor" not in params and text.get("partial_rotary_factor") is not None:
             params["partial_rotary_factor"] = float(text["partial_rotary_factor"])
         out[layer_type] = params
