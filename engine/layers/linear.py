@@ -2,7 +2,8 @@
 
 Each parameter carries its own `weight_loader(param, loaded, shard_id)`, so sharding lives next to the
 layer that knows the split: column-parallel layers keep a slice of the output features (QKV and gate/up
-are several column-parallel matrices stacked), row-parallel layers keep a slice of the input features and
+are several column-parallel matrices stacked; a checkpoint that stores them fused, as Phi-3 does, arrives with
+shard id None and is split into its shards here), row-parallel layers keep a slice of the input features and
 all-reduce their output. What the parameters are — a float matrix, or packed codes with scales, zero points
 and g_idx — is the layer's linear method (engine/quantization/methods.py); each parameter names its output
 and input dims, so the same loaders slice float and packed weights. With one rank the loaders simply copy.
