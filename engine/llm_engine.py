@@ -89,6 +89,7 @@ class LLMEngine:
         if priority and self.config.scheduling_policy != "priority":
             raise ValueError(f"priority must be 0 unless the engine runs with --scheduling-policy priority, "
                              f"got {priority}")
+        self._check_width("n", params.n)
         prompt_text, prompt_ids = self._tokenize(prompt)
         self._validate(prompt_ids, params)
         if params.bad_words:
@@ -109,10 +110,18 @@ class LLMEngine:
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
                          arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
         """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
+        self._check_width("beam_width", params.beam_width)
         sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
         self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
+
+    def _check_width(self, name: str, width: int) -> None:
+        """Every sequence of a request counts against max_num_seqs (the scheduler admits it whole), so a
+        wider request could never run."""
+        if width > self.config.max_num_seqs:
+            raise ValueError(f"{name} ({width}) is more than max_num_seqs ({self.config.max_num_seqs}): every "
+                             f"output of a request runs as its own sequence; lower {name} or raise --max-num-seqs")
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

@@ -18,6 +18,7 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
 from engine.distributed import get_tp_size
+from engine.gpu_baseline import free_bytes_at_start
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
@@ -26,7 +27,7 @@ from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
-from engine.profiling import profile_batch, profile_sampler
+from engine.profiling import profile_batch, profile_sampling_batch
 from engine.sizing import estimate_graph_bytes
 from engine.warm_up import warm_up_kernels
 
@@ -110,8 +111,8 @@ class ModelRunner:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.attention_backend = attention_backend
-        # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
-        self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
+        # Free memory before our weights and our CUDA context, so sizing can tell what other programs hold.
+        self.free_bytes_at_start, self.total_bytes = free_bytes_at_start(device.index) if device.type == "cuda" \
             else (0, 0)
         torch.set_default_dtype(dtype)
         try:
@@ -260,7 +261,8 @@ class ModelRunner:
         out.prompt_logprobs = prompt_logprobs
         return out
 
-    def sample(self, logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
+    @staticmethod
+    def sample(logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
         """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""
         out, dev = ModelRunnerOutput(), logits.device
         if sampling.rows:
@@ -285,17 +287,19 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
-        path against a temporary KV cache, logits for max_num_seqs rows, then the sampler at
-        [max_num_seqs, vocab]. Returns the temporary cache's bytes (the real pool replaces them)."""
+        path against a temporary KV cache, logits for max_num_seqs rows, then `sample` over them at the
+        sampler's widest, with the hidden states and logits still held as `run` holds them. Returns the
+        temporary cache's bytes (the real pool replaces them)."""
         batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
         self.allocate_kv_cache(batch.num_blocks, kv_dtype)
         temporary_kv_bytes = self.kv_cache_bytes()
         try:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
                                 torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
-            logits = self.model.compute_logits(hidden[-min(len(hidden), max_num_seqs):]).float()
-            del hidden, logits
-            profile_sampler(max_num_seqs, self.config.vocab_size, self.device)
+            rows = torch.arange(len(hidden) - max_num_seqs, len(hidden), device=self.device).clamp_(min=0)
+            logits = self.model.compute_logits(hidden[rows])
+            self.sample(logits, profile_sampling_batch(max_num_seqs, logits.shape[1], self.device))
+            del hidden, logits  # only now: a real step holds both until sampling is done
         finally:
             self.release_kv_cache()
         return temporary_kv_bytes
