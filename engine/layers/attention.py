@@ -30,10 +30,10 @@ class AttentionMetadata:
 
 class PagedAttention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None,
-                 backend: str = "torch") -> None:
+                 backend: str = "torch", scale: float | None = None) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale  # Gemma: query_pre_attn_scalar ** -0.5
         self.sliding_window = sliding_window
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
