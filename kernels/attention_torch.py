@@ -59,11 +59,11 @@ def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.
             flat.index_copy_(0, slot_mapping, src.to(cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first `seq_len` cached tokens of one sequence as ``[seq_len, num_kv_heads, head_dim]``."""
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, first_block: int = 0) -> torch.Tensor:
+    """Cached tokens ``first_block * block_size .. seq_len - 1`` of one sequence as ``[tokens, kv_heads, dim]``."""
     block_size = cache.shape[1]
     num_blocks = (seq_len + block_size - 1) // block_size
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+    return cache[block_table[first_block:num_blocks].long()].flatten(0, 1)[:seq_len - first_block * block_size]
 
 
 def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -129,22 +129,28 @@ def prefill_attention_torch(query, k_cache, v_cache, block_tables, lens: list[in
                             sliding_window, k_scale, v_scale, out: torch.Tensor, soft_cap: float | None = None,
                             sinks: torch.Tensor | None = None) -> None:
     """Into `out`: every sequence with more than one new token (a prefill chunk), one attention call each over
-    its gathered context (the gather is paid once per chunk, not once per generated token)."""
+    its gathered context (the gather is paid once per chunk, not once per generated token). With a window,
+    only the blocks from the one holding the first query's oldest visible key are read: blocks wholly behind
+    the window may have been freed (their table entries then point at a filler block)."""
+    block_size = k_cache.shape[1]
     for i, seq_len in enumerate(lens):
         start, q_len = starts[i], starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
-        k = dequantize(gather_kv(k_cache, block_tables[i], seq_len), k_scale, query.dtype)
-        v = dequantize(gather_kv(v_cache, block_tables[i], seq_len), v_scale, query.dtype)
+        first_block = 0 if sliding_window is None else max(0, seq_len - q_len - sliding_window + 1) // block_size
+        k = dequantize(gather_kv(k_cache, block_tables[i], seq_len, first_block), k_scale, query.dtype)
+        v = dequantize(gather_kv(v_cache, block_tables[i], seq_len, first_block), v_scale, query.dtype)
         q = query[start:start + q_len]
-        mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
+        mask = _causal_mask(q_len, seq_len, sliding_window, first_block * block_size, query.device)
         o = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, soft_cap, sinks)
         out[start:start + q_len] = o.transpose(0, 1)
 
 
-def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, first_key: int,
+                 device: torch.device) -> torch.Tensor:
+    """[q_len, seq_len - first_key]: which keys (positions first_key..seq_len-1) each new token sees."""
     q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
-    k_pos = torch.arange(seq_len, device=device)[None, :]
+    k_pos = torch.arange(first_key, seq_len, device=device)[None, :]
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
@@ -164,13 +170,14 @@ def _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, s
 
 def _decode_group(query, k_cache, v_cache, block_tables, lens, starts, rows_of, scale, sliding_window,
                   k_scale, v_scale, out, soft_cap, sinks) -> None:
-    """Gather each sequence's tokens padded to the group's longest; a padding position re-reads the
-    sequence's own last token (finite, and masked out of the softmax), so no stale slot or unused
-    block-table entry is ever read and nothing needs zeroing."""
+    """Gather each sequence's visible tokens (all of them, or the last `sliding_window`) padded to the group's
+    longest run; a padding position re-reads the sequence's own last token (finite, and masked out of the
+    softmax), so no stale slot, unused or freed block-table entry is ever read and nothing needs zeroing."""
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     device = query.device
     seq_lens = torch.tensor([lens[i] for i in rows_of], device=device)
-    pos = torch.arange(int(seq_lens.max()), device=device)[None, :]
+    first = torch.zeros_like(seq_lens) if sliding_window is None else (seq_lens - sliding_window).clamp_(min=0)
+    pos = first[:, None] + torch.arange(int((seq_lens - first).max()), device=device)[None, :]
     own = torch.minimum(pos, seq_lens[:, None] - 1)
     table = block_tables[rows_of].long()
     slots = table.gather(1, own // block_size) * block_size + own % block_size  # [B, L]
@@ -179,8 +186,6 @@ def _decode_group(query, k_cache, v_cache, block_tables, lens, starts, rows_of, 
     v = dequantize(v_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat), v_scale, query.dtype)
     k, v = k.view(*slots.shape, num_kv_heads, head_dim), v.view(*slots.shape, num_kv_heads, head_dim)
     valid = pos < seq_lens[:, None]
-    if sliding_window is not None:
-        valid &= pos >= (seq_lens[:, None] - sliding_window)
     rows = torch.tensor([starts[i] for i in rows_of], device=device)
     o = attend(query[rows][:, :, None], k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale,
                soft_cap, sinks)

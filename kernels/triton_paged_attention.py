@@ -49,8 +49,8 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
               NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr):
-    """This split's KV tiles [begin, end) and the causal end position: the KV range the q block can see
-    (up to its last query, back to the window start of its first query) cut into NUM_SPLITS equal pieces."""
+    """This split's KV tiles [begin, end) and the KV range [kv_begin, kv_end) the q block can see (up to its
+    last query, back to the window start of its first query), the tiles cut into NUM_SPLITS equal pieces."""
     kv_end = tl.minimum(context_len + first_q + BLOCK_Q, seq_len)
     kv_begin = 0
     if USE_WINDOW:
@@ -59,7 +59,7 @@ def _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q: tl.
     tile_end = tl.cdiv(kv_end, TILE_N)
     per_split = tl.cdiv(tile_end - tile_begin, NUM_SPLITS)
     begin = tile_begin + split * per_split
-    return begin, tl.minimum(begin + per_split, tile_end), kv_end
+    return begin, tl.minimum(begin + per_split, tile_end), kv_begin, kv_end
 
 
 @triton.jit
@@ -119,8 +119,8 @@ def paged_attention_kernel(
     q = tl.load(query_ptr + tokens[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :],
                 mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
 
-    my_begin, my_end, kv_end = _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q, TILE_N,
-                                         NUM_SPLITS, USE_WINDOW)
+    my_begin, my_end, kv_begin, kv_end = _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q,
+                                                   TILE_N, NUM_SPLITS, USE_WINDOW)
     # Scores live in the exp2 domain (times log2 e); with soft-capping, tanh sees s / cap and its result is
     # scaled by cap * log2 e.
     qk_scale = softmax_scale * tl.load(k_scale_ptr)
@@ -140,6 +140,8 @@ def paged_attention_kernel(
     for tile in tl.range(my_begin, my_end, num_stages=NUM_STAGES):
         pos = tile * TILE_N + tl.arange(0, TILE_N)
         in_range = pos < kv_end
+        if USE_WINDOW:  # never read a table entry behind the window: its block may be freed
+            in_range = in_range & (pos >= kv_begin)
         block_id = tl.load(block_table + pos // BLOCK_SIZE, mask=in_range, other=0)
         if LARGE_POOL:  # int32 offsets need fewer registers; pools of 2^31+ elements need int64
             block_id = block_id.to(tl.int64)

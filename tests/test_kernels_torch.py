@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch
-from kernels.paged_batch import PagedBatch, make_paged_batch
+from kernels.paged_batch import PagedBatch, free_blocks_behind_window, make_paged_batch
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3}  # atol and rtol; fp16 inputs, fp32 oracle
 
@@ -76,6 +76,18 @@ def test_decode_ignores_unused_block_table_entries_and_nan_padding():
     out = run_reference(batch, 0.125, None)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out.double(), naive_attention(batch, 0.125, None), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("block_size,with_sinks", [(16, False), (4, True)], ids=["sdpa-path", "explicit-path"])
+def test_window_never_reads_blocks_freed_behind_it(block_size, with_sinks):
+    """Decodes and prefill chunks whose windows start blocks into their sequences: the freed entries point at
+    a NaN block, so reading one would show; the result is still the dense windowed attention."""
+    batch = make_paged_batch([1, 5, 1, 20], [40, 45, 9, 64], num_kv_heads=2, group=2, head_dim=32,
+                             block_size=block_size)
+    assert free_blocks_behind_window(batch, 11) >= 4
+    variants = dict(sinks=torch.randn(4)) if with_sinks else {}
+    out = run_reference(batch, 0.125, 11, **variants)
+    torch.testing.assert_close(out.double(), naive_attention(batch, 0.125, 11, **variants), atol=1e-4, rtol=1e-4)
 
 
 def test_write_skips_negative_slots():

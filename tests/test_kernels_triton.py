@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from kernels import triton_attention, triton_fp8  # noqa: E402
 from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch  # noqa: E402
-from kernels.paged_batch import PagedBatch, make_paged_batch  # noqa: E402
+from kernels.paged_batch import PagedBatch, free_blocks_behind_window, make_paged_batch  # noqa: E402
 from kernels.triton_paged_attention import paged_attention_kernel  # noqa: E402
 
 IN_INTERPRETER = isinstance(tl.standard.sum, InterpretedFunction) and isinstance(paged_attention_kernel,
@@ -216,6 +216,15 @@ def test_sliding_window(num_splits):
     batch = make_paged_batch([1, 9, 1], [60, 45, 7], num_kv_heads=2, group=2, head_dim=64)
     tiles = triton_attention.AttentionTiles(16, 8, 16, num_splits)
     assert_matches(*run_both(batch, sliding_window=19, tiles=tiles), torch.float32)
+
+
+def test_window_never_reads_blocks_freed_behind_it():
+    """Table entries behind each window point at a NaN block (freed, as a window group does); with 32-token
+    tiles over 8-token blocks the first tile starts blocks before the window, and must not read them."""
+    batch = make_paged_batch([1, 9, 1], [60, 45, 30], num_kv_heads=1, group=2, head_dim=64, block_size=8)
+    assert free_blocks_behind_window(batch, 19) >= 6
+    assert_matches(*run_both(batch, sliding_window=19, tiles=triton_attention.AttentionTiles(16, 8, 32, 1)),
+                   torch.float32)
 
 
 def test_long_decode_split_by_default_heuristic():

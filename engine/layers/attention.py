@@ -7,6 +7,7 @@ A family picks its attention variant through the constructor: a scale other than
 (gpt-oss; a parameter of this layer, split by head across tensor-parallel ranks) and, per call, an output
 gate (Qwen3.5's gated attention: ``out * sigmoid(gate)``, elementwise after the kernel, so no backend
 needs it).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
