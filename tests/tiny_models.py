@@ -42,6 +42,13 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=48, tie_word_embeddings=False)),
+    # Fused qkv_proj/gate_up_proj tensors; LongRoPE (short factors: the context never passes the original one)
+    # with Phi-4-mini's partial rotary (12 of 16 dims).
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        original_max_position_embeddings=512, partial_rotary_factor=0.75, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
+                         "partial_rotary_factor": 0.75, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
 }
 
 
