@@ -23,3 +23,18 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight is stored as an offset from one, ``x̂ * (1 + w)``, and applied in fp32
+    before the cast back (Llama casts first). Zero-initialised, so an unloaded weight is the identity."""
+
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__(size, eps)
+        self.weight.data.zero_()
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * (1.0 + self.weight.float())).to(dtype)

@@ -27,6 +27,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
     "MistralForCausalLM": Architecture("llama", "LlamaForCausalLM"),
     "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
+    "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", {
+        "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+        "sliding_window": 4096, "sliding_window_pattern": 2, "attn_logit_softcapping": 50.0,
+        "final_logit_softcapping": 30.0, "tie_word_embeddings": True}),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
