@@ -55,6 +55,7 @@ class ModelConfig:
     rope_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated
     hidden_act: str = "silu"
+    norms_per_layer: int = 2  # hidden-size RMSNorms per layer (Gemma 3: four)
     hf_text_config: dict[str, Any] = field(default_factory=dict, repr=False)  # merged text config, as read
 
     @classmethod
@@ -90,7 +91,7 @@ class ModelConfig:
             model_type=str(text.get("model_type", "")), layer_types=layer_types, rope_parameters=rope,
             partial_rotary_factor=float(text.get("partial_rotary_factor") or 1.0),
             hidden_act=str(text.get("hidden_act") or text.get("hidden_activation") or "silu"),
-            hf_text_config=text)
+            norms_per_layer=arch.norms_per_layer, hf_text_config=text)
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -111,15 +112,19 @@ class ModelConfig:
     def num_params(self) -> int:
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + self.norms_per_layer * h
         return self.num_layers * per_layer + v * h * (1 if self.tie_word_embeddings else 2) + h
 
 
 def text_config(hf: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The text model's config: `text_config` over the top level (whose own sub-configs are dropped), over the
-    family's defaults. A text-only checkpoint is its own text config."""
+    family's defaults; a top-level tie_word_embeddings wins, as in transformers. A text-only checkpoint is its
+    own text config."""
     top = {k: v for k, v in hf.items() if k not in SUB_CONFIGS}
-    return {**(defaults or {}), **top, **(hf.get("text_config") or {})}
+    text = {**(defaults or {}), **top, **(hf.get("text_config") or {})}
+    if "text_config" in hf and "tie_word_embeddings" in hf:
+        text["tie_word_embeddings"] = hf["tie_word_embeddings"]  # transformers ties a VL model by the top level
+    return text
 
 
 def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:

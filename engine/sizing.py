@@ -74,7 +74,7 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     vocab-split in `dtype`; QKV biases split; norms replicated."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, max(1, cfg.num_kv_heads // tp) * tp * cfg.head_dim
     matrix_params = cfg.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size) // tp
-    vector_params = (2 * cfg.num_layers + 1) * h  # RMSNorm weights, replicated
+    vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h  # RMSNorm weights, replicated
     if cfg.qkv_bias:
         vector_params += cfg.num_layers * (q + 2 * kv) // tp
     if cfg.qk_norm:

@@ -1,4 +1,4 @@
-"""RMSNorm, with the residual add fused in the way decoder layers use it."""
+"""RMSNorm (and Gemma's (1 + w) variant), with the residual add fused in the way decoder layers use it."""
 from __future__ import annotations
 
 import torch
@@ -26,8 +26,8 @@ class RMSNorm(nn.Module):
 
 
 class GemmaRMSNorm(RMSNorm):
-    """Gemma's RMSNorm: the weight is stored as an offset from one, ``x̂ * (1 + w)``, and applied in fp32
-    before the cast back (Llama casts first). Zero-initialised, so an unloaded weight is the identity."""
+    """Gemma's RMSNorm: the weight is stored as w - 1 (zeros init) and applied as (1 + w), in float32, before
+    the cast back — HF's order, which differs from Llama's in half precision."""
 
     def __init__(self, size: int, eps: float = 1e-6) -> None:
         super().__init__(size, eps)

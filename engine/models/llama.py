@@ -19,7 +19,8 @@ from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, 
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.model_config import ModelConfig
-from engine.models.weights import PACKED_QKV_GATE_UP, WeightsMapper, checkpoint_modules, load_weights
+from engine.models.weights import (PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMapper, checkpoint_modules,
+                                   load_weights)
 
 
 class LlamaAttention(nn.Module):
@@ -132,3 +133,9 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_weights(self, weights, packed_modules_mapping=self.packed_modules_mapping, mapper=self.weights_mapper,
                      quant=self.config.quantization, tied_lm_head=self.config.tie_word_embeddings)
+
+
+class Mistral3ForConditionalGeneration(LlamaForCausalLM):
+    """Mistral-Small-3.x, Magistral, Devstral: a Mistral text model under a vision tower, served as text."""
+
+    weights_mapper = VL_TEXT_MAPPER

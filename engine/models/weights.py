@@ -51,6 +51,16 @@ class WeightsMapper:
         return name
 
 
+# A vision-language checkpoint served as text, in both spellings: hub files and transformers 5 on disk
+# (language_model.model.*) and transformers 5 in memory (model.language_model.*). The vision tower and the
+# projector are skipped on purpose: never loaded, never counted.
+VL_TEXT_MAPPER = WeightsMapper(
+    renamed_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                      ("model.language_model.", "model.")),
+    skipped_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                      "model.multi_modal_projector."))
+
+
 def expected_shards(model: nn.Module) -> dict[str, set]:
     """Every parameter's shard ids: a stacked linear layer's `shard_ids`, else the one shard None. A tied LM
     head shares the embedding's tensor, so it appears once, under the embedding's name."""
