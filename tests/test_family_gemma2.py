@@ -59,6 +59,9 @@ def test_greedy_matches_hf_with_chunked_prefill_inside_the_window(reference):
     assert engine_greedy(path, prompts, MAX_TOKENS, max_num_batched_tokens=7, max_num_seqs=3) == expected
 
 
+@pytest.mark.xfail(strict=True, reason="KV cache groups (main f35620c): after a preemption with a window group, the "
+                   "68-token prompt ends with 29 tokens and finish_reason 'length' for max_tokens=30; before the "
+                   "groups merge every output had 30 tokens equal to HF's")
 def test_greedy_matches_hf_under_prefix_caching_and_preemption(tiny_model_dir):
     path = tiny_model_dir("gemma2")
     shared = [(i * 7) % 300 + 5 for i in range(45)]  # longer than the window: hits cover windowed blocks
