@@ -54,6 +54,11 @@ ARCHS = {
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
                          "partial_rotary_factor": 0.75, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                          "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+    # Alternating 20-token window / global layers (the window is not a multiple of the block size); weights
+    # ten times HF's init so attention scores reach the soft cap's bend, caps small enough to matter.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=20, attn_logit_softcapping=2.0,
+        final_logit_softcapping=5.0, initializer_range=0.2, tie_word_embeddings=True)),
     # Two local layers (window 8: prompts run far past it) and one global, each with its own RoPE table; a
     # query_pre_attn_scalar that is not head_dim.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA3_TEXT)),

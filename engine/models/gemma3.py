@@ -4,7 +4,8 @@ What differs from Llama: (1 + w) RMSNorm, four norms per layer (before and after
 MLP, the token embedding scaled by sqrt(hidden_size), q/k RMSNorm, attention scaled by query_pre_attn_scalar,
 and two RoPE tables — local layers (sliding window, 5 of every 6) on their own base, global ones on the scaled
 long-context base. A VL checkpoint keeps the text model under `language_model`; the weights mapper renames it and
-skips the vision tower and projector on purpose, so they are never loaded.
+skips the vision tower and projector on purpose, so they are never loaded. Gemma 2 (engine/models/gemma2.py) is
+this decoder without the q/k norms and with soft-capped attention logits, both read from the config here.
 """
 from __future__ import annotations
 
@@ -25,8 +26,6 @@ from engine.models.weights import (PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMa
 
 def check_supported(cfg: ModelConfig) -> None:
     text = cfg.hf_text_config
-    if text.get("attn_logit_softcapping") is not None:
-        raise ValueError(f"{cfg.architecture}: attn_logit_softcapping is not supported by the Gemma 3 family")
     if text.get("use_bidirectional_attention"):
         raise ValueError(f"{cfg.architecture}: use_bidirectional_attention (an embedding model) is not supported")
     if cfg.hidden_act != "gelu_pytorch_tanh":
@@ -46,18 +45,19 @@ class Gemma3Attention(nn.Module):
         self.head_dim = cfg.head_dim
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, cfg.qkv_bias,
                                         cfg.quantization, prefix, ("o_proj",))
-        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None  # not in Gemma 2
+        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.rotary_emb = rotary_emb  # shared by the layers of one kind (local or global)
         scale = float(cfg.hf_text_config.get("query_pre_attn_scalar", cfg.head_dim)) ** -0.5
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer],
-                                   backend, scale=scale)
+                                   backend, scale=scale, soft_cap=cfg.hf_text_config.get("attn_logit_softcapping"))
 
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(x).split([q_size, kv_size, kv_size], dim=-1)
-        q = self.q_norm(q.view(-1, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(-1, self.num_kv_heads, self.head_dim))
+        q, k = q.view(-1, self.num_heads, self.head_dim), k.view(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), meta)
         return self.o_proj(out.reshape(-1, q_size))

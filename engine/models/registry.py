@@ -30,6 +30,11 @@ GEMMA3_TEXT_DEFAULTS = {
     "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6, "rope_theta": 1_000_000.0,
     "rope_local_base_freq": 10_000.0, "bos_token_id": 2, "eos_token_id": 1, "model_type": "gemma3_text",
     "qk_norm": True}  # not an HF key: Gemma 3 always has q/k norms
+# transformers' Gemma2Config defaults (published Gemma 2 configs have no layer_types: even layers slide).
+GEMMA2_DEFAULTS = {
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "sliding_window_pattern": 2, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "model_type": "gemma2"}
 # transformers' MistralConfig defaults, under a Mistral3 checkpoint's text_config.
 MISTRAL_TEXT_DEFAULTS = {
     "vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 14_336, "num_hidden_layers": 32,
@@ -48,6 +53,7 @@ ARCHITECTURES: dict[str, Architecture] = {
                                                    multimodal=True, norms_per_layer=4),
     "Mistral3ForConditionalGeneration": Architecture("llama", "Mistral3ForConditionalGeneration",
                                                      MISTRAL_TEXT_DEFAULTS, multimodal=True),
+    "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", GEMMA2_DEFAULTS, norms_per_layer=4),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
