@@ -11,9 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.moe_config import MOE_ARCHITECTURES, MoEConfig, parse_moe_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM",
+                           *MOE_ARCHITECTURES)
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1}
 
@@ -41,6 +43,7 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     max_model_len: int = 0
     quantization: QuantConfig | None = None  # from quantization_config; None for float checkpoints
+    moe: MoEConfig | None = None  # the mixture-of-experts layers; None for dense models
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None,
@@ -67,12 +70,12 @@ class ModelConfig:
             rope_theta=float(rope_theta), rope_scaling=rope if rope_type == "llama3" else None,
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             qkv_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
-            qk_norm=architecture == "Qwen3ForCausalLM",
+            qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM") or bool(hf.get("use_qk_norm")),
             sliding_windows=_sliding_windows(hf, num_layers),
             torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=_eos_ids(hf, generation or {}), max_model_len=max_pos,
-            quantization=parse_quantization_config(hf, quantization))
+            quantization=parse_quantization_config(hf, quantization), moe=parse_moe_config(hf, architecture))
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -89,12 +92,33 @@ class ModelConfig:
         self.max_model_len = max_model_len or self.max_position_embeddings
         return self
 
+    def mlp_params(self) -> tuple[int, int, int]:
+        """(matrix params of every layer's MLP or experts, of what one token goes through, router/bias params)."""
+        dense = 3 * self.hidden_size * self.intermediate_size
+        if self.moe is None:
+            return self.num_layers * dense, self.num_layers * dense, 0
+        total, active, vectors = self.moe.layer_params(self.hidden_size)
+        n_moe = len(self.moe.moe_layers)
+        n_dense = self.num_layers - n_moe
+        return n_moe * total + n_dense * dense, n_moe * active + n_dense * dense, n_moe * vectors
+
+    def _params(self, active: bool) -> int:
+        h, v = self.hidden_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        total_mlp, active_mlp, mlp_vectors = self.mlp_params()
+        per_layer = h * (q + 2 * kv) + q * h + 2 * h
+        return (self.num_layers * per_layer + (active_mlp if active else total_mlp) + mlp_vectors
+                + v * h * (1 if self.tie_word_embeddings else 2) + h)
+
     @property
     def num_params(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-        return self.num_layers * per_layer + v * h * (1 if self.tie_word_embeddings else 2) + h
+        """Every weight the model holds: all experts of an MoE model."""
+        return self._params(active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """The weights one token goes through: the top_k routed experts (and shared experts) of each MoE layer."""
+        return self._params(active=True)
 
 
 def _sliding_windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:
