@@ -103,6 +103,13 @@ def every_shape(*shape):
     return shape
 
 
+def model_class(cfg: ModelConfig) -> type[DecoderForCausalLM]:
+    if cfg.moe is not None:
+        from engine.models.moe import MoeForCausalLM
+        return MoeForCausalLM
+    return DecoderForCausalLM
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
@@ -116,7 +123,7 @@ class ModelRunner:
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                self.model = DecoderForCausalLM(model_config, attention_backend)
+                self.model = model_class(model_config)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
         self.model.load_weights(iterate_weights(model_path, device="cpu"))

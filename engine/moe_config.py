@@ -58,7 +58,7 @@ def parse_moe_config(hf: dict[str, Any], architecture: str) -> MoEConfig | None:
     if architecture == "Qwen3MoeForCausalLM":
         step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
         moe = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
-        return MoEConfig(hf["num_experts"], hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
+        return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
                          renormalize=bool(hf.get("norm_topk_prob", False)))
     if architecture == "MixtralForCausalLM":
         return MoEConfig(hf["num_local_experts"], hf["num_experts_per_tok"], hf["intermediate_size"],
@@ -70,9 +70,18 @@ def parse_moe_config(hf: dict[str, Any], architecture: str) -> MoEConfig | None:
     if architecture == "Glm4MoeForCausalLM":
         first_dense = hf.get("first_k_dense_replace", 1)
         i = hf["moe_intermediate_size"]
-        return MoEConfig(hf["n_routed_experts"], hf["num_experts_per_tok"], i, tuple(range(first_dense, layers)),
+        return MoEConfig(_experts(hf, "n_routed_experts"), hf["num_experts_per_tok"], i,
+                         tuple(range(first_dense, layers)),
                          scoring="sigmoid", renormalize=bool(hf.get("norm_topk_prob", True)),
                          num_groups=hf.get("n_group", 1), topk_groups=hf.get("topk_group", 1),
                          routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)), correction_bias=True,
                          shared_intermediate_size=i * hf.get("n_shared_experts", 1))
     return None
+
+
+def _experts(hf: dict[str, Any], family_key: str) -> int:
+    """The family's own key as published; transformers 5 writes `num_local_experts` for every family."""
+    value = hf.get(family_key, hf.get("num_local_experts"))
+    if value is None:
+        raise ValueError(f"config.json has neither {family_key} nor num_local_experts: how many experts?")
+    return int(value)

@@ -44,6 +44,17 @@ ARCHS = {
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=48, tie_word_embeddings=False)),
 }
 
+# Mixture-of-experts families: 8 experts, top-2 (kept out of ARCHS so the dense parity suites stay as they are).
+MOE_ARCHS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        tie_word_embeddings=False)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=48, sliding_window=None,
+        tie_word_embeddings=False)),
+}
+ROUTER_WEIGHTS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
+
 
 @functools.cache
 def _tokenizer():
@@ -68,7 +79,7 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     import transformers
     from transformers import GenerationConfig
 
-    config_name, model_name, extra = ARCHS[arch]
+    config_name, model_name, extra = ARCHS[arch] if arch in ARCHS else MOE_ARCHS[arch]
     tokenizer = _tokenizer()
     if chat_template is not None:
         tokenizer = copy.deepcopy(tokenizer)
@@ -88,6 +99,8 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith(ROUTER_WEIGHTS):  # decisive routing: no near-ties between experts
+                p.copy_(torch.randn_like(p))
     path = Path(tmp_dir) / f"tiny-{arch}"
     max_shard = "40KB" if shards > 1 else "2GB"
     model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard)

@@ -72,10 +72,11 @@ class DecoderMLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding,
+                 mlp_factory=DecoderMLP) -> None:
         super().__init__()
         self.self_attn = DecoderAttention(cfg, layer, backend, rotary_emb)
-        self.mlp = DecoderMLP(cfg, layer)
+        self.mlp = mlp_factory(cfg, layer)  # an MoE family builds its expert block here
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -90,11 +91,12 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str) -> None:
+    def __init__(self, cfg: ModelConfig, backend: str, mlp_factory=DecoderMLP) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, rotary_emb) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, rotary_emb, mlp_factory)
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):
@@ -106,10 +108,12 @@ class DecoderModel(nn.Module):
 
 
 class DecoderForCausalLM(nn.Module):
+    mlp_factory = DecoderMLP
+
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderModel(cfg, backend)
+        self.model = DecoderModel(cfg, backend, type(self).mlp_factory)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -137,6 +141,8 @@ class DecoderForCausalLM(nn.Module):
                 continue
             if skipped_tensor(self.config.quantization, hf_name):
                 continue
+            if self.load_special(params, hf_name, tensor, missing):
+                continue
             name, shard_id = hf_name, None
             for fragment, (stacked, sid) in STACKED_PARAMS.items():
                 if fragment in hf_name:
@@ -151,5 +157,13 @@ class DecoderForCausalLM(nn.Module):
             else:
                 loader(param, tensor, shard_id)
             missing.discard(name)
+        missing |= set(self.missing_special())
         if missing:
             raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+
+    def load_special(self, params: dict, hf_name: str, tensor: torch.Tensor, missing: set) -> bool:
+        """A family's own tensors (MoE experts): load one and return True, or False to load it as usual."""
+        return False
+
+    def missing_special(self) -> list[str]:
+        return []
