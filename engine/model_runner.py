@@ -21,7 +21,7 @@ from engine.distributed import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
-from engine.models.decoder import DecoderForCausalLM
+from engine.models.registry import model_class
 from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
@@ -103,13 +103,6 @@ def every_shape(*shape):
     return shape
 
 
-def model_class(cfg: ModelConfig) -> type[DecoderForCausalLM]:
-    if cfg.moe is not None:
-        from engine.models.moe import MoeForCausalLM
-        return MoeForCausalLM
-    return DecoderForCausalLM
-
-
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str) -> None:
@@ -123,7 +116,7 @@ class ModelRunner:
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                self.model = model_class(model_config)(model_config, attention_backend)
+                self.model = model_class(model_config.architecture)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
         self.model.load_weights(iterate_weights(model_path, device="cpu"))

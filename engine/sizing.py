@@ -97,8 +97,11 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:
-    """The one float32 cos/sin table all layers share (engine/layers/rotary.py)."""
-    return cfg.max_position_embeddings * cfg.head_dim * 4
+    """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
+    distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
+    distinct = {repr(sorted(p.items())): p for p in cfg.rope_parameters.values()} or {"": {}}
+    return sum(cfg.max_position_embeddings * int(cfg.head_dim * p.get("partial_rotary_factor", 1.0)) * 4
+               for p in distinct.values())
 
 
 def sampler_bytes(num_seqs: int, vocab_size: int) -> int:

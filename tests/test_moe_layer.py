@@ -14,7 +14,8 @@ import transformers
 from engine.distributed import init_tensor_parallel
 from engine.layers.fused_moe import RouterSpec, SparseMoeBlock, select_experts
 from engine.layers.fused_moe import block as block_module
-from engine.layers.fused_moe.weights import expert_shard, split_interleaved_gate_up
+from engine.layers.fused_moe.weights import split_interleaved_gate_up
+from engine.models.weights import PACKED_QKV_GATE_UP, load_weights
 from kernels.moe_torch import fused_moe_torch
 
 H, I, E = 32, 24, 8
@@ -45,22 +46,10 @@ def per_expert_tensors(prefix: str, gate_up: torch.Tensor, down: torch.Tensor, n
 
 
 def load(ours: SparseMoeBlock, tensors) -> None:
-    params = dict(ours.named_parameters(prefix="mlp"))
-    for name, t in tensors:
-        hit = expert_shard(name)
-        if hit is not None:
-            param_name, expert, shard = hit
-            params[param_name].weight_loader(params[param_name], t, shard, expert)
-            continue
-        for frag, (stacked, sid) in {".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1)}.items():
-            if frag in name:
-                p = params[name.replace(frag, stacked)]
-                p.weight_loader(p, t, sid)
-                break
-        else:
-            p = params[name]
-            getattr(p, "weight_loader", lambda p, t, s: p.data.copy_(t))(p, t, None)
-    assert ours.experts.missing_shards() == []
+    """Through the families' loader (engine/models/weights.py), with the block at `mlp`."""
+    holder = torch.nn.Module()
+    holder.mlp = ours
+    load_weights(holder, tensors, packed_modules_mapping=PACKED_QKV_GATE_UP)
 
 
 def qwen3(top_k=2, norm=True):
@@ -93,12 +82,11 @@ def gpt_oss(top_k=2):
     x = hf.experts
     gate, up = split_interleaved_gate_up(x.gate_up_proj.data)
     gate_b, up_b = split_interleaved_gate_up(x.gate_up_proj_bias.data)
-    p = ours.experts
-    for param, t, shard in [(p.w13_weight, gate, "w1"), (p.w13_weight, up, "w3"), (p.w13_bias, gate_b, "w1"),
-                            (p.w13_bias, up_b, "w3"), (p.w2_weight, x.down_proj.data.transpose(1, 2), "w2"),
-                            (p.w2_bias, x.down_proj_bias.data, "w2")]:
-        param.weight_loader(param, t, shard)  # stacked over all experts
-    tensors = [("mlp.gate.weight", hf.router.weight.data), ("mlp.gate.bias", hf.router.bias.data)]
+    tensors = [("mlp.gate.weight", hf.router.weight.data), ("mlp.gate.bias", hf.router.bias.data),
+               ("mlp.experts.gate_proj.weight", gate), ("mlp.experts.up_proj.weight", up),
+               ("mlp.experts.gate_proj.bias", gate_b), ("mlp.experts.up_proj.bias", up_b),
+               ("mlp.experts.down_proj.weight", x.down_proj.data.transpose(1, 2)),
+               ("mlp.experts.down_proj.bias", x.down_proj_bias.data)]  # stacked over all experts
     return hf, ours, tensors
 
 
@@ -166,12 +154,13 @@ def test_uneven_split_names_the_shape():
         init_tensor_parallel(0, 1)
 
 
-def test_missing_expert_tensor_is_named():
-    hf, ours, tensors = qwen3()
-    tensors = [t for t in tensors if t[0] != "mlp.experts.5.up_proj.weight"]
-    with pytest.raises(AssertionError):
-        load(ours, tensors)
-    assert ours.experts.missing_shards() == ["mlp.experts.5.w3 (w13_weight)"]
+def test_missing_and_repeated_expert_tensors_are_named():
+    _, ours, tensors = qwen3()
+    with pytest.raises(ValueError, match=r"missing 1 weight.*mlp.experts.w13_weight \[shard expert 5 w3\]"):
+        load(ours, [t for t in tensors if t[0] != "mlp.experts.5.up_proj.weight"])
+    _, ours, tensors = qwen3()
+    with pytest.raises(ValueError, match=r"mlp.experts.2.down_proj.weight.*expert 2 w2.*second time"):
+        load(ours, tensors + [t for t in tensors if t[0] == "mlp.experts.2.down_proj.weight"])
 
 
 def test_wrong_expert_shape_is_an_error():

@@ -52,6 +52,10 @@ MOE_ARCHS = {
     "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
         num_local_experts=8, num_experts_per_tok=2, intermediate_size=48, sliding_window=None,
         tie_word_embeddings=False)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+        partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False)),
 }
 ROUTER_WEIGHTS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
 
@@ -101,6 +105,9 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
                 p.add_(torch.randn_like(p) * 0.1)
             elif name.endswith(ROUTER_WEIGHTS):  # decisive routing: no near-ties between experts
                 p.copy_(torch.randn_like(p))
+        for name, b in model.named_buffers():  # GLM's score-correction bias moves the choice: make it matter
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.2)
     path = Path(tmp_dir) / f"tiny-{arch}"
     max_shard = "40KB" if shards > 1 else "2GB"
     model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard)

@@ -6,8 +6,8 @@ Tensor parallel splits each expert's intermediate dim: gate/up rows (column-para
 (row-parallel), so every rank computes a partial sum of the output and the MoE block all-reduces it once; a
 down bias is added on rank 0 only. `weight_loader(param, tensor, shard_id, expert_id)` takes one checkpoint
 tensor per expert and projection (shard "w1" gate, "w3" up, "w2" down; expert_id None: a tensor stacked over
-all experts) and records which (expert, shard) pairs arrived, so a checkpoint missing one is an error. The
-forward runs the Triton grouped GEMMs on CUDA and the torch reference loop elsewhere.
+all experts); each parameter's `shard_ids` lists the (expert, shard) pairs the loader must see, so a checkpoint
+missing one is an error naming it. The forward runs the Triton grouped GEMMs on CUDA and the torch reference loop elsewhere.
 """
 from __future__ import annotations
 
@@ -36,15 +36,16 @@ class FusedMoE(nn.Module):
         self.num_experts, self.hidden_size = num_experts, hidden_size
         self.intermediate_size = intermediate_size // tp  # per rank
         i = self.intermediate_size
-        self.w13_weight = self._param(torch.empty(num_experts, 2 * i, hidden_size))
-        self.w2_weight = self._param(torch.empty(num_experts, hidden_size, i))
-        self.w13_bias = self._param(torch.empty(num_experts, 2 * i)) if bias else None
-        self.w2_bias = self._param(torch.empty(num_experts, hidden_size)) if bias else None
-        self.loaded_shards: set[tuple[str, int, str]] = set()
+        self.w13_weight = self._param(torch.empty(num_experts, 2 * i, hidden_size), ("w1", "w3"))
+        self.w2_weight = self._param(torch.empty(num_experts, hidden_size, i), ("w2",))
+        self.w13_bias = self._param(torch.empty(num_experts, 2 * i), ("w1", "w3")) if bias else None
+        self.w2_bias = self._param(torch.empty(num_experts, hidden_size), ("w2",)) if bias else None
 
-    def _param(self, data: torch.Tensor) -> nn.Parameter:
+    def _param(self, data: torch.Tensor, shards: tuple[str, ...]) -> nn.Parameter:
         p = nn.Parameter(data, requires_grad=False)
         p.weight_loader = self.weight_loader
+        # What the loader (engine/models/weights.py) must see exactly once: every expert's gate and up, or down.
+        p.shard_ids = {(e, s) for e in range(self.num_experts) for s in shards}
         return p
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str,
@@ -63,9 +64,7 @@ class FusedMoE(nn.Module):
         name = "w13" if param is self.w13_weight or param is self.w13_bias else "w2"
         if (name == "w13") != (shard_id != "w2"):
             raise ValueError(f"{self.prefix}: shard {shard_id!r} does not belong in {name}")
-        is_bias = param is self.w13_bias or param is self.w2_bias
-        self._copy(param.data[expert_id], loaded, shard_id, is_bias)
-        self.loaded_shards.add((name + ("_bias" if is_bias else "_weight"), expert_id, shard_id))
+        self._copy(param.data[expert_id], loaded, shard_id, param is self.w13_bias or param is self.w2_bias)
 
     def _copy(self, dst: torch.Tensor, loaded: torch.Tensor, shard_id: str, is_bias: bool) -> None:
         i, rank = self.intermediate_size, get_tp_rank()
@@ -80,13 +79,6 @@ class FusedMoE(nn.Module):
             raise ValueError(f"{self.prefix}: expert tensor {shard_id} of shape {tuple(loaded.shape)} does not fit "
                              f"the parameter slice {tuple(dst.shape)} (per rank)")
         dst.copy_(src)
-
-    def missing_shards(self) -> list[str]:
-        """(parameter, expert, shard) triples the checkpoint has not filled, for the loader's check."""
-        names = ["w13_weight", "w2_weight"] + (["w13_bias", "w2_bias"] if self.w13_bias is not None else [])
-        want = {(n, e, s) for n in names for e in range(self.num_experts)
-                for s in (("w2",) if n.startswith("w2") else ("w1", "w3"))}
-        return [f"{self.prefix}.{e}.{s} ({n})" for n, e, s in sorted(want - self.loaded_shards)]
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the routed experts' outputs, [T, H] (the block all-reduces it)."""

@@ -11,17 +11,21 @@ import re
 
 import torch
 
-EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[a-z0-9_]+)\.(?P<leaf>weight|bias)$")
+# "<prefix>.experts[.<id>].<proj>.<weight|bias>"; without an id the tensor is stacked over all experts.
+EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[a-z0-9_]+)\."
+                           r"(?P<leaf>weight|bias)$")
 PROJ_SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
 
 
-def expert_shard(name: str) -> tuple[str, int, str] | None:
-    """("…experts.w13_weight", 3, "w1") for "…experts.3.gate_proj.weight"; None for a tensor of no expert."""
+def expert_shard(name: str) -> tuple[str, int | None, str] | None:
+    """("…experts.w13_weight", 3, "w1") for "…experts.3.gate_proj.weight" (expert None for "…experts.gate_proj
+    .weight", stacked over experts); None for a tensor of no expert."""
     m = EXPERT_TENSOR.match(name)
     if m is None or m["proj"] not in PROJ_SHARDS:
         return None
     shard = PROJ_SHARDS[m["proj"]]
-    return f"{m['prefix']}.{'w2' if shard == 'w2' else 'w13'}_{m['leaf']}", int(m["expert"]), shard
+    expert = None if m["expert"] is None else int(m["expert"])
+    return f"{m['prefix']}.{'w2' if shard == 'w2' else 'w13'}_{m['leaf']}", expert, shard
 
 
 def split_interleaved_gate_up(gate_up: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
