@@ -124,6 +124,7 @@ class ModelConfig:
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         total_mlp, active_mlp, mlp_vectors = self.mlp_params()
         per_layer = h * (q + 2 * kv) + q * h + 2 * h
+        per_layer += (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
         return (self.num_layers * per_layer + (active_mlp if active else total_mlp) + mlp_vectors
                 + v * h * (1 if self.tie_word_embeddings else 2) + h)
 

@@ -22,9 +22,6 @@ def moe_block(cfg: ModelConfig, layer: int, dense=LlamaMLP) -> nn.Module:
         return dense(cfg, layer)
     prefix = f"model.layers.{layer}.mlp"
     quant = cfg.quantization
-    if quant is not None and not quant.is_ignored(f"{prefix}.experts"):
-        raise ValueError(f"{quant.describe()} expert weights are not supported yet: MoE models load from float "
-                         "checkpoints")
     return SparseMoeBlock(RouterSpec(**moe.router_spec_kwargs()), cfg.hidden_size, moe.intermediate_size,
                           activation=moe.activation, expert_bias=moe.expert_bias, router_bias=moe.router_bias,
                           correction_bias=moe.correction_bias, router_fp32=moe.scoring == "sigmoid",

@@ -62,8 +62,9 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.spec = spec
         self.gate = Router(spec.num_experts, hidden_size, router_bias, correction_bias, router_fp32)
+        experts_quant = quant if quant is not None and not quant.is_ignored(f"{prefix}.experts") else None
         self.experts = FusedMoE(spec.num_experts, hidden_size, intermediate_size, activation, expert_bias,
-                                f"{prefix}.experts")
+                                f"{prefix}.experts", experts_quant)
         self.shared_experts = (SharedExperts(hidden_size, shared_intermediate_size, quant,
                                              f"{prefix}.shared_experts", shared_gate)
                                if shared_intermediate_size else None)

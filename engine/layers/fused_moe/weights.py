@@ -13,7 +13,7 @@ import torch
 
 # "<prefix>.experts[.<id>].<proj>.<weight|bias>"; without an id the tensor is stacked over all experts.
 EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[a-z0-9_]+)\."
-                           r"(?P<leaf>weight|bias)$")
+                           r"(?P<leaf>weight|bias|qweight|qzeros|scales)$")
 PROJ_SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
 
 
