@@ -71,3 +71,16 @@ def test_moe_tensor_parallel_2_matches_hf(moe_reference, arch):
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()
+
+
+def test_model_info_shows_total_and_active_parameters(tiny_model_dir):
+    """The GUI's model info line: "… · 203.78K total, 105.47K active parameters · …" for a tiny MoE."""
+    from app.model_info import format_count, read_model_info
+    from engine.model_config import ModelConfig
+    path = tiny_model_dir("qwen3_moe")
+    info = read_model_info(path)
+    cfg = ModelConfig.from_folder(path)
+    assert info.num_parameters == cfg.num_params
+    assert f"{format_count(cfg.num_params)} total, {format_count(cfg.num_active_params)} active parameters" \
+        in info.describe()
+    assert read_model_info(tiny_model_dir("llama")).active_parameters is None
