@@ -56,6 +56,7 @@ class ModelConfig:
     rope_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
     partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated
     hidden_act: str = "silu"
+    norms_per_layer: int = 2  # hidden-size RMSNorms per layer (Gemma 3: four)
     hf_text_config: dict[str, Any] = field(default_factory=dict, repr=False)  # merged text config, as read
     moe: MoEConfig | None = None  # the mixture-of-experts layers; None for dense models
 
@@ -92,7 +93,7 @@ class ModelConfig:
             model_type=str(text.get("model_type", "")), layer_types=layer_types, rope_parameters=rope,
             partial_rotary_factor=float(text.get("partial_rotary_factor") or 1.0),
             hidden_act=str(text.get("hidden_act") or text.get("hidden_activation") or "silu"),
-            hf_text_config=text, moe=parse_moe_config(text, architecture))
+            norms_per_layer=arch.norms_per_layer, hf_text_config=text, moe=parse_moe_config(text, architecture))
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -123,7 +124,7 @@ class ModelConfig:
         h, v = self.hidden_size, self.vocab_size
         q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         total_mlp, active_mlp, mlp_vectors = self.mlp_params()
-        per_layer = h * (q + 2 * kv) + q * h + 2 * h
+        per_layer = h * (q + 2 * kv) + q * h + self.norms_per_layer * h
         per_layer += (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
         return (self.num_layers * per_layer + (active_mlp if active else total_mlp) + mlp_vectors
                 + v * h * (1 if self.tie_word_embeddings else 2) + h)
@@ -141,9 +142,13 @@ class ModelConfig:
 
 def text_config(hf: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
     """The text model's config: `text_config` over the top level (whose own sub-configs are dropped), over the
-    family's defaults. A text-only checkpoint is its own text config."""
+    family's defaults; a top-level tie_word_embeddings wins, as in transformers. A text-only checkpoint is its
+    own text config."""
     top = {k: v for k, v in hf.items() if k not in SUB_CONFIGS}
-    return {**(defaults or {}), **top, **(hf.get("text_config") or {})}
+    text = {**(defaults or {}), **top, **(hf.get("text_config") or {})}
+    if "text_config" in hf and "tie_word_embeddings" in hf:
+        text["tie_word_embeddings"] = hf["tie_word_embeddings"]  # transformers ties a VL model by the top level
+    return text
 
 
 def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
@@ -191,6 +196,8 @@ def _rope_parameters(text: dict[str, Any], layer_types: list[str]) -> dict[str, 
         params["rope_type"] = rope_type
         params.setdefault("rope_theta", theta)
         params["rope_theta"] = float(params["rope_theta"])
+        if rope_type in ("longrope", "yarn") and text.get("original_max_position_embeddings"):
+            params.setdefault("original_max_position_embeddings", text["original_max_position_embeddings"])  # Phi-3
         if "partial_rotary_factor" not in params and text.get("partial_rotary_factor") is not None:
             params["partial_rotary_factor"] = float(text["partial_rotary_factor"])
         out[layer_type] = params

@@ -77,7 +77,7 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     attention_params = cfg.num_layers * (h * (q + 2 * kv) + q * h) // tp
     mlp_params, _, router_params = cfg.mlp_params()  # every expert is in memory, split by its intermediate dim
     matrix_params = attention_params + mlp_params // tp
-    vector_params = (2 * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
+    vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
     if cfg.qkv_bias:
         vector_params += cfg.num_layers * (q + 2 * kv) // tp
     if cfg.qk_norm:

@@ -49,17 +49,19 @@ def write_variant(dtype: torch.dtype, cache_dtype: torch.dtype) -> Variant:
 
 
 def attention_variant(dtype, cache_dtype, group: int, head_dim: int, tiles: tuple, window: bool = False,
-                      large_pool: bool = False) -> Variant:
+                      large_pool: bool = False, soft_cap: bool = False, sinks: bool = False) -> Variant:
     from kernels.triton_attention import AttentionTiles, attention_constexprs
     from kernels.triton_paged_attention import paged_attention_kernel
     tiles = AttentionTiles(*tiles)
     pointers = dict(out_ptr=_ptr(dtype), part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32",
                     query_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype), v_cache_ptr=_ptr(cache_dtype),
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
-                    k_scale_ptr="*fp32", v_scale_ptr="*fp32")
-    constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool)
+                    k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32")
+    constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool,
+                                      soft_cap, sinks)
     name = f"attention {dtype}/{cache_dtype} group {group} d{head_dim} {tiles}{' window' if window else ''}"
     name += " int64 offsets" if large_pool else ""
+    name += (" soft-cap" if soft_cap else "") + (" sinks" if sinks else "")
     return Variant(name, paged_attention_kernel, pointers, constexprs, fp8=cache_dtype.itemsize == 1,
                    num_warps=tiles.num_warps)
 
@@ -132,6 +134,10 @@ def variants() -> list[Variant]:
         attention_variant(f16, f16, 7, 64, (64, 9, 32, 2, 8, 2)),
         attention_variant(f16, f16, 2, 80, (64, 32, 32, 1, 8, 2)),  # non-power-of-two head_dim
         attention_variant(bf16, bf16, 2, 256, (32, 16, 16, 1, 8, 2)),
+        attention_variant(bf16, bf16, 2, 256, (32, 16, 16, 1, 8, 2), window=True, soft_cap=True),  # Gemma 2
+        attention_variant(f16, e4m3, 2, 256, (16, 1, 16, 4, 8, 3), soft_cap=True),
+        attention_variant(bf16, bf16, 8, 64, (16, 1, 32, 8, 8, 3), window=True, sinks=True),  # gpt-oss
+        attention_variant(bf16, bf16, 8, 64, (64, 8, 32, 1, 8, 2), sinks=True),
         reduce_variant(f16, 128, 16),
         quant_linear_variant(f16, 4, 128, False, gemm=False), quant_linear_variant(f16, 4, 128, False, gemm=True),
         quant_linear_variant(bf16, 4, 128, True, gemm=True), quant_linear_variant(bf16, 8, 4096, False, gemm=False),
@@ -146,6 +152,7 @@ def quick_variants() -> list[Variant]:
     f16, e4m3 = torch.float16, torch.float8_e4m3fn
     return [write_variant(f16, e4m3), attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
             attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8),
+            attention_variant(f16, f16, 2, 64, DECODE_SPLIT, window=True, soft_cap=True, sinks=True),
             quant_linear_variant(f16, 4, 128, False, gemm=False), quant_linear_variant(f16, 4, 128, False, gemm=True),
             quant_linear_variant(f16, 8, 1, False, gemm=True, weight_fp8=True), moe_variant(torch.bfloat16, 16, 8, 128, True)]
 
@@ -159,7 +166,7 @@ def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
         if name in variant.constexprs:
             signature[name] = "constexpr"
         else:
-            signature[name] = variant.pointers.get(name, "fp32" if name == "softmax_scale" else "i32")
+            signature[name] = variant.pointers.get(name, "fp32" if name in ("softmax_scale", "soft_cap") else "i32")
     constexprs = {(variant.kernel.arg_names.index(k),): v for k, v in variant.constexprs.items()}
     source = ASTSource(variant.kernel, signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": variant.num_warps}).asm

@@ -19,15 +19,18 @@ from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, 
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.model_config import ModelConfig
-from engine.models.weights import PACKED_QKV_GATE_UP, WeightsMapper, load_weights
+from engine.models.weights import (PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMapper, checkpoint_modules,
+                                   load_weights)
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding,
+                 packed: dict) -> None:
         super().__init__()
         prefix = f"model.layers.{layer}.self_attn"
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
-                                          cfg.qkv_bias, cfg.quantization, prefix, ("q_proj", "k_proj", "v_proj"))
+                                          cfg.qkv_bias, cfg.quantization, prefix,
+                                          checkpoint_modules(packed, "qkv_proj"))
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, cfg.quantization,
@@ -52,11 +55,15 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int, packed: dict) -> None:
         super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported by the {cfg.architecture} family "
+                             "(silu only)")
         prefix = f"model.layers.{layer}.mlp"
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False,
-                                                       cfg.quantization, prefix, ("gate_proj", "up_proj"))
+                                                       cfg.quantization, prefix,
+                                                       checkpoint_modules(packed, "gate_up_proj"))
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, cfg.quantization, prefix,
                                            ("down_proj",))
 
@@ -67,10 +74,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding,
-                 mlp_factory=LlamaMLP) -> None:
+                 packed: dict, mlp_factory=LlamaMLP) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(cfg, layer, backend, rotary_emb)
-        self.mlp = mlp_factory(cfg, layer)  # MoE families (engine/models/qwen3_moe.py) put their expert block here
+        self.self_attn = LlamaAttention(cfg, layer, backend, rotary_emb, packed)
+        self.mlp = mlp_factory(cfg, layer, packed)  # MoE families (engine/models/qwen3_moe.py) put their experts here
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -85,11 +92,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str, mlp_factory=LlamaMLP) -> None:
+    def __init__(self, cfg: ModelConfig, backend: str, packed: dict, mlp_factory=LlamaMLP) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         ropes = rotary_embeddings(cfg)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], mlp_factory)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], packed, mlp_factory)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -109,7 +116,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, backend, type(self).mlp_factory)
+        self.model = LlamaModel(cfg, backend, self.packed_modules_mapping, type(self).mlp_factory)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -127,3 +134,9 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_weights(self, weights, packed_modules_mapping=self.packed_modules_mapping, mapper=self.weights_mapper,
                      quant=self.config.quantization, tied_lm_head=self.config.tie_word_embeddings)
+
+
+class Mistral3ForConditionalGeneration(LlamaForCausalLM):
+    """Mistral-Small-3.x, Magistral, Devstral: a Mistral text model under a vision tower, served as text."""
+
+    weights_mapper = VL_TEXT_MAPPER

@@ -15,11 +15,11 @@ from engine.models.llama import LlamaForCausalLM, LlamaMLP
 from engine.models.weights import WeightsMapper
 
 
-def moe_block(cfg: ModelConfig, layer: int, dense=LlamaMLP) -> nn.Module:
-    """The layer's MoE block, or `dense` for a layer the config keeps dense."""
+def moe_block(cfg: ModelConfig, layer: int, packed: dict) -> nn.Module:
+    """The layer's MoE block, or the dense MLP for a layer the config keeps dense."""
     moe = cfg.moe
     if layer not in moe.moe_layers:
-        return dense(cfg, layer)
+        return LlamaMLP(cfg, layer, packed)
     prefix = f"model.layers.{layer}.mlp"
     quant = cfg.quantization
     return SparseMoeBlock(RouterSpec(**moe.router_spec_kwargs()), cfg.hidden_size, moe.intermediate_size,

@@ -27,6 +27,12 @@ PACKED_QKV_GATE_UP = {
 }
 
 
+def checkpoint_modules(packed_modules_mapping: dict, stacked: str) -> tuple[str, ...]:
+    """The checkpoint's module names behind our stacked module: its parts, or itself when stored fused."""
+    parts = packed_modules_mapping.get(stacked)
+    return tuple(part for part, _ in parts) if parts else (stacked,)
+
+
 @dataclass(frozen=True)
 class WeightsMapper:
     """Checkpoint name -> our name: the first matching renamed prefix is replaced; skipped prefixes and
@@ -47,6 +53,16 @@ class WeightsMapper:
         if name.startswith(self.skipped_prefixes) or name.endswith(self.skipped_suffixes):
             return None
         return name
+
+
+# A vision-language checkpoint served as text, in both spellings: hub files and transformers 5 on disk
+# (language_model.model.*) and transformers 5 in memory (model.language_model.*). The vision tower and the
+# projector are skipped on purpose: never loaded, never counted.
+VL_TEXT_MAPPER = WeightsMapper(
+    renamed_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                      ("model.language_model.", "model.")),
+    skipped_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                      "model.multi_modal_projector."))
 
 
 def expected_shards(model: nn.Module) -> dict[str, set]:
