@@ -2,7 +2,8 @@
 
 Qwen3-MoE (qk-norm, renormalised top-2 of 8), Mixtral (`block_sparse_moe` names) and GLM-4.5-style
 (sigmoid routing with a correction bias and two groups, a shared expert, a dense first layer, partial rotary,
-QKV bias), each served plainly, a second time from the prefix cache, with prefill chunked into 16-token
+QKV bias) and gpt-oss (sinks, alternating 8-token window, YaRN, biased router and experts, clamped SwiGLU,
+stacked interleaved expert tensors), each served plainly, a second time from the prefix cache, with prefill chunked into 16-token
 pieces, and with a tiny pool that forces preemption; tensor parallel 2 splits every expert's intermediate dim.
 Four prompts (3, 16, 17 and 120 tokens: inside a block, at and past a boundary, several blocks) keep it quick.
 """
@@ -60,7 +61,7 @@ def test_moe_model_holds_what_the_planner_counts(tiny_model_dir):
         assert cfg.num_active_params < cfg.num_params
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "gpt_oss"])
 def test_moe_tensor_parallel_2_matches_hf(moe_reference, arch):
     """Each rank holds half of every expert's (and the shared expert's) intermediate dim; one all-reduce per
     MoE block sums the halves."""

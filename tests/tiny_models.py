@@ -88,6 +88,10 @@ MOE_ARCHS = {
         head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
         first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
         partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False)),
+    # Alternating 8-token window / global layers with sinks, YaRN, biases everywhere, clamped SwiGLU experts.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+        tie_word_embeddings=False)),
 }
 ROUTER_WEIGHTS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
 

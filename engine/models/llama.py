@@ -112,11 +112,12 @@ class LlamaForCausalLM(nn.Module):
     packed_modules_mapping = PACKED_QKV_GATE_UP
     weights_mapper = WeightsMapper()
     mlp_factory = LlamaMLP
+    model_class = LlamaModel  # gpt-oss swaps the layer stack and keeps the rest
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, backend, self.packed_modules_mapping, type(self).mlp_factory)
+        self.model = type(self).model_class(cfg, backend, self.packed_modules_mapping, type(self).mlp_factory)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -57,6 +57,7 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}),
     "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
     "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),
+    "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
