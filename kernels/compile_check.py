@@ -75,18 +75,26 @@ def reduce_variant(dtype: torch.dtype, head_dim: int, num_splits: int) -> Varian
                    reduce_constexprs(head_dim, num_splits))
 
 
-def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: bool, gemm: bool,
+def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: bool, rows: int,
                          weight_fp8: bool = False) -> Variant:
-    """The W4A16/W8A16 (or weight-only FP8) GEMV or GEMM with the tiles quant_linear_triton launches."""
-    from kernels.triton_quant_linear import quant_gemm_kernel, quant_gemv_kernel
+    """The W4A16/W8A16 (or weight-only FP8) kernel and tiles quant_linear_triton launches for `rows` rows."""
+    from kernels.triton_quant_linear import (GEMM_BLOCK_K, GEMM_BLOCK_N, GEMV_BLOCK_K, GEMV_BLOCK_N,
+                                             choose_quant_kernel, quant_gemm_kernel, quant_gemv_kernel)
+    choice = choose_quant_kernel(rows)
+    gemm = choice.name == "gemm"
     pointers = dict(x_ptr=_ptr(dtype), w_ptr="*u8" if weight_fp8 else "*i32", scales_ptr="*fp32",
                     zeros_ptr="*fp32" if weight_fp8 else "*i16", g_idx_ptr="*i32",
                     partial_ptr="*fp32", out_ptr=_ptr(dtype))
-    constexprs = dict(BITS=bits, GROUP=group, HAS_G_IDX=act_order, WEIGHT_FP8=weight_fp8, BLOCK_N=64)
-    constexprs |= dict(IEEE_FP32=dtype == torch.float32, BLOCK_M=32, BLOCK_K=32) if gemm else dict(BLOCK_K=32)
+    constexprs = dict(BITS=bits, GROUP=group, HAS_G_IDX=act_order, WEIGHT_FP8=weight_fp8,
+                      IEEE_FP32=dtype == torch.float32, BLOCK_M=choice.block_m)
+    if gemm:
+        constexprs |= dict(BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K)
+    else:
+        constexprs |= dict(USE_DOT=choice.use_dot, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K)
     kind = "fp8" if weight_fp8 else f"w{bits} g{group}{' act-order' if act_order else ''}"
-    return Variant(f"quant {'gemm' if gemm else 'gemv'} {dtype} {kind}", quant_gemm_kernel if gemm else
-                   quant_gemv_kernel, pointers, constexprs, fp8=weight_fp8)
+    tile = "" if gemm else f" {choice.block_m} rows{' dot' if choice.use_dot else ''}"
+    return Variant(f"quant {choice.name}{tile} {dtype} {kind}", quant_gemm_kernel if gemm else quant_gemv_kernel,
+                   pointers, constexprs, fp8=weight_fp8)
 
 
 def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False
@@ -139,10 +147,12 @@ def variants() -> list[Variant]:
         attention_variant(bf16, bf16, 8, 64, (16, 1, 32, 8, 8, 3), window=True, sinks=True),  # gpt-oss
         attention_variant(bf16, bf16, 8, 64, (64, 8, 32, 1, 8, 2), sinks=True),
         reduce_variant(f16, 128, 16),
-        quant_linear_variant(f16, 4, 128, False, gemm=False), quant_linear_variant(f16, 4, 128, False, gemm=True),
-        quant_linear_variant(bf16, 4, 128, True, gemm=True), quant_linear_variant(bf16, 8, 4096, False, gemm=False),
-        quant_linear_variant(f16, 8, 1, False, gemm=True, weight_fp8=True),
-        quant_linear_variant(bf16, 8, 1, False, gemm=False, weight_fp8=True),
+        *[quant_linear_variant(f16, 4, 128, False, rows) for rows in (1, 2, 4, 8, 16, 32, 64)],
+        quant_linear_variant(bf16, 4, 128, True, 64), quant_linear_variant(bf16, 4, 128, True, 16),
+        quant_linear_variant(bf16, 8, 4096, False, 1), quant_linear_variant(bf16, 8, 4096, False, 32),
+        quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
+        quant_linear_variant(bf16, 8, 1, False, 1, weight_fp8=True),
+        quant_linear_variant(bf16, 8, 1, False, 16, weight_fp8=True),
         *moe_variants(),
     ]
 
@@ -153,8 +163,9 @@ def quick_variants() -> list[Variant]:
     return [write_variant(f16, e4m3), attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
             attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8),
             attention_variant(f16, f16, 2, 64, DECODE_SPLIT, window=True, soft_cap=True, sinks=True),
-            quant_linear_variant(f16, 4, 128, False, gemm=False), quant_linear_variant(f16, 4, 128, False, gemm=True),
-            quant_linear_variant(f16, 8, 1, False, gemm=True, weight_fp8=True), moe_variant(torch.bfloat16, 16, 8, 128, True)]
+            quant_linear_variant(f16, 4, 128, False, 1), quant_linear_variant(f16, 4, 128, False, 16),
+            quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
+            moe_variant(torch.bfloat16, 16, 8, 128, True)]
 
 
 def compile_variant(variant: Variant, arch: int) -> dict[str, str]:

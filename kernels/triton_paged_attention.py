@@ -85,7 +85,9 @@ def _dot(a, b, IEEE: tl.constexpr):
         return tl.dot(a, b)
 
 
-@triton.jit(do_not_specialize=["num_seqs", "sliding_window"])
+# Arguments that change from step to step are not specialised on (Triton would otherwise compile a variant
+# for values equal to 1 or divisible by 16): the batch's sequence count and its block-table width.
+@triton.jit(do_not_specialize=["num_seqs", "sliding_window", "stride_bt_seq"])
 def paged_attention_kernel(
         out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
         query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,

@@ -2,15 +2,20 @@
 
 Two kernels over the packed layout of kernels/quant_torch.py (int32 words of 4- or 8-bit codes packed along
 K, [groups, N] scales and zero points, optional g_idx; or FP8 e4m3 bytes [N, K] with per-channel scales):
-- `quant_gemv_kernel`, for decode batches (a few rows): split-K, one program per (row, N block, K slice), so
-  enough programs stream the weight even at batch 1; the K slices' fp32 partial sums are added by torch
-  afterwards (deterministic, no atomics).
+- `quant_gemv_kernel`, for decode batches (up to GEMV_MAX_ROWS rows): split-K, one program per (N block,
+  K slice) holding EVERY row of the batch, so each weight tile is loaded and dequantized once per call and
+  applied to all rows (the grid does not grow with the rows); the K slices' fp32 partial sums are added by
+  torch afterwards (deterministic, no atomics). A few rows multiply on the CUDA cores, more go through
+  `tl.dot` with the rows padded to a 16-row tile.
 - `quant_gemm_kernel`, for prefill: M x N tiles, each K step dequantizes a [BLOCK_K, BLOCK_N] weight tile to
   the activation dtype and feeds `tl.dot` (tensor cores).
 FP8 bytes are decoded by integer bit manipulation (kernels/triton_fp8.py), so Ampere runs them too. Weights
-never leave their packed form in memory; `quant_linear_triton` picks the kernel and launches it.
+never leave their packed form in memory; `quant_linear_triton` picks the kernel (`choose_quant_kernel`, the
+one place that decides) and launches it.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -18,7 +23,34 @@ import triton.language as tl
 
 from kernels.triton_fp8 import e4m3fn_to_float
 
-GEMV_MAX_ROWS = 16  # up to this many activation rows take the split-K GEMV
+# Up to this many rows take the GEMV. Both kernels read each weight tile once while the rows fit one M tile
+# (the GEMM's BLOCK_M is 32), but the GEMM has only N / 64 programs, each walking all of K: 64 programs for a
+# 4096-wide projection, fewer than a 4090 has SMs, so it cannot pull full bandwidth; the GEMV adds K slices
+# to fill the card. Past 32 rows the GEMM has M tiles to spread and is compute-bound anyway (a 4-bit weight
+# byte feeds 4 * rows FLOPs). Untuned: `python -m kernels.bench` prints both kernels at 1-64 rows.
+GEMV_MAX_ROWS = 32
+# From this many rows the GEMV multiplies by tl.dot (rows padded to 16) instead of CUDA-core FMAs: an 8-row tile
+# would cost 8 FMAs per weight on top of about 6 operations of dequantization, more than a 3090's CUDA cores
+# sustain while its memory streams 4-bit weights (about 1.9 T weights/s against 17.8 T instructions/s).
+GEMV_DOT_ROWS = 5
+GEMV_BLOCK_N, GEMV_BLOCK_K = 64, 32
+GEMM_BLOCK_M, GEMM_BLOCK_N, GEMM_BLOCK_K = 32, 64, 32
+
+
+@dataclass(frozen=True, slots=True)
+class QuantKernel:
+    name: str  # "gemv" or "gemm"
+    block_m: int  # rows per program: the GEMV holds every row (padded to a power of two), the GEMM a 32-row tile
+    use_dot: bool
+
+
+def choose_quant_kernel(rows: int) -> QuantKernel:
+    """The kernel and row tile for `rows` activation rows (also the warm-up's and compile check's key)."""
+    if rows > GEMV_MAX_ROWS:
+        return QuantKernel("gemm", GEMM_BLOCK_M, True)
+    use_dot = rows >= GEMV_DOT_ROWS
+    block_m = triton.next_power_of_2(max(rows, 1))
+    return QuantKernel("gemv", max(16, block_m) if use_dot else block_m, use_dot)
 
 
 @triton.jit
@@ -44,26 +76,39 @@ def dequant_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_k, offs_n, k_end,
     return (codes - zero.to(tl.int32)).to(tl.float32) * scale
 
 
-@triton.jit
+# M (the batch's rows) and k_per_split change from step to step: no specialisation on their values, so a new
+# batch size never compiles a new variant (the row tile BLOCK_M is the only row-dependent choice).
+@triton.jit(do_not_specialize=["M", "k_per_split"])
 def quant_gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, partial_ptr, M, N, K, k_per_split,
                       stride_xm, stride_wk, stride_wn, stride_sg, stride_zg, BITS: tl.constexpr,
                       GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, WEIGHT_FP8: tl.constexpr,
+                      USE_DOT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n, split, row = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     k_start = split * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + row * stride_xm + offs_k, mask=offs_k < k_end, other=0.0).to(tl.float32)
+        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_end), other=0.0)
+        # Loaded and dequantized once, then applied to every row of the batch.
         w = dequant_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_k, offs_n, k_end, N, stride_wk, stride_wn,
                          stride_sg, stride_zg, BITS, GROUP, HAS_G_IDX, WEIGHT_FP8)
-        acc += tl.sum(x[:, None] * w, axis=0)
-    tl.store(partial_ptr + (split * M + row) * N + offs_n, acc, mask=offs_n < N)
+        if USE_DOT:
+            if IEEE_FP32:
+                acc = tl.dot(x, w.to(x.dtype), acc, input_precision="ieee")
+            else:
+                acc = tl.dot(x, w.to(x.dtype), acc)
+        else:
+            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(partial_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["M"])
 def quant_gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M, N, K, stride_xm, stride_om,
                       stride_wk, stride_wn, stride_sg, stride_zg, BITS: tl.constexpr, GROUP: tl.constexpr,
                       HAS_G_IDX: tl.constexpr, WEIGHT_FP8: tl.constexpr, IEEE_FP32: tl.constexpr,
@@ -86,45 +131,55 @@ def quant_gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M
     tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def gemv_splits(n: int, k: int, rows: int, block_n: int, block_k: int, target_programs: int = 256) -> int:
-    """K slices so that (N blocks x rows x slices) reaches about `target_programs`, each slice whole BLOCK_Ks."""
-    programs = triton.cdiv(n, block_n) * rows
-    return max(1, min(triton.cdiv(k, block_k), target_programs // max(1, programs)))
+def gemv_splits(n: int, k: int, rows: int, weight_bits: int, target_programs: int = 256) -> int:
+    """K slices so that N blocks x slices reaches about `target_programs`, each slice whole BLOCK_Ks, and the
+    fp32 partial sums (written, then read back: 8 bytes per row and column per slice) stay within a quarter of
+    the weight's own bytes (k * bits / 8 per column), which bounds the extra traffic of a many-row batch."""
+    by_programs = target_programs // max(1, triton.cdiv(n, GEMV_BLOCK_N))
+    by_traffic = (k * weight_bits) // (4 * 8 * 8 * max(1, rows))
+    return max(1, min(triton.cdiv(k, GEMV_BLOCK_K), by_programs, by_traffic))
 
 
 def quant_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
                         g_idx: torch.Tensor | None, bits: int, group_size: int, out_features: int,
-                        weight_fp8: bool = False, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., K] @ W.T for a packed int weight ([K / pack, N] words) or an FP8 weight ([N, K] bytes)."""
+                        weight_fp8: bool = False, bias: torch.Tensor | None = None,
+                        kernel: QuantKernel | None = None) -> torch.Tensor:
+    """x [..., K] @ W.T for a packed int weight ([K / pack, N] words) or an FP8 weight ([N, K] bytes).
+
+    `kernel` overrides `choose_quant_kernel` (the benchmark times both kernels at every row count)."""
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     m, n = x2.shape[0], out_features
     if weight_fp8:
         weight = weight.view(torch.uint8)
         stride_wk, stride_wn = weight.stride(1), weight.stride(0)
+        bits, group_size = 8, 1  # GROUP is unused by the FP8 branch: one value, so one compiled variant
     else:
         stride_wk, stride_wn = weight.stride(0), weight.stride(1)
     zeros = zeros if zeros is not None else scales  # unused by the FP8 branch, any pointer will do
     g_idx_arg = g_idx if g_idx is not None else scales
-    common = dict(BITS=bits, GROUP=group_size, HAS_G_IDX=g_idx is not None, WEIGHT_FP8=weight_fp8)
+    common = dict(BITS=bits, GROUP=group_size, HAS_G_IDX=g_idx is not None, WEIGHT_FP8=weight_fp8,
+                  IEEE_FP32=x.dtype == torch.float32)
     strides = (stride_wk, stride_wn, scales.stride(0), zeros.stride(0))
-    if m <= GEMV_MAX_ROWS:
-        block_n, block_k = 64, 32
-        splits = gemv_splits(n, k, m, block_n, block_k)
-        k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+    kernel = kernel or choose_quant_kernel(m)
+    # A one-row view may carry any row stride (torch calls it contiguous): pass K, so it is no new variant.
+    stride_xm = x2.stride(0) if m > 1 else k
+    if kernel.name == "gemv":
+        assert kernel.block_m >= m, f"GEMV row tile {kernel.block_m} cannot hold {m} rows"
+        splits = gemv_splits(n, k, m, bits)
+        k_per_split = triton.cdiv(triton.cdiv(k, splits), GEMV_BLOCK_K) * GEMV_BLOCK_K
         splits = triton.cdiv(k, k_per_split)
         partial = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(n, block_n), splits, m)
-        quant_gemv_kernel[grid](x2, weight, scales, zeros, g_idx_arg, partial, m, n, k, k_per_split, x2.stride(0),
-                                *strides, BLOCK_N=block_n, BLOCK_K=block_k, **common)
-        out = partial.sum(0).to(x.dtype)
+        grid = (triton.cdiv(n, GEMV_BLOCK_N), splits)
+        quant_gemv_kernel[grid](x2, weight, scales, zeros, g_idx_arg, partial, m, n, k, k_per_split, stride_xm,
+                                *strides, USE_DOT=kernel.use_dot, BLOCK_M=kernel.block_m, BLOCK_N=GEMV_BLOCK_N,
+                                BLOCK_K=GEMV_BLOCK_K, **common)
+        out = (partial[0] if splits == 1 else partial.sum(0)).to(x.dtype)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        block_m, block_n, block_k = 32, 64, 32
-        grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
-        quant_gemm_kernel[grid](x2, weight, scales, zeros, g_idx_arg, out, m, n, k, x2.stride(0), out.stride(0),
-                                *strides, IEEE_FP32=x.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n,
-                                BLOCK_K=block_k, **common)
+        grid = (triton.cdiv(m, GEMM_BLOCK_M), triton.cdiv(n, GEMM_BLOCK_N))
+        quant_gemm_kernel[grid](x2, weight, scales, zeros, g_idx_arg, out, m, n, k, stride_xm, out.stride(0),
+                                *strides, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, **common)
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], n)

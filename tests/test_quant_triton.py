@@ -3,7 +3,8 @@
 TRITON_INTERPRET=1 is set before triton's first import (see tests/test_kernels_triton.py for why); if triton
 was imported compiled earlier in this process the module reruns itself in a subprocess. Odd shapes on
 purpose: K not a multiple of the K tile, N of 8 and N not a multiple of the N tile, group size -1 and 32,
-act order, 4- and 8-bit codes and FP8 bytes; 1-3 rows take the split-K GEMV, 20 rows the tl.dot GEMM.
+act order, 4- and 8-bit codes and FP8 bytes; 1-20 rows take the split-K GEMV (1 and 3 on CUDA cores, 6 and
+20 through tl.dot), 40 rows the tl.dot GEMM (tests/test_quant_gemv.py covers every row tile and the reads).
 Also the FP8 W8A8 path (torch._scaled_mm, what sm_89+ cards run) against weight-only FP8.
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def packed_weight(k: int, n: int, bits, group: int, act_order: bool, gen: torch.
 @pytest.mark.parametrize("bits,group,act_order", WEIGHTS,
                          ids=[f"w{b}-g{g}{'-act' if a else ''}" for b, g, a in WEIGHTS])
 @pytest.mark.parametrize("k,n", SHAPES, ids=[f"k{k}-n{n}" for k, n in SHAPES])
-@pytest.mark.parametrize("rows", [1, 3, 20])
+@pytest.mark.parametrize("rows", [1, 3, 6, 20, 40])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
 def test_quant_linear_matches_torch_reference(bits, group, act_order, k, n, rows, dtype):
     gen = torch.Generator().manual_seed(k * 1000 + n + rows)

@@ -15,7 +15,7 @@ def test_one_shape_per_kernel_configuration():
     # Key: decode vs prefill, and a split count of 2 for one sequence over 1024 tokens of context.
     key = lambda tokens, seqs, width: (tokens == seqs, seqs == 1 and width > 1024)  # noqa: E731
     assert kernel_shapes(4, 4096, 16, key) == [(1, 1, 512), (1, 1, 2048), (1, 16, 512), (1, 16, 2048)]
-    assert len(kernel_shapes(4, 4096, 16, every_shape)) == 3 * 4 + 4  # batches 1, 2, 4 × contexts + prefills
+    assert len(kernel_shapes(4, 4096, 16, every_shape)) == 3 * 4 + 2 * 4  # batches 1, 2, 4 × contexts + 2 prefills
 
 
 def test_warm_up_runs_the_model_without_writing_the_cache(llama_dir):
@@ -26,7 +26,7 @@ def test_warm_up_runs_the_model_without_writing_the_cache(llama_dir):
     runner.model.forward = lambda ids, pos, meta: calls.append((len(ids), meta.max_seq_len)) or \
         forward(ids, pos, meta)
     ran = warm_up_kernels(runner.model, 2, 512, 16, runner.device, lambda t, s, w: (t, s))
-    assert ran == 3 and calls == [(1, 512), (2, 512), (16, 512)]
+    assert ran == 4 and calls == [(1, 512), (2, 512), (16, 512), (32, 512)]
     assert torch.equal(runner.kv_cache, before)
 
 
