@@ -13,20 +13,12 @@ from typing import Any
 
 from engine import sizing
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
+from engine.sizing import resolve_dtype
 
 
 def _shape(hf_config: dict):
     shape_cls = getattr(sizing, "ModelShape", None) or sizing.ModelConfig
     return shape_cls.from_hf_config(hf_config)
-
-
-def resolve_dtype(requested: str, model_dtype: str, on_gpu: bool) -> str:
-    """What the engine will run in: auto is float32 on CPU, the model's 16-bit dtype (else bf16) on CUDA."""
-    if requested not in ("auto", None):
-        return {"half": "float16", "float": "float32"}.get(requested, requested)
-    if not on_gpu:
-        return "float32"
-    return model_dtype if model_dtype in ("float16", "bfloat16") else "bfloat16"
 
 
 def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int],

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel,
 
 from app.chat_client import ChatClient, ChatRequest, ChatResult
 from app.chat_store import ChatStore
+from app.loaded_models import ChatModelChoice
 from widgets.chat_view import ChatMessage, ChatView
 
 NOT_RUNNING = "The engine is not running. Choose a model and press **Start** (Engine tab), then send again."
@@ -91,6 +92,9 @@ class ChatPanel(QWidget):
 
         right = QWidget()
         form = QFormLayout()
+        self.model_choice = ChatModelChoice()  # filled from the Loaded models list
+        self.model_choice.model_picked.connect(self._pick_model)
+        form.addRow("Model", self.model_choice)
         form.addRow("System prompt", self.system_prompt)
         right_layout = QVBoxLayout(right)
         right_layout.addLayout(form)
@@ -111,6 +115,13 @@ class ChatPanel(QWidget):
         self.base_url, self.api_key = base_url, api_key
         if model:
             self.model = model
+
+    def set_models(self, rows) -> None:
+        """Every servable model (app.loaded_models.ModelRow): the picker offers them all."""
+        self.model_choice.set_rows(rows)
+
+    def _pick_model(self, name: str) -> None:
+        self.model = name
 
     # ---- conversations --------------------------------------------------------------------------------
     def _load_conversations(self) -> None:
@@ -263,7 +274,7 @@ class ChatPanel(QWidget):
         self.stop_button.setEnabled(on)
         for button in (self.new_button, self.delete_button, self.undo_button):
             button.setEnabled(not on)
-        self.status.setText("Generating…" if on else "")
+        self.status.setText(self.model_choice.progress_line() if on else "")
 
     def _restore_sampling(self) -> None:
         if self.settings is None:

@@ -16,8 +16,8 @@ import torch
 
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.model_config import ModelConfig
-from engine.sizing import GIB, CapacityPlan, MemoryProfile, kv_bytes_per_token, other_programs_note, plan_cpu, \
-    plan_from_profile
+from engine.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, kv_bytes_per_token, \
+    other_programs_note, plan_cpu, plan_from_budget, plan_from_profile
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -49,9 +49,19 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: list[MemoryProfile],
                   per_token: int) -> CapacityPlan:
-    """Plan every card from its measurements and return the plan with the fewest blocks (the MIN over ranks)."""
+    """Plan every card from its measurements and return the plan with the fewest blocks (the MIN over ranks).
+    With --kv-cache-memory the budget is absolute (a sibling engine on the card is not "other programs")."""
     plans = []
     for profile in profiles:
+        if config.kv_cache_memory is not None:
+            plan = plan_from_budget(profile, int(config.kv_cache_memory * GIB), per_token, config.block_size,
+                                    model_config.max_model_len, config.tensor_parallel_size)
+            error = budget_room_error(plan)
+            if error:
+                raise ValueError(error)
+            logger.info("%s: absolute KV budget: %s", profile.card, plan.summary())
+            plans.append(plan)
+            continue
         note = other_programs_note(profile, config.gpu_memory_utilization)
         if note:
             logger.warning(note)

@@ -1,5 +1,10 @@
 """pagedesk-serve / `python -m engine.serve`: parse vLLM-style flags, start the server, load the model behind it.
 
+With several models (`--model NAME=PATH` repeated, `--models-dir`, `--models-config`), replicas
+(`--data-parallel-size N`) or a router flag (`--model-ttl`, `--max-loaded-models`, `--memory-budget`),
+`main` runs the router instead (engine/router): one endpoint in front of one engine process per replica,
+each of them this very program. What follows is the one-engine server.
+
 The port is bound before anything loads (a taken port is a one-line error, not a wasted model load);
 the HTTP server listens first (/health answers 503 while loading); the model loads in the engine
 thread. When both are up it prints "PagedDesk serving <name> at http://host:port/v1". SIGTERM/SIGINT
@@ -19,7 +24,7 @@ import sys
 import threading
 import time
 
-from engine.config import EngineConfig, add_flags
+from engine.config import ROUTER_FLAGS, ROUTER_FLAGS_BY_NAME, EngineConfig, add_flags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3
@@ -32,13 +37,41 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedesk-serve",
                                      description="Serve a model over an OpenAI-compatible HTTP API.")
     add_flags(parser)
+    add_flags(parser, ROUTER_FLAGS)
     return parser
+
+
+def split_model_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Every `--model VALUE` (it may be repeated: one per model), and the other arguments."""
+    models, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--model" and i + 1 < len(argv):
+            models.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--model="):
+            models.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return models, rest
 
 
 def parse_config(argv: list[str] | None = None) -> EngineConfig:
     """Parse and validate flags; raises SystemExit(2) (argparse) or ValueError with a one-line reason."""
-    args = build_parser().parse_args(argv)
-    config = EngineConfig.from_kwargs(**vars(args), serving=True)
+    return engine_config(vars(build_parser().parse_args(argv)))
+
+
+def engine_config(args: dict) -> EngineConfig:
+    """One engine's configuration from parsed flags (`--model NAME=PATH` serves PATH under NAME)."""
+    from engine.router.specs import split_model_arg
+
+    kwargs = {k: v for k, v in args.items() if k not in ROUTER_FLAGS_BY_NAME}
+    if kwargs.get("model"):
+        name, kwargs["model"] = split_model_arg(kwargs["model"])
+        kwargs["served_model_name"] = kwargs.get("served_model_name") or name
+    config = EngineConfig.from_kwargs(**kwargs, serving=True)
     if not config.model:
         raise ValueError("--model is required: a Hugging Face model folder or hub repo id")
     config.validate()
@@ -164,11 +197,23 @@ def serve(config: EngineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One engine for one model; the router (engine/router) in front of engines for several models or replicas."""
+    from engine.router.specs import build_specs, wants_router
+
+    models, rest = split_model_flags(list(sys.argv[1:] if argv is None else argv))
     try:
-        config = parse_config(argv)
+        args = vars(build_parser().parse_args(rest))
+        if wants_router(models, args):
+            from engine.router.main import serve_router
+            router_config = build_specs(models, args)
+        else:
+            args["model"] = models[-1] if models else None
+            config = engine_config(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
+    if wants_router(models, args):
+        return serve_router(router_config)
     return serve(config)
 
 

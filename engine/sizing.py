@@ -10,7 +10,10 @@ and `plan_from_profile` turns it into a plan; the planner builds the same `Memor
     blocks   = KV bytes // (KV bytes per token per card × block_size)
 
 On CPU the KV budget is explicit (--kv-cache-memory) and `plan_cpu` caps the pool at max_num_seqs full
-sequences, for the engine and the planner alike.
+sequences, for the engine and the planner alike. On CUDA an explicit --kv-cache-memory is an absolute budget
+(vLLM's --kv-cache-memory-bytes, `plan_from_budget`): what else holds memory on the card is not subtracted, so
+the router can place several engines on one card, each sized by its own budget instead of seeing its
+siblings as "other programs".
 """
 from __future__ import annotations
 
@@ -41,6 +44,15 @@ def context_length_ladder(max_model_len: int) -> list[int]:
     split count from the block-table width, so a graph captured only at max_model_len would split short
     contexts as if they were long."""
     return [c for c in SPLIT_CONTEXT_LENGTHS if c < max_model_len] + [max_model_len]
+
+
+def resolve_dtype(requested: str | None, model_dtype: str, on_gpu: bool) -> str:
+    """What the engine will run in: auto is float32 on CPU, the model's 16-bit dtype (else bf16) on CUDA."""
+    if requested not in ("auto", None):
+        return {"half": "float16", "float": "float32"}.get(requested, requested)
+    if not on_gpu:
+        return "float32"
+    return model_dtype if model_dtype in ("float16", "bfloat16") else "bfloat16"
 
 
 def format_bytes(n: int) -> str:
@@ -210,6 +222,28 @@ def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
                         block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
                         gpu_memory_utilization)
+
+
+def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int,
+                     max_model_len: int, tensor_parallel_size: int) -> CapacityPlan:
+    """An absolute KV budget: the pool is `kv_budget_bytes` whatever else the card holds. The plan records the
+    card's room after this engine's weights, activations and overhead as `usable_bytes`, so a caller can refuse a
+    budget that is larger than the room (`budget_room_error`)."""
+    room = p.free_bytes_at_start - p.weights_bytes - p.activation_bytes - p.overhead_bytes
+    return CapacityPlan(p.total_bytes, room, p.weights_bytes, p.activation_bytes, kv_bytes_per_token,
+                        kv_budget_bytes, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, 0, p.card)
+
+
+def budget_room_error(plan: CapacityPlan) -> str | None:
+    """Why an absolute KV budget cannot be allocated on its card, or None when the room is there."""
+    if plan.kv_budget_bytes <= plan.usable_bytes:
+        return None
+    where = f" on {plan.card}" if plan.card else ""
+    return (f"--kv-cache-memory {plan.kv_budget_bytes / GIB:.2f} GiB does not fit{where}: after this engine's weights "
+            f"{plan.weights_bytes / GIB:.2f} GiB, activations {plan.activation_bytes / GIB:.2f} GiB and overhead "
+            f"{plan.overhead_bytes / GIB:.2f} GiB only {max(0, plan.usable_bytes) / GIB:.2f} GiB is free; "
+            f"{(plan.kv_budget_bytes - max(0, plan.usable_bytes)) / GIB:.2f} GiB is missing. Lower --kv-cache-memory "
+            "or free the card")
 
 
 def other_programs_note(p: MemoryProfile, gpu_memory_utilization: float) -> str | None:

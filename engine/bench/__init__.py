@@ -7,7 +7,7 @@ import sys
 COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
             "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
             "grammar": "engine.bench.grammar", "families": "engine.bench.families",
-            "moe": "engine.bench.moe"}
+            "moe": "engine.bench.moe", "router": "engine.bench.router"}
 
 
 def main(argv: list[str] | None = None) -> None:

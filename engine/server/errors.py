@@ -14,7 +14,6 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from engine.async_engine import EngineDeadError, EngineNotReadyError
 from engine.server.sse import sse_event
 
 log = logging.getLogger("pagedesk.server")
@@ -49,6 +48,8 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def engine_error(exc: BaseException) -> OpenAIError:
     """Map what the engine raised to the error the client sees."""
+    from engine.async_engine import EngineDeadError, EngineNotReadyError  # here: the router imports this torch-free
+
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, ValueError):
