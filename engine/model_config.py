@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.models.registry import SUPPORTED_ARCHITECTURES, get_architecture
+from engine.moe_config import MoEConfig, parse_moe_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES", "LAYER_TYPES"]
@@ -57,6 +58,7 @@ class ModelConfig:
     hidden_act: str = "silu"
     norms_per_layer: int = 2  # hidden-size RMSNorms per layer (Gemma 3: four)
     hf_text_config: dict[str, Any] = field(default_factory=dict, repr=False)  # merged text config, as read
+    moe: MoEConfig | None = None  # the mixture-of-experts layers; None for dense models
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None,
@@ -82,7 +84,7 @@ class ModelConfig:
             rope_scaling=None if full["rope_type"] == "default" else
             {k: v for k, v in full.items() if k != "rope_theta"},
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-            qkv_bias=bool(text.get("attention_bias", False)), qk_norm=bool(text.get("qk_norm", False)),
+            qkv_bias=bool(text.get("attention_bias", False)), qk_norm=bool(text.get("qk_norm", text.get("use_qk_norm", False))),
             sliding_windows=[window if t == "sliding_attention" else None for t in layer_types],
             torch_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
             bos_token_id=text.get("bos_token_id"),
@@ -91,7 +93,7 @@ class ModelConfig:
             model_type=str(text.get("model_type", "")), layer_types=layer_types, rope_parameters=rope,
             partial_rotary_factor=float(text.get("partial_rotary_factor") or 1.0),
             hidden_act=str(text.get("hidden_act") or text.get("hidden_activation") or "silu"),
-            norms_per_layer=arch.norms_per_layer, hf_text_config=text)
+            norms_per_layer=arch.norms_per_layer, hf_text_config=text, moe=parse_moe_config(text, architecture))
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -108,12 +110,34 @@ class ModelConfig:
         self.max_model_len = max_model_len or self.max_position_embeddings
         return self
 
+    def mlp_params(self) -> tuple[int, int, int]:
+        """(matrix params of every layer's MLP or experts, of what one token goes through, router/bias params)."""
+        dense = 3 * self.hidden_size * self.intermediate_size
+        if self.moe is None:
+            return self.num_layers * dense, self.num_layers * dense, 0
+        total, active, vectors = self.moe.layer_params(self.hidden_size)
+        n_moe = len(self.moe.moe_layers)
+        n_dense = self.num_layers - n_moe
+        return n_moe * total + n_dense * dense, n_moe * active + n_dense * dense, n_moe * vectors
+
+    def _params(self, active: bool) -> int:
+        h, v = self.hidden_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        total_mlp, active_mlp, mlp_vectors = self.mlp_params()
+        per_layer = h * (q + 2 * kv) + q * h + self.norms_per_layer * h
+        per_layer += (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        return (self.num_layers * per_layer + (active_mlp if active else total_mlp) + mlp_vectors
+                + v * h * (1 if self.tie_word_embeddings else 2) + h)
+
     @property
     def num_params(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + self.norms_per_layer * h
-        return self.num_layers * per_layer + v * h * (1 if self.tie_word_embeddings else 2) + h
+        """Every weight the model holds: all experts of an MoE model."""
+        return self._params(active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """The weights one token goes through: the top_k routed experts (and shared experts) of each MoE layer."""
+        return self._params(active=True)
 
 
 def text_config(hf: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:

@@ -97,6 +97,31 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
                    pointers, constexprs, fp8=weight_fp8)
 
 
+def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False
+                ) -> Variant:
+    """The fused-MoE grouped GEMM with the tiles default_moe_tiles picks for that batch (down: the
+    projection whose epilogue multiplies by the router weights)."""
+    from kernels.triton_moe import default_moe_tiles, fused_moe_kernel
+    t = default_moe_tiles(tokens, top_k, experts)
+    pointers = dict(a_ptr=_ptr(dtype), b_ptr=_ptr(dtype), c_ptr=_ptr(dtype), bias_ptr=_ptr(dtype),
+                    topk_weights_ptr="*fp32", sorted_token_ids_ptr="*i32", expert_ids_ptr="*i32",
+                    num_tokens_post_padded_ptr="*i32")
+    constexprs = dict(TOP_K=1 if down else top_k, MUL_ROUTED_WEIGHT=down, HAS_BIAS=bias,
+                      IEEE_FP32=dtype == torch.float32, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                      GROUP_M=t.group_m)
+    name = f"moe {'down' if down else 'gate_up'} {dtype} {tokens} tokens top-{top_k}/{experts} {t}"
+    return Variant(name + (" bias" if bias else ""), fused_moe_kernel, pointers, constexprs,
+                   num_warps=t.num_warps)
+
+
+def moe_variants() -> list[Variant]:
+    """Decode, small and large prefill tiles, for Qwen3-30B-A3B's routing (top-8 of 128) and gpt-oss's biases."""
+    f16, bf16 = torch.float16, torch.bfloat16
+    return [moe_variant(bf16, 1, 8, 128, False), moe_variant(bf16, 16, 8, 128, True),
+            moe_variant(f16, 256, 8, 128, False), moe_variant(bf16, 4096, 8, 128, True),
+            moe_variant(bf16, 8, 4, 32, True, bias=True), moe_variant(bf16, 2048, 2, 8, False)]
+
+
 DECODE, DECODE_SPLIT, PREFILL = (16, 1, 32, 1, 8, 3), (16, 1, 32, 16, 8, 3), (64, 16, 32, 1, 8, 2)
 
 
@@ -128,6 +153,7 @@ def variants() -> list[Variant]:
         quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 1, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 16, weight_fp8=True),
+        *moe_variants(),
     ]
 
 
@@ -138,7 +164,8 @@ def quick_variants() -> list[Variant]:
             attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8),
             attention_variant(f16, f16, 2, 64, DECODE_SPLIT, window=True, soft_cap=True, sinks=True),
             quant_linear_variant(f16, 4, 128, False, 1), quant_linear_variant(f16, 4, 128, False, 16),
-            quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True)]
+            quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
+            moe_variant(torch.bfloat16, 16, 8, 128, True)]
 
 
 def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
@@ -189,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[86], help="compute capabilities, e.g. 86 90")
     parser.add_argument("--quick", action="store_true", help="only the few variants CI compiles")
+    parser.add_argument("--match", default="", help="only variants whose name contains this text, e.g. moe")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("TRITON_INTERPRET=1 is set: kernels would be interpreted, not compiled; unset it")
@@ -196,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for arch in args.arch:
         for variant in quick_variants() if args.quick else variants():
+            if args.match not in variant.name:
+                continue
             start = time.perf_counter()
             usage = ""
             try:

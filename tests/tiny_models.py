@@ -76,6 +76,25 @@ VL_ARCHS = {
 }
 ARCHS.update({name: (None, None, None) for name in VL_ARCHS})
 
+# Mixture-of-experts families: 8 experts, top-2 (kept out of ARCHS so the dense parity suites stay as they are).
+MOE_ARCHS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        tie_word_embeddings=False)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=48, sliding_window=None,
+        tie_word_embeddings=False)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+        partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False)),
+    # Alternating 8-token window / global layers with sinks, YaRN, biases everywhere, clamped SwiGLU experts.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+        tie_word_embeddings=False)),
+}
+ROUTER_WEIGHTS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
+
 
 @functools.cache
 def _tokenizer():
@@ -100,7 +119,7 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     import transformers
     from transformers import GenerationConfig
 
-    config_name, model_name, extra = ARCHS[arch]
+    config_name, model_name, extra = ARCHS[arch] if arch in ARCHS else MOE_ARCHS[arch]
     if arch in VL_ARCHS:
         extra = VL_ARCHS[arch][1]
     tokenizer = _tokenizer()
@@ -127,6 +146,11 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith(ROUTER_WEIGHTS):  # decisive routing: no near-ties between experts
+                p.copy_(torch.randn_like(p))
+        for name, b in model.named_buffers():  # GLM's score-correction bias moves the choice: make it matter
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.2)
     if arch in VL_ARCHS:  # the text model's ids are what generation_config and the tokenizer speak
         config.text_config.bos_token_id, config.text_config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     path = Path(tmp_dir) / f"tiny-{arch}"

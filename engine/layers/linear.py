@@ -177,12 +177,14 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs are summed with an all-reduce."""
+    """Input features split across ranks; partial outputs are summed with an all-reduce (unless the caller sums
+    several partial outputs first and reduces once, `reduce_results=False`: an MoE block's shared experts)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, quant: QuantConfig | None = None,
-                 prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
+                 prefix: str = "", modules: tuple[str, ...] = ("",), reduce_results: bool = True) -> None:
         super().__init__(divide(in_features, get_tp_size(), "input features"), out_features, bias, quant, prefix,
                          modules, full_in=in_features)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if param is self.bias:  # added once, on rank 0
@@ -192,4 +194,5 @@ class RowParallelLinear(LinearBase):
         self.load_slice(param, loaded, 0, size, 0, split_input=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(self.method.apply(self, x, self.bias))
+        out = self.method.apply(self, x, self.bias)
+        return all_reduce(out) if self.reduce_results else out

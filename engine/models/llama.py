@@ -74,10 +74,10 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding,
-                 packed: dict) -> None:
+                 packed: dict, mlp_factory=LlamaMLP) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(cfg, layer, backend, rotary_emb, packed)
-        self.mlp = LlamaMLP(cfg, layer, packed)
+        self.mlp = mlp_factory(cfg, layer, packed)  # MoE families (engine/models/qwen3_moe.py) put their experts here
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -92,11 +92,11 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str, packed: dict) -> None:
+    def __init__(self, cfg: ModelConfig, backend: str, packed: dict, mlp_factory=LlamaMLP) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         ropes = rotary_embeddings(cfg)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], packed)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], packed, mlp_factory)
                                     for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -111,11 +111,13 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     packed_modules_mapping = PACKED_QKV_GATE_UP
     weights_mapper = WeightsMapper()
+    mlp_factory = LlamaMLP
+    model_class = LlamaModel  # gpt-oss swaps the layer stack and keeps the rest
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__()
         self.config = cfg
-        self.model = LlamaModel(cfg, backend, self.packed_modules_mapping)
+        self.model = type(self).model_class(cfg, backend, self.packed_modules_mapping, type(self).mlp_factory)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight

@@ -54,6 +54,10 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Mistral3ForConditionalGeneration": Architecture("llama", "Mistral3ForConditionalGeneration",
                                                      MISTRAL_TEXT_DEFAULTS, multimodal=True),
     "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", GEMMA2_DEFAULTS, norms_per_layer=4),
+    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}),
+    "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
+    "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),
+    "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 

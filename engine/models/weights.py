@@ -16,6 +16,7 @@ from typing import Iterable
 import torch
 from torch import nn
 
+from engine.layers.fused_moe.weights import expert_shard
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import skipped_tensor
 
@@ -40,12 +41,15 @@ class WeightsMapper:
     renamed_prefixes: tuple[tuple[str, str], ...] = ()
     skipped_prefixes: tuple[str, ...] = ()
     skipped_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq",)
+    renamed_infixes: tuple[tuple[str, str], ...] = ()  # e.g. Mixtral's ".block_sparse_moe." is our ".mlp."
 
     def map(self, name: str) -> str | None:
         for old, new in self.renamed_prefixes:
             if name.startswith(old):
                 name = new + name[len(old):]
                 break
+        for old, new in self.renamed_infixes:
+            name = name.replace(old, new)
         if name.startswith(self.skipped_prefixes) or name.endswith(self.skipped_suffixes):
             return None
         return name
@@ -68,9 +72,9 @@ def expected_shards(model: nn.Module) -> dict[str, set]:
     expected = {}
     for module_name, module in model.named_modules():
         shard_ids = getattr(module, "shard_ids", (None,))
-        for name, _ in module.named_parameters(prefix=module_name, recurse=False):
-            if name in names:
-                expected[name] = set(shard_ids)
+        for name, param in module.named_parameters(prefix=module_name, recurse=False):
+            if name in names:  # stacked experts list (expert, shard) pairs on the parameter itself
+                expected[name] = set(getattr(param, "shard_ids", shard_ids))
     return expected
 
 
@@ -87,6 +91,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
     for ckpt_name, tensor in weights:
         name = mapper.map(ckpt_name)
         if name is None or skipped_tensor(quant, name) or (tied_lm_head and name.startswith("lm_head.")):
+            continue
+        if _load_expert(params, expected, loaded, ckpt_name, name, tensor):
             continue
         shard_id = None
         for fragment, (stacked, shard) in unpack.items():
@@ -116,8 +122,30 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
                          + (" ..." if len(missing) > 8 else ""))
 
 
+def _load_expert(params: dict, expected: dict, loaded: dict, ckpt_name: str, name: str,
+                 tensor: torch.Tensor) -> bool:
+    """An MoE expert tensor (one expert's, or stacked over all experts) into its FusedMoE parameter."""
+    hit = expert_shard(name)
+    if hit is None:
+        return False
+    name, expert_id, shard_id = hit
+    if name not in params:
+        raise ValueError(f"checkpoint has an expert weight {ckpt_name!r} this model does not expect "
+                         f"(read as {name!r})")
+    param = params[name]
+    experts = range(param.shape[0]) if expert_id is None else (expert_id,)
+    shards = {(e, shard_id) for e in experts}
+    twice = shards & loaded[name]
+    if twice:
+        raise ValueError(f"checkpoint tensor {ckpt_name!r} loads {_shards(name, twice)} a second time")
+    param.weight_loader(param, tensor, shard_id, expert_id)
+    loaded[name] |= shards
+    return True
+
+
 def _shards(name: str, shard_ids: set) -> str:
     """`name`, or `name` [shards q, k] for the shards of a stacked parameter."""
     if shard_ids == {None}:
         return name
-    return f"{name} [shard{'s' if len(shard_ids) > 1 else ''} {', '.join(sorted(map(str, shard_ids)))}]"
+    names = sorted(f"expert {s[0]} {s[1]}" if isinstance(s, tuple) else str(s) for s in shard_ids)
+    return f"{name} [shard{'s' if len(shard_ids) > 1 else ''} {', '.join(names)}]"
