@@ -154,6 +154,18 @@ class KVCacheManager:
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_blocks = parent.num_cached_blocks
 
+    def explain_misfit(self, num_computed_tokens: int, num_new_tokens: int) -> str:
+        """Why a step of `num_new_tokens` after `num_computed_tokens` cannot fit even the empty pool: the blocks
+        each group would hold. Every group draws on the one pool, so a window group's blocks count against
+        the full groups' room (a block id is one page of each group's layers, not of every layer)."""
+        total = num_computed_tokens + num_new_tokens
+        parts = [f"{m.num_held_blocks_after(num_computed_tokens, total)} "
+                 f"{'full' if m.spec.kind == FULL_ATTENTION else f'window-{m.spec.sliding_window}'}"
+                 for m in self.managers]
+        need = sum(m.num_held_blocks_after(num_computed_tokens, total) for m in self.managers)
+        return (f"{total} tokens need {need} KV blocks of {self.block_size} tokens ({' + '.join(parts)}), "
+                f"more than the pool's {self.pool.num_blocks}")
+
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies

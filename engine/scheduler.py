@@ -26,11 +26,14 @@ is preempted to the back of the queue); a paused sequence in the queue is not ad
 """
 from __future__ import annotations
 
+import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("pagedesk.engine")
 
 
 @dataclass(slots=True)
@@ -160,8 +163,9 @@ class Scheduler:
                     budget += undone.num_new_tokens
                     if undone.is_prefill and prefill_left is not None:
                         prefill_left += undone.num_new_tokens
-                if victim is seq and not self.running:
-                    self.kv.free(seq)  # alone and still no room: it can never fit the pool
+                if victim is seq and not self.running:  # alone and still no room: it can never fit the pool
+                    self._warn_too_long(seq, seq.num_computed_tokens, num_new)
+                    self.kv.free(seq)
                     seq.status = SequenceStatus.FINISHED
                     out.too_long.append(seq)
                     break
@@ -209,6 +213,7 @@ class Scheduler:
                 if self.running or out.scheduled:
                     break
                 self.waiting.popleft()  # the whole pool is free and it still does not fit
+                self._warn_too_long(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size, num_new)
                 seq.status = SequenceStatus.FINISHED
                 out.too_long.append(seq)
                 continue
@@ -219,6 +224,11 @@ class Scheduler:
             counted.add(request_id)
             out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
+
+    def _warn_too_long(self, seq: Sequence, num_computed: int, num_new: int) -> None:
+        """A sequence that ends as "length" before max_tokens or max_model_len says why, with the numbers."""
+        logger.warning("request %s stops at %d tokens with finish_reason 'length': %s", seq.request.request_id,
+                       seq.num_tokens, self.kv.explain_misfit(num_computed, num_new))
 
     def _preempt(self, seq: Sequence, to_back: bool = False) -> None:
         self.kv.free(seq)

@@ -30,6 +30,14 @@ class FullAttentionManager:
             hits.append(block)
         return hits
 
+    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """Leading entries the next token to compute never reads: none for full attention."""
+        return 0
+
+    def num_held_blocks_after(self, num_computed_tokens: int, num_tokens: int) -> int:
+        """Physical blocks the table holds once slots reach `num_tokens` with `num_computed_tokens` computed."""
+        return -(-num_tokens // self.block_size) - self.num_skipped_blocks(num_computed_tokens)
+
     def remove_skipped_blocks(self, seq, num_computed_tokens: int) -> None:
         """Full attention reads every earlier block: nothing is ever skipped."""
 
@@ -92,10 +100,14 @@ class SlidingWindowManager(FullAttentionManager):
                 return [NULL_BLOCK] * i + run[::-1]
         return run[::-1]  # empty, or a run from block 0 shorter than a window
 
+    def num_skipped_blocks(self, num_computed_tokens: int) -> int:
+        """The entries before the block holding the first key the next token can see."""
+        return max(0, (num_computed_tokens - self.spec.sliding_window + 1) // self.block_size)
+
     def remove_skipped_blocks(self, seq, num_computed_tokens: int) -> None:
-        """Free the entries before the block holding the first key the next token can see."""
+        """Free the skipped entries (NULL_BLOCK takes their place)."""
         table = seq.block_tables[self.group]
-        end = min((num_computed_tokens - self.spec.sliding_window + 1) // self.block_size, len(table))
+        end = min(self.num_skipped_blocks(num_computed_tokens), len(table))
         i = end - 1
         while i >= 0 and table[i] is not NULL_BLOCK:
             i -= 1

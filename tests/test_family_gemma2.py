@@ -8,6 +8,8 @@ output changes without the caps, so passing means the engine applies them.
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -59,21 +61,33 @@ def test_greedy_matches_hf_with_chunked_prefill_inside_the_window(reference):
     assert engine_greedy(path, prompts, MAX_TOKENS, max_num_batched_tokens=7, max_num_seqs=3) == expected
 
 
-@pytest.mark.xfail(strict=True, reason="KV cache groups (main f35620c): after a preemption with a window group, the "
-                   "68-token prompt ends with 29 tokens and finish_reason 'length' for max_tokens=30; before the "
-                   "groups merge every output had 30 tokens equal to HF's")
 def test_greedy_matches_hf_under_prefix_caching_and_preemption(tiny_model_dir):
     path = tiny_model_dir("gemma2")
     shared = [(i * 7) % 300 + 5 for i in range(45)]  # longer than the window: hits cover windowed blocks
     prompts = [shared + [(i * 13 + j) % 300 + 5 for j in range(3 + 5 * i)] for i in range(5)]
     max_tokens = [30] * len(prompts)
     expected = hf_greedy(path, prompts, max_tokens)
-    llm = LLM(str(path), device="cpu", num_gpu_blocks_override=16, block_size=8, max_num_seqs=5,
+    # A block id is one page of each KV cache group (here one layer each), so the longest sequence (98 tokens)
+    # needs 13 full + 4 window blocks at its last step: 20 ids hold it and still force preemptions.
+    llm = LLM(str(path), device="cpu", num_gpu_blocks_override=20, block_size=8, max_num_seqs=5,
               max_num_batched_tokens=24)
     params = [SamplingParams(temperature=0, max_tokens=n) for n in max_tokens]
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert llm.engine.scheduler.num_preemptions > 0 and llm.engine.kv.prefix_hits > 0
     assert got == expected
+
+
+def test_a_sequence_the_pool_cannot_hold_stops_as_length_and_says_why(tiny_model_dir, caplog):
+    path = tiny_model_dir("gemma2")
+    prompt = [(i * 7) % 300 + 5 for i in range(68)]
+    expected = hf_greedy(path, [prompt], [30])[0]
+    llm = LLM(str(path), device="cpu", num_gpu_blocks_override=16, block_size=8, max_num_batched_tokens=24)
+    with caplog.at_level(logging.WARNING, logger="pagedesk.engine"):
+        out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=30), use_tqdm=False)[0].outputs[0]
+    # The 30th token's step needs 13 full + 4 window blocks of a 16-block pool: 29 tokens, HF's first 29.
+    assert out.finish_reason == "length" and out.token_ids == expected[:29]
+    assert "stops at 97 tokens with finish_reason 'length': 97 tokens need 17 KV blocks of 8 tokens " \
+           "(13 full + 4 window-20), more than the pool's 16" in caplog.text
 
 
 def test_greedy_matches_hf_with_tensor_parallel_2(reference):

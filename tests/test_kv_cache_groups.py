@@ -132,6 +132,29 @@ def test_window_group_frees_blocks_behind_the_window_step_by_step():
     assert kv.pool.num_free_blocks == 16 and all(b.ref_count == 0 for b in kv.pool.blocks)
 
 
+def test_every_group_draws_on_the_one_pool_so_a_long_sequence_can_outgrow_it():
+    # The Gemma 2 preemption test's longest sequence (68 prompt tokens + 30, block size 8, window 20): at its
+    # last step (96 computed, 1 new) the full group holds 13 blocks and the window group 4 (keys 77..96 lie in
+    # blocks 9..12): 17 block ids. A pool of 16 ids holds 16 one-layer pages, half of what 16 all-layer blocks
+    # held before groups, so the sequence stops one token short of max_tokens; 17 ids hold it.
+    full, window = FullAttentionSpec(8, 1, 1, 1), SlidingWindowSpec(8, 1, 1, 1, 20)
+    for num_blocks, fits in [(16, False), (17, True)]:
+        kv = KVCacheManager(num_blocks, 8, enable_caching=True, group_specs=[full, window])
+        seq = fake_seq(list(range(68)))
+        for chunk in (24, 24, 20):  # the prompt in chunks of max_num_batched_tokens=24
+            assert grow(kv, seq, chunk)
+        while seq.num_computed_tokens < 96:
+            assert grow(kv, seq)
+        assert [kv.managers[g].num_held_blocks_after(96, 97) for g in (0, 1)] == [13, 4]
+        assert kv.explain_misfit(96, 1) == ("97 tokens need 17 KV blocks of 8 tokens (13 full + 4 window-20), "
+                                            f"more than the pool's {num_blocks}")
+        assert grow(kv, seq) is fits
+        held = [sum(b is not NULL_BLOCK for b in t) for t in seq.block_tables]
+        assert held == ([13, 4] if fits else [12, 3])  # a step that does not fit leaves the tables as they were
+        kv.free(seq)
+        assert kv.pool.num_free_blocks == num_blocks
+
+
 def test_a_chunk_frees_what_lies_behind_its_first_token():
     kv = KVCacheManager(40, BS, enable_caching=False, group_specs=[WINDOW6])
     seq = fake_seq(list(range(40)))
