@@ -3,7 +3,9 @@
 Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, an EBNF
 grammar (xgrammar's dialect, which reads GBNF) or a structural tag (JSON inside given begin/end tags, free
 text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` identifies the spec for the
-compile cache.
+compile cache. A schema given as a dict is serialised in the client's key order, never sorted: the grammar
+generates properties in the order it reads them, and clients put `reasoning` before `answer` on purpose.
+The key keeps that order too, so two orders of one schema are two grammars, each generating its own.
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ class StructuredOutputsParams:
                              f"{', '.join(asked) or 'none'}")
         for kind in ("json", "structural_tag"):
             if isinstance(getattr(self, kind), dict):
-                object.__setattr__(self, kind, json.dumps(getattr(self, kind), sort_keys=True))
+                object.__setattr__(self, kind, json.dumps(getattr(self, kind)))
         if self.choice is not None:
             choice = tuple(self.choice)
             if not choice or not all(isinstance(c, str) and c for c in choice):
