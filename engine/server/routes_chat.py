@@ -24,7 +24,8 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs, token_names, vllm_prompt_logprobs
-from engine.server.prompts import chat_prompt, message_chars, message_text, resolve_max_tokens, truncate_prompt
+from engine.server.prompts import (chat_prompt, message_chars, message_text, resolve_max_tokens, template_kwargs,
+                                   truncate_prompt)
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -93,7 +94,9 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     await compile_or_400(model, structured, source)
     tools = None if req.tool_choice == "none" else req.tools
     prompt = await off_loop(message_chars(req.messages), chat_prompt, model, req.messages, tools,
-                            req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
+                            req.add_generation_prompt, req.continue_final_message,
+                            template_kwargs(model, req.chat_template_kwargs, req.reasoning_effort),
+                            req.add_special_tokens)
     prompt = truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
