@@ -130,10 +130,12 @@ def test_reasoning_content_split(server, client, monkeypatch):
                   extra_body={"guided_regex": "<think>[a-z]{1,6}</think>Yes"})
     message = client.chat.completions.create(**kwargs).choices[0].message
     assert message.content == "Yes" and 1 <= len(message.reasoning_content) <= 6
+    assert message.reasoning == message.reasoning_content  # vLLM's newer name, sent as well
     reasoning, content = "", ""
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         for c in chunk.choices:
             reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            assert getattr(c.delta, "reasoning", None) == getattr(c.delta, "reasoning_content", None)
             content += c.delta.content or ""
     assert (reasoning, content) == (message.reasoning_content, "Yes")
 
