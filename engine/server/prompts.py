@@ -164,7 +164,9 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
         raise bad_request("messages must not be empty", "messages")
     if tools and not model.supports_tools:
         raise bad_request(f"model {model.name!r} does not support tools: its chat template has no tool "
-                          "section; send the request without 'tools'", "tools")
+                          "section; send the request without 'tools', or force a call with tool_choice "
+                          "'required' or a named function (the tools are then described in a system message)",
+                          "tools")
     if continue_final_message and add_generation_prompt:
         raise bad_request("continue_final_message and add_generation_prompt cannot both be true",
                           "continue_final_message")
