@@ -13,20 +13,12 @@ from typing import Any
 
 from engine import sizing
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
+from engine.sizing import resolve_dtype
 
 
 def _shape(hf_config: dict):
     shape_cls = getattr(sizing, "ModelShape", None) or sizing.ModelConfig
     return shape_cls.from_hf_config(hf_config)
-
-
-def resolve_dtype(requested: str, model_dtype: str, on_gpu: bool) -> str:
-    """What the engine will run in: auto is float32 on CPU, the model's 16-bit dtype (else bf16) on CUDA."""
-    if requested not in ("auto", None):
-        return {"half": "float16", "float": "float32"}.get(requested, requested)
-    if not on_gpu:
-        return "float32"
-    return model_dtype if model_dtype in ("float16", "bfloat16") else "bfloat16"
 
 
 def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int],
@@ -51,7 +43,8 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
-    return f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget", sizing.plan_cpu(cfg, float(budget), **common)
+    return f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget", sizing.plan_cpu(
+        cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len), **common)
 
 
 def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_bytes: list[int],

@@ -1,43 +1,16 @@
 """Models in the local Hugging Face hub cache, and downloading one by repo id off the GUI thread.
 
-`cached_models()` lists model repos from `huggingface_hub.scan_cache_dir` with their size and the
-newest snapshot folder that has a config.json. `DownloadWorker.run` calls `snapshot_download` (on
+`cached_models()` (engine.model_discovery, shared with the router) lists model repos with their size and
+the newest snapshot folder that has a config.json. `DownloadWorker.run` calls `snapshot_download` (on
 a background thread of the caller's choosing) with a tqdm class that turns progress into signals
 and raises when cancelled, so a cancel stops the download at its next progress update.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 from PySide6.QtCore import QObject, Signal
 from tqdm.auto import tqdm
 
-
-@dataclass(frozen=True, slots=True)
-class CachedModel:
-    repo_id: str
-    size_on_disk: int
-    snapshot: Path
-
-
-def cached_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
-    """Model repos in the hub cache that have a usable snapshot, largest first; [] without a cache."""
-    from huggingface_hub import scan_cache_dir
-
-    try:
-        info = scan_cache_dir(cache_dir)
-    except Exception:  # no cache folder yet, or an unreadable one: nothing to list
-        return []
-    found = []
-    for repo in info.repos:
-        if repo.repo_type != "model":
-            continue
-        revisions = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
-        snapshot = next((r.snapshot_path for r in revisions if (r.snapshot_path / "config.json").exists()), None)
-        if snapshot is not None:
-            found.append(CachedModel(repo.repo_id, repo.size_on_disk, snapshot))
-    return sorted(found, key=lambda m: -m.size_on_disk)
+from engine.model_discovery import CachedModel, cached_models  # noqa: F401 - the app's names for them
 
 
 class DownloadCancelled(Exception):

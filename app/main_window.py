@@ -27,6 +27,7 @@ from app.chat_store import ChatStore
 from app.doctor_panel import DoctorPanel
 from app.endpoint_panel import EndpointPanel
 from app.engine_state import EngineState
+from app.loaded_models import LoadedModelsPanel
 from app.model_info import ModelInfo
 from app.model_library import ModelLibrary
 from app.model_picker import ModelPicker
@@ -92,10 +93,13 @@ class MainWindow(QMainWindow):
         self.bench_store = BenchStore(data_dir() / "benchmarks.sqlite3")
         self.benchmark = BenchmarkPanel(self.bench_store)
         self.library = ModelLibrary(self.qsettings)
+        self.loaded_models = LoadedModelsPanel()  # what the endpoint serves: every model, load/unload
+        self.loaded_models.models_listed.connect(self.chat.set_models)
         self.state_label = StatusChip()
         self.port_banner = PortBanner()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._engine_tab(), "Engine")
+        self.tabs.addTab(self.loaded_models, "Loaded models")
         self.tabs.addTab(self.library, "Models")
         self.tabs.addTab(self.chat, "Chat")
         self.tabs.addTab(self.monitor, "Monitor")
@@ -265,6 +269,7 @@ class MainWindow(QMainWindow):
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
+            self.loaded_models.set_endpoint(None)
             self.benchmark.set_endpoint(None)
             self.monitor.on_engine_stopped()
             self._update_endpoint()
@@ -285,6 +290,7 @@ class MainWindow(QMainWindow):
         api_key = self.settings_form.values().get("api_key")
         self.stats.start(base_url, api_key, self.stats_hz)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
+        self.loaded_models.set_endpoint(base_url, api_key)
         self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
         self._update_endpoint(running=True)
         self.crash_box.setVisible(False)  # the previous failure is over

@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QP
 from app.capacity import cannot_plan, describe, plan_for
 from app.hf_cache import cached_models
 from app.model_info import ModelInfo, format_count, read_model_info
+from engine.model_discovery import model_folders
 from widgets.gpu_panel import format_bytes
 
 COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine")
@@ -56,15 +57,6 @@ def quantization_of(config: dict) -> str:
 
 def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-
-
-def model_folders(root: Path) -> list[Path]:
-    """`root` itself when it is a model folder, else its direct subfolders that are."""
-    if (root / "config.json").is_file():
-        return [root]
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if (p / "config.json").is_file())
 
 
 def scan_library(roots: list[Path], cache_dir: str | Path | None = None) -> list[LibraryEntry]:

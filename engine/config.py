@@ -19,7 +19,7 @@ ATTENTION_BACKENDS = ("auto", "triton", "torch")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
-SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # Online serving's step budget and prompt-token cap, per device: a step's cost grows with its tokens and
@@ -72,7 +72,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),
-    Flag("kv_cache_memory", float, None, f"KV cache size in GiB on CPU (default {DEFAULT_CPU_KV_CACHE_GIB})",
+    Flag("kv_cache_memory", float, None, f"KV cache size in GiB (CPU default {DEFAULT_CPU_KV_CACHE_GIB}); on CUDA an "
+         "absolute budget instead of --gpu-memory-utilization's share, so engines can share a card",
          "cache", minimum=0.0, gui=False),
     Flag("num_gpu_blocks_override", int, None, "Exact number of KV blocks (overrides memory sizing)", "cache",
          minimum=1, gui=False),
@@ -102,6 +103,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
          "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
          "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
+    Flag("stream_idle_timeout", float, 60.0, "Seconds a client may leave a request's output unread before the "
+         "request is aborted and its KV blocks freed (a request whose output is unread is not scheduled "
+         "meanwhile); 0 turns it off", "server", minimum=0.0, gui=False),
     Flag("tool_call_parser", str, None, "Tool-call format of the model (default: detected from its chat template)",
          "server", TOOL_CALL_PARSERS, gui=False),
     Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
@@ -111,10 +115,26 @@ FLAGS: tuple[Flag, ...] = (
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
 SERVER_FLAGS = tuple(f.name for f in FLAGS if f.group == "server")
 
+# Flags of the router (engine/router), which serves several models or replicas behind one endpoint: not
+# fields of EngineConfig, since no single engine reads them. `--model NAME=PATH` may be repeated.
+ROUTER_FLAGS: tuple[Flag, ...] = (
+    Flag("models_dir", str, None, "Serve every model folder under DIR and in the Hugging Face cache, by name",
+         "router", gui=False),
+    Flag("models_config", str, None, "TOML file of per-model engine flags ([models.NAME] tables, the command "
+         "line's flag names)", "router", gui=False),
+    Flag("model_ttl", float, None, "Seconds a model may sit idle before its engine is unloaded (default: never)",
+         "router", minimum=0.0, gui=False),
+    Flag("max_loaded_models", int, None, "Most engines loaded at once; the least recently used idle one makes "
+         "room (default: as many as fit)", "router", minimum=1, gui=False),
+    Flag("memory_budget", float, None, "GiB the router may place engines in, per card (default: each card's free "
+         "memory × --gpu-memory-utilization; on CPU the available RAM)", "router", minimum=0.0, gui=False),
+)
+ROUTER_FLAGS_BY_NAME = {f.name: f for f in ROUTER_FLAGS}
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
+
+def add_flags(parser: argparse.ArgumentParser, flags: tuple[Flag, ...] = FLAGS) -> None:
     """Add every flag to an argparse parser, vLLM-style (booleans as --x / --no-x)."""
-    for f in FLAGS:
+    for f in flags:
         if f.type is bool:
             parser.add_argument(f.cli, action=argparse.BooleanOptionalAction, default=f.default, help=f.help)
         else:
@@ -170,6 +190,7 @@ class EngineConfig:
     allowed_hosts: str | None = None
     allowed_origins: str | None = None
     step_timeout: float | None = None
+    stream_idle_timeout: float = 60.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
@@ -199,7 +220,8 @@ class EngineConfig:
             from engine.quantization.config import check_folder_quantization
             check_folder_quantization(self.model, self.quantization)
         if self.data_parallel_size != 1:
-            raise ValueError("--data-parallel-size > 1 is not supported yet")
+            raise ValueError("--data-parallel-size > 1 runs one engine per replica behind pagedesk-serve's router; "
+                             "one engine (or the offline LLM) serves one replica")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key is empty or blank, which no client could send; give a real key, or leave "
                              "the flag out to serve without one")

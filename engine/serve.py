@@ -1,5 +1,10 @@
 """pagedesk-serve / `python -m engine.serve`: parse vLLM-style flags, start the server, load the model behind it.
 
+With several models (`--model NAME=PATH` repeated, `--models-dir`, `--models-config`), replicas
+(`--data-parallel-size N`) or a router flag (`--model-ttl`, `--max-loaded-models`, `--memory-budget`),
+`main` runs the router instead (engine/router): one endpoint in front of one engine process per replica,
+each of them this very program. What follows is the one-engine server.
+
 The port is bound before anything loads (a taken port is a one-line error, not a wasted model load);
 the HTTP server listens first (/health answers 503 while loading); the model loads in the engine
 thread. When both are up it prints "PagedDesk serving <name> at http://host:port/v1". SIGTERM/SIGINT
@@ -7,38 +12,72 @@ end every stream in-band (an error event, then [DONE]) before the server stops. 
 supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of memory
 at load (do not restart), 1 for any other load failure, 4 when the engine died or a step got stuck
 while serving (after answering 503 for a short grace period, so clients see why; a supervisor
-restarts it), 0 after a clean shutdown.
+restarts it), 0 after a clean shutdown. At start the soft open-file limit is raised to the hard one and
+connections are capped below it, with a header-read timeout (server/connection_guard.py).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import resource
 import signal
 import socket
 import sys
 import threading
 import time
 
-from engine.config import EngineConfig, add_flags
+from engine.config import ROUTER_FLAGS, ROUTER_FLAGS_BY_NAME, EngineConfig, add_flags
 
 EXIT_CONFIG_ERROR = 2
 EXIT_OUT_OF_MEMORY = 3
 EXIT_LOAD_FAILED = 1
 EXIT_ENGINE_DIED = 4
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before the process exits
+FD_MARGIN = 128  # file descriptors kept for model files, pipes and workers below the connection cap
+MAX_CONNECTIONS = 8192
+STREAM_END_GRACE_S = 2.5  # on SIGTERM, the most streams get to send their in-band end (under uvicorn's 3)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pagedesk-serve",
                                      description="Serve a model over an OpenAI-compatible HTTP API.")
     add_flags(parser)
+    add_flags(parser, ROUTER_FLAGS)
     return parser
+
+
+def split_model_flags(argv: list[str]) -> tuple[list[str], list[str]]:
+    """Every `--model VALUE` (it may be repeated: one per model), and the other arguments."""
+    models, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--model" and i + 1 < len(argv):
+            models.append(argv[i + 1])
+            i += 2
+            continue
+        if arg.startswith("--model="):
+            models.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return models, rest
 
 
 def parse_config(argv: list[str] | None = None) -> EngineConfig:
     """Parse and validate flags; raises SystemExit(2) (argparse) or ValueError with a one-line reason."""
-    args = build_parser().parse_args(argv)
-    config = EngineConfig.from_kwargs(**vars(args), serving=True)
+    return engine_config(vars(build_parser().parse_args(argv)))
+
+
+def engine_config(args: dict) -> EngineConfig:
+    """One engine's configuration from parsed flags (`--model NAME=PATH` serves PATH under NAME)."""
+    from engine.router.specs import split_model_arg
+
+    kwargs = {k: v for k, v in args.items() if k not in ROUTER_FLAGS_BY_NAME}
+    if kwargs.get("model"):
+        name, kwargs["model"] = split_model_arg(kwargs["model"])
+        kwargs["served_model_name"] = kwargs.get("served_model_name") or name
+    config = EngineConfig.from_kwargs(**kwargs, serving=True)
     if not config.model:
         raise ValueError("--model is required: a Hugging Face model folder or hub repo id")
     config.validate()
@@ -107,6 +146,42 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (a connection flood must not run out of descriptors at
+    the default 1024); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # e.g. a hard limit above the kernel's nr_open: keep what we have
+            pass
+    return soft
+
+
+def max_connections_for(open_file_limit: int) -> int:
+    from engine.server.connection_guard import RESERVED_FOR_PROBES
+    return max(4 * RESERVED_FOR_PROBES, min(open_file_limit - FD_MARGIN, MAX_CONNECTIONS))
+
+
+def _writing_response(connection) -> bool:
+    cycle = getattr(connection, "cycle", None)
+    return cycle is not None and not cycle.response_complete and getattr(connection, "transport", None) is not None
+
+
+def _write_paused(connection) -> bool:
+    return bool(getattr(getattr(connection, "flow", None), "write_paused", False))
+
+
+def uvicorn_config(app, host: str, port: int, guard) -> "uvicorn.Config":
+    """uvicorn's config for our app: its HTTP protocol behind the connection guard (cap, header timeout)."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=3, http=guard.protocol_factory(AutoHTTPProtocol))
+
+
 def _server_class():
     import uvicorn
 
@@ -122,14 +197,33 @@ def _server_class():
             self.async_engine.stop_serving()
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets=None) -> None:
+            await self._drop_unread_streams()
+            await super().shutdown(sockets)
+
+        async def _drop_unread_streams(self) -> None:
+            """Every stream has been told to end; one whose client is not reading (its writes are paused on
+            a full socket) cannot send that end, and uvicorn would cancel it after its graceful timeout (a
+            CancelledError traceback in the log). Once only such streams are left, or the grace is over,
+            drop those connections: a reading client still gets its in-band end."""
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STREAM_END_GRACE_S
+            while loop.time() < deadline:
+                writing = [c for c in self.server_state.connections if _writing_response(c)]
+                if all(_write_paused(c) for c in writing):
+                    break
+                await asyncio.sleep(0.05)
+            for connection in list(self.server_state.connections):
+                if _writing_response(connection) and _write_paused(connection):
+                    connection.transport.abort()
+
     return Server
 
 
 def serve(config: EngineConfig) -> int:
-    import uvicorn
-
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
+    from engine.server.connection_guard import ConnectionGuard
 
     try:
         sock = bind_socket(config.host, config.port)
@@ -141,8 +235,8 @@ def serve(config: EngineConfig) -> int:
     name = config.served_model_name or config.model
     async_engine = AsyncEngine(config)
     app = create_app(async_engine, name, config.api_key)
-    server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                            access_log=False, timeout_graceful_shutdown=3), async_engine)
+    guard = ConnectionGuard(max_connections_for(raise_open_file_limit()))
+    server = _server_class()(uvicorn_config(app, config.host, config.port, guard), async_engine)
     outcome: dict = {"code": 0, "message": None}
     _say(f"Loading {config.model} (device {config.device}, dtype {config.dtype}, "
          f"tensor parallel {config.tensor_parallel_size}) ...")
@@ -164,11 +258,23 @@ def serve(config: EngineConfig) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """One engine for one model; the router (engine/router) in front of engines for several models or replicas."""
+    from engine.router.specs import build_specs, wants_router
+
+    models, rest = split_model_flags(list(sys.argv[1:] if argv is None else argv))
     try:
-        config = parse_config(argv)
+        args = vars(build_parser().parse_args(rest))
+        if wants_router(models, args):
+            from engine.router.main import serve_router
+            router_config = build_specs(models, args)
+        else:
+            args["model"] = models[-1] if models else None
+            config = engine_config(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
+    if wants_router(models, args):
+        return serve_router(router_config)
     return serve(config)
 
 

@@ -70,7 +70,7 @@ def test_awq_command_exits_with_one_clear_line(llama_dir):
     ([], "--model is required"),
     (["--model", "m", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be <="),
     (["--model", "m", "--port", "0"], "--port must be >="),
-    (["--model", "m", "--data-parallel-size", "2"], "not supported yet"),
+    (["--model", "m", "--data-parallel-size", "2"], "model m: m is not a model folder"),
 ])
 def test_config_errors_exit_2(args, expected, capsys):
     assert serve.main(args) == serve.EXIT_CONFIG_ERROR

@@ -2,13 +2,15 @@
 
 Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, an EBNF
 grammar (xgrammar's dialect, which reads GBNF) or a structural tag (JSON inside given begin/end tags, free
-text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` identifies the spec for the
-compile cache. A schema given as a dict is serialised in the client's key order, never sorted: the grammar
-generates properties in the order it reads them, and clients put `reasoning` before `answer` on purpose.
-The key keeps that order too, so two orders of one schema are two grammars, each generating its own.
+text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` is the spec the compiler
+reads; `canonical_key` identifies it in the compile cache. A schema given as a dict is kept in the client's
+key order, never sorted: the grammar generates properties in the order it reads them, and clients put
+`reasoning` before `answer` on purpose. So the canonical form sorts every JSON key except the names in a
+`properties` map: another order of those is another grammar, anything else is a cache hit.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +49,30 @@ class StructuredOutputsParams:
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
 
+    @functools.cached_property
+    def canonical_key(self) -> tuple[str, str]:
+        """`key` with JSON specs in one canonical form (keys sorted but for property names, which keep their
+        order: it is the output's order): the compile cache's key. The compiler itself reads `key`."""
+        kind, spec = self.key
+        if kind in ("json", "structural_tag"):
+            try:
+                spec = json.dumps(_canonical(json.loads(spec)), separators=(",", ":"))
+            except (ValueError, RecursionError):
+                pass  # not JSON: the compile reports it
+        return kind, spec
+
     @property
     def key(self) -> tuple[str, str]:
         value: Any = getattr(self, self.kind)
         return self.kind, value if isinstance(value, str) else json.dumps(value)
+
+
+def _canonical(value: Any, property_names: bool = False) -> Any:
+    """Sort dict keys recursively, except the keys of a `properties` map (property names, in output order)."""
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    keys = list(value) if property_names else sorted(value)
+    return {k: _canonical(value[k], property_names=k == "properties" and not property_names
+                          and isinstance(value[k], dict)) for k in keys}

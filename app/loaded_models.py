@@ -1,0 +1,228 @@
+"""The "Loaded models" list: every model the endpoint serves, loaded or not, with load and unload buttons.
+
+It reads the router's `GET /v1/models` (a one-model server lists its one model the same way, without the
+router's fields) every few seconds and after each action, off the GUI thread: a plain thread does the HTTP
+and hands rows back through a queued signal. `model_rows` turns the JSON into plain rows (tested without Qt
+widgets). Load and unload are `POST /v1/models/NAME/load|unload` with the endpoint's key; a load can take as
+long as the engine takes to start, so it runs on its own thread and the row says "loading" meanwhile.
+`models_listed` tells the Chat tab's picker which models there are and which are loaded.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from urllib.parse import quote
+
+import httpx
+from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
+                               QVBoxLayout, QWidget)
+
+from widgets.gpu_panel import format_bytes
+
+COLUMNS = ("Model", "State", "Where", "Memory", "Context", "Quantization")
+POLL_MS = 3000
+LOAD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    name: str
+    state: str  # loaded | loading | unloaded | dead | failed
+    where: str  # "cuda:0 + cuda:1", "CPU", "" when not loaded
+    memory_bytes: int
+    context: int | None
+    quantization: str
+    error: str = ""
+    managed: bool = True  # served by the router (load/unload work); False for a one-engine server
+
+    @property
+    def loaded(self) -> bool:
+        return self.state == "loaded"
+
+
+def model_rows(payload: dict) -> list[ModelRow]:
+    """Rows from a /v1/models answer; a single engine's list (no `loaded` field) counts as loaded."""
+    rows = []
+    for m in payload.get("data") or []:
+        engines = m.get("engines") or []
+        places = []
+        for e in engines:
+            devices = e.get("devices")
+            if devices == "cpu" or devices is None:
+                cores = e.get("cpu_cores")
+                places.append("CPU" + (f" cores {','.join(map(str, cores))}" if cores else ""))
+            else:
+                places.append(" + ".join(f"cuda:{d}" for d in devices))
+        state = m.get("state") or ("loaded" if m.get("loaded", True) else "unloaded")
+        errors = [e.get("error") for e in engines if e.get("error")]
+        rows.append(ModelRow(str(m.get("id")), state, " | ".join(places),
+                             sum(int(e.get("memory_bytes") or 0) for e in engines),
+                             m.get("max_model_len"), m.get("quantization") or "none",
+                             errors[0] if errors else m.get("config_error", ""), "loaded" in m))
+    return rows
+
+
+class _Relay(QObject):
+    """Carries results from worker threads to the GUI thread (queued signal delivery)."""
+
+    listed = Signal(object)  # list[ModelRow]
+    failed = Signal(str)
+    acted = Signal(str, str, bool, str)  # name, action, ok, message
+
+
+class LoadedModelsPanel(QWidget):
+    models_listed = Signal(object)  # list[ModelRow]
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.base_url: str | None = None
+        self.api_key: str | None = None
+        self.rows: list[ModelRow] = []
+        self.pending: dict[str, str] = {}  # model -> action in flight
+        self._relay = _Relay()
+        self._relay.listed.connect(self._show)
+        self._relay.failed.connect(lambda text: self.status.setText(text))
+        self._relay.acted.connect(self._on_acted)
+        self.table = QTableWidget(0, len(COLUMNS))
+        self.table.setHorizontalHeaderLabels(COLUMNS)
+        self.table.setEditTriggers(QTableWidget.EditTrigger.NoEditTriggers)
+        self.table.setSelectionBehavior(QTableWidget.SelectionBehavior.SelectRows)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.load_button = QPushButton("Load", clicked=lambda: self.act("load"))
+        self.unload_button = QPushButton("Unload", clicked=lambda: self.act("unload"))
+        self.refresh_button = QPushButton("Refresh", clicked=self.refresh)
+        self.status = QLabel(wordWrap=True)
+        buttons = QHBoxLayout()
+        for b in (self.load_button, self.unload_button, self.refresh_button):
+            buttons.addWidget(b)
+        buttons.addStretch(1)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.table, 1)
+        layout.addLayout(buttons)
+        layout.addWidget(self.status)
+        self.timer = QTimer(self, interval=POLL_MS, timeout=self.refresh)
+
+    def set_endpoint(self, base_url: str | None, api_key: str | None = None) -> None:
+        """base_url None: nothing is served; the list empties and polling stops."""
+        self.base_url, self.api_key = base_url, api_key
+        if base_url is None:
+            self.timer.stop()
+            self._show([])
+            return
+        self.timer.start()
+        self.refresh()
+
+    def _headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def refresh(self) -> None:
+        if self.base_url is None:
+            return
+        url, headers = self.base_url.rstrip("/") + "/v1/models", self._headers()
+
+        def fetch() -> None:
+            try:
+                response = httpx.get(url, headers=headers, timeout=10)
+                response.raise_for_status()
+                self._relay.listed.emit(model_rows(response.json()))
+            except (httpx.HTTPError, ValueError) as exc:
+                self._relay.failed.emit(f"Cannot list models: {exc}")
+
+        threading.Thread(target=fetch, name="models-list", daemon=True).start()
+
+    def selected(self) -> str | None:
+        row = self.table.currentRow()
+        return self.rows[row].name if 0 <= row < len(self.rows) else None
+
+    def act(self, action: str, name: str | None = None) -> None:
+        """POST load or unload for `name` (default: the selected row)."""
+        name = name or self.selected()
+        if name is None or self.base_url is None or name in self.pending:
+            return
+        self.pending[name] = action
+        self.status.setText(f"{'Loading' if action == 'load' else 'Unloading'} {name}…")
+        url = f"{self.base_url.rstrip('/')}/v1/models/{quote(name, safe='/')}/{action}"
+        headers = self._headers()
+
+        def post() -> None:
+            try:
+                response = httpx.post(url, headers=headers, timeout=LOAD_TIMEOUT_S)
+                ok = response.status_code == 200
+                message = "" if ok else (response.json().get("error") or {}).get("message", response.text)
+            except (httpx.HTTPError, ValueError) as exc:
+                ok, message = False, str(exc)
+            self._relay.acted.emit(name, action, ok, message)
+
+        threading.Thread(target=post, name=f"models-{action}", daemon=True).start()
+        self._show(self.rows)
+
+    def _on_acted(self, name: str, action: str, ok: bool, message: str) -> None:
+        self.pending.pop(name, None)
+        self.status.setText(f"{name}: {action}ed" if ok else f"{name}: {action} failed: {message}")
+        self.refresh()
+
+    def _show(self, rows: list[ModelRow]) -> None:
+        selected = self.selected()
+        self.rows = list(rows)
+        self.table.setRowCount(len(self.rows))
+        for i, r in enumerate(self.rows):
+            state = {"load": "loading…", "unload": "unloading…"}.get(self.pending.get(r.name, ""), r.state)
+            cells = (r.name, state, r.where, format_bytes(r.memory_bytes) if r.memory_bytes else "",
+                     f"{r.context:,}" if r.context else "", r.quantization)
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if r.error:
+                    item.setToolTip(r.error)
+                self.table.setItem(i, j, item)
+            if r.name == selected:
+                self.table.selectRow(i)
+        managed = any(r.managed for r in self.rows)  # a one-engine server has no load/unload routes
+        self.load_button.setEnabled(managed)
+        self.unload_button.setEnabled(managed)
+        self.models_listed.emit(self.rows)
+
+
+class ChatModelChoice(QWidget):
+    """The Chat tab's model picker: every servable model, loaded ones marked; `model_picked` on a change."""
+
+    model_picked = Signal(str)
+
+    def __init__(self, parent: QWidget | None = None) -> None:
+        from PySide6.QtWidgets import QComboBox
+        super().__init__(parent)
+        self.rows: list[ModelRow] = []
+        self.combo = QComboBox()
+        self.combo.currentIndexChanged.connect(self._picked)
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.combo, 1)
+
+    def set_rows(self, rows: list[ModelRow]) -> None:
+        current = self.current()
+        self.rows = list(rows)
+        self.combo.blockSignals(True)
+        self.combo.clear()
+        for r in self.rows:
+            self.combo.addItem(r.name if r.loaded else f"{r.name} (loads on send)", r.name)
+        names = [r.name for r in self.rows]
+        self.combo.setCurrentIndex(names.index(current) if current in names else 0 if names else -1)
+        self.combo.blockSignals(False)
+        if self.current() and self.current() != current:
+            self.model_picked.emit(self.current())
+
+    def current(self) -> str | None:
+        data = self.combo.currentData()
+        return str(data) if data is not None else None
+
+    def _picked(self, _index: int) -> None:
+        if self.current():
+            self.model_picked.emit(self.current())
+
+    def progress_line(self) -> str:
+        """What the Chat tab says while a reply is coming: a model that is not loaded loads first."""
+        row = next((r for r in self.rows if r.name == self.current()), None)
+        if row is not None and not row.loaded:
+            return f"Loading {row.name} on first use (the engine starts), then generating…"
+        return "Generating…"

@@ -1,0 +1,6 @@
+"""The router: one public endpoint in front of several engine processes (models, replicas of a model).
+
+Each engine is today's `pagedesk-serve` on a private loopback port; the router maps a request's `model` to
+one of them, loads engines on first use and unloads idle ones, places them on cards with the capacity planner
+and relays responses (SSE unbuffered). It never imports torch or the engine: it is a FastAPI + httpx process.
+"""

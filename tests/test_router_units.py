@@ -1,0 +1,177 @@
+"""The router's pure parts: flags and the TOML file into model specs, placement over tiny budgets (LRU eviction,
+the 503 sentence), the replica choice, the merged metrics, and the engine's absolute KV budget on a shared card."""
+from __future__ import annotations
+
+import pytest
+
+from engine import serve
+from engine.config import EngineConfig
+from engine.model_config import ModelConfig
+from engine.router.balancer import BALANCE_TOKENS, ReplicaLoad, choose_replica, prefix_chain, prompt_text
+from engine.router.metrics_merge import merge_metrics
+from engine.router.placement import HOST, Card, Holder, NoRoom, place, replica_need
+from engine.router.specs import ModelSpec, build_specs, split_model_arg, wants_router
+from engine.sizing import GIB, MIB, MemoryProfile
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def args_of(*argv: str) -> tuple[list[str], dict]:
+    models, rest = serve.split_model_flags(list(argv))
+    return models, vars(serve.build_parser().parse_args(rest))
+
+
+def test_model_flags_and_toml_become_specs(tmp_path, llama_dir):
+    toml = tmp_path / "models.toml"
+    toml.write_text(f'max-num-seqs = 8\n[models.chat]\nmax-model-len = 128\nmodel-ttl = 60\n'
+                    f'[models.code]\nmodel = "{llama_dir}"\ndata_parallel_size = 2\nkv-cache-memory = 1\n')
+    models, args = args_of("--model", f"chat={llama_dir}", "--models-config", str(toml), "--device", "cpu",
+                           "--block-size", "32")
+    assert wants_router(models, args)
+    config = build_specs(models, args)
+    chat, code = config.models["chat"], config.models["code"]
+    assert chat.path == str(llama_dir) and chat.model_ttl == 60.0 and chat.data_parallel_size == 1
+    assert chat.engine_flags == {"device": "cpu", "block_size": 32, "max_num_seqs": 8, "max_model_len": 128}
+    assert code.data_parallel_size == 2 and code.engine_flags["kv_cache_memory"] == 1.0
+    assert code.engine_config().max_num_seqs == 8
+
+
+def test_spec_errors_name_the_flag(tmp_path, llama_dir):
+    toml = tmp_path / "bad.toml"
+    toml.write_text("[models.x]\nmax-model-lenn = 3\n")
+    with pytest.raises(ValueError, match="unknown flag 'max_model_lenn'"):
+        build_specs(*args_of("--model", f"x={llama_dir}", "--models-config", str(toml)))
+    toml.write_text("[models.x]\nmax-model-len = 'long'\n")
+    with pytest.raises(ValueError, match="--max-model-len must be int"):
+        build_specs(*args_of("--model", f"x={llama_dir}", "--models-config", str(toml)))
+    with pytest.raises(ValueError, match="given twice"):
+        build_specs(*args_of("--model", f"x={llama_dir}", "--model", f"x={llama_dir}"))
+    assert serve.main(["--model", f"x={llama_dir}", "--model", "y=/nowhere", "--device", "cpu"]) == 2
+
+
+def test_plain_model_keeps_one_engine_and_name_eq_path_names_it(llama_dir):
+    assert split_model_arg(str(llama_dir)) == (None, str(llama_dir))
+    assert split_model_arg("Qwen/Qwen2.5-0.5B") == (None, "Qwen/Qwen2.5-0.5B")
+    assert split_model_arg("chat=/m/a") == ("chat", "/m/a")
+    models, args = args_of("--model", f"chat={llama_dir}")
+    assert not wants_router(models, args)
+    args["model"] = models[0]
+    config = serve.engine_config(args)
+    assert config.model == str(llama_dir) and config.served_model_name == "chat"
+    assert wants_router(*args_of("--model", str(llama_dir), "--data-parallel-size", "2"))
+
+
+def test_models_dir_serves_every_folder_by_name(tmp_path, llama_dir, tiny_model_dir):
+    root = tmp_path / "models"
+    root.mkdir()
+    (root / "llama").symlink_to(llama_dir)
+    (root / "qwen").symlink_to(tiny_model_dir("qwen2"))
+    (root / "not-a-model").mkdir()
+    (root / "unsupported").mkdir()
+    (root / "unsupported" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
+    config = build_specs(*args_of("--models-dir", str(root)))
+    assert sorted(config.models) == ["llama", "qwen", "unsupported"] and config.models["qwen"].discovered
+    from engine.router.main import check_models
+    check_models(config)  # a folder it cannot serve is left out, not fatal
+    assert sorted(config.models) == ["llama", "qwen"]
+
+
+def spec(llama_dir, name="m", **flags) -> ModelSpec:
+    dp = flags.pop("dp", 1)
+    return ModelSpec(name, str(llama_dir), {"device": "cpu", "num_gpu_blocks_override": 64, **flags}, dp)
+
+
+def test_placement_evicts_least_recently_used_idle_model(llama_dir):
+    need = replica_need(spec(llama_dir), Card(HOST, "CPU", 0), None).total_bytes
+    cards = [Card(HOST, "CPU", int(need * 2.5))]
+    holders = [Holder("old", {HOST: need}, idle=True, last_used=1.0),
+               Holder("new", {HOST: need}, idle=True, last_used=2.0)]
+    placements, evict = place(spec(llama_dir), cards, holders, None)
+    assert evict == ["old"] and placements[0].cards == (HOST,)
+    placements, evict = place(spec(llama_dir), cards, holders[:1], None)
+    assert evict == []
+    _, evict = place(spec(llama_dir), cards, holders[:1], max_loaded_models=1)
+    assert evict == ["old"]
+
+
+def test_placement_503_sentence_names_the_missing_memory(llama_dir):
+    need = replica_need(spec(llama_dir), Card(HOST, "CPU", 0), None).total_bytes
+    cards = [Card(HOST, "CPU", int(need * 1.5))]
+    busy = [Holder("busy", {HOST: need}, idle=False)]
+    with pytest.raises(NoRoom) as exc:
+        place(spec(llama_dir), cards, busy, None)
+    text = str(exc.value)
+    assert "cannot load m" in text and "GiB is missing" in text and "busy, so not unloaded: busy" in text
+    with pytest.raises(NoRoom, match="--max-loaded-models 1"):
+        place(spec(llama_dir), [Card(HOST, "CPU", need * 10)], busy, 1)
+
+
+def test_placement_on_cards_keeps_replicas_apart_with_absolute_budgets(llama_dir):
+    s = ModelSpec("m", str(llama_dir), {"max_model_len": 256, "enforce_eager": True}, data_parallel_size=2)
+    cards = [Card(0, "cuda:0", 4 * GIB), Card(1, "cuda:1", 4 * GIB)]
+    placements, _ = place(s, cards, [], max_loaded_models=2)
+    assert sorted(p.cards for p in placements) == [(0,), (1,)]
+    need = placements[0].need
+    assert need.total_bytes <= 2 * GIB and need.overhead_bytes >= 512 * MIB
+    # a second model shares a card with the first: each engine keeps its own absolute budget
+    other = ModelSpec("o", str(llama_dir), {"max_model_len": 256, "enforce_eager": True})
+    holders = [Holder("m", {0: need.total_bytes, 1: need.total_bytes}, idle=False)]
+    placed, evict = place(other, cards, holders, max_loaded_models=2)
+    assert evict == [] and placed[0].need.kv_bytes > 0
+
+
+def test_cpu_replicas_get_their_own_cores(llama_dir, monkeypatch):
+    import os
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    placements, _ = place(spec(llama_dir, dp=2), [Card(HOST, "CPU", 64 * GIB)], [], None)
+    assert [p.cpu_cores for p in placements] == [(0, 1), (2, 3)]
+
+
+def test_replica_choice_least_loaded_then_prefix():
+    loads = [ReplicaLoad(), ReplicaLoad()]
+    conversation = prefix_chain(prompt_text({"messages": [{"role": "system", "content": "x" * 400}]}))
+    assert len(conversation) == 3
+    assert choose_replica(loads, conversation) == 0
+    loads[0].remember(conversation)
+    loads[0].num_requests = 1
+    assert choose_replica(loads, prefix_chain("y" * 400)) == 1  # idle replicas take turns
+    loads[0].outstanding_tokens = 100
+    assert choose_replica(loads, conversation) == 0  # its prefix is cached there
+    loads[0].outstanding_tokens = BALANCE_TOKENS + 1
+    assert choose_replica(loads, conversation) == 1  # but not at any imbalance
+
+
+def test_metrics_merge_labels_every_engine():
+    text = ('# HELP pagedesk:generation_tokens_total Tokens generated\n# TYPE pagedesk:generation_tokens_total '
+            'counter\npagedesk:generation_tokens_total{model_name="m"} 5.0\n')
+    merged = merge_metrics([("0", "m", text), ("1", "m", text)]).decode()
+    assert merged.count("# TYPE pagedesk:generation_tokens_total counter") == 1
+    assert 'pagedesk:generation_tokens_total{engine="0",model_name="m"} 5.0' in merged
+    assert 'pagedesk:generation_tokens_total{engine="1",model_name="m"} 5.0' in merged
+
+
+def test_absolute_kv_budget_ignores_a_sibling_engine(llama_dir):
+    """Two engines on one 24 GiB card: the second starts with 10 GiB held by the first. With
+    --gpu-memory-utilization that is "other programs"; with --kv-cache-memory the budget stands."""
+    from engine.kv_cache_sizing import smallest_plan
+    cfg = ModelConfig.from_folder(llama_dir).with_max_model_len(256)
+    profile = MemoryProfile("cuda:0", 24 * GIB, 14 * GIB, GIB // 2, GIB // 4, GIB // 4)
+    shared = smallest_plan(EngineConfig(model=str(llama_dir), gpu_memory_utilization=0.5), cfg, [profile], 1024)
+    assert shared.kv_budget_bytes < 2 * GIB  # 12 GiB share − 10 GiB "other programs" − the rest
+    absolute = smallest_plan(EngineConfig(model=str(llama_dir), kv_cache_memory=8.0), cfg, [profile], 1024)
+    assert absolute.kv_budget_bytes == 8 * GIB and absolute.num_blocks == 8 * GIB // (1024 * 16)
+    with pytest.raises(ValueError, match="GiB is missing"):
+        smallest_plan(EngineConfig(model=str(llama_dir), kv_cache_memory=14.0), cfg, [profile], 1024)
+
+
+def test_the_router_imports_no_torch():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    code = ("import sys, engine.router.app, engine.router.main, engine.serve; "
+            "assert 'torch' not in sys.modules, 'the router imported torch'")
+    root = str(Path(__file__).resolve().parents[1])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
+                            env={**os.environ, "PYTHONPATH": root})
+    assert result.returncode == 0, result.stderr
