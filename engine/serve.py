@@ -12,12 +12,14 @@ end every stream in-band (an error event, then [DONE]) before the server stops. 
 supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of memory
 at load (do not restart), 1 for any other load failure, 4 when the engine died or a step got stuck
 while serving (after answering 503 for a short grace period, so clients see why; a supervisor
-restarts it), 0 after a clean shutdown.
+restarts it), 0 after a clean shutdown. `--exit-with-parent PID` (what the desktop app passes) ends the
+process when PID, its parent, dies — however it dies (engine/parent_watch.py).
 """
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 import socket
 import sys
@@ -200,7 +202,20 @@ def main(argv: list[str] | None = None) -> int:
     """One engine for one model; the router (engine/router) in front of engines for several models or replicas."""
     from engine.router.specs import build_specs, wants_router
 
-    models, rest = split_model_flags(list(sys.argv[1:] if argv is None else argv))
+    from engine.parent_watch import die_with_parent, split_parent_flag
+
+    try:
+        parent_pid, argv = split_parent_flag(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    if parent_pid is not None:  # first, so a parent that dies while the model loads still takes us with it
+        if os.getppid() != parent_pid:
+            print(f"error: --exit-with-parent {parent_pid}: that process is not this one's parent "
+                  f"(the parent is {os.getppid()}); not serving", file=sys.stderr, flush=True)
+            return EXIT_CONFIG_ERROR
+        die_with_parent(parent_pid)
+    models, rest = split_model_flags(argv)
     try:
         args = vars(build_parser().parse_args(rest))
         if wants_router(models, args):

@@ -5,7 +5,8 @@ so the GUI's process handling and HTTP clients can be tested in seconds without 
 chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term, FAKE_SERVE_DELAY
 (seconds before listening), FAKE_SERVE_TOKEN_DELAY (seconds between streamed words),
 FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
-tensor-parallel worker). Unknown engine flags are accepted and ignored.
+tensor-parallel worker). `--exit-with-parent PID` arms engine/parent_watch.py exactly as the real server
+does. Other engine flags are accepted and ignored.
 """
 from __future__ import annotations
 
@@ -114,7 +115,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key")
+    parser.add_argument("--exit-with-parent", type=int)
     args, _unknown = parser.parse_known_args()
+    if args.exit_with_parent:
+        from engine.parent_watch import die_with_parent  # stdlib only; PYTHONPATH has the repository
+
+        die_with_parent(args.exit_with_parent)
     mode = os.environ.get("FAKE_SERVE_MODE", "ok")
     print(f"fake-serve: starting in mode {mode} on {args.host}:{args.port}", flush=True)
     if mode == "oom":
