@@ -5,7 +5,8 @@ the toolbar; state, model and live URL in the status chip and the title), the `S
 when the engine is READY, feeding the Monitor), the `NvmlThread` (GPU readings), the chat panel and
 endpoint panel (told the endpoint when it changes), the tray icon. Settings persist through
 QSettings. Stop closes the app's own streams before signalling the engine, so its graceful shutdown
-has nothing to cancel. Closing the window stops the engine's whole process group, so nothing is
+has nothing to cancel. A failure is shown only until something changes: a new model, an edited setting or
+a new Start clears the red banner, the port banner and CRASHED. Closing the window stops the engine's whole process group, so nothing is
 left holding VRAM — unless "keep serving when the window closes" is on and a tray icon can bring
 the window back.
 """
@@ -204,6 +205,7 @@ class MainWindow(QMainWindow):
 
     # ---- engine control ----------------------------------------------------------------------------------
     def start_engine(self) -> bool:
+        self._clear_failure()  # every attempt starts clean: a refused one must not show the last crash
         info = self.model_picker.info
         if info is None:
             self._on_message("Choose a model folder first (Engine tab → Model).")
@@ -214,8 +216,6 @@ class MainWindow(QMainWindow):
             return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
-        self.crash_box.setVisible(False)
-        self.port_banner.hide()
         return self.supervisor.start(str(info.path), values, self.extra_engine_args)
 
     def stop_engine(self) -> None:
@@ -249,6 +249,16 @@ class MainWindow(QMainWindow):
     def _choose_from_library(self, path: str) -> None:
         if self.model_picker.set_model_path(path):
             self.tabs.setCurrentIndex(0)
+
+    def _clear_failure(self) -> None:
+        """The last failure described the old model or settings (or the last attempt): show it no longer."""
+        self.crash_box.setVisible(False)
+        self.crash_box.clear()
+        self.port_banner.hide()
+        self.statusBar().clearMessage()
+        if self.supervisor.restart_pending and self.supervisor.process is None:
+            self._append_log("[pagedesk] The automatic restart was cancelled: the model or settings changed.\n")
+        self.supervisor.clear_failure()
 
     def _use_port(self, port: int) -> None:
         self.settings_form.set_values({"port": port})
@@ -329,12 +339,14 @@ class MainWindow(QMainWindow):
         """A new model, or None when the chosen path holds none (nothing may keep describing the old one)."""
         if info is not None:
             self.qsettings.setValue("model/path", str(info.path))
+        self._clear_failure()
         self.settings_form.set_model_context(info.context_length if info else None)
         self._update_capacity()
         self._update_endpoint()
         self._on_state(self.supervisor.state)
 
     def _on_settings_changed(self) -> None:
+        self._clear_failure()
         self._update_capacity()
         self._update_endpoint()
         self._show_status()

@@ -148,6 +148,18 @@ class EngineSupervisor(QObject):
                 process.waitForFinished(3000)
         self._signal_group(SIGKILL)  # stragglers whose leader already exited
 
+    def clear_failure(self) -> bool:
+        """Forget the last crash once the model or settings change, or a new start is tried: STOPPED again, the
+        crash's log tail dropped, and no automatic restart pending (it would relaunch the old settings). True
+        when there was a failure to forget."""
+        if self.process is not None or self.state != CRASHED:
+            return False
+        self._restart_timer.stop()
+        self.tail.clear()
+        self.last_exit_code = None
+        self._set_state(STOPPED)
+        return True
+
     @property
     def restart_pending(self) -> bool:
         """An automatic restart is scheduled (Stop cancels it)."""
