@@ -213,6 +213,10 @@ class MainWindow(QMainWindow):
         problems = self.settings_form.problems()
         if problems:
             self._on_message("Not started: " + " ".join(problems))
+            row = self.settings_form.focus_first_problem()
+            if row is not None:
+                self.tabs.setCurrentIndex(0)
+                self.settings_scroll.ensureWidgetVisible(row)
             return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
@@ -270,12 +274,19 @@ class MainWindow(QMainWindow):
             self.start_engine()
 
     # ---- reactions --------------------------------------------------------------------------------------------
-    def _on_state(self, state: str) -> None:
+    def _update_actions(self) -> None:
+        """Start and Restart need a model and settings without errors (each error is shown at its field)."""
+        state, sup = self.supervisor.state, self.supervisor
         running = state in (READY, STARTING, STOPPING)
-        sup = self.supervisor
-        self.start_action.setEnabled(not running and sup.process is None and self.model_picker.info is not None)
+        startable = self.model_picker.info is not None and not self.settings_form.problems()
+        self.start_action.setEnabled(not running and sup.process is None and startable)
+        self.start_action.setToolTip("Fix the settings marked in red first" if self.model_picker.info is not None
+                                     and not startable else "Start the engine with this model and these settings")
         self.stop_action.setEnabled(state != STOPPING and (running or sup.process is not None or sup.restart_pending))
-        self.restart_action.setEnabled(state != STOPPING and self.model_picker.info is not None)
+        self.restart_action.setEnabled(state != STOPPING and startable)
+
+    def _on_state(self, state: str) -> None:
+        self._update_actions()
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
@@ -349,6 +360,7 @@ class MainWindow(QMainWindow):
         self._clear_failure()
         self._update_capacity()
         self._update_endpoint()
+        self._update_actions()
         self._show_status()
 
     def _update_capacity(self) -> None:

@@ -211,3 +211,17 @@ def test_a_failure_is_forgotten_when_the_model_or_settings_change_and_on_every_a
     assert win.state_label.text().startswith("● STOPPED") and win.crash_box.isHidden()
     assert not win.port_banner.isHidden()
     assert "automatic restart was cancelled" in win.log_view.toPlainText()
+
+
+def test_a_settings_error_disables_start_until_it_is_fixed(window, qtbot, tmp_path):
+    win = window
+    choose_model(win, tmp_path)
+    assert win.start_action.isEnabled() and win.restart_action.isEnabled()
+    win.settings_form.set_values({"max_model_len": 10_000_000})  # the model has 32,768
+    assert not win.start_action.isEnabled() and not win.restart_action.isEnabled()
+    assert "marked in red" in win.start_action.toolTip()
+    assert not win.settings_form.editors["max_model_len"].error.isHidden()
+    assert not win.start_engine()  # the tray or a shortcut still cannot start it
+    assert "longer than the model's 32,768" in win.statusBar().currentMessage()
+    win.settings_form.set_values({"max_model_len": 4096})
+    assert win.start_action.isEnabled() and win.settings_form.editors["max_model_len"].error.isHidden()
