@@ -43,7 +43,8 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
-    return f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget", sizing.plan_cpu(cfg, float(budget), **common)
+    return f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget", sizing.plan_cpu(
+        cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len), **common)
 
 
 def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_bytes: list[int],

@@ -1,7 +1,7 @@
 """The engine-state snapshot (docs/engine-state.md) as plain data, decoded from its JSON.
 
 `blocks` is base64(zlib(state | ref_count | owner)): n bytes of state, n bytes of ref count, then n
-little-endian uint16 owner indices. `parse_state` turns one SSE payload into an `EngineState` whose
+little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block. `parse_state` turns one SSE payload into an `EngineState` whose
 `blocks` is the widget-ready `BlockSnapshot`. Pure functions, no Qt, no I/O.
 """
 from __future__ import annotations
@@ -35,6 +35,7 @@ class EngineState:
     generation_tokens_total: int = 0
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
+    kv_groups: list[str] = field(default_factory=list)  # KV cache group names, when there are several
 
 
 def decode_blocks(encoded: str, num_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -52,15 +53,26 @@ def encode_blocks(state: np.ndarray, ref_count: np.ndarray, owner: np.ndarray) -
     return base64.b64encode(zlib.compress(raw)).decode()
 
 
+def decode_block_groups(encoded: str, num_blocks: int) -> np.ndarray:
+    """Per block: 0 for none, g for kv_groups[g-1]."""
+    raw = zlib.decompress(base64.b64decode(encoded))
+    if len(raw) != num_blocks:
+        raise ValueError(f"block_groups payload has {len(raw)} bytes, expected num_blocks = {num_blocks}")
+    return np.frombuffer(raw, np.uint8).copy()
+
+
 def parse_state(data: dict) -> EngineState:
     n = int(data.get("num_blocks", 0))
     state, ref_count, owner = decode_blocks(data.get("blocks", ""), n)
+    kv_groups = [str(g) for g in data.get("kv_groups") or []]
+    groups = decode_block_groups(data["block_groups"], n) if kv_groups and data.get("block_groups") else None
     requests = list(data.get("requests") or [])
     memory = data.get("memory") or {}
     return EngineState(
         time=float(data.get("time", 0.0)), model=str(data.get("model", "")), device=str(data.get("device", "")),
         block_size=int(data.get("block_size", 0)), num_blocks=n,
-        blocks=BlockSnapshot(state, ref_count, owner, [str(r.get("id", "?")) for r in requests]),
+        blocks=BlockSnapshot(state, ref_count, owner, [str(r.get("id", "?")) for r in requests], groups,
+                             kv_groups if groups is not None else []),
         requests=requests, num_running=int(data.get("num_running", 0)), num_waiting=int(data.get("num_waiting", 0)),
         kv_cache_usage=float(data.get("kv_cache_usage", 0.0)),
         prefix_cache_hit_rate=float(data.get("prefix_cache_hit_rate", 0.0)),
@@ -69,4 +81,4 @@ def parse_state(data: dict) -> EngineState:
         generation_tokens_per_s=float(data.get("generation_tokens_per_s", 0.0)),
         prompt_tokens_total=int(data.get("prompt_tokens_total", 0)),
         generation_tokens_total=int(data.get("generation_tokens_total", 0)),
-        weights_bytes=memory.get("weights_bytes"), kv_cache_bytes=memory.get("kv_cache_bytes"))
+        weights_bytes=memory.get("weights_bytes"), kv_cache_bytes=memory.get("kv_cache_bytes"), kv_groups=kv_groups)

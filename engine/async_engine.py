@@ -6,7 +6,9 @@ event loop never touches the LLMEngine. An exception in `step()` marks the engin
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
 never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
 least FIRST_STEP_TIMEOUT_S) declares a step that never returns dead the same way, and ends the
-tensor-parallel workers so a collective stuck on one of them fails. A caller that goes away closes
+tensor-parallel workers so a collective stuck on one of them fails; it also asks the tensor-parallel
+executor every LIVENESS_POLL_S whether a worker stopped beating (SIGSTOP, a hung card), so /health turns
+503 within seconds of that on any device, not after the step timeout. A caller that goes away closes
 its `RequestStream`, which aborts the request at once so its blocks are freed.
 """
 from __future__ import annotations
@@ -33,6 +35,7 @@ DEFAULT_STEP_TIMEOUT_S = {"cuda": 30.0, "cpu": 600.0}  # --step-timeout unset: a
 IDLE_WAIT_S = 0.25  # how long an idle engine thread blocks on its command queue
 STATS_EVERY_S = 0.1
 RATE_WINDOW_S = 2.0
+LIVENESS_POLL_S = 0.5
 
 
 class EngineNotReadyError(RuntimeError):
@@ -265,7 +268,7 @@ class AsyncEngine:
                                                  getattr(self.engine, "device", None))
         self.status = "ready"
         self.ready_event.set()
-        if self.step_timeout > 0:
+        if self.step_timeout > 0 or self._liveness() is not None:
             threading.Thread(target=self._watchdog, name="pagedesk-step-watchdog", daemon=True).start()
         return True
 
@@ -379,18 +382,30 @@ class AsyncEngine:
         elapsed = now - started
         return elapsed if elapsed > limit else None
 
+    def _liveness(self) -> Callable[[], str | None] | None:
+        """The executor's thread-safe liveness check (tensor parallel only)."""
+        return getattr(getattr(self.engine, "runner", None), "liveness_problem", None)
+
     def _watchdog(self) -> None:
-        poll = min(1.0, self.step_timeout / 4)
+        poll = min(1.0, self.step_timeout / 4) if self.step_timeout > 0 else LIVENESS_POLL_S
+        liveness = self._liveness()
+        if liveness is not None:
+            poll = min(poll, LIVENESS_POLL_S)
         while not self._watchdog_stop.wait(poll) and self.status == "ready":
+            problem = liveness() if liveness is not None else None
+            if problem is not None:
+                self._declare_stuck(message=problem)
+                return
             elapsed = self.stuck_seconds(time.monotonic())
             if elapsed is not None:
                 self._declare_stuck(elapsed)
                 return
 
-    def _declare_stuck(self, elapsed: float) -> None:
-        """Watchdog thread: the engine thread is stuck inside step(); fail everything without its help."""
-        message = (f"an engine step has run for {elapsed:.0f} s, over the {self.step_timeout:g} s limit "
-                   "(--step-timeout): a GPU or a tensor-parallel worker is stuck; restart the engine")
+    def _declare_stuck(self, elapsed: float = 0.0, message: str | None = None) -> None:
+        """Watchdog thread: the engine thread is stuck inside step(), or a worker stopped; fail everything
+        without the engine thread's help."""
+        message = message or (f"an engine step has run for {elapsed:.0f} s, over the {self.step_timeout:g} s limit "
+                              "(--step-timeout): a GPU or a tensor-parallel worker is stuck; restart the engine")
         log.error(message)
         with self._lock:
             if self.status != "ready":

@@ -4,7 +4,10 @@ Free blocks sit in an intrusive doubly linked list threaded through the Block ob
 order (least recently freed first), so taking a block, freeing one and pulling a cached block back out
 of the middle are all O(1) with no allocation. A freed block keeps its hash, so a later request with the
 same prefix can reuse it, until the block is handed out again. Hashes chain (parent hash, token ids)
-through SHA-256, so a hit is collision-safe.
+through SHA-256, so a hit is collision-safe. KV cache groups share the pool; a group past the first keys
+its cached blocks by the token hash tagged with the group (`group_key`), so equal tokens in two groups are
+two different cached blocks. `NULL_BLOCK` stands in a sliding-window table for a block freed behind the
+window: never in the pool, never written, its ref count never reaches zero.
 """
 from __future__ import annotations
 
@@ -25,6 +28,16 @@ class Block:
 
     def __repr__(self) -> str:
         return f"Block({self.block_id}, ref={self.ref_count}, cached={self.block_hash is not None})"
+
+
+NULL_BLOCK = Block(0)  # table filler where a window group freed a block: attention masks those positions out
+NULL_BLOCK.ref_count = 1 << 62  # touch/free by forks and frees move it up and down, never to zero
+NULL_BLOCK.block_hash = b"null"  # "already hashed": never registered in the prefix cache
+
+
+def group_key(block_hash: bytes, group: int) -> bytes:
+    """A cached block's key in the pool: group 0 uses the token hash itself (single-group models pay nothing)."""
+    return block_hash if group == 0 else block_hash + group.to_bytes(2, "little")
 
 
 class FreeBlockQueue:

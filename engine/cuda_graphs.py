@@ -7,7 +7,8 @@ The attention kernel picks its KV split count from the block-table width, which 
 each batch size is captured at the context lengths of a ladder where that choice changes
 (`split_key`; lengths with the same kernel configuration share one graph), and a step replays the
 narrowest graph that covers its longest sequence. A capture that fails (a driver, NCCL or kernel that
-cannot be captured) logs one line and leaves decode eager. On CPU, or to test the padding logic without
+cannot be captured) logs one line and leaves decode eager. KV cache groups past the first (sliding-window
+models) get their own static block tables and slots, filled the same way. On CPU, or to test the padding logic without
 a GPU, `capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except
 the capture call itself.
 """
@@ -60,16 +61,22 @@ class StaticBuffers:
     block_tables: torch.Tensor
     seq_lens: torch.Tensor
     query_start_loc: torch.Tensor
+    group_slot_mappings: torch.Tensor | None = None  # [num_groups - 1, max batch]
+    group_block_tables: torch.Tensor | None = None  # [num_groups - 1, max batch, max blocks]
 
     def meta(self, batch: int, context_len: int, block_size: int) -> AttentionMetadata:
         width = -(-context_len // block_size)
-        return AttentionMetadata(self.slot_mapping[:batch], self.block_tables[:batch, :width], self.seq_lens[:batch],
+        meta = AttentionMetadata(self.slot_mapping[:batch], self.block_tables[:batch, :width], self.seq_lens[:batch],
                                  self.query_start_loc[:batch + 1], 1, context_len)
+        if self.group_block_tables is not None:
+            meta.group_slot_mappings = self.group_slot_mappings[:, :batch]
+            meta.group_block_tables = self.group_block_tables[:, :batch, :width]
+        return meta
 
 
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, max_model_len: int, block_size: int, device: torch.device,
-                 capture: bool = True, split_key: SplitKey | None = None) -> None:
+                 capture: bool = True, split_key: SplitKey | None = None, num_kv_groups: int = 1) -> None:
         self.model = model
         self.ladder = batch_size_ladder(max_batch)
         self.max_batch = self.ladder[-1]
@@ -86,6 +93,9 @@ class DecodeGraphs:
                 slot_mapping=torch.full((b,), -1, dtype=torch.long),
                 block_tables=torch.zeros(b, self.max_blocks, dtype=torch.int32),
                 seq_lens=torch.ones(b, dtype=torch.int32), query_start_loc=torch.arange(b + 1, dtype=torch.int32))
+            if num_kv_groups > 1:
+                self.buffers.group_slot_mappings = torch.full((num_kv_groups - 1, b), -1, dtype=torch.long)
+                self.buffers.group_block_tables = torch.zeros(num_kv_groups - 1, b, self.max_blocks, dtype=torch.int32)
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context length) -> graph
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool_bytes = 0
@@ -166,6 +176,12 @@ class DecodeGraphs:
         buf.seq_lens[:n].copy_(torch.as_tensor(inputs.seq_lens), non_blocking=True)
         buf.block_tables[:n, :width].copy_(torch.as_tensor(inputs.block_tables), non_blocking=True)
         buf.block_tables[:n, width:] = 0
+        if buf.group_block_tables is not None:
+            buf.group_slot_mappings[:, :n].copy_(torch.as_tensor(inputs.group_slot_mappings), non_blocking=True)
+            buf.group_block_tables[:, :n, :width].copy_(torch.as_tensor(inputs.group_block_tables), non_blocking=True)
+            buf.group_block_tables[:, :n, width:] = 0
+            buf.group_slot_mappings[:, n:batch] = -1
+            buf.group_block_tables[:, n:batch] = 0
         if batch > n:  # padding rows: no write, one token of context in block 0, output discarded
             buf.input_ids[n:batch] = 0
             buf.positions[n:batch] = 0

@@ -7,8 +7,12 @@ two one-way OS pipes per worker (never a network socket): each step rank 0 prepa
 `StepInputs` once, sends them to every worker, runs its own forward — tensors meet in the layers'
 torch.distributed collectives (gloo on CPU, NCCL on CUDA) — and then waits for every worker's ack while
 watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
-never a hang. Shutdown, garbage collection and interpreter exit all end the workers; the workers end
-themselves if this process dies (engine/parent_watch.py). The rendezvous store lives in a temp folder
+never a hang. Each worker also bumps a shared heartbeat counter from its own thread; the watch thread
+notices a worker whose counter stopped for HEARTBEAT_TIMEOUT_S (SIGSTOP, a hung card) however long the
+step, and `liveness_problem` says so to the server's watchdog, which turns /health 503 and ends the group.
+Shutdown, garbage collection and interpreter exit all end the workers: a "shutdown" command after rank 0's
+last step (workers ignore SIGINT/SIGTERM, so a signal to the process group cannot cut a step short), then
+SIGKILL after a grace period; the workers end themselves if this process dies (engine/parent_watch.py). The rendezvous store lives in a temp folder
 named after this process's pid; a new group removes the folders of processes that died without cleanup.
 """
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any, Callable
 import torch
 
 from engine.distributed import destroy_distributed, init_distributed
+from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
-from engine.peer_access import nccl_environment, peer_copy_works
+from engine.peer_access import PeerAccessCache, nccl_environment
 from engine.tp_worker import WorkerSpec, worker_main
 
 logger = logging.getLogger("pagedesk.engine")
@@ -43,6 +48,7 @@ POLL_S = 0.25
 # After rank 0's own forward fails, how long to wait for a worker's exit or error report to explain it.
 FAILURE_GRACE_S = 3.0
 STOP_GRACE_S = 5.0
+HEARTBEAT_TIMEOUT_S = 5.0  # no beat for this long: the worker is stopped (its beats come every 0.5 s)
 ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
             "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
             "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs"}
@@ -103,6 +109,7 @@ class _Worker:
     process: mp.process.BaseProcess
     commands: Connection  # rank 0 -> worker: (method, args)
     results: Connection  # worker -> rank 0: ("ok", result) | ("error", traceback)
+    heartbeat: Any = None  # shared RawValue("Q") the worker's heartbeat thread counts up
 
 
 @dataclass
@@ -123,12 +130,11 @@ class _GroupResources:
         for w in self.workers:
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))
         for w in self.workers:
-            if w.process.is_alive():
-                w.process.terminate()
-                w.process.join(timeout=2.0)
-            if w.process.is_alive():
+            if w.process.is_alive():  # workers ignore SIGTERM: only a kill ends one that did not leave
                 w.process.kill()
                 w.process.join(timeout=2.0)
+            logger.info("tensor-parallel worker rank %d (pid %s) ended with exit code %s", w.rank, w.process.pid,
+                        w.process.exitcode)
             w.commands.close()
             w.results.close()
         if self.watch_stop is not None:
@@ -148,6 +154,7 @@ class TensorParallelExecutor:
                                "down first")
         self.size, self.failure, self._closed = size, None, False
         self._exited: _Worker | None = None  # set by the watch thread the moment a worker process ends
+        self._stalled: str | None = None  # set by the watch thread when a worker's heartbeat stops
         self.dist_backend = "nccl" if device.type == "cuda" else "gloo"
         env = self._prepare_devices(device, size)
         remove_stale_store_dirs()
@@ -163,12 +170,13 @@ class TensorParallelExecutor:
             # Two one-way OS pipes (not a socketpair): commands in, results out.
             command_reader, command_writer = ctx.Pipe(duplex=False)
             result_reader, result_writer = ctx.Pipe(duplex=False)
-            process = ctx.Process(target=worker_main, args=(spec, command_reader, result_writer),
+            heartbeat = ctx.RawValue("Q", 0)
+            process = ctx.Process(target=worker_main, args=(spec, command_reader, result_writer, heartbeat),
                                   name=f"pagedesk-tp-rank{rank}", daemon=True)
             process.start()
             command_reader.close()  # the worker's ends: closed here, so its death shows as EOF
             result_writer.close()
-            self.workers.append(_Worker(rank, process, command_writer, result_reader))
+            self.workers.append(_Worker(rank, process, command_writer, result_reader, heartbeat))
         try:
             self._watch(lambda: init_distributed(0, size, self.dist_backend, store_path, DIST_TIMEOUT_S), "join")
             self._resources.joined = True
@@ -189,8 +197,12 @@ class TensorParallelExecutor:
         if torch.cuda.device_count() < size:
             raise ValueError(f"--tensor-parallel-size {size} needs {size} GPUs but {torch.cuda.device_count()} "
                              "are visible; lower --tensor-parallel-size or check CUDA_VISIBLE_DEVICES")
-        env = nccl_environment(size, peer_copy_works, os.environ)
+        if "NCCL_P2P_DISABLE" in os.environ:
+            env = {}  # the user's choice: no probe
+        else:  # probed in a throwaway process (no context of ours on the other cards), cached per driver and card
+            env = nccl_environment(size, PeerAccessCache(size), os.environ)
         os.environ.update(env)  # rank 0 too, before its NCCL starts
+        gpu_baseline.record(0)  # before set_device makes this process's context
         torch.cuda.set_device(0)
         return env
 
@@ -260,8 +272,16 @@ class TensorParallelExecutor:
                     pass
 
     def check_health(self) -> None:
-        """Raise RuntimeError if a worker has died (even while the engine sat idle)."""
+        """Raise RuntimeError if a worker has died or stopped (even while the engine sat idle)."""
+        if self._stalled is not None and self.failure is None:
+            raise self._fail(self._stalled)
         self._ensure_usable()
+
+    def liveness_problem(self) -> str | None:
+        """Why the group cannot run a step because a worker stopped beating, or None; safe from any thread and
+        answers at once even while a step is stuck in a collective. (A worker that exited fails the engine's
+        next call with its exit code.)"""
+        return self._stalled
 
     def _ensure_usable(self) -> None:
         if self._exited is not None and self.failure is None:
@@ -383,15 +403,37 @@ class TensorParallelExecutor:
                                 abort=self.failure is not None)
 
 
-def _watch_workers(executor_ref: weakref.ref, resources: _GroupResources, stop: Connection) -> None:
-    """Log a worker's death the moment it happens, even while idle; the executor's next call then fails with
-    the cause. Waits on the sentinels only (reaping and the pipes stay with the engine's thread) and holds no
-    strong reference to the executor, so garbage collection can still end the group."""
+def _watch_workers(executor_ref: weakref.ref, resources: _GroupResources, stop: Connection,
+                   timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
+    """Log a worker's death the moment it happens, and a worker whose heartbeat stopped for `timeout_s`,
+    even while idle; the executor's next call then fails with the cause. Waits on the sentinels only (reaping
+    and the pipes stay with the engine's thread) and holds no strong reference to the executor, so garbage
+    collection can still end the group."""
     by_sentinel = {w.process.sentinel: w for w in resources.workers}
-    ready = wait([*by_sentinel, stop])
-    ended = [by_sentinel[s] for s in ready if s in by_sentinel]
-    executor = executor_ref()
-    if ended and executor is not None and not resources.released:
-        executor._exited = ended[0]
-        logger.error("tensor-parallel worker rank %d (pid %d) exited; the engine fails on its next call",
-                     ended[0].rank, ended[0].process.pid)
+    last = {w.rank: (w.heartbeat.value if w.heartbeat is not None else 0, time.monotonic()) for w in resources.workers}
+    while True:
+        ready = wait([*by_sentinel, stop], timeout=min(POLL_S * 2, timeout_s / 4))
+        if stop in ready or resources.released:
+            return
+        ended = [by_sentinel[s] for s in ready if s in by_sentinel]
+        executor = executor_ref()
+        if executor is None:
+            return
+        if ended:
+            executor._exited = ended[0]
+            logger.error("tensor-parallel worker rank %d (pid %d) exited; the engine fails on its next call",
+                         ended[0].rank, ended[0].process.pid)
+            return
+        now = time.monotonic()
+        for w in resources.workers:
+            if w.heartbeat is None:
+                continue
+            count, since = last[w.rank]
+            if w.heartbeat.value != count:
+                last[w.rank] = (w.heartbeat.value, now)
+            elif now - since > timeout_s and executor._stalled is None:
+                executor._stalled = (f"tensor-parallel worker rank {w.rank} (pid {w.process.pid}) has sent no "
+                                     f"heartbeat for {now - since:.0f} s: it is stopped (SIGSTOP, a debugger) or "
+                                     "its card hangs; the engine cannot run a step without it; restart the engine")
+                logger.error(executor._stalled)
+        del executor

@@ -1,21 +1,50 @@
-"""KVCacheManager: which physical blocks each sequence gets, prefix-cache hits, forks and copy-on-write.
+"""KVCacheManager: which physical blocks each sequence gets, per KV cache group, from one shared pool.
 
-It grows a sequence's block table on demand (only as far as the tokens scheduled this step), looks up
-the longest cached run of full prompt blocks on admission, hashes blocks as they fill, and shares blocks
-between sequences by ref count. A shared, partly filled block is copied before a sequence writes into it
-(`pending_copies`, executed by the model runner before the forward).
+The coordinator over one small manager per group (engine/single_type_kv_cache_manager.py). It grows a
+sequence's block tables on demand (only as far as the tokens scheduled this step; every group's table
+has the same length), looks up the longest cached run of full prompt blocks on admission, hashes blocks
+as they fill, and shares blocks between sequences by ref count. A shared, partly filled block is copied
+before a sequence writes into it (`pending_copies`, executed by the model runner before the forward).
+Sliding-window groups free blocks behind their window as a sequence grows.
+
+A prefix hit must hold in every group: the full-attention groups give the longest cached prefix, each
+window group then needs the blocks covering the window just before the hit's end (and lowers the hit
+until it finds them); the full groups are cut to the common length (any prefix of their run is a hit).
+A model with one full-attention group takes the same paths, with the same cost, as before groups existed.
 """
 from __future__ import annotations
 
-from engine.block_pool import Block, BlockPool, hash_block
+from engine.block_pool import NULL_BLOCK, Block, BlockPool, hash_block
+from engine.kv_cache_interface import FULL_ATTENTION, FullAttentionSpec, KVSpec
 from engine.sequence import Sequence
+from engine.single_type_kv_cache_manager import make_manager
+
+
+class KVCacheBlocks:
+    """A prefix hit: per group, the blocks of the first `len(self)` table entries (NULL_BLOCK where a window
+    group does not need one)."""
+
+    __slots__ = ("blocks",)
+
+    def __init__(self, blocks: tuple[list[Block], ...]) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks[0])
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool) -> None:
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
+                 group_specs: list[KVSpec] | None = None) -> None:
+        """`group_specs`: one spec per KV cache group (engine/kv_cache_interface.py); default one full group."""
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
+        specs = group_specs or [FullAttentionSpec(block_size, 1, 1, 1)]
+        assert all(s.block_size == block_size for s in specs), "every group uses the pool's block size"
+        self.managers = [make_manager(self.pool, spec, g) for g, spec in enumerate(specs)]
+        self.num_groups = len(self.managers)
+        self.window_managers = [m for m in self.managers if m.spec.kind != FULL_ATTENTION]
         self.pending_copies: list[tuple[int, int]] = []  # (src block id, dst block id)
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
@@ -23,47 +52,79 @@ class KVCacheManager:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def get_computed_blocks(self, seq: Sequence) -> list[Block]:
-        """Longest run of cached full blocks at the start of a fresh sequence (never its last token)."""
+    def new_tables(self) -> list[list[Block]]:
+        """A fresh sequence's (empty) block table per group."""
+        return [[] for _ in range(self.num_groups)]
+
+    def get_computed_blocks(self, seq: Sequence) -> KVCacheBlocks | list:
+        """Longest prefix of full blocks cached in every group for a fresh sequence (never its last token)."""
         if not self.enable_caching or seq.num_computed_tokens or seq.block_table:
             return []
         if seq.params.prompt_logprobs is not None:  # cached blocks never had their logits computed
             return []
         self._hash_full_blocks(seq, seq.num_tokens)
-        hits: list[Block] = []
-        for block_hash in seq.block_hashes[:(seq.num_tokens - 1) // self.block_size]:
-            block = self.pool.lookup(block_hash)
-            if block is None:
+        hashes = seq.block_hashes
+        hit = (seq.num_tokens - 1) // self.block_size
+        found: list[list[Block] | None] = [None] * self.num_groups
+        for g, manager in enumerate(self.managers):  # full groups come first in the layout
+            if manager.spec.kind == FULL_ATTENTION:
+                found[g] = manager.find_longest_cache_hit(hashes, hit)
+                hit = len(found[g])
+        while self.window_managers and hit:  # each window group may lower the hit; stop when all agree
+            lowered = hit
+            for manager in self.window_managers:
+                found[manager.group] = manager.find_longest_cache_hit(hashes, lowered)
+                lowered = len(found[manager.group])
+            if lowered == hit:
                 break
-            hits.append(block)
-        return hits
+            hit = lowered
+        if not hit:
+            return []
+        return KVCacheBlocks(tuple(blocks[:hit] for blocks in found))
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: list[Block] = ()) -> bool:
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | list = ()) -> bool:
         """Reserve blocks for `num_new_tokens` more tokens (after any prefix hit); False if they don't fit."""
         bs = self.block_size
-        if not computed and seq.num_computed_tokens % bs:  # fast path: a decode inside its last block
+        tables = seq.block_tables
+        # Fast path: a decode inside its last block (the tables exist: some tokens are computed). This runs for
+        # most sequences every step, so one group keeps its own branch, with nothing more than before groups.
+        if not computed and seq.num_computed_tokens % bs:
             total = seq.num_computed_tokens + num_new_tokens
-            if total <= len(seq.block_table) * bs and seq.block_table[-1].ref_count == 1:
-                if self.enable_caching and total % bs == 0:
-                    self._cache_full_blocks(seq, total)
-                return True
-        num_computed = seq.num_computed_tokens + len(computed) * bs
+            last = tables[0]
+            if total <= len(last) * bs and last[-1].ref_count == 1:
+                if self.num_groups == 1:
+                    if self.enable_caching and total % bs == 0:
+                        self._cache_full_blocks(seq, total)
+                    return True
+                if all(t[-1].ref_count == 1 for t in tables):
+                    for manager in self.window_managers:
+                        manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
+                    if self.enable_caching and total % bs == 0:
+                        self._cache_full_blocks(seq, total)
+                    return True
+        if len(tables) != self.num_groups:  # a fresh sequence: one empty table per group
+            tables = seq.block_tables = self.new_tables()
+        num_hit = len(computed)
+        hits = computed.blocks if num_hit else (None,) * self.num_groups
+        num_computed = seq.num_computed_tokens + num_hit * bs
         total = num_computed + num_new_tokens
-        num_new_blocks = self.blocks_needed(total) - len(seq.block_table) - len(computed)
-        cow = self._needs_copy(seq, num_computed)
-        revived = sum(1 for b in computed if b.ref_count == 0)  # cached free blocks leave the free queue
-        if num_new_blocks + cow + revived > self.pool.num_free_blocks:
+        for manager in self.window_managers:  # behind the window now: free before counting what is needed
+            manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
+        num_new_blocks = self.blocks_needed(total) - len(tables[0]) - num_hit
+        cows = [m.needs_copy(seq, num_computed) for m in self.managers]
+        # Cached free blocks of a hit leave the free queue; NULL_BLOCK never counts (never at zero).
+        revived = sum(1 for blocks in hits for b in blocks if b.ref_count == 0) if num_hit else 0
+        if max(0, num_new_blocks) * self.num_groups + sum(cows) + revived > self.pool.num_free_blocks:
             return False
-        if self.enable_caching and not seq.block_table:  # a fresh admission: count its prefix lookup
+        if self.enable_caching and not tables[0]:  # a fresh admission: count its prefix lookup
             self.prefix_queries += seq.num_tokens
-            self.prefix_hits += len(computed) * self.block_size
-        if computed:
-            self.pool.touch(computed)
-            seq.block_table.extend(computed)
-            seq.num_computed_tokens = num_computed
-        if cow:
-            self._copy_on_write(seq, num_computed // self.block_size)
-        seq.block_table.extend(self.pool.get_new_blocks(max(0, num_new_blocks)))
+            self.prefix_hits += num_hit * bs
+        if num_hit:
+            for manager, hit in zip(self.managers, hits):
+                manager.take_hit(seq, hit)
+        for manager, cow in zip(self.managers, cows):
+            manager.allocate(seq, num_computed, cow, num_new_blocks, self.pending_copies)
+        seq.num_computed_tokens = num_computed
         if self.enable_caching:
             self._cache_full_blocks(seq, total)
         return True
@@ -75,18 +136,20 @@ class KVCacheManager:
         freed in between (preempted in the step that scheduled it) un-registers the blocks it never computed,
         so no later prefix hit can read their unwritten slots."""
         first_uncomputed = seq.num_computed_tokens // self.block_size
-        for block in seq.block_table[first_uncomputed:seq.num_cached_blocks]:
-            assert block.ref_count == 1, f"{block} is shared but was never computed"
-            self.pool.uncache_block(block)
-        self.pool.free_blocks(reversed(seq.block_table))
-        seq.block_table = []
+        if len(seq.block_tables) != self.num_groups:  # never allocated anything
+            seq.block_tables = self.new_tables()
+        for manager in self.managers:
+            manager.free(seq, first_uncomputed, seq.num_cached_blocks)
         seq.num_computed_tokens = 0
         seq.num_cached_blocks = 0
 
     def fork(self, parent: Sequence, child: Sequence) -> None:
-        """Give `child` the parent's blocks by reference; later writes copy the shared partial block."""
-        self.pool.touch(parent.block_table)
-        child.block_table = list(parent.block_table)
+        """Give `child` the parent's blocks by reference in every group; later writes copy the shared partial
+        block."""
+        child.block_tables = []
+        for table in parent.block_tables:
+            self.pool.touch(table)
+            child.block_tables.append(list(table))
         child.block_hashes = list(parent.block_hashes)
         child.num_computed_tokens = parent.num_computed_tokens
         child.num_cached_blocks = parent.num_cached_blocks
@@ -95,17 +158,9 @@ class KVCacheManager:
         copies, self.pending_copies = self.pending_copies, []
         return copies
 
-    def _needs_copy(self, seq: Sequence, num_computed: int) -> bool:
-        index = num_computed // self.block_size
-        return (num_computed % self.block_size != 0 and index < len(seq.block_table)
-                and seq.block_table[index].ref_count > 1)
-
-    def _copy_on_write(self, seq: Sequence, index: int) -> None:
-        shared = seq.block_table[index]
-        fresh = self.pool.get_new_blocks(1)[0]
-        self.pending_copies.append((shared.block_id, fresh.block_id))
-        self.pool.free_blocks([shared])
-        seq.block_table[index] = fresh
+    def num_held_blocks(self, seq: Sequence) -> int:
+        """Physical blocks a sequence's tables reference (window groups' freed entries not counted)."""
+        return sum(1 for table in seq.block_tables for b in table if b is not NULL_BLOCK)
 
     def _hash_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         bs = self.block_size
@@ -115,10 +170,10 @@ class KVCacheManager:
             seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], salt))
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Blocks that will be full after this step become findable by their hash."""
+        """Blocks that will be full after this step become findable by their hash, in every group."""
         self._hash_full_blocks(seq, num_tokens)
-        for i in range(seq.num_cached_blocks, num_tokens // self.block_size):
-            block = seq.block_table[i]
-            if block.block_hash is None:
-                self.pool.cache_block(block, seq.block_hashes[i])
-        seq.num_cached_blocks = max(seq.num_cached_blocks, num_tokens // self.block_size)
+        last = num_tokens // self.block_size
+        if last > seq.num_cached_blocks:
+            for manager in self.managers:
+                manager.cache_full_blocks(seq, seq.num_cached_blocks, last)
+            seq.num_cached_blocks = last

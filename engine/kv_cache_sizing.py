@@ -3,7 +3,8 @@
 The arithmetic is engine/sizing.py's (shared with the GUI planner); this module only measures. On CUDA
 every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
 loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
-KV cache, then the sampler at max_num_seqs × vocab), memory outside torch's allocator (CUDA context,
+KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, while the step's
+hidden states and logits are still held), memory outside torch's allocator (CUDA context,
 cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool takes the
 smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090,
 the desktop on one of them) are sized by the card with the least room.
@@ -15,9 +16,10 @@ import logging
 import torch
 
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
+from engine.kv_cache_interface import model_kv_layout
 from engine.model_config import ModelConfig
-from engine.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, kv_bytes_per_token, \
-    other_programs_note, plan_cpu, plan_from_budget, plan_from_profile
+from engine.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, plan_cpu, \
+    plan_from_budget, plan_from_profile
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -28,14 +30,15 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     if runner.device.type == "cuda":
-        per_token = kv_bytes_per_token(model_config, kv_dtype.itemsize, config.tensor_parallel_size)
+        layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size)
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
-        plan = smallest_plan(config, model_config, profiles, per_token)
+        plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
+                             max_num_batched_tokens)
     else:
         plan = plan_cpu(model_config, config.kv_cache_memory if config.kv_cache_memory is not None
                         else DEFAULT_CPU_KV_CACHE_GIB, kv_cache_dtype=_dtype_name(kv_dtype),
                         max_num_seqs=config.max_num_seqs, block_size=config.block_size,
-                        weights_bytes=runner.weights_bytes())
+                        weights_bytes=runner.weights_bytes(), max_num_batched_tokens=max_num_batched_tokens)
         logger.info("CPU: %s", plan.summary())
     if not plan.fits:
         raise ValueError(plan.explain_misfit())
@@ -48,14 +51,16 @@ def _dtype_name(dtype: torch.dtype) -> str:
 
 
 def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: list[MemoryProfile],
-                  per_token: int) -> CapacityPlan:
+                  per_token: int, layout=None, max_num_batched_tokens: int = 0) -> CapacityPlan:
     """Plan every card from its measurements and return the plan with the fewest blocks (the MIN over ranks).
-    With --kv-cache-memory the budget is absolute (a sibling engine on the card is not "other programs")."""
+    With --kv-cache-memory the budget is absolute (a sibling engine on the card is not "other programs").
+    `layout` (KV cache groups) makes "tokens that fit" count window groups at their bound."""
     plans = []
     for profile in profiles:
         if config.kv_cache_memory is not None:
             plan = plan_from_budget(profile, int(config.kv_cache_memory * GIB), per_token, config.block_size,
-                                    model_config.max_model_len, config.tensor_parallel_size)
+                                    model_config.max_model_len, config.tensor_parallel_size, layout,
+                                    max_num_batched_tokens)
             error = budget_room_error(plan)
             if error:
                 raise ValueError(error)
@@ -66,7 +71,8 @@ def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: lis
         if note:
             logger.warning(note)
         plan = plan_from_profile(profile, config.gpu_memory_utilization, per_token, config.block_size,
-                                 model_config.max_model_len, config.tensor_parallel_size)
+                                 model_config.max_model_len, config.tensor_parallel_size, layout,
+                                 max_num_batched_tokens)
         logger.info("%s: %s", profile.card, plan.summary())
         plans.append(plan)
     return min(plans, key=lambda p: p.num_blocks)

@@ -17,6 +17,7 @@ import torch
 from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.config import EngineConfig
 from engine.executor import create_executor
+from engine.kv_cache_interface import model_kv_layout
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
@@ -66,7 +67,9 @@ class LLMEngine:
         except BaseException:
             self.runner.shutdown()  # no worker outlives a failed start
             raise
-        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 [group.spec for group in self.kv_layout.groups])
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
@@ -89,6 +92,7 @@ class LLMEngine:
         if priority and self.config.scheduling_policy != "priority":
             raise ValueError(f"priority must be 0 unless the engine runs with --scheduling-policy priority, "
                              f"got {priority}")
+        self._check_width("n", params.n)
         prompt_text, prompt_ids = self._tokenize(prompt)
         self._validate(prompt_ids, params)
         if params.bad_words:
@@ -109,10 +113,18 @@ class LLMEngine:
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
                          arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
         """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
+        self._check_width("beam_width", params.beam_width)
         sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
         self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
+
+    def _check_width(self, name: str, width: int) -> None:
+        """Every sequence of a request counts against max_num_seqs (the scheduler admits it whole), so a
+        wider request could never run."""
+        if width > self.config.max_num_seqs:
+            raise ValueError(f"{name} ({width}) is more than max_num_seqs ({self.config.max_num_seqs}): every "
+                             f"output of a request runs as its own sequence; lower {name} or raise --max-num-seqs")
 
     def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):
@@ -218,7 +230,8 @@ class LLMEngine:
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
         from engine.block_snapshot import snapshot_blocks
-        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting))
+        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting),
+                               self.kv_layout.group_names())
 
     def memory_usage(self) -> dict[str, int]:
         return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}

@@ -18,6 +18,8 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
 from engine.distributed import get_tp_size
+from engine.gpu_baseline import free_bytes_at_start
+from engine.kv_cache_interface import model_kv_layout
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
@@ -26,7 +28,7 @@ from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
-from engine.profiling import profile_batch, profile_sampler
+from engine.profiling import profile_batch, profile_sampling_batch
 from engine.sizing import estimate_graph_bytes
 from engine.warm_up import warm_up_kernels
 
@@ -84,6 +86,9 @@ class StepInputs:
     prompt_logits_rows: list[int] = field(default_factory=list)  # token rows whose next prompt token is scored
     prompt_targets: list[int] = field(default_factory=list)  # that next prompt token, per row
     prompt_logprobs_k: int = 0  # top-k width asked by the step's prompt-logprobs requests
+    # KV cache groups past the first (models with sliding-window layers): their tables and slots, same shapes.
+    group_block_tables: np.ndarray | None = None  # [num_groups - 1, num_seqs, max_blocks] int32
+    group_slot_mappings: np.ndarray | None = None  # [num_groups - 1, num_tokens] int64
 
 
 @dataclass(slots=True)
@@ -110,8 +115,8 @@ class ModelRunner:
         self.config = model_config
         self.device, self.dtype, self.block_size = device, dtype, block_size
         self.attention_backend = attention_backend
-        # Free memory before our weights, so sizing can tell what the desktop and other programs hold.
-        self.free_bytes_at_start, self.total_bytes = torch.cuda.mem_get_info(device) if device.type == "cuda" \
+        # Free memory before our weights and our CUDA context, so sizing can tell what other programs hold.
+        self.free_bytes_at_start, self.total_bytes = free_bytes_at_start(device.index) if device.type == "cuda" \
             else (0, 0)
         torch.set_default_dtype(dtype)
         try:
@@ -121,6 +126,7 @@ class ModelRunner:
             torch.set_default_dtype(torch.float32)
         self.model.load_weights(iterate_weights(model_path, device="cpu"))
         self.model.eval()
+        self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
 
@@ -128,11 +134,15 @@ class ModelRunner:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
+        table of its group; without sliding windows that is one slot per layer and a single group."""
         attn = self.model.attention_layers()
-        shape = (len(attn), 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
+        layout = self.kv_layout
+        shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
-        for i, layer in enumerate(attn):
-            layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
+        for layer, slot, group in zip(attn, layout.layer_slots, layout.layer_groups):
+            layer.bind_cache(self.kv_cache[slot, 0], self.kv_cache[slot, 1])
+            layer.kv_group = group
 
     def release_kv_cache(self) -> None:
         """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
@@ -147,7 +157,7 @@ class ModelRunner:
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
-                                   capture, split_key)
+                                   capture, split_key, len(self.kv_layout.groups))
 
     def capture_decode_graphs(self) -> None:
         """After the KV cache exists: capture the decode graphs, then compile the Triton variants the
@@ -190,17 +200,19 @@ class ModelRunner:
         num_new = np.fromiter((item.num_new_tokens for item in batch), np.int64, len(batch))
         computed = np.fromiter((item.seq.num_computed_tokens for item in batch), np.int64, len(batch))
         samples = np.fromiter((item.samples for item in batch), bool, len(batch))
-        block_ids = [[b.block_id for b in item.seq.block_table] for item in batch]
-        table_lens = np.fromiter(map(len, block_ids), np.int64, len(batch))
-        tables = np.zeros((len(batch), int(table_lens.max())), dtype=np.int32)
-        tables[np.arange(tables.shape[1]) < table_lens[:, None]] = np.fromiter(chain.from_iterable(block_ids),
-                                                                               np.int32, int(table_lens.sum()))
+        tables = self._block_table_array([item.seq.block_table for item in batch])
         query_start = np.zeros(len(batch) + 1, dtype=np.int64)
         np.cumsum(num_new, out=query_start[1:])
         num_tokens = int(query_start[-1])
         owner = np.repeat(np.arange(len(batch)), num_new)  # which sequence each token row belongs to
         positions = np.arange(num_tokens) - np.repeat(query_start[:-1] - computed, num_new)
-        slots = tables[owner, positions // bs].astype(np.int64) * bs + positions % bs
+        block_index, offset = positions // bs, positions % bs
+        slots = tables[owner, block_index].astype(np.int64) * bs + offset
+        group_tables = group_slots = None
+        if len(self.kv_layout.groups) > 1:  # every group's table has the same length: same shapes
+            group_tables = np.stack([self._block_table_array([item.seq.block_tables[g] for item in batch])
+                                     for g in range(1, len(self.kv_layout.groups))])
+            group_slots = group_tables[:, owner, block_index].astype(np.int64) * bs + offset
         input_ids = np.fromiter(chain.from_iterable(
             item.seq.token_ids[item.seq.num_computed_tokens:item.seq.num_computed_tokens + item.num_new_tokens]
             for item in batch), np.int64, num_tokens)
@@ -210,7 +222,18 @@ class ModelRunner:
             input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
-            prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k)
+            prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
+            group_block_tables=group_tables, group_slot_mappings=group_slots)
+
+    @staticmethod
+    def _block_table_array(block_tables: list[list]) -> np.ndarray:
+        """[num_seqs, longest table] block ids, zero-padded (window groups' freed entries are NULL_BLOCK: 0)."""
+        block_ids = [[b.block_id for b in table] for table in block_tables]
+        table_lens = np.fromiter(map(len, block_ids), np.int64, len(block_ids))
+        tables = np.zeros((len(block_ids), int(table_lens.max())), dtype=np.int32)
+        tables[np.arange(tables.shape[1]) < table_lens[:, None]] = np.fromiter(chain.from_iterable(block_ids),
+                                                                               np.int32, int(table_lens.sum()))
+        return tables
 
     @staticmethod
     def _prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,
@@ -244,6 +267,9 @@ class ModelRunner:
                 seq_lens=torch.from_numpy(inputs.seq_lens).to(dev),
                 query_start_loc=torch.from_numpy(inputs.query_start_loc).to(dev),
                 max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
+            if inputs.group_block_tables is not None:
+                meta.group_block_tables = torch.from_numpy(inputs.group_block_tables).to(dev)
+                meta.group_slot_mappings = torch.from_numpy(inputs.group_slot_mappings).to(dev)
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
         prompt_logprobs = None
@@ -260,7 +286,8 @@ class ModelRunner:
         out.prompt_logprobs = prompt_logprobs
         return out
 
-    def sample(self, logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
+    @staticmethod
+    def sample(logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
         """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""
         out, dev = ModelRunnerOutput(), logits.device
         if sampling.rows:
@@ -285,17 +312,19 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
-        path against a temporary KV cache, logits for max_num_seqs rows, then the sampler at
-        [max_num_seqs, vocab]. Returns the temporary cache's bytes (the real pool replaces them)."""
+        path against a temporary KV cache, logits for max_num_seqs rows, then `sample` over them at the
+        sampler's widest, with the hidden states and logits still held as `run` holds them. Returns the
+        temporary cache's bytes (the real pool replaces them)."""
         batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
         self.allocate_kv_cache(batch.num_blocks, kv_dtype)
         temporary_kv_bytes = self.kv_cache_bytes()
         try:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
                                 torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
-            logits = self.model.compute_logits(hidden[-min(len(hidden), max_num_seqs):]).float()
-            del hidden, logits
-            profile_sampler(max_num_seqs, self.config.vocab_size, self.device)
+            rows = torch.arange(len(hidden) - max_num_seqs, len(hidden), device=self.device).clamp_(min=0)
+            logits = self.model.compute_logits(hidden[rows])
+            self.sample(logits, profile_sampling_batch(max_num_seqs, logits.shape[1], self.device))
+            del hidden, logits  # only now: a real step holds both until sampling is done
         finally:
             self.release_kv_cache()
         return temporary_kv_bytes

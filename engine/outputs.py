@@ -87,7 +87,8 @@ class BlockPoolSnapshot:
     """Every physical block: state (0 free, 1 used, 2 cached and free), ref count, owner index.
 
     `owner[i]` indexes `owner_ids` (the request owning block i, the first one when shared), -1 for none.
-    Arrays are numpy (uint8 state, int32 ref_count, int32 owner).
+    Arrays are numpy (uint8 state, int32 ref_count, int32 owner). With several KV cache groups, `group[i]`
+    is the group whose tables hold block i (-1 for none) and `group_names` names them.
     """
 
     state: object
@@ -95,3 +96,5 @@ class BlockPoolSnapshot:
     owner: object
     owner_ids: list[str]
     requests: list[RequestState] = field(default_factory=list)  # holders of blocks first, then waiting
+    group: object = None  # int8 per block, None with one KV cache group
+    group_names: list[str] = field(default_factory=list)  # e.g. ["full attention · 10 layers", "window 1024 · 13 layers"]

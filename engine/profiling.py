@@ -3,8 +3,11 @@
 `profile_batch` lays `max_num_batched_tokens` dummy tokens out as prefill sequences of at most
 max_model_len tokens each (at most max_num_seqs of them), with block tables over a temporary cache just
 big enough for them, so the profiling forward runs the real attention path (K/V writes and the attention
-kernel with their workspaces) rather than skipping it. `profile_sampler` runs the real sampler at its
-widest: [max_num_seqs, vocab] float32 logits through all of its full-vocabulary temporaries.
+kernel with their workspaces) rather than skipping it. `profile_sampling_batch` is the sampler's widest
+step: max_num_seqs rows (every sequence of every request counts against it at admission) with every
+full-vocabulary temporary on (penalties, top-k/top-p, logprobs, and a grammar bitmask on every row, whose
+unpacking makes [rows, vocab] int32 temporaries). The runner samples it through the same `sample` a real
+step uses, while the forward's hidden states and logits are still alive, as they are in a real step.
 """
 from __future__ import annotations
 
@@ -14,9 +17,9 @@ import numpy as np
 import torch
 
 from engine.layers.attention import AttentionMetadata
-from engine.sampler import sample_on_device
-from engine.sampling_metadata import SamplingMetadata, SamplingRow, make_generator
+from engine.sampling_metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.structured_output.bitmask import allocate_bitmask
 
 
 @dataclass(slots=True)
@@ -57,11 +60,20 @@ def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_
                         tables, seq_lens, int(blocks_per_seq.sum()))
 
 
-def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
-    """Run the real sampler once over `num_seqs` rows at its widest (temperature, top-k/top-p, penalties and
-    logprobs: every full-vocabulary temporary it makes), so its peak is in the measurement."""
+def profile_sampling_batch(num_rows: int, vocab_size: int, device: torch.device) -> SamplingBatch:
+    """`num_rows` sampling rows at the sampler's widest (temperature, top-k/top-p, penalties, logprobs and a
+    grammar bitmask: every full-vocabulary temporary it makes), one per logits row."""
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
                             logprobs=MAX_LOGPROBS)
-    rows = [SamplingRow(params, [0, 0], 1, None, []) for _ in range(num_seqs)]
+    batch = SamplingBatch(generator=make_generator(0, device))
+    batch.rows = [SamplingRow(params, [0, 0], 1, None, []) for _ in range(num_rows)]
+    batch.logits_index = list(range(num_rows))
+    batch.bitmask = allocate_bitmask(num_rows, vocab_size)  # all allowed: the cost is the unpacking, not the mask
+    return batch
+
+
+def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
+    """The sampler's widest step alone, over random logits (the memory bench, device-placement tests)."""
+    from engine.model_runner import ModelRunner  # it imports this module
     logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
-    sample_on_device(logits, SamplingMetadata.build(rows, vocab_size, device), make_generator(0, device))
+    ModelRunner.sample(logits, profile_sampling_batch(num_seqs, vocab_size, device))

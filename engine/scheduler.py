@@ -6,6 +6,11 @@ recomputed later from the head of the waiting queue). Waiting sequences are then
 while the budget, `max_num_seqs` and free blocks allow, reusing cached prefix blocks. Without chunked
 prefill a prompt is only admitted when it fits the budget whole.
 
+`max_num_seqs` counts every sequence a running request will run, as vLLM does: a request with n outputs
+takes n seats when its prompt is admitted (its other outputs fork off it later), a beam search takes
+beam_width; a request that does not fit waits. So the running list, and the sampler's rows (profiled at
+max_num_seqs), never exceed the cap.
+
 With `max_batch_prefill_tokens`, a step that decodes anything computes at most that many prompt tokens
 (summed over the prompt chunks it schedules): every running stream waits for the whole step, so this
 bounds how much an arriving prompt delays the streams' next token while decodes keep the full budget.
@@ -86,6 +91,27 @@ class Scheduler:
         self.running.remove(victim)
         return victim
 
+    @staticmethod
+    def _width(seq: Sequence) -> int:
+        """How many sequences the request of `seq` runs at most: its beams, or its n outputs."""
+        request = seq.request
+        return request.beam.params.beam_width if request.beam is not None else request.params.n
+
+    def _num_seats(self) -> tuple[int, set[str]]:
+        """Seats the running sequences hold (each one, plus the sequences its request will still fork into),
+        and the requests already counted."""
+        seats, counted = len(self.running), set()
+        for seq in self.running:
+            request = seq.request
+            if request.request_id not in counted:
+                counted.add(request.request_id)
+                seats += self._unforked(seq)
+        return seats, counted
+
+    def _unforked(self, seq: Sequence) -> int:
+        """Sequences the request of `seq` will still fork into (the sequence itself is one of its own)."""
+        return max(0, self._width(seq) - max(1, len(seq.request.seqs)))
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
@@ -149,8 +175,13 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, prefill_left: int | None) -> None:
         if prefill_left is not None:
             budget = min(budget, prefill_left)
-        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+        seats, counted = self._num_seats()
+        while self.waiting and budget > 0:
             seq = self.waiting[0]
+            request_id = seq.request.request_id
+            need = 1 if request_id in counted else 1 + self._unforked(seq)
+            if seats + need > self.max_num_seqs:
+                break
             computed = self.kv.get_computed_blocks(seq)
             num_new = seq.num_tokens - seq.num_computed_tokens - len(computed) * self.kv.block_size
             if num_new > budget:
@@ -167,6 +198,8 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            seats += need
+            counted.add(request_id)
             out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
 

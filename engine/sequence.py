@@ -1,6 +1,6 @@
 """Request and Sequence: a request holds a prompt and SamplingParams; each of its n outputs is a Sequence.
 
-A Sequence owns its block table (logical block i -> physical Block) and knows how many of its tokens
+A Sequence owns a block table per KV cache group (logical block i -> physical Block) and knows how many of its tokens
 already have K/V in the cache (`num_computed_tokens`); everything past that is what the scheduler still
 has to run. Sequences of one request share the prompt's blocks through ref counts.
 """
@@ -36,7 +36,7 @@ class Sequence:
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
-        self.block_table: list[Block] = []
+        self.block_tables: list[list[Block]] = [[]]  # per KV cache group; the manager makes one per group
         self.block_hashes: list[bytes] = []  # hash of each full block of token_ids, chained
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
         self.status = SequenceStatus.WAITING
@@ -51,6 +51,11 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.request.request_id}#{self.index}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})")
+
+    @property
+    def block_table(self) -> list[Block]:
+        """The first KV cache group's table (the only one of a model without sliding windows)."""
+        return self.block_tables[0]
 
     @property
     def num_tokens(self) -> int:

@@ -14,12 +14,19 @@ sequences, for the engine and the planner alike. On CUDA an explicit --kv-cache-
 (vLLM's --kv-cache-memory-bytes, `plan_from_budget`): what else holds memory on the card is not subtracted, so
 the router can place several engines on one card, each sized by its own budget instead of seeing its
 siblings as "other programs".
+
+Models with sliding-window layers (engine/kv_cache_interface.py) count a block id across every cache slot,
+and a sequence's need per group: a full-attention group grows with the context, a window group stops at the
+window plus one step's chunk. So "tokens that fit" is the longest single context the pool holds, and
+"full-length sequences" divides the pool by one sequence's peak over all groups. `window_freeing=False`
+plans the same model as if no block were ever freed (every layer full attention), for comparison.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
 
+from engine.kv_cache_interface import KVCacheLayout, model_kv_layout
 from engine.model_config import DTYPE_BYTES, ModelConfig
 from engine.quantization.config import QuantConfig
 
@@ -74,10 +81,12 @@ def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
     return codes + matrix_params // quant.group_size * (16 + zero_bits) // 8
 
 
-def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1) -> int:
-    """K and V bytes of one token on one card: KV heads are split across ranks, replicated below one each."""
-    kv_heads = max(1, cfg.num_kv_heads // tp)
-    return 2 * cfg.num_layers * kv_heads * cfg.head_dim * kv_dtype_bytes
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1, block_size: int = 16,
+                       window_freeing: bool = True) -> int:
+    """K and V bytes of one token position of a block id on one card, over every cache slot (one per layer
+    without sliding windows): KV heads are split across ranks, replicated below one each."""
+    layout = model_kv_layout(cfg, block_size, kv_dtype_bytes, tp, window_freeing)
+    return layout.bytes_per_block // block_size
 
 
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
@@ -145,6 +154,8 @@ class CapacityPlan:
     card: str = ""  # which card this plan is for, e.g. "cuda:1 (NVIDIA GeForce RTX 3090)", or "CPU"
     gpu_memory_utilization: float = 0.0  # 0 on CPU, where the budget is --kv-cache-memory
     max_blocks: int | None = None  # CPU: more than max_num_seqs full sequences could use is memory for nothing
+    layout: KVCacheLayout | None = None  # KV cache groups; None or one full group: tokens are blocks × block_size
+    max_num_batched_tokens: int = 0  # a window group's need is its window plus one step's chunk
 
     @property
     def num_blocks(self) -> int:
@@ -152,20 +163,34 @@ class CapacityPlan:
         return blocks if self.max_blocks is None else min(blocks, self.max_blocks)
 
     @property
+    def has_windows(self) -> bool:
+        return self.layout is not None and self.layout.has_sliding_window
+
+    @property
     def num_tokens(self) -> int:
-        return self.num_blocks * self.block_size
+        """The longest single context the pool holds (window groups hold only their window)."""
+        if not self.has_windows:
+            return self.num_blocks * self.block_size
+        return self.layout.longest_context(self.num_blocks, self.max_num_batched_tokens, self.max_model_len)
 
     @property
     def num_full_seqs(self) -> int:
-        return self.num_tokens // self.max_model_len
+        if not self.has_windows:
+            return self.num_tokens // self.max_model_len
+        return self.num_blocks // self.layout.blocks_per_seq(self.max_model_len, self.max_num_batched_tokens)
 
     @property
     def fits(self) -> bool:
         return self.num_full_seqs >= 1
 
     def summary(self) -> str:
+        groups = ""
+        if self.has_windows:
+            kinds = [g.spec.sliding_window or "full" for g in self.layout.groups]
+            groups = f" · {len(kinds)} KV groups ({', '.join(f'window {k}' if k != 'full' else k for k in kinds)})"
         return (f"weights {format_bytes(self.weights_bytes)}/card · KV {self.kv_bytes_per_token / 1024:.1f} KiB/token"
-                f" · {self.num_tokens:,} tokens fit · {self.num_full_seqs} × {self.max_model_len:,}-token sequences")
+                f"{groups} · {self.num_tokens:,} tokens fit · {self.num_full_seqs} × {self.max_model_len:,}-token "
+                "sequences")
 
     def explain_misfit(self) -> str:
         if not self.gpu_memory_utilization:
@@ -206,23 +231,26 @@ class MemoryProfile:
 
 
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
-                      max_model_len: int, tensor_parallel_size: int) -> CapacityPlan:
+                      max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
+                      max_num_batched_tokens: int = 0) -> CapacityPlan:
     others = p.total_bytes - p.free_bytes_at_start
     usable = int(p.total_bytes * gpu_memory_utilization) - others
     budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
                         block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
-                        gpu_memory_utilization)
+                        gpu_memory_utilization, layout=layout, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int,
-                     max_model_len: int, tensor_parallel_size: int) -> CapacityPlan:
+                     max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
+                     max_num_batched_tokens: int = 0) -> CapacityPlan:
     """An absolute KV budget: the pool is `kv_budget_bytes` whatever else the card holds. The plan records the
     card's room after this engine's weights, activations and overhead as `usable_bytes`, so a caller can refuse a
     budget that is larger than the room (`budget_room_error`)."""
     room = p.free_bytes_at_start - p.weights_bytes - p.activation_bytes - p.overhead_bytes
     return CapacityPlan(p.total_bytes, room, p.weights_bytes, p.activation_bytes, kv_bytes_per_token,
-                        kv_budget_bytes, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, 0, p.card)
+                        kv_budget_bytes, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, 0, p.card,
+                        layout=layout, max_num_batched_tokens=max_num_batched_tokens)
 
 
 def budget_room_error(plan: CapacityPlan) -> str | None:
@@ -268,14 +296,15 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, block_size: int = 16,
                   quantization: str | None = None, other_programs_bytes: list[int] | None = None,
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
-                  activation_bytes: int | None = None) -> CapacityPlan:
+                  activation_bytes: int | None = None, window_freeing: bool = True) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     if max_model_len:
         cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
-    per_token = kv_bytes_per_token(cfg, kv_bytes, tensor_parallel_size)
+    layout = model_kv_layout(cfg, block_size, kv_bytes, tensor_parallel_size, window_freeing)
+    per_token = layout.bytes_per_block // block_size
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
     plans = []
@@ -286,18 +315,24 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes)
         plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
-                                       max_model_len or cfg.max_model_len, tensor_parallel_size))
+                                       max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
+                                       max_num_batched_tokens))
     return min(plans, key=lambda p: p.num_blocks)
 
 
 def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", kv_cache_dtype: str = "auto",
              max_model_len: int | None = None, max_num_seqs: int = 256, block_size: int = 16,
-             weights_bytes: int | None = None) -> CapacityPlan:
+             weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
+             window_freeing: bool = True) -> CapacityPlan:
     """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     max_len = max_model_len or cfg.max_model_len
     budget = int(kv_cache_gib * GIB)
     weights = weights_bytes if weights_bytes is not None else weights_bytes_per_card(cfg, dtype_bytes)
-    return CapacityPlan(budget, budget, weights, 0, kv_bytes_per_token(cfg, kv_bytes), budget, block_size, max_len,
-                        1, card="CPU", max_blocks=max_num_seqs * -(-max_len // block_size))
+    layout = model_kv_layout(cfg, block_size, kv_bytes, 1, window_freeing)
+    per_seq = layout.blocks_per_seq(max_len, max_num_batched_tokens) if layout.has_sliding_window else \
+        -(-max_len // block_size)
+    return CapacityPlan(budget, budget, weights, 0, layout.bytes_per_block // block_size, budget, block_size,
+                        max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq, layout=layout,
+                        max_num_batched_tokens=max_num_batched_tokens)

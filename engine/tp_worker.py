@@ -6,11 +6,21 @@ arguments (prepared `StepInputs` for a forward step); the worker runs it in lock
 collectives inside the forward pair up) and answers on its result pipe with ("ok", result) or ("error",
 traceback). It never samples: `run` gets no sampling batch, so logits are computed (every rank must join
 the LM head's all-gather) and dropped. Pipe EOF, a "shutdown" command, its own error, or its parent's death ends it.
+
+It ignores SIGINT and SIGTERM: a GUI stops an engine by signalling its whole process group, and a worker
+that died then would leave rank 0's last all-reduce waiting; instead rank 0 drains and sends "shutdown".
+A heartbeat thread bumps a shared counter every HEARTBEAT_S, apart from the command loop, so rank 0 can
+tell a stopped worker (SIGSTOP, a hung card) from a slow step; on CUDA each beat first waits for a tiny
+kernel on a side stream, so a card that stopped running work stops the beats too (skipped while the command
+loop captures CUDA graphs, when another thread's CUDA calls would break the capture).
 """
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -18,12 +28,15 @@ from pathlib import Path
 
 import torch
 
+from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.parent_watch import die_with_parent
 
 # ModelRunner methods rank 0 may ask for; "run" answers None (only rank 0 samples).
 COMMANDS = ("run", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes", "plan_decode_graphs",
             "capture_decode_graphs")
+CAPTURES = frozenset({"capture_decode_graphs"})  # commands during which the heartbeat must not touch the card
+HEARTBEAT_S = 0.5
 
 
 @dataclass
@@ -45,8 +58,17 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)  # set before torch.distributed starts (NCCL_P2P_DISABLE)
 
 
-def worker_main(spec: WorkerSpec, commands: Connection, results: Connection) -> None:
+def worker_main(spec: WorkerSpec, commands: Connection, results: Connection, heartbeat=None) -> None:
+    """`heartbeat`: a shared multiprocessing RawValue("Q") the heartbeat thread keeps counting up."""
     die_with_parent(spec.parent_pid)
+    for sig in (signal.SIGINT, signal.SIGTERM):  # rank 0 decides when this worker ends
+        signal.signal(sig, signal.SIG_IGN)
+    card_lock = threading.Lock()  # held by the command loop while it captures CUDA graphs
+    card_ready = threading.Event()  # the probe's context only after the KV baseline was read (gpu_baseline)
+    if heartbeat is not None:
+        device = torch.device("cuda", spec.rank) if spec.device_type == "cuda" else None
+        threading.Thread(target=beat, args=(heartbeat, device, card_lock, card_ready), name="pagedesk-tp-heartbeat",
+                         daemon=True).start()
     os.environ.update(spec.env)
     torch.set_num_threads(1)  # the cards do the work; CPU runs (tests) share a few cores between ranks
     from engine.distributed import destroy_distributed, init_distributed
@@ -55,22 +77,59 @@ def worker_main(spec: WorkerSpec, commands: Connection, results: Connection) -> 
         device = torch.device("cpu")
         if spec.device_type == "cuda":
             device = torch.device("cuda", spec.rank)
+            gpu_baseline.record(spec.rank)  # before set_device makes this process's context
             torch.cuda.set_device(device)
         init_distributed(spec.rank, spec.world_size, spec.dist_backend, spec.store_path, spec.timeout_s)
         runner = ModelRunner(spec.model_config, spec.model_path, device, spec.dtype, spec.block_size,
                              spec.attention_backend)
+        card_ready.set()
         results.send(("ok", runner.weights_bytes()))
     except BaseException:
         _reply_error(results)
         _exit(1)
-    code = serve(runner, commands, results)
+    code = serve(runner, commands, results, card_lock)
     if code == 0:
         destroy_distributed()
     _exit(code)
 
 
-def serve(runner, commands: Connection, results: Connection) -> int:
+def beat(counter, device: torch.device | None, card_lock: threading.Lock, card_ready: threading.Event,
+         period_s: float = HEARTBEAT_S) -> None:
+    """Count up forever; with a card (once `card_ready`), only after a tiny kernel on a side stream has
+    finished on it."""
+    probe = None
+    while True:
+        if device is not None and card_ready.is_set() and card_lock.acquire(blocking=False):
+            try:
+                probe = probe or _CardProbe(device)
+                probe.wait()  # blocks for as long as the card runs nothing: the beats stop with it
+            except Exception:  # noqa: BLE001 - a card that errors is no healthier than one that hangs
+                return
+            finally:
+                card_lock.release()
+        counter.value += 1
+        time.sleep(period_s)
+
+
+class _CardProbe:
+    """One int32 on the card and a side stream: each wait adds 1 to it there and waits for that to finish."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.stream = torch.cuda.Stream(device)
+        with torch.cuda.stream(self.stream):
+            self.value = torch.zeros(1, dtype=torch.int32, device=device)
+        self.done = torch.cuda.Event()
+
+    def wait(self) -> None:
+        with torch.cuda.stream(self.stream):
+            self.value.add_(1)
+            self.done.record(self.stream)
+        self.done.synchronize()
+
+
+def serve(runner, commands: Connection, results: Connection, card_lock: threading.Lock | None = None) -> int:
     """Answer rank 0's commands until it says shutdown (0), goes away or a command fails (1)."""
+    card_lock = card_lock or threading.Lock()
     while True:
         try:
             method, args = commands.recv()
@@ -80,7 +139,11 @@ def serve(runner, commands: Connection, results: Connection) -> int:
             return 0
         try:
             assert method in COMMANDS, f"unknown command {method!r}"
-            result = getattr(runner, method)(*args)
+            if method in CAPTURES:
+                with card_lock:
+                    result = getattr(runner, method)(*args)
+            else:
+                result = getattr(runner, method)(*args)
             if runner.device.type == "cuda":
                 torch.cuda.synchronize(runner.device)  # the ack means "done", so rank 0 can trust it
             results.send(("ok", result))

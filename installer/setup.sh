@@ -2,11 +2,18 @@
 # Set-up from nothing: a virtual environment in .venv with PagedDesk and its test tools.
 # torch is installed first and pinned: the CUDA build when an NVIDIA driver answers (`nvidia-smi`), the CPU
 # build otherwise, so a new 3090 owner gets a GPU engine and a CPU-only machine no multi-GB download.
+# Both come from PyTorch's own wheel indexes (PyPI's plain `torch` is the CUDA build, 500+ MB of nvidia-*
+# packages), with PyPI as an extra index for torch's dependencies; torch's version and its CUDA wheel tags
+# are in installer/torch-wheels.txt.
 # Usage: installer/setup.sh [--cpu] [--dev]   --cpu forces the CPU build of torch; --dev see below.
 # TORCH_INDEX_URL overrides the wheel index of the CUDA build (default: the newest CUDA the driver supports).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TORCH_VERSION=2.13.0
+WHEELS=installer/torch-wheels.txt
+TORCH_VERSION=$(awk '$1 == "torch" { print $2; exit }' "$WHEELS")
+read -r -a CUDA_TAGS <<<"$(awk '$1 == "torch" { $1 = $2 = ""; print; exit }' "$WHEELS")"
+WHEEL_INDEX=https://download.pytorch.org/whl
+PYPI=https://pypi.org/simple
 FORCE_CPU=0
 for arg in "$@"; do
     case "$arg" in
@@ -16,25 +23,56 @@ for arg in "$@"; do
     esac
 done
 
-# The newest CUDA wheel tag the driver can run, from nvidia-smi's "CUDA Version: 12.8" line.
-cuda_wheel_tag() {
-    local version major minor tag
-    version=$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*/\1 \2/p' | head -n1)
-    [ -n "$version" ] || return 1
-    read -r major minor <<<"$version"
-    for tag in 130 129 128 126; do
-        if (( major * 10 + minor >= tag )); then echo "cu$tag"; return 0; fi
-    done
-    return 1
+# The driver's CUDA version as one number (12.4 -> 124), from nvidia-smi's "CUDA Version: 12.4" line.
+driver_cuda() {
+    nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\)\.\([0-9]*\).*/\1 \2/p' | head -n1 |
+        awk 'NF == 2 { print $1 * 10 + $2 }'
 }
 
-if [ "$FORCE_CPU" = 0 ] && TAG=$(cuda_wheel_tag); then
+# The minimum Linux driver for a CUDA release (128 -> 570.26), from the table.
+min_driver() {
+    awk -v want="$1" '$1 == "driver" { split($2, v, "."); if (v[1] * 10 + v[2] == want) print $3 }' "$WHEELS"
+}
+
+# The wheel tag for a driver that runs CUDA $1: the newest tag it runs natively; else, when the driver is
+# of the same major release as a tag (CUDA 12.2-12.5 next to cu126), that major's oldest tag, which runs
+# through CUDA's minor-version compatibility (any 12.x driver >= 525.60.13 runs 12.x programs), with a
+# note; else nothing (the caller stops and says which driver to install).
+choose_tag() {
+    local cuda=$1 tag n same=""
+    for tag in "${CUDA_TAGS[@]}"; do
+        n=${tag#cu}  # cu126 -> 126 (CUDA 12.6)
+        if (( cuda >= n )); then echo "$tag"; return 0; fi
+        if (( cuda / 10 == n / 10 )); then same=$tag; fi  # newest first: the last one kept is the oldest
+    done
+    [ -n "$same" ] && echo "$same"
+}
+
+TORCH_NOTE=""
+CUDA=""
+[ "$FORCE_CPU" = 1 ] || CUDA=$(driver_cuda || true)
+if [ -n "$CUDA" ]; then
+    if ! TAG=$(choose_tag "$CUDA"); then
+        oldest=${CUDA_TAGS[-1]#cu}
+        echo "error: the NVIDIA driver supports CUDA $((CUDA / 10)).$((CUDA % 10)), but torch $TORCH_VERSION is built" \
+             "only for CUDA ${CUDA_TAGS[*]}: update the NVIDIA driver to >= $(min_driver $((oldest / 10 * 10))) (CUDA" \
+             "$((oldest / 10)).0 or newer; >= $(min_driver "$oldest") runs ${CUDA_TAGS[-1]} natively), or install the" \
+             "CPU build with installer/setup.sh --cpu" >&2
+        exit 3
+    fi
+    n=${TAG#cu}
+    if (( CUDA < n )); then
+        TORCH_NOTE="note: the driver supports CUDA $((CUDA / 10)).$((CUDA % 10)), older than $TAG; $TAG runs on it through \
+CUDA minor-version compatibility; update the driver to >= $(min_driver "$n") for CUDA $((n / 10)).$((n % 10)) itself"
+    fi
     TORCH_BUILD="CUDA build of torch ($TAG)"
-    TORCH_ARGS=("torch==$TORCH_VERSION" --index-url "${TORCH_INDEX_URL:-https://download.pytorch.org/whl/$TAG}")
+    TORCH_ARGS=("torch==$TORCH_VERSION" --index-url "${TORCH_INDEX_URL:-$WHEEL_INDEX/$TAG}" --extra-index-url "$PYPI")
 else
-    TORCH_BUILD="CPU build of torch ($([ "$FORCE_CPU" = 1 ] && echo "--cpu" || echo "no NVIDIA driver with CUDA 12.6+ answered"))"
-    TORCH_ARGS=("torch==$TORCH_VERSION")
+    TORCH_BUILD="CPU build of torch ($([ "$FORCE_CPU" = 1 ] && echo "--cpu" || echo "no NVIDIA driver answered"))"
+    # The CPU index's X.Y.Z+cpu outranks PyPI's CUDA X.Y.Z; PyPI serves the dependencies.
+    TORCH_ARGS=("torch==$TORCH_VERSION" --index-url "$WHEEL_INDEX/cpu" --extra-index-url "$PYPI")
 fi
+[ -z "$TORCH_NOTE" ] || echo "$TORCH_NOTE"
 if [ -n "${PAGEDESK_SETUP_DRY_RUN:-}" ]; then  # tests: say what would be installed, touch nothing
     echo "would install the $TORCH_BUILD: pip install ${TORCH_ARGS[*]}"; exit 0
 fi
@@ -46,6 +84,13 @@ if python -c "import torch" 2>/dev/null; then
     echo "torch already in .venv: $(python -c 'import torch; print(torch.__version__, "CUDA", torch.version.cuda)')"
 else
     echo "Installing the $TORCH_BUILD"
+    if [ -z "$CUDA" ] && ! python -c "import urllib.request as u; u.urlopen('$WHEEL_INDEX/cpu/torch/', timeout=10)" \
+            2>/dev/null; then
+        # No CPU index (an offline mirror, a CI box): only an exact +cpu pin is safe from the indexes pip is set
+        # up with, since PyPI's plain torch is the CUDA build; without a local +cpu wheel this fails, as it should.
+        echo "PyTorch's CPU wheel index cannot be reached: installing torch==$TORCH_VERSION+cpu from pip's own indexes"
+        TORCH_ARGS=("torch==$TORCH_VERSION+cpu")
+    fi
     python -m pip install -q "${TORCH_ARGS[@]}"
 fi
 python -m pip install -q -e ".[dev]"

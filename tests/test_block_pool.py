@@ -6,7 +6,8 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_pool import BlockPool
+from engine.block_pool import NULL_BLOCK, BlockPool
+from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams
 
@@ -15,10 +16,16 @@ def free_ids(pool: BlockPool) -> list[int]:
     return [b.block_id for b in pool.free_queue]
 
 
+class FakeSeq(SimpleNamespace):
+    @property
+    def block_table(self):
+        return self.block_tables[0]
+
+
 def fake_seq(tokens: list[int]):
-    return SimpleNamespace(token_ids=list(tokens), num_computed_tokens=0, block_table=[], block_hashes=[],
-                           request=SimpleNamespace(cache_salt=None),
-                           num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
+    return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[],
+                   request=SimpleNamespace(cache_salt=None),
+                   num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
 
 
 def test_free_queue_is_lru_and_removal_is_from_the_middle():
@@ -41,7 +48,7 @@ def test_cached_blocks_survive_free_until_reallocated():
     kv.free(seq)
     again = fake_seq(list(range(10)))
     hits = kv.get_computed_blocks(again)
-    assert [b.block_id for b in hits] == first_two
+    assert [b.block_id for b in hits.blocks[0]] == first_two
     assert kv.allocate_slots(again, 2, hits) and kv.prefix_hits == 8 and kv.prefix_queries == 20
     kv.free(again)
     # Allocating all blocks to other tokens evicts the cached ones.
@@ -79,10 +86,22 @@ operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free", "fork", 
                       max_size=60)
 
 
+FULL4 = FullAttentionSpec(4, 1, 1, 1)
+GROUPS = {"one": None, "full+window": [FULL4, SlidingWindowSpec(4, 1, 1, 1, 6)],
+          "window": [SlidingWindowSpec(4, 1, 1, 1, 5)],
+          "full+2 windows": [FULL4, SlidingWindowSpec(4, 1, 1, 1, 9), SlidingWindowSpec(4, 1, 1, 1, 9)]}
+
+
 @settings(max_examples=150, deadline=None)
-@given(ops=operations, caching=st.booleans())
-def test_invariants_under_random_operations(ops, caching):
-    kv = KVCacheManager(num_blocks=12, block_size=4, enable_caching=caching)
+@given(ops=operations, caching=st.booleans(), groups=st.sampled_from(sorted(GROUPS)))
+def test_invariants_under_random_operations(ops, caching, groups):
+    """Any mix of admissions (with prefix hits), decodes, frees, forks and preemptions, for one group or
+    several (window groups freeing blocks): ref counts equal the tables holding each block, free blocks are
+    exactly those at zero, a window group's freed entries are a prefix of its table and never a block the
+    last step needed, and everything comes back at the end."""
+    specs = GROUPS[groups]
+    kv = KVCacheManager(num_blocks=12 * (len(specs) if specs else 1), block_size=4, enable_caching=caching,
+                        group_specs=specs)
     pool = kv.pool
     live = []
     for op, arg in ops:
@@ -109,7 +128,7 @@ def test_invariants_under_random_operations(ops, caching):
             seq.token_ids += [arg % 5] * (arg % 9 + 1)
             seq.num_tokens = len(seq.token_ids)
             if kv.allocate_slots(seq, seq.num_tokens - seq.num_computed_tokens):
-                unwritten = seq.block_table[seq.num_computed_tokens // 4:]
+                unwritten = [b for t in seq.block_tables for b in t[seq.num_computed_tokens // 4:]]
                 kv.free(seq)
                 assert all(b.block_hash is None for b in unwritten if b.ref_count == 0)
             else:
@@ -121,10 +140,19 @@ def test_invariants_under_random_operations(ops, caching):
             live.append(child)
         kv.take_copies()
         holders: dict[int, int] = {}
+        group_of: dict[int, int] = {}
         for seq in live:
-            assert len(seq.block_table) == -(-seq.num_computed_tokens // 4)
-            for b in seq.block_table:
-                holders[b.block_id] = holders.get(b.block_id, 0) + 1
+            for g, (spec, table) in enumerate(zip(specs or [FULL4], seq.block_tables)):
+                assert len(table) == -(-seq.num_computed_tokens // 4)
+                nulls = sum(b is NULL_BLOCK for b in table)
+                assert all(b is NULL_BLOCK for b in table[:nulls])  # freed entries: a prefix
+                if spec.sliding_window is None:
+                    assert nulls == 0
+                else:  # the last computed token saw keys from (its position - window + 1) on
+                    assert nulls <= max(0, (seq.num_computed_tokens - spec.sliding_window) // 4)
+                for b in table[nulls:]:
+                    holders[b.block_id] = holders.get(b.block_id, 0) + 1
+                    assert group_of.setdefault(b.block_id, g) == g, f"{b} is in two groups' tables"
         for b in pool.blocks:
             assert b.ref_count >= 0
             assert b.ref_count == holders.get(b.block_id, 0)  # shared only through ref counts

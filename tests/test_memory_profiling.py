@@ -221,3 +221,95 @@ def test_cpu_budget_too_small_for_one_sequence_says_so():
     with pytest.raises(ValueError) as err:
         choose_num_blocks(config, cfg, runner, torch.bfloat16, 8192)
     assert str(err.value) == message
+
+
+def test_profiling_step_holds_what_a_full_sampling_step_holds(tiny_model_dir):
+    """Issue 19 item 5: the profile freed the hidden states and logits before sampling and never unpacked a
+    grammar bitmask; a real step keeps both and its bitmask makes [rows, vocab] int32 temporaries. With a
+    vocabulary big enough for the sampler to be the peak, the profiling step must peak at least as high as a
+    real prefill step whose every row has a bitmask (allowed_token_ids), penalties, filters and logprobs."""
+    from live_bytes import LiveBytes
+    from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+    rows, prompt_len = 8, 6
+    llm = LLM(str(tiny_model_dir("llama", vocab_size=16384)), device="cpu", max_num_seqs=rows)
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
+                            logprobs=MAX_LOGPROBS, allowed_token_ids=list(range(0, 16384, 3)), max_tokens=2)
+    for i in range(rows):
+        llm.engine.add_request(str(i), [1 + i] * prompt_len, params)
+    with LiveBytes() as step:
+        llm.engine.step()  # every prompt whole, then every row sampled
+    assert len(llm.engine.scheduler.running) == rows
+    with LiveBytes() as profile:
+        temporary_kv = llm.engine.runner.profile_run(rows * prompt_len, rows, torch.float32)
+    profiled = profile.peak - temporary_kv
+    print(f"real step peak {step.peak / MIB:.2f} MiB, profiling step {profiled / MIB:.2f} MiB "
+          f"({profiled / (rows * 16384):.1f} B per logit)")
+    # Equal up to the rows' small per-token tensors (the profile's rows have 2 tokens); without the fix 12% short.
+    assert profiled >= 0.99 * step.peak
+
+
+class FakeNvml:
+    """pynvml over SimulatedCards, found by UUID: free memory as the driver sees it, contexts included."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, cards):
+        self.cards = cards
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return self.cards[int(uuid.rsplit("-", 1)[1])]
+
+    def nvmlDeviceGetMemoryInfo(self, card):
+        free, total = card.mem_get_info()
+        return type("Memory", (), {"free": free, "total": total, "used": total - free})()
+
+
+@pytest.mark.parametrize("with_nvml", [True, False])
+def test_own_cuda_context_is_not_counted_as_other_programs(cards, monkeypatch, caplog, with_nvml):
+    """Issue 19 item 10: cudaMemGetInfo makes the process's CUDA context before it answers, so its ~500 MiB
+    read as "other programs" and every start warned. NVML reads the card without a context, before and after."""
+    import sys
+    from engine import gpu_baseline
+    context = 500 * MIB
+    cards.append(SimulatedCard("NVIDIA GeForce RTX 4090", 24 * GIB, 0))
+    made = []
+
+    def mem_get_info(device=None):
+        card = cards[torch.device("cuda", device).index if isinstance(device, int) else 0]
+        if not made:  # the first call that needs a context makes it: memory outside torch's allocator
+            made.append(card)
+            card.outside += context
+        return card.mem_get_info()
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", mem_get_info)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": f"abcd-{i}"})())
+    monkeypatch.setitem(sys.modules, "pynvml", FakeNvml(cards) if with_nvml else None)
+    free, total = gpu_baseline.free_bytes_at_start(0)
+    assert made and total == 24 * GIB
+    assert free == (24 * GIB if with_nvml else 24 * GIB - context)  # without NVML: the old reading, no worse
+    runner = SimulatedRunner(cards[0], 0, weights=8 * GIB, activations=GIB, sampler=GIB)
+    runner.free_bytes_at_start = free
+    config = EngineConfig(model="m", gpu_memory_utilization=0.9)
+    with caplog.at_level(logging.INFO, logger="pagedesk.engine"):
+        choose_num_blocks(config, LLAMA_8B.with_max_model_len(8192), runner, torch.bfloat16, 8192)
+    assert ("other programs" in caplog.text) != with_nvml
+    profile = measure_memory(runner, 8192, 256, torch.bfloat16)
+    assert profile.overhead_bytes >= (context if with_nvml else 0)  # the context is the engine's own overhead
+
+
+def test_recorded_baseline_is_taken_once(cards, monkeypatch):
+    """A tensor-parallel rank records before set_device; its ModelRunner takes that reading, a later one reads anew."""
+    from engine import gpu_baseline
+    cards.append(SimulatedCard("card", 24 * GIB, 0))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: cards[0].mem_get_info())
+    gpu_baseline.record(0)
+    cards[0].others = GIB  # another program starts after the reading
+    assert gpu_baseline.free_bytes_at_start(0)[0] == 24 * GIB
+    assert gpu_baseline.free_bytes_at_start(0)[0] == 23 * GIB

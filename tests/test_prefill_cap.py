@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from engine import LLM, SamplingParams
 from engine import serve
 from engine.config import EngineConfig
+from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from engine.kv_cache_manager import KVCacheManager
 from engine.sampling_params import SamplingParams as Params
 from engine.scheduler import Scheduler
@@ -105,13 +106,15 @@ def test_serving_defaults_cap_prompts_on_cpu_only():
 @given(prompts=st.lists(st.integers(1, 60), min_size=1, max_size=8), arrivals=st.lists(st.integers(0, 6),
        min_size=8, max_size=8), cap=st.integers(1, 24), budget=st.integers(8, 64), blocks=st.integers(8, 40),
        caching=st.booleans(), policy=st.sampled_from(["fcfs", "priority"]),
-       priorities=st.lists(st.integers(-2, 2), min_size=8, max_size=8))
+       priorities=st.lists(st.integers(-2, 2), min_size=8, max_size=8), windows=st.sampled_from([(), (None, 6), (5,)]))
 def test_scheduler_invariants_under_random_arrivals(prompts, arrivals, cap, budget, blocks, caching, policy,
-                                                    priorities):
+                                                    priorities, windows):
     """Whatever arrives when, with a small pool (preemption), prefix caching on or off, either scheduling
-    policy: a step stays within the budget, a step that decodes takes at most `cap` prompt tokens, and every
-    request finishes."""
-    kv = KVCacheManager(num_blocks=blocks, block_size=4, enable_caching=caching)
+    policy, one KV cache group or window groups beside a full one: a step stays within the budget, a step that
+    decodes takes at most `cap` prompt tokens, and every request finishes."""
+    specs = [FullAttentionSpec(4, 1, 1, 1) if w is None else SlidingWindowSpec(4, 1, 1, 1, w) for w in windows]
+    kv = KVCacheManager(num_blocks=blocks * max(1, len(specs)), block_size=4, enable_caching=caching,
+                        group_specs=specs or None)
     scheduler = Scheduler(kv, max_num_seqs=4, max_num_batched_tokens=budget, enable_chunked_prefill=True,
                           max_batch_prefill_tokens=cap, policy=policy)
     seqs = [seq_of(f"r{i}", [1 + (i + j) % 7 for j in range(n)]) for i, n in enumerate(prompts)]
@@ -144,4 +147,4 @@ def test_scheduler_invariants_under_random_arrivals(prompts, arrivals, cap, budg
         scheduler.update_from_output(out, [], finished)
     assert not scheduler.has_work(), "requests left unfinished"
     assert all(s.is_finished for s in seqs)
-    assert kv.pool.num_free_blocks == blocks
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks

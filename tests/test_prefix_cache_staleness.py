@@ -40,7 +40,7 @@ def test_block_filled_by_a_decode_preempted_in_the_same_step_is_not_cached():
     twin = Sequence(Request("twin", None, [1, 2, 3, 4, 5, 6, 7, 8, 9], Params(), None, 0.0), 0,
                     [1, 2, 3, 4, 5, 6, 7, 8, 9], None)
     hits = kv.get_computed_blocks(twin)
-    assert hits == [computed_block]  # the filler's first block was computed in an earlier step: still a hit
+    assert hits.blocks == ([computed_block],)  # the filler's first block was computed in an earlier step: still a hit
     assert stale.block_hash is None and kv.pool.lookup(twin.block_hashes[1]) is None
 
 

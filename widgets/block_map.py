@@ -3,7 +3,8 @@
 The widget takes three arrays per snapshot (state, ref count, owner index) plus the owner names and
 turns them into one RGBA image with vectorised numpy, so 50,000 blocks cost one `ImageItem.setImage`.
 Snapshots may arrive at any rate; the image is rebuilt on a timer only when a new one is pending.
-Hovering a cell shows its block id, state, owner and ref count. The wheel zooms and a drag pans
+Hovering a cell shows its block id, state, owner and ref count, and its KV cache group when the model has
+several (sliding-window and full-attention layers share the pool; the summary counts each group's blocks). The wheel zooms and a drag pans
 (16k blocks are a pixel each at full view); "Fit" returns to the whole pool. Its background follows
 the application palette. It never imports app or engine code.
 """
@@ -50,9 +51,12 @@ class BlockSnapshot:
     ref_count: np.ndarray  # uint8
     owner: np.ndarray  # uint16
     owners: list[str] = field(default_factory=list)
+    group: np.ndarray | None = None  # uint8 per block: 0 none, g → group_names[g-1]; None with one group
+    group_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         assert self.state.shape == self.ref_count.shape == self.owner.shape
+        assert self.group is None or self.group.shape == self.state.shape
 
     @property
     def num_blocks(self) -> int:
@@ -192,8 +196,13 @@ class BlockMapWidget(QWidget):
         used = int(np.count_nonzero(snap.state == STATE_IN_USE))
         cached = int(np.count_nonzero(snap.state == STATE_CACHED))
         shared = int(np.count_nonzero((snap.state == STATE_IN_USE) & (snap.ref_count > 1)))
-        return (f"{snap.num_blocks:,} blocks · {used:,} in use ({100 * used / n:.1f}%) · {cached:,} cached · "
+        text = (f"{snap.num_blocks:,} blocks · {used:,} in use ({100 * used / n:.1f}%) · {cached:,} cached · "
                 f"{shared:,} shared · {len(snap.owners)} requests")
+        if snap.group is not None and snap.group_names:
+            counts = np.bincount(snap.group.astype(np.int64), minlength=len(snap.group_names) + 1)
+            text += "\nin use by KV cache group: " + " · ".join(
+                f"{name}: {int(counts[g + 1]):,}" for g, name in enumerate(snap.group_names))
+        return text
 
     def block_info(self, block_id: int) -> str:
         """Text for one block: id, state, owner and ref count."""
@@ -203,8 +212,12 @@ class BlockMapWidget(QWidget):
         state = int(snap.state[block_id])
         owner_index = int(snap.owner[block_id])
         owner = snap.owners[owner_index - 1] if 0 < owner_index <= len(snap.owners) else "—"
-        return (f"block {block_id} · {STATE_NAMES.get(state, state)} · owner {owner} · "
+        text = (f"block {block_id} · {STATE_NAMES.get(state, state)} · owner {owner} · "
                 f"ref count {int(snap.ref_count[block_id])}")
+        group = int(snap.group[block_id]) if snap.group is not None else 0
+        if 0 < group <= len(snap.group_names):
+            text += f" · group {snap.group_names[group - 1]}"
+        return text
 
     def block_at(self, x: float, y: float) -> int | None:
         """Block id under image coordinates (x = column, y = row), or None outside the pool."""

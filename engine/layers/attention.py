@@ -1,6 +1,7 @@
 """Attention over the paged KV cache: write this step's K/V into their slots, then attend through block tables.
 
-The batch layout travels explicitly in `AttentionMetadata` (no global context); the kernels come from
+The batch layout travels explicitly in `AttentionMetadata` (no global context); a layer reads the block table
+and slots of its KV cache group (`kv_group`, set when the cache is bound); the kernels come from
 `kernels.get_attention_backend`, so the torch path (CPU) and the Triton path (CUDA) see identical inputs.
 """
 from __future__ import annotations
@@ -21,6 +22,10 @@ class AttentionMetadata:
     query_start_loc: torch.Tensor  # [num_seqs + 1] int32
     max_query_len: int
     max_seq_len: int
+    # KV cache groups past the first (sliding-window models); None with one group. Dummy metadata (profiling,
+    # warm-up) leaves them None: every layer then uses the first group's, which is fine for shapes.
+    group_block_tables: torch.Tensor | None = None  # [num_groups - 1, num_seqs, max_blocks] int32
+    group_slot_mappings: torch.Tensor | None = None  # [num_groups - 1, num_tokens] int64
 
 
 class PagedAttention(nn.Module):
@@ -33,6 +38,7 @@ class PagedAttention(nn.Module):
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
         self.k_scale = self.v_scale = None
+        self.kv_group = 0  # which KV cache group's block table this layer reads (engine/kv_cache_interface.py)
 
     def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float = 1.0,
                    v_scale: float = 1.0) -> None:
@@ -47,7 +53,11 @@ class PagedAttention(nn.Module):
         """q: [T, H, D]; k, v: [T, Hkv, D]. Without metadata (profiling run) attention is skipped."""
         if meta is None or self.k_cache.numel() == 0:
             return q
-        self.write_kv_cache(k, v, self.k_cache, self.v_cache, meta.slot_mapping, self.k_scale, self.v_scale)
-        return self.paged_attention(q, self.k_cache, self.v_cache, meta.block_tables, meta.seq_lens,
+        slot_mapping, block_tables = meta.slot_mapping, meta.block_tables
+        if self.kv_group and meta.group_block_tables is not None:
+            slot_mapping = meta.group_slot_mappings[self.kv_group - 1]
+            block_tables = meta.group_block_tables[self.kv_group - 1]
+        self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale)
+        return self.paged_attention(q, self.k_cache, self.v_cache, block_tables, meta.seq_lens,
                                     meta.query_start_loc, self.scale, self.sliding_window, self.k_scale,
                                     self.v_scale)

@@ -3,7 +3,9 @@
 `collect_raw` runs on the engine thread (the only thread that may touch the LLMEngine) and copies
 what it needs; `build_state` turns that copy into the JSON document off the engine thread. Blocks are
 packed as base64(zlib(state | ref_count | owner)): one byte of state and one of saturated ref count
-per block, then a little-endian uint16 owner index (0 none, k → requests[k-1]).
+per block, then a little-endian uint16 owner index (0 none, k → requests[k-1]). A model with several KV
+cache groups adds `kv_groups` (their names) and `block_groups`: base64(zlib(uint8 per block: 0 none,
+g → kv_groups[g-1])).
 """
 from __future__ import annotations
 
@@ -43,6 +45,11 @@ def pack_blocks(snapshot: BlockPoolSnapshot) -> str:
     return base64.b64encode(zlib.compress(raw, ZLIB_LEVEL)).decode("ascii")
 
 
+def pack_block_groups(snapshot: BlockPoolSnapshot) -> str:
+    groups = (np.asarray(snapshot.group, dtype=np.int16) + 1).astype(np.uint8)
+    return base64.b64encode(zlib.compress(groups.tobytes(), ZLIB_LEVEL)).decode("ascii")
+
+
 def unpack_blocks(blocks: str, num_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The inverse of pack_blocks (what a client does): (state, ref_count, owner index) arrays."""
     raw = zlib.decompress(base64.b64decode(blocks))
@@ -72,4 +79,6 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float]) -> d
         "prompt_tokens_per_s": rates[0], "generation_tokens_per_s": rates[1],
         "memory": {"weights_bytes": int(raw.memory.get("weights_bytes", 0)),
                    "kv_cache_bytes": int(raw.memory.get("kv_cache_bytes", 0))},
+        **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
+           if raw.snapshot.group is not None else {}),
     }

@@ -1,0 +1,92 @@
+"""Stopping a tensor-parallel engine (issue 19 item 4): a SIGTERM to the whole process group (what the GUI
+sends) lets rank 0 drain and end its worker with a "shutdown" command; a stopped worker (SIGSTOP) is found by
+its heartbeat, apart from step progress, so /health turns 503 within seconds even with the CPU's 600 s step
+timeout. Real `python -m engine.serve` subprocesses over 2 gloo ranks; every wait is bounded."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from engine.serve import EXIT_ENGINE_DIED
+from test_cli import free_port
+from test_server_process import ROOT, kill, open_long_stream, read_events, wait_serving, worker_pid
+
+
+@pytest.fixture(scope="module")
+def long_llama(tiny_model_dir):
+    return tiny_model_dir("llama", max_position_embeddings=4096)
+
+
+def start_tp_serve(model_dir, port: int) -> subprocess.Popen:
+    """Two ranks on CPU in a process group of their own, like the GUI's supervisor starts them."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
+            "--num-gpu-blocks-override", "300", "--served-model-name", "tiny", "--tensor-parallel-size", "2"]
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
+                            start_new_session=True)
+
+
+@pytest.mark.timeout(180)
+def test_sigterm_to_the_process_group_drains_rank_0_first(long_llama):
+    port = free_port()
+    proc = start_tp_serve(long_llama, port)
+    try:
+        wait_serving(proc)
+        with httpx.Client(timeout=60) as client, open_long_stream(port, client) as response:
+            lines = response.iter_lines()
+            assert read_events(lines, first_only=True)  # a step is running when the signal comes
+            os.killpg(proc.pid, signal.SIGTERM)  # the worker gets it too, and ignores it
+            try:
+                events = read_events(lines)
+            except httpx.HTTPError:  # under tensor parallel the stream can be cut (see the report); not judged here
+                events = []
+        print("last events:", events[-2:])
+        assert proc.wait(60) == 0
+        output = proc.stdout.read()
+        # The worker left on rank 0's "shutdown" command (exit 0), after rank 0's last step: not killed by the
+        # signal (-15) nor by the grace-period kill (-9), and no step failed on a missing peer.
+        assert "tensor-parallel worker rank 1" in output and "ended with exit code 0" in output, output[-3000:]
+        assert "engine step failed" not in output and "died" not in output, output[-3000:]
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        kill(proc)
+
+
+@pytest.mark.timeout(180)
+def test_stopped_worker_turns_health_503_within_seconds(long_llama):
+    port = free_port()
+    proc = start_tp_serve(long_llama, port)
+    stopped = None
+    try:
+        wait_serving(proc)
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code == 200
+        stopped = worker_pid(proc.pid)
+        os.kill(stopped, signal.SIGSTOP)  # idle: no step is running, so no step timeout could notice
+        start, status = time.monotonic(), 200
+        while time.monotonic() - start < 10 and status == 200:
+            time.sleep(0.25)
+            status = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).status_code
+        print(f"/health answered {status} {time.monotonic() - start:.1f} s after SIGSTOP")
+        assert status == 503
+        assert proc.wait(60) == EXIT_ENGINE_DIED
+        assert "has sent no heartbeat" in proc.stdout.read()
+    finally:
+        if stopped is not None:
+            try:
+                os.kill(stopped, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        kill(proc)
