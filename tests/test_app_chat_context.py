@@ -99,3 +99,30 @@ def test_ten_turns_on_a_tiny_context_all_succeed_and_the_trim_is_visible(qtbot, 
     finally:
         panel.client.wait_idle()
         sup.shutdown()
+
+
+def test_ten_turns_against_a_real_tiny_engine_with_a_128_token_context(tiny_model_dir):
+    """The real server's /tokenize count and its own context check agree: no send is refused."""
+    from server_harness import MODEL_NAME, start_server
+
+    from app.chat_client import ChatRequest, ChatWorker
+
+    server = start_server(tiny_model_dir("llama"), max_model_len=128)
+    try:
+        messages = [{"role": "system", "content": "You are a helpful assistant."}]
+        fits, failures = [], []
+        for turn in range(10):
+            messages.append({"role": "user", "content": f"Tell me about the weather on day {turn} please"})
+            worker = ChatWorker(ChatRequest(server.url, MODEL_NAME, list(messages), temperature=0.0, max_tokens=100))
+            worker.fitted.connect(fits.append)
+            worker.failed.connect(failures.append)
+            result = worker._stream()  # on this thread: no event loop needed
+            assert result.finish_reason in ("stop", "length")
+            messages.append({"role": "assistant", "content": result.text or "ok"})
+        assert failures == []
+        notes = [fit.note() for fit in fits]
+        print("\n".join(notes))
+        assert any(fit.dropped for fit in fits) and any(fit.max_tokens < 100 for fit in fits)
+        assert all(fit.messages[0]["role"] == "system" for fit in fits)
+    finally:
+        server.stop()
