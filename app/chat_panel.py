@@ -7,9 +7,13 @@ left unanswered are not sent again as history, so the model never sees two user 
 A request changed to fit the model's context (Max tokens lowered, oldest turns left out: app/context_fit.py)
 gets a note in the chat, stored with it. Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
 until the next deletion. New chats start from the default system prompt; sampling settings persist
-in QSettings. The endpoint (base URL, key, served model name) is set by the main window.
+in QSettings. The endpoint (base URL, key, served model name) is set by the main window. When the store
+cannot write (a full disk), the chat says "chat history could not be saved: disk full", keeps the unsaved
+turns in memory (shown, and sent as history) and writes them before the next message.
 """
 from __future__ import annotations
+
+import sqlite3
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
@@ -22,6 +26,11 @@ from widgets.chat_view import ChatMessage, ChatView
 
 NOT_RUNNING = "The engine is not running. Choose a model and press **Start** (Engine tab), then send again."
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+
+
+def save_failed_text(exc: sqlite3.Error) -> str:
+    reason = "disk full" if "full" in str(exc).lower() else str(exc)
+    return f"chat history could not be saved: {reason}"
 
 
 class ChatPanel(QWidget):
@@ -85,6 +94,10 @@ class ChatPanel(QWidget):
         self.stop_button = QPushButton("Stop", clicked=self.stop, enabled=False)
         self.regenerate_button = QPushButton("Regenerate", clicked=self.regenerate)
         self.status = QLabel("")
+        self.save_notice = QLabel("")  # says so while the history cannot be written (a full disk)
+        # Messages the store refused (conversation id -> (role, content, stats) in order): kept in memory, shown
+        # and sent as history, and written before the next message of that conversation.
+        self._unsaved: dict[int, list[tuple[str, str, str]]] = {}
         actions = QVBoxLayout()
         for b in (self.send_button, self.stop_button, self.regenerate_button):
             actions.addWidget(b)
@@ -104,6 +117,7 @@ class ChatPanel(QWidget):
         right_layout.addWidget(self.view, 1)
         right_layout.addLayout(input_row)
         right_layout.addWidget(self.status)
+        right_layout.addWidget(self.save_notice)
         splitter = QSplitter()
         splitter.addWidget(left)
         splitter.addWidget(right)
@@ -154,7 +168,30 @@ class ChatPanel(QWidget):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(conversation.system_prompt if conversation else "")
         self.system_prompt.blockSignals(False)
-        self.view.set_messages([ChatMessage(m.role, m.content, m.stats) for m in self.store.messages(conversation_id)])
+        self.view.set_messages([ChatMessage(*m) for m in self._transcript(conversation_id)])
+
+    def _transcript(self, conversation_id: int) -> list[tuple[str, str, str]]:
+        """(role, content, stats) of the stored messages, then those not saved yet."""
+        stored = [(m.role, m.content, m.stats) for m in self.store.messages(conversation_id)]
+        return stored + self._unsaved.get(conversation_id, [])
+
+    def _save(self, role: str, content: str, stats: str = "") -> None:
+        """Store a message of the open chat; when the store refuses (a full disk), keep it in memory, say so,
+        and try again with the next message."""
+        if self.conversation_id is None:
+            return
+        pending = self._unsaved.setdefault(self.conversation_id, [])
+        pending.append((role, content, stats))
+        try:
+            while pending:
+                self.store.add_message(self.conversation_id, *pending[0])  # one transaction each: all or nothing
+                pending.pop(0)
+        except sqlite3.Error as exc:
+            self.save_notice.setText(save_failed_text(exc))
+            return
+        del self._unsaved[self.conversation_id]
+        if not self._unsaved:
+            self.save_notice.setText("")
 
     def new_conversation(self) -> None:
         if self.generating:
@@ -203,10 +240,13 @@ class ChatPanel(QWidget):
             return
         assert self.conversation_id is not None
         self.input.clear()
-        self.store.add_message(self.conversation_id, "user", text)
+        self._save("user", text)
         conversation = self.store.conversation(self.conversation_id)
         if conversation and conversation.title == "New chat":
-            self.store.update_conversation(self.conversation_id, title=text.splitlines()[0][:40])
+            try:
+                self.store.update_conversation(self.conversation_id, title=text.splitlines()[0][:40])
+            except sqlite3.Error as exc:
+                self.save_notice.setText(save_failed_text(exc))
             self._rename_current(text.splitlines()[0][:40])
         self.view.add_message(ChatMessage("user", text))
         self._ask()
@@ -230,10 +270,11 @@ class ChatPanel(QWidget):
         messages = [{"role": "system", "content": self.system_prompt.toPlainText()}]
         if not messages[0]["content"].strip():
             messages = []
-        turns = [m for m in self.store.messages(self.conversation_id) if m.role in ("user", "assistant")]
+        turns = [(role, content) for role, content, _ in self._transcript(self.conversation_id)
+                 if role in ("user", "assistant")]
         # A user turn whose reply failed is followed by another user turn: leave it out of the history.
-        messages += [{"role": m.role, "content": m.content} for i, m in enumerate(turns)
-                     if not (m.role == "user" and i + 1 < len(turns) and turns[i + 1].role == "user")]
+        messages += [{"role": role, "content": content} for i, (role, content) in enumerate(turns)
+                     if not (role == "user" and i + 1 < len(turns) and turns[i + 1][0] == "user")]
         return messages
 
     def _ask(self) -> None:
@@ -262,8 +303,7 @@ class ChatPanel(QWidget):
     def _on_finished(self, result: ChatResult) -> None:
         self._set_generating(False)
         stats = result.summary()
-        if self.conversation_id is not None:
-            self.store.add_message(self.conversation_id, "assistant", result.text, stats)
+        self._save("assistant", result.text, stats)
         self.view.set_last_stats(stats)
         self.reply_finished.emit(result)
 
@@ -272,10 +312,9 @@ class ChatPanel(QWidget):
         last = self.view.messages[-1] if self.view.messages else None
         if last is not None and last.role == "assistant" and not last.text:
             self.view.messages.pop()
-        elif last is not None and last.role == "assistant" and self.conversation_id is not None:
-            self.store.add_message(self.conversation_id, "assistant", last.text, "incomplete")
-        if self.conversation_id is not None:
-            self.store.add_message(self.conversation_id, "error", message)
+        elif last is not None and last.role == "assistant":
+            self._save("assistant", last.text, "incomplete")
+        self._save("error", message)
         self.view.add_message(ChatMessage("error", message))
         self.reply_failed.emit(message)
 

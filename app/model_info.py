@@ -24,9 +24,12 @@ class ModelInfo:
     dtype: str
     config: dict = field(default_factory=dict)
     quantization: str | None = None  # e.g. "awq 4-bit g128 asym", from quantization_config
+    active_parameters: int | None = None  # mixture-of-experts models: what one token goes through
 
     def describe(self) -> str:
         params = format_count(self.num_parameters) if self.num_parameters else "unknown"
+        if self.active_parameters and self.num_parameters:
+            params = f"{params} total, {format_count(self.active_parameters)} active"
         context = f"{self.context_length:,}" if self.context_length else "unknown"
         weights = f" · {self.quantization}" if self.quantization else ""
         return f"{self.architecture} · {params} parameters · context {context} tokens · {self.dtype}{weights}"
@@ -89,7 +92,19 @@ def read_model_info(folder: str | Path) -> ModelInfo:
     context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
     dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "unknown")
     quant, codes_per_word = quantization(config)
-    return ModelInfo(folder, architecture, count_parameters(folder, codes_per_word), context, dtype, config, quant)
+    return ModelInfo(folder, architecture, count_parameters(folder, codes_per_word), context, dtype, config, quant,
+                     active_parameters(config))
+
+
+def active_parameters(config: dict) -> int | None:
+    """Active parameters of an MoE model, from the engine's torch-free config arithmetic; None when dense or
+    when the engine cannot read the config."""
+    from engine.model_config import ModelConfig
+    try:
+        cfg = ModelConfig.from_hf_config(config)
+    except (ValueError, KeyError, TypeError):
+        return None
+    return cfg.num_active_params if cfg.moe is not None else None
 
 
 def quantization(config: dict) -> tuple[str | None, int]:

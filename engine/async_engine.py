@@ -2,14 +2,19 @@
 
 The engine thread loads the model, then loops: take queued commands (add, abort, call), run one
 `step()`, hand each RequestOutput to its request's stream via `loop.call_soon_threadsafe`. The
-event loop never touches the LLMEngine. An exception in `step()` marks the engine dead: every
+event loop never touches the LLMEngine. A request the engine failed on its own (request_faults.py) gets
+`RequestFailedError` on its stream and nothing else changes; an exception out of `step()` (the batch, the
+device, a worker) marks the engine dead: every
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
 never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
 least FIRST_STEP_TIMEOUT_S) declares a step that never returns dead the same way, and ends the
 tensor-parallel workers so a collective stuck on one of them fails; it also asks the tensor-parallel
 executor every LIVENESS_POLL_S whether a worker stopped beating (SIGSTOP, a hung card), so /health turns
 503 within seconds of that on any device, not after the step timeout. A caller that goes away closes
-its `RequestStream`, which aborts the request at once so its blocks are freed.
+its `RequestStream`, which aborts the request at once so its blocks are freed. A caller that stays but
+stops reading (a client that stopped reading its socket, so the route blocks on the send) leaves outputs
+unread: its request is paused (not scheduled, blocks kept) until it reads, and aborted after
+`--stream-idle-timeout` seconds unread.
 """
 from __future__ import annotations
 
@@ -34,6 +39,9 @@ FIRST_STEP_TIMEOUT_S = 300.0  # the first step compiles kernels: the watchdog al
 DEFAULT_STEP_TIMEOUT_S = {"cuda": 30.0, "cpu": 600.0}  # --step-timeout unset: a CPU prefill step can be slow
 IDLE_WAIT_S = 0.25  # how long an idle engine thread blocks on its command queue
 STATS_EVERY_S = 0.1
+# A reader this many outputs behind is not reading (one or two behind is the event loop catching up): its
+# request is paused until it reads.
+MAX_UNREAD_OUTPUTS = 4
 RATE_WINDOW_S = 2.0
 LIVENESS_POLL_S = 0.5
 
@@ -44,6 +52,14 @@ class EngineNotReadyError(RuntimeError):
 
 class EngineDeadError(RuntimeError):
     """The engine failed (at load or in a step) and serves nothing more."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine failed one request (its blocks are freed); it goes on serving the others."""
+
+
+class StreamIdleTimeout(RuntimeError):
+    """The caller left the request's output unread for --stream-idle-timeout seconds: it was aborted."""
 
 
 _ACCEPTED = object()  # handed to a request's stream once the engine took it
@@ -77,6 +93,10 @@ class _Stop:
     pass
 
 
+class _Wake:
+    """Nothing to do: wakes an engine thread that waits on its queue (a paused reader read again)."""
+
+
 class RequestStream:
     """One request's outputs as they arrive; iterate it, and `close()` it when done (aborts if unfinished).
 
@@ -92,6 +112,11 @@ class RequestStream:
         self.closed = False
         self._pending: object = None  # newest RequestOutput or an exception, not yet read
         self._ready = asyncio.Event()
+        # Reader bookkeeping, written by the engine thread when it hands an output and reset by the reader
+        # (plain attribute writes: a race costs at most one extra step or one late pause).
+        self.unread = 0  # outputs handed since the reader last took one
+        self.unread_since: float | None = None  # monotonic time the oldest unread output was handed
+        self.paused = False  # the engine paused the request because of unread outputs
 
     def put_threadsafe(self, item: object) -> None:
         try:
@@ -124,6 +149,9 @@ class RequestStream:
         await self._ready.wait()
         item, self._pending = self._pending, None
         self._ready.clear()
+        self.unread, self.unread_since = 0, None
+        if self.paused:
+            self.engine.wake()
         if isinstance(item, BaseException):
             self.finished = True
             raise item
@@ -203,6 +231,9 @@ class AsyncEngine:
         """Abort a request (idempotent; unknown or finished ids are ignored)."""
         self._commands.put(_Abort(request_id))
 
+    def wake(self) -> None:
+        self._commands.put(_Wake())
+
     async def call(self, fn: Callable[[Any], Any]) -> Any:
         """Run fn(llm_engine) on the engine thread between steps and return its result."""
         loop = asyncio.get_running_loop()
@@ -274,20 +305,27 @@ class AsyncEngine:
 
     def _loop(self) -> None:
         engine = self.engine
+        idle_step = False
         while True:
             busy = engine.has_unfinished_requests()
-            if not self._drain_commands(block=not busy):
+            # A step that ran nothing (every running request paused or compiling): wait for a command or a read.
+            if not self._drain_commands(block=not busy or idle_step):
                 return
+            self._watch_readers(time.monotonic())
             if self.status != "ready":  # the watchdog gave up on a step that then returned after all
                 self._fail_all(EngineDeadError(f"the engine stopped serving: {self.error}"))
                 return
             try:
+                idle_step = False
                 if engine.has_unfinished_requests():
                     self._step_started = time.monotonic()
+                    steps_before = getattr(engine.stats, "num_steps", None)
                     outputs = engine.step()
                     self._step_started = None
                     self._steps_done += 1
                     self._dispatch(outputs)
+                    idle_step = (not outputs and steps_before is not None and engine.stats.num_steps == steps_before
+                                 and not getattr(engine, "compiling", None))  # compiles: step() polls them
                 elif not busy:
                     engine.check_health()  # a worker that died while we sat idle fails now, not at the next request
             except Exception as exc:  # noqa: BLE001
@@ -313,6 +351,24 @@ class AsyncEngine:
                 cmd = self._commands.get_nowait()
             except queue.Empty:
                 return True
+
+    def _watch_readers(self, now: float) -> None:
+        """Pause the requests whose reader left MAX_UNREAD_OUTPUTS outputs unread (resume them once it reads);
+        abort those unread for longer than --stream-idle-timeout."""
+        timeout = getattr(self.config, "stream_idle_timeout", 0) or 0
+        for request_id, stream in list(self._streams.items()):
+            if timeout and stream.unread_since is not None and now - stream.unread_since > timeout:
+                self._abort(request_id)
+                stream.put_threadsafe(StreamIdleTimeout(
+                    f"the client left this request's output unread for over {timeout:g} s "
+                    "(--stream-idle-timeout): the request was aborted and its KV blocks freed"))
+                continue
+            stalled = stream.unread >= MAX_UNREAD_OUTPUTS
+            if stalled != stream.paused:
+                stream.paused = stalled
+                pause = getattr(self.engine, "pause_request", None)
+                if pause is not None:
+                    pause(request_id, stalled)
 
     def _handle(self, cmd: object) -> None:
         if isinstance(cmd, _Add):
@@ -360,7 +416,12 @@ class AsyncEngine:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            stream.put_threadsafe(out)
+            else:
+                stream.unread += 1
+                if stream.unread_since is None:
+                    stream.unread_since = time.monotonic()
+            error = getattr(out, "error", None)
+            stream.put_threadsafe(out if error is None else RequestFailedError(error))
 
     def _sample_stats(self, force: bool = False) -> None:
         now = time.monotonic()

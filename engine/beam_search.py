@@ -11,11 +11,23 @@ blocks through ref counts, and only a shared, partly filled last block is copied
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
 
 NEG_INF = -1.0e9
+
+
+def length_normalized(score: float, length: int, length_penalty: float) -> float:
+    """score / length ** length_penalty (HF's ranking, computed the same way); a huge finite penalty saturates
+    (towards 0 or -inf) instead of raising OverflowError or dividing by zero."""
+    try:
+        return score / max(1, length) ** length_penalty
+    except OverflowError:  # length ** penalty past the float range: the quotient is 0
+        return score * 0.0
+    except ZeroDivisionError:  # length ** penalty underflowed to 0
+        return 0.0 if score == 0.0 else math.copysign(math.inf, score)
 
 
 @dataclass
@@ -30,6 +42,8 @@ class BeamSearchParams:
             raise ValueError(f"beam_width must be between 1 and 16, got {self.beam_width}")
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not math.isfinite(self.length_penalty):
+            raise ValueError(f"length_penalty must be finite, got {self.length_penalty}")
 
 
 @dataclass
@@ -87,7 +101,7 @@ class BeamGroup:
         for rank, (c, hit) in enumerate(zip(candidates, hits)):
             if hit and rank < k and accepting:
                 tokens = beam_tokens[c.parent] + [c.token]
-                self.finished.append((c.score / (generated + 1) ** lp, tokens, c.score))
+                self.finished.append((length_normalized(c.score, generated + 1, lp), tokens, c.score))
         self.finished = sorted(self.finished, key=lambda f: -f[0])[:k]
         running = [c for c, hit in zip(candidates, hits) if not hit][:k]
         self.scores = [c.score for c in running]

@@ -19,7 +19,7 @@ ATTENTION_BACKENDS = ("auto", "triton", "torch")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
 REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
-SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8")  # engine/quantization/config.py reads them
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # Online serving's step budget and prompt-token cap, per device: a step's cost grows with its tokens and
@@ -101,6 +101,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
          "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
          "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
+    Flag("stream_idle_timeout", float, 60.0, "Seconds a client may leave a request's output unread before the "
+         "request is aborted and its KV blocks freed (a request whose output is unread is not scheduled "
+         "meanwhile); 0 turns it off", "server", minimum=0.0, gui=False),
     Flag("tool_call_parser", str, None, "Tool-call format of the model (default: detected from its chat template)",
          "server", TOOL_CALL_PARSERS, gui=False),
     Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
@@ -184,6 +187,7 @@ class EngineConfig:
     api_key: str | None = None
     allowed_hosts: str | None = None
     step_timeout: float | None = None
+    stream_idle_timeout: float = 60.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from tqdm.auto import tqdm
 
-from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_normalized
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
 from engine.outputs import RequestOutput
@@ -44,6 +44,8 @@ class LLM:
             request_id = str(next(self._ids))
             if isinstance(prompt, dict):
                 prompt = prompt.get("prompt_token_ids") or prompt["prompt"]
+            if p.structured_outputs is not None:  # offline: a bad spec is a ValueError here, as before any step
+                self.engine.grammars.compile(p.structured_outputs, timeout=None)
             self.engine.add_request(request_id, prompt, p)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
@@ -64,7 +66,8 @@ class LLM:
         outputs = []
         for out in self._run(ids, use_tqdm):
             beams = [BeamSearchSequence(out.prompt_token_ids + c.token_ids, c.text, c.cumulative_logprob,
-                                        c.cumulative_logprob / max(1, len(c.token_ids)) ** params.length_penalty)
+                                        length_normalized(c.cumulative_logprob, len(c.token_ids),
+                                                          params.length_penalty))
                      for c in out.outputs]
             outputs.append(BeamSearchOutput(out.request_id, out.prompt, beams))
         return outputs

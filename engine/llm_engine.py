@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 
 import torch
 
@@ -25,16 +26,19 @@ from engine.model_config import ModelConfig
 from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.output_processor import OutputProcessor, StepOutcome, StepPlan
 from engine.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
-from engine.sampling_metadata import SamplingBatch, SamplingRow, make_generator
+from engine.sampling_metadata import SamplingBatch, SamplingMetadata, SamplingRow, make_generator
 from engine.sampling_params import SamplingParams
+from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
+from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.state import GrammarState
 from engine.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
+COMPILE_POLL_S = 0.005  # an engine with only compiling requests checks on them this often
 
 
 class LLMEngine:
@@ -76,10 +80,14 @@ class LLMEngine:
                                    config.scheduling_policy)
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
+        # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
+        self.grammars.submit(StructuredOutputsParams(json_object=True))
         self.requests: dict[str, Request] = {}
+        self.compiling: list[tuple[Sequence, Future]] = []  # requests whose grammar is still compiling
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
-                                      self.model_config.max_model_len, self.stats)
+                                      self.model_config.max_model_len, self.stats, self.faults)
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
 
@@ -104,11 +112,17 @@ class LLMEngine:
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
+        compiling = None
         if params.structured_outputs is not None:
-            seq.grammar = GrammarState(self.grammars.compile(params.structured_outputs))
+            compiling = self.grammars.submit(params.structured_outputs)  # never compiled on this thread
+            if compiling.done():
+                seq.grammar, compiling = GrammarState(compiling.result()), None
         request.seqs.append(seq)
         self.requests[request_id] = request
-        self.scheduler.add(seq)
+        if compiling is None:
+            self.scheduler.add(seq)
+        else:
+            self.compiling.append((seq, compiling))  # scheduled once its grammar is ready
 
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
                          arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
@@ -154,6 +168,12 @@ class LLMEngine:
         if len(prompt_ids) > pool_tokens:
             raise ValueError(f"prompt is {len(prompt_ids)} tokens but the whole KV cache holds {pool_tokens}")
         params.validate_token_ids(self.model_config.vocab_size)
+        try:  # the request's sampling tensors, once on the host: a value no tensor holds is refused here
+            SamplingMetadata.build([SamplingRow(params, prompt_ids, len(prompt_ids), None,
+                                                self.model_config.eos_token_ids)],
+                                   self.model_config.vocab_size, torch.device("cpu"))
+        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+            raise ValueError(f"sampling parameters cannot be prepared: {exc}") from None
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
@@ -162,12 +182,19 @@ class LLMEngine:
         request.aborted = True
         self.scheduler.abort([s for s in request.seqs if not s.is_finished])
 
+    def pause_request(self, request_id: str, paused: bool) -> None:
+        """A paused request keeps its blocks but its running sequences are not scheduled (a stalled reader)."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            request.paused = paused
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
     # ---- one step ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
         out = self.scheduler.schedule()
         outcome = StepOutcome()
         for seq in out.too_long:
@@ -181,10 +208,42 @@ class LLMEngine:
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
-        outputs = [self.output.make_output(r) for r in outcome.touched.values()]
+        outputs = []
+        for request in outcome.touched.values():
+            with self.faults.guard(request, "building its output"):
+                if request not in self.faults:
+                    outputs.append(self.output.make_output(request))
         for output in outputs:
             if output.finished:
                 self.requests.pop(output.request_id, None)
+        return outputs + self._end_failed()
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the scheduler (a failed compile fails the request).
+        With nothing else to run, wait a moment for one, rather than spin."""
+        if not self.compiling:
+            return
+        if not self.scheduler.has_work():
+            wait([f for _, f in self.compiling], timeout=COMPILE_POLL_S, return_when=FIRST_COMPLETED)
+        still = []
+        for seq, future in self.compiling:
+            if seq.request.aborted:
+                continue
+            if not future.done():
+                still.append((seq, future))
+                continue
+            with self.faults.guard(seq.request, "compiling its grammar"):
+                seq.grammar = GrammarState(future.result())
+                self.scheduler.add(seq)
+        self.compiling = still
+
+    def _end_failed(self) -> list[RequestOutput]:
+        """Abort the requests that failed this step (their blocks go back) and say why in a final output."""
+        outputs = []
+        for request, message in self.faults.take():
+            self.abort_request(request.request_id)
+            outputs.append(RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [], True,
+                                         request.metrics, request.num_cached_tokens, error=message))
         return outputs
 
     def _plan_sampling(self, sampling: list[ScheduledSeq]) -> StepPlan:
@@ -192,35 +251,51 @@ class LLMEngine:
         forks its other outputs off the first once its prompt is computed: they all draw their first token
         from the same logits row), and the top log-probs of every beam row."""
         plan = StepPlan(SamplingBatch(generator=self.generator))
-        batch, eos = plan.batch, self.model_config.eos_token_ids
         for row, item in enumerate(sampling):
-            seq, request = item.seq, item.seq.request
-            if request.beam is not None:
-                plan.beams.append(seq)
-                batch.beam_index.append(row)
-                batch.beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
-                continue
-            targets = [seq]
-            if len(request.seqs) < request.params.n:
-                children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
-                            for index in range(1, request.params.n)]
-                for child in children:
-                    child.grammar = seq.grammar.fork() if seq.grammar is not None else None
-                plan.forks.append((seq, children))
-                targets += children
-            for target in targets:
-                plan.targets.append(target)
-                batch.rows.append(SamplingRow(target.params, target.token_ids, target.num_prompt_tokens,
-                                              target.generator, eos))
-                batch.logits_index.append(row)
-        batch.bitmask = grammar_bitmask([t.grammar for t in plan.targets], self.model_config.vocab_size,
-                                        [t.params.allowed_token_ids for t in plan.targets])
+            with self.faults.guard(item.seq.request, "preparing its sampling rows"):
+                self._plan_row(plan, row, item.seq)
+        try:
+            plan.batch.bitmask = self._bitmask(plan.targets)
+        except Exception:  # noqa: BLE001 - one request's grammar: find it, fail it, mask the others
+            for target in plan.targets:
+                with self.faults.guard(target.request, "filling its grammar bitmask"):
+                    self._bitmask([target])
+            _drop_failed(plan, self.faults)
+            plan.batch.bitmask = self._bitmask(plan.targets)
         return plan
+
+    def _plan_row(self, plan: StepPlan, row: int, seq: Sequence) -> None:
+        """One scheduled sequence's part of the plan, added only once all of it is made."""
+        request, batch = seq.request, plan.batch
+        if request.beam is not None:
+            beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
+            plan.beams.append(seq)
+            batch.beam_index.append(row)
+            batch.beam_topk = beam_topk
+            return
+        targets, forks = [seq], []
+        if len(request.seqs) < request.params.n:
+            children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
+                        for index in range(1, request.params.n)]
+            for child in children:
+                child.grammar = seq.grammar.fork() if seq.grammar is not None else None
+            forks.append((seq, children))
+            targets += children
+        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids)
+                for t in targets]
+        plan.forks += forks
+        plan.targets += targets
+        batch.rows += rows
+        batch.logits_index += [row] * len(rows)
+
+    def _bitmask(self, targets: list[Sequence]):
+        return grammar_bitmask([t.grammar for t in targets], self.model_config.vocab_size,
+                               [t.params.allowed_token_ids for t in targets])
 
     def get_stats(self) -> EngineStats:
         s = self.stats
         pool = self.kv.pool
-        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting)
+        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting) + len(self.compiling)
         s.num_used_blocks = pool.num_blocks - pool.num_free_blocks
         s.num_cached_free_blocks = pool.num_cached_free
         s.kv_cache_usage = pool.usage()
@@ -243,4 +318,15 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
         self.requests.clear()
+        self.grammars.shutdown()
         self.runner.shutdown()
+
+
+def _drop_failed(plan: StepPlan, faults: RequestFaults) -> None:
+    """Take the failed requests' rows and forks out of a step's plan (their logits rows are then unused)."""
+    keep = [i for i, t in enumerate(plan.targets) if t.request not in faults]
+    batch = plan.batch
+    plan.targets = [plan.targets[i] for i in keep]
+    batch.rows = [batch.rows[i] for i in keep]
+    batch.logits_index = [batch.logits_index[i] for i in keep]
+    plan.forks = [(parent, children) for parent, children in plan.forks if parent.request not in faults]

@@ -1,8 +1,11 @@
 """ModelConfig: what the engine needs from a Hugging Face config.json, with per-architecture quirks resolved.
 
-One decoder implementation serves every supported architecture; this module turns each family's
-config into the switches that decoder reads (QKV bias, q/k RMSNorm, tied embeddings, explicit head_dim,
-rope scaling, sliding window) and reads its quantization_config. Torch-free, so the GUI's capacity planner reads models the same way.
+The registry (engine/models/registry.py) says which family serves the architecture; this module reads the
+text model's config — `text_config` merged over the top level for vision-language checkpoints served as
+text, the family's defaults under both — into plain fields: shapes, a per-layer `layer_types` list
+("full_attention", "sliding_attention") with the matching `sliding_windows`, RoPE parameters per layer type,
+and the quantization_config. The merged dict stays in `hf_text_config` for the few switches only one family
+reads. Torch-free, so the GUI's capacity planner reads models the same way.
 """
 from __future__ import annotations
 
@@ -11,11 +14,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.models.registry import SUPPORTED_ARCHITECTURES, get_architecture
+from engine.moe_config import MoEConfig, parse_moe_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+__all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES", "LAYER_TYPES"]
+
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1}
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")  # engine/layers/rotary.py builds them
+LAYER_TYPES = ("full_attention", "sliding_attention")
+SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "vision_tower_config")
 
 
 @dataclass
@@ -30,8 +39,8 @@ class ModelConfig:
     vocab_size: int
     max_position_embeddings: int
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None
+    rope_theta: float = 10000.0  # the full-attention layers' base (rope_parameters["full_attention"])
+    rope_scaling: dict[str, Any] | None = None  # the full-attention layers' scaling, with its rope_type; None: plain
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -41,38 +50,50 @@ class ModelConfig:
     eos_token_ids: list[int] = field(default_factory=list)
     max_model_len: int = 0
     quantization: QuantConfig | None = None  # from quantization_config; None for float checkpoints
+    model_type: str = ""  # the text model's model_type (gemma3_text under a gemma3 checkpoint)
+    layer_types: list[str] = field(default_factory=list)  # per layer, one of LAYER_TYPES
+    # Per layer type present: {"rope_type", "rope_theta", and that type's own keys}; "full_attention" always.
+    rope_parameters: dict[str, dict[str, Any]] = field(default_factory=dict)
+    partial_rotary_factor: float = 1.0  # the share of head_dim that is rotated
+    hidden_act: str = "silu"
+    norms_per_layer: int = 2  # hidden-size RMSNorms per layer (Gemma 3: four)
+    hf_text_config: dict[str, Any] = field(default_factory=dict, repr=False)  # merged text config, as read
+    moe: MoEConfig | None = None  # the mixture-of-experts layers; None for dense models
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None,
                        quantization: str | None = None) -> "ModelConfig":
         """`quantization` (--quantization) may only name the method the folder's quantization_config has."""
         architecture = (hf.get("architectures") or ["<none>"])[0]
-        if architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(f"model architecture {architecture!r} is not supported; supported: "
-                             f"{', '.join(SUPPORTED_ARCHITECTURES)}")
-        num_heads = hf["num_attention_heads"]
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-        rope_theta = rope.pop("rope_theta", hf.get("rope_theta", 10000.0))
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", "llama3"):
-            raise ValueError(f"rope scaling type {rope_type!r} is not supported yet (supported: default, llama3)")
-        num_layers = hf["num_hidden_layers"]
-        max_pos = hf.get("max_position_embeddings", 2048)
+        arch = get_architecture(architecture)
+        text = text_config(hf, arch.text_defaults)
+        num_heads = text["num_attention_heads"]
+        num_layers = text["num_hidden_layers"]
+        max_pos = text.get("max_position_embeddings", 2048)
+        head_dim = text.get("head_dim") or text["hidden_size"] // num_heads
+        layer_types = _layer_types(text, num_layers)
+        rope = _rope_parameters(text, layer_types)
+        full = rope["full_attention"]
+        window = text.get("sliding_window")
         return cls(
-            architecture=architecture, hidden_size=hf["hidden_size"], num_layers=num_layers,
-            num_heads=num_heads, num_kv_heads=hf.get("num_key_value_heads") or num_heads,
-            head_dim=hf.get("head_dim") or hf["hidden_size"] // num_heads,
-            intermediate_size=hf["intermediate_size"], vocab_size=hf["vocab_size"],
-            max_position_embeddings=max_pos, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-            rope_theta=float(rope_theta), rope_scaling=rope if rope_type == "llama3" else None,
-            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
-            qkv_bias=architecture == "Qwen2ForCausalLM" or bool(hf.get("attention_bias", False)),
-            qk_norm=architecture == "Qwen3ForCausalLM",
-            sliding_windows=_sliding_windows(hf, num_layers),
-            torch_dtype=str(hf.get("dtype") or hf.get("torch_dtype") or "float32"),
-            bos_token_id=hf.get("bos_token_id"),
-            eos_token_ids=_eos_ids(hf, generation or {}), max_model_len=max_pos,
-            quantization=parse_quantization_config(hf, quantization))
+            architecture=architecture, hidden_size=text["hidden_size"], num_layers=num_layers,
+            num_heads=num_heads, num_kv_heads=text.get("num_key_value_heads") or num_heads, head_dim=head_dim,
+            intermediate_size=text["intermediate_size"], vocab_size=text["vocab_size"],
+            max_position_embeddings=max_pos, rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+            rope_theta=float(full["rope_theta"]),
+            rope_scaling=None if full["rope_type"] == "default" else
+            {k: v for k, v in full.items() if k != "rope_theta"},
+            tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+            qkv_bias=bool(text.get("attention_bias", False)), qk_norm=bool(text.get("qk_norm", text.get("use_qk_norm", False))),
+            sliding_windows=[window if t == "sliding_attention" else None for t in layer_types],
+            torch_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
+            bos_token_id=text.get("bos_token_id"),
+            eos_token_ids=_eos_ids(text, generation or {}), max_model_len=max_pos,
+            quantization=parse_quantization_config(hf, quantization),
+            model_type=str(text.get("model_type", "")), layer_types=layer_types, rope_parameters=rope,
+            partial_rotary_factor=float(text.get("partial_rotary_factor") or 1.0),
+            hidden_act=str(text.get("hidden_act") or text.get("hidden_activation") or "silu"),
+            norms_per_layer=arch.norms_per_layer, hf_text_config=text, moe=parse_moe_config(text, architecture))
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -89,22 +110,98 @@ class ModelConfig:
         self.max_model_len = max_model_len or self.max_position_embeddings
         return self
 
+    def mlp_params(self) -> tuple[int, int, int]:
+        """(matrix params of every layer's MLP or experts, of what one token goes through, router/bias params)."""
+        dense = 3 * self.hidden_size * self.intermediate_size
+        if self.moe is None:
+            return self.num_layers * dense, self.num_layers * dense, 0
+        total, active, vectors = self.moe.layer_params(self.hidden_size)
+        n_moe = len(self.moe.moe_layers)
+        n_dense = self.num_layers - n_moe
+        return n_moe * total + n_dense * dense, n_moe * active + n_dense * dense, n_moe * vectors
+
+    def _params(self, active: bool) -> int:
+        h, v = self.hidden_size, self.vocab_size
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        total_mlp, active_mlp, mlp_vectors = self.mlp_params()
+        per_layer = h * (q + 2 * kv) + q * h + self.norms_per_layer * h
+        per_layer += (q + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
+        return (self.num_layers * per_layer + (active_mlp if active else total_mlp) + mlp_vectors
+                + v * h * (1 if self.tie_word_embeddings else 2) + h)
+
     @property
     def num_params(self) -> int:
-        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * i + 2 * h
-        return self.num_layers * per_layer + v * h * (1 if self.tie_word_embeddings else 2) + h
+        """Every weight the model holds: all experts of an MoE model."""
+        return self._params(active=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """The weights one token goes through: the top_k routed experts (and shared experts) of each MoE layer."""
+        return self._params(active=True)
 
 
-def _sliding_windows(hf: dict[str, Any], num_layers: int) -> list[int | None]:
-    window = hf.get("sliding_window")
-    if window is None or hf.get("use_sliding_window") is False:
-        return [None] * num_layers
-    layer_types = hf.get("layer_types")
+def text_config(hf: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The text model's config: `text_config` over the top level (whose own sub-configs are dropped), over the
+    family's defaults; a top-level tie_word_embeddings wins, as in transformers. A text-only checkpoint is its
+    own text config."""
+    top = {k: v for k, v in hf.items() if k not in SUB_CONFIGS}
+    text = {**(defaults or {}), **top, **(hf.get("text_config") or {})}
+    if "text_config" in hf and "tie_word_embeddings" in hf:
+        text["tie_word_embeddings"] = hf["tie_word_embeddings"]  # transformers ties a VL model by the top level
+    return text
+
+
+def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
+    """Per layer: HF's `layer_types`; else Gemma-style `sliding_window_pattern` (every Nth layer global);
+    else every layer sliding when a window is set and used (Mistral, Qwen2 with use_sliding_window)."""
+    window = text.get("sliding_window")
+    layer_types = text.get("layer_types")
+    if window is None or text.get("use_sliding_window") is False:
+        return ["full_attention"] * num_layers
     if layer_types:
-        return [window if t == "sliding_attention" else None for t in layer_types]
-    return [window] * num_layers
+        if len(layer_types) != num_layers:
+            raise ValueError(f"config layer_types has {len(layer_types)} entries for {num_layers} layers "
+                             "(num_hidden_layers)")
+        unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+        if unknown:
+            raise ValueError(f"config layer_types has {', '.join(map(repr, unknown))}; supported: "
+                             f"{', '.join(LAYER_TYPES)}")
+        return list(layer_types)
+    pattern = text.get("sliding_window_pattern")
+    if pattern:
+        return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+    return ["sliding_attention"] * num_layers
+
+
+def _rope_parameters(text: dict[str, Any], layer_types: list[str]) -> dict[str, dict[str, Any]]:
+    """RoPE parameters per layer type, from either HF spelling: `rope_parameters` (transformers 5; flat, or
+    keyed by layer type as Gemma 3's) or `rope_scaling` + `rope_theta` (+ Gemma's `rope_local_base_freq`)."""
+    given = text.get("rope_parameters") or text.get("rope_scaling") or {}
+    per_type = given if any(t in given for t in LAYER_TYPES) else {"full_attention": given}
+    theta = text.get("rope_theta", 10000.0)
+    local_theta = text.get("rope_local_base_freq")
+    out: dict[str, dict[str, Any]] = {}
+    for layer_type in ["full_attention"] + sorted(set(layer_types) - {"full_attention"}):
+        params = dict(per_type.get(layer_type) or {})
+        if layer_type == "sliding_attention" and "sliding_attention" not in per_type:
+            # A model with one table (Mistral) uses it everywhere; Gemma's local layers have their own base.
+            params = {"rope_type": "default", "rope_theta": local_theta} if local_theta is not None \
+                else dict(out["full_attention"])
+        rope_type = params.pop("type", None) or params.get("rope_type") or "default"
+        if rope_type == "mrope":  # Qwen2-VL's name: text positions make it the plain table
+            rope_type = "default"
+        if rope_type not in ROPE_TYPES:
+            raise ValueError(f"rope type {rope_type!r} ({layer_type} layers) is not supported; supported: "
+                             f"{', '.join(ROPE_TYPES)}")
+        params["rope_type"] = rope_type
+        params.setdefault("rope_theta", theta)
+        params["rope_theta"] = float(params["rope_theta"])
+        if rope_type in ("longrope", "yarn") and text.get("original_max_position_embeddings"):
+            params.setdefault("original_max_position_embeddings", text["original_max_position_embeddings"])  # Phi-3
+        if "partial_rotary_factor" not in params and text.get("partial_rotary_factor") is not None:
+            params["partial_rotary_factor"] = float(text["partial_rotary_factor"])
+        out[layer_type] = params
+    return out
 
 
 def _eos_ids(hf: dict[str, Any], generation: dict[str, Any]) -> list[int]:

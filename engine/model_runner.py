@@ -23,7 +23,7 @@ from engine.kv_cache_interface import model_kv_layout
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
-from engine.models.decoder import DecoderForCausalLM
+from engine.models.registry import model_class
 from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
@@ -121,7 +121,7 @@ class ModelRunner:
         torch.set_default_dtype(dtype)
         try:
             with torch.device(device):
-                self.model = DecoderForCausalLM(model_config, attention_backend)
+                self.model = model_class(model_config.architecture)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
         self.model.load_weights(iterate_weights(model_path, device="cpu"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
 from engine.prompt_logprobs import PromptLogprobsOutput, prompt_positions
+from engine.request_faults import RequestFaults
 from engine.sampler import SamplerOutput
 from engine.sampling_metadata import SamplingBatch
 from engine.scheduler import ScheduledSeq
@@ -40,9 +41,11 @@ class StepOutcome:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer, eos_token_ids: list[int], max_model_len: int, stats: EngineStats) -> None:
+    def __init__(self, tokenizer, eos_token_ids: list[int], max_model_len: int, stats: EngineStats,
+                 faults: RequestFaults | None = None) -> None:
         self.tokenizer, self.eos_token_ids, self.max_model_len, self.stats = tokenizer, eos_token_ids, \
             max_model_len, stats
+        self.faults = faults or RequestFaults()  # a request whose output fails here ends alone
 
     def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
                 now: float) -> None:
@@ -60,7 +63,13 @@ class OutputProcessor:
             return
         sampled: SamplerOutput = result.sampled
         for i, seq in enumerate(plan.targets):
-            self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i], self._top_logprobs(seq, i, sampled))
+            if seq.request in self.faults:
+                continue
+            with self.faults.guard(seq.request, "processing its new token"):
+                self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i],
+                                  self._top_logprobs(seq, i, sampled))
+            if seq.request in self.faults:
+                continue
             metrics = seq.request.metrics
             metrics.first_token_time = metrics.first_token_time or now
             metrics.last_token_time = now
@@ -119,24 +128,31 @@ class OutputProcessor:
             seq.request.beam.pending[seq.index] = (logprobs, ids)
             groups[seq.request.request_id] = seq.request
         for request in groups.values():
-            group = request.beam
-            if not group.ready():
-                continue
-            old, children = request.seqs, []
-            for index, cand in enumerate(group.advance([s.token_ids for s in old])):
-                parent = old[cand.parent]
-                child = Sequence(request, index, parent.token_ids, None)
-                self.append_token(child, cand.token, 0.0, None)
-                outcome.forks.append((parent, [child]))
-                children.append(child)
-            request.seqs = children
-            for seq in old:
-                seq.status = SequenceStatus.FINISHED
-            outcome.finished += old
-            self.stats.generation_tokens_total += len(request.seqs)
-            if group.done:
-                request.metrics.finished_time = time.time()
-                outcome.touched[request.request_id] = request
+            with self.faults.guard(request, "advancing its beam search"):
+                self._advance_beam_group(request, outcome)
+
+    def _advance_beam_group(self, request: Request, outcome: StepOutcome) -> None:
+        """One request's next beams; the outcome changes only once all of them are made (a fault midway
+        leaves nothing half-forked)."""
+        group = request.beam
+        if not group.ready():
+            return
+        old, children, forks = request.seqs, [], []
+        for index, cand in enumerate(group.advance([s.token_ids for s in old])):
+            parent = old[cand.parent]
+            child = Sequence(request, index, parent.token_ids, None)
+            self.append_token(child, cand.token, 0.0, None)
+            forks.append((parent, [child]))
+            children.append(child)
+        request.seqs = children
+        for seq in old:
+            seq.status = SequenceStatus.FINISHED
+        outcome.forks += forks
+        outcome.finished += old
+        self.stats.generation_tokens_total += len(request.seqs)
+        if group.done:
+            request.metrics.finished_time = time.time()
+            outcome.touched[request.request_id] = request
 
     def _check_stop(self, seq: Sequence, token: int, new_text: str) -> None:
         p = seq.params

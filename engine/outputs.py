@@ -48,6 +48,7 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     num_cached_tokens: int = 0
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None  # per prompt token; the first is None
+    error: str | None = None  # the request failed inside the engine (finished, blocks freed); others went on
 
 
 @dataclass

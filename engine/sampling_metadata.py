@@ -96,7 +96,7 @@ class SamplingMetadata:
             num_rows=len(rows), sampled_rows=tensor(sampled, torch.long),
             temperature=tensor([p.temperature for p in sp]), generators=[rows[i].generator for i in sampled],
             filter_rows=tensor(filt, torch.long),
-            top_k=tensor([p.top_k if p.top_k > 0 else vocab_size for p in fp], torch.long),
+            top_k=tensor([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in fp], torch.long),
             top_p=tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in fp]), min_p=tensor([p.min_p for p in fp]),
             penalty_rows=tensor(pen, torch.long), repetition_penalty=tensor([p.repetition_penalty for p in pp]),
             presence_penalty=tensor([p.presence_penalty for p in pp]),

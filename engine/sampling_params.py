@@ -5,6 +5,7 @@ it into a 400 and the offline API into a clear exception. Torch-free.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.structured_output.params import StructuredOutputsParams
@@ -14,6 +15,10 @@ MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 512
 MAX_BAD_WORDS = 64
+MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS = 1024  # entries; each is a scattered add on the logits every step
+MAX_ALLOWED_TOKEN_IDS = 1 << 18  # more than any vocabulary we serve
+INT64_LIMIT = 2**63  # every integer the engine puts in a tensor is below this
 
 
 @dataclass
@@ -58,15 +63,17 @@ class SamplingParams:
 
     def _validate(self) -> None:
         _check(1 <= self.n <= MAX_N, "n", self.n, f"between 1 and {MAX_N}")
-        _check(self.temperature >= 0, "temperature", self.temperature, ">= 0")
+        _check(0 <= self.temperature < math.inf, "temperature", self.temperature, "finite and >= 0")
         _check(0 < self.top_p <= 1, "top_p", self.top_p, "in (0, 1]")
-        _check(self.top_k >= -1, "top_k", self.top_k, "-1 (off) or >= 1")
+        # Above the vocabulary size top_k keeps every token (the sampler clamps it), as in vLLM.
+        _check(-1 <= self.top_k < INT64_LIMIT, "top_k", self.top_k, "-1 (off) or between 1 and 2**63 - 1")
         _check(0 <= self.min_p <= 1, "min_p", self.min_p, "in [0, 1]")
         _check(-2 <= self.presence_penalty <= 2, "presence_penalty", self.presence_penalty, "in [-2, 2]")
         _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", self.frequency_penalty, "in [-2, 2]")
         _check(0 < self.repetition_penalty <= 2, "repetition_penalty", self.repetition_penalty, "in (0, 2]")
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", self.max_tokens, ">= 1")
-        _check(self.min_tokens >= 0, "min_tokens", self.min_tokens, ">= 0")
+        _check(self.max_tokens is None or 1 <= self.max_tokens < INT64_LIMIT, "max_tokens", self.max_tokens,
+               "between 1 and 2**63 - 1")
+        _check(0 <= self.min_tokens < INT64_LIMIT, "min_tokens", self.min_tokens, "between 0 and 2**63 - 1")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens", self.min_tokens,
                f"<= max_tokens ({self.max_tokens})")
         _check(self.logprobs is None or 0 <= self.logprobs <= MAX_LOGPROBS, "logprobs", self.logprobs,
@@ -81,6 +88,15 @@ class SamplingParams:
         for s in self.stop_strings:
             _check(isinstance(s, str) and 0 < len(s) <= MAX_STOP_STRING_CHARS, "stop", repr(s)[:40],
                    f"non-empty strings of at most {MAX_STOP_STRING_CHARS} characters")
+        _check(len(self.stop_token_ids) <= MAX_STOP_TOKEN_IDS, "stop_token_ids", f"{len(self.stop_token_ids)} ids",
+               f"at most {MAX_STOP_TOKEN_IDS} ids")
+        bias = self.logit_bias or {}
+        _check(len(bias) <= MAX_LOGIT_BIAS, "logit_bias", f"{len(bias)} entries", f"at most {MAX_LOGIT_BIAS} entries")
+        bad_bias = [v for v in bias.values() if not -100 <= v <= 100]
+        _check(not bad_bias, "logit_bias", bad_bias[:3], "values in [-100, 100]")
+        allowed = self.allowed_token_ids or []
+        _check(len(allowed) <= MAX_ALLOWED_TOKEN_IDS, "allowed_token_ids", f"{len(allowed)} ids",
+               f"at most {MAX_ALLOWED_TOKEN_IDS} ids")
         words = self.bad_words or []
         _check(len(words) <= MAX_BAD_WORDS, "bad_words", f"{len(words)} words", f"at most {MAX_BAD_WORDS} words")
         for w in words:

@@ -19,6 +19,10 @@ A step with no decode gives prompts the whole budget (nobody is waiting on a tok
 With the "priority" policy (vLLM's), the waiting queue is kept in (priority, arrival) order, lower first,
 and the running sequence preempted when blocks run out is the one latest in that order instead of the
 most recently admitted.
+
+A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
+and resumes when the caller reads again, unless a waiting sequence needs its blocks or its seat (then it
+is preempted to the back of the queue); a paused sequence in the queue is not admitted until it resumes.
 """
 from __future__ import annotations
 
@@ -136,7 +140,7 @@ class Scheduler:
         decodes, chunks = [], []
         for s in self.running:
             left = len(s.token_ids) - s.num_computed_tokens
-            if left:
+            if left and not s.request.paused:  # paused: its caller is not reading; it keeps its blocks
                 (decodes if left == 1 else chunks).append((s, left))
         prefill_left = None
         for i, (seq, left) in enumerate(decodes + chunks):
@@ -176,11 +180,21 @@ class Scheduler:
         if prefill_left is not None:
             budget = min(budget, prefill_left)
         seats, counted = self._num_seats()
+        rotated = 0
         while self.waiting and budget > 0:
             seq = self.waiting[0]
+            if seq.request.paused:  # preempted while its caller was not reading: it waits until it reads
+                if rotated >= len(self.waiting):
+                    break
+                self.waiting.rotate(-1)
+                rotated += 1
+                continue
             request_id = seq.request.request_id
             need = 1 if request_id in counted else 1 + self._unforked(seq)
             if seats + need > self.max_num_seqs:
+                if self._preempt_paused(out):  # a stalled reader's seat goes to one that reads
+                    seats, counted = self._num_seats()
+                    continue
                 break
             computed = self.kv.get_computed_blocks(seq)
             num_new = seq.num_tokens - seq.num_computed_tokens - len(computed) * self.kv.block_size
@@ -189,6 +203,9 @@ class Scheduler:
                     break
                 num_new = budget
             if not self.kv.allocate_slots(seq, num_new, computed):
+                if self._preempt_paused(out):
+                    seats, counted = self._num_seats()
+                    continue  # a stalled reader's blocks go to one that reads
                 if self.running or out.scheduled:
                     break
                 self.waiting.popleft()  # the whole pool is free and it still does not fit
@@ -203,14 +220,27 @@ class Scheduler:
             out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, seq: Sequence, to_back: bool = False) -> None:
         self.kv.free(seq)
         seq.status = SequenceStatus.WAITING
-        if self.by_priority:
+        if to_back:
+            self.waiting.append(seq)
+        elif self.by_priority:
             self._insert_waiting(seq)
         else:
             self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def _preempt_paused(self, out: SchedulerOutput) -> bool:
+        """Free the latest-admitted paused running sequence (its caller is not reading) for a waiting one;
+        it goes to the back of the queue and is recomputed when its turn comes."""
+        scheduled = {id(item.seq) for item in out.scheduled}
+        victim = next((s for s in reversed(self.running) if s.request.paused and id(s) not in scheduled), None)
+        if victim is None:
+            return False
+        self.running.remove(victim)
+        self._preempt(victim, to_back=True)
+        return True
 
     def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
                            finished: list[Sequence]) -> None:

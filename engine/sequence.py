@@ -100,6 +100,7 @@ class Request:
     prompt_logprobs: list | None = None  # [None, {token id: Logprob}, ...] when params.prompt_logprobs is set
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
     priority: int = 0  # --scheduling-policy priority: lower first
+    paused: bool = False  # its caller has not read its outputs: its running sequences are not scheduled
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

@@ -12,14 +12,18 @@ end every stream in-band (an error event, then [DONE]) before the server stops. 
 supervisor what happened: 2 for a configuration error (one line, no traceback), 3 for out of memory
 at load (do not restart), 1 for any other load failure, 4 when the engine died or a step got stuck
 while serving (after answering 503 for a short grace period, so clients see why; a supervisor
-restarts it), 0 after a clean shutdown. `--exit-with-parent PID` (what the desktop app passes) ends the
-process when PID, its parent, dies — however it dies (engine/parent_watch.py).
+restarts it), 0 after a clean shutdown. At start the soft open-file limit is raised to the hard one and
+connections are capped below it, with a header-read timeout (server/connection_guard.py).
+`--exit-with-parent PID` (what the desktop app passes) ends the process when PID, its parent, dies —
+however it dies (engine/parent_watch.py).
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -33,6 +37,9 @@ EXIT_OUT_OF_MEMORY = 3
 EXIT_LOAD_FAILED = 1
 EXIT_ENGINE_DIED = 4
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before the process exits
+FD_MARGIN = 128  # file descriptors kept for model files, pipes and workers below the connection cap
+MAX_CONNECTIONS = 8192
+STREAM_END_GRACE_S = 2.5  # on SIGTERM, the most streams get to send their in-band end (under uvicorn's 3)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +149,42 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit (a connection flood must not run out of descriptors at
+    the default 1024); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if target > soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):  # e.g. a hard limit above the kernel's nr_open: keep what we have
+            pass
+    return soft
+
+
+def max_connections_for(open_file_limit: int) -> int:
+    from engine.server.connection_guard import RESERVED_FOR_PROBES
+    return max(4 * RESERVED_FOR_PROBES, min(open_file_limit - FD_MARGIN, MAX_CONNECTIONS))
+
+
+def _writing_response(connection) -> bool:
+    cycle = getattr(connection, "cycle", None)
+    return cycle is not None and not cycle.response_complete and getattr(connection, "transport", None) is not None
+
+
+def _write_paused(connection) -> bool:
+    return bool(getattr(getattr(connection, "flow", None), "write_paused", False))
+
+
+def uvicorn_config(app, host: str, port: int, guard) -> "uvicorn.Config":
+    """uvicorn's config for our app: its HTTP protocol behind the connection guard (cap, header timeout)."""
+    import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    return uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
+                          timeout_graceful_shutdown=3, http=guard.protocol_factory(AutoHTTPProtocol))
+
+
 def _server_class():
     import uvicorn
 
@@ -157,14 +200,33 @@ def _server_class():
             self.async_engine.stop_serving()
             super().handle_exit(sig, frame)
 
+        async def shutdown(self, sockets=None) -> None:
+            await self._drop_unread_streams()
+            await super().shutdown(sockets)
+
+        async def _drop_unread_streams(self) -> None:
+            """Every stream has been told to end; one whose client is not reading (its writes are paused on
+            a full socket) cannot send that end, and uvicorn would cancel it after its graceful timeout (a
+            CancelledError traceback in the log). Once only such streams are left, or the grace is over,
+            drop those connections: a reading client still gets its in-band end."""
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + STREAM_END_GRACE_S
+            while loop.time() < deadline:
+                writing = [c for c in self.server_state.connections if _writing_response(c)]
+                if all(_write_paused(c) for c in writing):
+                    break
+                await asyncio.sleep(0.05)
+            for connection in list(self.server_state.connections):
+                if _writing_response(connection) and _write_paused(connection):
+                    connection.transport.abort()
+
     return Server
 
 
 def serve(config: EngineConfig) -> int:
-    import uvicorn
-
     from engine.async_engine import AsyncEngine
     from engine.server import create_app
+    from engine.server.connection_guard import ConnectionGuard
 
     try:
         sock = bind_socket(config.host, config.port)
@@ -176,8 +238,8 @@ def serve(config: EngineConfig) -> int:
     name = config.served_model_name or config.model
     async_engine = AsyncEngine(config)
     app = create_app(async_engine, name, config.api_key)
-    server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
-                                            access_log=False, timeout_graceful_shutdown=3), async_engine)
+    guard = ConnectionGuard(max_connections_for(raise_open_file_limit()))
+    server = _server_class()(uvicorn_config(app, config.host, config.port, guard), async_engine)
     outcome: dict = {"code": 0, "message": None}
     _say(f"Loading {config.model} (device {config.device}, dtype {config.dtype}, "
          f"tensor parallel {config.tensor_parallel_size}) ...")
@@ -200,9 +262,8 @@ def serve(config: EngineConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """One engine for one model; the router (engine/router) in front of engines for several models or replicas."""
-    from engine.router.specs import build_specs, wants_router
-
     from engine.parent_watch import die_with_parent, split_parent_flag
+    from engine.router.specs import build_specs, wants_router
 
     try:
         parent_pid, argv = split_parent_flag(list(sys.argv[1:] if argv is None else argv))

@@ -78,7 +78,8 @@ def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
     if quant.group_size == -1:
         return codes
     zero_bits = 0 if quant.symmetric or quant.weight_type == "float" else quant.bits
-    return codes + matrix_params // quant.group_size * (16 + zero_bits) // 8
+    scale_bits = 8 if quant.weight_type == "mxfp4" else 16  # MX scales are E8M0 bytes
+    return codes + matrix_params // quant.group_size * (scale_bits + zero_bits) // 8
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1, block_size: int = 16,
@@ -94,8 +95,10 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
     vocab-split in `dtype`; QKV biases split; norms replicated."""
     h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, max(1, cfg.num_kv_heads // tp) * tp * cfg.head_dim
-    matrix_params = cfg.num_layers * (h * (q + 2 * kv) + q * h + 3 * h * cfg.intermediate_size) // tp
-    vector_params = (2 * cfg.num_layers + 1) * h  # RMSNorm weights, replicated
+    attention_params = cfg.num_layers * (h * (q + 2 * kv) + q * h) // tp
+    mlp_params, _, router_params = cfg.mlp_params()  # every expert is in memory, split by its intermediate dim
+    matrix_params = attention_params + mlp_params // tp
+    vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
     if cfg.qkv_bias:
         vector_params += cfg.num_layers * (q + 2 * kv) // tp
     if cfg.qk_norm:
@@ -103,7 +106,10 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     if quant_bits is not None:
         matrix_bytes = matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
     elif cfg.quantization is not None:
-        matrix_bytes = packed_matrix_bytes(matrix_params, cfg.quantization)
+        # Checkpoints that keep attention in float (gpt-oss's MXFP4 quantizes only the experts) say so by name.
+        float_attention = cfg.quantization.is_ignored("model.layers.0.self_attn.q_proj")
+        quantized = matrix_params - attention_params if float_attention else matrix_params
+        matrix_bytes = packed_matrix_bytes(quantized, cfg.quantization) + (matrix_params - quantized) * dtype_bytes
     else:
         matrix_bytes = matrix_params * dtype_bytes
     embed_rows = -(-cfg.vocab_size // tp)
@@ -112,8 +118,11 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:
-    """The one float32 cos/sin table all layers share (engine/layers/rotary.py)."""
-    return cfg.max_position_embeddings * cfg.head_dim * 4
+    """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
+    distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
+    distinct = {repr(sorted(p.items())): p for p in cfg.rope_parameters.values()} or {"": {}}
+    return sum(cfg.max_position_embeddings * int(cfg.head_dim * p.get("partial_rotary_factor", 1.0)) * 4
+               for p in distinct.values())
 
 
 def sampler_bytes(num_seqs: int, vocab_size: int) -> int:

@@ -17,7 +17,7 @@ import numba
 import numpy as np
 import torch
 
-from kernels.attention_torch import paged_attention_torch, prefill_attention_torch
+from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
     # numba's own thread pool: its OpenMP layer would start a second libgomp runtime beside torch's, and
@@ -26,11 +26,13 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
 
 
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale, window, out):  # pragma: no cover
+def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale, window, soft_cap, sinks,
+                   out):  # pragma: no cover
     """out[rows[s], h] = softmax(q·Kᵀ·scale) V over the last min(seq_len, window) tokens of sequence s.
 
     Two passes per (sequence, KV head): scores for the whole group of query heads sharing the KV head
-    (each K row is read once for the group), then the weighted sum of V rows."""
+    (each K row is read once for the group), then the weighted sum of V rows. soft_cap 0 means none;
+    an empty `sinks` means none, else sinks[h] is one more logit of head h in the denominator."""
     num_seqs = rows.shape[0]
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     group = query.shape[1] // num_kv_heads
@@ -47,10 +49,17 @@ def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale,
                 acc = np.float32(0.0)
                 for d in range(head_dim):
                     acc += query[row, kvh * group + g, d] * k_cache[blk, off, kvh, d]
-                scores[g, t] = acc * scale
+                score = acc * scale
+                if soft_cap > 0:
+                    score = np.float32(np.tanh(score / soft_cap)) * soft_cap
+                scores[g, t] = score
         for g in range(group):
             m = scores[g].max()
             total = np.float32(0.0)
+            if sinks.shape[0] > 0:
+                sink = sinks[kvh * group + g]
+                m = max(m, sink)
+                total = np.float32(np.exp(sink - m))
             for t in range(n):
                 e = np.exp(scores[g, t] - m)
                 scores[g, t] = e
@@ -71,16 +80,21 @@ def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale,
                 out[row, kvh * group + g, d] = acc_out[g, d]
 
 
+_NO_SINKS = np.empty(0, dtype=np.float32)
+
+
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     return query.device.type == "cpu" and query.dtype == torch.float32 and k_cache.dtype == torch.float32
 
 
 def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
-                        scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None) -> torch.Tensor:
+                        scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None, *,
+                        soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     if not supports(query, k_cache):
         return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                     sliding_window, k_scale, v_scale)
+                                     sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks)
+    check_variants(query.shape[1], sliding_window, soft_cap, sinks)
     out = torch.empty_like(query)
     starts_np = query_start_loc.numpy()
     query_lens = np.diff(starts_np)
@@ -89,10 +103,11 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
         _decode_kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(),
                        block_tables.numpy()[decode], seq_lens.numpy()[decode].astype(np.int64),
-                       starts_np[decode].astype(np.int64), np.float32(scale), window, out.numpy())
+                       starts_np[decode].astype(np.int64), np.float32(scale), window, np.float32(soft_cap or 0.0),
+                       _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out.numpy())
     if decode.size < len(query_lens):
         prefill_attention_torch(query, k_cache, v_cache, block_tables, seq_lens.tolist(), starts_np.tolist(),
-                                scale, sliding_window, k_scale, v_scale, out)
+                                scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks)
     return out
 
 

@@ -9,6 +9,11 @@ Layout shared by every backend:
   (``[num_seqs, max_blocks]``, unused entries are ignored). New tokens of a sequence sit at the last
   positions ``seq_len - query_len .. seq_len - 1`` and attend causally; their K/V are written before
   attention runs, so attention reads only the cache.
+Variants every backend takes: ``sliding_window`` W (a query sees its last W positions, itself included, as
+HF's sliding-window mask), ``soft_cap`` c (Gemma 2: scores become ``c * tanh(scores / c)`` before masking)
+and ``sinks`` (gpt-oss: one learned logit per query head that joins the softmax denominator and carries no
+value). The scale is the caller's (``head_dim ** -0.5``, or ``query_pre_attn_scalar ** -0.5`` for Gemma).
+Without soft-capping or sinks both paths use SDPA; with either, scores are formed explicitly in fp32.
 Imports nothing of ours.
 """
 from __future__ import annotations
@@ -54,61 +59,98 @@ def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.
             flat.index_copy_(0, slot_mapping, src.to(cache.dtype))
 
 
-def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int) -> torch.Tensor:
-    """The first `seq_len` cached tokens of one sequence as ``[seq_len, num_kv_heads, head_dim]``."""
+def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, first_block: int = 0) -> torch.Tensor:
+    """Cached tokens ``first_block * block_size .. seq_len - 1`` of one sequence as ``[tokens, kv_heads, dim]``."""
     block_size = cache.shape[1]
     num_blocks = (seq_len + block_size - 1) // block_size
-    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:seq_len]
+    return cache[block_table[first_block:num_blocks].long()].flatten(0, 1)[:seq_len - first_block * block_size]
 
 
 def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                           block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                           scale: float, sliding_window: int | None = None,
                           k_scale: torch.Tensor | float | None = None, v_scale: torch.Tensor | float | None = None,
-                          ) -> torch.Tensor:
+                          *, soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every new token over its sequence's cache; returns ``[num_tokens, heads, dim]``.
 
-    Sequences with one new token (decodes) are batched into one padded matmul; longer query runs
-    (prefill chunks) go one sequence at a time through scaled_dot_product_attention.
+    Sequences with one new token (decodes) are batched into one padded call; longer query runs (prefill
+    chunks) go one sequence at a time. `sinks`: ``[num_heads]`` logits, any float dtype.
     """
-    num_heads = query.shape[1]
-    num_kv_heads = k_cache.shape[2]
-    group = num_heads // num_kv_heads
+    check_variants(query.shape[1], sliding_window, soft_cap, sinks)
     out = torch.empty_like(query)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
-    query_lens = [starts[i + 1] - starts[i] for i in range(len(lens))]
-    decode = [i for i, q in enumerate(query_lens) if q == 1]
+    decode = [i for i in range(len(lens)) if starts[i + 1] - starts[i] == 1]
     if decode:
         _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
-                      k_scale, v_scale, group, out)
+                      k_scale, v_scale, out, soft_cap, sinks)
     prefill_attention_torch(query, k_cache, v_cache, block_tables, lens, starts, scale, sliding_window, k_scale,
-                            v_scale, out)
+                            v_scale, out, soft_cap, sinks)
     return out
 
 
+def check_variants(num_heads: int, sliding_window: int | None, soft_cap: float | None,
+                   sinks: torch.Tensor | None) -> None:
+    """The variant arguments every backend accepts, checked once with the numbers in the message."""
+    if sliding_window is not None and sliding_window <= 0:
+        raise ValueError(f"sliding_window {sliding_window}: must be positive, or None for full attention")
+    if soft_cap is not None and not soft_cap > 0:
+        raise ValueError(f"soft_cap {soft_cap}: must be positive, or None for no soft-capping")
+    if sinks is not None and tuple(sinks.shape) != (num_heads,):
+        raise ValueError(f"sinks of shape {tuple(sinks.shape)}: need one logit per query head, ({num_heads},)")
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Tensor, scale: float,
+           soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(scores) V with q ``[..., H, Lq, D]``, k/v ``[..., Hkv, Lk, D]`` (GQA when Hkv < H) and a
+    boolean `visible` mask broadcastable to ``[..., H, Lq, Lk]``; every query must see at least one key.
+
+    The plain case is one SDPA call (its fused CPU kernel is about twice as fast as the explicit form);
+    soft-capping and sinks have no SDPA form, so they take the explicit fp32 path, like HF's eager attention.
+    """
+    group = q.shape[-3] // k.shape[-3]
+    if soft_cap is None and sinks is None:
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale,
+                                                                enable_gqa=group > 1)
+    k, v = k.float().repeat_interleave(group, dim=-3), v.float().repeat_interleave(group, dim=-3)
+    scores = q.float() @ k.transpose(-1, -2) * scale
+    if soft_cap is not None:
+        scores = torch.tanh(scores / soft_cap) * soft_cap
+    scores = scores.masked_fill(~visible, float("-inf"))
+    if sinks is not None:  # one more logit per head, dropped after the softmax: it only adds to the denominator
+        sink = sinks.float().view(-1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.cat([scores, sink], dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return (probs @ v).to(q.dtype)
+
+
 def prefill_attention_torch(query, k_cache, v_cache, block_tables, lens: list[int], starts: list[int], scale: float,
-                            sliding_window, k_scale, v_scale, out: torch.Tensor) -> None:
-    """Into `out`: every sequence with more than one new token (a prefill chunk), one SDPA call each over its
-    gathered context (the gather is paid once per chunk, not once per generated token)."""
-    group = query.shape[1] // k_cache.shape[2]
+                            sliding_window, k_scale, v_scale, out: torch.Tensor, soft_cap: float | None = None,
+                            sinks: torch.Tensor | None = None) -> None:
+    """Into `out`: every sequence with more than one new token (a prefill chunk), one attention call each over
+    its gathered context (the gather is paid once per chunk, not once per generated token). With a window,
+    only the blocks from the one holding the first query's oldest visible key are read: blocks wholly behind
+    the window may have been freed (their table entries then point at a filler block)."""
+    block_size = k_cache.shape[1]
     for i, seq_len in enumerate(lens):
         start, q_len = starts[i], starts[i + 1] - starts[i]
         if q_len <= 1:
             continue
-        k = dequantize(gather_kv(k_cache, block_tables[i], seq_len), k_scale, query.dtype)
-        v = dequantize(gather_kv(v_cache, block_tables[i], seq_len), v_scale, query.dtype)
+        first_block = 0 if sliding_window is None else max(0, seq_len - q_len - sliding_window + 1) // block_size
+        k = dequantize(gather_kv(k_cache, block_tables[i], seq_len, first_block), k_scale, query.dtype)
+        v = dequantize(gather_kv(v_cache, block_tables[i], seq_len, first_block), v_scale, query.dtype)
         q = query[start:start + q_len]
-        mask = _causal_mask(q_len, seq_len, sliding_window, query.device)
-        o = torch.nn.functional.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, scale=scale,
-            enable_gqa=group > 1)
+        mask = _causal_mask(q_len, seq_len, sliding_window, first_block * block_size, query.device)
+        o = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, soft_cap, sinks)
         out[start:start + q_len] = o.transpose(0, 1)
 
 
-def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: torch.device) -> torch.Tensor:
+def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, first_key: int,
+                 device: torch.device) -> torch.Tensor:
+    """[q_len, seq_len - first_key]: which keys (positions first_key..seq_len-1) each new token sees."""
     q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
-    k_pos = torch.arange(seq_len, device=device)[None, :]
+    k_pos = torch.arange(first_key, seq_len, device=device)[None, :]
     mask = k_pos <= q_pos
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
@@ -116,27 +158,26 @@ def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, device: t
 
 
 def _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
-                  k_scale, v_scale, group, out) -> None:
-    """All one-token queries, sorted by length and cut into groups, each one padded SDPA call.
+                  k_scale, v_scale, out, soft_cap, sinks) -> None:
+    """All one-token queries, sorted by length and cut into groups, each one padded attention call.
 
-    Sorting keeps padding small (each group pads only to its own longest context); SDPA's fused kernel
-    is about twice as fast on CPU as an explicit matmul-softmax-matmul over the same padded tensors.
-    """
+    Sorting keeps padding small (each group pads only to its own longest context)."""
     order = sorted(decode, key=lambda i: lens[i])
     for g in range(0, len(order), DECODE_GROUP):
         _decode_group(query, k_cache, v_cache, block_tables, lens, starts, order[g:g + DECODE_GROUP], scale,
-                      sliding_window, k_scale, v_scale, group, out)
+                      sliding_window, k_scale, v_scale, out, soft_cap, sinks)
 
 
 def _decode_group(query, k_cache, v_cache, block_tables, lens, starts, rows_of, scale, sliding_window,
-                  k_scale, v_scale, group, out) -> None:
-    """Gather each sequence's tokens padded to the group's longest; a padding position re-reads the
-    sequence's own last token (finite, and masked out of the softmax), so no stale slot or unused
-    block-table entry is ever read and nothing needs zeroing."""
+                  k_scale, v_scale, out, soft_cap, sinks) -> None:
+    """Gather each sequence's visible tokens (all of them, or the last `sliding_window`) padded to the group's
+    longest run; a padding position re-reads the sequence's own last token (finite, and masked out of the
+    softmax), so no stale slot, unused or freed block-table entry is ever read and nothing needs zeroing."""
     num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
     device = query.device
     seq_lens = torch.tensor([lens[i] for i in rows_of], device=device)
-    pos = torch.arange(int(seq_lens.max()), device=device)[None, :]
+    first = torch.zeros_like(seq_lens) if sliding_window is None else (seq_lens - sliding_window).clamp_(min=0)
+    pos = first[:, None] + torch.arange(int((seq_lens - first).max()), device=device)[None, :]
     own = torch.minimum(pos, seq_lens[:, None] - 1)
     table = block_tables[rows_of].long()
     slots = table.gather(1, own // block_size) * block_size + own % block_size  # [B, L]
@@ -145,10 +186,7 @@ def _decode_group(query, k_cache, v_cache, block_tables, lens, starts, rows_of, 
     v = dequantize(v_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat), v_scale, query.dtype)
     k, v = k.view(*slots.shape, num_kv_heads, head_dim), v.view(*slots.shape, num_kv_heads, head_dim)
     valid = pos < seq_lens[:, None]
-    if sliding_window is not None:
-        valid &= pos >= (seq_lens[:, None] - sliding_window)
     rows = torch.tensor([starts[i] for i in rows_of], device=device)
-    o = torch.nn.functional.scaled_dot_product_attention(
-        query[rows][:, :, None], k.transpose(1, 2), v.transpose(1, 2), attn_mask=valid[:, None, None, :],
-        scale=scale, enable_gqa=group > 1)
+    o = attend(query[rows][:, :, None], k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale,
+               soft_cap, sinks)
     out[rows] = o[:, :, 0]

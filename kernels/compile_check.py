@@ -49,17 +49,19 @@ def write_variant(dtype: torch.dtype, cache_dtype: torch.dtype) -> Variant:
 
 
 def attention_variant(dtype, cache_dtype, group: int, head_dim: int, tiles: tuple, window: bool = False,
-                      large_pool: bool = False) -> Variant:
+                      large_pool: bool = False, soft_cap: bool = False, sinks: bool = False) -> Variant:
     from kernels.triton_attention import AttentionTiles, attention_constexprs
     from kernels.triton_paged_attention import paged_attention_kernel
     tiles = AttentionTiles(*tiles)
     pointers = dict(out_ptr=_ptr(dtype), part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32",
                     query_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype), v_cache_ptr=_ptr(cache_dtype),
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
-                    k_scale_ptr="*fp32", v_scale_ptr="*fp32")
-    constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool)
+                    k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32")
+    constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool,
+                                      soft_cap, sinks)
     name = f"attention {dtype}/{cache_dtype} group {group} d{head_dim} {tiles}{' window' if window else ''}"
     name += " int64 offsets" if large_pool else ""
+    name += (" soft-cap" if soft_cap else "") + (" sinks" if sinks else "")
     return Variant(name, paged_attention_kernel, pointers, constexprs, fp8=cache_dtype.itemsize == 1,
                    num_warps=tiles.num_warps)
 
@@ -95,6 +97,31 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
                    pointers, constexprs, fp8=weight_fp8)
 
 
+def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False
+                ) -> Variant:
+    """The fused-MoE grouped GEMM with the tiles default_moe_tiles picks for that batch (down: the
+    projection whose epilogue multiplies by the router weights)."""
+    from kernels.triton_moe import default_moe_tiles, fused_moe_kernel
+    t = default_moe_tiles(tokens, top_k, experts)
+    pointers = dict(a_ptr=_ptr(dtype), b_ptr=_ptr(dtype), c_ptr=_ptr(dtype), bias_ptr=_ptr(dtype),
+                    topk_weights_ptr="*fp32", sorted_token_ids_ptr="*i32", expert_ids_ptr="*i32",
+                    num_tokens_post_padded_ptr="*i32")
+    constexprs = dict(TOP_K=1 if down else top_k, MUL_ROUTED_WEIGHT=down, HAS_BIAS=bias,
+                      IEEE_FP32=dtype == torch.float32, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                      GROUP_M=t.group_m)
+    name = f"moe {'down' if down else 'gate_up'} {dtype} {tokens} tokens top-{top_k}/{experts} {t}"
+    return Variant(name + (" bias" if bias else ""), fused_moe_kernel, pointers, constexprs,
+                   num_warps=t.num_warps)
+
+
+def moe_variants() -> list[Variant]:
+    """Decode, small and large prefill tiles, for Qwen3-30B-A3B's routing (top-8 of 128) and gpt-oss's biases."""
+    f16, bf16 = torch.float16, torch.bfloat16
+    return [moe_variant(bf16, 1, 8, 128, False), moe_variant(bf16, 16, 8, 128, True),
+            moe_variant(f16, 256, 8, 128, False), moe_variant(bf16, 4096, 8, 128, True),
+            moe_variant(bf16, 8, 4, 32, True, bias=True), moe_variant(bf16, 2048, 2, 8, False)]
+
+
 DECODE, DECODE_SPLIT, PREFILL = (16, 1, 32, 1, 8, 3), (16, 1, 32, 16, 8, 3), (64, 16, 32, 1, 8, 2)
 
 
@@ -115,6 +142,10 @@ def variants() -> list[Variant]:
         attention_variant(f16, f16, 7, 64, (64, 9, 32, 2, 8, 2)),
         attention_variant(f16, f16, 2, 80, (64, 32, 32, 1, 8, 2)),  # non-power-of-two head_dim
         attention_variant(bf16, bf16, 2, 256, (32, 16, 16, 1, 8, 2)),
+        attention_variant(bf16, bf16, 2, 256, (32, 16, 16, 1, 8, 2), window=True, soft_cap=True),  # Gemma 2
+        attention_variant(f16, e4m3, 2, 256, (16, 1, 16, 4, 8, 3), soft_cap=True),
+        attention_variant(bf16, bf16, 8, 64, (16, 1, 32, 8, 8, 3), window=True, sinks=True),  # gpt-oss
+        attention_variant(bf16, bf16, 8, 64, (64, 8, 32, 1, 8, 2), sinks=True),
         reduce_variant(f16, 128, 16),
         *[quant_linear_variant(f16, 4, 128, False, rows) for rows in (1, 2, 4, 8, 16, 32, 64)],
         quant_linear_variant(bf16, 4, 128, True, 64), quant_linear_variant(bf16, 4, 128, True, 16),
@@ -122,6 +153,7 @@ def variants() -> list[Variant]:
         quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 1, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 16, weight_fp8=True),
+        *moe_variants(),
     ]
 
 
@@ -130,8 +162,10 @@ def quick_variants() -> list[Variant]:
     f16, e4m3 = torch.float16, torch.float8_e4m3fn
     return [write_variant(f16, e4m3), attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
             attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8),
+            attention_variant(f16, f16, 2, 64, DECODE_SPLIT, window=True, soft_cap=True, sinks=True),
             quant_linear_variant(f16, 4, 128, False, 1), quant_linear_variant(f16, 4, 128, False, 16),
-            quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True)]
+            quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
+            moe_variant(torch.bfloat16, 16, 8, 128, True)]
 
 
 def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
@@ -143,7 +177,7 @@ def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
         if name in variant.constexprs:
             signature[name] = "constexpr"
         else:
-            signature[name] = variant.pointers.get(name, "fp32" if name == "softmax_scale" else "i32")
+            signature[name] = variant.pointers.get(name, "fp32" if name in ("softmax_scale", "soft_cap") else "i32")
     constexprs = {(variant.kernel.arg_names.index(k),): v for k, v in variant.constexprs.items()}
     source = ASTSource(variant.kernel, signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": variant.num_warps}).asm
@@ -182,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels.compile_check", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", type=int, nargs="+", default=[86], help="compute capabilities, e.g. 86 90")
     parser.add_argument("--quick", action="store_true", help="only the few variants CI compiles")
+    parser.add_argument("--match", default="", help="only variants whose name contains this text, e.g. moe")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("TRITON_INTERPRET=1 is set: kernels would be interpreted, not compiled; unset it")
@@ -189,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     failures = 0
     for arch in args.arch:
         for variant in quick_variants() if args.quick else variants():
+            if args.match not in variant.name:
+                continue
             start = time.perf_counter()
             usage = ""
             try:

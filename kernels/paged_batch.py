@@ -5,7 +5,9 @@ spare blocks, unused block-table entries holding an out-of-range id, and every s
 filled with NaN (so a kernel that reads outside its sequence shows it). The context tokens are already
 in the cache; the new tokens' K/V and their slot_mapping are returned for the caller to write.
 The dense per-sequence K/V (as the cache will hold them, i.e. after any FP8 round trip) come along for
-oracles that do not page. Imports nothing of ours outside kernels/.
+oracles that do not page. `free_blocks_behind_window` then points every table entry wholly behind a
+sliding window at a spare NaN block, as the engine's window groups free them. Imports nothing of ours outside
+kernels/.
 """
 from __future__ import annotations
 
@@ -65,6 +67,22 @@ def make_paged_batch(query_lens: list[int], seq_lens: list[int], num_kv_heads: i
         dense_keys=[_as_stored(k, cache_dtype, scale) for k in keys],
         dense_values=[_as_stored(v, cache_dtype, scale) for v in values],
         k_scale=scale, v_scale=scale)
+
+
+def free_blocks_behind_window(batch: PagedBatch, sliding_window: int) -> int:
+    """Point each table entry that no new token's window reaches at one spare block (NaN-filled, so a kernel
+    that reads it shows it), like a freed block; returns how many entries were replaced."""
+    block_size = batch.k_cache.shape[1]
+    used = set(batch.block_tables[batch.block_tables < batch.k_cache.shape[0]].tolist())
+    spare = next(b for b in range(batch.k_cache.shape[0]) if b not in used)
+    starts = batch.query_start_loc.tolist()
+    replaced = 0
+    for seq, seq_len in enumerate(batch.seq_lens.tolist()):
+        first_visible = seq_len - (starts[seq + 1] - starts[seq]) - sliding_window + 1
+        behind = max(0, first_visible) // block_size
+        batch.block_tables[seq, :behind] = spare
+        replaced += behind
+    return replaced
 
 
 def _shuffled_block_tables(seq_lens: list[int], block_size: int, spare_blocks: int) -> tuple[torch.Tensor, int]:

@@ -9,7 +9,10 @@ and sliding-window masks and an online softmax in fp32. With ``num_splits > 1`` 
 program is cut into equal pieces whose partial (max, sum, accumulator) go to scratch buffers that
 ``reduce_splits_kernel`` combines (flash-decoding, for batches too small to fill the GPU). FP8 caches
 are read as bytes and decoded in registers (kernels/triton_fp8.py); the per-tensor k_scale is folded
-into the softmax scale and v_scale is applied once to the output.
+into the softmax scale and v_scale is applied once to the output. Variants are constexpr flags, so the
+plain kernel carries none of their code: USE_WINDOW (sliding window), SOFT_CAP (``cap * tanh(s / cap)``
+on the scaled scores, Gemma 2) and USE_SINKS (a learned per-head logit that starts split 0's running max
+and sum, so it joins the softmax denominator with no value, gpt-oss).
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ import triton
 import triton.language as tl
 
 from kernels.triton_fp8 import fp8_to_float
+
+LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
@@ -44,8 +49,8 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 @triton.jit
 def _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
               NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr):
-    """This split's KV tiles [begin, end) and the causal end position: the KV range the q block can see
-    (up to its last query, back to the window start of its first query) cut into NUM_SPLITS equal pieces."""
+    """This split's KV tiles [begin, end) and the KV range [kv_begin, kv_end) the q block can see (up to its
+    last query, back to the window start of its first query), the tiles cut into NUM_SPLITS equal pieces."""
     kv_end = tl.minimum(context_len + first_q + BLOCK_Q, seq_len)
     kv_begin = 0
     if USE_WINDOW:
@@ -54,7 +59,7 @@ def _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q: tl.
     tile_end = tl.cdiv(kv_end, TILE_N)
     per_split = tl.cdiv(tile_end - tile_begin, NUM_SPLITS)
     begin = tile_begin + split * per_split
-    return begin, tl.minimum(begin + per_split, tile_end), kv_end
+    return begin, tl.minimum(begin + per_split, tile_end), kv_begin, kv_end
 
 
 @triton.jit
@@ -63,6 +68,13 @@ def _load_kv(cache_ptr, offsets, mask, FP8_FORMAT: tl.constexpr, COMPUTE_DTYPE: 
     if FP8_FORMAT != 0:
         x = fp8_to_float(x, FP8_FORMAT)
     return x.to(COMPUTE_DTYPE)
+
+
+@triton.jit
+def _tanh(x):
+    """tanh as 2·sigmoid(2x) − 1: saturates to ±1 for any finite x (the (eˣ − e⁻ˣ)/(eˣ + e⁻ˣ) form gives
+    inf/inf = nan past |x| ≈ 88), and needs no libdevice."""
+    return 2.0 / (1.0 + tl.exp2(x * (-2.0 * LOG2E))) - 1.0
 
 
 @triton.jit
@@ -79,13 +91,13 @@ def _dot(a, b, IEEE: tl.constexpr):
 def paged_attention_kernel(
         out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
         query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-        k_scale_ptr, v_scale_ptr, softmax_scale, num_seqs, num_heads, sliding_window,
+        k_scale_ptr, v_scale_ptr, sinks_ptr, softmax_scale, soft_cap, num_seqs, num_heads, sliding_window,
         stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_seq,
         stride_kc_block, stride_kc_tok, stride_kc_head, stride_vc_block, stride_vc_tok, stride_vc_head,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-        USE_WINDOW: tl.constexpr, FP8_FORMAT: tl.constexpr, IEEE: tl.constexpr, NUM_STAGES: tl.constexpr,
-        LARGE_POOL: tl.constexpr):
+        USE_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, FP8_FORMAT: tl.constexpr,
+        IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, LARGE_POOL: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -109,16 +121,29 @@ def paged_attention_kernel(
     q = tl.load(query_ptr + tokens[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :],
                 mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
 
-    my_begin, my_end, kv_end = _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q, TILE_N,
-                                         NUM_SPLITS, USE_WINDOW)
-    qk_scale = softmax_scale * tl.load(k_scale_ptr) * 1.4426950408889634  # exp2 domain
+    my_begin, my_end, kv_begin, kv_end = _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q,
+                                                   TILE_N, NUM_SPLITS, USE_WINDOW)
+    # Scores live in the exp2 domain (times log2 e); with soft-capping, tanh sees s / cap and its result is
+    # scaled by cap * log2 e.
+    qk_scale = softmax_scale * tl.load(k_scale_ptr)
+    if SOFT_CAP:
+        qk_scale = qk_scale / soft_cap
+    else:
+        qk_scale = qk_scale * LOG2E
+    cap_scale = soft_cap * LOG2E
     block_table = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
+    if USE_SINKS:  # the sink as a logit already seen with weight exp(0) = 1; once, in split 0 only
+        sink = tl.load(sinks_ptr + head, mask=row_valid, other=0.0).to(tl.float32) * LOG2E
+        m_i = tl.where(split == 0, sink, m_i)
+        l_i = tl.where(split == 0, 1.0, l_i)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for tile in tl.range(my_begin, my_end, num_stages=NUM_STAGES):
         pos = tile * TILE_N + tl.arange(0, TILE_N)
         in_range = pos < kv_end
+        if USE_WINDOW:  # never read a table entry behind the window: its block may be freed
+            in_range = in_range & (pos >= kv_begin)
         block_id = tl.load(block_table + pos // BLOCK_SIZE, mask=in_range, other=0)
         if LARGE_POOL:  # int32 offsets need fewer registers; pools of 2^31+ elements need int64
             block_id = block_id.to(tl.int64)
@@ -126,6 +151,8 @@ def paged_attention_kernel(
         k = _load_kv(k_cache_ptr, k_offsets[None, :] + dims[:, None], in_range[None, :] & dim_valid[:, None],
                      FP8_FORMAT, query_ptr.dtype.element_ty)
         scores = _dot(q, k, IEEE) * qk_scale
+        if SOFT_CAP:
+            scores = _tanh(scores) * cap_scale
         visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
         if USE_WINDOW:
             visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)

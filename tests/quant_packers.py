@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "qkv_proj", "gate_up_proj")
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 
 
@@ -139,11 +139,11 @@ def make_quantized(src: Path, dst: Path, fmt: str, bits: int = 4, group: int = 1
     for name, t in tensors.items():
         module, leaf = name.rsplit(".", 1)
         quantized = leaf == "weight" and module.rsplit(".", 1)[-1] in LINEARS and \
-            not any(module == i or module.endswith("." + i) for i in ignore)
+            not any(module == i or module.endswith("." + i) for i in ignore) and "vision_tower." not in module
         if not quantized:
             out[name] = t
             continue
-        layer = int(module.split(".")[2])
+        layer = int(module.split("layers.")[1].split(".")[0])
         seed = layer * 10 + (0 if "self_attn" in module else 1) + (5 if module.endswith(("o_proj", "down_proj")) else 0)
         for leaf_name, packed in pack_linear(t, fmt, bits, group, sym, act_order, seed, strategy).items():
             out[f"{module}.{leaf_name}"] = packed

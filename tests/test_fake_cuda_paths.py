@@ -83,11 +83,11 @@ def aten_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def test_act_order_checkpoint_loads_into_cuda_parameters(act_order_weights, fake_cuda, monkeypatch):
-    from engine.models.decoder import DecoderForCausalLM
+    from engine.models.llama import LlamaForCausalLM
     path, weights = act_order_weights
     monkeypatch.setattr(torch, "equal", aten_equal)
     with torch.device(CUDA):
-        model = DecoderForCausalLM(ModelConfig.from_folder(path))
+        model = LlamaForCausalLM(ModelConfig.from_folder(path))
     model.load_weights(iter(weights))
     layer = model.model.layers[0]
     assert layer.self_attn.qkv_proj.g_idx.device == layer.mlp.gate_up_proj.g_idx.device == CUDA

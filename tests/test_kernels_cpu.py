@@ -11,7 +11,7 @@ import torch
 
 from kernels.attention_cpu import paged_attention_cpu
 from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch
-from kernels.paged_batch import make_paged_batch
+from kernels.paged_batch import free_blocks_behind_window, make_paged_batch
 
 MIXED = ([1, 7, 1, 1, 20, 1], [1, 30, 45, 17, 33, 64])  # decode at position 0, decodes across blocks, chunks
 
@@ -53,3 +53,31 @@ def test_unsupported_dtypes_fall_back_to_the_oracle(dtype, cache_dtype):
     batch = make_paged_batch(*MIXED, num_kv_heads=2, group=2, head_dim=16, dtype=dtype, cache_dtype=cache_dtype)
     got, expected = both(batch)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("variant", [dict(soft_cap=4.0), dict(sinks=True), dict(soft_cap=4.0, sinks=True)],
+                         ids=["soft-cap", "sinks", "both"])
+@pytest.mark.parametrize("sliding_window", [None, 11])
+def test_variants_in_the_compiled_decode_match_the_oracle(variant, sliding_window):
+    """Soft-capping and sinks in the numba decode loop (and in the prefill chunks it hands to torch)."""
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=3, head_dim=32)
+    variant = dict(variant)
+    if variant.get("sinks"):
+        variant["sinks"] = torch.randn(6) * 2
+    write_kv_cache_torch(batch.new_key, batch.new_value, batch.k_cache, batch.v_cache, batch.slot_mapping)
+    args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
+            0.5, sliding_window)
+    got, expected = paged_attention_cpu(*args, **variant), paged_attention_torch(*args, **variant)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    plain = paged_attention_torch(*args)
+    assert float((plain - expected).abs().max()) > 1e-2  # the variant really changes the result
+
+
+def test_window_never_reads_blocks_freed_behind_it():
+    """Freed entries point at a NaN block: the numba decode must start at the window, not at block 0."""
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=2, head_dim=32, block_size=8)
+    assert free_blocks_behind_window(batch, 11) >= 4
+    got, expected = both(batch, sliding_window=11)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)

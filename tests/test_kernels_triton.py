@@ -23,7 +23,7 @@ from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from kernels import triton_attention, triton_fp8  # noqa: E402
 from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch  # noqa: E402
-from kernels.paged_batch import PagedBatch, make_paged_batch  # noqa: E402
+from kernels.paged_batch import PagedBatch, free_blocks_behind_window, make_paged_batch  # noqa: E402
 from kernels.triton_paged_attention import paged_attention_kernel  # noqa: E402
 
 IN_INTERPRETER = isinstance(tl.standard.sum, InterpretedFunction) and isinstance(paged_attention_kernel,
@@ -147,22 +147,24 @@ def test_write_kv_matches_torch_bytes(cache_dtype, slot_dtype):
 
 # ---------------------------------------------------------------- attention
 
-def run_both(batch: PagedBatch, sliding_window=None, tiles=None, scale=0.125):
-    """Write the new tokens and attend with each backend on its own copy of the cache; caches must agree."""
+def run_both(batch: PagedBatch, sliding_window=None, tiles=None, scale=0.125, **variants):
+    """Write the new tokens and attend with each backend on its own copy of the cache; caches must agree.
+    `variants`: soft_cap / sinks, passed to both."""
     k_ref, v_ref = batch.k_cache.clone(), batch.v_cache.clone()
     write_kv_cache_torch(batch.new_key, batch.new_value, k_ref, v_ref, batch.slot_mapping,
                          batch.k_scale, batch.v_scale)
     expected = paged_attention_torch(batch.query, k_ref, v_ref, batch.block_tables, batch.seq_lens,
-                                     batch.query_start_loc, scale, sliding_window, batch.k_scale, batch.v_scale)
+                                     batch.query_start_loc, scale, sliding_window, batch.k_scale, batch.v_scale,
+                                     **variants)
     triton_attention.write_kv_cache_triton(batch.new_key, batch.new_value, batch.k_cache, batch.v_cache,
                                            batch.slot_mapping, batch.k_scale, batch.v_scale)
     assert torch.equal(batch.k_cache.view(torch.uint8), k_ref.view(torch.uint8))
     args = (batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens, batch.query_start_loc,
             scale, sliding_window, batch.k_scale, batch.v_scale)
     if tiles is None:
-        got = triton_attention.paged_attention_triton(*args)
+        got = triton_attention.paged_attention_triton(*args, **variants)
     else:
-        got = triton_attention.launch_paged_attention(*args, tiles)
+        got = triton_attention.launch_paged_attention(*args, tiles, **variants)
     return got, expected
 
 
@@ -216,6 +218,15 @@ def test_sliding_window(num_splits):
     assert_matches(*run_both(batch, sliding_window=19, tiles=tiles), torch.float32)
 
 
+def test_window_never_reads_blocks_freed_behind_it():
+    """Table entries behind each window point at a NaN block (freed, as a window group does); with 32-token
+    tiles over 8-token blocks the first tile starts blocks before the window, and must not read them."""
+    batch = make_paged_batch([1, 9, 1], [60, 45, 30], num_kv_heads=1, group=2, head_dim=64, block_size=8)
+    assert free_blocks_behind_window(batch, 19) >= 6
+    assert_matches(*run_both(batch, sliding_window=19, tiles=triton_attention.AttentionTiles(16, 8, 32, 1)),
+                   torch.float32)
+
+
 def test_long_decode_split_by_default_heuristic():
     batch = make_paged_batch([1], [600], num_kv_heads=1, group=2, head_dim=64)
     tiles = triton_attention.choose_tiles(1, 1, 1, 2, 64, batch.block_tables.shape[1] * 16, torch.device("cpu"))
@@ -248,3 +259,54 @@ def test_empty_batch_returns_empty():
                                                   batch.block_tables[:0], batch.seq_lens[:0],
                                                   batch.query_start_loc[:1], 0.125)
     assert out.shape == (0, 1, 64)
+
+
+# ---------------------------------------------------------------- variants: soft-capping and sinks
+
+def sinks_for(batch: PagedBatch, dtype=torch.float32) -> torch.Tensor:
+    """Per-head sinks around the scores' size, so they move the result (gpt-oss checkpoints hold bf16)."""
+    return (torch.randn(batch.query.shape[1]) * 2).to(dtype)
+
+
+DTYPE_AND_SPLITS = [(torch.float32, 4), (torch.float16, 1)]  # the interpreter is slow: two of the four pairs
+
+
+@pytest.mark.parametrize("dtype,num_splits", DTYPE_AND_SPLITS)
+def test_soft_cap(dtype, num_splits):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=2, head_dim=64, dtype=dtype)
+    tiles = triton_attention.AttentionTiles(16, 8, 16, num_splits)
+    got, expected = run_both(batch, tiles=tiles, scale=0.5, soft_cap=5.0)
+    assert_matches(got, expected, dtype)
+    plain = paged_attention_torch(batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                                  batch.query_start_loc, 0.5)
+    assert float((plain.float() - got.float()).abs().max()) > 0.05  # the cap bends these scores
+
+
+def test_soft_cap_saturates_without_nan():
+    """Scores of ~1e4: tanh must saturate to ±1, not turn into inf/inf."""
+    batch = make_paged_batch([1, 6], [9, 20], num_kv_heads=1, group=2, head_dim=64)
+    batch.query *= 300
+    assert_matches(*run_both(batch, scale=1.0, soft_cap=30.0), torch.float32)
+
+
+@pytest.mark.parametrize("dtype,num_splits", DTYPE_AND_SPLITS)
+def test_sinks(dtype, num_splits):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=2, head_dim=64, dtype=dtype)
+    tiles = triton_attention.AttentionTiles(16, 8, 16, num_splits)
+    assert_matches(*run_both(batch, tiles=tiles, sinks=sinks_for(batch, dtype)), dtype)
+
+
+@pytest.mark.parametrize("sliding_window", [None, 150])
+def test_sinks_in_a_decode_split_four_ways(sliding_window):
+    """Decode-only, split flash-decoding style: the sink must count once (in split 0), also where a split has
+    nothing to read (the 40-token sequence has three tiles for four splits)."""
+    batch = make_paged_batch([1, 1], [300, 40], num_kv_heads=1, group=2, head_dim=64)
+    tiles = triton_attention.AttentionTiles(16, 1, 16, 4)
+    assert_matches(*run_both(batch, sliding_window, tiles, sinks=sinks_for(batch)), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_soft_cap_sinks_window_and_fp8_together(dtype):
+    batch = make_paged_batch(*MIXED, num_kv_heads=2, group=3, head_dim=80, dtype=dtype,
+                             cache_dtype=torch.float8_e4m3fn)
+    assert_matches(*run_both(batch, sliding_window=13, scale=0.4, soft_cap=8.0, sinks=sinks_for(batch)), dtype)

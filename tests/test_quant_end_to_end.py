@@ -1,8 +1,8 @@
 """End to end: a quantized checkpoint served by the engine gives HF transformers' greedy tokens.
 
 The oracle is HF transformers running a plain float checkpoint holding the weights the packed one encodes
-(tests/quant_packers.py reads them back independently of the engine), on Llama and Qwen2 shapes, with one
-rank and with two (gloo). Few prompts and tokens: each two-rank engine spawns a worker process.
+(tests/quant_packers.py reads them back independently of the engine), on Llama, Qwen2, Phi-3 and Gemma 3 VL
+shapes, with one rank and with two (gloo). Few prompts and tokens: each two-rank engine spawns a worker process.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ CASES = [  # (arch, format, bits, group, symmetric, act order, tensor parallel s
     ("qwen2", "gptq", 8, -1, True, False, 1),
     ("qwen2", "ct", 4, 32, False, False, 2),
     ("qwen2", "fp8", 8, -1, True, False, 1),
+    ("phi3", "awq", 4, 32, False, False, 1),  # fused qkv_proj/gate_up_proj packed whole
+    ("gemma3-vl", "gptq", 4, 32, False, True, 1),  # the text model under language_model, vision tower in float
 ]
 
 

@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from engine.distributed import init_tensor_parallel
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
-from engine.models.decoder import DecoderForCausalLM
+from engine.models.llama import LlamaForCausalLM
 from engine.quantization.config import parse_quantization_config
 from quant_packers import dequantize_module, make_quantized
 
@@ -61,10 +61,10 @@ def reference_weights(path) -> dict[str, torch.Tensor]:
                 else t["weight"]) for m, t in modules.items() if "proj" in m}
 
 
-def load_rank(path, rank: int, tp: int) -> DecoderForCausalLM:
+def load_rank(path, rank: int, tp: int) -> LlamaForCausalLM:
     init_tensor_parallel(rank, tp)
     try:
-        model = DecoderForCausalLM(ModelConfig.from_folder(path))
+        model = LlamaForCausalLM(ModelConfig.from_folder(path))
         model.load_weights(iterate_weights(path))
         return model
     finally:
@@ -160,6 +160,6 @@ def test_a_tensor_of_the_wrong_shape_is_named(quantized):
     path = quantized("awq", 4, 64, False, False)
     tensors = load_file(str(path / "model.safetensors"))
     tensors["model.layers.0.mlp.up_proj.scales"] = tensors["model.layers.0.mlp.up_proj.scales"][:, :8]
-    model = DecoderForCausalLM(ModelConfig.from_folder(path))
+    model = LlamaForCausalLM(ModelConfig.from_folder(path))
     with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj/up_proj: checkpoint tensor of shape \(2, 8\)"):
         model.load_weights(tensors.items())

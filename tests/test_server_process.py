@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -149,3 +151,64 @@ def test_stale_rendezvous_folders_of_dead_processes_are_removed(tmp_path):
     assert remove_stale_store_dirs(str(tmp_path)) == [f"{STORE_PREFIX}{dead.pid}-abc"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"{STORE_PREFIX}{os.getpid()}-def",
                                                                   "pagedesk-tp-notapid"])
+
+
+def _stalled_stream(port: int) -> socket.socket:
+    """A long chat stream whose client never reads: a tiny receive buffer, so the server's send blocks soon."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    body = json.dumps({"model": "tiny", "messages": [{"role": "user", "content": "go"}], "max_tokens": 4000,
+                       "ignore_eos": True, "stream": True}).encode()
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+              b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    return s
+
+
+@pytest.mark.timeout(150)
+def test_sigterm_with_every_kind_of_request_in_flight_is_quiet(long_llama):
+    """SIGTERM while a reading stream, a stream nobody reads, a non-streaming request, the engine-state stream
+    and a half-sent request are all open: the reading streams end in-band, the process exits 0, and the log
+    holds no traceback (in particular no 'CancelledError: Task cancelled, timeout graceful shutdown exceeded')."""
+    port = free_port()
+    proc = start_serve(long_llama, port)
+    socks = []
+    try:
+        wait_serving(proc)
+        socks.append(_stalled_stream(port))
+        half = socket.create_connection(("127.0.0.1", port), timeout=30)
+        half.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        socks.append(half)
+        whole: dict = {}
+
+        def non_streaming():
+            body = {"model": "tiny", "prompt": "x", "max_tokens": 4000, "ignore_eos": True}
+            try:
+                whole["status"] = httpx.post(f"http://127.0.0.1:{port}/v1/completions", json=body,
+                                             timeout=60).status_code
+            except httpx.HTTPError as exc:
+                whole["status"] = type(exc).__name__
+        waiter = threading.Thread(target=non_streaming)
+        waiter.start()
+        with httpx.Client(timeout=60) as client, open_long_stream(port, client) as response, \
+                client.stream("GET", f"http://127.0.0.1:{port}/v1/engine/state/stream?hz=4") as state:
+            lines = response.iter_lines()
+            assert read_events(lines, first_only=True)
+            state_lines = state.iter_lines()
+            assert next(line for line in state_lines if line.startswith("data: "))
+            proc.send_signal(signal.SIGTERM)
+            events = read_events(lines)
+            state_tail = [line for line in state_lines if line.startswith("data: ")]
+        waiter.join(60)
+        assert events[-1] == "[DONE]" and "shutting down" in json.loads(events[-2])["error"]["message"]
+        assert "error" in json.loads(state_tail[-1][6:])  # the state stream ends saying why
+        assert whole["status"] == 503, whole
+        assert proc.wait(30) == 0
+        output = proc.stdout.read()
+        for noise in ("Traceback", "CancelledError", "graceful shutdown exceeded", "ASGI callable"):
+            assert noise not in output, output
+    finally:
+        for s in socks:
+            s.close()
+        kill(proc)

@@ -35,6 +35,11 @@ TOOL_CHAT_TEMPLATE = (
     "{%- else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{%- endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
+GEMMA3_TEXT = dict(
+    num_hidden_layers=3, head_dim=16, sliding_window=8, query_pre_attn_scalar=24, tie_word_embeddings=True,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
+                     "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -42,7 +47,53 @@ ARCHS = {
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=48, tie_word_embeddings=False)),
+    # Fused qkv_proj/gate_up_proj tensors; LongRoPE (short factors: the context never passes the original one)
+    # with Phi-4-mini's partial rotary (12 of 16 dims).
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(
+        original_max_position_embeddings=512, partial_rotary_factor=0.75, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
+                         "partial_rotary_factor": 0.75, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                         "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+    # Alternating 20-token window / global layers (the window is not a multiple of the block size); weights
+    # ten times HF's init so attention scores reach the soft cap's bend, caps small enough to matter.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=16, query_pre_attn_scalar=24, sliding_window=20, attn_logit_softcapping=2.0,
+        final_logit_softcapping=5.0, initializer_range=0.2, tie_word_embeddings=True)),
+    # Two local layers (window 8: prompts run far past it) and one global, each with its own RoPE table; a
+    # query_pre_attn_scalar that is not head_dim.
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA3_TEXT)),
 }
+# Vision-language checkpoints served as text: (model_type, text config, vision config), built with
+# AutoModelForImageTextToText.from_config, so the folder holds a (tiny) vision tower and projector too.
+VL_ARCHS = {
+    "gemma3-vl": ("gemma3", dict(GEMMA3_TEXT), dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+        patch_size=14), dict(mm_tokens_per_image=4)),
+    "mistral3-vl": ("mistral3", dict(model_type="mistral", head_dim=16, sliding_window=None,
+                                     tie_word_embeddings=False), dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+        patch_size=14, head_dim=16), dict(spatial_merge_size=1, tie_word_embeddings=False)),
+}
+ARCHS.update({name: (None, None, None) for name in VL_ARCHS})
+
+# Mixture-of-experts families: 8 experts, top-2 (kept out of ARCHS so the dense parity suites stay as they are).
+MOE_ARCHS = {
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", dict(
+        head_dim=32, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        tie_word_embeddings=False)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(
+        num_local_experts=8, num_experts_per_tok=2, intermediate_size=48, sliding_window=None,
+        tie_word_embeddings=False)),
+    "glm4_moe": ("Glm4MoeConfig", "Glm4MoeForCausalLM", dict(
+        head_dim=16, n_routed_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
+        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=1.5, norm_topk_prob=True,
+        partial_rotary_factor=0.5, attention_bias=True, tie_word_embeddings=False)),
+    # Alternating 8-token window / global layers with sinks, YaRN, biases everywhere, clamped SwiGLU experts.
+    "gpt_oss": ("GptOssConfig", "GptOssForCausalLM", dict(
+        head_dim=16, num_local_experts=8, num_experts_per_tok=2, intermediate_size=32, sliding_window=8,
+        tie_word_embeddings=False)),
+}
+ROUTER_WEIGHTS = ("mlp.gate.weight", "block_sparse_moe.gate.weight", "mlp.router.weight")
 
 
 @functools.cache
@@ -68,7 +119,9 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     import transformers
     from transformers import GenerationConfig
 
-    config_name, model_name, extra = ARCHS[arch]
+    config_name, model_name, extra = ARCHS[arch] if arch in ARCHS else MOE_ARCHS[arch]
+    if arch in VL_ARCHS:
+        extra = VL_ARCHS[arch][1]
     tokenizer = _tokenizer()
     if chat_template is not None:
         tokenizer = copy.deepcopy(tokenizer)
@@ -80,14 +133,26 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
                   pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6, torch_dtype="float32")
     kwargs.update(extra)
     kwargs.update(overrides)
-    config = getattr(transformers, config_name)(**kwargs)
-    config.architectures = [model_name]
     torch.manual_seed(seed)
-    model = getattr(transformers, model_name)(config).eval()
+    if arch in VL_ARCHS:
+        model_type, _, vision, top = VL_ARCHS[arch]
+        config = transformers.AutoConfig.for_model(model_type, text_config=kwargs, vision_config=vision, **top)
+        model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    else:
+        config = getattr(transformers, config_name)(**kwargs)
+        config.architectures = [model_name]
+        model = getattr(transformers, model_name)(config).eval()
     with torch.no_grad():  # HF init leaves biases zero and norms one; randomize them so they matter
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:
                 p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith(ROUTER_WEIGHTS):  # decisive routing: no near-ties between experts
+                p.copy_(torch.randn_like(p))
+        for name, b in model.named_buffers():  # GLM's score-correction bias moves the choice: make it matter
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn_like(b) * 0.2)
+    if arch in VL_ARCHS:  # the text model's ids are what generation_config and the tokenizer speak
+        config.text_config.bos_token_id, config.text_config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     path = Path(tmp_dir) / f"tiny-{arch}"
     max_shard = "40KB" if shards > 1 else "2GB"
     model.save_pretrained(path, safe_serialization=True, max_shard_size=max_shard)
@@ -98,7 +163,12 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
 
 
 def hf_model(path: str | Path):
-    """The transformers reference model for a folder, float32 on CPU."""
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    """The transformers reference model for a folder, float32 on CPU (a VL folder: its image-text-to-text model,
+    which generates from text alone)."""
+    import json
+
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    vl = "text_config" in json.loads((Path(path) / "config.json").read_text())
+    auto = AutoModelForImageTextToText if vl else AutoModelForCausalLM
+    return auto.from_pretrained(path, dtype=torch.float32).eval()
 

@@ -106,11 +106,12 @@ def forward_times(configs: list[tuple[str, Path, bool]], token_counts: tuple[int
 
     from engine.loader import iterate_weights
     from engine.model_config import ModelConfig
-    from engine.models.decoder import DecoderForCausalLM
+    from engine.models.registry import model_class
 
     models = []
     for _, path, cached in configs:
-        model = DecoderForCausalLM(ModelConfig.from_folder(path)).eval()
+        cfg = ModelConfig.from_folder(path)
+        model = model_class(cfg.architecture)(cfg).eval()
         model.load_weights(iterate_weights(path))
         if cached:
             cache_dequantized(model)

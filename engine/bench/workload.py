@@ -39,15 +39,21 @@ def sharegpt_like(num_prompts: int, vocab_size: int, max_model_len: int = 2048, 
 
 def make_random_llama(path: Path, seed: int = 0, **overrides) -> Path:
     """Write a random-weight LlamaForCausalLM folder (bf16-free float32 weights) with a word-level tokenizer."""
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    return make_random_model(path, "LlamaConfig", "LlamaForCausalLM", {**BENCH_LLAMA, **overrides}, seed)
 
-    shape = {**BENCH_LLAMA, **overrides}
-    config = LlamaConfig(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=2, dtype="float32")
-    config.architectures = ["LlamaForCausalLM"]
+
+def make_random_model(path: Path, config_name: str, model_name: str, shape: dict, seed: int = 0) -> Path:
+    """Write a random-weight folder of any transformers architecture, float32, with a word-level tokenizer."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    config = getattr(transformers, config_name)(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                                                dtype="float32")
+    config.architectures = [model_name]
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(config)
+    model = getattr(transformers, model_name)(config)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)
     vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "<unk>": 3} | {f"w{i}": i for i in range(4, shape["vocab_size"])}

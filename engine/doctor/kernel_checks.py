@@ -84,12 +84,12 @@ def decode_tokens_per_s(device: str, dtype: torch.dtype, backend: str, batch: in
 @torch.inference_mode()
 def _decode_tokens_per_s(device: str, dtype: torch.dtype, backend: str, batch: int, context: int, steps: int,
                          block_size: int) -> float:
-    from engine.models.decoder import DecoderForCausalLM
+    from engine.models.registry import model_class
     cfg = ModelConfig.from_hf_config(TINY_LLAMA).with_max_model_len(context + steps)
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = DecoderForCausalLM(cfg, backend).eval()
+            model = model_class(cfg.architecture)(cfg, backend).eval()
     finally:
         torch.set_default_dtype(torch.float32)
     for p in model.parameters():

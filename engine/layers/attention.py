@@ -3,6 +3,11 @@
 The batch layout travels explicitly in `AttentionMetadata` (no global context); a layer reads the block table
 and slots of its KV cache group (`kv_group`, set when the cache is bound); the kernels come from
 `kernels.get_attention_backend`, so the torch path (CPU) and the Triton path (CUDA) see identical inputs.
+A family picks its attention variant through the constructor: a scale other than ``head_dim ** -0.5``
+(Gemma's ``query_pre_attn_scalar``), a sliding window, logit soft-capping (Gemma 2), learned per-head sinks
+(gpt-oss; a parameter of this layer, split by head across tensor-parallel ranks) and, per call, an output
+gate (Qwen3.5's gated attention: ``out * sigmoid(gate)``, elementwise after the kernel, so no backend
+needs it).
 """
 from __future__ import annotations
 
@@ -11,7 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from engine.distributed import get_tp_rank, get_tp_size
 from kernels import get_attention_backend
+from kernels.attention_torch import check_variants
 
 
 @dataclass(slots=True)
@@ -30,15 +37,32 @@ class AttentionMetadata:
 
 class PagedAttention(nn.Module):
     def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, sliding_window: int | None,
-                 backend: str = "torch") -> None:
+                 backend: str = "torch", *, scale: float | None = None, soft_cap: float | None = None,
+                 use_sinks: bool = False) -> None:
+        """`num_heads`/`num_kv_heads` are this rank's; `scale` defaults to ``head_dim ** -0.5``."""
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scale = head_dim ** -0.5
+        self.scale = head_dim ** -0.5 if scale is None else scale
         self.sliding_window = sliding_window
+        self.soft_cap = soft_cap
+        check_variants(num_heads, sliding_window, soft_cap, None)
+        if use_sinks:  # fp32 whatever the model dtype: the kernels add it to fp32 softmax state
+            self.sinks = nn.Parameter(torch.zeros(num_heads, dtype=torch.float32), requires_grad=False)
+            self.sinks.weight_loader = self.load_sinks
+        else:
+            self.register_parameter("sinks", None)
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
         self.k_scale = self.v_scale = None
         self.kv_group = 0  # which KV cache group's block table this layer reads (engine/kv_cache_interface.py)
+
+    def load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        """The checkpoint holds every head's sink; this rank keeps those of its own heads."""
+        start, total = get_tp_rank() * self.num_heads, self.num_heads * get_tp_size()
+        if tuple(loaded.shape) != (total,):
+            raise ValueError(f"attention sinks: checkpoint tensor of shape {tuple(loaded.shape)}, expected "
+                             f"({total},) (one per query head)")
+        param.data.copy_(loaded[start:start + self.num_heads])
 
     def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float = 1.0,
                    v_scale: float = 1.0) -> None:
@@ -49,15 +73,26 @@ class PagedAttention(nn.Module):
         self.k_scale = torch.full((1,), k_scale, dtype=torch.float32, device=k_cache.device)
         self.v_scale = torch.full((1,), v_scale, dtype=torch.float32, device=k_cache.device)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None):
-        """q: [T, H, D]; k, v: [T, Hkv, D]. Without metadata (profiling run) attention is skipped."""
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None,
+                gate: torch.Tensor | None = None) -> torch.Tensor:
+        """q: [T, H, D]; k, v: [T, Hkv, D]; gate (gated attention): [T, H, D] or [T, H * D], returns
+        ``attention * sigmoid(gate)``. Without metadata (profiling run) attention is skipped."""
         if meta is None or self.k_cache.numel() == 0:
-            return q
-        slot_mapping, block_tables = meta.slot_mapping, meta.block_tables
-        if self.kv_group and meta.group_block_tables is not None:
-            slot_mapping = meta.group_slot_mappings[self.kv_group - 1]
-            block_tables = meta.group_block_tables[self.kv_group - 1]
-        self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale)
-        return self.paged_attention(q, self.k_cache, self.v_cache, block_tables, meta.seq_lens,
-                                    meta.query_start_loc, self.scale, self.sliding_window, self.k_scale,
-                                    self.v_scale)
+            out = q
+        else:
+            slot_mapping, block_tables = meta.slot_mapping, meta.block_tables
+            if self.kv_group and meta.group_block_tables is not None:
+                slot_mapping = meta.group_slot_mappings[self.kv_group - 1]
+                block_tables = meta.group_block_tables[self.kv_group - 1]
+            self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale)
+            variants = {}  # only what is set, so the plain call stays the plain call
+            if self.soft_cap is not None:
+                variants["soft_cap"] = self.soft_cap
+            if self.sinks is not None:
+                variants["sinks"] = self.sinks
+            out = self.paged_attention(q, self.k_cache, self.v_cache, block_tables, meta.seq_lens,
+                                       meta.query_start_loc, self.scale, self.sliding_window, self.k_scale,
+                                       self.v_scale, **variants)
+        if gate is not None:
+            out = out * torch.sigmoid(gate.view(out.shape))
+        return out

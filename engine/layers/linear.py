@@ -2,7 +2,8 @@
 
 Each parameter carries its own `weight_loader(param, loaded, shard_id)`, so sharding lives next to the
 layer that knows the split: column-parallel layers keep a slice of the output features (QKV and gate/up
-are several column-parallel matrices stacked), row-parallel layers keep a slice of the input features and
+are several column-parallel matrices stacked; a checkpoint that stores them fused, as Phi-3 does, arrives with
+shard id None and is split into its shards here), row-parallel layers keep a slice of the input features and
 all-reduce their output. What the parameters are — a float matrix, or packed codes with scales, zero points
 and g_idx — is the layer's linear method (engine/quantization/methods.py); each parameter names its output
 and input dims, so the same loaders slice float and packed weights. With one rank the loaders simply copy.
@@ -36,11 +37,38 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.method.apply(self, x, self.bias)
 
+    shard_ids: tuple = (None,)  # the checkpoint matrices stacked in this layer, as the loader names them
+
+    def load_fused(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """A checkpoint tensor holding every stacked matrix at once (Phi-3's qkv_proj and gate_up_proj): split
+        it along the output dim into the shards' full sizes and load each as if it had come alone."""
+        if param.output_dim is None:  # g_idx: one per input row, the same for every shard
+            for shard_id in self.shard_ids:
+                self.weight_loader(param, loaded, shard_id)
+            return
+        converted = self.method.convert(param, loaded) if param is not self.bias else loaded
+        sizes = self.checkpoint_output_sizes()
+        if converted.numel() == 1:  # a per-tensor scale covers every shard
+            pieces = [converted] * len(sizes)
+        elif converted.dim() <= param.output_dim or converted.shape[param.output_dim] != sum(sizes):
+            raise ValueError(f"{self.prefix}: fused checkpoint tensor of shape {tuple(loaded.shape)} does not "
+                             f"stack {len(sizes)} matrices of {sizes} output features along dim {param.output_dim}")
+        else:
+            offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+            pieces = [converted.narrow(param.output_dim, o, n) for o, n in zip(offsets, sizes)]
+        for shard_id, piece in zip(self.shard_ids, pieces):
+            self.weight_loader(param, piece, shard_id, converted=True)
+
+    def checkpoint_output_sizes(self) -> list[int]:
+        """Output features of each stacked matrix as the checkpoint stores it (all ranks together)."""
+        raise NotImplementedError
+
     def load_slice(self, param: nn.Parameter, loaded: torch.Tensor, offset: int, size: int, start: int,
-                   split_input: bool = False, shard=None) -> None:
+                   split_input: bool = False, shard=None, converted: bool = False) -> None:
         """Copy rows [start, start+size) of `loaded`'s output dim into [offset, offset+size) of the parameter,
         and this rank's slice of its input dim when `split_input`."""
-        loaded = self.method.convert(param, loaded) if param is not self.bias else loaded
+        if not converted and param is not self.bias:
+            loaded = self.method.convert(param, loaded)
         dst, dim = param.data, param.output_dim
         if dim is None:  # g_idx: one per input row, shared by every stacked matrix
             seen = param.__dict__.setdefault("loaded_shards", set())
@@ -95,13 +123,20 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False,
                  quant: QuantConfig | None = None, prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
         self.output_sizes = output_sizes
+        self.shard_ids = tuple(range(len(output_sizes)))
         super().__init__(in_features, sum(output_sizes), bias, quant, prefix, modules)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int) -> None:
+    def checkpoint_output_sizes(self) -> list[int]:
+        return list(self.output_sizes)
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int | None = None,
+                      converted: bool = False) -> None:
+        if shard_id is None:
+            return self.load_fused(param, loaded)
         tp = get_tp_size()
         offset = sum(self.output_sizes[:shard_id]) // tp
         size = self.output_sizes[shard_id] // tp
-        self.load_slice(param, loaded, offset, size, get_tp_rank() * size, shard=shard_id)
+        self.load_slice(param, loaded, offset, size, get_tp_rank() * size, shard=shard_id, converted=converted)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -111,6 +146,7 @@ class QKVParallelLinear(ColumnParallelLinear):
                  quant: QuantConfig | None = None, prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
         tp = get_tp_size()
         self.head_dim = head_dim
+        self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
         self.num_heads = divide(num_heads, tp, "attention heads")
         self.num_kv_heads = max(1, num_kv_heads // tp)
         self.kv_replicas = max(1, tp // num_kv_heads)
@@ -121,7 +157,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
         LinearBase.__init__(self, hidden_size, out, bias, quant, prefix, modules)
 
-    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
+    shard_ids = ("q", "k", "v")
+
+    def checkpoint_output_sizes(self) -> list[int]:
+        return [self.total_num_heads * self.head_dim] + [self.total_num_kv_heads * self.head_dim] * 2
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str | None = None,
+                      converted: bool = False) -> None:
+        if shard_id is None:
+            return self.load_fused(param, loaded)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         rank = get_tp_rank()
         if shard_id == "q":
@@ -129,16 +173,18 @@ class QKVParallelLinear(ColumnParallelLinear):
         else:
             offset = q_size if shard_id == "k" else q_size + kv_size
             size, start = kv_size, (rank // self.kv_replicas) * kv_size
-        self.load_slice(param, loaded, offset, size, start, shard=shard_id)
+        self.load_slice(param, loaded, offset, size, start, shard=shard_id, converted=converted)
 
 
 class RowParallelLinear(LinearBase):
-    """Input features split across ranks; partial outputs are summed with an all-reduce."""
+    """Input features split across ranks; partial outputs are summed with an all-reduce (unless the caller sums
+    several partial outputs first and reduces once, `reduce_results=False`: an MoE block's shared experts)."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False, quant: QuantConfig | None = None,
-                 prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
+                 prefix: str = "", modules: tuple[str, ...] = ("",), reduce_results: bool = True) -> None:
         super().__init__(divide(in_features, get_tp_size(), "input features"), out_features, bias, quant, prefix,
                          modules, full_in=in_features)
+        self.reduce_results = reduce_results
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if param is self.bias:  # added once, on rank 0
@@ -148,4 +194,5 @@ class RowParallelLinear(LinearBase):
         self.load_slice(param, loaded, 0, size, 0, split_input=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(self.method.apply(self, x, self.bias))
+        out = self.method.apply(self, x, self.bias)
+        return all_reduce(out) if self.reduce_results else out

@@ -1,4 +1,4 @@
-"""RMSNorm, with the residual add fused in the way decoder layers use it."""
+"""RMSNorm (and Gemma's (1 + w) variant), with the residual add fused in the way decoder layers use it."""
 from __future__ import annotations
 
 import torch
@@ -23,3 +23,18 @@ class RMSNorm(nn.Module):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: the weight is stored as w - 1 (zeros init) and applied as (1 + w), in float32, before
+    the cast back — HF's order, which differs from Llama's in half precision."""
+
+    def __init__(self, size: int, eps: float = 1e-6) -> None:
+        super().__init__(size, eps)
+        self.weight.data.zero_()
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * (1.0 + self.weight.float())).to(dtype)

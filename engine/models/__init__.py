@@ -1,1 +1,1 @@
-"""Model implementations: one decoder with the per-architecture differences as configuration."""
+"""Model families: the registry (HF architecture -> family module) and one file per family."""

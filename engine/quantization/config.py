@@ -8,19 +8,22 @@ info read the same object the engine builds its layers from.
 """
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8")
+SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
 
 
 @dataclass(frozen=True)
 class QuantConfig:
-    method: str  # awq | gptq | compressed-tensors | fp8
-    weight_type: str  # "int" (packed codes, scales, zero points) | "float" (fp8 e4m3 values, scales)
+    method: str  # awq | gptq | compressed-tensors | fp8 | mxfp4
+    # "int" (packed codes, scales, zero points) | "float" (fp8 e4m3 values, scales) | "mxfp4" (OCP MX: FP4 E2M1
+    # values with one E8M0 power-of-two scale per 32; gpt-oss quantizes only its experts this way)
+    weight_type: str
     bits: int
     group_size: int  # weights sharing one scale along the input dim; -1: one per output channel
     symmetric: bool = True
@@ -35,6 +38,8 @@ class QuantConfig:
 
     def describe(self) -> str:
         """Short human form, e.g. "awq 4-bit g128 asym" or "fp8 e4m3 weights, fp8 activations"."""
+        if self.weight_type == "mxfp4":
+            return "mxfp4 experts (e2m1, e8m0 scale per 32)"
         if self.weight_type == "float":
             return f"{self.method} e4m3 weights{', fp8 activations' if self.activation_fp8 else ''}"
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
@@ -45,7 +50,11 @@ class QuantConfig:
     def is_ignored(self, module: str) -> bool:
         """Whether a checkpoint module (e.g. "model.layers.0.mlp.down_proj") stays in float."""
         for pattern in self.ignore:
-            if pattern.startswith("re:"):
+            if "*" in pattern and not pattern.startswith("re:"):  # gpt-oss: "model.layers.*.self_attn"
+                parts = module.split(".")
+                if any(fnmatch.fnmatchcase(".".join(parts[:n]), pattern) for n in range(1, len(parts) + 1)):
+                    return True
+            elif pattern.startswith("re:"):
                 if re.fullmatch(pattern[3:], module):
                     return True
             elif module == pattern or module.endswith("." + pattern) or module.startswith(pattern + "."):
@@ -69,7 +78,8 @@ def parse_quantization_config(hf: dict[str, Any], override: str | None = None) -
     if override is not None and override != method:
         raise ValueError(f"--quantization {override} does not match the model folder's quant_method {method!r}; "
                          f"drop --quantization or pass --quantization {method}")
-    return {"awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors, "fp8": _fp8}[method](qc)
+    return {"awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors, "fp8": _fp8,
+            "mxfp4": _mxfp4}[method](qc)
 
 
 def check_folder_quantization(model: str, override: str) -> None:
@@ -160,3 +170,7 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     group = _group_size(w.get("group_size") if strategy == "group" else -1, "compressed-tensors")
     return QuantConfig("compressed-tensors", "int", bits, group, symmetric=bool(w.get("symmetric", True)),
                        act_order=actorder == "group", ignore=ignore)
+
+
+def _mxfp4(qc: dict[str, Any]) -> QuantConfig:
+    return QuantConfig("mxfp4", "mxfp4", 4, 32, ignore=tuple(qc.get("modules_to_not_convert") or ()))

@@ -164,4 +164,7 @@ def linear_method(quant: QuantConfig | None, modules: list[str]):
     if any(ignored):
         raise ValueError(f"the checkpoint quantizes only some of {modules} (ignore list), but they are stacked "
                          "into one layer here; such checkpoints are not supported")
+    if quant.weight_type == "mxfp4":
+        raise ValueError(f"the checkpoint stores {modules} in MXFP4; the engine reads MXFP4 only for MoE experts "
+                         "(gpt-oss), not for linear layers")
     return Fp8LinearMethod(quant) if quant.weight_type == "float" else IntLinearMethod(quant)

@@ -48,7 +48,8 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def engine_error(exc: BaseException) -> OpenAIError:
     """Map what the engine raised to the error the client sees."""
-    from engine.async_engine import EngineDeadError, EngineNotReadyError  # here: the router imports this torch-free
+    from engine.async_engine import (  # here: the router imports this torch-free
+        EngineDeadError, EngineNotReadyError, RequestFailedError, StreamIdleTimeout)
 
     if isinstance(exc, OpenAIError):
         return exc
@@ -58,6 +59,10 @@ def engine_error(exc: BaseException) -> OpenAIError:
         return OpenAIError(503, str(exc), code="model_loading")
     if isinstance(exc, EngineDeadError):
         return OpenAIError(503, str(exc), code="engine_dead")
+    if isinstance(exc, RequestFailedError):  # logged by the engine; the server goes on
+        return OpenAIError(500, str(exc), code="request_failed")
+    if isinstance(exc, StreamIdleTimeout):
+        return OpenAIError(408, str(exc), code="stream_idle_timeout")
     log.error("internal error", exc_info=exc)
     return OpenAIError(500, f"internal server error: {type(exc).__name__}: {exc}")
 

@@ -95,10 +95,10 @@ def message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     texts = []
-    for part in message.content:
-        if part.type != "text":
-            raise bad_request(f"messages[{index}] has a {part.type!r} part; this model accepts text only",
-                              f"messages.{index}.content")
+    for j, part in enumerate(message.content):
+        if part.type != "text":  # vision-language checkpoints are served as text: their vision tower is not loaded
+            raise bad_request(f"messages[{index}].content[{j}] is a {part.type!r} part; this server accepts text "
+                              "only (image, audio and video input are not supported)", f"messages.{index}.content.{j}")
         if part.text is None:
             raise bad_request(f"messages[{index}] has a text part without 'text'", f"messages.{index}.content")
         texts.append(part.text)

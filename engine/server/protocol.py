@@ -1,7 +1,9 @@
 """Request bodies of the OpenAI-compatible API (OpenAI's fields plus vLLM's extras), as pydantic models.
 
 Field ranges are declared from SamplingParams' own limits, so /openapi.json documents them and a
-client gets a 400 naming the field; SamplingParams checks them again for the offline API. Every text
+client gets a 400 naming the field; SamplingParams checks them again for the offline API. Every integer
+is bounded to int64 and every list the engine walks per step is bounded in length, so no value can overflow
+a tensor or stall a step after admission. Every text
 field rejects lone UTF-16 surrogates, and floats reject NaN and infinity, so nothing malformed
 reaches the tokenizer or the sampler. A field outside both APIs is a 400 naming it (as OpenAI does);
 fields of the APIs we do not implement are declared from `refusals.REFUSALS` and refused by value.
@@ -12,7 +14,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model
 
-from engine.sampling_params import MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS
+from engine.sampling_params import (INT64_LIMIT, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS,
+                                    MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS,
+                                    MAX_STOP_TOKEN_IDS)
 from engine.server.refusals import REFUSALS
 
 
@@ -25,7 +29,8 @@ def _valid_unicode(text: str) -> str:
 
 
 Text = Annotated[str, AfterValidator(_valid_unicode)]
-TokenId = Annotated[StrictInt, Field(ge=0)]  # strict: true/false and "5" are not token ids
+# Strict: true/false and "5" are not token ids; int64 at most, so no id overflows a tensor before the vocabulary check.
+TokenId = Annotated[StrictInt, Field(ge=0, lt=INT64_LIMIT)]
 TokenIds = Annotated[list[TokenId], Field(min_length=1)]
 # Length limits sit on the str itself (before the Unicode check), so errors say "characters", not "items".
 NonEmptyText = Annotated[str, Field(min_length=1), AfterValidator(_valid_unicode)]
@@ -91,20 +96,21 @@ class SamplingFields(RefusableFields):
     n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt")
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=-1, description="-1 or 0: off")
+    top_k: int | None = Field(None, ge=-1, lt=INT64_LIMIT, description="-1 or 0: off; above the vocabulary "
+                                                                        "size: the whole vocabulary")
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
     seed: int | None = Field(None, ge=0, lt=2**63)
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
-    stop_token_ids: list[TokenId] | None = None
+    stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
+    min_tokens: int = Field(0, ge=0, lt=INT64_LIMIT)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
-        None, description="Token id (as a string) → bias added to its logit")
+        None, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) → bias added to its logit")
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
@@ -118,13 +124,13 @@ class SamplingFields(RefusableFields):
     guided_grammar: Text | None = None
     structural_tag: Text | None = Field(None, description="vLLM: a structural tag as JSON text")
     structured_outputs: StructuredOutputsField | None = None
-    best_of: int | None = Field(None, ge=1)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
     prompt_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per prompt token")
     return_token_ids: bool | None = Field(None, description="vLLM: prompt and generated token ids in the reply")
     request_id: Annotated[str, Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")] | None = Field(
         None, description="vLLM: the response id is cmpl-/chatcmpl- + this (must not be in use)")
-    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1)
-    bad_words: list[Text] | None = Field(None, description="vLLM: words never to generate")
+    allowed_token_ids: list[TokenId] | None = Field(None, min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)
+    bad_words: list[Text] | None = Field(None, max_length=MAX_BAD_WORDS, description="vLLM: words never to generate")
     return_tokens_as_token_ids: bool | None = Field(None, description="vLLM: logprob tokens as 'token_id:N'")
     priority: int = Field(0, ge=-2**31, lt=2**31, description="vLLM: with --scheduling-policy priority, lower "
                                                                 "values are served first")
@@ -132,15 +138,16 @@ class SamplingFields(RefusableFields):
     length_penalty: float | None = Field(None, description="vLLM: beams rank by cumulative logprob / length^this")
     cache_salt: NonEmptyText | None = Field(None, description="vLLM: only requests with the same salt share "
                                                               "cached prompt prefixes")
-    truncate_prompt_tokens: int | None = Field(None, ge=-1, description="Keep the last k prompt tokens; -1: "
-                                                                       "max_model_len")
+    truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=INT64_LIMIT,
+                                               description="Keep the last k prompt tokens; -1: max_model_len")
 
 
 class CompletionRequest(SamplingFields):
     prompt: NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1)] | TokenIds | \
         Annotated[list[TokenIds], Field(min_length=1)] = Field(
         ..., description="A string, a list of strings, token ids, or a list of token-id lists (none empty)")
-    max_tokens: int | None = Field(16, ge=0, description="0 only with echo: score the prompt, generate nothing")
+    max_tokens: int | None = Field(16, ge=0, lt=INT64_LIMIT,
+                                   description="0 only with echo: score the prompt, generate nothing")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
     echo: bool = False
     add_special_tokens: bool = True
@@ -186,8 +193,9 @@ class ChatMessage(_Request):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(..., min_length=1)
-    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI; max_completion_tokens wins")
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT,
+                                   description="Deprecated by OpenAI; max_completion_tokens wins")
+    max_completion_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                      description="With logprobs=true: top alternatives per token")

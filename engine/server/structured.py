@@ -2,17 +2,19 @@
 forced tool call (tool_choice `required` or a named function), as one StructuredOutputsParams.
 
 At most one source per request (two are a 400 naming the second). The spec is compiled here, in the
-HTTP layer's thread pool, so a bad schema is a 400 naming the field before the engine sees the request;
-the engine then finds the compiled grammar in the cache.
+grammar compiler's own bounded pool, so a bad or too complex schema is a 400 naming the field before the
+engine sees the request; the engine then finds the compiled grammar in the cache (and if it was evicted,
+recompiles it in the pool without holding up the step).
 """
 from __future__ import annotations
 
 import asyncio
 from typing import Any
 
-from engine.server.errors import bad_request
+from engine.server.errors import OpenAIError, bad_request
 from engine.server.protocol import SamplingFields, ToolDefinition
 from engine.server.served_model import ServedModel
+from engine.structured_output.compiler import COMPILE_TIMEOUT_S, GrammarCompilerBusy, GrammarTooComplex
 from engine.structured_output.params import StructuredOutputsParams
 
 _VLLM_FIELDS = (("guided_json", "json"), ("guided_regex", "regex"), ("guided_choice", "choice"),
@@ -86,11 +88,19 @@ def structured_outputs_for(req: SamplingFields, forced_tool_schema: dict | None 
 
 
 async def compile_or_400(model: ServedModel, params: StructuredOutputsParams | None, field: str | None) -> None:
-    """Compile (and cache) the request's grammar; an invalid spec is a 400 naming `field`."""
+    """Compile (and cache) the request's grammar in the compiler's pool; an invalid spec, or one over a
+    complexity limit (size, depth, COMPILE_TIMEOUT_S), is a 400 naming `field`; a full pool is a 503."""
     if params is None:
         return
     try:
-        await asyncio.to_thread(model.grammars.compile, params)
+        future = model.grammars.submit(params)
+        try:  # shielded: a compile shared with other requests goes on when this client gives up
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), COMPILE_TIMEOUT_S)
+        except TimeoutError:
+            raise GrammarTooComplex(f"structured_outputs {params.kind} is too complex: compiling it takes longer "
+                                    f"than the {COMPILE_TIMEOUT_S:g} s limit") from None
+    except GrammarCompilerBusy as exc:
+        raise OpenAIError(503, str(exc), code="grammar_compiler_busy") from None
     except ValueError as exc:
         raise bad_request(f"{field}: {exc}".replace("structured_outputs ", ""), field) from None
 

@@ -1,21 +1,39 @@
-"""Compile structured-output specs into xgrammar grammars, once per spec (a bounded LRU cache).
+"""Compile structured-output specs into xgrammar grammars, once per spec, in a small pool of threads.
 
 The tokenizer's vocabulary is read once, lazily (half a second at 128k tokens), with the model's
 vocabulary size so padded logit columns are never allowed, and the model's EOS ids as the tokens
-that end a grammar. Thread-safe: the HTTP layer compiles a request's spec (so a bad one is a 400)
-and the engine thread then finds it in the cache. A spec xgrammar refuses raises ValueError naming it.
-JSON is compact (no free whitespace between tokens): a weak model stuck on newlines would otherwise
-spend its whole budget there and end with an unclosed object.
+that end a grammar. `submit` returns a future: a cache hit (an LRU keyed by the spec's canonical form,
+so key order does not matter) is already done, a spec being compiled is shared, and anything else runs
+in a bounded pool (COMPILE_WORKERS threads, at most MAX_PENDING_COMPILES waiting), never on the caller's
+thread. Thread-safe: the HTTP layer waits on a request's compile (so a bad spec is a 400, and one over
+COMPILE_TIMEOUT_S a 400 "too complex"), and the engine thread only ever checks whether a future is done.
+A schema past MAX_SCHEMA_NODES or MAX_SCHEMA_DEPTH is refused before any compile. A spec xgrammar refuses
+raises ValueError naming it. JSON is compact (no free whitespace between tokens): a weak model stuck on
+newlines would otherwise spend its whole budget there and end with an unclosed object.
 """
 from __future__ import annotations
 
 import collections
 import json
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from engine.structured_output.params import StructuredOutputsParams
 
 CACHE_SIZE = 256
+COMPILE_WORKERS = 2  # compiles at once: each is one CPU-bound thread, so bystanders keep the other cores
+MAX_PENDING_COMPILES = 64  # distinct specs compiling or queued; past that a new one is refused (503)
+COMPILE_TIMEOUT_S = 20.0  # a client waits this long for its spec; longer is "too complex" (400)
+MAX_SCHEMA_NODES = 10_000  # objects, arrays and values in a JSON schema / structural tag
+MAX_SCHEMA_DEPTH = 64
+
+
+class GrammarTooComplex(ValueError):
+    """A spec over a complexity limit (nodes, depth, compile time); the message names the limit."""
+
+
+class GrammarCompilerBusy(RuntimeError):
+    """MAX_PENDING_COMPILES distinct specs are already compiling or queued."""
 _JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n\uD800-\uDFFF]'
 ANY_OBJECT = '{"type": "object", "additionalProperties": true}'
 
@@ -26,6 +44,8 @@ class GrammarCompiler:
         self._compiler = None
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._pending: dict[tuple[str, str], Future] = {}  # canonical key -> the compile in progress
+        self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="pagedesk-grammar")
         self.num_compiles = 0
 
     def _xgr_compiler(self):
@@ -37,14 +57,47 @@ class GrammarCompiler:
                 self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             return self._compiler
 
-    def compile(self, params: StructuredOutputsParams):
-        """The CompiledGrammar for `params` (cached); ValueError when the spec is invalid."""
-        key = params.key
+    def submit(self, params: StructuredOutputsParams) -> Future:
+        """A future of the CompiledGrammar for `params`: done at once on a cache hit, shared with a compile of
+        the same spec in progress, else queued in the pool. Raises GrammarTooComplex (a ValueError) for a spec
+        over the size limits and GrammarCompilerBusy when too many compiles wait; the future fails with
+        ValueError when xgrammar refuses the spec."""
+        key = params.canonical_key
         with self._lock:
             if key in self._cache:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-        compiled = self._compile(params)
+                return _done(self._cache[key])
+            if key in self._pending:
+                return self._pending[key]
+        check_complexity(params)
+        with self._lock:
+            if key in self._pending:
+                return self._pending[key]
+            if len(self._pending) >= MAX_PENDING_COMPILES:
+                raise GrammarCompilerBusy(f"{len(self._pending)} grammars are compiling or queued (the limit); "
+                                          "retry shortly")
+            future = self._pending[key] = self._pool.submit(self._compile_and_cache, key, params)
+        return future
+
+    def compile(self, params: StructuredOutputsParams, timeout: float | None = COMPILE_TIMEOUT_S):
+        """The CompiledGrammar for `params`, waiting at most `timeout` seconds (GrammarTooComplex past it)."""
+        future = self.submit(params)
+        try:
+            return future.result(timeout)
+        except TimeoutError:
+            raise GrammarTooComplex(f"structured_outputs {params.kind} is too complex: compiling it takes longer "
+                                    f"than the {timeout:g} s limit") from None
+
+    def shutdown(self) -> None:
+        """Drop queued compiles; one in progress ends on its own (xgrammar cannot be interrupted)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def _compile_and_cache(self, key: tuple[str, str], params: StructuredOutputsParams):
+        try:
+            compiled = self._compile(params)
+        finally:
+            with self._lock:
+                self._pending.pop(key, None)
         with self._lock:
             self._cache[key] = compiled
             self.num_compiles += 1
@@ -72,6 +125,35 @@ class GrammarCompiler:
             text = str(exc).strip().splitlines()
             reason = text[-1] if text else type(exc).__name__
             raise ValueError(f"structured_outputs {kind} is invalid: {reason[:400]}") from None
+
+
+def check_complexity(params: StructuredOutputsParams) -> None:
+    """GrammarTooComplex when a JSON spec has more than MAX_SCHEMA_NODES nodes or nests deeper than
+    MAX_SCHEMA_DEPTH (counted without recursion, so no spec can exhaust the stack here)."""
+    if params.kind not in ("json", "structural_tag"):
+        return
+    try:
+        root = json.loads(params.key[1])
+    except (ValueError, RecursionError):
+        return  # not JSON: the compile reports it
+    nodes, stack = 0, [(root, 1)]
+    while stack:
+        value, depth = stack.pop()
+        nodes += 1
+        if nodes > MAX_SCHEMA_NODES:
+            raise GrammarTooComplex(f"structured_outputs {params.kind} is too complex: more than "
+                                    f"{MAX_SCHEMA_NODES} schema nodes (the limit)")
+        if depth > MAX_SCHEMA_DEPTH:
+            raise GrammarTooComplex(f"structured_outputs {params.kind} is too complex: nested deeper than "
+                                    f"{MAX_SCHEMA_DEPTH} levels (the limit)")
+        children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+        stack += [(child, depth + 1) for child in children]
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def json_schema_grammar(schema: str) -> str:

@@ -2,11 +2,12 @@
 
 Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, an EBNF
 grammar (xgrammar's dialect, which reads GBNF) or a structural tag (JSON inside given begin/end tags, free
-text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` identifies the spec for the
-compile cache.
+text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` is the spec the compiler
+reads; `canonical_key` (JSON keys sorted) identifies it in the compile cache.
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +45,18 @@ class StructuredOutputsParams:
     @property
     def kind(self) -> str:
         return next(k for k in KINDS if getattr(self, k) not in (None, False))
+
+    @functools.cached_property
+    def canonical_key(self) -> tuple[str, str]:
+        """`key` with JSON specs in one canonical form (keys sorted): the compile cache's key, so the same
+        schema sent with another key order is a hit. The compiler itself reads `key`."""
+        kind, spec = self.key
+        if kind in ("json", "structural_tag"):
+            try:
+                spec = json.dumps(json.loads(spec), sort_keys=True, separators=(",", ":"))
+            except (ValueError, RecursionError):
+                pass  # not JSON: the compile reports it
+        return kind, spec
 
     @property
     def key(self) -> tuple[str, str]:

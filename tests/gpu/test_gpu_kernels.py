@@ -1,5 +1,6 @@
 """Triton paged attention against the torch reference on the real card (bf16, fp16, both FP8 caches, GQA,
-sliding window, prefill chunks mixed with decodes), and an engine serving from an FP8 KV cache."""
+sliding window, prefill chunks mixed with decodes; soft-capping and sinks at Gemma 2 / gpt-oss shapes), and an
+engine serving from an FP8 KV cache."""
 from __future__ import annotations
 
 import pytest
@@ -38,6 +39,32 @@ def test_triton_matches_torch_attention(case, dtype, cache_dtype):
     (k_ref, v_ref, out_ref), (k_tri, v_tri, out_tri) = results
     assert torch.equal(k_ref, k_tri) and torch.equal(v_ref, v_tri)  # same bytes written, NaN slots untouched
     err = float((out_ref - out_tri).abs().max())
+    assert err <= 2e-2, f"max |triton - torch| = {err:.3e}"
+
+
+VARIANT_CASES = [  # Gemma 2 shapes (d256, window 4096, caps 50) and gpt-oss shapes (64 heads / 8 KV, window 128)
+    ([40, 1, 1], [40, 5000, 300], 4, 2, 256, 4096, dict(soft_cap=50.0), 256 ** -0.5),
+    ([1] * 16 + [100], list(range(50, 850, 50)) + [700], 8, 8, 64, 128, dict(sinks=True), 0.125),
+    ([1] * 8, list(range(1000, 9000, 1000)), 8, 8, 64, None, dict(sinks=True), 0.125),  # split decodes
+]
+
+
+@pytest.mark.parametrize("case", VARIANT_CASES, ids=lambda c: f"{'-'.join(c[6])}-w{c[5]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_triton_variants_match_torch_attention(case, dtype):
+    query_lens, seq_lens, kv_heads, group, head_dim, window, variants, scale = case
+    batch = make_paged_batch(query_lens, seq_lens, kv_heads, group, head_dim, dtype=dtype, device="cuda")
+    variants = dict(variants)
+    if variants.get("sinks"):
+        variants["sinks"] = torch.randn(kv_heads * group, device="cuda") * 2
+    results = []
+    for name in ("torch", "triton"):
+        write, attend = get_attention_backend(name)
+        k, v = batch.k_cache.clone(), batch.v_cache.clone()
+        write(batch.new_key, batch.new_value, k, v, batch.slot_mapping)
+        results.append(attend(batch.query, k, v, batch.block_tables, batch.seq_lens, batch.query_start_loc, scale,
+                              window, **variants).float())
+    err = float((results[0] - results[1]).abs().max())
     assert err <= 2e-2, f"max |triton - torch| = {err:.3e}"
 
 

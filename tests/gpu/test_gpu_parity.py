@@ -10,7 +10,7 @@ from hf_reference import MAX_TOKENS, make_prompts
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3", "mistral", "gemma2"])
 def test_bf16_greedy_agrees_with_hf(tiny_model_dir, make_llm, arch):
     path = tiny_model_dir(arch)
     prompts = make_prompts(400)

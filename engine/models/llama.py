@@ -1,9 +1,9 @@
-"""The one decoder-only transformer behind every supported architecture (Llama, Qwen2, Qwen3, Mistral).
+"""The Llama family: Llama, Qwen2, Qwen3 and Mistral, one pre-norm decoder with switches read from ModelConfig.
 
-Differences between families are switches read from ModelConfig: QKV bias, q/k RMSNorm, tied
-embeddings, explicit head_dim, rope scaling, per-layer sliding window. Weights stream straight from
-safetensors into these modules through each parameter's weight_loader; no transformers model object.
-Quantized checkpoints load the same way: the linear layers hold the packed tensors under their checkpoint names.
+The switches: QKV bias (Qwen2), q/k RMSNorm (Qwen3), tied embeddings, explicit head_dim, RoPE scaling,
+per-layer sliding window (Mistral). Weights stream straight from safetensors into these modules through each
+parameter's weight_loader (engine/models/weights.py); no transformers model object. Quantized checkpoints load
+the same way: the linear layers hold the packed tensors under their checkpoint names.
 """
 from __future__ import annotations
 
@@ -17,28 +17,25 @@ from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding
+from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.model_config import ModelConfig
-from engine.quantization.methods import skipped_tensor
-
-# HF checkpoint name fragment -> (our stacked parameter fragment, shard id)
-STACKED_PARAMS = {
-    ".q_proj.": (".qkv_proj.", "q"), ".k_proj.": (".qkv_proj.", "k"), ".v_proj.": (".qkv_proj.", "v"),
-    ".gate_proj.": (".gate_up_proj.", 0), ".up_proj.": (".gate_up_proj.", 1),
-}
+from engine.models.weights import (PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMapper, checkpoint_modules,
+                                   load_weights)
 
 
-class DecoderAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding,
+                 packed: dict) -> None:
         super().__init__()
         prefix = f"model.layers.{layer}.self_attn"
         self.qkv_proj = QKVParallelLinear(cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads,
-                                          cfg.qkv_bias, cfg.quantization, prefix, ("q_proj", "k_proj", "v_proj"))
+                                          cfg.qkv_bias, cfg.quantization, prefix,
+                                          checkpoint_modules(packed, "qkv_proj"))
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.head_dim = cfg.head_dim
         self.o_proj = RowParallelLinear(cfg.num_heads * cfg.head_dim, cfg.hidden_size, False, cfg.quantization,
                                         prefix, ("o_proj",))
-        self.rotary_emb = rotary_emb  # shared by all layers: one cos/sin table
+        self.rotary_emb = rotary_emb  # shared by the layers of one kind: one cos/sin table
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.sliding_windows[layer],
@@ -57,12 +54,16 @@ class DecoderAttention(nn.Module):
         return self.o_proj(out.reshape(-1, q_size))
 
 
-class DecoderMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, packed: dict) -> None:
         super().__init__()
+        if cfg.hidden_act != "silu":
+            raise ValueError(f"hidden_act {cfg.hidden_act!r} is not supported by the {cfg.architecture} family "
+                             "(silu only)")
         prefix = f"model.layers.{layer}.mlp"
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False,
-                                                       cfg.quantization, prefix, ("gate_proj", "up_proj"))
+                                                       cfg.quantization, prefix,
+                                                       checkpoint_modules(packed, "gate_up_proj"))
         self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, cfg.quantization, prefix,
                                            ("down_proj",))
 
@@ -71,11 +72,12 @@ class DecoderMLP(nn.Module):
         return self.down_proj(F.silu(gate) * up)
 
 
-class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding) -> None:
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding,
+                 packed: dict, mlp_factory=LlamaMLP) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(cfg, layer, backend, rotary_emb)
-        self.mlp = DecoderMLP(cfg, layer)
+        self.self_attn = LlamaAttention(cfg, layer, backend, rotary_emb, packed)
+        self.mlp = mlp_factory(cfg, layer, packed)  # MoE families (engine/models/qwen3_moe.py) put their experts here
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
@@ -89,12 +91,13 @@ class DecoderLayer(nn.Module):
         return self.mlp(x), residual
 
 
-class DecoderModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str) -> None:
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: str, packed: dict, mlp_factory=LlamaMLP) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
-        rotary_emb = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta, cfg.rope_scaling)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, backend, rotary_emb) for i in range(cfg.num_layers))
+        ropes = rotary_embeddings(cfg)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], packed, mlp_factory)
+                                    for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def forward(self, input_ids, positions, meta):
@@ -105,11 +108,16 @@ class DecoderModel(nn.Module):
         return x
 
 
-class DecoderForCausalLM(nn.Module):
+class LlamaForCausalLM(nn.Module):
+    packed_modules_mapping = PACKED_QKV_GATE_UP
+    weights_mapper = WeightsMapper()
+    mlp_factory = LlamaMLP
+    model_class = LlamaModel  # gpt-oss swaps the layer stack and keeps the rest
+
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__()
         self.config = cfg
-        self.model = DecoderModel(cfg, backend)
+        self.model = type(self).model_class(cfg, backend, self.packed_modules_mapping, type(self).mlp_factory)
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -125,31 +133,11 @@ class DecoderForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.model.layers]
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy (HF name, tensor) pairs into our parameters; every parameter must be filled exactly once."""
-        params = dict(self.named_parameters())
-        missing = set(params)
-        if self.config.tie_word_embeddings:
-            missing.discard("lm_head.weight")
-        for hf_name, tensor in weights:
-            if "rotary_emb.inv_freq" in hf_name:
-                continue
-            if self.config.tie_word_embeddings and hf_name == "lm_head.weight":
-                continue
-            if skipped_tensor(self.config.quantization, hf_name):
-                continue
-            name, shard_id = hf_name, None
-            for fragment, (stacked, sid) in STACKED_PARAMS.items():
-                if fragment in hf_name:
-                    name, shard_id = hf_name.replace(fragment, stacked), sid
-                    break
-            if name not in params:
-                raise ValueError(f"checkpoint has a weight {hf_name!r} this model does not expect")
-            param = params[name]
-            loader = getattr(param, "weight_loader", None)
-            if loader is None:
-                param.data.copy_(tensor)
-            else:
-                loader(param, tensor, shard_id)
-            missing.discard(name)
-        if missing:
-            raise ValueError(f"checkpoint is missing weights: {sorted(missing)[:8]}")
+        load_weights(self, weights, packed_modules_mapping=self.packed_modules_mapping, mapper=self.weights_mapper,
+                     quant=self.config.quantization, tied_lm_head=self.config.tie_word_embeddings)
+
+
+class Mistral3ForConditionalGeneration(LlamaForCausalLM):
+    """Mistral-Small-3.x, Magistral, Devstral: a Mistral text model under a vision tower, served as text."""
+
+    weights_mapper = VL_TEXT_MAPPER

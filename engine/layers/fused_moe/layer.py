@@ -1,0 +1,145 @@
+"""FusedMoE: every expert's weights of one MoE layer stacked into a few tensors, and the routed computation.
+
+Float experts: `w13_weight` [E, 2I, H] holds each expert's gate rows then up rows, `w2_weight` [E, H, I] its down
+projection (optional `w13_bias` [E, 2I], `w2_bias` [E, H]); the layout of kernels/moe_torch.py and
+kernels/triton_moe.py. AWQ/GPTQ experts keep the packed layout of kernels/quant_torch.py per expert
+(`w13_qweight` [E, H/pack, 2I], `w13_scales`/`w13_qzeros` [E, groups, 2I], and the same for w2), converted
+from the checkpoint by the linear layers' own IntLinearMethod, and are dequantized one routed expert at a time.
+Tensor parallel splits each expert's intermediate dim: gate/up outputs (column-parallel) and down inputs
+(row-parallel), so every rank computes a partial sum and the MoE block all-reduces it once; a down bias is
+added on rank 0 only. `weight_loader(param, tensor, shard_id, expert_id)` takes one checkpoint tensor per
+expert and projection (shard "w1" gate, "w3" up, "w2" down; expert_id None: stacked over all experts); each
+parameter's `shard_ids` lists the (expert, shard) pairs the loader (engine/models/weights.py) must see.
+The forward runs the Triton grouped GEMMs on CUDA for float experts and the torch loop otherwise.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.distributed import get_tp_rank, get_tp_size
+from engine.quantization.config import QuantConfig
+from engine.quantization.methods import IntLinearMethod
+from kernels.moe_torch import ACTIVATIONS, fused_moe_torch
+from kernels.quant_torch import dequantize_int
+
+SHARDS = ("w1", "w3", "w2")  # gate, up, down: the names vLLM and Mixtral's checkpoints use
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, activation: str = "silu",
+                 bias: bool = False, prefix: str = "", quant: QuantConfig | None = None) -> None:
+        super().__init__()
+        tp = get_tp_size()
+        if intermediate_size % tp:
+            raise ValueError(f"{prefix}: the experts' intermediate size ({intermediate_size}, "
+                             f"moe_intermediate_size) is not divisible by tensor_parallel_size ({tp}); "
+                             "use another --tensor-parallel-size")
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"{prefix}: MoE activation {activation!r} is not supported "
+                             f"({', '.join(ACTIVATIONS)})")
+        self.prefix, self.activation, self.quant = prefix, activation, quant
+        self.num_experts, self.hidden_size = num_experts, hidden_size
+        self.intermediate_size = i = intermediate_size // tp  # per rank
+        if quant is None:
+            self.w13_weight = self._param(torch.empty(num_experts, 2 * i, hidden_size), "w13", 0, 1)
+            self.w2_weight = self._param(torch.empty(num_experts, hidden_size, i), "w2", 0, 1)
+        else:
+            self._packed_params(quant)
+        self.w13_bias = self._param(torch.empty(num_experts, 2 * i), "w13", 0, None) if bias else None
+        self.w2_bias = self._param(torch.empty(num_experts, hidden_size), "w2", 0, None) if bias else None
+
+    def _packed_params(self, quant: QuantConfig) -> None:
+        if quant.method not in ("awq", "gptq") or quant.act_order:
+            raise ValueError(f"{self.prefix}: {quant.describe()} experts are not supported (AWQ and GPTQ without "
+                             "act order are)")
+        self.method = IntLinearMethod(quant)
+        e, h, i, pack = self.num_experts, self.hidden_size, self.intermediate_size, quant.pack_factor
+        for proj, k, n in (("w13", h, 2 * i), ("w2", i, h)):
+            group = k if quant.group_size == -1 else quant.group_size
+            if k % pack or k % group:
+                raise ValueError(f"{self.prefix}: {proj} has {k} input features per rank, not whole words of {pack} "
+                                 f"and groups of {group} (group_size); use another --tensor-parallel-size")
+            setattr(self, f"{proj}_group_size", group)
+            for leaf, rows, dtype in (("qweight", k // pack, torch.int32), ("scales", k // group, torch.float32),
+                                      ("qzeros", k // group, torch.int16)):
+                p = self._param(torch.empty(e, rows, n, dtype=dtype), proj, 1, 0)
+                p.role = {"qweight": "qweight", "scales": "scales", "qzeros": "zeros"}[leaf]
+                setattr(self, f"{proj}_{leaf}", p)
+
+    def _param(self, data: torch.Tensor, proj: str, out_dim: int, in_dim: int | None) -> nn.Parameter:
+        p = nn.Parameter(data, requires_grad=False)
+        p.weight_loader = self.weight_loader
+        p.proj, p.out_dim, p.in_dim, p.role = proj, out_dim, in_dim, "weight"  # dims of one expert's tensor
+        shards = ("w1", "w3") if proj == "w13" else ("w2",)
+        # What the loader (engine/models/weights.py) must see exactly once: every expert's gate and up, or down.
+        p.shard_ids = {(e, s) for e in range(self.num_experts) for s in shards}
+        return p
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str,
+                      expert_id: int | None = None) -> None:
+        if shard_id not in SHARDS:
+            raise ValueError(f"{self.prefix}: expert shard {shard_id!r} is not one of {', '.join(SHARDS)}")
+        if expert_id is None:  # stacked over experts, e.g. gpt-oss's [E, ...] tensors
+            if loaded.shape[0] != self.num_experts:
+                raise ValueError(f"{self.prefix}: a stacked expert tensor of shape {tuple(loaded.shape)} has "
+                                 f"{loaded.shape[0]} experts, the config says {self.num_experts}")
+            for e in range(self.num_experts):
+                self.weight_loader(param, loaded[e], shard_id, e)
+            return
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"{self.prefix}: expert {expert_id} is out of range (num_experts {self.num_experts})")
+        if (param.proj == "w13") != (shard_id != "w2"):
+            raise ValueError(f"{self.prefix}: shard {shard_id!r} does not belong in {param.proj}")
+        if param.role != "weight":
+            loaded = self.method.convert(param, loaded)
+        self._copy(param, param.data[expert_id], loaded, shard_id)
+
+    def _copy(self, param: nn.Parameter, dst: torch.Tensor, loaded: torch.Tensor, shard_id: str) -> None:
+        rank = get_tp_rank()
+        if shard_id == "w2" and param.in_dim is None:  # the down bias, summed by the all-reduce: rank 0 only
+            src = loaded if rank == 0 else torch.zeros_like(loaded)
+        elif shard_id == "w2":
+            size = dst.shape[param.in_dim]
+            src = _narrow(loaded, param.in_dim, rank * size, size, self.prefix)
+        else:
+            size = dst.shape[param.out_dim] // 2
+            dst = dst.narrow(param.out_dim, 0 if shard_id == "w1" else size, size)
+            src = _narrow(loaded, param.out_dim, rank * size, size, self.prefix)
+        if src.shape != dst.shape:
+            raise ValueError(f"{self.prefix}: expert tensor {shard_id} of shape {tuple(loaded.shape)} does not fit "
+                             f"the parameter slice {tuple(dst.shape)} (per rank)")
+        dst.copy_(src)
+
+    def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        """This rank's partial sum of the routed experts' outputs, [T, H] (the block all-reduces it)."""
+        if self.quant is not None:  # one routed expert dequantized at a time, on any device
+            w13, w2 = (_Dequantized(self, p, x.dtype) for p in ("w13", "w2"))
+            return fused_moe_torch(x, w13, w2, topk_weights.to(x.dtype), topk_ids, self.activation, self.w13_bias,
+                                   self.w2_bias)
+        if x.is_cuda:
+            from kernels.triton_moe import fused_moe_triton
+            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
+                                    self.w13_bias, self.w2_bias)
+        return fused_moe_torch(x, self.w13_weight, self.w2_weight, topk_weights.to(x.dtype), topk_ids,
+                               self.activation, self.w13_bias, self.w2_bias)
+
+
+class _Dequantized:
+    """experts[e] -> expert e's float [N, K] matrix of one projection, dequantized when asked for."""
+
+    def __init__(self, moe: FusedMoE, proj: str, dtype: torch.dtype) -> None:
+        self.qweight, self.scales, self.zeros = (getattr(moe, f"{proj}_{leaf}") for leaf in
+                                                 ("qweight", "scales", "qzeros"))
+        self.bits, self.group, self.dtype = moe.quant.bits, getattr(moe, f"{proj}_group_size"), dtype
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return dequantize_int(self.qweight[e], self.scales[e], self.zeros[e], self.bits, self.group, None,
+                              self.dtype)
+
+
+def _narrow(t: torch.Tensor, dim: int, start: int, size: int, prefix: str) -> torch.Tensor:
+    if t.dim() <= dim or t.shape[dim] < start + size:
+        raise ValueError(f"{prefix}: expert tensor of shape {tuple(t.shape)} has no [{start}, {start + size}) "
+                         f"along dim {dim}")
+    return t.narrow(dim, start, size)

@@ -1,0 +1,75 @@
+"""The model registry: each Hugging Face architecture name -> the family module and class that implement it.
+
+The name table is plain data and this module imports nothing of torch, so `engine.model_config` (and through it
+the GUI's planner) can say which architectures exist without loading any model code; `model_class` imports a
+family module only when an engine actually builds that model. A new family is one file in engine/models/ and
+one line here. `text_defaults` are the family's config defaults for fields a published config.json may leave
+out (HF fills them from its config class; we do not import transformers to read a config).
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Architecture:
+    module: str  # engine.models.<module>
+    class_name: str
+    text_defaults: dict[str, Any] = field(default_factory=dict)  # applied under the (text) config's own values
+    multimodal: bool = False  # a vision-language checkpoint served as text: its text model is under text_config
+    norms_per_layer: int = 2  # hidden-size RMSNorms per decoder layer (the planner counts their weights)
+
+
+# transformers' Gemma3TextConfig defaults: published Gemma 3 configs leave most of these out.
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "attention_bias": False,
+    "query_pre_attn_scalar": 256, "sliding_window": 4096, "sliding_window_pattern": 6, "rope_theta": 1_000_000.0,
+    "rope_local_base_freq": 10_000.0, "bos_token_id": 2, "eos_token_id": 1, "model_type": "gemma3_text",
+    "qk_norm": True}  # not an HF key: Gemma 3 always has q/k norms
+# transformers' Gemma2Config defaults (published Gemma 2 configs have no layer_types: even layers slide).
+GEMMA2_DEFAULTS = {
+    "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 4096,
+    "sliding_window_pattern": 2, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
+    "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "model_type": "gemma2"}
+# transformers' MistralConfig defaults, under a Mistral3 checkpoint's text_config.
+MISTRAL_TEXT_DEFAULTS = {
+    "vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 14_336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_act": "silu", "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "sliding_window": 4096, "tie_word_embeddings": False,
+    "model_type": "mistral"}
+
+ARCHITECTURES: dict[str, Architecture] = {
+    "LlamaForCausalLM": Architecture("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
+    "Qwen3ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
+    "MistralForCausalLM": Architecture("llama", "LlamaForCausalLM"),
+    "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
+    "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4),
+    "Gemma3ForConditionalGeneration": Architecture("gemma3", "Gemma3ForConditionalGeneration", GEMMA3_TEXT_DEFAULTS,
+                                                   multimodal=True, norms_per_layer=4),
+    "Mistral3ForConditionalGeneration": Architecture("llama", "Mistral3ForConditionalGeneration",
+                                                     MISTRAL_TEXT_DEFAULTS, multimodal=True),
+    "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", GEMMA2_DEFAULTS, norms_per_layer=4),
+    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}),
+    "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
+    "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),
+    "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}),
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+
+
+def get_architecture(name: str) -> Architecture:
+    if name not in ARCHITECTURES:
+        raise ValueError(f"model architecture {name!r} is not supported; supported: "
+                         f"{', '.join(SUPPORTED_ARCHITECTURES)}")
+    return ARCHITECTURES[name]
+
+
+def model_class(name: str) -> type:
+    """The nn.Module class for architecture `name`, importing its family module now (torch comes with it)."""
+    arch = get_architecture(name)
+    return getattr(importlib.import_module(f"engine.models.{arch.module}"), arch.class_name)

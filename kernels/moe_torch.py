@@ -1,0 +1,53 @@
+"""Torch reference for a mixture-of-experts layer: route each token to its top-k experts and sum the results.
+
+Layout shared with the Triton kernel (kernels/triton_moe.py): `w13` [E, 2I, H] holds each expert's gate rows
+then up rows, `w2` [E, H, I] its down projection, optional biases `w13_bias` [E, 2I] and `w2_bias` [E, H];
+`topk_ids` [T, k] and `topk_weights` [T, k] come from the router. The loop visits only the experts that
+received tokens, so a decode step touches k experts' weights, not all of them. `w13`/`w2` may be anything
+indexable by expert id that returns a float matrix (quantized experts dequantize one expert at a time).
+This is the CPU path and the oracle the Triton kernel is tested against; it imports nothing of ours.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = ("silu", "swigluoai")
+SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU constants
+
+
+def moe_activation(gate_up: torch.Tensor, activation: str, alpha: float = SWIGLU_ALPHA,
+                   limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """[.., 2I] gate|up -> [.., I]: SwiGLU (silu(gate) * up), or gpt-oss's clamped form (swigluoai)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if activation == "silu":
+        return F.silu(gate) * up
+    if activation == "swigluoai":
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+    raise ValueError(f"unknown MoE activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
+
+
+def fused_moe_torch(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                    activation: str = "silu", w13_bias: torch.Tensor | None = None,
+                    w2_bias: torch.Tensor | None = None, alpha: float = SWIGLU_ALPHA,
+                    limit: float = SWIGLU_LIMIT) -> torch.Tensor:
+    """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(x[t]) for every token t: [T, H] -> [T, H]."""
+    out = torch.zeros_like(x)
+    flat_ids = topk_ids.reshape(-1)
+    order = flat_ids.argsort(stable=True)
+    counts = torch.bincount(flat_ids, minlength=1).tolist()
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        entries = order[start:start + count]  # positions in the flattened [T * k] routing table
+        start += count
+        tokens = entries // topk_ids.shape[1]
+        gate_up = F.linear(x[tokens], w13[expert], None if w13_bias is None else w13_bias[expert])
+        hidden = F.linear(moe_activation(gate_up, activation, alpha, limit), w2[expert],
+                          None if w2_bias is None else w2_bias[expert])
+        weights = topk_weights.reshape(-1)[entries].unsqueeze(1)
+        out.index_add_(0, tokens, (hidden * weights).to(out.dtype))
+    return out

@@ -1,0 +1,59 @@
+"""The fused-MoE Triton kernel on a card: bf16/fp16 against the torch loop, and a decode-bandwidth figure.
+
+Qwen3-30B-A3B's expert shape (128 experts, top-8, hidden 2048, expert size 768). Prints GB/s of expert weights
+read per decode step at batch 1/8/32 and prefill TFLOP/s at 2048 tokens: the figures BENCHMARKS.md owes.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels.moe_torch import fused_moe_torch
+from kernels.triton_moe import fused_moe_triton
+
+pytestmark = pytest.mark.gpu
+E, K, H, I = 128, 8, 2048, 768
+
+
+def weights(dtype):
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    w13 = torch.randn(E, 2 * I, H, device="cuda", generator=gen, dtype=dtype) * 0.02
+    w2 = torch.randn(E, H, I, device="cuda", generator=gen, dtype=dtype) * 0.02
+    return w13, w2
+
+
+def routing(tokens):
+    logits = torch.randn(tokens, E, device="cuda")
+    weights, ids = torch.topk(torch.softmax(logits, -1), K, dim=-1)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("tokens", [1, 16, 300])
+def test_fused_moe_matches_torch_on_the_card(dtype, tokens):
+    w13, w2 = weights(dtype)
+    x = torch.randn(tokens, H, device="cuda", dtype=dtype)
+    topk_weights, topk_ids = routing(tokens)
+    expected = fused_moe_torch(x.float(), w13.float(), w2.float(), topk_weights, topk_ids)
+    got = fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+    torch.testing.assert_close(got.float(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_fused_moe_decode_bandwidth_and_prefill_flops():
+    w13, w2 = weights(torch.bfloat16)
+    for tokens in (1, 8, 32, 2048):
+        x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+        topk_weights, topk_ids = routing(tokens)
+        fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        end.record()
+        torch.cuda.synchronize()
+        seconds = start.elapsed_time(end) / 20 / 1e3
+        experts = topk_ids.unique().numel()
+        read = experts * 3 * H * I * 2
+        flops = 2 * tokens * K * 3 * H * I
+        print(f"fused MoE bf16, {tokens} tokens: {seconds * 1e3:.3f} ms, {experts} experts read, "
+              f"{read / seconds / 1e9:.0f} GB/s of expert weights, {flops / seconds / 1e12:.1f} TFLOP/s")

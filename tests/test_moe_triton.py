@@ -1,0 +1,100 @@
+"""The Triton fused-MoE kernel against the torch reference loop, run on CPU by the Triton interpreter.
+
+TRITON_INTERPRET=1 is set before triton's first import (see tests/interpreted.py); tiny shapes, fp32 and fp16
+(the interpreter's bf16 tl.dot is wrong). Covered: top-k 1, 2 and 8; experts that get no tokens; one token;
+token counts that are not a multiple of BLOCK_M; K (hidden or intermediate) not a multiple of BLOCK_K; expert
+biases with gpt-oss's clamped SwiGLU; and the decode property that up to 16 tokens give each expert one M block.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from interpreted import fresh_process_tests  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from kernels.moe_torch import fused_moe_torch  # noqa: E402
+from kernels.triton_moe import (MoETiles, default_moe_tiles, fused_moe_kernel, fused_moe_triton,  # noqa: E402
+                                moe_align_block_size)
+
+IN_INTERPRETER = isinstance(tl.standard.sum, InterpretedFunction) and isinstance(fused_moe_kernel,
+                                                                                  InterpretedFunction)
+test_whole_module_in_a_fresh_process, _interpreted_only = fresh_process_tests(__file__, IN_INTERPRETER)
+SMALL = MoETiles(16, 16, 16, 2, 1, 1)
+
+
+def routing(tokens: int, experts: int, top_k: int, gen, skip: tuple[int, ...] = ()):
+    """Distinct experts per token (as a router's top-k gives), never one of `skip`."""
+    allowed = torch.tensor([e for e in range(experts) if e not in skip])
+    ids = torch.stack([allowed[torch.randperm(len(allowed), generator=gen)[:top_k]] for _ in range(tokens)])
+    weights = torch.rand(tokens, top_k, generator=gen)
+    return weights / weights.sum(-1, keepdim=True), ids
+
+
+CASES = [  # (tokens, experts, top_k, hidden, intermediate, bias, activation, skipped experts)
+    (5, 4, 2, 24, 20, False, "silu", ()),
+    (1, 4, 1, 24, 20, False, "silu", ()),  # one token
+    (19, 8, 2, 40, 24, False, "silu", (1, 6)),  # experts without tokens; 38 rows, not a multiple of 16
+    (6, 8, 8, 24, 16, False, "silu", ()),  # top-8: every expert
+    (7, 4, 2, 24, 20, True, "swigluoai", ()),  # gpt-oss: biases and the clamp
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"t{c[0]}-e{c[1]}-k{c[2]}-h{c[3]}-i{c[4]}-{c[6]}{'-bias' if c[5] else ''}"
+                                             for c in CASES])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_fused_moe_matches_reference(case, dtype):
+    tokens, experts, top_k, hidden, inter, bias, activation, skip = case
+    gen = torch.Generator().manual_seed(tokens * 31 + experts)
+    x = torch.randn(tokens, hidden, generator=gen)
+    w13 = torch.randn(experts, 2 * inter, hidden, generator=gen) * 0.3
+    w2 = torch.randn(experts, hidden, inter, generator=gen) * 0.3
+    b13 = torch.randn(experts, 2 * inter, generator=gen) if bias else None
+    b2 = torch.randn(experts, hidden, generator=gen) if bias else None
+    weights, ids = routing(tokens, experts, top_k, gen, skip)
+    if activation == "swigluoai":
+        w13 = w13 * 6  # pre-activations past +-7, so the clamp matters
+    expected = fused_moe_torch(x, w13, w2, weights, ids, activation, b13, b2)
+    cast = (lambda t: None if t is None else t.to(dtype))
+    got = fused_moe_triton(x.to(dtype), w13.to(dtype), w2.to(dtype), weights, ids, activation, cast(b13), cast(b2),
+                           tiles=SMALL)
+    assert got.dtype == dtype and got.shape == (tokens, hidden)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tol * max(1.0, expected.abs().max().item()), rtol=tol)
+
+
+def test_default_tiles_and_larger_blocks():
+    """The default table's decode tiles (BLOCK_K 128 > hidden) and a 32-row block, on the same reference."""
+    gen = torch.Generator().manual_seed(0)
+    x, w13, w2 = torch.randn(3, 40, generator=gen), torch.randn(4, 48, 40, generator=gen), torch.randn(4, 40, 24, generator=gen)
+    weights, ids = routing(3, 4, 2, gen)
+    expected = fused_moe_torch(x, w13, w2, weights, ids)
+    for tiles in (None, MoETiles(32, 32, 32, 1, 4, 2)):
+        torch.testing.assert_close(fused_moe_triton(x, w13, w2, weights, ids, tiles=tiles), expected, atol=1e-4,
+                                   rtol=1e-4)
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 16])
+def test_decode_reads_each_expert_once(tokens):
+    """Up to 16 tokens: each expert with tokens owns exactly one M block of the sorted order (so one pass over
+    its weights per N block), and experts without tokens own none."""
+    gen = torch.Generator().manual_seed(tokens)
+    weights, ids = routing(tokens, 8, 2, gen)
+    tiles = default_moe_tiles(tokens, 2, 8)
+    sorted_ids, expert_ids, num_post = moe_align_block_size(ids, tiles.block_m, 8)
+    used = expert_ids[: num_post.item() // tiles.block_m].tolist()
+    assert sorted(used) == sorted(set(ids.flatten().tolist()))  # one block per routed expert, none for others
+
+
+def test_align_block_size_layout():
+    ids = torch.tensor([[2, 0], [2, 1], [0, 2]])
+    sorted_ids, expert_ids, num_post = moe_align_block_size(ids, 4, 4)
+    n = ids.numel()
+    assert num_post.tolist() == [12]
+    assert sorted_ids[:12].tolist() == [1, 4, n, n, 3, n, n, n, 0, 2, 5, n]
+    assert expert_ids[:3].tolist() == [0, 1, 2] and (expert_ids[3:] == 4).all()
+    assert sorted_ids.numel() == n + 4 * 3 and (sorted_ids[12:] == n).all()
