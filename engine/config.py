@@ -98,6 +98,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("api_key", str, None, "Require this bearer token on /v1 routes", "server"),
     Flag("allowed_hosts", str, None, "Comma-separated Host names the server answers (default: localhost names "
          "and --host; '*' answers any, e.g. behind a proxy)", "server", gui=False),
+    Flag("allowed_origins", str, None, "Browser origins allowed to call the API (CORS), comma-separated or a JSON "
+         "list as vLLM takes it, e.g. http://localhost:3000; '*' allows any (default: none)", "server", gui=False),
     Flag("step_timeout", float, None, "Seconds one engine step may take before the engine is declared stuck and "
          "the server exits with code 4 (default 30 on CUDA, 600 on CPU, where long prefills are slow; the first "
          "step gets at least 300); 0 turns the watchdog off", "server", minimum=0.0, gui=False),
@@ -186,6 +188,7 @@ class EngineConfig:
     port: int = 8000
     api_key: str | None = None
     allowed_hosts: str | None = None
+    allowed_origins: str | None = None
     step_timeout: float | None = None
     stream_idle_timeout: float = 60.0
     tool_call_parser: str | None = None

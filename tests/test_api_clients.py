@@ -130,10 +130,12 @@ def test_reasoning_content_split(server, client, monkeypatch):
                   extra_body={"guided_regex": "<think>[a-z]{1,6}</think>Yes"})
     message = client.chat.completions.create(**kwargs).choices[0].message
     assert message.content == "Yes" and 1 <= len(message.reasoning_content) <= 6
+    assert message.reasoning == message.reasoning_content  # vLLM's newer name, sent as well
     reasoning, content = "", ""
     for chunk in client.chat.completions.create(stream=True, **kwargs):
         for c in chunk.choices:
             reasoning += getattr(c.delta, "reasoning_content", None) or ""
+            assert getattr(c.delta, "reasoning", None) == getattr(c.delta, "reasoning_content", None)
             content += c.delta.content or ""
     assert (reasoning, content) == (message.reasoning_content, "Yes")
 
@@ -176,3 +178,31 @@ def test_litellm_chat_stream_tools_and_text_completion(server, monkeypatch):
     _validate(call)
     text = litellm.text_completion(prompt="The weather in Paris is", max_tokens=5, **kw)
     assert text.choices[0].finish_reason == "length" and text.usage.completion_tokens == 5
+
+
+ORDERED = {"type": "object", "properties": {"reasoning": {"type": "string", "maxLength": 12},
+                                            "answer": {"type": "integer", "minimum": 0, "maximum": 99}},
+           "required": ["reasoning", "answer"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_schema_key_order_is_kept(client, temperature):
+    """`reasoning` before `answer`, as the client wrote them (not alphabetical), in response_format and in forced
+    tool arguments (named and required); the reverse order of the same schema comes back reversed."""
+    def keys(text: str) -> list[str]:
+        return list(json.loads(text))
+
+    kw = dict(model=MODEL_NAME, messages=USER, max_tokens=150, temperature=temperature, seed=4)
+    fmt = {"type": "json_schema", "json_schema": {"name": "cot", "schema": ORDERED}}
+    r = client.chat.completions.create(response_format=fmt, n=2, **kw)
+    assert all(keys(c.message.content) == ["reasoning", "answer"] for c in r.choices)
+    reverse = dict(ORDERED, properties=dict(reversed(ORDERED["properties"].items())))
+    r = client.chat.completions.create(response_format={"type": "json_schema",
+                                                        "json_schema": {"name": "cot", "schema": reverse}}, **kw)
+    assert keys(r.choices[0].message.content) == ["answer", "reasoning"]
+    tools = [{"type": "function", "function": {"name": "solve", "parameters": ORDERED}}]
+    for choice in ("required", {"type": "function", "function": {"name": "solve"}}):
+        r = client.chat.completions.create(tools=tools, tool_choice=choice, parallel_tool_calls=False, **kw)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "solve" and keys(call.function.arguments) == ["reasoning", "answer"]

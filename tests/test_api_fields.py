@@ -1,15 +1,21 @@
-"""Honest request handling: every refused field in docs/server.md gets a 400 naming it, harmless values and
-the fields real clients send are accepted, unknown fields are a 400, and models/usage carry what clients read."""
+"""Honest request handling: every field of the openai SDK's request types and of vLLM's extras is declared, the
+current OpenAI fields are accepted (reasoning_effort reaching the template), an SDK message round-trips, every
+refused field in docs/server.md gets a 400 naming it, unknown fields are a 400, and models/usage carry what
+clients read."""
 from __future__ import annotations
 
 import json
 import re
+import typing
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
+from engine.server.prompts import render_chat, template_kwargs
+from engine.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
 from engine.server.refusals import BY_FIELD, REFUSALS
 from server_harness import MODEL_NAME, start_server
 
@@ -138,3 +144,105 @@ def test_return_token_ids(server):
     with httpx.stream("POST", server.url + CHAT, json=body, timeout=30) as r:
         events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
     assert sum(len(c.get("token_ids") or []) for e in events for c in e["choices"]) == 3
+
+
+# vLLM's request extras (vllm/entrypoints/openai protocol) on both routes, and the chat-only ones.
+VLLM_FIELDS = ["best_of", "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty",
+               "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens", "skip_special_tokens",
+               "spaces_between_special_tokens", "truncate_prompt_tokens", "prompt_logprobs", "allowed_token_ids",
+               "bad_words", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+               "structural_tag", "guided_decoding_backend", "guided_whitespace_pattern", "priority", "request_id",
+               "logits_processors", "return_tokens_as_token_ids", "return_token_ids", "cache_salt",
+               "kv_transfer_params", "vllm_xargs", "prompt_embeds"]
+VLLM_CHAT_FIELDS = ["echo", "add_generation_prompt", "continue_final_message", "add_special_tokens", "documents",
+                    "chat_template", "chat_template_kwargs", "mm_processor_kwargs", "media_io_kwargs",
+                    "include_reasoning", "reasoning_effort"]
+
+
+def _declared(model) -> set[str]:
+    return {f.alias or name for name, f in model.model_fields.items()} | set(model.model_fields)
+
+
+def test_every_field_of_the_openai_sdk_and_vllm_is_declared():
+    """The installed openai SDK's own parameter types are the OpenAI schema: a field it knows and we do not
+    declare would be an 'unknown field' 400."""
+    from openai.types import completion_create_params as completion_params
+    from openai.types.chat import ChatCompletionStreamOptionsParam, completion_create_params as chat_params
+    for sdk, ours, extra in ((chat_params.CompletionCreateParamsBase, ChatCompletionRequest, VLLM_CHAT_FIELDS),
+                             (completion_params.CompletionCreateParamsBase, CompletionRequest, [])):
+        missing = set(typing.get_type_hints(sdk)) | set(VLLM_FIELDS) | set(extra)
+        assert missing - _declared(ours) == set(), ours.__name__
+    assert set(ChatCompletionStreamOptionsParam.__annotations__) <= _declared(StreamOptions)
+    from openai.types.chat import ChatCompletionMessage
+    assert set(ChatCompletionMessage.model_fields) <= _declared(ChatMessage)
+
+
+def test_current_openai_fields_are_accepted(server):
+    client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}},
+            "cache_control": {"type": "ephemeral"}}
+    r = client.chat.completions.create(
+        model=MODEL_NAME, messages=USER, max_tokens=2, reasoning_effort="high", verbosity="low", store=True,
+        prompt_cache_key="k", safety_identifier="s", seed=-1, tools=[tool], tool_choice="none",
+        extra_body={"prompt_cache_options": {"mode": "implicit"}})
+    assert r.choices[0].finish_reason == "length"
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2, "n": None, "stream": None, "logprobs": None,
+            "echo": None, "seed": -1}
+    r = httpx.post(server.url + CHAT, json=body, timeout=30)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 1, r.text
+    body = {"model": MODEL_NAME, "prompt": "hi", "max_tokens": 2, "n": None, "stream": None, "logprobs": None,
+            "echo": None, "seed": -1, "store": True, "verbosity": "high"}
+    r = httpx.post(server.url + COMPLETIONS, json=body, timeout=30)
+    assert r.status_code == 200 and r.json()["choices"][0]["logprobs"] is None, r.text
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=2, stream=True,
+                                            stream_options={"include_usage": True, "include_obfuscation": False})
+    assert [c.usage for c in stream][-1].completion_tokens == 2
+    for seed, param in ((-2, "seed"),):
+        r = httpx.post(server.url + CHAT, json={"model": MODEL_NAME, "messages": USER, "seed": seed}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param
+
+
+def test_sdk_assistant_message_round_trips(server):
+    """`message.model_dump()` of the SDK's own response sent back as history (annotations, refusal, audio,
+    function_call: what OpenAI's response objects carry) is accepted and ignored."""
+    client = openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0)
+    first = client.chat.completions.create(model=MODEL_NAME, messages=USER, max_tokens=3)
+    dumped = first.choices[0].message.model_dump()
+    assert {"annotations", "refusal", "audio", "function_call"} <= set(dumped)
+    with_annotations = dict(dumped, annotations=[{"type": "url_citation", "url_citation": {
+        "url": "https://example.com", "title": "t", "start_index": 0, "end_index": 1}}])
+    for message in (dumped, with_annotations):
+        r = client.chat.completions.create(model=MODEL_NAME, max_tokens=2,
+                                           messages=USER + [message, {"role": "user", "content": "more"}])
+        assert r.choices[0].finish_reason == "length"
+    r = httpx.post(server.url + CHAT, timeout=30, json={"model": MODEL_NAME, "max_tokens": 2, "messages": USER + [
+        dict(dumped, audio={"id": "audio_1"})]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.1.audio", r.text
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}{{ m.content }}{% endfor %}"
+                     "|effort={{ reasoning_effort | default('unset') }}"
+                     "|thinking={{ enable_thinking | default('unset') }}")
+
+
+@pytest.mark.parametrize("template, effort, kwargs, shown", [
+    (THINKING_TEMPLATE, "high", None, "hi|effort=high|thinking=True"),
+    (THINKING_TEMPLATE, "none", None, "hi|effort=none|thinking=False"),
+    (THINKING_TEMPLATE, "low", {"enable_thinking": True, "reasoning_effort": "medium"},
+     "hi|effort=medium|thinking=True"),
+    (THINKING_TEMPLATE, None, None, "hi|effort=unset|thinking=unset"),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}|{{ enable_thinking | default('unset') }}", "minimal",
+     None, "hi|True"),
+    ("{% for m in messages %}{{ m.content }}{% endfor %}", "high", None, "hi"),
+])
+def test_reasoning_effort_reaches_the_template(llama_dir, template, effort, kwargs, shown):
+    """Passed only as the variables the template reads; the client's chat_template_kwargs win."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(llama_dir)
+    tokenizer.chat_template = template
+    model = SimpleNamespace(name="m", tokenizer=tokenizer, supports_tools=False, max_model_len=256)
+    text = render_chat(model, [ChatMessage(role="user", content="hi")], None, add_generation_prompt=False,
+                       chat_template_kwargs=template_kwargs(model, kwargs, effort))
+    assert text == shown
+    if "enable_thinking" not in template:
+        assert template_kwargs(model, None, effort) is None

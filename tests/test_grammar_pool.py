@@ -88,6 +88,11 @@ def test_the_cache_key_is_canonical(llm):
     b = StructuredOutputsParams(json={"required": ["k"], "properties": {"k": {"type": "integer"}}, "type": "object"})
     assert grammars.compile(a) is grammars.compile(b) and grammars.num_compiles == before + 1
     assert a.canonical_key == b.canonical_key
+    # Property names are the one order that is kept: it is the order the output is generated in.
+    two = {"r": {"type": "string"}, "a": {"type": "integer"}}
+    c = StructuredOutputsParams(json={"type": "object", "properties": two})
+    d = StructuredOutputsParams(json={"type": "object", "properties": dict(reversed(two.items()))})
+    assert c.canonical_key != d.canonical_key and '"r"' in c.key[1].split('"a"')[0]
 
 
 def test_size_and_depth_limits_name_the_limit(llm):

@@ -35,7 +35,7 @@ BAD_REQUESTS = {
     "min_p over one": (CHAT, {"messages": USER, "min_p": 2}),
     "frequency_penalty out of range": (CHAT, {"messages": USER, "frequency_penalty": 3}),
     "repetition_penalty zero": (CHAT, {"messages": USER, "repetition_penalty": 0}),
-    "negative seed": (CHAT, {"messages": USER, "seed": -1}),
+    "seed below -1 (-1 means random)": (CHAT, {"messages": USER, "seed": -2}),
     "completions logprobs over 20": (COMPLETIONS, {"prompt": "hello", "logprobs": 21}),
     "chat top_logprobs over 20": (CHAT, {"messages": USER, "logprobs": True, "top_logprobs": 21}),
     "top_logprobs without logprobs": (CHAT, {"messages": USER, "top_logprobs": 2}),

@@ -3,7 +3,8 @@
 The app does not own the engine: the caller starts the AsyncEngine (model loading runs in its
 thread while the server already answers /health with 503) and shuts it down. All per-server state
 lives on `app.state.ctx`, so tests can run several apps in one process. The Host check (hosts.py) reads
-the bind address and `--allowed-hosts` from the engine's config.
+the bind address and `--allowed-hosts` from the engine's config; CORS (cors.py) is on only with
+`--allowed-origins`.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from engine.async_engine import AsyncEngine
 from engine.server import routes_chat, routes_completions, routes_models, routes_state, routes_tokenize
 from engine.server.auth import ApiKeyMiddleware
 from engine.server.context import ServerContext
+from engine.server.cors import CORSMiddleware, allowed_origin_list
 from engine.server.errors import install_error_handlers
 from engine.server.hosts import TrustedHostMiddleware, allowed_host_names
 from engine.server.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
@@ -40,6 +42,9 @@ def create_app(async_engine: AsyncEngine, served_name: str, api_key: str | None 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=api_key)  # before the body is read: no key, no parsing
     config = async_engine.config
+    origins = allowed_origin_list(config.allowed_origins)
+    if origins:  # outside the key check: a browser's preflight carries no Authorization header
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
     app.add_middleware(TrustedHostMiddleware, allowed=allowed_host_names(config.host, config.allowed_hosts))
     app.include_router(routes_models.open_router, responses={503: {"model": ErrorResponse}})
     guarded = dict(responses=ERROR_RESPONSES)  # the key itself is checked by ApiKeyMiddleware

@@ -117,10 +117,17 @@ def install_error_handlers(app: FastAPI) -> None:
         return error_response(400, message, param)
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, exc: HTTPException) -> JSONResponse:
+    async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
         detail = str(exc.detail)
         if exc.status_code == 400 and "parsing the body" in detail:
             detail = "could not parse the request body: send JSON encoded as UTF-8"
+        route = f"{request.method} {request.url.path}"
+        if exc.status_code == 404 and detail == "Not Found":  # the router's own: no such route
+            return error_response(404, f"Invalid URL ({route}): this server has no such route; the routes are "
+                                  "listed at /docs", code="unknown_url")
+        if exc.status_code == 405 and detail == "Method Not Allowed":
+            return error_response(405, f"Method not allowed ({route}): the route exists for other methods",
+                                  headers=getattr(exc, "headers", None))
         return error_response(exc.status_code, detail, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ValueError)

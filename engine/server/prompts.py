@@ -141,6 +141,22 @@ _RESERVED_TEMPLATE_KWARGS = {"messages", "tools", "tokenize", "add_generation_pr
                              "conversation", "chat_template", "documents", "return_dict"}
 
 
+def template_kwargs(model: ServedModel, chat_template_kwargs: dict | None, reasoning_effort: str | None) -> dict | None:
+    """The client's chat_template_kwargs plus OpenAI's `reasoning_effort`, passed as the template reads it:
+    `reasoning_effort` itself (gpt-oss style) and/or `enable_thinking` (Qwen3 style; off for "none"), only where
+    the template source names that variable; a template reading neither gets nothing (the field has no effect).
+    Keys the client set in chat_template_kwargs win."""
+    if reasoning_effort is None:
+        return chat_template_kwargs
+    source = str(model.tokenizer.chat_template or "")
+    derived: dict = {}
+    if "reasoning_effort" in source:
+        derived["reasoning_effort"] = reasoning_effort
+    if "enable_thinking" in source:
+        derived["enable_thinking"] = reasoning_effort != "none"
+    return {**derived, **(chat_template_kwargs or {})} or None
+
+
 def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
                 chat_template_kwargs: dict | None = None) -> str:
@@ -148,7 +164,9 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
         raise bad_request("messages must not be empty", "messages")
     if tools and not model.supports_tools:
         raise bad_request(f"model {model.name!r} does not support tools: its chat template has no tool "
-                          "section; send the request without 'tools'", "tools")
+                          "section; send the request without 'tools', or force a call with tool_choice "
+                          "'required' or a named function (the tools are then described in a system message)",
+                          "tools")
     if continue_final_message and add_generation_prompt:
         raise bad_request("continue_final_message and add_generation_prompt cannot both be true",
                           "continue_final_message")
@@ -258,9 +276,9 @@ def _renders_differently() -> OpenAIError:
 
 def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | None,
                 add_generation_prompt: bool = True, continue_final_message: bool = False,
-                chat_template_kwargs: dict | None = None) -> Prompt:
+                chat_template_kwargs: dict | None = None, add_special_tokens: bool = False) -> Prompt:
     prompt = chat_token_ids(model, messages, tools, add_generation_prompt, continue_final_message,
-                            chat_template_kwargs=chat_template_kwargs)
+                            add_special_tokens, chat_template_kwargs)
     if not prompt.token_ids:
         raise bad_request("the rendered chat prompt is empty", "messages")
     return prompt

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, create_model
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, create_model
 
 from engine.sampling_params import (INT64_LIMIT, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS,
                                     MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS,
@@ -38,6 +38,12 @@ TokenIdKey = Annotated[str, Field(pattern=r"^[0-9]{1,12}$")]
 StopText = Annotated[str, Field(min_length=1, max_length=MAX_STOP_STRING_CHARS), AfterValidator(_valid_unicode)]
 
 
+def null_is(default: Any) -> BeforeValidator:
+    """OpenAI's schema lets clients send an explicit null for some fields (n, stream, logprobs, echo): it means the
+    default."""
+    return BeforeValidator(lambda v: default if v is None else v)
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
 
@@ -45,6 +51,7 @@ class _Request(BaseModel):
 class StreamOptions(_Request):
     include_usage: bool | None = False
     continuous_usage_stats: bool | None = False  # vLLM: usage so far in every chunk
+    include_obfuscation: bool | None = None  # OpenAI pads streamed chunks against side channels; loopback: no effect
 
 
 class JsonSchemaFormat(_Request):
@@ -93,7 +100,7 @@ class SamplingFields(RefusableFields):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: Text | None = Field(None, description="Served model name; default: the one model served")
-    n: int = Field(1, ge=1, le=MAX_N, description="Choices per prompt")
+    n: Annotated[int, null_is(1)] = Field(1, ge=1, le=MAX_N, description="Choices per prompt")
     temperature: float | None = Field(None, ge=0)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, lt=INT64_LIMIT, description="-1 or 0: off; above the vocabulary "
@@ -102,7 +109,7 @@ class SamplingFields(RefusableFields):
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=2)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    seed: int | None = Field(None, ge=-1, lt=2**63, description="-1: random, as no seed")
     stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stop_token_ids: list[TokenId] | None = Field(None, max_length=MAX_STOP_TOKEN_IDS)
     ignore_eos: bool = False
@@ -111,12 +118,15 @@ class SamplingFields(RefusableFields):
     include_stop_str_in_output: bool = False
     logit_bias: dict[TokenIdKey, Annotated[float, Field(ge=-100, le=100)]] | None = Field(
         None, max_length=MAX_LOGIT_BIAS, description="Token id (as a string) → bias added to its logit")
-    stream: bool = False
+    stream: Annotated[bool, null_is(False)] = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
     metadata: dict[str, Any] | None = None  # accepted; nothing is stored
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None  # a routing hint; the prefix cache is automatic
+    prompt_cache_options: dict[str, Any] | None = None  # OpenAI's explicit breakpoints; every prefix is cached anyway
+    store: bool | None = None  # accepted; nothing is stored (there is no stored-completions API)
+    verbosity: Literal["low", "medium", "high"] | None = None  # accepted without effect: no model reads it
     response_format: ResponseFormat | None = None
     guided_json: dict[str, Any] | Text | None = None
     guided_regex: Text | None = None
@@ -149,7 +159,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = Field(16, ge=0, lt=INT64_LIMIT,
                                    description="0 only with echo: score the prompt, generate nothing")
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS, description="Top logprobs per token")
-    echo: bool = False
+    echo: Annotated[bool, null_is(False)] = False
     add_special_tokens: bool = True
 
 
@@ -163,6 +173,7 @@ class FunctionDefinition(_Request):
 class ToolDefinition(_Request):
     type: Literal["function"]
     function: FunctionDefinition
+    cache_control: dict[str, Any] | None = None  # Anthropic-style cache hint (litellm sends it); caching is automatic
 
 
 class FunctionName(_Request):
@@ -189,6 +200,10 @@ class ChatMessage(_Request):
     reasoning_content: Text | None = None
     reasoning: Text | None = None
     refusal: Text | None = None
+    # What the SDK's own response message carries (`message.model_dump()` sent back): accepted and ignored.
+    annotations: list[dict[str, Any]] | None = None
+    audio: None = None  # a reference to generated audio; there is none
+    function_call: None = None  # deprecated; send tool_calls
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -196,7 +211,7 @@ class ChatCompletionRequest(SamplingFields):
     max_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT,
                                    description="Deprecated by OpenAI; max_completion_tokens wins")
     max_completion_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT)
-    logprobs: bool = False
+    logprobs: Annotated[bool, null_is(False)] = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS,
                                      description="With logprobs=true: top alternatives per token")
     tools: list[ToolDefinition] | None = None
@@ -206,7 +221,10 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
-    echo: bool = False
+    echo: Annotated[bool, null_is(False)] = False
+    add_special_tokens: bool = Field(False, description="vLLM: add the tokenizer's BOS etc. on top of the template's")
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = Field(
+        None, description="Passed to the chat template as reasoning_effort / enable_thinking where it reads them")
 
 
 class TokenizeRequest(_Request):

@@ -2,7 +2,7 @@
 
 Each field is declared on the request models (so a client sending it is not an "unknown field"), but a
 value that asks for behaviour we do not provide is refused with a 400 naming the field, never silently
-ignored. A value that asks for what we do anyway (`store: false`, `service_tier: "auto"`) passes, so
+ignored. A value that asks for what we do anyway (`service_tier: "auto"`) passes, so
 clients that always send such defaults keep working. docs/server.md lists this table and a test walks
 it; `refused_example` is a value each entry must refuse.
 """
@@ -40,9 +40,7 @@ REFUSALS = [
     Refusal("web_search_options", "null", "there is no web search", {"search_context_size": "low"}),
     Refusal("functions", "null", "deprecated by OpenAI; send `tools`", [{"name": "f"}]),
     Refusal("function_call", "null", "deprecated by OpenAI; send `tool_choice`", "auto"),
-    Refusal("reasoning_effort", "null", "reasoning length is not adjustable", "high"),
-    Refusal("verbosity", "null", "output length hints are not supported", "low"),
-    Refusal("store", "null or false", "nothing is stored", True, _is(False)),
+    Refusal("moderation", "null", "there is no moderation model", {"input": {"mode": "block"}}),
     Refusal("service_tier", 'null, "auto" or "default"', "one service tier", "flex", _is("auto", "default")),
     Refusal("prompt_cache_retention", 'null or "in_memory"', "the prefix cache lives in memory", "24h",
             _is("in_memory")),

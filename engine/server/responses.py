@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 
 class PromptTokensDetails(BaseModel):
@@ -62,10 +62,18 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob] | None = None
 
 
-class ChatMessageOut(BaseModel):
+class _Reasoning(BaseModel):
+    reasoning_content: str | None = None
+
+    @computed_field  # vLLM's newer name for reasoning_content; both are sent, clients read either
+    @property
+    def reasoning(self) -> str | None:
+        return self.reasoning_content
+
+
+class ChatMessageOut(_Reasoning):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
-    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] = Field(default_factory=list)
 
 
@@ -89,10 +97,9 @@ class ChatCompletionResponse(BaseModel):
     prompt_token_ids: list[int] | None = None  # vLLM's return_token_ids
 
 
-class DeltaMessage(BaseModel):
+class DeltaMessage(_Reasoning):
     role: Literal["assistant"] | None = None
     content: str | None = None
-    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
 

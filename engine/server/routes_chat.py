@@ -2,8 +2,9 @@
 
 Streams follow OpenAI's chunk order: a role chunk per choice, deltas (content, reasoning_content,
 tool_calls), a finish chunk per choice, then (with stream_options.include_usage) a usage chunk with no
-choices, then `[DONE]`. tool_choice `required` / named and response_format are enforced by a grammar;
-under `auto` the model's tool parser reads calls out of the text (chat_outputs).
+choices, then `[DONE]`. tool_choice `required` / named and response_format are enforced by a grammar
+(forced calls work on any template: without a tool section the tools go in a system preamble,
+tool_preamble.py); under `auto` the model's tool parser reads calls out of the text (chat_outputs).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs, token_names, vllm_prompt_logprobs
-from engine.server.prompts import chat_prompt, message_chars, message_text, resolve_max_tokens, truncate_prompt
+from engine.server.prompts import (chat_prompt, message_chars, message_text, resolve_max_tokens, template_kwargs,
+                                   truncate_prompt)
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -34,6 +36,7 @@ from engine.server.served_model import ServedModel
 from engine.server.sse import DONE, SSE_RESPONSE_DOC, sse_event, sse_response
 from engine.server.structured import compile_or_400, structured_outputs_for, tool_call_schema
 from engine.server.tokenize_pool import off_loop
+from engine.server.tool_preamble import with_tool_preamble
 from engine.server.usage import usage_of
 from engine.tool_parsers import get_tool_parser
 
@@ -67,6 +70,10 @@ def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOu
     if choice in (None, "none"):
         return plan, None
     if choice == "auto":
+        if not model.supports_tools:
+            raise bad_request(f"tool_choice 'auto' needs a chat template that shows tools, and {model.name!r}'s has "
+                              "no tool section; force a call with tool_choice 'required' or a named function (the "
+                              "tools are then described in a system message)", "tool_choice")
         if model.tool_parser is None:
             raise bad_request(f"tool_choice 'auto' needs a tool-call parser: {model.name!r}'s chat template shows "
                               "no known tool-call format; start the server with --tool-call-parser", "tool_choice")
@@ -91,9 +98,13 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     plan, forced_schema = _output_plan(req, model)
     structured, source = structured_outputs_for(req, forced_schema)
     await compile_or_400(model, structured, source)
-    tools = None if req.tool_choice == "none" else req.tools
-    prompt = await off_loop(message_chars(req.messages), chat_prompt, model, req.messages, tools,
-                            req.add_generation_prompt, req.continue_final_message, req.chat_template_kwargs)
+    tools, messages = None if req.tool_choice == "none" else req.tools, req.messages
+    if tools and forced_schema is not None and not model.supports_tools:  # the grammar holds the call's shape
+        tools, messages = None, with_tool_preamble(messages, req.tools, req.tool_choice)
+    prompt = await off_loop(message_chars(messages), chat_prompt, model, messages, tools,
+                            req.add_generation_prompt, req.continue_final_message,
+                            template_kwargs(model, req.chat_template_kwargs, req.reasoning_effort),
+                            req.add_special_tokens)
     prompt = truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"

@@ -1,4 +1,4 @@
-"""GET /health, GET /metrics and GET /v1/models: readiness, Prometheus text, and the served model's card.
+"""GET (and HEAD) /health, GET (and HEAD) /metrics and GET /v1/models: readiness, Prometheus text, and the served model's card.
 
 /health answers 200 only when the engine is loaded and alive; 503 (in the error shape) while it
 loads or after it died, so a supervisor can wait on it. It needs no key, so its 503 says only which
@@ -19,6 +19,7 @@ open_router = APIRouter()  # no API key
 router = APIRouter()
 
 
+@open_router.head("/health", include_in_schema=False)  # probes; the schema lists the GET
 @open_router.get("/health")
 async def health(ctx: ServerContext = Depends(get_context)) -> Response:
     engine = ctx.async_engine
@@ -30,6 +31,7 @@ async def health(ctx: ServerContext = Depends(get_context)) -> Response:
                           code="engine_dead")
 
 
+@open_router.head("/metrics", include_in_schema=False)
 @open_router.get("/metrics", response_class=PlainTextResponse,
                  responses={200: {"description": "Prometheus text exposition format"}})
 async def metrics(ctx: ServerContext = Depends(get_context)) -> Response:

@@ -1,7 +1,7 @@
 """Build SamplingParams from an API request; SamplingParams checks the ranges and a ValueError becomes a 400.
 
 Unset fields keep SamplingParams' defaults (vLLM's); `seed` falls back to none (fresh randomness per
-request), as in vLLM.
+request), as in vLLM, and so does `seed: -1` (OpenAI clients send it to mean "random").
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None, 
     """SamplingParams for one prompt of `req`; raises ValueError (→ 400) for out-of-range values."""
     kwargs = {name: getattr(req, name) for name in _OPTIONAL if getattr(req, name) is not None}
     params = SamplingParams(
-        n=req.n, seed=req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
+        n=req.n, seed=None if req.seed == -1 else req.seed, max_tokens=max_tokens, min_tokens=req.min_tokens, stop=req.stop,
         stop_token_ids=req.stop_token_ids, ignore_eos=req.ignore_eos,
         include_stop_str_in_output=req.include_stop_str_in_output, logprobs=logprobs,
         logit_bias=_logit_bias(req.logit_bias), skip_special_tokens=req.skip_special_tokens,

@@ -3,7 +3,7 @@
 The tokenizer's vocabulary is read once, lazily (half a second at 128k tokens), with the model's
 vocabulary size so padded logit columns are never allowed, and the model's EOS ids as the tokens
 that end a grammar. `submit` returns a future: a cache hit (an LRU keyed by the spec's canonical form,
-so key order does not matter) is already done, a spec being compiled is shared, and anything else runs
+where only the order of property names matters) is already done, a spec being compiled is shared, and anything else runs
 in a bounded pool (COMPILE_WORKERS threads, at most MAX_PENDING_COMPILES waiting), never on the caller's
 thread. Thread-safe: the HTTP layer waits on a request's compile (so a bad spec is a 400, and one over
 COMPILE_TIMEOUT_S a 400 "too complex"), and the engine thread only ever checks whether a future is done.

@@ -3,7 +3,10 @@
 Exactly one kind per request: a JSON schema, any JSON object, a regex, a choice of strings, an EBNF
 grammar (xgrammar's dialect, which reads GBNF) or a structural tag (JSON inside given begin/end tags, free
 text elsewhere: xgrammar's format or vLLM's `structures`/`triggers` one). `key` is the spec the compiler
-reads; `canonical_key` (JSON keys sorted) identifies it in the compile cache.
+reads; `canonical_key` identifies it in the compile cache. A schema given as a dict is kept in the client's
+key order, never sorted: the grammar generates properties in the order it reads them, and clients put
+`reasoning` before `answer` on purpose. So the canonical form sorts every JSON key except the names in a
+`properties` map: another order of those is another grammar, anything else is a cache hit.
 """
 from __future__ import annotations
 
@@ -32,7 +35,7 @@ class StructuredOutputsParams:
                              f"{', '.join(asked) or 'none'}")
         for kind in ("json", "structural_tag"):
             if isinstance(getattr(self, kind), dict):
-                object.__setattr__(self, kind, json.dumps(getattr(self, kind), sort_keys=True))
+                object.__setattr__(self, kind, json.dumps(getattr(self, kind)))
         if self.choice is not None:
             choice = tuple(self.choice)
             if not choice or not all(isinstance(c, str) and c for c in choice):
@@ -48,12 +51,12 @@ class StructuredOutputsParams:
 
     @functools.cached_property
     def canonical_key(self) -> tuple[str, str]:
-        """`key` with JSON specs in one canonical form (keys sorted): the compile cache's key, so the same
-        schema sent with another key order is a hit. The compiler itself reads `key`."""
+        """`key` with JSON specs in one canonical form (keys sorted but for property names, which keep their
+        order: it is the output's order): the compile cache's key. The compiler itself reads `key`."""
         kind, spec = self.key
         if kind in ("json", "structural_tag"):
             try:
-                spec = json.dumps(json.loads(spec), sort_keys=True, separators=(",", ":"))
+                spec = json.dumps(_canonical(json.loads(spec)), separators=(",", ":"))
             except (ValueError, RecursionError):
                 pass  # not JSON: the compile reports it
         return kind, spec
@@ -62,3 +65,14 @@ class StructuredOutputsParams:
     def key(self) -> tuple[str, str]:
         value: Any = getattr(self, self.kind)
         return self.kind, value if isinstance(value, str) else json.dumps(value)
+
+
+def _canonical(value: Any, property_names: bool = False) -> Any:
+    """Sort dict keys recursively, except the keys of a `properties` map (property names, in output order)."""
+    if isinstance(value, list):
+        return [_canonical(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    keys = list(value) if property_names else sorted(value)
+    return {k: _canonical(value[k], property_names=k == "properties" and not property_names
+                          and isinstance(value[k], dict)) for k in keys}
