@@ -1,6 +1,7 @@
 """Streams one chat completion from the local OpenAI-compatible endpoint in a worker thread.
 
-`ChatWorker.run` POSTs /v1/chat/completions with stream=true via httpx, emits each content delta,
+`ChatWorker.run` first fits the request into the model's context (app/context_fit.py: the prompt counted
+by the server's /tokenize, Max tokens lowered or the oldest turns dropped, announced by `fitted`), then POSTs /v1/chat/completions with stream=true via httpx, emits each content delta,
 and finishes with a `ChatResult`: time to first token, generated tokens (from `usage` when the
 server sends it, else one per content chunk) and decode tokens/s. `stop()` closes the stream at the
 next chunk, which makes the server abort the request. Failures come out as sentences a user can
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 import httpx
 from PySide6.QtCore import QObject, Qt, QThread, Signal
 
+from app.context_fit import ContextFull, Fit, fit_to_context
 from app.sse import auth_headers, iter_sse_data
 
 
@@ -30,6 +32,7 @@ class ChatRequest:
     temperature: float = 0.7
     top_p: float = 1.0
     max_tokens: int = 512
+    fit_context: bool = True  # count through /tokenize first and fit (app/context_fit.py)
 
     def body(self) -> dict:
         return {"model": self.model, "messages": self.messages, "stream": True, "temperature": self.temperature,
@@ -77,6 +80,7 @@ def error_text(response: httpx.Response) -> str:
 
 
 class ChatWorker(QObject):
+    fitted = Signal(object)  # Fit, when the request was changed to fit the context (before any delta)
     delta = Signal(str)
     reasoning_delta = Signal(str)
     finished = Signal(object)  # ChatResult
@@ -116,7 +120,13 @@ class ChatWorker(QObject):
         start = time.perf_counter()
         timeout = httpx.Timeout(10.0, read=120.0)
         with httpx.Client(timeout=timeout, headers=auth_headers(r.api_key)) as client:
-            with client.stream("POST", f"{r.base_url.rstrip('/')}/v1/chat/completions", json=r.body()) as response:
+            body = r.body()
+            if r.fit_context:
+                fit = self._fit(client)
+                body.update(messages=fit.messages, max_tokens=fit.max_tokens)
+                if fit.note():
+                    self.fitted.emit(fit)
+            with client.stream("POST", f"{r.base_url.rstrip('/')}/v1/chat/completions", json=body) as response:
                 if response.status_code != 200:
                     response.read()
                     raise ReplyError(f"The engine refused the request: {error_text(response)}")
@@ -134,6 +144,24 @@ class ChatWorker(QObject):
         if result.usage.get("completion_tokens"):
             result.completion_tokens = int(result.usage["completion_tokens"])
         return result
+
+    def _fit(self, client: httpx.Client) -> Fit:
+        r = self.request
+
+        def count(messages: list[dict]) -> tuple[int, int] | None:
+            response = client.post(f"{r.base_url.rstrip('/')}/tokenize",
+                                   json={"model": r.model, "messages": messages, "add_generation_prompt": True})
+            if response.status_code != 200:
+                return None  # no /tokenize here (or it refused): the completion itself will say what is wrong
+            answer = response.json()
+            if not isinstance(answer.get("count"), int) or not isinstance(answer.get("max_model_len"), int):
+                return None
+            return answer["count"], answer["max_model_len"]
+
+        try:
+            return fit_to_context(r.messages, r.max_tokens, count)
+        except ContextFull as exc:
+            raise ReplyError(str(exc)) from exc
 
     def _take_chunk(self, chunk: dict, result: ChatResult, start: float) -> None:
         if chunk.get("error"):  # the server reports a failure after the stream started in-band
@@ -158,8 +186,9 @@ class ChatWorker(QObject):
 
 
 class ChatClient(QObject):
-    """One streaming request at a time; signals delta / finished / failed on the GUI thread."""
+    """One streaming request at a time; signals fitted / delta / finished / failed on the GUI thread."""
 
+    fitted = Signal(object)
     delta = Signal(str)
     reasoning_delta = Signal(str)
     finished = Signal(object)
@@ -181,6 +210,7 @@ class ChatClient(QObject):
         self._thread = QThread()
         self._worker.moveToThread(self._thread)
         self._thread.started.connect(self._worker.run)
+        self._worker.fitted.connect(self.fitted)
         self._worker.delta.connect(self.delta)
         self._worker.reasoning_delta.connect(self.reasoning_delta)
         self._worker.finished.connect(self.finished)
@@ -198,7 +228,7 @@ class ChatClient(QObject):
         if self._thread is None or self._worker is None:
             return
         self._worker.stop()
-        for signal in (self._worker.delta, self._worker.reasoning_delta, self._worker.finished, self._worker.failed):
+        for signal in (self._worker.fitted, self._worker.delta, self._worker.reasoning_delta, self._worker.finished, self._worker.failed):
             signal.disconnect()
         self._retiring.append((self._thread, self._worker))
         self._thread = self._worker = None

@@ -4,7 +4,8 @@ Sending stores the user turn in the `ChatStore`, streams the reply through `Chat
 thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s line. A failed reply
 is stored too (any partial text, then the error), so a reopened chat reads as it happened; turns
 left unanswered are not sent again as history, so the model never sees two user turns in a row.
-Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
+A request changed to fit the model's context (Max tokens lowered, oldest turns left out: app/context_fit.py)
+gets a note in the chat, stored with it. Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
 until the next deletion. New chats start from the default system prompt; sampling settings persist
 in QSettings. The endpoint (base URL, key, served model name) is set by the main window. When the store
 cannot write (a full disk), the chat says "chat history could not be saved: disk full", keeps the unsaved
@@ -42,6 +43,7 @@ class ChatPanel(QWidget):
         self.settings = settings
         self._deleted: tuple | None = None  # (title, system prompt, messages) of the last deleted chat
         self.client = ChatClient(self)
+        self.client.fitted.connect(self._on_fitted)
         self.client.delta.connect(self._on_delta)
         self.client.reasoning_delta.connect(self._on_reasoning_delta)
         self.client.finished.connect(self._on_finished)
@@ -281,6 +283,16 @@ class ChatPanel(QWidget):
         self.view.add_message(ChatMessage("assistant", ""))
         self._set_generating(True)
         self.client.send(request)
+
+    def _on_fitted(self, fit) -> None:
+        """Say how the request was fitted, just above the reply it concerns (a note is never sent as history)."""
+        note = fit.note()
+        if self.conversation_id is not None:
+            self.store.add_message(self.conversation_id, "note", note)
+        at = len(self.view.messages) - 1 if self.view.messages and self.view.messages[-1].role == "assistant" \
+            else len(self.view.messages)
+        self.view.messages.insert(at, ChatMessage("note", note))
+        self.view.rerender()
 
     def _on_delta(self, text: str) -> None:
         self.view.append_to_last(text)

@@ -4,7 +4,9 @@ Quitting always runs the window's shutdown, so the engine's process group is sto
 application is ended from outside the window (Ctrl+C in the terminal or SIGTERM at logout, which
 Qt alone would not turn into a clean quit). `--serve-at-login` (the XDG autostart entry's command)
 starts serving the last model at once and stays in the tray, keeping the engine up when the window
-is closed; without a tray it shows the window, since nothing else could bring it back.
+is closed; without a tray it shows the window, since nothing else could bring it back. A second
+`pagedesk` for the same data folder brings the first one's window to the front and exits
+(app/single_instance.py).
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from PySide6.QtWidgets import QApplication
 
 from app.main_window import MainWindow
 from app.paths import ICON_PATH
+from app.single_instance import SingleInstance
 from app.theme import follow_system_theme
 
 
@@ -38,7 +41,14 @@ def main(argv: list[str] | None = None) -> int:
     app.setDesktopFileName("pagedesk")
     app.setWindowIcon(QIcon(str(ICON_PATH)))
     follow_system_theme(app)
+    guard = SingleInstance(parent=app)
+    if guard.hand_over():
+        print("PagedDesk is already running; its window was brought to the front.", flush=True)
+        return 0
+    guard.listen()
     window = MainWindow()
+    guard.show_requested.connect(lambda: (print("pagedesk: another start asked for this window", flush=True),
+                                          window.tray.open_window()))
     app.aboutToQuit.connect(window.shutdown)
     for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl+C, logout: quit properly so the engine group stops
         signal.signal(sig, lambda *_: app.quit())

@@ -5,7 +5,8 @@ the toolbar; state, model and live URL in the status chip and the title), the `S
 when the engine is READY, feeding the Monitor), the `NvmlThread` (GPU readings), the chat panel and
 endpoint panel (told the endpoint when it changes), the tray icon. Settings persist through
 QSettings. Stop closes the app's own streams before signalling the engine, so its graceful shutdown
-has nothing to cancel. Closing the window stops the engine's whole process group, so nothing is
+has nothing to cancel. A failure is shown only until something changes: a new model, an edited setting or
+a new Start clears the red banner, the port banner and CRASHED. Closing the window stops the engine's whole process group, so nothing is
 left holding VRAM — unless "keep serving when the window closes" is on and a tray icon can bring
 the window back.
 """
@@ -204,6 +205,7 @@ class MainWindow(QMainWindow):
 
     # ---- engine control ----------------------------------------------------------------------------------
     def start_engine(self) -> bool:
+        self._clear_failure()  # every attempt starts clean: a refused one must not show the last crash
         info = self.model_picker.info
         if info is None:
             self._on_message("Choose a model folder first (Engine tab → Model).")
@@ -211,11 +213,13 @@ class MainWindow(QMainWindow):
         problems = self.settings_form.problems()
         if problems:
             self._on_message("Not started: " + " ".join(problems))
+            row = self.settings_form.focus_first_problem()
+            if row is not None:
+                self.tabs.setCurrentIndex(0)
+                self.settings_scroll.ensureWidgetVisible(row)
             return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
-        self.crash_box.setVisible(False)
-        self.port_banner.hide()
         return self.supervisor.start(str(info.path), values, self.extra_engine_args)
 
     def stop_engine(self) -> None:
@@ -250,6 +254,16 @@ class MainWindow(QMainWindow):
         if self.model_picker.set_model_path(path):
             self.tabs.setCurrentIndex(0)
 
+    def _clear_failure(self) -> None:
+        """The last failure described the old model or settings (or the last attempt): show it no longer."""
+        self.crash_box.setVisible(False)
+        self.crash_box.clear()
+        self.port_banner.hide()
+        self.statusBar().clearMessage()
+        if self.supervisor.restart_pending and self.supervisor.process is None:
+            self._append_log("[pagedesk] The automatic restart was cancelled: the model or settings changed.\n")
+        self.supervisor.clear_failure()
+
     def _use_port(self, port: int) -> None:
         self.settings_form.set_values({"port": port})
         self.start_engine()
@@ -260,12 +274,19 @@ class MainWindow(QMainWindow):
             self.start_engine()
 
     # ---- reactions --------------------------------------------------------------------------------------------
-    def _on_state(self, state: str) -> None:
+    def _update_actions(self) -> None:
+        """Start and Restart need a model and settings without errors (each error is shown at its field)."""
+        state, sup = self.supervisor.state, self.supervisor
         running = state in (READY, STARTING, STOPPING)
-        sup = self.supervisor
-        self.start_action.setEnabled(not running and sup.process is None and self.model_picker.info is not None)
+        startable = self.model_picker.info is not None and not self.settings_form.problems()
+        self.start_action.setEnabled(not running and sup.process is None and startable)
+        self.start_action.setToolTip("Fix the settings marked in red first" if self.model_picker.info is not None
+                                     and not startable else "Start the engine with this model and these settings")
         self.stop_action.setEnabled(state != STOPPING and (running or sup.process is not None or sup.restart_pending))
-        self.restart_action.setEnabled(state != STOPPING and self.model_picker.info is not None)
+        self.restart_action.setEnabled(state != STOPPING and startable)
+
+    def _on_state(self, state: str) -> None:
+        self._update_actions()
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
@@ -329,14 +350,17 @@ class MainWindow(QMainWindow):
         """A new model, or None when the chosen path holds none (nothing may keep describing the old one)."""
         if info is not None:
             self.qsettings.setValue("model/path", str(info.path))
+        self._clear_failure()
         self.settings_form.set_model_context(info.context_length if info else None)
         self._update_capacity()
         self._update_endpoint()
         self._on_state(self.supervisor.state)
 
     def _on_settings_changed(self) -> None:
+        self._clear_failure()
         self._update_capacity()
         self._update_endpoint()
+        self._update_actions()
         self._show_status()
 
     def _update_capacity(self) -> None:

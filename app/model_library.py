@@ -8,10 +8,15 @@ engine's own arithmetic) about the model's full context for a few layouts in ord
 one card, all cards (tensor parallel), then each with an FP8 KV cache — and names the first that
 fits with its token capacity; the planner's full sentence is the cell's tooltip. Downloads in
 progress (started in the Engine tab) are rows too, and the list rescans when one ends. Double-click
-(or "Use this model") hands the folder to the Engine tab.
+(or "Use this model", enabled only with a usable row selected) hands the folder to the Engine tab.
+Every row shows its folder, and a folder reached twice (an added root inside another, a symlink) is
+listed once, by its resolved path. A folder whose config.json cannot be read is still a row, saying why
+("unreadable: config.json is not valid JSON (line 1, column 82)"); one without safetensors weights gets
+a "no weights" verdict, never "fits". An empty library says where it looked.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,8 +31,10 @@ from app.model_info import ModelInfo, format_count, read_model_info
 from engine.model_discovery import model_folders
 from widgets.gpu_panel import format_bytes
 
-COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine")
+COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine",
+           "Path")
 FITS_COLUMN = COLUMNS.index("Fits on this machine")
+PATH_COLUMN = COLUMNS.index("Path")
 FOLDERS_KEY = "library/folders"
 DEFAULT_ROOT = Path.home() / "models"
 
@@ -37,7 +44,10 @@ class LibraryEntry:
     name: str
     source: str  # "folder" | "HF cache"
     size_bytes: int
-    info: ModelInfo
+    info: ModelInfo | None  # None when the folder could not be read (see `problem`)
+    path: Path | None = None
+    problem: str = ""  # "unreadable: …", naming the file
+    has_weights: bool = True
 
 
 @dataclass(frozen=True)
@@ -59,26 +69,50 @@ def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def has_weights(folder: Path) -> bool:
+    """Safetensors weights are there (the engine loads nothing else)."""
+    return any(folder.glob("*.safetensors"))
+
+
+def read_entry(name: str, source: str, folder: Path, size_bytes: int) -> LibraryEntry:
+    """One row: the model's description, or why it cannot be read (naming the file and the JSON position)."""
+    try:
+        json.loads((folder / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        return LibraryEntry(name, source, size_bytes, None, folder,
+                            f"unreadable: config.json is not valid JSON (line {e.lineno}, column {e.colno})")
+    except (OSError, UnicodeDecodeError) as e:
+        return LibraryEntry(name, source, size_bytes, None, folder, f"unreadable: config.json: {e}")
+    try:
+        info = read_model_info(folder)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return LibraryEntry(name, source, size_bytes, None, folder,
+                            f"unreadable: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
+    return LibraryEntry(name, source, size_bytes, info, folder, has_weights=has_weights(folder))
+
+
 def scan_library(roots: list[Path], cache_dir: str | Path | None = None) -> list[LibraryEntry]:
-    """Local model folders under `roots` and the hub cache's models; unreadable folders are skipped."""
+    """Local model folders under `roots` and the hub cache's models, each resolved folder once."""
     entries: list[LibraryEntry] = []
     seen: set[Path] = set()
-    for root in roots:
-        for folder in model_folders(root):
-            if folder.resolve() in seen:
-                continue
-            try:
-                entries.append(LibraryEntry(folder.name, "folder", folder_size(folder), read_model_info(folder)))
-                seen.add(folder.resolve())
-            except (OSError, ValueError, KeyError):
-                continue
-    for cached in cached_models(cache_dir):
-        try:
-            entries.append(LibraryEntry(cached.repo_id, "HF cache", cached.size_on_disk,
-                                        read_model_info(cached.snapshot)))
-        except (OSError, ValueError, KeyError):
+    found = [(folder.name, "folder", folder, None) for root in roots for folder in model_folders(root)]
+    found += [(c.repo_id, "HF cache", c.snapshot, c.size_on_disk) for c in cached_models(cache_dir)]
+    for name, source, folder, size in found:
+        if folder.resolve() in seen:
             continue
+        seen.add(folder.resolve())
+        try:
+            size = folder_size(folder) if size is None else size
+        except OSError:
+            size = 0
+        entries.append(read_entry(name, source, folder, size))
     return entries
+
+
+def hf_cache_dir() -> str:
+    from huggingface_hub import constants
+
+    return str(constants.HF_HUB_CACHE)
 
 
 def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int]) -> Verdict:
@@ -124,7 +158,9 @@ class ModelLibrary(QWidget):
         self.summary = QLabel(wordWrap=True)
         add = QPushButton("Add folder…", clicked=self._add_folder)
         rescan = QPushButton("Rescan", clicked=self.refresh)
-        use = QPushButton("Use this model", clicked=lambda: self._choose(self.table.currentRow()))
+        use = self.use_button = QPushButton("Use this model", clicked=lambda: self._choose(self.table.currentRow()),
+                                            enabled=False)
+        self.table.itemSelectionChanged.connect(self._update_use_button)
         buttons = QHBoxLayout()
         for b in (add, rescan):
             buttons.addWidget(b)
@@ -160,30 +196,51 @@ class ModelLibrary(QWidget):
     def _fill(self) -> None:
         where = (f"{len(self.gpu_memory)} NVIDIA GPU(s), smallest {format_bytes(min(self.gpu_memory))}"
                  if self.gpu_memory else "CPU only (no NVIDIA GPU found)")
-        self.summary.setText(f"{len(self.entries)} model(s) found · verdicts for this machine: {where}, "
-                             "each model at its full context length.")
+        unreadable = sum(1 for e in self.entries if e.info is None)
+        if self.entries or self.downloads:
+            self.summary.setText(f"{len(self.entries) - unreadable} model(s) found"
+                                 + (f" ({unreadable} more unreadable)" if unreadable else "") +
+                                 f" · verdicts for this machine: {where}, each model at its full context length.")
+        else:
+            looked = ", ".join(str(p).replace(str(Path.home()), "~", 1) for p in self.roots())
+            self.summary.setText(f"No models found. Looked in {looked} and the Hugging Face cache ({hf_cache_dir()}). "
+                                 "Add a folder of models, or download one by repo id in the Engine tab.")
         self.table.setRowCount(len(self.entries) + len(self.downloads))
         for row, (repo_id, progress) in enumerate(self.downloads.items(), start=len(self.entries)):
             for col, text in enumerate((repo_id, "download", "", "", "", "", "", f"⬇ downloading {progress}")):
                 self.table.setItem(row, col, QTableWidgetItem(text))
         for row, e in enumerate(self.entries):
             info = e.info
-            verdict = fit_verdict(info.config, self.values, self.gpu_memory)
-            cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture,
-                     format_count(info.num_parameters) if info.num_parameters else "?",
-                     quantization_of(info.config), f"{info.context_length:,}" if info.context_length else "?",
-                     verdict.short)
+            if info is None:
+                verdict = Verdict(False, f"✘ {e.problem}", f"{e.path}: {e.problem}")
+                cells = (e.name, e.source, format_bytes(e.size_bytes), "", "", "", "", verdict.short, str(e.path))
+            else:
+                verdict = (fit_verdict(info.config, self.values, self.gpu_memory) if e.has_weights else
+                           Verdict(False, "✘ no weights", f"{e.path} has no *.safetensors weight files: the engine "
+                                   "cannot load it. Download the weights into it, or choose another folder."))
+                cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture,
+                         format_count(info.num_parameters) if info.num_parameters else "?",
+                         quantization_of(info.config), f"{info.context_length:,}" if info.context_length else "?",
+                         verdict.short, str(e.path))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
-                item.setData(Qt.ItemDataRole.UserRole, str(info.path))
+                item.setData(Qt.ItemDataRole.UserRole, str(e.path))
                 if col == FITS_COLUMN:
                     item.setToolTip(verdict.detail)
                     item.setForeground(Qt.GlobalColor.darkGreen if verdict.fits else Qt.GlobalColor.darkRed)
                 self.table.setItem(row, col, item)
+        self._update_use_button()
+
+    def _usable(self, row: int) -> bool:
+        return 0 <= row < len(self.entries) and self.entries[row].info is not None
+
+    def _update_use_button(self) -> None:
+        rows = {index.row() for index in self.table.selectionModel().selectedRows()}
+        self.use_button.setEnabled(len(rows) == 1 and self._usable(next(iter(rows))))
 
     def _choose(self, row: int) -> None:
-        if 0 <= row < len(self.entries):
-            self.model_chosen.emit(str(self.entries[row].info.path))
+        if self._usable(row):
+            self.model_chosen.emit(str(self.entries[row].path))
 
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models (or one model folder)")

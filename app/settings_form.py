@@ -6,8 +6,9 @@ number whose default is None ("auto") gets an explicit "auto" checkbox beside it
 can always go back to auto. Basic settings (context length, KV cache precision, "use all GPUs") sit
 on top; everything else is under Advanced, grouped by `Flag.group`, with the help text as tooltip.
 Spin boxes and combo boxes ignore the mouse wheel unless focused, so scrolling the form never edits
-it. Out-of-range numbers stay as typed and are reported by `problems()` (shown under the form) instead
-of snapping back silently. `values()` / `set_values()` speak {flag name: value}.
+it. Out-of-range numbers stay as typed and are reported by `problems()` instead of snapping back
+silently: each in red right under its own field (a summary under the form names the fields, since some
+sit under the closed Advanced section), and `focus_first_problem()` opens and focuses the first. `values()` / `set_values()` speak {flag name: value}.
 """
 from __future__ import annotations
 
@@ -60,6 +61,14 @@ class FlagEditor:
             self.input.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
             self.input.installEventFilter(wheel_guard)
         self.widget = self._with_auto() if self.auto is not None else self.input
+        self.error = QLabel(wordWrap=True, visible=False, objectName=f"{flag.name}-error")
+        self.error.setStyleSheet("color: #bf616a;")
+        self.row = QWidget()  # the field with its error line under it: one row of the form
+        column = QVBoxLayout(self.row)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        column.addWidget(self.widget)
+        column.addWidget(self.error)
 
     def _make(self) -> QWidget:
         f = self.flag
@@ -178,14 +187,14 @@ class SettingsForm(QWidget):
         for editor in self.editors.values():
             name = editor.flag.name
             if name in BASIC:
-                self.basic_form.addRow(BASIC_LABELS.get(name, label_for(editor.flag)), editor.widget)
+                self.basic_form.addRow(BASIC_LABELS.get(name, label_for(editor.flag)), editor.row)
             else:
                 group = editor.flag.group
                 if group not in self.forms:
                     box = QGroupBox(GROUP_TITLES.get(group, group.capitalize()))
                     self.forms[group] = QFormLayout(box)
                     advanced_layout.addWidget(box)
-                self.forms[group].addRow(label_for(editor.flag), editor.widget)
+                self.forms[group].addRow(label_for(editor.flag), editor.row)
             editor.set_value(editor.flag.default)
             editor.connect_changed(self.changed.emit)
         self.basic_form.addRow(self.use_all_gpus)
@@ -226,11 +235,31 @@ class SettingsForm(QWidget):
 
     def problems(self) -> list[str]:
         """What the engine would refuse, in words; empty when the settings can start."""
-        found = [p for name, e in self.editors.items() if name not in self._hidden for p in [e.problem()] if p]
+        return [p for field in self.field_problems().values() for p in field]
+
+    def field_problems(self) -> dict[str, list[str]]:
+        """{flag name: what is wrong with it}, basic fields first as on screen, for fields that apply here."""
+        found: dict[str, list[str]] = {}
+        for name, editor in sorted(self.editors.items(), key=lambda item: item[0] not in BASIC):
+            problem = editor.problem()
+            if problem and name not in self._hidden:
+                found.setdefault(name, []).append(problem)
         max_len = self.values().get("max_model_len")
         if max_len is not None and self.model_context and max_len > self.model_context:
-            found.append(f"Context length {max_len:,} is longer than the model's {self.model_context:,} tokens.")
-        return found
+            found.setdefault("max_model_len", []).append(
+                f"Context length {max_len:,} is longer than the model's {self.model_context:,} tokens.")
+        return dict(sorted(found.items(), key=lambda item: item[0] not in BASIC))
+
+    def focus_first_problem(self) -> QWidget | None:
+        """Open Advanced if the first wrong field is there, focus that field and return it (None: nothing wrong)."""
+        first = next(iter(self.field_problems()), None)
+        if first is None:
+            return None
+        if first not in BASIC:
+            self.show_advanced.setChecked(True)
+        editor = self.editors[first]
+        editor.input.setFocus(Qt.FocusReason.OtherFocusReason)
+        return editor.row
 
     def warnings(self) -> list[str]:
         max_len = self.values().get("max_model_len")
@@ -239,7 +268,15 @@ class SettingsForm(QWidget):
         return []
 
     def _show_problems(self) -> None:
-        lines = self.problems() + self.warnings()
+        by_field = self.field_problems()
+        for name, editor in self.editors.items():
+            editor.error.setText("\n".join(by_field.get(name, [])))
+            editor.error.setVisible(name in by_field)
+        lines = self.warnings()
+        if by_field:
+            names = ", ".join(BASIC_LABELS.get(n, label_for(self.editors[n].flag)) +
+                              ("" if n in BASIC else " (Advanced)") for n in by_field)
+            lines.insert(0, f"Fix the settings marked in red before starting: {names}.")
         self.problems_label.setText("\n".join(lines))
         self.problems_label.setVisible(bool(lines))
 
@@ -248,7 +285,7 @@ class SettingsForm(QWidget):
         editor = self.editors.get(name)
         form = self.forms.get(editor.flag.group) if editor else None
         if form is not None:
-            form.setRowVisible(editor.widget, visible)
+            form.setRowVisible(editor.row, visible)
 
     def _on_use_all_gpus(self, on: bool) -> None:
         editor = self.editors.get("tensor_parallel_size")

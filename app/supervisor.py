@@ -8,7 +8,9 @@ READY while the process's `finished` signal reports an early exit at once. Outpu
 merged) goes to the `log` signal and to a bounded tail holding only the current run. A crash reports
 the exit code and that run's last lines and restarts with exponential backoff up to a cap; a
 configuration error (exit 2) or an out-of-memory at load (exit 3, or "out of memory" in the log) is
-never restarted, because it would fail the same way. Stop and quit pass through STOPPING: SIGTERM to
+never restarted, because it would fail the same way. The engine gets `--exit-with-parent <this pid>`, so
+it ends when the app dies by any means, SIGKILL included (while the window only hides into the tray the
+app process lives on, and so does its engine). Stop and quit pass through STOPPING: SIGTERM to
 the group, then SIGKILL after a grace period, and any member left behind by a dead leader is killed.
 """
 from __future__ import annotations
@@ -62,9 +64,11 @@ class EngineSupervisor(QObject):
     port_busy = Signal(str, int, str, int)  # host, port, who holds it ("" if unknown), next free port (0: none)
 
     def __init__(self, command: list[str] | None = None, max_restarts: int = 3, backoff_s: float = 1.0,
-                 grace_s: float = 5.0, tail_lines: int = 400, parent: QObject | None = None) -> None:
+                 grace_s: float = 5.0, tail_lines: int = 400, exit_with_parent: bool = True,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.command = command or serve_command()
+        self.exit_with_parent = exit_with_parent
         self.max_restarts = max_restarts
         self.backoff_s = backoff_s
         self.grace_s = grace_s
@@ -144,6 +148,18 @@ class EngineSupervisor(QObject):
                 process.waitForFinished(3000)
         self._signal_group(SIGKILL)  # stragglers whose leader already exited
 
+    def clear_failure(self) -> bool:
+        """Forget the last crash once the model or settings change, or a new start is tried: STOPPED again, the
+        crash's log tail dropped, and no automatic restart pending (it would relaunch the old settings). True
+        when there was a failure to forget."""
+        if self.process is not None or self.state != CRASHED:
+            return False
+        self._restart_timer.stop()
+        self.tail.clear()
+        self.last_exit_code = None
+        self._set_state(STOPPED)
+        return True
+
     @property
     def restart_pending(self) -> bool:
         """An automatic restart is scheduled (Stop cancels it)."""
@@ -160,7 +176,9 @@ class EngineSupervisor(QObject):
     def argv(self) -> list[str]:
         assert self._launch is not None
         model, values, extra = self._launch
-        return [*self.command, *serve_argv(model, values, extra)]
+        # The flag, not an environment variable: workers the engine spawns must not inherit our pid.
+        watch = ["--exit-with-parent", str(os.getpid())] if self.exit_with_parent and POSIX else []
+        return [*self.command, *serve_argv(model, values, extra), *watch]
 
     # ---- process lifecycle --------------------------------------------------------------------------
     def _spawn(self) -> None:

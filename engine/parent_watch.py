@@ -4,6 +4,8 @@ Three layers, because each covers a gap in the others: the kernel's parent-death
 prctl PR_SET_PDEATHSIG, which fires even when the parent is SIGKILLed), a daemon thread that polls
 os.getppid() (re-parenting shows the parent is gone on systems without prctl), and the caller's control
 pipe, whose EOF ends the worker's receive loop. Never raises: a worker without prctl still has the poll.
+`pagedesk-serve --exit-with-parent PID` arms the same watch in a server: the desktop app passes its own
+pid, so killing the app (even with SIGKILL) ends its engine; a server started by hand never arms it.
 """
 from __future__ import annotations
 
@@ -15,6 +17,25 @@ import threading
 import time
 
 PR_SET_PDEATHSIG = 1
+EXIT_WITH_PARENT_FLAG = "--exit-with-parent"
+
+
+def split_parent_flag(argv: list[str]) -> tuple[int | None, list[str]]:
+    """The pid after `--exit-with-parent` (None when absent) and the other arguments; ValueError names a bad value."""
+    pid, rest, i = None, [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == EXIT_WITH_PARENT_FLAG or arg.startswith(EXIT_WITH_PARENT_FLAG + "="):
+            value = arg.split("=", 1)[1] if "=" in arg else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 1 if "=" in arg else 2
+            if not value.isdigit() or int(value) <= 1:
+                raise ValueError(f"{EXIT_WITH_PARENT_FLAG} needs the parent's process id (a number above 1), "
+                                 f"got {value!r}")
+            pid = int(value)
+            continue
+        rest.append(arg)
+        i += 1
+    return pid, rest
 
 
 def die_with_parent(parent_pid: int, poll_s: float = 0.5) -> None:

@@ -14,12 +14,15 @@ at load (do not restart), 1 for any other load failure, 4 when the engine died o
 while serving (after answering 503 for a short grace period, so clients see why; a supervisor
 restarts it), 0 after a clean shutdown. At start the soft open-file limit is raised to the hard one and
 connections are capped below it, with a header-read timeout (server/connection_guard.py).
+`--exit-with-parent PID` (what the desktop app passes) ends the process when PID, its parent, dies —
+however it dies (engine/parent_watch.py).
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
+import os
 import resource
 import signal
 import socket
@@ -259,9 +262,21 @@ def serve(config: EngineConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """One engine for one model; the router (engine/router) in front of engines for several models or replicas."""
+    from engine.parent_watch import die_with_parent, split_parent_flag
     from engine.router.specs import build_specs, wants_router
 
-    models, rest = split_model_flags(list(sys.argv[1:] if argv is None else argv))
+    try:
+        parent_pid, argv = split_parent_flag(list(sys.argv[1:] if argv is None else argv))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return EXIT_CONFIG_ERROR
+    if parent_pid is not None:  # first, so a parent that dies while the model loads still takes us with it
+        if os.getppid() != parent_pid:
+            print(f"error: --exit-with-parent {parent_pid}: that process is not this one's parent "
+                  f"(the parent is {os.getppid()}); not serving", file=sys.stderr, flush=True)
+            return EXIT_CONFIG_ERROR
+        die_with_parent(parent_pid)
+    models, rest = split_model_flags(argv)
     try:
         args = vars(build_parser().parse_args(rest))
         if wants_router(models, args):

@@ -5,7 +5,10 @@ so the GUI's process handling and HTTP clients can be tested in seconds without 
 chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term, FAKE_SERVE_DELAY
 (seconds before listening), FAKE_SERVE_TOKEN_DELAY (seconds between streamed words),
 FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
-tensor-parallel worker). Unknown engine flags are accepted and ignored.
+tensor-parallel worker). POST /tokenize counts a chat as words (FAKE_SERVE_MAX_MODEL_LEN,
+default 4096, is its context; a chat completion that would not fit is refused with 400 as the real
+server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). `--exit-with-parent PID` arms engine/parent_watch.py exactly as the real server
+does. Other engine flags are accepted and ignored.
 """
 from __future__ import annotations
 
@@ -37,6 +40,15 @@ def state_payload(tick: int) -> dict:
             "prefix_cache_hit_rate": 0.25, "num_preemptions": 0, "prompt_tokens_total": 100 + tick,
             "generation_tokens_total": 10 * tick, "prompt_tokens_per_s": 50.0, "generation_tokens_per_s": 20.0 + tick,
             "memory": {"weights_bytes": 123456, "kv_cache_bytes": 654321}}
+
+
+def fake_token_count(messages: list[dict]) -> int:
+    """The fake's tokenizer: one token per word, four per message for the template, two for the reply prompt."""
+    return sum(len(str(m.get("content", "")).split()) + 4 for m in messages) + 2
+
+
+def max_model_len() -> int:
+    return int(os.environ.get("FAKE_SERVE_MAX_MODEL_LEN", "4096"))
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -81,10 +93,30 @@ class Handler(BaseHTTPRequestHandler):
         self.send_response(404)
         self.end_headers()
 
+    def _json(self, code: int, obj: dict) -> None:
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps(obj).encode())
+
     def do_POST(self):  # noqa: N802
-        if urlparse(self.path).path != "/v1/chat/completions" or not self._authorized():
+        path = urlparse(self.path).path
+        if path not in ("/v1/chat/completions", "/tokenize") or not self._authorized():
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if path == "/tokenize":
+            self._json(200, {"count": fake_token_count(body.get("messages") or []), "max_model_len": max_model_len(),
+                             "tokens": []})
+            return
+        if os.environ.get("FAKE_SERVE_REQUEST_LOG"):
+            with open(os.environ["FAKE_SERVE_REQUEST_LOG"], "a") as log:
+                log.write(json.dumps(body) + "\n")
+        prompt, completion = fake_token_count(body.get("messages") or []), int(body.get("max_tokens") or 16)
+        if prompt + completion > max_model_len():
+            self._json(400, {"error": {"message": f"requested {prompt + completion} tokens ({prompt} prompt, "
+                                                  f"{completion} completion), the context holds {max_model_len()}",
+                                       "type": "BadRequestError"}})
+            return
         if body.get("model") == "fail-400":  # the request's model name picks a failure, for the chat tests
             self.send_response(400)
             self.end_headers()
@@ -114,7 +146,12 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key")
+    parser.add_argument("--exit-with-parent", type=int)
     args, _unknown = parser.parse_known_args()
+    if args.exit_with_parent:
+        from engine.parent_watch import die_with_parent  # stdlib only; PYTHONPATH has the repository
+
+        die_with_parent(args.exit_with_parent)
     mode = os.environ.get("FAKE_SERVE_MODE", "ok")
     print(f"fake-serve: starting in mode {mode} on {args.host}:{args.port}", flush=True)
     if mode == "oom":

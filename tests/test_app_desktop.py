@@ -118,3 +118,55 @@ def test_status_chip(qtbot):
     chip.set_status("CRASHED")
     assert chip.text() == "● CRASHED" and "#b8434f" in chip.styleSheet()
     assert chip.state == "CRASHED"
+
+
+def test_library_rows_for_duplicate_unreadable_and_weightless_folders(qtbot, tmp_path):
+    import os
+
+    from app.model_library import PATH_COLUMN
+
+    qwen7b(tmp_path)
+    models = tmp_path / "models"
+    os.symlink(models / "Qwen2.5-7B-Instruct", models / "qwen-link")  # the same folder reached twice
+    broken = models / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "hidden_size": 64,, "x": 1}')
+    weightless = models / "no-weights"
+    weightless.mkdir()
+    (weightless / "config.json").write_text((models / "Qwen2.5-7B-Instruct" / "config.json").read_text())
+    entries = scan_library([models, models], tmp_path / "no-cache")  # an added root that repeats another
+    assert sorted(e.name for e in entries) == ["Qwen2.5-7B-Instruct", "broken", "no-weights"]
+    bad = next(e for e in entries if e.name == "broken")
+    assert bad.info is None and bad.problem == "unreadable: config.json is not valid JSON (line 1, column 59)"
+
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
+    settings.setValue("library/folders", [str(models)])
+    widget = ModelLibrary(settings)
+    qtbot.addWidget(widget)
+    widget.refresh()
+    widget.set_machine(default_values(2), [24 * GIB] * 2)
+    rows = {widget.table.item(r, 0).text(): r for r in range(widget.table.rowCount())}
+    assert widget.table.item(rows["broken"], FITS_COLUMN).text() == \
+        "✘ unreadable: config.json is not valid JSON (line 1, column 59)"
+    assert widget.table.item(rows["no-weights"], FITS_COLUMN).text() == "✘ no weights"
+    assert widget.table.item(rows["Qwen2.5-7B-Instruct"], FITS_COLUMN).text().startswith("✔ one card")
+    assert widget.table.item(rows["no-weights"], PATH_COLUMN).text() == str(weightless)
+    assert "1 more unreadable" in widget.summary.text()
+    assert not widget.use_button.isEnabled()  # nothing selected
+    widget.table.selectRow(rows["broken"])
+    assert not widget.use_button.isEnabled()
+    widget.table.selectRow(rows["Qwen2.5-7B-Instruct"])
+    assert widget.use_button.isEnabled()
+
+
+def test_an_empty_library_says_where_it_looks(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setattr(library, "cached_models", lambda cache_dir=None: [])
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
+    settings.setValue("library/folders", [str(tmp_path / "extra")])
+    monkeypatch.setattr(library, "DEFAULT_ROOT", tmp_path / "no-models")
+    widget = ModelLibrary(settings)
+    qtbot.addWidget(widget)
+    widget.refresh()
+    text = widget.summary.text()
+    assert text.startswith("No models found. Looked in ") and str(tmp_path / "extra") in text
+    assert str(tmp_path / "no-models") in text and "Hugging Face cache" in text

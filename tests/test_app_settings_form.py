@@ -54,18 +54,43 @@ def test_out_of_range_is_reported_not_reverted(qtbot):
     f.editors["gpu_memory_utilization"].input.setValue(0.01)
     assert f.values()["gpu_memory_utilization"] == 0.01
     assert f.problems() == ["GPU memory utilization must be between 0.05 and 1; it is 0.01."]
-    assert f.problems_label.text() == f.problems()[0] and not f.problems_label.isHidden()
+    error = f.editors["gpu_memory_utilization"].error
+    assert error.text() == f.problems()[0] and not error.isHidden()  # at its own field
+    assert f.problems_label.text() == ("Fix the settings marked in red before starting: "
+                                       "GPU memory utilization (Advanced).")
+    f.editors["gpu_memory_utilization"].input.setValue(0.5)
+    assert error.isHidden() and f.problems_label.isHidden()
+
+
+def test_each_error_sits_under_its_field_and_the_first_gets_focus(qtbot):
+    f = form(qtbot, num_gpus=1)
+    f.show()
+    f.set_model_context(32768)
+    f.set_values({"max_model_len": 10_000_000, "gpu_memory_utilization": 0.01})
+    context_error = f.editors["max_model_len"].error
+    assert context_error.text() == "Context length 10,000,000 is longer than the model's 32,768 tokens."
+    assert not context_error.isHidden() and not f.editors["gpu_memory_utilization"].error.isHidden()
+    assert f.editors["max_num_seqs"].error.isHidden()
+    # the error is in the same form row as its field, right under it
+    row = f.editors["max_model_len"].row
+    assert context_error.parent() is row and f.editors["max_model_len"].widget.parent() is row
+    assert f.focus_first_problem() is row  # form order: the basic context length comes first
+    f.set_values({"max_model_len": 4096})
+    assert not f.show_advanced.isChecked()
+    assert f.focus_first_problem() is f.editors["gpu_memory_utilization"].row
+    assert f.show_advanced.isChecked()  # the field was under the closed Advanced section
+    qtbot.waitUntil(lambda: f.editors["gpu_memory_utilization"].input.hasFocus(), timeout=2000)
 
 
 def test_memory_setting_follows_the_hardware(qtbot):
     cpu = form(qtbot, num_gpus=0)
-    assert not cpu.forms["cache"].isRowVisible(cpu.editors["gpu_memory_utilization"].widget)
-    assert cpu.forms["cache"].isRowVisible(cpu.editors["kv_cache_memory"].widget)
+    assert not cpu.forms["cache"].isRowVisible(cpu.editors["gpu_memory_utilization"].row)
+    assert cpu.forms["cache"].isRowVisible(cpu.editors["kv_cache_memory"].row)
     cpu.editors["gpu_memory_utilization"].input.setValue(0.01)
     assert cpu.problems() == []  # a setting that does not apply here blocks nothing
     gpu = form(qtbot, num_gpus=1)
-    assert gpu.forms["cache"].isRowVisible(gpu.editors["gpu_memory_utilization"].widget)
-    assert not gpu.forms["cache"].isRowVisible(gpu.editors["kv_cache_memory"].widget)
+    assert gpu.forms["cache"].isRowVisible(gpu.editors["gpu_memory_utilization"].row)
+    assert not gpu.forms["cache"].isRowVisible(gpu.editors["kv_cache_memory"].row)
 
 
 def test_short_and_too_long_contexts_are_called_out(qtbot):

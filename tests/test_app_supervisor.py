@@ -195,4 +195,4 @@ def test_argv_is_built_from_flags(supervisor):
     argv = supervisor.argv()
     assert argv[:2] == helpers.FAKE_SERVE_COMMAND
     assert argv[2:] == ["--model", "/models/x", "--max-num-seqs", "8", "--no-enable-prefix-caching",
-                        "--device", "cpu"]
+                        "--device", "cpu", "--exit-with-parent", str(os.getpid())]

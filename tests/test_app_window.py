@@ -172,3 +172,56 @@ def test_planner_counts_what_other_programs_hold_while_the_engine_is_stopped(win
     busy = win.capacity.text()
     tokens = lambda line: int(line.split(" tokens fit")[0].rsplit("· ", 1)[1].replace(",", ""))  # noqa: E731
     assert "tokens fit" in idle and "tokens fit" in busy and tokens(busy) < tokens(idle)
+
+
+def test_a_failure_is_forgotten_when_the_model_or_settings_change_and_on_every_attempt(window, qtbot, tmp_path,
+                                                                                         monkeypatch):
+    win = window
+    choose_model(win, tmp_path)
+    win.settings_form.set_values({"port": helpers.free_port()})
+    monkeypatch.setenv("FAKE_SERVE_MODE", "config")  # exits 2 at load: never restarted
+
+    def fail_once(why="no *.safetensors weights"):
+        with qtbot.waitSignal(win.supervisor.crashed, timeout=10_000):
+            assert win.start_engine()
+        assert win.supervisor.state == "CRASHED" and not win.crash_box.isHidden()
+        assert why in win.crash_box.text()
+
+    fail_once()
+    demo_model_folder(tmp_path / "Other-Model")
+    assert win.model_picker.set_model_path(str(tmp_path / "Other-Model"))
+    assert win.state_label.text() == "● STOPPED · Other-Model"  # never "CRASHED · <the new model>"
+    assert win.crash_box.isHidden() and win.crash_box.text() == ""
+    assert win.start_action.isEnabled()
+
+    fail_once()
+    win.settings_form.set_values({"max_num_seqs": 4})  # an edited setting
+    assert win.supervisor.state == STOPPED and win.crash_box.isHidden() and not win.supervisor.tail
+
+    monkeypatch.setenv("FAKE_SERVE_MODE", "exit1")  # restarted, after a long backoff
+    win.supervisor.backoff_s = 60
+    fail_once("failing on purpose")
+    assert win.supervisor.restart_pending
+    with socket.socket() as taken:  # the next attempt is refused: it shows that refusal, not the old crash
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        win.settings_form.set_values({"port": taken.getsockname()[1]})
+        assert not win.start_engine()
+    assert not win.supervisor.restart_pending  # it would have relaunched the old settings
+    assert win.state_label.text().startswith("● STOPPED") and win.crash_box.isHidden()
+    assert not win.port_banner.isHidden()
+    assert "automatic restart was cancelled" in win.log_view.toPlainText()
+
+
+def test_a_settings_error_disables_start_until_it_is_fixed(window, qtbot, tmp_path):
+    win = window
+    choose_model(win, tmp_path)
+    assert win.start_action.isEnabled() and win.restart_action.isEnabled()
+    win.settings_form.set_values({"max_model_len": 10_000_000})  # the model has 32,768
+    assert not win.start_action.isEnabled() and not win.restart_action.isEnabled()
+    assert "marked in red" in win.start_action.toolTip()
+    assert not win.settings_form.editors["max_model_len"].error.isHidden()
+    assert not win.start_engine()  # the tray or a shortcut still cannot start it
+    assert "longer than the model's 32,768" in win.statusBar().currentMessage()
+    win.settings_form.set_values({"max_model_len": 4096})
+    assert win.start_action.isEnabled() and win.settings_form.editors["max_model_len"].error.isHidden()

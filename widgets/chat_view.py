@@ -21,6 +21,7 @@ STYLE = """
  body { font-size: 10pt; }
  .role { font-weight: bold; margin-top: 10px; }
  .user { color: #5e81ac; } .assistant { color: #a3be8c; } .system { color: #b48ead; } .error { color: #bf616a; }
+ .note { color: #d08770; }
  .stats { color: #808890; font-size: 8pt; }
  .thinking { color: #808890; font-style: italic; }
  pre { background: #1e222a; color: #e5e9f0; padding: 6px; font-family: monospace; }
@@ -48,7 +49,7 @@ def render_markdown(text: str) -> str:
 
 @dataclass
 class ChatMessage:
-    role: str  # user | assistant | system | error
+    role: str  # user | assistant | system | error | note
     text: str
     stats: str = ""
     reasoning: str = ""  # the model's thinking, shown collapsed
@@ -58,7 +59,7 @@ class ChatMessage:
 class ChatView(QTextBrowser):
     """Renders a conversation; `append_to_last` for streamed tokens, redrawn every `redraw_ms`."""
 
-    ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System", "error": "Error"}
+    ROLE_TITLES = {"user": "You", "assistant": "Assistant", "system": "System", "error": "Error", "note": "Note"}
 
     def __init__(self, parent: QWidget | None = None, redraw_ms: int = 100) -> None:
         super().__init__(parent)
