@@ -9,20 +9,19 @@ this decoder without the q/k norms and with soft-capped attention logits, both r
 """
 from __future__ import annotations
 
-from typing import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, PagedAttention
-from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.model_config import ModelConfig
-from engine.models.weights import (PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMapper, checkpoint_modules,
-                                   load_weights)
+from engine.models.llama import LlamaForCausalLM
+from engine.models.weights import (VL_TEXT_MAPPER, checkpoint_modules)
 
 def check_supported(cfg: ModelConfig) -> None:
     text = cfg.hf_text_config
@@ -102,7 +101,7 @@ class Gemma3DecoderLayer(nn.Module):
 
 
 class Gemma3Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str, packed: dict) -> None:
+    def __init__(self, cfg: ModelConfig, backend: str, packed: dict, mlp_factory=None) -> None:  # Gemma has its own MLP
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
         self.embed_scale = cfg.hidden_size ** 0.5
@@ -121,36 +120,19 @@ class Gemma3Model(nn.Module):
         return x
 
 
-class Gemma3ForCausalLM(nn.Module):
-    packed_modules_mapping = PACKED_QKV_GATE_UP
-    weights_mapper = WeightsMapper()
+class Gemma3ForCausalLM(LlamaForCausalLM):
+    model_class = Gemma3Model
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
-        super().__init__()
         check_supported(cfg)
-        self.config = cfg
-        self.model = Gemma3Model(cfg, backend, self.packed_modules_mapping)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
-        if cfg.tie_word_embeddings:
-            self.lm_head.weight = self.model.embed_tokens.weight
+        super().__init__(cfg, backend)
         self.final_softcap = cfg.hf_text_config.get("final_logit_softcapping")
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata | None) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = self.lm_head.logits(hidden)
         if self.final_softcap:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
-
-    def attention_layers(self) -> list[PagedAttention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_weights(self, weights, packed_modules_mapping=self.packed_modules_mapping, mapper=self.weights_mapper,
-                     quant=self.config.quantization, tied_lm_head=self.config.tie_word_embeddings)
 
 
 class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
