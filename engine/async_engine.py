@@ -319,7 +319,7 @@ class AsyncEngine:
                 idle_step = False
                 if engine.has_unfinished_requests():
                     self._step_started = time.monotonic()
-                    steps_before = getattr(engine.stats, "num_steps", None)
+                    steps_before = getattr(getattr(engine, "stats", None), "num_steps", None)
                     outputs = engine.step()
                     self._step_started = None
                     self._steps_done += 1

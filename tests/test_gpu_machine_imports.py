@@ -81,7 +81,9 @@ def test_every_engine_and_kernels_module_imports_without_the_desktop_stack(bare_
         print(json.dumps(failed))
     """)
     failed = json.loads(run_bare(bare_env, "-c", walk).stdout.strip().splitlines()[-1])
-    assert "engine.server" in failed and set(failed) <= SERVER_OR_CPU_ONLY, failed
+    # engine.server imports its app lazily, so each web-stack module of the server and the router fails alone
+    web_stack = {name for name in failed if name.startswith(("engine.server.", "engine.router."))}
+    assert "engine.server.app" in failed and set(failed) - web_stack <= SERVER_OR_CPU_ONLY, failed
 
 
 def test_the_doctor_runs_without_the_desktop_stack(bare_env):

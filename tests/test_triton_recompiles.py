@@ -111,7 +111,7 @@ VARYING = {
     "quant_gemm_kernel": {"M"},
 }
 FIXED = {
-    "paged_attention_kernel": {"num_heads", "stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head",
+    "paged_attention_kernel": {"num_heads", "soft_cap", "stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head",
                                "stride_kc_block", "stride_kc_tok", "stride_kc_head", "stride_vc_block",
                                "stride_vc_tok", "stride_vc_head"},
     "reduce_splits_kernel": {"num_heads", "stride_o_tok", "stride_o_head"},
