@@ -95,10 +95,12 @@ class GrammarCompiler:
     def _compile_and_cache(self, key: tuple[str, str], params: StructuredOutputsParams):
         try:
             compiled = self._compile(params)
-        finally:
+        except BaseException:
             with self._lock:
                 self._pending.pop(key, None)
-        with self._lock:
+            raise
+        with self._lock:  # pending and cached swap under one lock, so no submit in between compiles it again
+            self._pending.pop(key, None)
             self._cache[key] = compiled
             self.num_compiles += 1
             while len(self._cache) > CACHE_SIZE:
