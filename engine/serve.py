@@ -149,6 +149,16 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bind_socket_or_say(host: str, port: int) -> socket.socket | None:
+    """bind_socket, or None after telling the user why the port cannot be had (a configuration error)."""
+    try:
+        return bind_socket(host, port)
+    except OSError as exc:
+        print(f"error: cannot serve on {host}:{port}: {exc.strerror or exc} (is the port in use? "
+              "choose another with --port)", file=sys.stderr, flush=True)
+        return None
+
+
 def raise_open_file_limit() -> int:
     """Raise the soft RLIMIT_NOFILE to the hard limit (a connection flood must not run out of descriptors at
     the default 1024); returns the soft limit now in force."""
@@ -228,11 +238,8 @@ def serve(config: EngineConfig) -> int:
     from engine.server import create_app
     from engine.server.connection_guard import ConnectionGuard
 
-    try:
-        sock = bind_socket(config.host, config.port)
-    except OSError as exc:
-        print(f"error: cannot serve on {config.host}:{config.port}: {exc.strerror or exc} (is the port in use? "
-              "choose another with --port)", file=sys.stderr, flush=True)
+    sock = bind_socket_or_say(config.host, config.port)
+    if sock is None:
         return EXIT_CONFIG_ERROR
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     name = config.served_model_name or config.model

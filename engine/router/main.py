@@ -69,7 +69,7 @@ def serve_router(config: RouterConfig) -> int:
     from engine.router.app import create_router_app
     from engine.router.manager import ModelManager
     from engine.router.placement import detect_cards
-    from engine.serve import _stop_quietly, bind_socket
+    from engine.serve import _stop_quietly, bind_socket_or_say
 
     try:
         check_models(config)
@@ -77,11 +77,8 @@ def serve_router(config: RouterConfig) -> int:
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_CONFIG_ERROR
-    try:
-        sock = bind_socket(config.host, config.port)
-    except OSError as exc:
-        print(f"error: cannot serve on {config.host}:{config.port}: {exc.strerror or exc} (is the port in use? "
-              "choose another with --port)", file=sys.stderr, flush=True)
+    sock = bind_socket_or_say(config.host, config.port)
+    if sock is None:
         return EXIT_CONFIG_ERROR
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per relayed request otherwise
