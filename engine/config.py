@@ -69,6 +69,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("enforce_eager", bool, False, "Never capture CUDA graphs", "engine"),
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
+    Flag("speculative_config", str, None, "Speculative decoding as JSON, vLLM's names: {\"method\": \"ngram\", "
+         "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3} or {\"model\": DRAFT_FOLDER, "
+         "\"num_speculative_tokens\": 3} (default: off)", "engine", gui=False),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),
@@ -171,6 +174,7 @@ class EngineConfig:
     quantization: str | None = None
     enforce_eager: bool = False
     attention_backend: str = "auto"
+    speculative_config: str | dict | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: float | None = None
@@ -219,6 +223,9 @@ class EngineConfig:
         if self.quantization is not None:
             from engine.quantization.config import check_folder_quantization
             check_folder_quantization(self.model, self.quantization)
+        if self.speculative_config is not None:
+            from engine.spec_decode.config import parse_speculative_config  # torch-free
+            parse_speculative_config(self.speculative_config)
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 runs one engine per replica behind pagedesk-serve's router; "
                              "one engine (or the offline LLM) serves one replica")

@@ -82,8 +82,11 @@ class KVCacheManager:
             return []
         return KVCacheBlocks(tuple(blocks[:hit] for blocks in found))
 
-    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | list = ()) -> bool:
-        """Reserve blocks for `num_new_tokens` more tokens (after any prefix hit); False if they don't fit."""
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | list = (),
+                       num_lookahead_tokens: int = 0) -> bool:
+        """Reserve blocks for `num_new_tokens` more tokens (after any prefix hit), plus slots for
+        `num_lookahead_tokens` speculative drafts, which are never hashed (they may be rejected); False if
+        they don't fit."""
         bs = self.block_size
         tables = seq.block_tables
         # Fast path: a decode inside its last block (the tables exist: some tokens are computed). This runs for
@@ -91,7 +94,7 @@ class KVCacheManager:
         if not computed and seq.num_computed_tokens % bs:
             total = seq.num_computed_tokens + num_new_tokens
             last = tables[0]
-            if total <= len(last) * bs and last[-1].ref_count == 1:
+            if total + num_lookahead_tokens <= len(last) * bs and last[-1].ref_count == 1:
                 if self.num_groups == 1:
                     if self.enable_caching and total % bs == 0:
                         self._cache_full_blocks(seq, total)
@@ -110,7 +113,7 @@ class KVCacheManager:
         total = num_computed + num_new_tokens
         for manager in self.window_managers:  # behind the window now: free before counting what is needed
             manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
-        num_new_blocks = self.blocks_needed(total) - len(tables[0]) - num_hit
+        num_new_blocks = self.blocks_needed(total + num_lookahead_tokens) - len(tables[0]) - num_hit
         cows = [m.needs_copy(seq, num_computed) for m in self.managers]
         # Cached free blocks of a hit leave the free queue; NULL_BLOCK never counts (never at zero).
         revived = sum(1 for blocks in hits for b in blocks if b.ref_count == 0) if num_hit else 0

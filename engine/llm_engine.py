@@ -31,6 +31,9 @@ from engine.sampling_params import SamplingParams
 from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
+from engine.spec_decode.config import parse_speculative_config
+from engine.spec_decode.loading import load_draft, share_blocks_with_draft
+from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
 from engine.structured_output.params import StructuredOutputsParams
@@ -55,6 +58,11 @@ class LLMEngine:
         if backend == "auto":
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
+        self.spec_config = parse_speculative_config(config.speculative_config)
+        if self.spec_config is not None and self.spec_config.method == "draft_model" \
+                and config.tensor_parallel_size > 1:
+            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only for "
+                             "now; use method \"ngram\" under tensor parallel")
         # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
         self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
                                       config.block_size, backend, config.tensor_parallel_size)
@@ -64,8 +72,14 @@ class LLMEngine:
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
+            self.draft_runner = load_draft(self.spec_config, config, self.model_config, self.tokenizer,
+                                           self.device, self.dtype, backend)
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
+            if self.draft_runner is not None:  # its KV shares the block ids: the budget covers both tensors
+                num_blocks = share_blocks_with_draft(num_blocks, config, self.model_config, self.draft_runner,
+                                                     kv_dtype)
+                self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
             self.runner.allocate_kv_cache(num_blocks, kv_dtype)
             self.runner.capture_decode_graphs()
         except BaseException:
@@ -88,6 +102,12 @@ class LLMEngine:
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
                                       self.model_config.max_model_len, self.stats, self.faults)
+        self.spec = None
+        if self.spec_config is not None:
+            self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
+                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner)
+            self.stats.spec_decode = self.spec.stats
+            logger.info("speculative decoding: %s", self.spec_config.describe())
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
 
@@ -195,7 +215,11 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         self._admit_compiled()
+        if self.spec is not None:
+            self.spec.propose_before_schedule(self.scheduler.running)
         out = self.scheduler.schedule()
+        if self.spec is not None and out.scheduled:
+            self.spec.fill_drafts(out.scheduled, out.block_copies, self.generator)
         outcome = StepOutcome()
         for seq in out.too_long:
             self.output.finish(seq, "length")
@@ -208,6 +232,8 @@ class LLMEngine:
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
+        if self.spec is not None and out.scheduled:
+            self.spec.after_step(plan.spec_items, result)
         outputs = []
         for request in outcome.touched.values():
             with self.faults.guard(request, "building its output"):
@@ -251,9 +277,19 @@ class LLMEngine:
         forks its other outputs off the first once its prompt is computed: they all draw their first token
         from the same logits row), and the top log-probs of every beam row."""
         plan = StepPlan(SamplingBatch(generator=self.generator))
-        for row, item in enumerate(sampling):
+        spec = SpecBatch() if any(item.num_draft_tokens for item in sampling) else None
+        row = 0  # logits row: one per sampling sequence, 1 + k for one verifying drafts
+        for item in sampling:
             with self.faults.guard(item.seq.request, "preparing its sampling rows"):
-                self._plan_row(plan, row, item.seq)
+                if item.num_draft_tokens:
+                    self.spec.plan_rows(spec, item.seq, row, item.seq.params.allowed_token_ids)
+                    plan.spec_items.append(item)
+                else:
+                    self._plan_row(plan, row, item.seq)
+            row += 1 + item.num_draft_tokens
+        if spec is not None and spec.rows:
+            self.spec.finish_batch(spec)
+            plan.batch.spec = spec
         try:
             plan.batch.bitmask = self._bitmask(plan.targets)
         except Exception:  # noqa: BLE001 - one request's grammar: find it, fail it, mask the others

@@ -28,6 +28,7 @@ from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
+from engine.spec_decode.rejection_sampler import SpecSampleOutput, verify_drafts
 from engine.profiling import profile_batch, profile_sampling_batch
 from engine.sizing import estimate_graph_bytes
 from engine.warm_up import warm_up_kernels
@@ -99,6 +100,27 @@ class ModelRunnerOutput:
     beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
     beam_ids: list[list[int]] | None = None  # and their token ids
     prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
+    spec: SpecSampleOutput | None = None  # speculative verify rows: per sequence, the tokens it emits
+
+
+def query_tokens(item: ScheduledSeq) -> list[int]:
+    """The token ids a scheduled sequence feeds this step: its next chunk, or its last token and drafts."""
+    seq, start = item.seq, item.seq.num_computed_tokens
+    if item.num_draft_tokens:
+        return seq.token_ids[start:] + seq.spec_token_ids
+    return seq.token_ids[start:start + item.num_new_tokens]
+
+
+def logits_rows(batch: list[ScheduledSeq], query_start: np.ndarray, samples: np.ndarray) -> list[int]:
+    """Token rows whose logits the step needs: each sampling sequence's last, and with drafts all 1 + k."""
+    ends = query_start[1:]
+    if not any(item.num_draft_tokens for item in batch):
+        return (ends[samples] - 1).tolist()
+    rows = []
+    for i, item in enumerate(batch):
+        if samples[i]:
+            rows += range(int(ends[i]) - 1 - item.num_draft_tokens, int(ends[i]))
+    return rows
 
 
 def every_shape(*shape):
@@ -213,14 +235,12 @@ class ModelRunner:
             group_tables = np.stack([self._block_table_array([item.seq.block_tables[g] for item in batch])
                                      for g in range(1, len(self.kv_layout.groups))])
             group_slots = group_tables[:, owner, block_index].astype(np.int64) * bs + offset
-        input_ids = np.fromiter(chain.from_iterable(
-            item.seq.token_ids[item.seq.num_computed_tokens:item.seq.num_computed_tokens + item.num_new_tokens]
-            for item in batch), np.int64, num_tokens)
+        input_ids = np.fromiter(chain.from_iterable(map(query_tokens, batch)), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
         prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
         return StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
-            query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
+            query_start_loc=query_start.astype(np.int32), logits_rows=logits_rows(batch, query_start, samples),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
             group_block_tables=group_tables, group_slot_mappings=group_slots)
@@ -296,6 +316,8 @@ class ModelRunner:
                 meta.bitmask = sampling.bitmask.to(dev, non_blocking=True)
             rows = logits[torch.as_tensor(sampling.logits_index, device=dev)]
             out.sampled = sample_on_device(rows, meta, sampling.generator).to_host()
+        if sampling.spec is not None:
+            out.spec = verify_drafts(logits, sampling.spec, sampling.generator)
         if sampling.beam_index:
             values, ids = beam_top_logprobs(logits[torch.as_tensor(sampling.beam_index, device=dev)],
                                             sampling.beam_topk)

@@ -29,6 +29,7 @@ class StepPlan:
     targets: list[Sequence] = field(default_factory=list)  # batch.rows[i] appends to targets[i]
     forks: list[tuple[Sequence, list[Sequence]]] = field(default_factory=list)  # parent, its new siblings
     beams: list[Sequence] = field(default_factory=list)  # batch.beam_index[i] belongs to beams[i]
+    spec_items: list[ScheduledSeq] = field(default_factory=list)  # result.spec's sequence i is spec_items[i]
 
 
 @dataclass
@@ -59,6 +60,8 @@ class OutputProcessor:
             outcome.forks.append((parent, children))
         if plan.beams:
             self._advance_beams(plan.beams, result, outcome)
+        if plan.spec_items:
+            self._append_verified(outcome, plan.spec_items, result.spec, now)
         if not plan.targets:
             return
         sampled: SamplerOutput = result.sampled
@@ -77,6 +80,36 @@ class OutputProcessor:
             if seq.is_finished:
                 outcome.finished.append(seq)
         self.stats.generation_tokens_total += len(plan.targets)
+
+    def _append_verified(self, outcome: StepOutcome, items: list[ScheduledSeq], spec, now: float) -> None:
+        """A verify step's tokens (accepted drafts, then the target's own): appended in order until a stop
+        rule ends the sequence inside the run; what follows the stop never joins it. `num_accepted` of the
+        item is what the scheduler counts as computed."""
+        for i, item in enumerate(items):
+            seq = item.seq
+            if seq.request in self.faults:
+                continue
+            appended = 0
+            with self.faults.guard(seq.request, "processing its new tokens"):
+                for j, token in enumerate(spec.token_ids[i]):
+                    top = None
+                    if seq.logprobs is not None:
+                        top = self._top_entry(seq, token, spec.logprobs[i][j], spec.ranks[i][j],
+                                              spec.top_ids[i][j], spec.top_logprobs[i][j])
+                    self.append_token(seq, token, spec.logprobs[i][j], top)
+                    appended += 1
+                    if seq.is_finished:
+                        break
+            item.num_accepted = max(0, appended - 1)
+            if seq.request in self.faults:
+                continue
+            metrics = seq.request.metrics
+            metrics.first_token_time = metrics.first_token_time or now
+            metrics.last_token_time = now
+            outcome.touched[seq.request.request_id] = seq.request
+            if seq.is_finished:
+                outcome.finished.append(seq)
+            self.stats.generation_tokens_total += appended
 
     def _record_prompt_logprobs(self, scheduled: list[ScheduledSeq], result: PromptLogprobsOutput) -> None:
         """Each scored row's entry joins its request's prompt_logprobs (index = prompt position of the token);
@@ -114,10 +147,15 @@ class OutputProcessor:
     def _top_logprobs(self, seq: Sequence, i: int, result: SamplerOutput) -> dict[int, Logprob] | None:
         if seq.logprobs is None:
             return None
-        decode, k, token = self.tokenizer.decode, seq.params.logprobs, result.token_ids[i]
-        top = {token: Logprob(result.logprobs[i], result.ranks[i], decode([token]))}
-        for rank, (tid, lp) in enumerate(zip(result.top_ids[i][:k], result.top_logprobs[i][:k]), start=1):
-            top.setdefault(tid, Logprob(lp, rank, decode([tid])))
+        return self._top_entry(seq, result.token_ids[i], result.logprobs[i], result.ranks[i], result.top_ids[i],
+                               result.top_logprobs[i])
+
+    def _top_entry(self, seq: Sequence, token: int, logprob: float, rank: int, top_ids: list[int],
+                   top_logprobs: list[float]) -> dict[int, Logprob]:
+        decode, k = self.tokenizer.decode, seq.params.logprobs
+        top = {token: Logprob(logprob, rank, decode([token]))}
+        for r, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k]), start=1):
+            top.setdefault(tid, Logprob(lp, r, decode([tid])))
         return top
 
     def _advance_beams(self, beams: list[Sequence], result, outcome: StepOutcome) -> None:

@@ -52,6 +52,7 @@ class SamplingBatch:
     beam_topk: int = 0  # how many top log-probs each beam row needs (2 x beam width)
     generator: torch.Generator | None = None  # the engine's, on the logits' device: unseeded rows draw from it
     bitmask: torch.Tensor | None = None  # structured outputs: packed int32 [len(rows), ceil(vocab / 32)], host side
+    spec: object | None = None  # speculative verify rows (engine/spec_decode/speculator.SpecBatch), or None
 
 
 @dataclass

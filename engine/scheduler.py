@@ -41,11 +41,13 @@ class ScheduledSeq:
     seq: Sequence
     num_new_tokens: int
     is_prefill: bool = False  # a prompt (or recompute) chunk, not the one-token step of a decode
+    num_draft_tokens: int = 0  # speculative drafts verified after the decode token (in num_new_tokens)
+    num_accepted: int = 0  # of them, kept this step (set by the output processor)
 
     @property
     def samples(self) -> bool:
         """True when this step reaches the sequence's last known token, so its logits are sampled."""
-        return self.seq.num_computed_tokens + self.num_new_tokens == self.seq.num_tokens
+        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
 
 
 @dataclass
@@ -154,7 +156,15 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
-            while not self.kv.allocate_slots(seq, num_new):
+            drafts = 0
+            if left == 1 and seq.spec_token_ids:  # a decode with speculative drafts: 1 + k query tokens
+                drafts = min(len(seq.spec_token_ids), budget - 1)
+                del seq.spec_token_ids[drafts:]
+                num_new += drafts
+            while not self.kv.allocate_slots(seq, num_new - drafts, num_lookahead_tokens=drafts):
+                if drafts:  # out of blocks: the drafts go before anyone is preempted
+                    num_new, drafts, seq.spec_token_ids = num_new - drafts, 0, []
+                    continue
                 preempted = True
                 victim = self._pop_victim()
                 if victim.seq_id in picked:  # scheduled earlier this step: give its tokens back
@@ -173,7 +183,7 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1)
+                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts)
                 out.scheduled.append(picked[seq.seq_id])
                 budget -= num_new
                 if prefill_left is not None and left > 1:
@@ -232,6 +242,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence, to_back: bool = False) -> None:
         self.kv.free(seq)
+        seq.spec_token_ids, seq.num_draft_computed = [], 0  # recomputed later: no drafts, no draft KV
         seq.status = SequenceStatus.WAITING
         if to_back:
             self.waiting.append(seq)
@@ -257,8 +268,8 @@ class Scheduler:
         """After a step: the scheduled tokens are computed; forked sequences take their parent's blocks by
         reference and join the running list (before any parent that finished frees its own); finished
         sequences give their blocks back."""
-        for item in out.scheduled:
-            item.seq.num_computed_tokens += item.num_new_tokens
+        for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
+            item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
         for parent, children in forks:
             for child in children:
                 self.kv.fork(parent, child)

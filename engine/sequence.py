@@ -47,6 +47,9 @@ class Sequence:
         self.grammar = None  # GrammarState of a structured-output request
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.spec_token_ids: list[int] = []  # speculative drafts for the next step (engine/spec_decode)
+        self.num_draft_computed = 0  # leading tokens whose draft-model KV is valid
+        self.draft_fed = 0  # positions the draft model last wrote KV for
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request.request_id}#{self.index}, tokens={self.num_tokens}, "

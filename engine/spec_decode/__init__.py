@@ -1,0 +1,4 @@
+"""Speculative decoding: drafts proposed cheaply (n-gram prompt lookup or a small draft model), verified
+by the target in one forward over 1 + k query tokens, and accepted by the exact rejection rule, so the
+output distribution is the target's. Config parsing here is torch-free; the rest runs in the engine.
+"""

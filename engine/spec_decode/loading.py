@@ -1,0 +1,62 @@
+"""Loading the draft model: its folder resolved and checked against the target, its weights on the target's
+device, and the KV pool split so that both caches (same block ids, one tensor each) fit the budget."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.kv_cache_interface import FULL_ATTENTION, model_kv_layout
+from engine.loader import resolve_model_path
+from engine.model_config import ModelConfig
+from engine.spec_decode.config import SpeculativeConfig, check_draft_vocab
+
+logger = logging.getLogger("pagedesk.engine")
+
+
+def load_draft(spec: SpeculativeConfig | None, config, target_config: ModelConfig, target_tokenizer,
+               device: torch.device, dtype: torch.dtype, backend: str):
+    """The draft's ModelRunner, or None without a draft model. ValueErrors name speculative_config.model."""
+    if spec is None or spec.method != "draft_model":
+        return None
+    from engine.model_runner import ModelRunner  # the draft is built the way the target is
+    from engine.tokenizer import load_tokenizer
+
+    try:
+        path = resolve_model_path(spec.model, None)
+        draft_config = ModelConfig.from_folder(path)
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"speculative_config.model {spec.model!r} cannot be loaded: "
+                         f"{(str(exc).splitlines() or [''])[0]}") from None
+    if draft_config.max_position_embeddings < target_config.max_model_len:
+        raise ValueError(f"speculative_config.model: the draft's context ({draft_config.max_position_embeddings} "
+                         f"tokens) is shorter than max_model_len ({target_config.max_model_len}); lower "
+                         "--max-model-len")
+    draft_config.with_max_model_len(target_config.max_model_len)
+    try:
+        draft_tokenizer = load_tokenizer(path)
+    except (OSError, ValueError, TypeError):  # a folder of weights only: the vocabulary size still has to match
+        draft_tokenizer = None
+    check_draft_vocab(target_config.vocab_size, draft_config.vocab_size, target_tokenizer, draft_tokenizer)
+    target_layout = model_kv_layout(target_config, config.block_size)
+    if target_layout.groups[0].spec.kind != FULL_ATTENTION:
+        raise ValueError("speculative_config.model: the target has no full-attention layers, whose block table "
+                         "a draft model would share")
+    runner = ModelRunner(draft_config, path, device, dtype, config.block_size, backend)
+    logger.info("draft model %s: %s, %.0f MiB of weights", spec.model, draft_config.architecture,
+                runner.weights_bytes() / 2**20)
+    return runner
+
+
+def share_blocks_with_draft(num_blocks: int, config, target_config: ModelConfig, draft_runner,
+                            kv_dtype: torch.dtype) -> int:
+    """Blocks when every block id also holds a page of the draft's KV: the budget sized for the target's
+    alone, shared in proportion (an explicit --num-gpu-blocks-override is kept as given)."""
+    if config.num_gpu_blocks_override is not None:
+        return num_blocks
+    size = kv_dtype.itemsize
+    target = model_kv_layout(target_config, config.block_size, size, config.tensor_parallel_size).bytes_per_block
+    draft = model_kv_layout(draft_runner.config, config.block_size, size).bytes_per_block
+    shared = max(1, num_blocks * target // (target + draft))
+    logger.info("KV pool: %d blocks shared with the draft model (%d without it)", shared, num_blocks)
+    return shared
