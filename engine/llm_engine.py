@@ -106,7 +106,6 @@ class LLMEngine:
         if self.spec_config is not None:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
                                    self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner)
-            self.stats.spec_decode = self.spec.stats
             logger.info("speculative decoding: %s", self.spec_config.describe())
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
@@ -337,6 +336,8 @@ class LLMEngine:
         s.kv_cache_usage = pool.usage()
         s.prefix_cache_queries, s.prefix_cache_hits = self.kv.prefix_queries, self.kv.prefix_hits
         s.num_preemptions = self.scheduler.num_preemptions
+        if self.spec is not None:  # a copy made on the engine thread: readers on other threads see one instant
+            s.spec_decode = self.spec.stats.as_dict()
         return s
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:

@@ -68,7 +68,7 @@ class EngineStats:
     prompt_tokens_total: int = 0  # prompt tokens computed (cache hits excluded)
     generation_tokens_total: int = 0
     num_steps: int = 0
-    spec_decode: object | None = None  # SpecDecodeStats (engine/spec_decode/metrics.py) when speculation is on
+    spec_decode: dict | None = None  # SpecDecodeStats.as_dict() (engine/spec_decode/metrics.py) when speculating
     extra: dict = field(default_factory=dict)
 
 

@@ -79,6 +79,7 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float]) -> d
         "prompt_tokens_per_s": rates[0], "generation_tokens_per_s": rates[1],
         "memory": {"weights_bytes": int(raw.memory.get("weights_bytes", 0)),
                    "kv_cache_bytes": int(raw.memory.get("kv_cache_bytes", 0))},
+        **({"spec_decode": s.spec_decode} if s.spec_decode is not None else {}),
         **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
            if raw.snapshot.group is not None else {}),
     }

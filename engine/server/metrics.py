@@ -49,9 +49,21 @@ class _EngineCollector(Collector):
                                      "size of its weights, or none", labels=["model_name", "quantization"])
             info.add_metric([self.model_name, quantization_name(engine.model_config) or "none"], 1.0)
             yield info
+        spec = s.spec_decode
+        if spec is not None:  # speculative decoding: vLLM's counters
+            counters += (("spec_decode_num_drafts", "Draft proposals verified", spec["num_drafts"]),
+                         ("spec_decode_num_draft_tokens", "Draft tokens proposed", spec["num_draft_tokens"]),
+                         ("spec_decode_num_accepted_tokens", "Draft tokens accepted", spec["num_accepted_tokens"]))
         for name, doc, value in counters:
             c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
             c.add_metric([self.model_name], float(value))
+            yield c
+        if spec is not None:
+            c = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                    "Draft tokens accepted at each position of a proposal",
+                                    labels=["model_name", "position"])
+            for position, value in enumerate(spec["accepted_per_pos"]):
+                c.add_metric([self.model_name, str(position)], float(value))
             yield c
 
 
