@@ -170,3 +170,13 @@ def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, llama_dir):
     other = tiny_model_dir("qwen2", vocab_size=300)
     with pytest.raises(ValueError, match="speculative_config.model.*vocabulary"):
         LLM(str(llama_dir), device="cpu", speculative_config={"model": str(other), "num_speculative_tokens": 2})
+
+
+def test_ngram_under_tensor_parallel_matches(llama_dir, engines, expected):
+    """TP=2 over gloo: the drafts travel in the step's input ids; rank 0 alone verifies them."""
+    llm = LLM(str(llama_dir), device="cpu", tensor_parallel_size=2, speculative_config=ngram_config())
+    try:
+        assert token_ids(llm) == expected
+        assert llm.engine.spec.stats.num_accepted_tokens > 0
+    finally:
+        llm.engine.shutdown()
