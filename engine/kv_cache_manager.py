@@ -95,14 +95,15 @@ class KVCacheManager:
             total = seq.num_computed_tokens + num_new_tokens
             last = tables[0]
             if total + num_lookahead_tokens <= len(last) * bs and last[-1].ref_count == 1:
+                # A block filled: decodes fill one token at a time, accepted drafts several at once.
                 if self.num_groups == 1:
-                    if self.enable_caching and total % bs == 0:
+                    if self.enable_caching and total // bs > seq.num_cached_blocks:
                         self._cache_full_blocks(seq, total)
                     return True
                 if all(t[-1].ref_count == 1 for t in tables):
                     for manager in self.window_managers:
                         manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
-                    if self.enable_caching and total % bs == 0:
+                    if self.enable_caching and total // bs > seq.num_cached_blocks:
                         self._cache_full_blocks(seq, total)
                     return True
         if len(tables) != self.num_groups:  # a fresh sequence: one empty table per group

@@ -1,0 +1,142 @@
+"""`pagedesk-bench spec`: decode tokens/s with and without speculative decoding, at batch 1 and batch 8,
+and the acceptance of each method, on a repetitive workload (code being edited: the prompt repeats a block
+with small edits) and a free-text one (random tokens).
+
+The target is the bench's random-weight llama (or `--model`); the draft is a layer-skip copy of it (its
+first `--draft-layers` layers with the target's embedding and head: a genuine cheaper model whose
+proposals the target only partly agrees with), or `--draft FOLDER`; and the target as its own draft
+(acceptance 100%: the bound on what a draft buys at this k). Random weights make the acceptance
+figures a property of this random model (greedy random models fall into loops, which n-gram lookup
+catches), not of real text: run it with a real target and draft (`--model`, `--draft`) on a card for
+figures that mean something about a workload. Greedy; every run generates exactly `--output-len` tokens
+per request (EOS ignored). On CPU the clock is the process's CPU time on one thread (`time.process_time`,
+as `pagedesk-bench itl` does), so a shared, busy machine does not move the figures; `--clock wall` for an
+idle machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from engine.bench.workload import make_random_llama
+
+
+def make_layer_skip_draft(target: Path, out: Path, num_layers: int) -> Path:
+    """A draft made of the target's first `num_layers` layers, its embedding, final norm and head."""
+    from safetensors.torch import load_file, save_file
+
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((target / "config.json").read_text())
+    config["num_hidden_layers"] = num_layers
+    (out / "config.json").write_text(json.dumps(config))
+    tensors = {}
+    for shard in sorted(target.glob("*.safetensors")):
+        for name, t in load_file(shard).items():
+            if ".layers." in name and int(name.split(".layers.")[1].split(".")[0]) >= num_layers:
+                continue
+            tensors[name] = t
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    for f in target.iterdir():
+        if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
+            shutil.copy(f, out / f.name)
+    return out
+
+
+def workloads(vocab: int, prompt_len: int, batch: int, seed: int = 0) -> dict[str, list[list[int]]]:
+    rng = random.Random(seed)
+    free = [[rng.randrange(4, vocab) for _ in range(prompt_len)] for _ in range(batch)]
+    code = []
+    for _ in range(batch):  # a block of "code", then the block again with a few tokens edited
+        block = [rng.randrange(4, vocab) for _ in range(prompt_len // 2)]
+        edited = [t if rng.random() > 0.05 else rng.randrange(4, vocab) for t in block]
+        code.append(block + edited[:prompt_len - len(block)])
+    return {"repetitive": code, "free-text": free}
+
+
+CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+
+
+def run(path: Path, prompts: list[list[int]], output_len: int, spec: dict | None, max_model_len: int,
+        clock=time.process_time) -> dict:
+    """Decode tokens/s: the clock from the last first token to the end (prefill excluded), per output."""
+    from engine import LLM, SamplingParams
+
+    llm = LLM(str(path), device="cpu", max_model_len=max_model_len, speculative_config=spec,
+              enable_prefix_caching=False)
+    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    llm.generate([prompts[0][:8]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm up
+    if llm.engine.spec is not None:
+        llm.engine.spec.stats.__init__(llm.engine.spec.stats.num_speculative_tokens, llm.engine.spec.stats.method)
+    # The prompts first (one step computes them all and samples each first token), then the decode alone.
+    engine = llm.engine
+    for i, prompt in enumerate(prompts):
+        engine.add_request(str(i), prompt, params)
+    outs = {}
+    first = True
+    start = clock()
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outs[out.request_id] = out
+        if first:
+            first, start = False, clock()
+    decode_s = max(1e-9, clock() - start)
+    ids = [outs[str(i)].outputs[0].token_ids for i in range(len(prompts))]
+    assert all(len(t) == output_len for t in ids), [len(t) for t in ids]
+    result = {"tok_s": (output_len - 1) * len(prompts) / decode_s, "ids": ids}
+    if llm.engine.spec is not None:
+        result["stats"] = llm.engine.spec.stats.as_dict()
+    llm.engine.shutdown()
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="pagedesk-bench spec", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", help="target folder (default: the bench's random llama)")
+    ap.add_argument("--draft", help="draft folder (default: a layer-skip copy of the target)")
+    ap.add_argument("--draft-layers", type=int, default=2)
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
+    args = ap.parse_args(argv)
+    import torch
+    if args.clock == "cpu":
+        torch.set_num_threads(1)  # CPU time then counts work, not threads spinning while descheduled
+    tmp = Path(tempfile.mkdtemp(prefix="pagedesk-bench-spec-"))
+    target = Path(args.model) if args.model else make_random_llama(tmp / "target")
+    draft = Path(args.draft) if args.draft else make_layer_skip_draft(target, tmp / "draft", args.draft_layers)
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    k = args.num_speculative_tokens
+    methods = {"off": None,
+               "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3},
+               "draft": {"model": str(draft), "num_speculative_tokens": k},
+               # The target as its own draft: every draft accepted, at the price of a second target per token;
+               # the bound on what a draft buys at this k, and what verifying costs.
+               "draft=target": {"model": str(target), "num_speculative_tokens": k}}
+    max_len = args.prompt_len + args.output_len + 16
+    print(f"target {target}, draft {draft} ({args.draft_layers} layers), k={k}, prompt {args.prompt_len}, "
+          f"output {args.output_len} tokens, greedy, CPU, {args.clock} clock")
+    print("| workload | batch | method | decode tok/s | vs off | acceptance | mean accepted length | same output |")
+    print("|---|---|---|---|---|---|---|---|")
+    for batch in (int(b) for b in args.batches.split(",")):
+        for name, prompts in workloads(vocab, args.prompt_len, batch).items():
+            base = None
+            for method, spec in methods.items():
+                r = run(target, prompts, args.output_len, spec, max_len, CLOCKS[args.clock])
+                base = base or r
+                stats = r.get("stats")
+                acc = f"{100 * stats['acceptance_rate']:.0f}%" if stats else "-"
+                mal = f"{stats['mean_acceptance_length']:.2f}" if stats else "-"
+                print(f"| {name} | {batch} | {method} | {r['tok_s']:.1f} | {r['tok_s'] / base['tok_s']:.2f}x | "
+                      f"{acc} | {mal} | {'yes' if r['ids'] == base['ids'] else 'NO'} |", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
