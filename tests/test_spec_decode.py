@@ -189,3 +189,18 @@ def test_ngram_under_tensor_parallel_matches(llama_dir, engines, expected):
         assert llm.engine.spec.stats.num_accepted_tokens > 0
     finally:
         llm.engine.shutdown()
+
+
+def test_logprobs_per_emitted_token_match(engines):
+    params = [SamplingParams(temperature=0, max_tokens=10, logprobs=2)]
+    ps = prompts()[2:3]
+    [want] = engines("base").generate(ps, params, use_tqdm=False)
+    [got] = engines("ngram").generate(ps, params, use_tqdm=False)
+    w, g = want.outputs[0], got.outputs[0]
+    assert g.token_ids == w.token_ids and len(g.logprobs) == len(w.logprobs) == 10
+    assert g.cumulative_logprob == pytest.approx(w.cumulative_logprob, abs=1e-4)
+    for a, b in zip(g.logprobs, w.logprobs):
+        assert a.keys() == b.keys()
+        for t in a:
+            assert (a[t].rank, a[t].decoded_token) == (b[t].rank, b[t].decoded_token)
+            assert a[t].logprob == pytest.approx(b[t].logprob, abs=1e-4)
