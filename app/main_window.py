@@ -27,7 +27,9 @@ from app.autostart import autostart_enabled, set_autostart
 from app.chat_store import ChatStore
 from app.doctor_panel import DoctorPanel
 from app.endpoint_panel import EndpointPanel
+from app.engine_record import EngineRecord, find_leftover
 from app.engine_state import EngineState
+from app.leftover_banner import LeftoverBanner
 from app.loaded_models import LoadedModelsPanel
 from app.model_info import ModelInfo
 from app.model_library import ModelLibrary
@@ -98,6 +100,7 @@ class MainWindow(QMainWindow):
         self.loaded_models.models_listed.connect(self.chat.set_models)
         self.state_label = StatusChip()
         self.port_banner = PortBanner()
+        self.leftover_banner = LeftoverBanner()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._engine_tab(), "Engine")
         self.tabs.addTab(self.loaded_models, "Loaded models")
@@ -111,6 +114,7 @@ class MainWindow(QMainWindow):
         central_layout = QVBoxLayout(central)
         central_layout.setContentsMargins(0, 0, 0, 0)
         central_layout.addWidget(self.port_banner)
+        central_layout.addWidget(self.leftover_banner)
         central_layout.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
         self._drain_timer = QTimer(self, interval=25, timeout=self._drain_tick)
@@ -129,6 +133,7 @@ class MainWindow(QMainWindow):
             self.model_picker.set_model_path(str(last_model))
         self.library.refresh()
         self._on_state(STOPPED)
+        self._offer_leftover()
         self._update_capacity()
         self._update_endpoint()
         if sample_gpus:
@@ -197,6 +202,8 @@ class MainWindow(QMainWindow):
         sup.message.connect(self._on_message)
         sup.port_busy.connect(self.port_banner.show_busy)
         self.port_banner.use_port.connect(self._use_port)
+        self.leftover_banner.take_over.connect(self.take_over_engine)
+        self.leftover_banner.stop_it.connect(self.stop_leftover_engine)
         self.stats.state.connect(self._on_engine_state)
         self.nvml.readings.connect(self._on_gpu_readings)
         self.nvml.unavailable.connect(self.monitor.on_gpu_unavailable)
@@ -218,9 +225,32 @@ class MainWindow(QMainWindow):
                 self.tabs.setCurrentIndex(0)
                 self.settings_scroll.ensureWidgetVisible(row)
             return False
+        if self._offer_leftover():
+            self._on_message("Not started: an engine from an earlier PagedDesk still runs; take it over or stop it.")
+            return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
         return self.supervisor.start(str(info.path), values, self.extra_engine_args)
+
+    def _offer_leftover(self) -> bool:
+        """Show the take-over banner when an engine an earlier app started still runs; True if one does."""
+        if self.supervisor.running:
+            return False
+        record = find_leftover()
+        if record is not None:
+            self.leftover_banner.show_record(record)
+        return record is not None
+
+    def take_over_engine(self, record: EngineRecord) -> None:
+        """Mind the leftover engine from now on: its model in the picker, READY once its /health answers."""
+        info = self.model_picker.info
+        if record.model and (info is None or str(info.path) != record.model):
+            self.model_picker.set_model_path(record.model)
+        self.supervisor.adopt(record)
+
+    def stop_leftover_engine(self, record: EngineRecord) -> None:
+        if self.supervisor.adopt(record):
+            self.supervisor.stop()
 
     def stop_engine(self) -> None:
         """STOPPING at once; SIGTERM once the app's own streams have closed (at most DRAIN_S later), because
@@ -237,7 +267,7 @@ class MainWindow(QMainWindow):
             self.supervisor.stop()
 
     def restart_engine(self) -> None:
-        if self.supervisor.process is not None:
+        if self.supervisor.running:
             self.stop_engine()
             self.supervisor.state_changed.connect(self._start_after_stop)
         else:
@@ -260,7 +290,7 @@ class MainWindow(QMainWindow):
         self.crash_box.clear()
         self.port_banner.hide()
         self.statusBar().clearMessage()
-        if self.supervisor.restart_pending and self.supervisor.process is None:
+        if self.supervisor.restart_pending and not self.supervisor.running:
             self._append_log("[pagedesk] The automatic restart was cancelled: the model or settings changed.\n")
         self.supervisor.clear_failure()
 
@@ -279,10 +309,10 @@ class MainWindow(QMainWindow):
         state, sup = self.supervisor.state, self.supervisor
         running = state in (READY, STARTING, STOPPING)
         startable = self.model_picker.info is not None and not self.settings_form.problems()
-        self.start_action.setEnabled(not running and sup.process is None and startable)
+        self.start_action.setEnabled(not running and not sup.running and startable)
         self.start_action.setToolTip("Fix the settings marked in red first" if self.model_picker.info is not None
                                      and not startable else "Start the engine with this model and these settings")
-        self.stop_action.setEnabled(state != STOPPING and (running or sup.process is not None or sup.restart_pending))
+        self.stop_action.setEnabled(state != STOPPING and (running or sup.running or sup.restart_pending))
         self.restart_action.setEnabled(state != STOPPING and startable)
 
     def _on_state(self, state: str) -> None:
