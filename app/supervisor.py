@@ -132,6 +132,8 @@ class EngineSupervisor(QObject):
         if not self.running:
             self._set_state(STOPPED)
             return
+        self._append_log(f"[pagedesk] Stop: SIGTERM to the engine (pid {self.pid}) and its workers; SIGKILL after "
+                         f"{self.grace_s:g} s if still running.\n")
         self._signal_group(SIGTERM)
         self._kill_timer.start(int(self.grace_s * 1000))
 
@@ -311,6 +313,7 @@ class EngineSupervisor(QObject):
         process.deleteLater()
         if self._stopping:
             self._stopping = False
+            self._append_log(f"[pagedesk] The engine stopped (exit code {code}).\n")
             self._set_state(STOPPED)
             return
         exit_code = code if status == QProcess.ExitStatus.NormalExit else -1
@@ -364,6 +367,7 @@ class EngineSupervisor(QObject):
         self.adopted, self._pgid = None, None
         if self._stopping:
             self._stopping = False
+            self._append_log(f"[pagedesk] The engine taken over (pid {record.pid}) stopped.\n")
             self._set_state(STOPPED)
             return
         self.last_exit_code = -1
