@@ -38,6 +38,8 @@ from app.monitor_panel import MonitorPanel
 from app.nvml_sampler import NvmlThread
 from app.paths import ICON_PATH, data_dir
 from app.port_banner import PortBanner
+from app.served_set import load_served_set, save_served_set
+from app.served_set_panel import ServedSetPanel
 from app.settings import gui_flags, load_values, save_values
 from app.settings_form import SettingsForm
 from app.stats_client import StatsClient
@@ -72,7 +74,8 @@ class MainWindow(QMainWindow):
         self.gpu_used: list[int] = []  # what other programs held on each card while our engine was stopped
         self.stats_hz = STATS_HZ
         self._closed = False
-        self.keep_serving_for_session = False  # `pagedesk --serve-at-login`: the tray is the way back
+        self.keep_serving_for_session = False
+        self.serving_together = False  # the last start ran the router (models served together)  # `pagedesk --serve-at-login`: the tray is the way back
         if num_gpus is None:
             from app.nvml_sampler import count_nvidia_gpus
             num_gpus = count_nvidia_gpus()
@@ -98,6 +101,11 @@ class MainWindow(QMainWindow):
         self.library = ModelLibrary(self.qsettings)
         self.loaded_models = LoadedModelsPanel()  # what the endpoint serves: every model, load/unload
         self.loaded_models.models_listed.connect(self.chat.set_models)
+        self.loaded_models.models_listed.connect(self.monitor.set_models)
+        self.served = load_served_set(self.qsettings)
+        self.served_panel = ServedSetPanel(self.served)
+        self.served_panel.set_num_gpus(num_gpus)
+        self.loaded_models.add_settings(self.served_panel)
         self.state_label = StatusChip()
         self.port_banner = PortBanner()
         self.leftover_banner = LeftoverBanner()
@@ -125,6 +133,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.state_label)
         self._connect()
         self.library.model_chosen.connect(self._choose_from_library)
+        self.library.serve_alongside.connect(self._serve_alongside)
         self.model_picker.download_progress.connect(self.library.show_download)
         self.model_picker.download_ended.connect(self.library.end_download)
         self.model_picker.model_cleared.connect(lambda: self._on_model_changed(None))
@@ -197,6 +206,9 @@ class MainWindow(QMainWindow):
         sup = self.supervisor
         sup.state_changed.connect(self._on_state)
         sup.log.connect(self._append_log)
+        sup.log.connect(self.loaded_models.feed_log)
+        self.served_panel.changed.connect(self._on_served_set_changed)
+        self.monitor.model_selected.connect(self._watch_model)
         sup.ready.connect(self._on_ready)
         sup.crashed.connect(self._on_crashed)
         sup.message.connect(self._on_message)
@@ -230,7 +242,26 @@ class MainWindow(QMainWindow):
             return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
-        return self.supervisor.start(str(info.path), values, self.extra_engine_args)
+        self.loaded_models.logs.clear()
+        together = self.served.router_argv(self._served_model_name(), self.num_gpus)
+        self.serving_together = bool(together)  # what this start serves, whatever the panel says later
+        return self.supervisor.start(str(info.path), values, [*self.extra_engine_args, *together])
+
+    def _serve_alongside(self, path: str) -> None:
+        self.served_panel.add(path)
+        self.tabs.setCurrentWidget(self.loaded_models)
+
+    def _on_served_set_changed(self, served) -> None:
+        self.served = served
+        save_served_set(self.qsettings, served)
+        if self.supervisor.running:
+            self._on_message("The served set changed: it applies at the next Start (Restart now to apply it).")
+
+    def _watch_model(self, name: str) -> None:
+        """The Monitor's selector picked `name`: its engine-state stream from now on."""
+        if self.supervisor.state == READY and self.supervisor.base_url:
+            self.stats.start(self.supervisor.base_url, self.settings_form.values().get("api_key"), self.stats_hz,
+                             model=name)
 
     def _offer_leftover(self) -> bool:
         """Show the take-over banner when an engine an earlier app started still runs; True if one does."""
@@ -339,9 +370,12 @@ class MainWindow(QMainWindow):
 
     def _on_ready(self, base_url: str) -> None:
         api_key = self.settings_form.values().get("api_key")
-        self.stats.start(base_url, api_key, self.stats_hz)
+        together = self.serving_together and self.supervisor.adopted is None
+        self.stats.start(base_url, api_key, self.stats_hz, model=self._served_model_name() if together else None)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
         self.loaded_models.set_endpoint(base_url, api_key)
+        if together:  # the router loads on first use: load the chosen model now, as a one-model start does
+            self.loaded_models.act("load", self._served_model_name())
         self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
         self._update_endpoint(running=True)
         self.crash_box.setVisible(False)  # the previous failure is over
