@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -153,8 +154,8 @@ def flags_to_argv(values: dict[str, Any]) -> list[str]:
             continue
         if f.type is bool:
             argv.append(f.cli if value else "--no-" + f.cli[2:])
-        else:
-            argv += [f.cli, str(value)]
+        else:  # a dict (speculative_config) travels as the JSON the flag takes
+            argv += [f.cli, json.dumps(value) if isinstance(value, dict) else str(value)]
     return argv
 
 

@@ -204,3 +204,13 @@ def test_logprobs_per_emitted_token_match(engines):
         for t in a:
             assert (a[t].rank, a[t].decoded_token) == (b[t].rank, b[t].decoded_token)
             assert a[t].logprob == pytest.approx(b[t].logprob, abs=1e-4)
+
+
+def test_config_as_dict_round_trips_through_the_command_line():
+    from engine.config import flags_to_argv
+    from engine.serve import parse_config
+
+    spec = ngram_config()
+    argv = flags_to_argv({"speculative_config": spec})
+    config = parse_config(["--model", "m", *argv])
+    assert parse_speculative_config(config.speculative_config) == parse_speculative_config(spec)
