@@ -32,7 +32,7 @@ from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import load_draft, share_blocks_with_draft
+from engine.spec_decode.loading import check_rollback, load_draft, share_blocks_with_draft
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -63,6 +63,8 @@ class LLMEngine:
                 and config.tensor_parallel_size > 1:
             raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only for "
                              "now; use method \"ngram\" under tensor parallel")
+        if self.spec_config is not None:
+            check_rollback(model_kv_layout(self.model_config, config.block_size))
         # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
         self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
                                       config.block_size, backend, config.tensor_parallel_size)

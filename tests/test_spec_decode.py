@@ -214,3 +214,14 @@ def test_config_as_dict_round_trips_through_the_command_line():
     argv = flags_to_argv({"speculative_config": spec})
     config = parse_config(["--model", "m", *argv])
     assert parse_speculative_config(config.speculative_config) == parse_speculative_config(spec)
+
+
+def test_a_recurrent_state_model_is_refused():
+    from types import SimpleNamespace
+
+    from engine.spec_decode.loading import check_rollback
+
+    group = lambda kind: SimpleNamespace(spec=SimpleNamespace(kind=kind))  # noqa: E731
+    check_rollback(SimpleNamespace(groups=[group("full_attention"), group("sliding_window")]))
+    with pytest.raises(ValueError, match="speculative_config.*state"):
+        check_rollback(SimpleNamespace(groups=[group("full_attention"), group("state")]))

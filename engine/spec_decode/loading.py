@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from engine.kv_cache_interface import FULL_ATTENTION, model_kv_layout
+from engine.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
 from engine.spec_decode.config import SpeculativeConfig, check_draft_vocab
@@ -60,3 +60,12 @@ def share_blocks_with_draft(num_blocks: int, config, target_config: ModelConfig,
     shared = max(1, num_blocks * target // (target + draft))
     logger.info("KV pool: %d blocks shared with the draft model (%d without it)", shared, num_blocks)
     return shared
+
+
+def check_rollback(layout) -> None:
+    """Rejected drafts are rolled back by not counting their KV slots; a recurrent state (hybrid models) has
+    already absorbed them, so speculation is refused there until state snapshots per draft exist."""
+    kinds = {g.spec.kind for g in layout.groups} - {FULL_ATTENTION, SLIDING_WINDOW}
+    if kinds:
+        raise ValueError(f"speculative_config: this model has {sorted(kinds)} KV cache layers (a recurrent state), "
+                         "which cannot roll back rejected drafts; speculative decoding is not supported for it yet")
