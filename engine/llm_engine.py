@@ -32,7 +32,7 @@ from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import check_rollback, load_draft, share_blocks_with_draft
+from engine.spec_decode.loading import check_draft, check_rollback, load_draft, share_blocks_with_draft
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -65,6 +65,7 @@ class LLMEngine:
                              "now; use method \"ngram\" under tensor parallel")
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
+        draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
         # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
         self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
                                       config.block_size, backend, config.tensor_parallel_size)
@@ -74,8 +75,7 @@ class LLMEngine:
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
-            self.draft_runner = load_draft(self.spec_config, config, self.model_config, self.tokenizer,
-                                           self.device, self.dtype, backend)
+            self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
             if self.draft_runner is not None:  # its KV shares the block ids: the budget covers both tensors

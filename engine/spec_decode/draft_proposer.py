@@ -29,10 +29,7 @@ class DraftRequest:
 class DraftProposer:
     def __init__(self, runner) -> None:
         """`runner`: a ModelRunner holding the draft's weights (its KV cache allocated like the target's)."""
-        self.runner = runner
-        if len(runner.kv_layout.groups) != 1:
-            raise ValueError("speculative_config.model: the draft model has sliding-window layers; a draft "
-                             "must use full attention in every layer")
+        self.runner = runner  # its layout has one full-attention group (engine/spec_decode/loading.check_draft)
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], generator: torch.Generator | None,

@@ -14,12 +14,11 @@ from engine.spec_decode.config import SpeculativeConfig, check_draft_vocab
 logger = logging.getLogger("pagedesk.engine")
 
 
-def load_draft(spec: SpeculativeConfig | None, config, target_config: ModelConfig, target_tokenizer,
-               device: torch.device, dtype: torch.dtype, backend: str):
-    """The draft's ModelRunner, or None without a draft model. ValueErrors name speculative_config.model."""
+def check_draft(spec: SpeculativeConfig | None, config, target_config: ModelConfig, target_tokenizer):
+    """The draft's (folder, ModelConfig), checked against the target before anything loads, or None without
+    a draft model. ValueErrors name speculative_config.model."""
     if spec is None or spec.method != "draft_model":
         return None
-    from engine.model_runner import ModelRunner  # the draft is built the way the target is
     from engine.tokenizer import load_tokenizer
 
     try:
@@ -42,8 +41,21 @@ def load_draft(spec: SpeculativeConfig | None, config, target_config: ModelConfi
     if target_layout.groups[0].spec.kind != FULL_ATTENTION:
         raise ValueError("speculative_config.model: the target has no full-attention layers, whose block table "
                          "a draft model would share")
+    if len(model_kv_layout(draft_config, config.block_size).groups) != 1:
+        raise ValueError("speculative_config.model: the draft model has sliding-window layers; a draft must use "
+                         "full attention in every layer")
+    return path, draft_config
+
+
+def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backend: str):
+    """The draft's ModelRunner (its weights on the target's device), from `check_draft`'s answer, or None."""
+    if checked is None:
+        return None
+    from engine.model_runner import ModelRunner  # the draft is built the way the target is
+
+    path, draft_config = checked
     runner = ModelRunner(draft_config, path, device, dtype, config.block_size, backend)
-    logger.info("draft model %s: %s, %.0f MiB of weights", spec.model, draft_config.architecture,
+    logger.info("draft model %s: %s, %.0f MiB of weights", path, draft_config.architecture,
                 runner.weights_bytes() / 2**20)
     return runner
 
