@@ -1,11 +1,13 @@
 """ModelRunner: builds the model (this rank's shard of it) and its KV cache on one device and runs one batch.
 
-`prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, block_tables,
-seq_lens, query_start_loc, logits rows, block copies) as plain numpy, so rank 0 can ship the same
-`StepInputs` to tensor-parallel workers; `run` moves them to the device, applies copy-on-write block
-copies, runs the model once over all of it, computes logits only for the last position of each
-sequence that samples this step and samples them on the device (as nano-vllm does), returning token ids
-and the logprobs asked for. It never talks to other processes itself.
+`prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, seq_lens,
+query_start_loc, logits rows, block copies) as plain numpy, and brings the persistent input batch's block
+tables up to date (engine/input_batch.py), keeping the diff, so rank 0 can ship the same small `StepInputs` to
+tensor-parallel workers; `run` applies copy-on-write block copies, issues every host -> device copy of the
+step (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over
+all of it, computes logits only for the last position of each sequence that samples this step and samples
+them on the device (as nano-vllm does), returning token ids and the logprobs asked for. It never talks to
+other processes itself.
 """
 from __future__ import annotations
 
