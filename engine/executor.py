@@ -219,6 +219,9 @@ class TensorParallelExecutor:
         out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
         return out
 
+    def reserve_input_rows(self, max_num_seqs: int) -> None:
+        self._run_everywhere("reserve_input_rows", max_num_seqs)
+
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
 

@@ -106,6 +106,11 @@ class InputBatch:
             heapq.heappush(self.free_rows, row)
         self.num_rows = num_rows
 
+    def reserve(self, num_rows: int) -> None:
+        """Allocate `num_rows` rows now (max_num_seqs, before the KV cache is sized around what is left)."""
+        if num_rows > self.num_rows:
+            self._grow(num_rows)
+
     def _take_row(self) -> int:
         if not self.free_rows:
             self._grow(self.num_rows * 2)

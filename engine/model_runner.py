@@ -160,6 +160,10 @@ class ModelRunner:
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
+    def reserve_input_rows(self, max_num_seqs: int) -> None:
+        """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
+        self.input_batch.reserve(max_num_seqs)
+
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
         table of its group; without sliding windows that is one slot per layer and a single group."""
