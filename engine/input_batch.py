@@ -217,15 +217,17 @@ class InputBatch:
         before the forward, on the same stream, so the forward reads them and the host never waits."""
         if not self.dirty:
             return
+        # Every copy's source is contiguous (a row segment, or whole rows of one plane): a strided source would
+        # be staged through pageable memory and the copy would no longer be asynchronous.
         if len(self.dirty) > 64:  # many small copies cost more than one copy of the rows in use
             used = max(r for _, r, _, _ in self.dirty) + 1
-            width = max(stop for _, _, _, stop in self.dirty)
-            self.device_tables[:, :used, :width].copy_(self.host[:, :used, :width], non_blocking=True)
+            for g in range(self.num_groups):
+                self.device_tables[g, :used].copy_(self.host[g, :used], non_blocking=True)
         else:
             for g, row, start, stop in self.dirty:
-                planes = slice(None) if g < 0 else slice(g, g + 1)
-                self.device_tables[planes, row, start:stop].copy_(self.host[planes, row, start:stop],
-                                                                  non_blocking=True)
+                for plane in (range(self.num_groups) if g < 0 else (g,)):
+                    self.device_tables[plane, row, start:stop].copy_(self.host[plane, row, start:stop],
+                                                                     non_blocking=True)
         self.dirty.clear()
 
     def gather(self, rows: torch.Tensor, width: int) -> torch.Tensor:
