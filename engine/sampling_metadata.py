@@ -6,7 +6,8 @@ beam-search sequences, whose top log-probs are returned instead of a draw. `Samp
 the rows into tensors on the logits' device once per step (temperatures, filters, penalties, padded
 token ids, flat bias/mask indices), so the sampler never loops over the vocabulary in Python and never
 mixes host and device tensors; on a card every copy is asynchronous from pinned memory, so the model runner
-builds it before the forward and the host never waits for the card. Seeded generators are made by `make_generator`, on the device they serve.
+builds it before the forward and the host never waits for the card. Seeded generators are made by
+`make_generator`, on the device they serve.
 """
 from __future__ import annotations
 
