@@ -24,6 +24,7 @@ from kernels.gated_delta_torch import check_gated_delta_inputs
 DECODE_BLOCK_V = 32
 CHUNK_BLOCK_V = 32
 CHUNK = 16  # tokens per chunk; the result does not depend on it beyond float32 rounding
+CHUNK_STATE_WARPS = 8  # the state walk holds a [Dk, 32] state plus q, k, w tiles: 4 warps spill at Dk = 128
 
 
 @triton.jit
@@ -232,5 +233,6 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
         BLOCK_V=min(CHUNK_BLOCK_V, triton.next_power_of_2(dv)), **common)
     chunk_state_kernel[(len(long_seqs), num_v_heads, triton.cdiv(dv, CHUNK_BLOCK_V))](
         q, k, u, w, c, o, ssm_states, long_seq_t, query_start_loc, state_indices, init, scale, *strides, o.stride(0),
-        o.stride(1), *state_strides, HV=num_v_heads, BT=CHUNK, BLOCK_V=CHUNK_BLOCK_V, **common)
+        o.stride(1), *state_strides, HV=num_v_heads, BT=CHUNK, BLOCK_V=CHUNK_BLOCK_V, num_warps=CHUNK_STATE_WARPS,
+        **common)
     return o
