@@ -125,7 +125,7 @@ def moe_variants() -> list[Variant]:
 def gated_delta_variants() -> list[Variant]:
     """The Gated DeltaNet kernels at Qwen3.6-27B's shapes (16 key / 48 value heads of 128, conv width 4), bf16."""
     from kernels.triton_causal_conv1d import BLOCK_C, BLOCK_T, causal_conv1d_kernel, conv_state_update_kernel
-    from kernels.triton_gated_delta import (CHUNK, CHUNK_BLOCK_V, CHUNK_STATE_WARPS, DECODE_BLOCK_V,
+    from kernels.triton_gated_delta import (CHUNK, DECODE_BLOCK_V, PREPARE_BLOCK_V, STATE_BLOCK_V, STATE_WARPS,
                                             chunk_prepare_kernel, chunk_state_kernel, fused_recurrent_kernel)
     bf16 = "*bf16"
     heads = dict(HEAD_GROUP=3, DK=128, DV=128, BLOCK_K=128, L2NORM=True)
@@ -137,11 +137,11 @@ def gated_delta_variants() -> list[Variant]:
         Variant("gated_delta chunk_prepare bf16 d128 group 3", chunk_prepare_kernel,
                 dict(k_ptr=bf16, v_ptr=bf16, g_ptr="*fp32", beta_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32",
                      c_ptr="*fp32", chunk_seq_ptr="*i32", chunk_first_ptr="*i32", start_ptr="*i32"),
-                dict(HV=48, BT=CHUNK, BLOCK_V=CHUNK_BLOCK_V, **heads)),
+                dict(HV=48, BT=CHUNK, BLOCK_V=PREPARE_BLOCK_V, **heads)),
         Variant("gated_delta chunk_state bf16 d128 group 3", chunk_state_kernel,
                 dict(q_ptr=bf16, k_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32", c_ptr="*fp32", o_ptr=bf16,
                      state_ptr="*fp32", long_seq_ptr="*i32", **seq),
-                dict(HV=48, BT=CHUNK, BLOCK_V=CHUNK_BLOCK_V, **heads), num_warps=CHUNK_STATE_WARPS),
+                dict(HV=48, BT=CHUNK, BLOCK_V=STATE_BLOCK_V, **heads), num_warps=STATE_WARPS),
         Variant("gated_delta causal_conv1d bf16 width 4", causal_conv1d_kernel,
                 dict(x_ptr=bf16, w_ptr=bf16, bias_ptr=bf16, state_ptr=bf16, y_ptr=bf16, token_seq_ptr="*i32", **seq),
                 dict(WIDTH=4, HAS_BIAS=False, SILU=True, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)),
