@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.input_batch import to_device
 from engine.sampler import apply_bias_and_masks, apply_penalties, filter_top_k_top_p_min_p
 from engine.sampling_metadata import SamplingMetadata
 
@@ -74,8 +75,8 @@ def rejection_sample(logits: torch.Tensor, meta: SamplingMetadata, draft_token_i
         row += len(drafts)
         is_bonus[row] = True
         row += 1
-    row_draft, is_bonus = row_draft.to(dev), is_bonus.to(dev)
-    draft_rows_t = torch.as_tensor(draft_rows, dtype=torch.long, device=dev)
+    row_draft, is_bonus = to_device(row_draft, dev), to_device(is_bonus, dev)
+    draft_rows_t = to_device(torch.as_tensor(draft_rows, dtype=torch.long), dev)
 
     raw = logits
     work = logits.to(torch.float32, copy=True)
@@ -144,11 +145,16 @@ def rejection_sample(logits: torch.Tensor, meta: SamplingMetadata, draft_token_i
     return out
 
 
-def verify_drafts(logits: torch.Tensor, spec, generator: torch.Generator | None) -> SpecSampleOutput:
-    """The model runner's entry: a step's SpecBatch (engine/spec_decode/speculator.py) over its logits."""
-    dev = logits.device
-    meta = SamplingMetadata.build(spec.rows, logits.shape[1], dev)
+def prepare_verify(spec, vocab_size: int, dev: torch.device) -> tuple[SamplingMetadata, torch.Tensor]:
+    """A step's SpecBatch as device tensors, made before the forward like the sampler's (asynchronous copies)."""
+    meta = SamplingMetadata.build(spec.rows, vocab_size, dev)
     if spec.bitmask is not None:
-        meta.bitmask = spec.bitmask.to(dev, non_blocking=True)
-    rows = logits[torch.as_tensor(spec.logits_index, device=dev)]
-    return rejection_sample(rows, meta, spec.draft_token_ids, generator, spec.draft_probs)
+        meta.bitmask = to_device(spec.bitmask, dev)
+    return meta, to_device(torch.tensor(spec.logits_index, dtype=torch.long), dev)
+
+
+def verify_drafts(logits: torch.Tensor, spec, generator: torch.Generator | None,
+                  prepared: tuple[SamplingMetadata, torch.Tensor] | None = None) -> SpecSampleOutput:
+    """The model runner's entry: a step's SpecBatch (engine/spec_decode/speculator.py) over its logits."""
+    meta, index = prepared or prepare_verify(spec, logits.shape[1], logits.device)
+    return rejection_sample(logits[index], meta, spec.draft_token_ids, generator, spec.draft_probs)
