@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -90,9 +91,20 @@ def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOu
     return plan, tool_call_schema(req.tools, choice, req.parallel_tool_calls is not False)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
-async def create_chat_completion(req: ChatCompletionRequest, request: Request,
-                                 ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
+@dataclass
+class ChatRun:
+    """One chat request admitted to the engine: how its choices are read and the engine streams."""
+
+    model: ServedModel
+    plan: ChatOutputPlan
+    streams: list[RequestStream]
+    request_id: str
+    created: int
+    prompt_tokens: int
+
+
+async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: str = "chatcmpl-") -> ChatRun:
+    """Check, render and admit a chat request; every chat-shaped route (chat, responses, messages) runs this."""
     model = ctx.model_for(req.model)
     logprobs = _check_supported(req)
     plan, forced_schema = _output_plan(req, model)
@@ -111,13 +123,20 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
     params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured, req.prompt_logprobs)
     beam = beam_search_params(req, params.max_tokens)
-    request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
+    request_id = f"{id_prefix}{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt,
                                        [beam], req.priority)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
-    created = int(time.time())
+    return ChatRun(model, plan, streams, request_id, int(time.time()), len(prompt.token_ids))
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
+async def create_chat_completion(req: ChatCompletionRequest, request: Request,
+                                 ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
+    run = await start_chat(req, ctx)
+    model, plan, streams, request_id, created = run.model, run.plan, run.streams, run.request_id, run.created
     if req.stream:
         return sse_response(_stream(req, ctx, model, plan, streams, request_id, created))
     finals = await wait_for_finals(request, streams, ctx.metrics)
