@@ -26,5 +26,8 @@ def chat_request(payload: dict[str, Any], where: Callable[[str], str] = lambda f
 
 
 def reraise_as(exc: OpenAIError, where: Callable[[str | None], str | None]) -> OpenAIError:
-    """The same refusal with its `param` named as the client's route names it."""
-    return OpenAIError(exc.status, exc.message, where(exc.param), exc.code)
+    """The same refusal with its `param` (and the field's name in the message) named as the client's route
+    names it."""
+    param = where(exc.param)
+    message = exc.message.replace(exc.param, param) if exc.param and param else exc.message
+    return OpenAIError(exc.status, message, param, exc.code)

@@ -26,8 +26,8 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs, token_names, vllm_prompt_logprobs
-from engine.server.prompts import (chat_prompt, message_chars, message_text, resolve_max_tokens, template_kwargs,
-                                   truncate_prompt)
+from engine.server.prompts import (Prompt, chat_prompt, message_chars, message_text, resolve_max_tokens,
+                                   template_kwargs, truncate_prompt)
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -58,7 +58,7 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOutputPlan, dict | None]:
+def output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOutputPlan, dict | None]:
     """How choices are read, and the JSON schema a forced tool call must match (None: not forced)."""
     choice = req.tool_choice if req.tools else None
     if choice is None and req.tools and model.tool_parser is not None:
@@ -103,21 +103,26 @@ class ChatRun:
     prompt_tokens: int
 
 
-async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: str = "chatcmpl-") -> ChatRun:
-    """Check, render and admit a chat request; every chat-shaped route (chat, responses, messages) runs this."""
-    model = ctx.model_for(req.model)
-    logprobs = _check_supported(req)
-    plan, forced_schema = _output_plan(req, model)
-    structured, source = structured_outputs_for(req, forced_schema)
-    await compile_or_400(model, structured, source)
+async def render_prompt(req: ChatCompletionRequest, model: ServedModel, forced: bool) -> Prompt:
+    """The request's prompt ids (`forced`: tool_choice makes the grammar hold a call, see output_plan)."""
     tools, messages = None if req.tool_choice == "none" else req.tools, req.messages
-    if tools and forced_schema is not None and not model.supports_tools:  # the grammar holds the call's shape
+    if tools and forced and not model.supports_tools:  # the grammar holds the call's shape
         tools, messages = None, with_tool_preamble(messages, req.tools, req.tool_choice)
     prompt = await off_loop(message_chars(messages), chat_prompt, model, messages, tools,
                             req.add_generation_prompt, req.continue_final_message,
                             template_kwargs(model, req.chat_template_kwargs, req.reasoning_effort),
                             req.add_special_tokens)
-    prompt = truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
+    return truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
+
+
+async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: str = "chatcmpl-") -> ChatRun:
+    """Check, render and admit a chat request; every chat-shaped route (chat, responses, messages) runs this."""
+    model = ctx.model_for(req.model)
+    logprobs = _check_supported(req)
+    plan, forced_schema = output_plan(req, model)
+    structured, source = structured_outputs_for(req, forced_schema)
+    await compile_or_400(model, structured, source)
+    prompt = await render_prompt(req, model, forced_schema is not None)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
