@@ -175,3 +175,17 @@ def test_openai_agents_default_model_runs_a_function_tool(server):
     kinds = [item.type for item in result.new_items]
     assert kinds == ["tool_call_item", "tool_call_output_item", "message_output_item"]
     assert isinstance(result.final_output, Clock)
+
+
+def test_qwen3_coder_calls_are_typed_by_the_request_schema(server, client, monkeypatch):
+    """The qwen3_coder parser on the server path: the model writes the XML-style call as text (forced by a
+    regex here) and the reply holds a function_call whose arguments are typed by the tool's schema."""
+    monkeypatch.setattr(server.app.state.ctx.served_model(), "tool_parser", "qwen3_coder")
+    tool = {"type": "function", "name": "get_weather", "parameters": {
+        "type": "object", "properties": {"zip": {"type": "string"}, "days": {"type": "integer"}}}}
+    xml = ("<tool_call>\\n<function=get_weather>\\n<parameter=zip>\\n75001\\n</parameter>\\n<parameter=days>\\n3\\n"
+           "</parameter>\\n</function>\\n</tool_call>")
+    r = client.responses.create(model=MODEL_NAME, input="Weather?", tools=[tool], max_output_tokens=200,
+                                temperature=0, extra_body={"structured_outputs": {"regex": xml}})
+    [call] = r.output
+    assert call.type == "function_call" and json.loads(call.arguments) == {"zip": "75001", "days": 3}

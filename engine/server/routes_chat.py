@@ -79,6 +79,7 @@ def output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOut
             raise bad_request(f"tool_choice 'auto' needs a tool-call parser: {model.name!r}'s chat template shows "
                               "no known tool-call format; start the server with --tool-call-parser", "tool_choice")
         plan.tool_parser = get_tool_parser(model.tool_parser)
+        plan.tool_parser.bind_tools(req.tools)
         return plan, None
     if choice == "required":
         plan.forced_required, plan.reasoning = True, None
@@ -127,6 +128,8 @@ async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: 
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
     params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured, req.prompt_logprobs)
+    if plan.needs_special_tokens:
+        params.skip_special_tokens = False
     beam = beam_search_params(req, params.max_tokens)
     request_id = f"{id_prefix}{req.request_id or uuid.uuid4().hex}"
     try:
