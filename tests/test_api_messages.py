@@ -8,10 +8,7 @@ import anthropic
 import httpx
 import pytest
 
-from server_harness import MODEL_NAME, start_server
-from tiny_models import TOOL_CHAT_TEMPLATE
-
-KEY = "sk-local"
+from server_harness import AGENT_API_KEY as KEY, MODEL_NAME
 TIME_TOOL = {"name": "get_time", "description": "The time in a zone", "input_schema": {
     "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"]}}
 USER = [{"role": "user", "content": "What time is it?"}]
@@ -21,11 +18,8 @@ RAW = {"message_start", "content_block_start", "content_block_delta", "content_b
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    path = tiny_model_dir("qwen2", chat_template=TOOL_CHAT_TEMPLATE, max_position_embeddings=1024)
-    srv = start_server(path, api_key=KEY, max_model_len=1024, reasoning_parser="qwen3")
-    yield srv
-    srv.stop()
+def server(agent_api_server):
+    return agent_api_server
 
 
 @pytest.fixture(scope="module")

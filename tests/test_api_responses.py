@@ -13,8 +13,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from server_harness import MODEL_NAME, start_server
-from tiny_models import TOOL_CHAT_TEMPLATE
+from server_harness import AGENT_API_KEY as API_KEY, MODEL_NAME
 
 TIME_TOOL = {"type": "function", "name": "get_time", "description": "The time in a zone", "parameters": {
     "type": "object", "properties": {"zone": {"enum": ["utc", "cet"]}}, "required": ["zone"],
@@ -23,16 +22,13 @@ THINK_THEN_ANSWER = {"regex": "<think>[a-z]{1,6}</think>Yes\\."}
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    path = tiny_model_dir("qwen2", chat_template=TOOL_CHAT_TEMPLATE, max_position_embeddings=1024)
-    srv = start_server(path, max_model_len=1024, reasoning_parser="qwen3")
-    yield srv
-    srv.stop()
+def server(agent_api_server):
+    return agent_api_server
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="none", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120)
 
 
 def test_plain_string_input(client):
@@ -164,7 +160,7 @@ def test_openai_agents_default_model_runs_a_function_tool(server):
 
     agents.set_tracing_disabled(True)
     model = agents.OpenAIResponsesModel(model=MODEL_NAME, openai_client=openai.AsyncOpenAI(
-        base_url=server.base_url, api_key="none", max_retries=0, timeout=120))
+        base_url=server.base_url, api_key=API_KEY, max_retries=0, timeout=120))
     # A structured output type makes the random model's final turn end (the grammar closes the JSON), as a
     # plain-text turn would run to max_tokens, which the SDK treats as a failed run.
     agent = agents.Agent(name="clock", instructions="Tell the time.", tools=[get_time], model=model,
