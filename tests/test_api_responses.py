@@ -185,3 +185,23 @@ def test_qwen3_coder_calls_are_typed_by_the_request_schema(server, client, monke
                                 temperature=0, extra_body={"structured_outputs": {"regex": xml}})
     [call] = r.output
     assert call.type == "function_call" and json.loads(call.arguments) == {"zip": "75001", "days": 3}
+
+
+def test_harmony_reply_on_the_server_path(server, client, monkeypatch):
+    """gpt-oss's harmony parsers on the server path (the tiny tokenizer spells the markers as plain text, which
+    the regex writes): the analysis channel comes back as a reasoning item, the call as a function_call."""
+    model = server.app.state.ctx.served_model()
+    monkeypatch.setattr(model, "tool_parser", "openai")
+    monkeypatch.setattr(model, "reasoning_parser", "openai_gptoss")
+    harmony = ('<\\|channel\\|>analysis<\\|message\\|>[a-z]{1,5}<\\|end\\|><\\|start\\|>assistant to=functions\\.'
+               'get_time<\\|channel\\|>commentary json<\\|message\\|>\\{"zone": "cet"\\}<\\|call\\|>')
+    kw = dict(model=MODEL_NAME, input="Time?", tools=[TIME_TOOL], max_output_tokens=200, temperature=0,
+              extra_body={"structured_outputs": {"regex": harmony}})
+    r = client.responses.create(**kw)
+    assert [o.type for o in r.output] == ["reasoning", "function_call"]
+    assert 1 <= len(r.output[0].content[0].text) <= 5 and r.output[1].name == "get_time"
+    assert json.loads(r.output[1].arguments) == {"zone": "cet"}
+    with client.responses.stream(**kw) as stream:
+        final = stream.get_final_response()
+    fresh = {"id", "call_id", "parsed_arguments"}  # new ids per reply; the stream helper adds parsed_arguments
+    assert [o.model_dump(exclude=fresh) for o in final.output] == [o.model_dump(exclude=fresh) for o in r.output]

@@ -50,6 +50,9 @@ class CountTokensRequest(_Request):
     user_profile_id: Text | None = None
     workspace_id: Text | None = None
     mcp_servers: list[dict[str, Any]] | None = None
+    # Claude Code's server-side clearing of old tool results: accepted without effect (the whole conversation
+    # is rendered; a prompt that does not fit is a 400 naming max_tokens or messages)
+    context_management: dict[str, Any] | None = None
 
 
 class MessagesRequest(CountTokensRequest):
