@@ -205,3 +205,17 @@ def test_harmony_reply_on_the_server_path(server, client, monkeypatch):
         final = stream.get_final_response()
     fresh = {"id", "call_id", "parsed_arguments"}  # new ids per reply; the stream helper adds parsed_arguments
     assert [o.model_dump(exclude=fresh) for o in final.output] == [o.model_dump(exclude=fresh) for o in r.output]
+
+
+def test_response_store_is_bounded_lru():
+    from engine.server.responses_store import ResponseStore, StoredResponse
+
+    store = ResponseStore(capacity=2)
+    for name in ("a", "b"):
+        store.put(name, StoredResponse({"id": name}, []))
+    assert store.get("a") is not None  # "a" is now the most recent: "b" goes first
+    store.put("c", StoredResponse({"id": "c"}, []))
+    assert len(store) == 2 and store.get("b") is None and store.get("a") and store.get("c")
+    assert store.delete("a") and not store.delete("a")
+    with pytest.raises(ValueError, match="capacity"):
+        ResponseStore(capacity=0)
