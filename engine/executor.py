@@ -212,15 +212,15 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None):
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=()):
         """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
         self._ensure_usable()
-        inputs = self.runner.prepare(batch, block_copies)
+        inputs = self.runner.prepare(batch, block_copies, state_copies)
         out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
         return out
 
-    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
-        self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
+        self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype, num_state_slots)
 
     def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
         """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""

@@ -11,13 +11,19 @@ A prefix hit must hold in every group: the full-attention groups give the longes
 window group then needs the blocks covering the window just before the hit's end (and lowers the hit
 until it finds them); the full groups are cut to the common length (any prefix of their run is a hit).
 A model with one full-attention group takes the same paths, with the same cost, as before groups existed.
+
+A hybrid model (linear-attention layers) also has a state pool (`num_state_slots`): a sequence takes a slot
+with its first blocks and gives it back when freed; a fork copies it (`pending_state_copies`, applied by the
+model runner before the next forward). A prefix hit cannot restore a recurrent state (no snapshots are kept),
+so with a state pool the prefix cache is never consulted.
 """
 from __future__ import annotations
 
 from engine.block_pool import NULL_BLOCK, Block, BlockPool, hash_block
 from engine.kv_cache_interface import FULL_ATTENTION, FullAttentionSpec, KVSpec
 from engine.sequence import Sequence
-from engine.single_type_kv_cache_manager import make_manager
+from engine.single_type_kv_cache_manager import StateManager, make_manager
+from engine.state_pool import StatePool
 
 
 class KVCacheBlocks:
@@ -35,9 +41,12 @@ class KVCacheBlocks:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 group_specs: list[KVSpec] | None = None) -> None:
-        """`group_specs`: one spec per KV cache group (engine/kv_cache_interface.py); default one full group."""
+                 group_specs: list[KVSpec] | None = None, num_state_slots: int = 0) -> None:
+        """`group_specs`: one spec per KV cache group (engine/kv_cache_interface.py); default one full group.
+        `num_state_slots`: a hybrid model's state pool (max_num_seqs); 0 without linear-attention layers."""
         self.block_size = block_size
+        self.state = StateManager(StatePool(num_state_slots)) if num_state_slots else None
+        enable_caching = enable_caching and self.state is None  # a hit could not restore the recurrent state
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         specs = group_specs or [FullAttentionSpec(block_size, 1, 1, 1)]
@@ -46,6 +55,7 @@ class KVCacheManager:
         self.num_groups = len(self.managers)
         self.window_managers = [m for m in self.managers if m.spec.kind != FULL_ATTENTION]
         self.pending_copies: list[tuple[int, int]] = []  # (src block id, dst block id)
+        self.pending_state_copies: list[tuple[int, int]] = []  # (src state slot, dst state slot) of forks
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
 
@@ -116,6 +126,10 @@ class KVCacheManager:
         revived = sum(1 for blocks in hits for b in blocks if b.ref_count == 0) if num_hit else 0
         if max(0, num_new_blocks) * self.num_groups + sum(cows) + revived > self.pool.num_free_blocks:
             return False
+        if self.state is not None and self.state.needs_slot(seq):  # a fresh admission: its state slot
+            if not self.state.pool.num_free:
+                return False
+            self.state.allocate(seq)
         if self.enable_caching and not tables[0]:  # a fresh admission: count its prefix lookup
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += num_hit * bs
@@ -140,12 +154,17 @@ class KVCacheManager:
             seq.block_tables = self.new_tables()
         for manager in self.managers:
             manager.free(seq, first_uncomputed, seq.num_cached_blocks)
+        if self.state is not None:
+            self.state.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_blocks = 0
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
+    def fork(self, parent: Sequence, child: Sequence, take_state: bool = False) -> None:
         """Give `child` the parent's blocks by reference in every group; later writes copy the shared partial
-        block."""
+        block. A hybrid model's child also gets a copy of the parent's state slot, or with `take_state` (the
+        parent ends this step, this is its last child) the slot itself."""
+        if self.state is not None:
+            self.state.fork(parent, child, take_state, self.pending_state_copies)
         child.block_tables = []
         for table in parent.block_tables:
             self.pool.touch(table)
@@ -168,6 +187,11 @@ class KVCacheManager:
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """Forks' state copies, for the forward about to run (it must apply them before anything writes)."""
+        copies, self.pending_state_copies = self.pending_state_copies, []
         return copies
 
     def num_held_blocks(self, seq: Sequence) -> int:

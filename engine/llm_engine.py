@@ -66,14 +66,18 @@ class LLMEngine:
                 self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
-            self.runner.allocate_kv_cache(num_blocks, kv_dtype)
+            state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
+            self.runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots)
             self.runner.capture_decode_graphs()
         except BaseException:
             self.runner.shutdown()  # no worker outlives a failed start
             raise
         self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
+        if self.kv_layout.state is not None and config.enable_prefix_caching:
+            logger.info("prefix caching is off for %s: a hit would have to restore its linear-attention state, "
+                        "and no state snapshots are kept (docs/kv-cache-groups.md)", self.model_config.architecture)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 [group.spec for group in self.kv_layout.groups])
+                                 [group.spec for group in self.kv_layout.groups], state_slots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
@@ -204,7 +208,7 @@ class LLMEngine:
         if out.scheduled:
             now = time.time()
             plan = self._plan_sampling([s for s in out.scheduled if s.samples])
-            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch)
+            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)

@@ -89,6 +89,11 @@ class StepInputs:
     # KV cache groups past the first (models with sliding-window layers): their tables and slots, same shapes.
     group_block_tables: np.ndarray | None = None  # [num_groups - 1, num_seqs, max_blocks] int32
     group_slot_mappings: np.ndarray | None = None  # [num_groups - 1, num_tokens] int64
+    # Hybrid models (linear-attention layers): each sequence's state slot, whether it continues a state (some
+    # tokens already computed: a later prompt chunk or a decode), and forks' slot copies applied first.
+    state_indices: np.ndarray | None = None  # [num_seqs] int32
+    has_initial_state: np.ndarray | None = None  # [num_seqs] bool
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src slot, dst slot)
 
 
 @dataclass(slots=True)
@@ -128,14 +133,18 @@ class ModelRunner:
         self.model.eval()
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
+        self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.graphs: DecodeGraphs | None = None
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
-        table of its group; without sliding windows that is one slot per layer and a single group."""
+        table of its group; without sliding windows that is one slot per layer and a single group. A hybrid
+        model's linear-attention layers also get their state pool: `num_state_slots` (max_num_seqs) slots."""
+        if self.kv_layout.state is not None and num_state_slots:  # not the profiling run's temporary cache
+            self.allocate_state_cache(num_state_slots)
         attn = self.model.attention_layers()
         layout = self.kv_layout
         shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
@@ -143,6 +152,28 @@ class ModelRunner:
         for layer, slot, group in zip(attn, layout.layer_slots, layout.layer_groups):
             layer.bind_cache(self.kv_cache[slot, 0], self.kv_cache[slot, 1])
             layer.kv_group = group
+
+    def allocate_state_cache(self, num_slots: int) -> None:
+        """Per linear-attention layer a conv state [num_slots, C, K-1] in the model dtype and a recurrent state
+        [num_slots, Hv, Dk, Dv] in mamba_ssm_dtype (float32), zeroed; each layer reads and writes them in place
+        through the sequences' slot indices."""
+        spec = self.kv_layout.state.spec
+        ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[spec.ssm_dtype_bytes]
+        self.state_cache = []
+        for layer in self.model.state_layers():
+            conv = torch.zeros((num_slots, *spec.conv_state_shape), dtype=self.dtype, device=self.device)
+            ssm = torch.zeros((num_slots, *spec.ssm_state_shape), dtype=ssm_dtype, device=self.device)
+            layer.bind_state(conv, ssm)
+            self.state_cache.append((conv, ssm))
+
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """Forks' state copies, all at once (a slot that is both a source and a destination gives its old value)."""
+        if copies and self.state_cache:
+            src = torch.tensor([c[0] for c in copies], device=self.device)
+            dst = torch.tensor([c[1] for c in copies], device=self.device)
+            for conv, ssm in self.state_cache:
+                conv[dst] = conv[src]
+                ssm[dst] = ssm[src]
 
     def release_kv_cache(self) -> None:
         """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
@@ -152,7 +183,12 @@ class ModelRunner:
 
     def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
-        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it.
+        Hybrid models run eagerly: the decode graphs do not carry the state slots yet."""
+        if self.kv_layout.state is not None:
+            logger.info("decode CUDA graphs are off for %s: its linear-attention state update is not captured "
+                        "yet (eager decode)", self.config.architecture)
+            return
         split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
@@ -183,7 +219,9 @@ class ModelRunner:
         return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
 
     def kv_cache_bytes(self) -> int:
-        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+        """The paged KV cache and a hybrid model's state pool."""
+        states = sum(t.numel() * t.element_size() for pair in self.state_cache for t in pair)
+        return states + (0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size())
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if copies and self.kv_cache is not None:
@@ -192,7 +230,8 @@ class ModelRunner:
             cache = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
             cache[:, :, dst] = cache[:, :, src]
 
-    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
+    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
+                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
         """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
 
         One Python pass collects each sequence's numbers; positions, slots and offsets are numpy over the batch."""
@@ -218,12 +257,17 @@ class ModelRunner:
             for item in batch), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
         prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
+        state_indices = has_initial_state = None
+        if self.kv_layout.state is not None:
+            state_indices = np.fromiter((item.seq.state_slot for item in batch), np.int32, len(batch))
+            has_initial_state = computed > 0
         return StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
-            group_block_tables=group_tables, group_slot_mappings=group_slots)
+            group_block_tables=group_tables, group_slot_mappings=group_slots, state_indices=state_indices,
+            has_initial_state=has_initial_state, state_copies=list(state_copies))
 
     @staticmethod
     def _block_table_array(block_tables: list[list]) -> np.ndarray:
@@ -257,6 +301,7 @@ class ModelRunner:
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
         head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
+        self.copy_states(inputs.state_copies)
         dev = self.device
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs)  # copies into its static buffers: no metadata tensors to make
@@ -270,6 +315,9 @@ class ModelRunner:
             if inputs.group_block_tables is not None:
                 meta.group_block_tables = torch.from_numpy(inputs.group_block_tables).to(dev)
                 meta.group_slot_mappings = torch.from_numpy(inputs.group_slot_mappings).to(dev)
+            if inputs.state_indices is not None:
+                meta.state_indices = torch.from_numpy(inputs.state_indices).to(dev)
+                meta.has_initial_state = torch.from_numpy(inputs.has_initial_state).to(dev)
             hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
                                 torch.from_numpy(inputs.positions).to(dev), meta)
         prompt_logprobs = None
@@ -305,9 +353,10 @@ class ModelRunner:
         return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
-                sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+                sampling: SamplingBatch | None = None,
+                state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
         """Run the batch and sample what `sampling` asks for."""
-        return self.run(self.prepare(batch, block_copies), sampling)
+        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:

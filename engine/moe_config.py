@@ -59,6 +59,18 @@ def parse_moe_config(hf: dict[str, Any], architecture: str) -> MoEConfig | None:
         moe = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
         return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
                          renormalize=bool(hf.get("norm_topk_prob", False)))
+    if architecture == "Qwen3NextForCausalLM":  # Qwen3-MoE's routing plus a sigmoid-gated shared expert
+        step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+        if not hf.get("num_experts", 512):
+            return None
+        moe = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
+                         renormalize=bool(hf.get("norm_topk_prob", True)),
+                         shared_intermediate_size=hf.get("shared_expert_intermediate_size", 0))
+    if architecture in ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"):  # every layer, renormalized
+        return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"],
+                         tuple(range(layers)), renormalize=True,
+                         shared_intermediate_size=hf.get("shared_expert_intermediate_size", 0))
     if architecture == "MixtralForCausalLM":
         return MoEConfig(hf["num_local_experts"], hf["num_experts_per_tok"], hf["intermediate_size"],
                          tuple(range(layers)), renormalize=True)

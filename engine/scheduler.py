@@ -52,6 +52,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
     too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
 
     @property
@@ -128,6 +129,8 @@ class Scheduler:
         if not preempted:
             self._schedule_waiting(out, self.max_num_batched_tokens - out.num_tokens, self._prefill_left(out))
         out.block_copies = self.kv.take_copies()
+        if out.scheduled:  # a step that runs nothing applies no copy: they wait for the next forward
+            out.state_copies = self.kv.take_state_copies()
         return out
 
     def _prefill_left(self, out: SchedulerOutput) -> int | None:
@@ -259,6 +262,9 @@ class Scheduler:
         sequences give their blocks back."""
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+        if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
+            self._fork_states(forks, finished)
+            return
         for parent, children in forks:
             for child in children:
                 self.kv.fork(parent, child)
@@ -266,6 +272,24 @@ class Scheduler:
                     child.status = SequenceStatus.RUNNING
                 self.running.append(child)
         self.finish([s for s in finished if s.block_table])
+
+    def _fork_states(self, forks: list[tuple[Sequence, list[Sequence]]], finished: list[Sequence]) -> None:
+        """Forks of a hybrid model: finished sequences nobody forks off give their slots back first, and a
+        parent that ends now hands its slot to its last child, so a beam step of k beams never holds more than
+        k state slots (the pool has one per seat)."""
+        forked = {id(seq) for parent, children in forks for seq in (parent, *children)}
+        self.finish([s for s in finished if s.block_table and id(s) not in forked])
+        children_left: dict[int, int] = {}
+        for parent, children in forks:
+            children_left[id(parent)] = children_left.get(id(parent), 0) + len(children)
+        for parent, children in forks:
+            for child in children:
+                children_left[id(parent)] -= 1
+                self.kv.fork(parent, child, take_state=parent.is_finished and not children_left[id(parent)])
+                if not child.is_finished:
+                    child.status = SequenceStatus.RUNNING
+                self.running.append(child)
+        self.finish([s for s in finished if s.block_table and id(s) in forked])
 
     def abort(self, seqs: list[Sequence]) -> None:
         """End sequences wherever they are: running ones give their blocks back, waiting ones leave the queue."""
