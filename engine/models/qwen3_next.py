@@ -72,7 +72,7 @@ def hybrid_mlp(cfg: ModelConfig, layer: int, packed: dict) -> nn.Module:
         return LlamaMLP(cfg, layer, packed)
     return SparseMoeBlock(RouterSpec(**moe.router_spec_kwargs()), cfg.hidden_size, moe.intermediate_size,
                           activation=moe.activation, shared_intermediate_size=moe.shared_intermediate_size,
-                          shared_gate=bool(moe.shared_intermediate_size), quant=cfg.quantization,
+                          shared_gate=moe.shared_gate, quant=cfg.quantization,
                           prefix=f"model.layers.{layer}.mlp")
 
 

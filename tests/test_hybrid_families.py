@@ -1,0 +1,137 @@
+"""Hybrid linear attention end to end: Qwen3-Next, Qwen3.5 (text and its VL checkpoint on text prompts) and
+Qwen3.5-MoE, greedy token ids identical to HF transformers on tiny random models whose layers alternate Gated
+DeltaNet (a per-sequence conv + recurrent state in the state pool) and gated full attention.
+
+Each is served plainly, and with 16-token chunks over a tiny pool, so chunk boundaries fall inside prompts
+(each chunk continues the state the previous one left), prefill chunks share steps with decodes, and
+preemption drops states that are then recomputed. A greedy request with n=2 checks the fork's state copy
+(both outputs must be HF's); a seeded n=3 request gives the same outputs alone and inside a batch; beam search
+matches HF num_beams. The prefix cache is off for these models (no state snapshots), and after every run no
+state slot is held.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.beam_search import BeamSearchParams
+from hf_reference import hf_greedy, make_prompts
+from tiny_models import HYBRID_ARCHS, HYBRID_VL_ARCHS, hf_model
+
+pytestmark = pytest.mark.timeout(300)
+PICKS, MAX_TOKENS = [1, 3, 4, 6], [10, 12, 6, 8]  # prompts of 3, 16, 17 and 120 tokens
+ALL_ARCHS = list(HYBRID_ARCHS) + list(HYBRID_VL_ARCHS)
+
+
+@pytest.fixture(scope="module")
+def hybrid_reference(tiny_model_dir):
+    @functools.cache
+    def get(arch):
+        path = tiny_model_dir(arch)
+        prompts = [make_prompts(400)[i] for i in PICKS]
+        return path, prompts, hf_greedy(path, prompts, MAX_TOKENS)
+    return get
+
+
+def greedy(llm: LLM, prompts, n: int = 1):
+    params = [SamplingParams(temperature=0, max_tokens=m, n=n) for m in MAX_TOKENS[:len(prompts)]]
+    return [[c.token_ids for c in o.outputs] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def assert_no_state_held(llm: LLM) -> None:
+    kv = llm.engine.kv
+    assert kv.state.pool.num_used == 0 and not kv.pending_state_copies
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHS)
+def test_hybrid_family_matches_hf_plain_chunked_and_preempted(hybrid_reference, arch):
+    path, prompts, expected = hybrid_reference(arch)
+    llm = LLM(str(path), device="cpu")
+    assert not llm.engine.kv.enable_caching  # a prefix hit could not restore the recurrent state
+    assert [outs[0] for outs in greedy(llm, prompts)] == expected
+    assert_no_state_held(llm)
+    tiny = LLM(str(path), device="cpu", max_num_batched_tokens=16, num_gpu_blocks_override=9, max_num_seqs=4)
+    assert [outs[0] for outs in greedy(tiny, prompts)] == expected
+    assert tiny.engine.scheduler.num_preemptions > 0
+    assert_no_state_held(tiny)
+
+
+def test_forks_copy_the_state(hybrid_reference):
+    """Greedy n=2: the second output forks off the first after the prompt, from a copy of its state slot, so
+    both must be HF's continuation (a child reading a stale or shared slot would drift)."""
+    path, prompts, expected = hybrid_reference("qwen3_5")
+    llm = LLM(str(path), device="cpu", max_num_seqs=8)
+    assert greedy(llm, prompts, n=2) == [[e, e] for e in expected]
+    assert_no_state_held(llm)
+
+
+def test_seeded_n_is_the_same_alone_and_in_a_batch(hybrid_reference):
+    path, prompts, _ = hybrid_reference("qwen3_next")
+    llm = LLM(str(path), device="cpu", max_num_seqs=8, max_num_batched_tokens=32)
+    seeded = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=8, ignore_eos=True)
+    alone = [c.token_ids for c in llm.generate([prompts[2]], [seeded], use_tqdm=False)[0].outputs]
+    others = [SamplingParams(temperature=0.8, seed=i, max_tokens=6) for i in range(3)]
+    batch = llm.generate([prompts[0], prompts[2], prompts[3], prompts[1]], [others[0], seeded, others[1], others[2]],
+                         use_tqdm=False)
+    assert [c.token_ids for c in batch[1].outputs] == alone
+    assert len({tuple(t) for t in alone}) > 1  # the outputs really sample apart
+    assert_no_state_held(llm)
+
+
+def test_beam_search_matches_hf(hybrid_reference):
+    """Each beam step forks the surviving beams: their states are copied (or handed over by a parent that
+    ends), never shared."""
+    path, prompts, _ = hybrid_reference("qwen3_5")
+    hf = hf_model(path)
+    llm = LLM(str(path), device="cpu", max_num_seqs=4)
+    for prompt in (prompts[0], prompts[2]):
+        want = hf.generate(torch.tensor([prompt]), num_beams=3, do_sample=False, length_penalty=1.0,
+                           early_stopping=True, max_new_tokens=8,
+                           attention_mask=torch.ones(1, len(prompt), dtype=torch.long))[0, len(prompt):].tolist()
+        while want and want[-1] == hf.generation_config.pad_token_id:
+            want.pop()
+        got = llm.beam_search([prompt], BeamSearchParams(3, 8), use_tqdm=False)[0].sequences[0]
+        assert got.tokens[len(prompt):] == want
+    assert_no_state_held(llm)
+
+
+def test_mtp_weights_are_skipped_and_the_vision_tower_never_loads(hybrid_reference, tmp_path):
+    """A published Qwen3.5 checkpoint carries a multi-token-prediction head (mtp.*): left in the checkpoint
+    for speculative decoding, not an error; the vision tower is skipped by the weights mapper."""
+    from safetensors.torch import save_file
+    path, prompts, expected = hybrid_reference("qwen3_5-vl")
+    copy = tmp_path / "with-mtp"
+    shutil.copytree(path, copy)
+    save_file({"mtp.fc.weight": torch.zeros(64, 128), "mtp.layers.0.input_layernorm.weight": torch.zeros(64)},
+              str(copy / "mtp.safetensors"))
+    llm = LLM(str(copy), device="cpu")
+    model = llm.engine.runner.model
+    assert sorted(model.skipped_mtp_tensors) == ["mtp.fc.weight", "mtp.layers.0.input_layernorm.weight"]
+    assert not any("visual" in name for name, _ in model.named_parameters())
+    assert [outs[0] for outs in greedy(llm, prompts[:2])] == expected[:2]
+
+
+def test_planner_counts_the_state_pool_and_the_weights(hybrid_reference):
+    """What the engine holds is what the torch-free arithmetic says: parameters, KV blocks plus one state
+    slot per seat (max_num_seqs), conv state in the model dtype and the recurrent state in float32."""
+    from engine.kv_cache_interface import model_kv_layout
+    from engine.model_config import ModelConfig
+    path, _, _ = hybrid_reference("qwen3_5_moe")
+    cfg = ModelConfig.from_folder(path)
+    assert cfg.layer_types == ["linear_attention", "full_attention"] * 2 and cfg.attention_layer_ids == [1, 3]
+    llm = LLM(str(path), device="cpu", max_num_seqs=5)
+    runner = llm.engine.runner
+    assert sum(p.numel() for p in runner.model.parameters()) == cfg.num_params
+    layout = model_kv_layout(cfg, 16, 4, act_dtype_bytes=4)
+    assert [g.layer_ids for g in layout.groups] == [(0, 1)] and layout.state.layer_ids == (0, 2)
+    # per layer: conv [2*32 + 64, 3] + state [4, 16, 16] floats
+    assert layout.state.spec.slot_bytes == (128 * 3 + 4 * 16 * 16) * 4
+    kv = runner.kv_cache.numel() * runner.kv_cache.element_size()
+    assert runner.kv_cache_bytes() - kv == layout.state_pool_bytes(5)
+    assert all(ssm.dtype == torch.float32 for _, ssm in runner.state_cache)
