@@ -135,3 +135,23 @@ def test_planner_counts_the_state_pool_and_the_weights(hybrid_reference):
     kv = runner.kv_cache.numel() * runner.kv_cache.element_size()
     assert runner.kv_cache_bytes() - kv == layout.state_pool_bytes(5)
     assert all(ssm.dtype == torch.float32 for _, ssm in runner.state_cache)
+
+
+def test_planner_verdicts_from_the_published_configs():
+    """Qwen3.6-27B (AWQ, FP8 KV): only its 16 full-attention layers take KV per token (a quarter of a dense
+    64-layer model's), and each seat costs one state slot of its 48 DeltaNet layers, so more seats leave
+    less context."""
+    from engine.bench.hybrid import QWEN3_32B, QWEN3_6_27B, plan
+    cfg, four = plan(QWEN3_6_27B, 1, 4)
+    assert round(cfg.num_params / 1e9) == 27 and len(cfg.linear_attention.layers) == 48
+    assert four.kv_bytes_per_token == 16 * 2 * 4 * 256  # 16 layers, K and V, 4 KV heads of 256, one byte each
+    slot = 48 * ((2 * 16 * 128 + 48 * 128) * 3 * 2 + 48 * 128 * 128 * 4)  # conv in bf16, state in float32
+    assert four.state_bytes == 4 * slot
+    _, sixteen = plan(QWEN3_6_27B, 1, 16)
+    assert sixteen.state_bytes == 16 * slot and sixteen.num_tokens < four.num_tokens
+    _, two_cards = plan(QWEN3_6_27B, 2, 4)
+    assert two_cards.state_bytes == 2 * slot and two_cards.fits  # heads and their states split across ranks
+    _, dense = plan(QWEN3_32B, 1, 4)
+    assert dense.kv_bytes_per_token == 4 * four.kv_bytes_per_token and dense.num_tokens < four.num_tokens
+    _, crowded = plan(QWEN3_6_27B, 1, 256)
+    assert not crowded.fits and "--max-num-seqs" in crowded.explain_misfit()

@@ -55,7 +55,7 @@ QWEN3_5_DEFAULTS = {
     "vocab_size": 248_320, "head_dim": 256, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
     "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
     "linear_num_value_heads": 32, "rms_norm_eps": 1e-6, "qk_norm": True}
-QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "num_experts_per_tok": 8, "num_experts": 256,
+QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "num_experts_per_tok": 8, "num_experts": 256, "intermediate_size": 0,
                         "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}
 
 ARCHITECTURES: dict[str, Architecture] = {
