@@ -160,9 +160,11 @@ class ModelRunner:
         spec = self.kv_layout.state.spec
         ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[spec.ssm_dtype_bytes]
         self.state_cache = []
-        for layer in self.model.state_layers():
-            conv = torch.zeros((num_slots, *spec.conv_state_shape), dtype=self.dtype, device=self.device)
-            ssm = torch.zeros((num_slots, *spec.ssm_state_shape), dtype=ssm_dtype, device=self.device)
+        for layer in self.model.state_layers():  # this rank's heads and channels (the layer knows its split)
+            conv = torch.zeros((num_slots, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
+                               device=self.device)
+            ssm = torch.zeros((num_slots, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
+                              device=self.device)
             layer.bind_state(conv, ssm)
             self.state_cache.append((conv, ssm))
 

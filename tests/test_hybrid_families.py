@@ -155,3 +155,18 @@ def test_planner_verdicts_from_the_published_configs():
     assert dense.kv_bytes_per_token == 4 * four.kv_bytes_per_token and dense.num_tokens < four.num_tokens
     _, crowded = plan(QWEN3_6_27B, 1, 256)
     assert not crowded.fits and "--max-num-seqs" in crowded.explain_misfit()
+
+
+def test_tensor_parallel_2_splits_deltanet_heads_and_states(hybrid_reference):
+    """Each rank keeps half of the DeltaNet key heads with their value heads, conv channels and state slots
+    (Qwen3.5's fused in_proj_qkv split into its q, k and v parts); chunks of 16 cut the prompts."""
+    import torch.distributed as dist
+    path, prompts, expected = hybrid_reference("qwen3_5")
+    llm = LLM(str(path), device="cpu", tensor_parallel_size=2, max_num_batched_tokens=16, max_num_seqs=4)
+    try:
+        assert [outs[0] for outs in greedy(llm, prompts)] == expected
+        layer = llm.engine.runner.model.state_layers()[0]
+        assert layer.num_v_heads == 2 and layer.ssm_state.shape[1:] == (2, 16, 16)
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
