@@ -13,6 +13,9 @@ channels and their state (the out projection all-reduces).
 """
 from __future__ import annotations
 
+import functools
+import logging
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -23,13 +26,22 @@ from engine.layers.norm import GatedRMSNorm
 from engine.model_config import LinearAttentionConfig
 from engine.quantization.config import QuantConfig
 
+logger = logging.getLogger("pagedesk.engine")
 
+
+@functools.cache
 def gated_delta_kernels(backend: str):
-    """(causal_conv1d_varlen, gated_delta_rule_varlen) of a backend ("torch" or "triton")."""
+    """(causal_conv1d_varlen, gated_delta_rule_varlen) of a backend ("torch" or "triton"). Without the Triton
+    kernels in this build the torch reference runs on the card too (correct, slower), and the log says so."""
     if backend == "triton":
-        from kernels.triton_causal_conv1d import causal_conv1d_varlen
-        from kernels.triton_gated_delta import gated_delta_rule_varlen
-        return causal_conv1d_varlen, gated_delta_rule_varlen
+        try:
+            from kernels.triton_causal_conv1d import causal_conv1d_varlen
+            from kernels.triton_gated_delta import gated_delta_rule_varlen
+            return causal_conv1d_varlen, gated_delta_rule_varlen
+        except ImportError as exc:
+            logger.warning("Gated DeltaNet Triton kernels unavailable (%s): the torch reference runs instead", exc)
+    elif backend != "torch":
+        raise ValueError(f"unknown Gated DeltaNet backend {backend!r}; choose 'torch' or 'triton'")
     from kernels.gated_delta_torch import causal_conv1d_varlen, gated_delta_rule_varlen
     return causal_conv1d_varlen, gated_delta_rule_varlen
 
