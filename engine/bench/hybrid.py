@@ -9,11 +9,16 @@ FFN 17408, vocab 248320, 262,144 tokens of context; 35B-A3B: hidden 2048, 40 lay
 16 / 32 heads of 128, attention 16 Q / 2 KV heads of 256, 256 experts of 512 with 8 routed + 1 shared.
 The AWQ quantization_config is the usual 4-bit group-128 one with every decoder linear layer packed. The
 dense comparisons are Qwen3-32B and Qwen3-30B-A3B (every layer full attention) planned at the same context.
-Torch-free.
+The planner part is torch-free. `--cpu` also serves a tiny random Qwen3.5 (3 DeltaNet layers of every 4) and
+the dense Qwen3 of the same shape on CPU with the same requests (greedy, fixed lengths) and prints tokens/s.
 """
 from __future__ import annotations
 
 import argparse
+import platform
+import tempfile
+import time
+from pathlib import Path
 
 from engine.bench.moe_configs import QWEN3_30B_A3B
 
@@ -85,9 +90,49 @@ def verdict_rows() -> list[str]:
     return rows
 
 
+CPU_SHAPE = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64,
+                 intermediate_size=1024, vocab_size=8192, max_position_embeddings=2048, tie_word_embeddings=False)
+CPU_LINEAR = dict(linear_num_key_heads=4, linear_num_value_heads=8, linear_key_head_dim=64, linear_value_head_dim=64,
+                  linear_conv_kernel_dim=4, full_attention_interval=4)
+
+
+def cpu_throughput(num_prompts: int, max_model_len: int) -> None:
+    import torch
+
+    from engine import LLM, SamplingParams
+    from engine.bench.workload import make_random_model, sharegpt_like
+    from engine.model_config import ModelConfig
+    requests = sharegpt_like(num_prompts, CPU_SHAPE["vocab_size"], max_model_len, 0, prompt_mean=64, output_mean=64)
+    out_tokens = sum(r.output_len for r in requests)
+    print(f"\n{num_prompts} requests, {out_tokens} output tokens; torch {torch.__version__}, "
+          f"{torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
+    print("| model | params | seconds | output tok/s |")
+    print("|---|---:|---:|---:|", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = [("dense Qwen3, 8 full-attention layers", make_random_model(
+                        Path(tmp) / "dense", "Qwen3Config", "Qwen3ForCausalLM", CPU_SHAPE)),
+                   ("Qwen3.5, 6 Gated DeltaNet + 2 full-attention layers", make_random_model(
+                        Path(tmp) / "hybrid", "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {**CPU_SHAPE, **CPU_LINEAR}))]
+        for name, path in folders:
+            cfg = ModelConfig.from_folder(path)
+            llm = LLM(str(path), device="cpu", max_model_len=max_model_len, max_num_seqs=num_prompts)
+            params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
+            start = time.perf_counter()
+            llm.generate([r.prompt_token_ids for r in requests], params, use_tqdm=False)
+            elapsed = time.perf_counter() - start
+            llm.engine.shutdown()
+            print(f"| {name} | {cfg.num_params / 1e6:.1f}M | {elapsed:.1f} | {out_tokens / elapsed:.1f} |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench hybrid", description=__doc__.split("\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument("--cpu", action="store_true", help="also serve a tiny hybrid and a dense model on CPU")
+    parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--max-model-len", type=int, default=512)
+    args = parser.parse_args(argv)
+    if args.cpu:
+        cpu_throughput(args.num_prompts, args.max_model_len)
+        print()
     print("| model | cards (0.9) | max_num_seqs | weights/card | state pool/card | KV/token/card (FP8) | "
           "KV tokens that fit | verdict at 262,144 |")
     print("|---|---|---:|---:|---:|---:|---:|---|")
