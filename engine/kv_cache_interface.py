@@ -139,9 +139,10 @@ class KVCacheLayout:
         """Bytes of one sequence's state slot over every linear-attention layer (0 without them)."""
         return 0 if self.state is None else self.state.bytes_per_seq
 
-    def state_pool_bytes(self, max_num_seqs: int) -> int:
-        """The state pool: a slot per seat (max_num_seqs bounds the running sequences, forks and beams included)."""
-        return max_num_seqs * self.state_bytes_per_seq
+    def state_pool_bytes(self, max_num_seqs: int, enable_prefix_caching: bool = False) -> int:
+        """The state pool: a slot per seat (max_num_seqs bounds the running sequences, forks and beams included),
+        plus the prefix cache's state snapshots."""
+        return (max_num_seqs + num_state_snapshots(self, enable_prefix_caching)) * self.state_bytes_per_seq
 
     @property
     def num_layers(self) -> int:
@@ -196,6 +197,15 @@ class KVCacheLayout:
                        min(mid, g.spec.max_blocks_per_seq(mid * bs, max_num_batched_tokens)) for g in self.groups)
             lo, hi = (mid, hi) if need <= num_blocks else (lo, mid - 1)
         return lo * bs
+
+
+STATE_SNAPSHOTS = 4  # prefix-cache state snapshots a hybrid model keeps (one state slot each)
+
+
+def num_state_snapshots(layout: "KVCacheLayout", enable_prefix_caching: bool) -> int:
+    """Snapshot slots of a hybrid model's prefix cache: a hit restores the state at its end from one. Few: one
+    is a whole sequence's state (147 MiB for Qwen3.6-27B on one card), and a shared system prompt needs one."""
+    return STATE_SNAPSHOTS if layout.state is not None and enable_prefix_caching else 0
 
 
 def layer_specs(sliding_windows: list[int | None], block_size: int, num_kv_heads: int, head_dim: int,

@@ -18,7 +18,7 @@ import torch
 from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.config import EngineConfig
 from engine.executor import create_executor
-from engine.kv_cache_interface import model_kv_layout
+from engine.kv_cache_interface import model_kv_layout, num_state_snapshots
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
@@ -67,17 +67,20 @@ class LLMEngine:
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
-            self.runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots)
+            snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
+                                            config.enable_prefix_caching)
+            self.runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
             self.runner.capture_decode_graphs()
         except BaseException:
             self.runner.shutdown()  # no worker outlives a failed start
             raise
         self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
-        if self.kv_layout.state is not None and config.enable_prefix_caching:
-            logger.info("prefix caching is off for %s: a hit would have to restore its linear-attention state, "
-                        "and no state snapshots are kept (docs/kv-cache-groups.md)", self.model_config.architecture)
+        if snapshots:
+            logger.info("prefix caching for %s keeps %d linear-attention state snapshots at block boundaries of "
+                        "prompts; a hit restores one (docs/kv-cache-groups.md)", self.model_config.architecture,
+                        snapshots)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 [group.spec for group in self.kv_layout.groups], state_slots)
+                                 [group.spec for group in self.kv_layout.groups], state_slots, snapshots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),

@@ -169,13 +169,13 @@ class ModelRunner:
             self.state_cache.append((conv, ssm))
 
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
-        """Forks' state copies, all at once (a slot that is both a source and a destination gives its old value)."""
+        """State copies (forks, prefix-cache snapshots taken and restored) in the order they were made: a
+        snapshot taken in one step and restored in the next is read after it was written."""
         if copies and self.state_cache:
-            src = torch.tensor([c[0] for c in copies], device=self.device)
-            dst = torch.tensor([c[1] for c in copies], device=self.device)
-            for conv, ssm in self.state_cache:
-                conv[dst] = conv[src]
-                ssm[dst] = ssm[src]
+            for src, dst in copies:
+                for conv, ssm in self.state_cache:
+                    conv[dst].copy_(conv[src])
+                    ssm[dst].copy_(ssm[src])
 
     def release_kv_cache(self) -> None:
         """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""

@@ -157,6 +157,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
+            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens, num_new)
             while not self.kv.allocate_slots(seq, num_new):
                 preempted = True
                 victim = self._pop_victim()
@@ -209,6 +210,8 @@ class Scheduler:
                 if not self.chunked:
                     break
                 num_new = budget
+            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size,
+                                             num_new)
             if not self.kv.allocate_slots(seq, num_new, computed):
                 if self._preempt_paused(out):
                     seats, counted = self._num_seats()
@@ -227,6 +230,16 @@ class Scheduler:
             counted.add(request_id)
             out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
+
+    def _snapshot_aligned(self, seq: Sequence, start: int, num_new: int) -> int:
+        """A hybrid model with prefix caching keeps state snapshots only where a step ends on a block boundary:
+        a prompt chunk that would end past one stops at the last boundary inside the prompt (its tail runs in
+        the next step), so the prompt's last full block gets a snapshot."""
+        if not self.kv.num_snapshot_slots:
+            return num_new
+        bs = self.kv.block_size
+        aligned = min(start + num_new, seq.num_prompt_tokens) // bs * bs
+        return aligned - start if start < aligned < start + num_new else num_new
 
     def _warn_too_long(self, seq: Sequence, num_computed: int, num_new: int) -> None:
         """A sequence that ends as "length" before max_tokens or max_model_len says why, with the numbers."""
@@ -262,6 +275,9 @@ class Scheduler:
         sequences give their blocks back."""
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+        if self.kv.num_snapshot_slots:  # before any fork or finish: the state a chunk left, at a block boundary
+            for item in out.scheduled:
+                self.kv.snapshot_state(item.seq)
         if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
             self._fork_states(forks, finished)
             return

@@ -257,17 +257,19 @@ class MemoryProfile:
     overhead_bytes: int  # CUDA graphs and memory allocated outside torch's allocator (context, NCCL)
 
 
-def state_pool_bytes(layout: KVCacheLayout | None, max_num_seqs: int) -> int:
-    """A hybrid model's state pool on one card (0 for attention-only models)."""
-    return 0 if layout is None else layout.state_pool_bytes(max_num_seqs)
+def state_pool_bytes(layout: KVCacheLayout | None, max_num_seqs: int, enable_prefix_caching: bool = True) -> int:
+    """A hybrid model's state pool on one card, its prefix-cache snapshots included (0 for attention-only
+    models)."""
+    return 0 if layout is None else layout.state_pool_bytes(max_num_seqs, enable_prefix_caching)
 
 
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
                       max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
-                      max_num_batched_tokens: int = 0, max_num_seqs: int = 0) -> CapacityPlan:
+                      max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
+                      enable_prefix_caching: bool = True) -> CapacityPlan:
     others = p.total_bytes - p.free_bytes_at_start
     usable = int(p.total_bytes * gpu_memory_utilization) - others
-    states = state_pool_bytes(layout, max_num_seqs)
+    states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)
     budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes - states
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
                         block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
@@ -277,12 +279,13 @@ def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_
 
 def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int,
                      max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
-                     max_num_batched_tokens: int = 0, max_num_seqs: int = 0) -> CapacityPlan:
+                     max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
+                     enable_prefix_caching: bool = True) -> CapacityPlan:
     """An absolute KV budget: the pool is `kv_budget_bytes` whatever else the card holds. The plan records the
     card's room after this engine's weights, activations and overhead as `usable_bytes`, so a caller can refuse a
     budget that is larger than the room (`budget_room_error`)."""
     room = p.free_bytes_at_start - p.weights_bytes - p.activation_bytes - p.overhead_bytes
-    states = state_pool_bytes(layout, max_num_seqs)  # the budget holds the state pool too
+    states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds the state pool too
     return CapacityPlan(p.total_bytes, room, p.weights_bytes, p.activation_bytes, kv_bytes_per_token,
                         kv_budget_bytes - states, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes,
                         0, p.card, layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states)
@@ -331,7 +334,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, block_size: int = 16,
                   quantization: str | None = None, other_programs_bytes: list[int] | None = None,
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
-                  activation_bytes: int | None = None, window_freeing: bool = True) -> CapacityPlan:
+                  activation_bytes: int | None = None, window_freeing: bool = True,
+                  enable_prefix_caching: bool = True) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks)."""
     dtype_bytes = DTYPE_BYTES[dtype]
@@ -351,14 +355,14 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes)
         plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
                                        max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
-                                       max_num_batched_tokens, max_num_seqs))
+                                       max_num_batched_tokens, max_num_seqs, enable_prefix_caching))
     return min(plans, key=lambda p: p.num_blocks)
 
 
 def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", kv_cache_dtype: str = "auto",
              max_model_len: int | None = None, max_num_seqs: int = 256, block_size: int = 16,
              weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
-             window_freeing: bool = True) -> CapacityPlan:
+             window_freeing: bool = True, enable_prefix_caching: bool = True) -> CapacityPlan:
     """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
@@ -368,7 +372,7 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
     layout = model_kv_layout(cfg, block_size, kv_bytes, 1, window_freeing, dtype_bytes)
     per_seq = layout.blocks_per_seq(max_len, max_num_batched_tokens) if layout.has_sliding_window else \
         -(-max_len // block_size)
-    states = state_pool_bytes(layout, max_num_seqs)  # the budget holds a hybrid model's state pool too
+    states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds a hybrid's states too
     return CapacityPlan(budget, budget, weights, 0, layout.bytes_per_block // block_size, budget - states,
                         block_size, max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq, layout=layout,
                         max_num_batched_tokens=max_num_batched_tokens, state_bytes=states)

@@ -2,12 +2,12 @@
 Qwen3.5-MoE, greedy token ids identical to HF transformers on tiny random models whose layers alternate Gated
 DeltaNet (a per-sequence conv + recurrent state in the state pool) and gated full attention.
 
-Each is served plainly, and with 16-token chunks over a tiny pool, so chunk boundaries fall inside prompts
-(each chunk continues the state the previous one left), prefill chunks share steps with decodes, and
-preemption drops states that are then recomputed. A greedy request with n=2 checks the fork's state copy
+Each is served plainly (twice: the second time from the prefix cache), and with 32-token chunks over a tiny
+pool, so chunk boundaries fall inside prompts (each chunk continues the state the previous one left), prefill
+chunks share steps with decodes, and preemption drops states that are then recomputed. A greedy request with n=2 checks the fork's state copy
 (both outputs must be HF's); a seeded n=3 request gives the same outputs alone and inside a batch; beam search
-matches HF num_beams. The prefix cache is off for these models (no state snapshots), and after every run no
-state slot is held.
+matches HF num_beams. With the prefix cache a hit restores the state snapshot kept at its last block (a
+shared system prompt reports cached tokens), and after every run only the snapshots hold state slots.
 """
 from __future__ import annotations
 
@@ -44,8 +44,10 @@ def greedy(llm: LLM, prompts, n: int = 1):
 
 
 def assert_no_state_held(llm: LLM) -> None:
+    """Only the prefix cache's state snapshots hold slots once the work is done; every block is free."""
     kv = llm.engine.kv
-    assert kv.state.pool.num_used == 0 and not kv.pending_state_copies
+    assert kv.state.pool.held() == set(kv.snapshots.values()) and not kv.pending_state_copies
+    assert len(kv.snapshots) <= kv.num_snapshot_slots
     assert kv.pool.num_free_blocks == kv.pool.num_blocks
 
 
@@ -53,12 +55,13 @@ def assert_no_state_held(llm: LLM) -> None:
 def test_hybrid_family_matches_hf_plain_chunked_and_preempted(hybrid_reference, arch):
     path, prompts, expected = hybrid_reference(arch)
     llm = LLM(str(path), device="cpu")
-    assert not llm.engine.kv.enable_caching  # a prefix hit could not restore the recurrent state
     assert [outs[0] for outs in greedy(llm, prompts)] == expected
+    assert [outs[0] for outs in greedy(llm, prompts)] == expected  # again: hits restore state snapshots
+    assert llm.engine.kv.prefix_hits > 0
     assert_no_state_held(llm)
     if arch in HYBRID_VL_ARCHS:  # the same decoder as qwen3_5 behind another weights mapper: plain is enough
         return
-    tiny = LLM(str(path), device="cpu", max_num_batched_tokens=16, num_gpu_blocks_override=9, max_num_seqs=4)
+    tiny = LLM(str(path), device="cpu", max_num_batched_tokens=32, num_gpu_blocks_override=10, max_num_seqs=4)
     assert [outs[0] for outs in greedy(tiny, prompts)] == expected
     assert tiny.engine.scheduler.num_preemptions > 0
     assert_no_state_held(tiny)
@@ -135,7 +138,8 @@ def test_planner_counts_the_state_pool_and_the_weights(hybrid_reference):
     # per layer: conv [2*32 + 64, 3] + state [4, 16, 16] floats
     assert layout.state.spec.slot_bytes == (128 * 3 + 4 * 16 * 16) * 4
     kv = runner.kv_cache.numel() * runner.kv_cache.element_size()
-    assert runner.kv_cache_bytes() - kv == layout.state_pool_bytes(5)
+    assert runner.kv_cache_bytes() - kv == layout.state_pool_bytes(5, enable_prefix_caching=True)
+    assert layout.state_pool_bytes(5, True) == (5 + 4) * 2 * layout.state.spec.slot_bytes  # 4 snapshots
     assert all(ssm.dtype == torch.float32 for _, ssm in runner.state_cache)
 
 
@@ -148,11 +152,11 @@ def test_planner_verdicts_from_the_published_configs():
     assert round(cfg.num_params / 1e9) == 27 and len(cfg.linear_attention.layers) == 48
     assert four.kv_bytes_per_token == 16 * 2 * 4 * 256  # 16 layers, K and V, 4 KV heads of 256, one byte each
     slot = 48 * ((2 * 16 * 128 + 48 * 128) * 3 * 2 + 48 * 128 * 128 * 4)  # conv in bf16, state in float32
-    assert four.state_bytes == 4 * slot
+    assert four.state_bytes == (4 + 4) * slot  # a slot per seat and 4 prefix-cache snapshots
     _, sixteen = plan(QWEN3_6_27B, 1, 16)
-    assert sixteen.state_bytes == 16 * slot and sixteen.num_tokens < four.num_tokens
+    assert sixteen.state_bytes == (16 + 4) * slot and sixteen.num_tokens < four.num_tokens
     _, two_cards = plan(QWEN3_6_27B, 2, 4)
-    assert two_cards.state_bytes == 2 * slot and two_cards.fits  # heads and their states split across ranks
+    assert two_cards.state_bytes == 4 * slot and two_cards.fits  # heads and their states split across ranks
     _, dense = plan(QWEN3_32B, 1, 4)
     assert dense.kv_bytes_per_token == 4 * four.kv_bytes_per_token and dense.num_tokens < four.num_tokens
     _, crowded = plan(QWEN3_6_27B, 1, 256)
@@ -172,3 +176,25 @@ def test_tensor_parallel_2_splits_deltanet_heads_and_states(hybrid_reference):
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()
+
+
+def test_prefix_cache_hit_restores_the_state_snapshot(hybrid_reference):
+    """A shared 40-token system prompt: the first request's prompt chunk stops at token 32 (a block boundary)
+    and leaves its state there as a snapshot; later requests hit those 32 tokens (KV blocks and state) and
+    compute only the rest, with HF's output."""
+    import random
+    path, _, _ = hybrid_reference("qwen3_5")
+    rng = random.Random(3)
+    system = [rng.randrange(5, 400) for _ in range(40)]
+    prompts = [system + [rng.randrange(5, 400) for _ in range(n)] for n in (3, 17, 30, 1)]
+    expected = hf_greedy(path, prompts, [8] * len(prompts))
+    llm = LLM(str(path), device="cpu")
+    params = SamplingParams(temperature=0, max_tokens=8)
+    first = llm.generate([prompts[0]], [params], use_tqdm=False)[0]
+    assert first.outputs[0].token_ids == expected[0] and first.num_cached_tokens == 0
+    later = llm.generate(prompts[1:], [params] * 3, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in later] == expected[1:]
+    assert all(o.num_cached_tokens == 32 for o in later)
+    assert_no_state_held(llm)
+    off = LLM(str(path), device="cpu", enable_prefix_caching=False)
+    assert not off.engine.kv.num_snapshot_slots and off.engine.runner.state_cache[0][0].shape[0] == 256

@@ -18,7 +18,7 @@ from test_block_pool import fake_seq
 
 def hybrid_seq(tokens):
     seq = fake_seq(tokens)
-    seq.state_slot = None
+    seq.state_slot, seq.num_prompt_tokens = None, len(tokens)
     return seq
 
 
@@ -69,30 +69,34 @@ operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free", "fork", 
 
 
 @settings(max_examples=150, deadline=None)
-@given(ops=operations)
-def test_no_slot_leaked_and_none_shared_without_a_copy(ops):
-    kv = KVCacheManager(num_blocks=64, block_size=4, enable_caching=False, num_state_slots=5)
+@given(ops=operations, snapshots=st.sampled_from([0, 2]))
+def test_no_slot_leaked_and_none_shared_without_a_copy(ops, snapshots):
+    """With snapshots, prefix hits restore them: the restored state must be the hit's own history too."""
+    kv = KVCacheManager(num_blocks=64, block_size=4, enable_caching=bool(snapshots), num_state_slots=5,
+                        num_snapshot_slots=snapshots)
     held: dict[int, tuple] = {}  # slot -> the tokens its state summarises
     live = []
 
     def forward(steps):
-        """One step: pending fork copies first (all at once), then each scheduled sequence's layer reads its
-        slot (when it continues a state) and writes its new history."""
-        before = dict(held)
+        """One step: pending copies first (forks, snapshots taken and restored, in the order they were made, as
+        the model runner applies them), then each scheduled sequence's layer reads its slot (when it
+        continues a state) and writes its new history."""
         for src, dst in kv.take_state_copies():
-            held[dst] = before.get(src)
+            held[dst] = held.get(src)
         for seq, computed in steps:
             if computed:
                 assert held.get(seq.state_slot) == tuple(seq.token_ids[:computed]), "a slot another sequence wrote"
             seq.num_computed_tokens = seq.num_tokens
             held[seq.state_slot] = tuple(seq.token_ids)
+            kv.snapshot_state(seq)
 
     for op, arg in ops:
         if op == "add":
             seq = hybrid_seq([arg % 7] * (arg % 9 + 1))
-            if kv.allocate_slots(seq, seq.num_tokens):
+            hits = kv.get_computed_blocks(seq)
+            if kv.allocate_slots(seq, seq.num_tokens - len(hits) * 4, hits):
                 live.append(seq)
-                forward([(seq, 0)])
+                forward([(seq, seq.num_computed_tokens)])
         elif op == "grow" and live:
             seq = live[arg % len(live)]
             seq.token_ids.append(arg)
@@ -129,9 +133,40 @@ def test_no_slot_leaked_and_none_shared_without_a_copy(ops):
                 forward([(child, child.num_tokens - 1)])
             else:  # no room: it ends (the scheduler would preempt or stop it), its slot goes back
                 kv.free(child)
-        slots = [s.state_slot for s in live]
-        assert None not in slots and len(set(slots)) == len(slots)  # one slot each, never two holders
+        slots = [s.state_slot for s in live] + list(kv.snapshots.values())
+        assert None not in slots and len(set(slots)) == len(slots)  # one holder each, never two
         assert kv.state.pool.held() == set(slots)  # nothing leaked
+        assert len(kv.snapshots) <= snapshots
     for seq in live:
         kv.free(seq)
-    assert kv.state.pool.num_used == 0 and kv.pool.num_free_blocks == kv.pool.num_blocks
+    assert kv.state.pool.num_used == len(kv.snapshots) and kv.pool.num_free_blocks == kv.pool.num_blocks
+
+
+def test_snapshots_at_block_boundaries_restore_on_a_hit_and_keep_their_share():
+    kv = KVCacheManager(num_blocks=32, block_size=4, enable_caching=True, num_state_slots=2, num_snapshot_slots=1)
+    assert kv.enable_caching and kv.state.pool.num_slots == 3
+    a = hybrid_seq(list(range(10)))
+    a.num_prompt_tokens = 10
+    assert kv.allocate_slots(a, 8)  # a chunk ending on the boundary at 8
+    a.num_computed_tokens = 8
+    kv.snapshot_state(a)
+    (src, snap), = kv.take_state_copies()
+    assert src == a.state_slot and kv.snapshots == {a.block_hashes[1]: snap}
+    b = hybrid_seq(list(range(9)) + [99])
+    b.num_prompt_tokens = 10
+    hit = kv.get_computed_blocks(b)
+    assert len(hit) == 2 and hit.state_snapshot == snap
+    assert kv.allocate_slots(b, 2, hit) and b.num_computed_tokens == 8
+    assert kv.take_state_copies() == [(snap, b.state_slot)]  # b continues from the snapshot
+    c = hybrid_seq([5] * 10)
+    c.num_prompt_tokens = 10
+    assert not kv.allocate_slots(c, 10)  # the two seats are taken; the third slot is the snapshot's
+    kv.free(a)
+    assert kv.allocate_slots(c, 8)
+    c.num_computed_tokens = 8
+    kv.snapshot_state(c)  # one snapshot slot: the older snapshot is evicted and its slot reused
+    assert list(kv.snapshots.values()) == [snap] and b.block_hashes[1] not in kv.snapshots
+    assert kv.take_state_copies() == [(c.state_slot, snap)]
+    d = hybrid_seq(list(range(10)))
+    d.num_prompt_tokens = 10
+    assert kv.get_computed_blocks(d) == []  # its blocks are cached but their state snapshot is gone

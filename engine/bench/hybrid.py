@@ -9,7 +9,8 @@ FFN 17408, vocab 248320, 262,144 tokens of context; 35B-A3B: hidden 2048, 40 lay
 16 / 32 heads of 128, attention 16 Q / 2 KV heads of 256, 256 experts of 512 with 8 routed + 1 shared.
 The AWQ quantization_config is the usual 4-bit group-128 one with every decoder linear layer packed. The
 dense comparisons are Qwen3-32B and Qwen3-30B-A3B (every layer full attention) planned at the same context.
-The planner part is torch-free. `--cpu` also serves a tiny random Qwen3.5 (3 DeltaNet layers of every 4) and
+The state pool counts a slot per seat (max_num_seqs) and the prefix cache's 4 state snapshots. The planner
+part is torch-free. `--cpu` also serves a tiny random Qwen3.5 (3 DeltaNet layers of every 4) and
 the dense Qwen3 of the same shape on CPU with the same requests (greedy, fixed lengths) and prints tokens/s.
 """
 from __future__ import annotations
@@ -83,7 +84,7 @@ def verdict_rows() -> list[str]:
                     verdict = f"{p.num_tokens:,} tokens: not one full {CONTEXT:,}-token sequence"
                 else:
                     verdict = "does not fit"
-                per_seq = p.state_bytes // seats if p.state_bytes else 0
+                per_seq = p.layout.state_bytes_per_seq  # one seat's (or one snapshot's) slot
                 rows.append(f"| {name} | {tp} × 24 GiB | {seats} | {p.weights_bytes / GIB:.2f} GiB | "
                             f"{p.state_bytes / GIB:.2f} GiB ({per_seq / MIB:.0f} MiB/seq) | "
                             f"{p.kv_bytes_per_token / 1024:.0f} KiB | {p.num_tokens:,} | {verdict} |")
