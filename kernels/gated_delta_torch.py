@@ -49,6 +49,20 @@ def _sequence_bounds(query_start_loc: torch.Tensor, state_indices: torch.Tensor,
 
 # ---------------------------------------------------------------- causal conv1d
 
+def check_conv1d_inputs(x, weight, bias, conv_states, activation) -> None:
+    """Shape checks shared by the torch and Triton conv1d; errors name the tensor and its shape."""
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 2:
+        raise ValueError(f"x must be [T, C] and weight [C, K] with K >= 2; got x {tuple(x.shape)}, "
+                         f"weight {tuple(weight.shape)}")
+    channels, width = x.shape[1], weight.shape[1]
+    if conv_states.dim() != 3 or tuple(conv_states.shape[1:]) != (channels, width - 1):
+        raise ValueError(f"conv_states must be [num_slots, {channels}, {width - 1}]; got {tuple(conv_states.shape)}")
+    if bias is not None and bias.shape != (channels,):
+        raise ValueError(f"bias must be [{channels}]; got {tuple(bias.shape)}")
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"unknown conv1d activation {activation!r}; choose one of {ACTIVATIONS}")
+
+
 def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          conv_states: torch.Tensor, state_indices: torch.Tensor, query_start_loc: torch.Tensor,
                          has_initial_state: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
@@ -56,16 +70,9 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
 
     x [T, C]; weight [C, K]; bias [C] or None; conv_states [num_slots, C, K-1] holds each sequence's last K-1
     inputs. Returns act(conv + bias) [T, C] in x.dtype (accumulated in float32)."""
-    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1] or weight.shape[1] < 2:
-        raise ValueError(f"x must be [T, C] and weight [C, K] with K >= 2; got x {tuple(x.shape)}, "
-                         f"weight {tuple(weight.shape)}")
+    check_conv1d_inputs(x, weight, bias, conv_states, activation)
     num_tokens, channels = x.shape
     width = weight.shape[1]
-    if conv_states.dim() != 3 or tuple(conv_states.shape[1:]) != (channels, width - 1):
-        raise ValueError(f"conv_states must be [num_slots, {channels}, {width - 1}]; got {tuple(conv_states.shape)}")
-    if bias is not None and bias.shape != (channels,):
-        raise ValueError(f"bias must be [{channels}]; got {tuple(bias.shape)}")
-    _activate(x[:0], activation)
     starts = _sequence_bounds(query_start_loc, state_indices, has_initial_state, num_tokens, conv_states.shape[0])
     slots, fresh = state_indices.tolist(), (~has_initial_state.bool()).tolist()
     w = weight.float()
