@@ -63,7 +63,9 @@ class LLMEngine:
             self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             if self.device.type == "cuda" and not config.enforce_eager:
-                self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
+                piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
+                # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
             self.runner.allocate_kv_cache(num_blocks, kv_dtype)

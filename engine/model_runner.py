@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.distributed import get_tp_size
 from engine.gpu_baseline import free_bytes_at_start
 from engine.kv_cache_interface import model_kv_layout
@@ -29,7 +30,7 @@ from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
 from engine.profiling import profile_batch, profile_sampling_batch
-from engine.sizing import estimate_graph_bytes
+from engine.sizing import estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -129,6 +130,7 @@ class ModelRunner:
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -150,9 +152,13 @@ class ModelRunner:
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
-        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
+        `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card)."""
+        if piecewise_tokens and capture and self.device.type == "cuda":
+            self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
+                                             num_kv_groups=len(self.kv_layout.groups))
         split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
@@ -165,10 +171,13 @@ class ModelRunner:
         if self.graphs is not None:
             planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
-            if self.graphs.pool_bytes > planned:
+            if self.piecewise is not None:
+                self.piecewise.capture()
+            captured = self.graph_bytes()
+            if captured > planned:
                 logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
-                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
-                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
+                               "--gpu-memory-utilization if the card runs out of memory", captured / 2**20,
+                               (captured - planned) / 2**20)
         if self.device.type == "cuda" and self.attention_backend == "triton":
             max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
             warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
@@ -176,11 +185,15 @@ class ModelRunner:
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
-        if self.graphs is None or not self.graphs.capture_graphs:
-            return 0
-        if self.graphs.graphs:
-            return self.graphs.pool_bytes
-        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        total = 0
+        if self.graphs is not None and self.graphs.capture_graphs:
+            total += self.graphs.pool_bytes if self.graphs.graphs else \
+                estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        if self.piecewise is not None and self.piecewise.enabled:
+            total += self.piecewise.pool_bytes if self.piecewise.captured else \
+                estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize,
+                                               get_tp_size())
+        return total
 
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
@@ -270,8 +283,11 @@ class ModelRunner:
             if inputs.group_block_tables is not None:
                 meta.group_block_tables = torch.from_numpy(inputs.group_block_tables).to(dev)
                 meta.group_slot_mappings = torch.from_numpy(inputs.group_slot_mappings).to(dev)
-            hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
-                                torch.from_numpy(inputs.positions).to(dev), meta)
+            if self.piecewise is not None and self.piecewise.can_run(inputs):
+                hidden = self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
+            else:
+                hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
+                                    torch.from_numpy(inputs.positions).to(dev), meta)
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
