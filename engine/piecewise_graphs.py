@@ -110,10 +110,24 @@ class CudaGraphBackend:
     def replay(graph) -> None:
         graph.replay()
 
+    @staticmethod
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        """A view of `t` that does not own its memory. Holding the tensors that cross pieces (an attention's q,
+        k, v and output, the bucket's result) strongly would keep every layer's and every bucket's in the
+        pool for good, about one forward's activations per layer; held this way the pool reuses them the way
+        the capture did, which replays correctly because the pieces of a bucket always replay in capture
+        order and rewrite each tensor before reading it (the private pool serves only captures, so nothing
+        else is ever given that memory). The approach of torch's cudagraph trees and vLLM's weak refs."""
+        storage = torch._C._construct_storage_from_data_pointer(
+            t.untyped_storage().data_ptr(), t.device, t.untyped_storage().nbytes())
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.size(), t.stride())
+
 
 # Ops a captured piece cannot contain: each copies a value to the host (or sizes a tensor by data).
+# bincount is one on CUDA (it sizes its output by the largest value, read on the host) though not on CPU.
 HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::item", "aten::unique_consecutive",
-                           "aten::_unique2", "aten::masked_select", "aten::equal", "aten::is_nonzero"})
+                           "aten::_unique2", "aten::masked_select", "aten::equal", "aten::is_nonzero",
+                           "aten::bincount", "aten::histc"})
 
 
 class _Tape(TorchDispatchMode):
@@ -178,6 +192,10 @@ class TapeGraphBackend:
     def finish(self) -> None:
         pass
 
+    @staticmethod
+    def keep(t: torch.Tensor) -> torch.Tensor:
+        return t  # the tape holds every tensor of its ops anyway; CPU memory is not the question here
+
     def replay(self, tape) -> None:
         self.replays += 1
         for func, args, kwargs, out, fresh in tape.ops:
@@ -225,7 +243,11 @@ class _Capture:
         self.bucket.pieces.append(self.graph)
         self.graph = None
         out.copy_(forward(*args, **kwargs))
-        self.bucket.eager.append(_Eager(module, forward, args, kwargs, out))
+        keep = self.backend.keep
+        self.bucket.eager.append(_Eager(module, forward, tuple(keep(a) if isinstance(a, torch.Tensor) else a
+                                                               for a in args),
+                                        {k: keep(v) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()},
+                                        keep(out)))
         self.graph = self.backend.begin()
         return out
 
@@ -325,7 +347,7 @@ class PiecewiseGraphs:
             with self.backend.capturing():
                 capture.graph = self.backend.begin()
                 try:
-                    bucket.output = self.model(ids, pos, meta)
+                    bucket.output = self.backend.keep(self.model(ids, pos, meta))
                     self.backend.end(capture.graph)
                     bucket.pieces.append(capture.graph)
                     capture.graph = None

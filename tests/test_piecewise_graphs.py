@@ -131,3 +131,14 @@ def test_toy_replay_recomputes_from_the_static_buffers():
         got = graphs.run(Inputs, meta).clone()
         want = model(torch.from_numpy(Inputs.input_ids), torch.from_numpy(Inputs.positions), meta)
     assert got.shape == (20, 8) and torch.equal(got, want)
+
+
+def test_cuda_backend_keeps_tensors_without_owning_them():
+    """keep() aliases the memory (later writes show through) and holds no reference to the storage's owner."""
+    from engine.piecewise_graphs import CudaGraphBackend
+    base = torch.arange(12.0)
+    view = base[2:8].view(2, 3)
+    kept = CudaGraphBackend.keep(view)
+    base.add_(100)
+    assert torch.equal(kept, view) and kept.data_ptr() == view.data_ptr() and kept.stride() == view.stride()
+    assert kept.untyped_storage()._cdata != base.untyped_storage()._cdata  # its own, non-owning storage
