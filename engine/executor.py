@@ -239,8 +239,8 @@ class TensorParallelExecutor:
     def graph_bytes(self) -> int:
         return self.runner.graph_bytes()
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
-        self._run_everywhere("plan_decode_graphs", max_batch, capture)
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
+        self._run_everywhere("plan_decode_graphs", max_batch, capture, piecewise_tokens)
 
     def capture_decode_graphs(self) -> None:
         self._run_everywhere("capture_decode_graphs")  # every rank captures: NCCL all-reduces live in the graphs

@@ -64,7 +64,9 @@ class LLMEngine:
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
             if self.device.type == "cuda" and not config.enforce_eager:
-                self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
+                piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
+                # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.distributed import get_tp_size
 from engine.gpu_baseline import free_bytes_at_start
 from engine.input_batch import BatchDiff, InputBatch, to_device
@@ -32,7 +33,7 @@ from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
 from engine.profiling import profile_batch, profile_sampling_batch
-from engine.sizing import estimate_graph_bytes
+from engine.sizing import estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -159,6 +160,7 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(self.kv_layout.groups), cdiv(model_config.max_model_len, block_size),
                                       device)
@@ -214,14 +216,18 @@ class ModelRunner:
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
-        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it.
-        Hybrid models run eagerly: the decode graphs do not carry the state slots yet."""
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
+        `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
+        Hybrid models run eagerly: neither kind of graph carries the state slots yet."""
         if self.kv_layout.state is not None:
-            logger.info("decode CUDA graphs are off for %s: its linear-attention state update is not captured "
-                        "yet (eager decode)", self.config.architecture)
+            logger.info("CUDA graphs are off for %s: its linear-attention state update is not captured "
+                        "yet (eager steps)", self.config.architecture)
             return
+        if piecewise_tokens and capture and self.device.type == "cuda":
+            self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
+                                             num_kv_groups=len(self.kv_layout.groups))
         split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
@@ -234,10 +240,13 @@ class ModelRunner:
         if self.graphs is not None:
             planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
-            if self.graphs.pool_bytes > planned:
+            if self.piecewise is not None:
+                self.piecewise.capture()
+            captured = self.graph_bytes()
+            if captured > planned:
                 logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
-                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
-                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
+                               "--gpu-memory-utilization if the card runs out of memory", captured / 2**20,
+                               (captured - planned) / 2**20)
         if self.device.type == "cuda" and self.attention_backend == "triton":
             max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
             warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
@@ -245,11 +254,15 @@ class ModelRunner:
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
-        if self.graphs is None or not self.graphs.capture_graphs:
-            return 0
-        if self.graphs.graphs:
-            return self.graphs.pool_bytes
-        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        total = 0
+        if self.graphs is not None and self.graphs.capture_graphs:
+            total += self.graphs.pool_bytes if self.graphs.graphs else \
+                estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        if self.piecewise is not None and self.piecewise.enabled:
+            total += self.piecewise.pool_bytes if self.piecewise.captured else \
+                estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize,
+                                               get_tp_size())
+        return total
 
     def kv_cache_bytes(self) -> int:
         """The paged KV cache and a hybrid model's state pool."""
@@ -365,8 +378,11 @@ class ModelRunner:
             if inputs.state_indices is not None:
                 meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
                 meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
-            hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
-                                to_device(torch.from_numpy(inputs.positions), dev), meta)
+            if self.piecewise is not None and self.piecewise.can_run(inputs):
+                hidden = self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
+            else:
+                hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
+                                    to_device(torch.from_numpy(inputs.positions), dev), meta)
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,

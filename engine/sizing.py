@@ -158,6 +158,27 @@ def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, 
         GRAPH_OVERHEAD_BYTES * num_graphs
 
 
+PIECE_OVERHEAD_BYTES = 64 * 1024  # per captured piece: a few layers' kernel nodes (an estimate)
+PIECEWISE_MIN_BUCKET = 16  # engine/piecewise_graphs.py's spacing of token buckets, mirrored (torch-free here)
+
+
+def piecewise_bucket_count(max_tokens: int, min_bucket: int = PIECEWISE_MIN_BUCKET) -> int:
+    """How many token buckets engine/piecewise_graphs.token_buckets captures (the same spacing, counted)."""
+    count, size = 0, min_bucket
+    while size < max_tokens:
+        count += 1
+        size += min_bucket if size < 4 * min_bucket else (1 << (size.bit_length() - 1)) // 4
+    return count + 1
+
+
+def estimate_piecewise_graph_bytes(cfg: ModelConfig, max_tokens: int, dtype_bytes: int, tp: int = 1) -> int:
+    """Piecewise graphs' memory before capture: one forward's activations at the largest bucket (every bucket's
+    pieces share one pool, captured largest first) plus bookkeeping per piece (one per layer and one more, per
+    bucket). The eager points' outputs are allocated inside the pieces, so they are part of the activations."""
+    pieces = piecewise_bucket_count(max_tokens) * (cfg.num_layers + 1)
+    return estimate_activation_bytes(cfg, max_tokens, dtype_bytes, tp, 0) + PIECE_OVERHEAD_BYTES * pieces
+
+
 @dataclass
 class CapacityPlan:
     card_bytes: int  # total memory of the card this plan is for (the KV budget on CPU)
