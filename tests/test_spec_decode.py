@@ -216,7 +216,7 @@ def test_config_as_dict_round_trips_through_the_command_line():
     assert parse_speculative_config(config.speculative_config) == parse_speculative_config(spec)
 
 
-def test_a_recurrent_state_model_is_refused():
+def test_a_recurrent_state_model_is_refused(tiny_model_dir):
     from types import SimpleNamespace
 
     from engine.spec_decode.loading import check_rollback
@@ -225,3 +225,7 @@ def test_a_recurrent_state_model_is_refused():
     check_rollback(SimpleNamespace(groups=[group("full_attention"), group("sliding_window")]))
     with pytest.raises(ValueError, match="speculative_config.*state"):
         check_rollback(SimpleNamespace(groups=[group("full_attention"), group("state")]))
+    with pytest.raises(ValueError, match="speculative_config.*state"):  # the hybrid layout: a state group beside
+        check_rollback(SimpleNamespace(groups=[group("full_attention")], state=object()))
+    with pytest.raises(ValueError, match="speculative_config.*state"):  # before the model loads
+        LLM(str(tiny_model_dir("qwen3_5")), device="cpu", speculative_config=ngram_config())

@@ -78,6 +78,8 @@ def check_rollback(layout) -> None:
     """Rejected drafts are rolled back by not counting their KV slots; a recurrent state (hybrid models) has
     already absorbed them, so speculation is refused there until state snapshots per draft exist."""
     kinds = {g.spec.kind for g in layout.groups} - {FULL_ATTENTION, SLIDING_WINDOW}
+    if getattr(layout, "state", None) is not None:  # hybrid models keep their state group beside the KV groups
+        kinds.add("state")
     if kinds:
         raise ValueError(f"speculative_config: this model has {sorted(kinds)} KV cache layers (a recurrent state), "
                          "which cannot roll back rejected drafts; speculative decoding is not supported for it yet")
