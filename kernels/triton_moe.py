@@ -21,7 +21,6 @@ import triton
 import triton.language as tl
 
 from kernels.moe_torch import SWIGLU_ALPHA, SWIGLU_LIMIT, PackedExperts, moe_activation
-from kernels.triton_quant_linear import dequant_tile
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +88,33 @@ def mxfp4_tile(w_ptr, scales_ptr, offs_k, offs_n, K, N, stride_wn, stride_sn):
 
 
 @triton.jit
+def int_tile(w_ptr, scales_ptr, zeros_ptr, k0, offs_n, K, N, stride_wk, stride_wn, stride_sg, stride_zg,
+             BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Float32 weights [BLOCK_K, BLOCK_N] for input rows k0.. from int codes packed along K ([K / pack, N] words,
+    lowest bits first) and [G, N] scales and unsigned zeros. Each word is loaded once and unpacked by shifts
+    (not loaded once per code), and when a tile lies inside one group its scales and zeros are one row: both
+    keep the registers of the decode tiles free of spills."""
+    PACK: tl.constexpr = 32 // BITS
+    offs_w = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    n_mask = offs_n < N
+    words = tl.load(w_ptr + offs_w[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                    mask=(offs_w[:, None] < tl.cdiv(K, PACK)) & n_mask[None, :], other=0)
+    shifts = tl.arange(0, PACK) * BITS
+    codes = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
+    codes = tl.reshape(codes, (BLOCK_K, words.shape[1]))  # row w * PACK + j holds code j of word w
+    if GROUP % BLOCK_K == 0:
+        group = k0 // GROUP
+        scale = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0)[None, :]
+        zero = tl.load(zeros_ptr + group * stride_zg + offs_n, mask=n_mask, other=0)[None, :]
+    else:
+        groups = (k0 + tl.arange(0, BLOCK_K)) // GROUP
+        g_mask = (k0 + tl.arange(0, BLOCK_K) < K)[:, None] & n_mask[None, :]
+        scale = tl.load(scales_ptr + groups[:, None] * stride_sg + offs_n[None, :], mask=g_mask, other=0.0)
+        zero = tl.load(zeros_ptr + groups[:, None] * stride_zg + offs_n[None, :], mask=g_mask, other=0)
+    return (codes - zero.to(tl.int32)).to(tl.float32) * scale
+
+
+@triton.jit
 def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
                      num_tokens_post_padded_ptr, b_scales_ptr, b_zeros_ptr, N, K, EM, num_valid_tokens,
                      stride_am, stride_be, stride_bn, stride_bk, stride_cm, stride_bias_e, stride_se, stride_sn,
@@ -122,9 +148,9 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + offs_k[None, :], mask=token_mask[:, None] & (offs_k[None, :] < K), other=0.0)
         if WEIGHT_FORMAT == 1:
-            b = dequant_tile(b_expert, b_scales_ptr + expert * stride_se, b_zeros_ptr + expert * stride_ze,
-                             b_scales_ptr, offs_k, offs_n, K, N, stride_bk, stride_bn, stride_sg, stride_zg, BITS,
-                             GROUP, False, False).to(a.dtype)
+            b = int_tile(b_expert, b_scales_ptr + expert * stride_se, b_zeros_ptr + expert * stride_ze, k0,
+                         offs_n, K, N, stride_bk, stride_bn, stride_sg, stride_zg, BITS, GROUP,
+                         BLOCK_K).to(a.dtype)
         elif WEIGHT_FORMAT == 2:
             b = mxfp4_tile(b_expert, b_scales_ptr + expert * stride_se, offs_k, offs_n, K, N, stride_bn,
                            stride_sn).to(a.dtype)
