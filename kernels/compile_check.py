@@ -82,8 +82,10 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
                                              choose_quant_kernel, quant_gemm_kernel, quant_gemv_kernel)
     choice = choose_quant_kernel(rows)
     gemm = choice.name == "gemm"
-    pointers = dict(x_ptr=_ptr(dtype), w_ptr="*u8" if weight_fp8 else "*i32", scales_ptr="*fp32",
-                    zeros_ptr="*fp32" if weight_fp8 else "*i16", g_idx_ptr="*i32",
+    # what the loader keeps: float16 scales (AWQ/GPTQ), a byte per 4-bit zero point (int16 for 8-bit)
+    pointers = dict(x_ptr=_ptr(dtype), w_ptr="*u8" if weight_fp8 else "*i32",
+                    scales_ptr="*fp32" if weight_fp8 else "*fp16",
+                    zeros_ptr="*fp32" if weight_fp8 else ("*u8" if bits <= 4 else "*i16"), g_idx_ptr="*i32",
                     partial_ptr="*fp32", out_ptr=_ptr(dtype))
     constexprs = dict(BITS=bits, GROUP=group, HAS_G_IDX=act_order, WEIGHT_FP8=weight_fp8,
                       IEEE_FP32=dtype == torch.float32, BLOCK_M=choice.block_m)
@@ -104,7 +106,8 @@ def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down:
     with `bits` and `group`) or mxfp4, the packed ones dequantized in the kernel."""
     from kernels.triton_moe import FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, default_moe_tiles, fused_moe_kernel
     t = default_moe_tiles(tokens, top_k, experts)
-    b_ptr, scales, zeros = {"float": (_ptr(dtype), "*fp32", "*fp32"), "int": ("*i32", "*fp32", "*i16"),
+    b_ptr, scales, zeros = {"float": (_ptr(dtype), "*fp32", "*fp32"),
+                            "int": ("*i32", "*fp16", "*u8" if bits <= 4 else "*i16"),
                             "mxfp4": ("*u8", "*u8", "*u8")}[weights]
     pointers = dict(a_ptr=_ptr(dtype), b_ptr=b_ptr, c_ptr=_ptr(dtype), bias_ptr=_ptr(dtype),
                     topk_weights_ptr="*fp32", sorted_token_ids_ptr="*i32", expert_ids_ptr="*i32",

@@ -68,8 +68,9 @@ class FusedMoE(nn.Module):
                 raise ValueError(f"{self.prefix}: {proj} has {k} input features per rank, not whole words of {pack} "
                                  f"and groups of {group} (group_size); use another --tensor-parallel-size")
             setattr(self, f"{proj}_group_size", group)
-            for role, rows, dtype in (("qweight", k // pack, torch.int32), ("scales", k // group, torch.float32),
-                                      ("zeros", k // group, torch.int16)):
+            for role, rows, dtype in (("qweight", k // pack, torch.int32),
+                                      ("scales", k // group, self.method.scale_dtype),
+                                      ("zeros", k // group, self.method.zero_dtype)):
                 name = f"{proj}_{names[role]}"
                 data = torch.empty(e, rows, n, dtype=dtype)
                 if role == "zeros" and quant.method == "compressed-tensors" and quant.symmetric:
