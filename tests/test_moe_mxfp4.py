@@ -30,3 +30,18 @@ def test_mxfp4_gpt_oss_matches_hf_dequantized(tiny_model_dir, tmp_path):
     prompts = [make_prompts(400)[i] for i in PICKS]
     expected = hf_dequantized_greedy(packed, prompts, MAX_TOKENS)
     assert engine_greedy(packed, prompts, MAX_TOKENS) == expected
+
+
+def test_mxfp4_experts_refuse_what_they_cannot_hold():
+    """Input features that are not whole 32-value blocks, and blocks that are not bytes, are named."""
+    import pytest
+
+    from engine.layers.fused_moe import FusedMoE
+    from engine.quantization.config import parse_quantization_config
+    quant = parse_quantization_config({"quantization_config": {"quant_method": "mxfp4"}})
+    with pytest.raises(ValueError, match="w2 has 48 input features per rank, not whole MXFP4 blocks of 32"):
+        FusedMoE(4, 64, 48, "swigluoai", True, "model.layers.0.mlp.experts", quant)
+    moe = FusedMoE(4, 64, 32, "swigluoai", True, "model.layers.0.mlp.experts", quant)
+    assert moe.w13_blocks.shape == (4, 64, 32) and moe.w2_scales.shape == (4, 64, 1)
+    with pytest.raises(ValueError, match="MXFP4 expert blocks w1 has dtype torch.int8, expected uint8"):
+        moe.weight_loader(moe.w13_blocks, torch.zeros(32, 32, dtype=torch.int8), "w1", 0)
