@@ -47,7 +47,7 @@ def test_planner_counts_exactly_the_packed_experts_loaded(tiny_model_dir, tmp_pa
     model = model_class(cfg.architecture)(cfg)
     model.load_weights(iterate_weights(path))
     experts = model.model.layers[0].mlp.experts
-    packed = {name: t.dtype for name, t in experts.named_buffers()} | {n: p.dtype for n, p in experts.named_parameters()}
+    packed = {n: t.dtype for n, t in [*experts.named_buffers(), *experts.named_parameters()]}
     if fmt == "mxfp4":
         assert packed["w13_blocks"] == packed["w2_scales"] == torch.uint8
     else:

@@ -167,5 +167,6 @@ def test_mxfp4_decode_covers_every_code_and_scale():
     grouped_gemm(eye, w, out, None, None, (sorted_ids, expert_ids, num_post), 1, SMALL)
     assert torch.equal(out.t(), dequantize_mxfp4(blocks, scales))  # row j of x = e_j picks column j of W^T
     # 0x21: low nibble 1 (0.5), high 2 (1.0); 0xF9: low 9 (-0.5), high F (-6.0); scale 2**1
-    table = dequantize_mxfp4(torch.tensor([[0x21, 0xF9] * 8], dtype=torch.uint8), torch.tensor([[128]], dtype=torch.uint8))
+    table = dequantize_mxfp4(torch.tensor([[0x21, 0xF9] * 8], dtype=torch.uint8),
+                             torch.tensor([[128]], dtype=torch.uint8))
     assert table[0, :4].tolist() == [1.0, 2.0, -1.0, -12.0]

@@ -162,7 +162,8 @@ def test_auto_round_reads_as_its_packing():
     assert gptq.is_ignored("model.layers.0.mlp.gate") and not gptq.is_ignored("model.layers.0.mlp.experts")
     assert gptq.describe() == "auto-round (gptq packing) 4-bit g128"
     awq = parse_quantization_config({"quantization_config": {
-        "quant_method": "auto-round", "bits": 4, "group_size": 64, "sym": False, "packing_format": "auto_round:auto_awq"}})
+        "quant_method": "auto-round", "bits": 4, "group_size": 64, "sym": False,
+        "packing_format": "auto_round:auto_awq"}})
     assert (awq.method, awq.group_size, awq.symmetric) == ("awq", 64, False)
 
 

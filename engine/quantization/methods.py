@@ -114,7 +114,9 @@ class IntLinearMethod:
             codes = awq_unpack(loaded)
             return pack_int32(codes, 4, dim=0) if role == "qweight" else codes.to(self.zero_dtype)
         if q.method == "gptq":
-            return loaded if role == "qweight" else (unpack_int32(loaded, q.bits, 1) + q.zero_offset).to(self.zero_dtype)
+            if role == "qweight":
+                return loaded
+            return (unpack_int32(loaded, q.bits, 1) + q.zero_offset).to(self.zero_dtype)
         if role == "qweight":  # compressed-tensors: [N, K / pack] words packed along K
             return loaded.t().contiguous()
         return unpack_int32(loaded, q.bits, 0).t().to(self.zero_dtype)  # zero points packed along N
