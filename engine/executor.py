@@ -4,7 +4,7 @@
 `TensorParallelExecutor`, which owns rank 0's ModelRunner (in this process) and N-1 spawned worker
 processes (engine/tp_worker.py), and offers the ModelRunner methods the engine uses. Control goes over
 two one-way OS pipes per worker (never a network socket): each step rank 0 prepares the flat
-`StepInputs` once, sends them to every worker, runs its own forward — tensors meet in the layers'
+`StepInputs` once (block tables as a diff of the persistent input batch), sends them to every worker, runs its own forward — tensors meet in the layers'
 torch.distributed collectives (gloo on CPU, NCCL on CUDA) — and then waits for every worker's ack while
 watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
 never a hang. Each worker also bumps a shared heartbeat counter from its own thread; the watch thread
@@ -218,6 +218,9 @@ class TensorParallelExecutor:
         inputs = self.runner.prepare(batch, block_copies)
         out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
         return out
+
+    def reserve_input_rows(self, max_num_seqs: int) -> None:
+        self._run_everywhere("reserve_input_rows", max_num_seqs)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)

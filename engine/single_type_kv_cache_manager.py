@@ -61,6 +61,7 @@ class FullAttentionManager:
             pending_copies.append((shared.block_id, fresh.block_id))
             self.pool.free_blocks([shared])
             table[index] = fresh
+            seq.mark_table_edit(self.group, index)
         if num_new_blocks > 0:
             table.extend(self.pool.get_new_blocks(num_new_blocks))
 
@@ -80,6 +81,7 @@ class FullAttentionManager:
             self.pool.uncache_block(block)
         self.pool.free_blocks(reversed(table))
         table.clear()
+        seq.mark_table_edit(self.group, 0)
 
 
 class SlidingWindowManager(FullAttentionManager):
@@ -115,6 +117,7 @@ class SlidingWindowManager(FullAttentionManager):
             return
         freed = table[i + 1:end]
         table[i + 1:end] = [NULL_BLOCK] * len(freed)
+        seq.mark_table_edit(self.group, i + 1)
         self.pool.free_blocks(freed)  # oldest first into the queue: the first evicted (a hit wants the latest)
 
 

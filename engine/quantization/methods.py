@@ -6,9 +6,9 @@ once into the shared packed layout of kernels/quant_torch.py (AWQ's interleaved 
 stored zero points get their offset, compressed-tensors' [N, K/8] words are transposed), and computes the
 layer's output. Every parameter says which dim is the output dim and which the input dim (and how many input
 rows one index covers), so the layer's tensor-parallel loaders slice packed words, scales, zeros and g_idx at
-group boundaries without knowing the format. Weights stay packed: the CPU path dequantizes per call. In memory a
-group costs what the checkpoint spends on it: AWQ/GPTQ scales stay float16 (compressed-tensors' float32, as its
-scales may be bfloat16), 4-bit zero points are bytes (8-bit ones int16: GPTQ v1's stored zero + 1 can be 256).
+group boundaries without knowing the format. Weights stay packed: the CPU path dequantizes per call. In memory
+AWQ/GPTQ scales stay float16 (compressed-tensors' float32, as its scales may be bfloat16) and 4-bit zero points
+are bytes (8-bit ones int16: GPTQ v1's stored zero + 1 can be 256).
 """
 from __future__ import annotations
 
