@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.distributed import get_tp_size
 from engine.gpu_baseline import free_bytes_at_start
 from engine.input_batch import BatchDiff, InputBatch, to_device
@@ -32,7 +33,7 @@ from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
 from engine.profiling import profile_batch, profile_sampling_batch
-from engine.sizing import estimate_graph_bytes
+from engine.sizing import estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -103,6 +104,11 @@ class StepInputs:
     @property
     def width(self) -> int:
         return self.block_tables.shape[1] if self.block_tables is not None else self.table_width
+    # Hybrid models (linear-attention layers): each sequence's state slot, whether it continues a state (some
+    # tokens already computed: a later prompt chunk, a decode, a prefix hit), and state copies applied first.
+    state_indices: np.ndarray | None = None  # [num_seqs] int32
+    has_initial_state: np.ndarray | None = None  # [num_seqs] bool
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src slot, dst slot), in order
 
 
 @dataclass(slots=True)
@@ -152,7 +158,9 @@ class ModelRunner:
         self.model.eval()
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
+        self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(self.kv_layout.groups), cdiv(model_config.max_model_len, block_size),
                                       device)
@@ -164,9 +172,12 @@ class ModelRunner:
         """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
         self.input_batch.reserve(max_num_seqs)
 
-    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
-        table of its group; without sliding windows that is one slot per layer and a single group."""
+        table of its group; without sliding windows that is one slot per layer and a single group. A hybrid
+        model's linear-attention layers also get their state pool: `num_state_slots` (max_num_seqs) slots."""
+        if self.kv_layout.state is not None and num_state_slots:  # not the profiling run's temporary cache
+            self.allocate_state_cache(num_state_slots)
         attn = self.model.attention_layers()
         layout = self.kv_layout
         shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
@@ -175,15 +186,48 @@ class ModelRunner:
             layer.bind_cache(self.kv_cache[slot, 0], self.kv_cache[slot, 1])
             layer.kv_group = group
 
+    def allocate_state_cache(self, num_slots: int) -> None:
+        """Per linear-attention layer a conv state [num_slots, C, K-1] in the model dtype and a recurrent state
+        [num_slots, Hv, Dk, Dv] in mamba_ssm_dtype (float32), zeroed; each layer reads and writes them in place
+        through the sequences' slot indices."""
+        spec = self.kv_layout.state.spec
+        ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[spec.ssm_dtype_bytes]
+        self.state_cache = []
+        for layer in self.model.state_layers():  # this rank's heads and channels (the layer knows its split)
+            conv = torch.zeros((num_slots, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
+                               device=self.device)
+            ssm = torch.zeros((num_slots, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
+                              device=self.device)
+            layer.bind_state(conv, ssm)
+            self.state_cache.append((conv, ssm))
+
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """State copies (forks, prefix-cache snapshots taken and restored) in the order they were made: a
+        snapshot taken in one step and restored in the next is read after it was written."""
+        if copies and self.state_cache:
+            for src, dst in copies:
+                for conv, ssm in self.state_cache:
+                    conv[dst].copy_(conv[src])
+                    ssm[dst].copy_(ssm[src])
+
     def release_kv_cache(self) -> None:
         """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
         self.kv_cache = None
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
-        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
+        `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
+        Hybrid models run eagerly: neither kind of graph carries the state slots yet."""
+        if self.kv_layout.state is not None:
+            logger.info("CUDA graphs are off for %s: its linear-attention state update is not captured "
+                        "yet (eager steps)", self.config.architecture)
+            return
+        if piecewise_tokens and capture and self.device.type == "cuda":
+            self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
+                                             num_kv_groups=len(self.kv_layout.groups))
         split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
@@ -196,10 +240,13 @@ class ModelRunner:
         if self.graphs is not None:
             planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
-            if self.graphs.pool_bytes > planned:
+            if self.piecewise is not None:
+                self.piecewise.capture()
+            captured = self.graph_bytes()
+            if captured > planned:
                 logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
-                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
-                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
+                               "--gpu-memory-utilization if the card runs out of memory", captured / 2**20,
+                               (captured - planned) / 2**20)
         if self.device.type == "cuda" and self.attention_backend == "triton":
             max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
             warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
@@ -207,14 +254,20 @@ class ModelRunner:
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
-        if self.graphs is None or not self.graphs.capture_graphs:
-            return 0
-        if self.graphs.graphs:
-            return self.graphs.pool_bytes
-        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        total = 0
+        if self.graphs is not None and self.graphs.capture_graphs:
+            total += self.graphs.pool_bytes if self.graphs.graphs else \
+                estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        if self.piecewise is not None and self.piecewise.enabled:
+            total += self.piecewise.pool_bytes if self.piecewise.captured else \
+                estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize,
+                                               get_tp_size())
+        return total
 
     def kv_cache_bytes(self) -> int:
-        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+        """The paged KV cache and a hybrid model's state pool."""
+        states = sum(t.numel() * t.element_size() for pair in self.state_cache for t in pair)
+        return states + (0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size())
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if copies and self.kv_cache is not None:
@@ -223,7 +276,8 @@ class ModelRunner:
             cache = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
             cache[:, :, dst] = cache[:, :, src]
 
-    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
+    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
+                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
         """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
 
         The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
@@ -250,12 +304,18 @@ class ModelRunner:
             for item in batch), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
         prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
+        state_indices = has_initial_state = None
+        if self.kv_layout.state is not None:
+            state_indices = np.fromiter((item.seq.state_slot for item in batch), np.int32, len(batch))
+            has_initial_state = computed > 0
+            self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
         return StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
-            group_slot_mappings=group_slots, rows=rows, table_width=width, table_diff=diff)
+            group_slot_mappings=group_slots, rows=rows, table_width=width, table_diff=diff,
+            state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies))
 
     def step_tables(self, inputs: StepInputs) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
@@ -297,6 +357,7 @@ class ModelRunner:
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
         head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
+        self.copy_states(inputs.state_copies)
         dev = self.device
         tables = self.step_tables(inputs)
         logits_index = to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) \
@@ -314,8 +375,14 @@ class ModelRunner:
             if inputs.group_slot_mappings is not None:
                 meta.group_block_tables = tables[1:]
                 meta.group_slot_mappings = to_device(torch.from_numpy(inputs.group_slot_mappings), dev)
-            hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
-                                to_device(torch.from_numpy(inputs.positions), dev), meta)
+            if inputs.state_indices is not None:
+                meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
+                meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
+            if self.piecewise is not None and self.piecewise.can_run(inputs):
+                hidden = self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
+            else:
+                hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
+                                    to_device(torch.from_numpy(inputs.positions), dev), meta)
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
@@ -363,9 +430,10 @@ class ModelRunner:
         return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
-                sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+                sampling: SamplingBatch | None = None,
+                state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
         """Run the batch and sample what `sampling` asks for."""
-        return self.run(self.prepare(batch, block_copies), sampling)
+        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:

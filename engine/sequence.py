@@ -39,6 +39,7 @@ class Sequence:
         self.block_tables: list[list[Block]] = [[]]  # per KV cache group; the manager makes one per group
         self.block_hashes: list[bytes] = []  # hash of each full block of token_ids, chained
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
+        self.state_slot: int | None = None  # hybrid models: its slot of the linear-attention state pool
         # Per group, the first table entry rewritten in place since the input batch last read the tables
         # (engine/input_batch.py); appends need no mark.
         self.table_edits: dict[int, int] = {}

@@ -8,7 +8,7 @@ COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.mem
             "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
             "attacks": "engine.bench.attacks", "grammar": "engine.bench.grammar", "router": "engine.bench.router",
             "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe",
-            "prepare": "engine.bench.prepare"}
+            "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare"}
 
 
 def main(argv: list[str] | None = None) -> None:
