@@ -183,9 +183,35 @@ def build_layout(specs: list[KVSpec]) -> KVCacheLayout:
     return KVCacheLayout(groups, size)
 
 
+def kv_head_replicas(cfg, tp: int = 1) -> list[int]:
+    """Per model layer, how many times each of its K/V heads is stored so that every cache layer's page has
+    the same size (groups share block ids). 1 everywhere unless layers differ in KV heads x head_dim (Gemma 4:
+    global layers have wider heads and fewer KV heads). Storing a head r times and giving each copy 1/r of
+    its query heads is exact (GQA maps query head h to KV head h // group), so kernels stay as they are; the
+    copies cost what padding the smaller pages would. KV-sharing layers read their source layer's cache."""
+    heads = [max(1, cfg.layer_kv_heads(i) // tp) for i in range(cfg.num_layers)]
+    units = {i: heads[i] * cfg.layer_head_dim(i) for i in cfg.cache_layers}
+    widest = max(units.values())
+    replicas = {}
+    for i, u in units.items():
+        r = widest // u
+        if widest % u or (cfg.num_heads // tp) % (heads[i] * r):
+            raise ValueError(f"layer {i}'s KV page ({heads[i]} KV heads x {cfg.layer_head_dim(i)} dims on each of "
+                             f"{tp} card(s)) cannot be widened to the widest layer's ({widest} values per token) "
+                             "to share one block pool")
+        replicas[i] = r
+    return [replicas[cfg.kv_source(i)] for i in range(cfg.num_layers)]
+
+
 def model_kv_layout(cfg, block_size: int, kv_dtype_bytes: int = 2, tp: int = 1,
                     window_freeing: bool = True) -> KVCacheLayout:
-    """The layout of a ModelConfig on one of `tp` cards (KV heads split across ranks, at least one each)."""
+    """The layout of a ModelConfig on one of `tp` cards (KV heads split across ranks, at least one each). Its
+    layers are the model's cache layers in order (all of them, but for Gemma 4's KV-sharing ones)."""
     windows = cfg.sliding_windows or [None] * cfg.num_layers
-    return build_layout(layer_specs(windows, block_size, max(1, cfg.num_kv_heads // tp), cfg.head_dim,
-                                    kv_dtype_bytes, window_freeing))
+    replicas = kv_head_replicas(cfg, tp)
+    specs = []
+    for i in cfg.cache_layers:
+        heads = max(1, cfg.layer_kv_heads(i) // tp) * replicas[i]
+        specs += layer_specs([windows[i]], block_size, heads, cfg.layer_head_dim(i), kv_dtype_bytes,
+                             window_freeing)
+    return build_layout(specs)
