@@ -166,12 +166,14 @@ class ModelConfig:
         return matrices // tp, biases // tp + norms
 
     def per_layer_input_params(self) -> tuple[int, int]:
-        """Gemma 4's per-layer inputs: (the [vocab, layers x size] embedding, the projections and norms)."""
+        """Gemma 4's extras: (the per-layer inputs' [vocab, layers x size] embedding, their projections and
+        norms plus each layer's output scalar)."""
         p, n, h = self.per_layer_input_size, self.num_layers, self.hidden_size
+        scalars = n if self.architecture.startswith("Gemma4") else 0
         if not p:
-            return 0, 0
+            return 0, scalars
         vocab = int(self.hf_text_config.get("vocab_size_per_layer_input") or self.vocab_size)
-        return vocab * n * p, h * n * p + p + n * (2 * h * p + h)
+        return vocab * n * p, h * n * p + p + n * (2 * h * p + h) + scalars
 
     def mlp_params(self) -> tuple[int, int, int]:
         """(matrix params of every layer's MLP or experts, of what one token goes through, router/bias params)."""

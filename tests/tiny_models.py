@@ -62,12 +62,12 @@ ARCHS = {
     # Two local layers (window 8: prompts run far past it) and one global, each with its own RoPE table; a
     # query_pre_attn_scalar that is not head_dim.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA3_TEXT)),
-    # Gemma 4 as E2B/E4B are built: per-layer inputs, the last two layers sharing the KV of layers 3 (local) and
-    # 2 (global) with double-wide MLPs, global layers with 32-dim heads and proportional RoPE (local pages are
+    # Gemma 4 as E2B/E4B are built: per-layer inputs, the last two layers sharing the KV of layers 0 (local) and
+    # 1 (global) with double-wide MLPs, global layers with 32-dim heads and proportional RoPE (local pages are
     # half as wide, so their KV head is stored twice), a final soft cap.
     "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
-        num_hidden_layers=6, head_dim=16, global_head_dim=32, num_key_value_heads=1, sliding_window=8,
-        layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
+        num_hidden_layers=4, head_dim=16, global_head_dim=32, num_key_value_heads=1, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
         vocab_size_per_layer_input="vocab", num_kv_shared_layers=2, use_double_wide_mlp=True,
         final_logit_softcapping=10.0, tie_word_embeddings=True)),
 }
