@@ -9,12 +9,13 @@ reads. Torch-free, so the GUI's capacity planner reads models the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.models.registry import SUPPORTED_ARCHITECTURES, get_architecture
+from engine.models.registry import SUPPORTED_ARCHITECTURES, VL_TEXT_PREFIXES, get_architecture
 from engine.moe_config import MoEConfig, parse_moe_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
@@ -91,6 +92,9 @@ class ModelConfig:
         kv_heads = [int(per_layer.get(i, {}).get("num_key_value_heads", num_kv_heads)) for i in range(num_layers)]
         sources = _kv_source_layers(text, layer_types)
         k_eq_v = [bool(text.get("attention_k_eq_v")) and t == "full_attention" for t in layer_types]
+        quant = parse_quantization_config(hf, quantization)
+        if quant is not None and arch.multimodal:  # its ignore list may spell the VL checkpoint's names
+            quant = dataclasses.replace(quant, ignore=text_module_patterns(quant.ignore))
         inter = [int(text["intermediate_size"]) * (2 if text.get("use_double_wide_mlp") and sources[i] != i else 1)
                  for i in range(num_layers)]
         return cls(
@@ -107,7 +111,7 @@ class ModelConfig:
             torch_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
             bos_token_id=text.get("bos_token_id"),
             eos_token_ids=_eos_ids(text, generation or {}), max_model_len=max_pos,
-            quantization=parse_quantization_config(hf, quantization),
+            quantization=quant,
             model_type=str(text.get("model_type", "")), layer_types=layer_types, rope_parameters=rope,
             partial_rotary_factor=float(text.get("partial_rotary_factor") or 1.0),
             hidden_act=str(text.get("hidden_act") or text.get("hidden_activation") or "silu"),
@@ -215,6 +219,25 @@ def text_config(hf: dict[str, Any], defaults: dict[str, Any] | None = None) -> d
     if "text_config" in hf and "tie_word_embeddings" in hf:
         text["tie_word_embeddings"] = hf["tie_word_embeddings"]  # transformers ties a VL model by the top level
     return text
+
+
+def text_module_patterns(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """A VL checkpoint's quantization ignore list (modules_to_not_convert, ignore, ignored_layers) with each
+    entry that names the text model also in our names: "model.language_model.layers.0.mlp" ->
+    "model.layers.0.mlp", "language_model.lm_head" -> "lm_head", likewise inside "re:" patterns (escaped dots
+    or not). The entries as given stay, so nothing that matched before stops matching."""
+    out = list(patterns)
+    for pattern in patterns:
+        regex = pattern.startswith("re:")
+        body = pattern[3:] if regex else pattern
+        for old, new in VL_TEXT_PREFIXES:
+            spellings = [(old, new), (old.replace(".", r"\."), new.replace(".", r"\."))] if regex else [(old, new)]
+            for o, n in spellings:
+                if (body + ("" if regex else ".")).startswith(o):
+                    mapped = (n + (body + ("" if regex else "."))[len(o):])
+                    mapped = mapped if regex else mapped[:-1]
+                    out.append(("re:" if regex else "") + mapped)
+    return tuple(dict.fromkeys(out))
 
 
 def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:

@@ -35,6 +35,7 @@ from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinea
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.model_config import ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM, Gemma3MLP
+from engine.models.registry import VL_TEXT_PREFIXES
 from engine.models.weights import WeightsMapper, checkpoint_modules
 
 
@@ -261,8 +262,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
 # The VL checkpoint's text model is under model.language_model (transformers 5) or language_model.model; its
 # vision and audio towers and their embedders are skipped on purpose.
 GEMMA4_VL_MAPPER = WeightsMapper(
-    renamed_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                      ("model.language_model.", "model.")),
+    renamed_prefixes=VL_TEXT_PREFIXES,
     skipped_prefixes=tuple(f"{top}{part}." for top in ("", "model.")
                            for part in ("vision_tower", "audio_tower", "embed_vision", "embed_audio")))
 

@@ -54,6 +54,12 @@ MISTRAL_TEXT_DEFAULTS = {
     "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "sliding_window": 4096, "tie_word_embeddings": False,
     "model_type": "mistral"}
 
+# A vision-language checkpoint's text model, in both spellings: hub files and transformers 5 on disk
+# (language_model.model.*) and transformers 5 in memory (model.language_model.*) -> our model.* names. The
+# weights mapper renames tensors with these, ModelConfig the quantization ignore list.
+VL_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                    ("model.language_model.", "model."))
+
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
