@@ -1,7 +1,8 @@
 """The "start serving at login" option: an XDG autostart entry (~/.config/autostart/pagedesk.desktop).
 
 Desktop sessions that follow the XDG autostart spec (GNOME, KDE, Xfce, …) run the entry's Exec at
-login; ours starts PagedDesk in the tray and serves the last model (`pagedesk --serve-at-login`).
+login; ours starts PagedDesk in the tray and serves the last model and those served alongside it
+(`pagedesk --serve-at-login`).
 The file is the whole state: present means on, so the option never disagrees with the session.
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
+                               QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
                                QVBoxLayout, QWidget)
 
 from app.bench_store import BenchStore, StoredRun
@@ -26,8 +26,9 @@ from engine.bench.serve_load import ServeLoad
 from widgets.time_plot import TimePlot, palette_colors
 
 RATE_WINDOW_S = 5.0  # live throughput is averaged over this many seconds of finished requests
-COLUMNS = ("id", "label", "rate", "concurrency", "requests", "errors", "req/s", "out tok/s", "TTFT p50", "TTFT p99",
-           "ITL p50", "ITL p99")
+# The key figures first (the table may be narrow); the load's settings after them.
+COLUMNS = ("label", "out tok/s", "req/s", "TTFT p50", "TTFT p99", "ITL p50", "ITL p99", "errors", "requests", "rate",
+           "concurrency", "id")
 OVERLAY_COLORS = ("#88c0d0", "#d08770")
 
 
@@ -79,15 +80,18 @@ class BenchmarkPanel(QWidget):
         form.addRow(buttons)
         form.addRow(self.status)
         self.throughput_plot = TimePlot("Throughput (live)", [("req/s", "#a3be8c"), ("output tok/s ÷ 10", "#d08770")],
-                                        window_s=300)
+                                        window_s=None)  # the axes follow the run, however short
         self.latency_plot = TimePlot("Latency percentiles (live)", [("TTFT p50", "#88c0d0"), ("TTFT p99", "#5e81ac"),
                                                                      ("ITL p50", "#ebcb8b"), ("ITL p99", "#bf616a")],
-                                     unit="ms", window_s=300)
+                                     unit="ms", window_s=None)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.table.itemSelectionChanged.connect(self.update_overlay)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.verticalHeader().setVisible(False)
         self.overlay = pg.PlotWidget(background=palette_colors()[0],
                                      title="Past runs: latency by percentile (select 1–2)")
         self.overlay.setLabel("bottom", "percentile")
@@ -100,6 +104,7 @@ class BenchmarkPanel(QWidget):
         bottom = QSplitter(Qt.Orientation.Horizontal)
         bottom.addWidget(self.table)
         bottom.addWidget(self.overlay)
+        bottom.setSizes([700, 500])  # the table's key figures visible without scrolling; the handle moves it
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(top)
         splitter.addWidget(bottom)
@@ -187,6 +192,7 @@ class BenchmarkPanel(QWidget):
         for row, run in enumerate(self._runs):
             for col, text in enumerate(_row(run)):
                 self.table.setItem(row, col, QTableWidgetItem(text))
+        self.table.resizeColumnsToContents()
 
     def selected_runs(self) -> list[StoredRun]:
         rows = sorted({index.row() for index in self.table.selectedIndexes()})
@@ -206,7 +212,7 @@ class BenchmarkPanel(QWidget):
 
 def _row(run: StoredRun) -> list[str]:
     s, c = run.summary, run.config
-    return [str(run.id), run.label, str(c.get("request_rate")), str(c.get("max_concurrency") or "-"),
-            str(s["completed"]), str(s["errors"]), f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
+    return [run.label, f"{s['output_throughput']:.1f}", f"{s['request_throughput']:.2f}",
             f"{s['ttft']['p50_ms']:.0f}", f"{s['ttft']['p99_ms']:.0f}", f"{s['itl']['p50_ms']:.1f}",
-            f"{s['itl']['p99_ms']:.1f}"]
+            f"{s['itl']['p99_ms']:.1f}", str(s["errors"]), str(s["completed"]), str(c.get("request_rate")),
+            str(c.get("max_concurrency") or "-"), str(run.id)]

@@ -43,8 +43,20 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
-    return f"CPU, no NVIDIA GPU: {float(budget):.1f} GiB KV budget", sizing.plan_cpu(
-        cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len), **common)
+    plan = sizing.plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(
+        cfg.max_model_len), **common)
+    return cpu_where(plan, float(budget), common["max_num_seqs"]), plan
+
+
+def cpu_where(plan: sizing.CapacityPlan, budget_gib: float, max_num_seqs: int) -> str:
+    """The CPU line names the KV cache the engine will allocate — the Monitor's "KV cache" figure — and the
+    budget beside it when the pool is smaller (no more than max_num_seqs full sequences are worth holding)."""
+    pool = plan.num_blocks * plan.kv_bytes_per_token * plan.block_size
+    budget = int(budget_gib * sizing.GIB)
+    if plan.max_blocks is not None and pool < budget and plan.num_blocks == plan.max_blocks:
+        return (f"CPU, no NVIDIA GPU: KV cache {sizing.format_bytes(pool)} (of a {budget_gib:g} GiB budget: "
+                f"{max_num_seqs} full sequences need no more)")
+    return f"CPU, no NVIDIA GPU: KV cache {sizing.format_bytes(pool)} (--kv-cache-memory {budget_gib:g} GiB)"
 
 
 def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_bytes: list[int],

@@ -3,7 +3,9 @@
 `ChatWorker.run` first fits the request into the model's context (app/context_fit.py: the prompt counted
 by the server's /tokenize, Max tokens lowered or the oldest turns dropped, announced by `fitted`), then POSTs /v1/chat/completions with stream=true via httpx, emits each content delta,
 and finishes with a `ChatResult`: time to first token, generated tokens (from `usage` when the
-server sends it, else one per content chunk) and decode tokens/s. `stop()` closes the stream at the
+server sends it, else one per content chunk) and decode tokens/s (first to last token, omitted for replies
+shorter than MIN_RATE_TOKENS, whose few chunks can arrive at once). `context_used` reports the prompt's
+count and the model's context after the fit, and the chat's total after the reply, for the context meter. `stop()` closes the stream at the
 next chunk, which makes the server abort the request. Failures come out as sentences a user can
 act on — the server's own error message (HTTP error or in-band stream error), "the engine stopped
 while answering" for a cut connection — never a Python exception name. `ChatClient` owns the
@@ -39,20 +41,28 @@ class ChatRequest:
                 "top_p": self.top_p, "max_tokens": self.max_tokens, "stream_options": {"include_usage": True}}
 
 
+MIN_RATE_TOKENS = 8  # a shorter reply's rate is noise (its chunks may arrive within a millisecond)
+
+
 @dataclass
 class ChatResult:
     text: str = ""
     reasoning: str = ""  # reasoning_content deltas (a server started with --reasoning-parser)
     ttft_s: float | None = None
+    last_token_s: float | None = None  # since the request was sent, like ttft_s
     completion_tokens: int = 0
     elapsed_s: float = 0.0
     finish_reason: str | None = None
     usage: dict = field(default_factory=dict)
+    max_model_len: int = 0  # from the context fit (0: not counted)
 
     @property
     def tokens_per_s(self) -> float | None:
-        decode_s = self.elapsed_s - (self.ttft_s or 0.0)
-        return (self.completion_tokens - 1) / decode_s if self.completion_tokens > 1 and decode_s > 0 else None
+        """Decode rate from the first token to the last; None below MIN_RATE_TOKENS or without a span."""
+        if self.completion_tokens < MIN_RATE_TOKENS or self.ttft_s is None or self.last_token_s is None:
+            return None
+        decode_s = self.last_token_s - self.ttft_s
+        return (self.completion_tokens - 1) / decode_s if decode_s > 0 else None
 
     def summary(self) -> str:
         parts = [f"TTFT {1000 * self.ttft_s:.0f} ms" if self.ttft_s is not None else "no tokens"]
@@ -81,6 +91,7 @@ def error_text(response: httpx.Response) -> str:
 
 class ChatWorker(QObject):
     fitted = Signal(object)  # Fit, when the request was changed to fit the context (before any delta)
+    context_used = Signal(int, int)  # tokens the chat holds, the model's max_model_len
     delta = Signal(str)
     reasoning_delta = Signal(str)
     finished = Signal(object)  # ChatResult
@@ -124,6 +135,9 @@ class ChatWorker(QObject):
             if r.fit_context:
                 fit = self._fit(client)
                 body.update(messages=fit.messages, max_tokens=fit.max_tokens)
+                if fit.max_model_len:
+                    result.max_model_len = fit.max_model_len
+                    self.context_used.emit(fit.prompt_tokens, fit.max_model_len)
                 if fit.note():
                     self.fitted.emit(fit)
             with client.stream("POST", f"{r.base_url.rstrip('/')}/v1/chat/completions", json=body) as response:
@@ -143,6 +157,8 @@ class ChatWorker(QObject):
         result.elapsed_s = time.perf_counter() - start
         if result.usage.get("completion_tokens"):
             result.completion_tokens = int(result.usage["completion_tokens"])
+        if result.max_model_len and result.usage.get("total_tokens"):
+            self.context_used.emit(int(result.usage["total_tokens"]), result.max_model_len)
         return result
 
     def _fit(self, client: httpx.Client) -> Fit:
@@ -178,6 +194,7 @@ class ChatWorker(QObject):
             if content:
                 if result.ttft_s is None:
                     result.ttft_s = time.perf_counter() - start
+                result.last_token_s = time.perf_counter() - start
                 result.text += content
                 result.completion_tokens += 1
                 self.delta.emit(content)
@@ -189,6 +206,7 @@ class ChatClient(QObject):
     """One streaming request at a time; signals fitted / delta / finished / failed on the GUI thread."""
 
     fitted = Signal(object)
+    context_used = Signal(int, int)
     delta = Signal(str)
     reasoning_delta = Signal(str)
     finished = Signal(object)
@@ -211,6 +229,7 @@ class ChatClient(QObject):
         self._worker.moveToThread(self._thread)
         self._thread.started.connect(self._worker.run)
         self._worker.fitted.connect(self.fitted)
+        self._worker.context_used.connect(self.context_used)
         self._worker.delta.connect(self.delta)
         self._worker.reasoning_delta.connect(self.reasoning_delta)
         self._worker.finished.connect(self.finished)
@@ -228,7 +247,7 @@ class ChatClient(QObject):
         if self._thread is None or self._worker is None:
             return
         self._worker.stop()
-        for signal in (self._worker.fitted, self._worker.delta, self._worker.reasoning_delta, self._worker.finished, self._worker.failed):
+        for signal in (self._worker.fitted, self._worker.context_used, self._worker.delta, self._worker.reasoning_delta, self._worker.finished, self._worker.failed):
             signal.disconnect()
         self._retiring.append((self._thread, self._worker))
         self._thread = self._worker = None

@@ -5,7 +5,7 @@ thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s lin
 is stored too (any partial text, then the error), so a reopened chat reads as it happened; turns
 left unanswered are not sent again as history, so the model never sees two user turns in a row.
 A request changed to fit the model's context (Max tokens lowered, oldest turns left out: app/context_fit.py)
-gets a note in the chat, stored with it. Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
+gets a note in the chat, stored with it; a meter shows the tokens the chat holds out of the model's context. Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
 until the next deletion. New chats start from the default system prompt; sampling settings persist
 in QSettings. The endpoint (base URL, key, served model name) is set by the main window. When the store
 cannot write (a full disk), the chat says "chat history could not be saved: disk full", keeps the unsaved
@@ -17,7 +17,7 @@ import sqlite3
 
 from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
-                               QPlainTextEdit, QPushButton, QSpinBox, QSplitter, QVBoxLayout, QWidget)
+                               QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout, QWidget)
 
 from app.chat_client import ChatClient, ChatRequest, ChatResult
 from app.chat_store import ChatStore
@@ -41,9 +41,10 @@ class ChatPanel(QWidget):
         super().__init__(parent)
         self.store = store
         self.settings = settings
-        self._deleted: tuple | None = None  # (title, system prompt, messages) of the last deleted chat
+        self._deleted: tuple | None = None  # (Conversation, messages) of the last deleted chat
         self.client = ChatClient(self)
         self.client.fitted.connect(self._on_fitted)
+        self.client.context_used.connect(self._on_context_used)
         self.client.delta.connect(self._on_delta)
         self.client.reasoning_delta.connect(self._on_reasoning_delta)
         self.client.finished.connect(self._on_finished)
@@ -60,11 +61,13 @@ class ChatPanel(QWidget):
     def _build(self) -> None:
         self.conversation_list = QListWidget()
         self.conversation_list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.conversation_list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.conversation_list.currentItemChanged.connect(self._on_conversation_chosen)
         self.new_button = QPushButton("New chat", clicked=self.new_conversation)
         self.delete_button = QPushButton("Delete", clicked=self.delete_conversation)
         self.undo_button = QPushButton("Undo delete", clicked=self.undo_delete, visible=False)
         left = QWidget()
+        left.setFixedWidth(220)  # titles come and go (delete, undo): the sidebar never jumps in width
         left_layout = QVBoxLayout(left)
         left_layout.addWidget(self.conversation_list, 1)
         buttons = QHBoxLayout()
@@ -86,6 +89,10 @@ class ChatPanel(QWidget):
             params.addWidget(QLabel(label))
             params.addWidget(widget)
         params.addStretch(1)
+        self.context_meter = QProgressBar(textVisible=True, maximumWidth=260, visible=False)
+        self.context_meter.setToolTip("Tokens this chat holds (system prompt, history and the last reply) out of "
+                                      "the model's context (max_model_len), as the engine counts them")
+        params.addWidget(self.context_meter)
         self.view = ChatView()
         self.input = QPlainTextEdit(placeholderText="Message the model… (Ctrl+Enter to send)")
         self.input.setMaximumHeight(90)
@@ -164,6 +171,7 @@ class ChatPanel(QWidget):
         if conversation_id == self.conversation_id and self.view.messages:
             return
         self.conversation_id = conversation_id
+        self.context_meter.setVisible(False)  # counted again with this chat's next message
         conversation = self.store.conversation(conversation_id)
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(conversation.system_prompt if conversation else "")
@@ -207,7 +215,7 @@ class ChatPanel(QWidget):
         conversation = self.store.conversation(self.conversation_id)
         messages = self.store.messages(self.conversation_id)
         self.store.delete_conversation(self.conversation_id)
-        self._deleted = (conversation.title, conversation.system_prompt, messages) if conversation and messages else None
+        self._deleted = (conversation, messages) if conversation and messages else None
         self.undo_button.setText(f"Undo delete of “{conversation.title[:24]}”" if self._deleted else "Undo delete")
         self.undo_button.setVisible(self._deleted is not None)
         self.conversation_id = None
@@ -216,12 +224,12 @@ class ChatPanel(QWidget):
     def undo_delete(self) -> None:
         if self._deleted is None or self.generating:
             return
-        title, system_prompt, messages = self._deleted
+        conversation, messages = self._deleted
         self._deleted = None
         self.undo_button.setVisible(False)
-        self.conversation_id = self.store.new_conversation(title, system_prompt)
-        for m in messages:
-            self.store.add_message(self.conversation_id, m.role, m.content, m.stats)
+        self.conversation_id = self.store.restore_conversation(
+            conversation.title, conversation.system_prompt, conversation.updated,
+            [(m.role, m.content, m.stats) for m in messages])
         self.view.set_messages([])
         self._load_conversations()
 
@@ -293,6 +301,15 @@ class ChatPanel(QWidget):
             else len(self.view.messages)
         self.view.messages.insert(at, ChatMessage("note", note))
         self.view.rerender()
+
+    def _on_context_used(self, used: int, max_model_len: int) -> None:
+        """The context meter: what the chat holds out of the model's context (red from 90 %)."""
+        meter = self.context_meter
+        meter.setRange(0, max_model_len)
+        meter.setValue(min(used, max_model_len))
+        meter.setFormat(f"Context {used:,} / {max_model_len:,} tokens")
+        meter.setStyleSheet("QProgressBar::chunk { background: #bf616a; }" if used >= 0.9 * max_model_len else "")
+        meter.setVisible(True)
 
     def _on_delta(self, text: str) -> None:
         self.view.append_to_last(text)

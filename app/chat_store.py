@@ -90,6 +90,19 @@ class ChatStore:
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return int(cur.lastrowid)
 
+    def restore_conversation(self, title: str, system_prompt: str, updated: float,
+                             messages: list[tuple[str, str, str]]) -> int:
+        """A deleted conversation back with its messages (role, content, stats) and its old `updated` time, so
+        it returns to its place in the list (the list is newest first); one transaction."""
+        now = time.time()
+        with self._db:
+            cur = self._db.execute("INSERT INTO conversations (title, system_prompt, created, updated) "
+                                   "VALUES (?, ?, ?, ?)", (title, system_prompt, now, updated))
+            conversation_id = int(cur.lastrowid)
+            self._db.executemany("INSERT INTO messages (conversation_id, role, content, stats, created) "
+                                 "VALUES (?, ?, ?, ?, ?)", [(conversation_id, *m, now) for m in messages])
+        return conversation_id
+
     def delete_message(self, message_id: int) -> None:
         with self._db:
             self._db.execute("DELETE FROM messages WHERE id = ?", (message_id,))

@@ -13,7 +13,9 @@ from PySide6.QtWidgets import (QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPla
 
 
 def curl_snippet(base_url: str, api_key: str | None, model: str) -> str:
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "stream": False})
+    # max_tokens bounds the wait: without it a reply may run to the context's end before anything prints.
+    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hello!"}], "max_tokens": 64,
+                       "stream": False})
     auth = f" \\\n  -H 'Authorization: Bearer {api_key}'" if api_key else ""
     return (f"curl {base_url}/v1/chat/completions \\\n  -H 'Content-Type: application/json'{auth} \\\n"
             f"  -d '{body}'")

@@ -3,9 +3,14 @@
 `cached_models()` (engine.model_discovery, shared with the router) lists model repos with their size and
 the newest snapshot folder that has a config.json. `DownloadWorker.run` calls `snapshot_download` (on
 a background thread of the caller's choosing) with a tqdm class that turns progress into signals
-and raises when cancelled, so a cancel stops the download at its next progress update.
+and raises when cancelled, so a cancel stops the download at its next progress update. A failure is
+told in words (`download_error_text`: offline, gated, no such repo, not authorised, disk full, ...), never
+as an exception's class name.
 """
 from __future__ import annotations
+
+import errno
+import os
 
 from PySide6.QtCore import QObject, Signal
 from tqdm.auto import tqdm
@@ -59,9 +64,48 @@ class DownloadWorker(QObject):
         except DownloadCancelled as e:
             self.failed.emit(str(e))
         except Exception as e:  # network, auth, missing repo: report, never crash the GUI
-            self.failed.emit(f"download of {self.repo_id} failed: {type(e).__name__}: {e}")
+            self.failed.emit(download_error_text(self.repo_id, e))
         else:
             self.finished.emit(str(path))
+
+
+def download_error_text(repo_id: str, exc: BaseException) -> str:
+    """Why downloading `repo_id` failed, in words a user can act on."""
+    from huggingface_hub import errors
+
+    head = f"Could not download {repo_id}: "
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)):
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        return head + ("offline mode is on (HF_HUB_OFFLINE), and it is not in the local cache. Unset HF_HUB_OFFLINE "
+                       "to download it." if offline else
+                       "huggingface.co cannot be reached (is this computer offline, or behind a proxy?), and it is "
+                       "not in the local cache. Check the connection, then try again.")
+    if isinstance(exc, errors.GatedRepoError):
+        return head + ("it is a gated model. Accept its licence on its page at huggingface.co, log in on this "
+                       "computer (`hf auth login`, or set HF_TOKEN), then try again.")
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return head + ("the Hugging Face Hub has no model by that name (a private one needs you to log in). Check "
+                       "the name: it looks like owner/model, e.g. Qwen/Qwen3-8B.")
+    if isinstance(exc, errors.RevisionNotFoundError):
+        return head + "that revision (branch, tag or commit) does not exist in the repository."
+    if isinstance(exc, errors.HFValidationError):
+        return head + "that is not a model id. It looks like owner/model, e.g. Qwen/Qwen3-8B."
+    if status in (401, 403):
+        return head + "the Hub refused access (not logged in, or this account may not read it). Log in with "                       "`hf auth login` or set HF_TOKEN."
+    if status == 429:
+        return head + "the Hub is limiting requests from this computer. Wait a few minutes, then try again."
+    if isinstance(status, int) and status >= 500:
+        return head + f"the Hub is having trouble (HTTP {status}). Try again later."
+    if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        return head + "the disk is full. Free some space (models take several GiB), then try again; the download "                       "resumes where it stopped."
+    if isinstance(exc, PermissionError):
+        return head + f"the cache folder cannot be written ({exc.filename or 'permission denied'})."
+    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__name__ in ("ConnectError", "ConnectTimeout",
+                                                                                  "ReadTimeout", "ConnectionError"):
+        return head + "huggingface.co did not answer. Check the connection or proxy, then try again; the download "                       "resumes where it stopped."
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    return head + (first_line or "an unexpected error.") + " Try again; the download resumes where it stopped."
 
 
 class _NullFile:

@@ -5,7 +5,9 @@ router's fields) every few seconds and after each action, off the GUI thread: a 
 and hands rows back through a queued signal. `model_rows` turns the JSON into plain rows (tested without Qt
 widgets). Load and unload are `POST /v1/models/NAME/load|unload` with the endpoint's key; a load can take as
 long as the engine takes to start, so it runs on its own thread and the row says "loading" meanwhile.
-`models_listed` tells the Chat tab's picker which models there are and which are loaded.
+`models_listed` tells the Chat tab's picker which models there are and which are loaded. Under the list,
+the selected model's own log (app/model_logs.py sorts the router's output per model) and, when the main
+window adds it, the served-set settings (app/served_set_panel.py).
 """
 from __future__ import annotations
 
@@ -15,9 +17,11 @@ from urllib.parse import quote
 
 import httpx
 from PySide6.QtCore import QObject, QTimer, Signal
-from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+from PySide6.QtGui import QFontDatabase
+from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit, QPushButton, QTableWidget,
+                               QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.model_logs import MAX_LINES, ROUTER, ModelLogs
 from widgets.gpu_panel import format_bytes
 
 COLUMNS = ("Model", "State", "Where", "Memory", "Context", "Quantization")
@@ -82,7 +86,7 @@ class LoadedModelsPanel(QWidget):
         self.pending: dict[str, str] = {}  # model -> action in flight
         self._relay = _Relay()
         self._relay.listed.connect(self._show)
-        self._relay.failed.connect(lambda text: self.status.setText(text))
+        self._relay.failed.connect(self._on_failed)  # bound slots: dropped with the panel, though threads still reply
         self._relay.acted.connect(self._on_acted)
         self.table = QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
@@ -98,11 +102,42 @@ class LoadedModelsPanel(QWidget):
         for b in (self.load_button, self.unload_button, self.refresh_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
-        layout = QVBoxLayout(self)
+        self.logs = ModelLogs()
+        self.log_title = QLabel("Select a model to see its log.")
+        self.log_view = QPlainTextEdit(readOnly=True, maximumBlockCount=MAX_LINES)
+        self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.table.itemSelectionChanged.connect(self._show_log)
+        layout = self.layout_ = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
         layout.addLayout(buttons)
         layout.addWidget(self.status)
+        layout.addWidget(self.log_title)
+        layout.addWidget(self.log_view, 1)
         self.timer = QTimer(self, interval=POLL_MS, timeout=self.refresh)
+
+    def add_settings(self, widget: QWidget) -> None:
+        """The served-set settings, under the log."""
+        self.layout_.addWidget(widget)
+
+    def feed_log(self, text: str) -> None:
+        """The engine's (or router's) output: sorted per model; the selected model's view follows."""
+        touched = self.logs.feed(text)
+        if self._log_key(self.selected()) in touched:
+            self._show_log()
+
+    def _log_key(self, name: str | None) -> str | None:
+        """Whose lines a model's log is: its own under the router; everything a one-engine server prints."""
+        single = len(self.rows) == 1 and not self.rows[0].managed
+        return ROUTER if single and name is not None else name
+
+    def _show_log(self) -> None:
+        name = self.selected()
+        if name is None:
+            return
+        lines = self.logs.lines(self._log_key(name))
+        self.log_title.setText(f"Log of {name}" + ("" if lines else " (nothing yet: it has not been loaded)"))
+        self.log_view.setPlainText("\n".join(lines))
+        self.log_view.verticalScrollBar().setValue(self.log_view.verticalScrollBar().maximum())
 
     def set_endpoint(self, base_url: str | None, api_key: str | None = None) -> None:
         """base_url None: nothing is served; the list empties and polling stops."""
@@ -157,6 +192,9 @@ class LoadedModelsPanel(QWidget):
 
         threading.Thread(target=post, name=f"models-{action}", daemon=True).start()
         self._show(self.rows)
+
+    def _on_failed(self, text: str) -> None:
+        self.status.setText(text)
 
     def _on_acted(self, name: str, action: str, ok: bool, message: str) -> None:
         self.pending.pop(name, None)

@@ -27,7 +27,9 @@ from app.autostart import autostart_enabled, set_autostart
 from app.chat_store import ChatStore
 from app.doctor_panel import DoctorPanel
 from app.endpoint_panel import EndpointPanel
+from app.engine_record import EngineRecord, find_leftover
 from app.engine_state import EngineState
+from app.leftover_banner import LeftoverBanner
 from app.loaded_models import LoadedModelsPanel
 from app.model_info import ModelInfo
 from app.model_library import ModelLibrary
@@ -36,6 +38,8 @@ from app.monitor_panel import MonitorPanel
 from app.nvml_sampler import NvmlThread
 from app.paths import ICON_PATH, data_dir
 from app.port_banner import PortBanner
+from app.served_set import load_served_set, save_served_set
+from app.served_set_panel import ServedSetPanel
 from app.settings import gui_flags, load_values, save_values
 from app.settings_form import SettingsForm
 from app.stats_client import StatsClient
@@ -70,7 +74,8 @@ class MainWindow(QMainWindow):
         self.gpu_used: list[int] = []  # what other programs held on each card while our engine was stopped
         self.stats_hz = STATS_HZ
         self._closed = False
-        self.keep_serving_for_session = False  # `pagedesk --serve-at-login`: the tray is the way back
+        self.keep_serving_for_session = False
+        self.serving_together = False  # the last start ran the router (models served together)  # `pagedesk --serve-at-login`: the tray is the way back
         if num_gpus is None:
             from app.nvml_sampler import count_nvidia_gpus
             num_gpus = count_nvidia_gpus()
@@ -96,8 +101,14 @@ class MainWindow(QMainWindow):
         self.library = ModelLibrary(self.qsettings)
         self.loaded_models = LoadedModelsPanel()  # what the endpoint serves: every model, load/unload
         self.loaded_models.models_listed.connect(self.chat.set_models)
+        self.loaded_models.models_listed.connect(self.monitor.set_models)
+        self.served = load_served_set(self.qsettings)
+        self.served_panel = ServedSetPanel(self.served)
+        self.served_panel.set_num_gpus(num_gpus)
+        self.loaded_models.add_settings(self.served_panel)
         self.state_label = StatusChip()
         self.port_banner = PortBanner()
+        self.leftover_banner = LeftoverBanner()
         self.tabs = QTabWidget()
         self.tabs.addTab(self._engine_tab(), "Engine")
         self.tabs.addTab(self.loaded_models, "Loaded models")
@@ -111,6 +122,7 @@ class MainWindow(QMainWindow):
         central_layout = QVBoxLayout(central)
         central_layout.setContentsMargins(0, 0, 0, 0)
         central_layout.addWidget(self.port_banner)
+        central_layout.addWidget(self.leftover_banner)
         central_layout.addWidget(self.tabs, 1)
         self.setCentralWidget(central)
         self._drain_timer = QTimer(self, interval=25, timeout=self._drain_tick)
@@ -121,6 +133,7 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.state_label)
         self._connect()
         self.library.model_chosen.connect(self._choose_from_library)
+        self.library.serve_alongside.connect(self._serve_alongside)
         self.model_picker.download_progress.connect(self.library.show_download)
         self.model_picker.download_ended.connect(self.library.end_download)
         self.model_picker.model_cleared.connect(lambda: self._on_model_changed(None))
@@ -129,6 +142,7 @@ class MainWindow(QMainWindow):
             self.model_picker.set_model_path(str(last_model))
         self.library.refresh()
         self._on_state(STOPPED)
+        self._offer_leftover()
         self._update_capacity()
         self._update_endpoint()
         if sample_gpus:
@@ -192,11 +206,16 @@ class MainWindow(QMainWindow):
         sup = self.supervisor
         sup.state_changed.connect(self._on_state)
         sup.log.connect(self._append_log)
+        sup.log.connect(self.loaded_models.feed_log)
+        self.served_panel.changed.connect(self._on_served_set_changed)
+        self.monitor.model_selected.connect(self._watch_model)
         sup.ready.connect(self._on_ready)
         sup.crashed.connect(self._on_crashed)
         sup.message.connect(self._on_message)
         sup.port_busy.connect(self.port_banner.show_busy)
         self.port_banner.use_port.connect(self._use_port)
+        self.leftover_banner.take_over.connect(self.take_over_engine)
+        self.leftover_banner.stop_it.connect(self.stop_leftover_engine)
         self.stats.state.connect(self._on_engine_state)
         self.nvml.readings.connect(self._on_gpu_readings)
         self.nvml.unavailable.connect(self.monitor.on_gpu_unavailable)
@@ -218,9 +237,51 @@ class MainWindow(QMainWindow):
                 self.tabs.setCurrentIndex(0)
                 self.settings_scroll.ensureWidgetVisible(row)
             return False
+        if self._offer_leftover():
+            self._on_message("Not started: an engine from an earlier PagedDesk still runs; take it over or stop it.")
+            return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
-        return self.supervisor.start(str(info.path), values, self.extra_engine_args)
+        self.loaded_models.logs.clear()
+        together = self.served.router_argv(self._served_model_name(), self.num_gpus)
+        self.serving_together = bool(together)  # what this start serves, whatever the panel says later
+        return self.supervisor.start(str(info.path), values, [*self.extra_engine_args, *together])
+
+    def _serve_alongside(self, path: str) -> None:
+        self.served_panel.add(path)
+        self.tabs.setCurrentWidget(self.loaded_models)
+
+    def _on_served_set_changed(self, served) -> None:
+        self.served = served
+        save_served_set(self.qsettings, served)
+        if self.supervisor.running:
+            self._on_message("The served set changed: it applies at the next Start (Restart now to apply it).")
+
+    def _watch_model(self, name: str) -> None:
+        """The Monitor's selector picked `name`: its engine-state stream from now on."""
+        if self.supervisor.state == READY and self.supervisor.base_url:
+            self.stats.start(self.supervisor.base_url, self.settings_form.values().get("api_key"), self.stats_hz,
+                             model=name)
+
+    def _offer_leftover(self) -> bool:
+        """Show the take-over banner when an engine an earlier app started still runs; True if one does."""
+        if self.supervisor.running:
+            return False
+        record = find_leftover()
+        if record is not None:
+            self.leftover_banner.show_record(record)
+        return record is not None
+
+    def take_over_engine(self, record: EngineRecord) -> None:
+        """Mind the leftover engine from now on: its model in the picker, READY once its /health answers."""
+        info = self.model_picker.info
+        if record.model and (info is None or str(info.path) != record.model):
+            self.model_picker.set_model_path(record.model)
+        self.supervisor.adopt(record)
+
+    def stop_leftover_engine(self, record: EngineRecord) -> None:
+        if self.supervisor.adopt(record):
+            self.supervisor.stop()
 
     def stop_engine(self) -> None:
         """STOPPING at once; SIGTERM once the app's own streams have closed (at most DRAIN_S later), because
@@ -237,7 +298,7 @@ class MainWindow(QMainWindow):
             self.supervisor.stop()
 
     def restart_engine(self) -> None:
-        if self.supervisor.process is not None:
+        if self.supervisor.running:
             self.stop_engine()
             self.supervisor.state_changed.connect(self._start_after_stop)
         else:
@@ -260,7 +321,7 @@ class MainWindow(QMainWindow):
         self.crash_box.clear()
         self.port_banner.hide()
         self.statusBar().clearMessage()
-        if self.supervisor.restart_pending and self.supervisor.process is None:
+        if self.supervisor.restart_pending and not self.supervisor.running:
             self._append_log("[pagedesk] The automatic restart was cancelled: the model or settings changed.\n")
         self.supervisor.clear_failure()
 
@@ -279,10 +340,10 @@ class MainWindow(QMainWindow):
         state, sup = self.supervisor.state, self.supervisor
         running = state in (READY, STARTING, STOPPING)
         startable = self.model_picker.info is not None and not self.settings_form.problems()
-        self.start_action.setEnabled(not running and sup.process is None and startable)
+        self.start_action.setEnabled(not running and not sup.running and startable)
         self.start_action.setToolTip("Fix the settings marked in red first" if self.model_picker.info is not None
                                      and not startable else "Start the engine with this model and these settings")
-        self.stop_action.setEnabled(state != STOPPING and (running or sup.process is not None or sup.restart_pending))
+        self.stop_action.setEnabled(state != STOPPING and (running or sup.running or sup.restart_pending))
         self.restart_action.setEnabled(state != STOPPING and startable)
 
     def _on_state(self, state: str) -> None:
@@ -309,9 +370,12 @@ class MainWindow(QMainWindow):
 
     def _on_ready(self, base_url: str) -> None:
         api_key = self.settings_form.values().get("api_key")
-        self.stats.start(base_url, api_key, self.stats_hz)
+        together = self.serving_together and self.supervisor.adopted is None
+        self.stats.start(base_url, api_key, self.stats_hz, model=self._served_model_name() if together else None)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
         self.loaded_models.set_endpoint(base_url, api_key)
+        if together:  # the router loads on first use: load the chosen model now, as a one-model start does
+            self.loaded_models.act("load", self._served_model_name())
         self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
         self._update_endpoint(running=True)
         self.crash_box.setVisible(False)  # the previous failure is over

@@ -140,6 +140,7 @@ def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
 
 class ModelLibrary(QWidget):
     model_chosen = Signal(str)  # a model folder
+    serve_alongside = Signal(str)  # a model folder to serve beside the chosen one (app/served_set.py)
 
     def __init__(self, settings: QSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -160,11 +161,15 @@ class ModelLibrary(QWidget):
         rescan = QPushButton("Rescan", clicked=self.refresh)
         use = self.use_button = QPushButton("Use this model", clicked=lambda: self._choose(self.table.currentRow()),
                                             enabled=False)
+        alongside = self.alongside_button = QPushButton(
+            "Serve alongside", enabled=False, toolTip="Serve this model too, behind the same endpoint (next Start)",
+            clicked=lambda: self._choose(self.table.currentRow(), self.serve_alongside))
         self.table.itemSelectionChanged.connect(self._update_use_button)
         buttons = QHBoxLayout()
         for b in (add, rescan):
             buttons.addWidget(b)
         buttons.addStretch(1)
+        buttons.addWidget(alongside)
         buttons.addWidget(use)
         layout = QVBoxLayout(self)
         layout.addWidget(self.summary)
@@ -236,11 +241,13 @@ class ModelLibrary(QWidget):
 
     def _update_use_button(self) -> None:
         rows = {index.row() for index in self.table.selectionModel().selectedRows()}
-        self.use_button.setEnabled(len(rows) == 1 and self._usable(next(iter(rows))))
+        usable = len(rows) == 1 and self._usable(next(iter(rows)))
+        self.use_button.setEnabled(usable)
+        self.alongside_button.setEnabled(usable)
 
-    def _choose(self, row: int) -> None:
+    def _choose(self, row: int, signal=None) -> None:
         if self._usable(row):
-            self.model_chosen.emit(str(self.entries[row].path))
+            (signal or self.model_chosen).emit(str(self.entries[row].path))
 
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "Add a folder of models (or one model folder)")

@@ -4,14 +4,16 @@
 plot's ring buffer; `on_gpu_readings` / `on_gpu_unavailable` feed the GPU panel and its VRAM plot.
 Nothing here draws per event: the widgets redraw on their own timers. When the engine stops, each
 plot gets a gap so its lines break instead of bridging the downtime; without NVML the VRAM plot
-has no series (no "GPU 0" legend under "no NVIDIA GPU").
+has no series (no "GPU 0" legend under "no NVIDIA GPU"). With several models behind the endpoint, a
+selector above the block map says whose engine it shows (`model_selected`: the main window re-points the
+engine-state stream); the plots start afresh for the new model.
 """
 from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QGridLayout, QLabel, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from app.engine_state import EngineState
 from widgets.block_map import BlockMapWidget
@@ -22,8 +24,13 @@ GPU_COLORS = ("#88c0d0", "#d08770", "#a3be8c", "#b48ead")
 
 
 class MonitorPanel(QWidget):
+    model_selected = Signal(str)
+
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
+        self.model_selector = QComboBox(visible=False)
+        self.model_selector.setToolTip("Whose engine the block map and plots show")
+        self.model_selector.currentIndexChanged.connect(self._on_model_picked)
         self.block_map = BlockMapWidget()
         self.kv_plot = TimePlot("KV cache usage", [("KV used %", "#88c0d0"), ("prefix hit %", "#a3be8c")],
                                 unit="%", y_range=(0, 100))
@@ -42,7 +49,10 @@ class MonitorPanel(QWidget):
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
-        top_layout.addWidget(self.headline)
+        header = QHBoxLayout()
+        header.addWidget(self.headline, 1)
+        header.addWidget(self.model_selector)
+        top_layout.addLayout(header)
         top_layout.addWidget(self.block_map, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(top)
@@ -82,3 +92,22 @@ class MonitorPanel(QWidget):
             plot.append_gap(now)
         self.headline.setText("Engine not running.")
         self.gpu_panel.set_engine_memory(None, None)
+
+    def set_models(self, rows) -> None:
+        """The loaded models (app.loaded_models.ModelRow): a selector when there are several to choose from."""
+        names = [r.name for r in rows if r.loaded]
+        current = self.model_selector.currentText()
+        self.model_selector.blockSignals(True)
+        self.model_selector.clear()
+        self.model_selector.addItems(names)
+        if current in names:
+            self.model_selector.setCurrentText(current)
+        self.model_selector.blockSignals(False)
+        self.model_selector.setVisible(len(names) > 1)
+
+    def _on_model_picked(self, _index: int) -> None:
+        name = self.model_selector.currentText()
+        if name:
+            for plot in (self.kv_plot, self.queue_plot, self.tokens_plot):
+                plot.clear_data()
+            self.model_selected.emit(name)

@@ -9,14 +9,17 @@ from PySide6.QtCore import Signal
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QPushButton, QWidget
 
 
+BANNER_STYLE = ("QFrame#{name} {{ background: #f6e3b4; color: #3b2f10; border-radius: 4px; }}"
+                "QFrame#{name} QLabel {{ color: #3b2f10; }}")
+
+
 class PortBanner(QFrame):
     use_port = Signal(int)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("port-banner")
-        self.setStyleSheet("QFrame#port-banner { background: #f6e3b4; color: #3b2f10; border-radius: 4px; }"
-                           "QFrame#port-banner QLabel { color: #3b2f10; }")
+        self.setStyleSheet(BANNER_STYLE.format(name="port-banner"))
         self.text = QLabel(wordWrap=True)
         self.use_button = QPushButton(clicked=self._use)
         self.dismiss = QPushButton("Dismiss", clicked=self.hide)

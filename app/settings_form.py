@@ -3,8 +3,9 @@
 Each GUI flag becomes one editor chosen by its type: a checkbox for booleans, a combo box for
 choices, a spin box for numbers, a line edit for text (empty means None; the API key is masked). A
 number whose default is None ("auto") gets an explicit "auto" checkbox beside its spin box, so it
-can always go back to auto. Basic settings (context length, KV cache precision, "use all GPUs") sit
-on top; everything else is under Advanced, grouped by `Flag.group`, with the help text as tooltip.
+can always go back to auto, and while auto it reads "auto (2,048)": the value the engine will use (the
+model's context, the serving step budget, ...), never a meaningless minimum. Basic settings (context
+length, KV cache precision, port, "use all GPUs") sit on top; everything else is under Advanced, grouped by `Flag.group`, with the help text as tooltip.
 Spin boxes and combo boxes ignore the mouse wheel unless focused, so scrolling the form never edits
 it. Out-of-range numbers stay as typed and are reported by `problems()` instead of snapping back
 silently: each in red right under its own field (a summary under the form names the fields, since some
@@ -18,12 +19,14 @@ from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QSpinBox, QVBoxLayout, QWidget)
 
-from engine.config import Flag
+from engine.config import (DEFAULT_CPU_KV_CACHE_GIB, OFFLINE_MAX_NUM_BATCHED_TOKENS, SERVING_MAX_BATCH_PREFILL_TOKENS,
+                           SERVING_MAX_NUM_BATCHED_TOKENS, Flag)
 
 GROUP_TITLES = {"engine": "Engine", "cache": "KV cache", "scheduler": "Scheduler", "parallel": "Parallelism",
                 "server": "Server", "model": "Model"}
-BASIC = ("max_model_len", "kv_cache_dtype")
-BASIC_LABELS = {"max_model_len": "Context length (tokens)", "kv_cache_dtype": "KV cache precision"}
+BASIC = ("max_model_len", "kv_cache_dtype", "port")
+BASIC_LABELS = {"max_model_len": "Context length (tokens)", "kv_cache_dtype": "KV cache precision",
+                "port": "Port of the endpoint"}
 INT_MAX = 2 ** 31 - 1
 AUTO = "auto"
 SHORT_CONTEXT = 128  # below this a chat's prompt plus reply hardly fits: say so
@@ -98,8 +101,33 @@ class FlagEditor:
     def _maybe_auto(self, spin: QWidget) -> QWidget:
         if self.flag.default is None:  # None means "auto": an explicit checkbox, so auto is always reachable
             self.auto = QCheckBox(AUTO)
-            self.auto.toggled.connect(lambda on: spin.setEnabled(not on))
+            self.auto.toggled.connect(self._on_auto_toggled)
+        self.auto_value: float | None = None  # what auto resolves to, when a number
+        self._auto_text = AUTO
         return spin
+
+    def set_auto_hint(self, text: str, value: float | None = None) -> None:
+        """What auto means here ("auto (2,048)"), shown in the greyed spin box while auto is on; `value` is where
+        the box starts when auto is turned off."""
+        spin = self.input
+        self.auto_value = value
+        spin.blockSignals(True)
+        spin.setSpecialValueText(text if self.auto.isChecked() else "")
+        if self.auto.isChecked():
+            spin.setValue(spin.minimum())  # the special text shows only at the minimum
+        spin.blockSignals(False)
+        self._auto_text = text
+
+    def _on_auto_toggled(self, on: bool) -> None:
+        spin = self.input
+        spin.setEnabled(not on)
+        spin.blockSignals(True)
+        spin.setSpecialValueText(self._auto_text if on else "")
+        if on:
+            spin.setValue(spin.minimum())
+        elif spin.value() == spin.minimum() and self.auto_value is not None:
+            spin.setValue(type(spin.value())(self.auto_value))  # start from what the engine was using
+        spin.blockSignals(False)
 
     def _with_auto(self) -> QWidget:
         box = QWidget()
@@ -209,6 +237,7 @@ class SettingsForm(QWidget):
         self.changed.connect(self._show_problems)
         if "tensor_parallel_size" in self.editors:
             self.editors["tensor_parallel_size"].connect_changed(self._sync_use_all_gpus)
+        self._show_auto_hints()
 
     def values(self) -> dict[str, Any]:
         return {name: e.value() for name, e in self.editors.items()}
@@ -228,6 +257,7 @@ class SettingsForm(QWidget):
         self.basic_form.setRowVisible(self.use_all_gpus, num_gpus > 1)
         self.use_all_gpus.setText(f"Split the model over all {num_gpus} GPUs (tensor parallel)")
         self._sync_use_all_gpus()
+        self._show_auto_hints()
 
     def set_model_context(self, max_position_embeddings: int | None) -> None:
         self.model_context = max_position_embeddings
@@ -267,7 +297,35 @@ class SettingsForm(QWidget):
             return [f"Context length {max_len} tokens leaves room for only a very short prompt and reply."]
         return []
 
+    def auto_hints(self) -> dict[str, tuple[str, float | None]]:
+        """{flag: (text, value)} of what each "auto" number resolves to on this machine with these settings, the
+        way engine/config.py resolves it for a server."""
+        values, cuda = self.values(), self.num_gpus > 0
+        context = values.get("max_model_len") or self.model_context
+        chunked = values.get("enable_chunked_prefill", True)
+        hints: dict[str, tuple[str, float | None]] = {
+            "max_model_len": (f"auto ({self.model_context:,})", self.model_context) if self.model_context
+            else ("auto (the model's context)", None),
+            "kv_cache_memory": (f"auto ({DEFAULT_CPU_KV_CACHE_GIB:g} GiB)", DEFAULT_CPU_KV_CACHE_GIB) if not cuda
+            else ("auto (from GPU memory utilization)", None)}
+        if chunked:
+            hints["max_num_batched_tokens"] = (f"auto ({SERVING_MAX_NUM_BATCHED_TOKENS:,})", SERVING_MAX_NUM_BATCHED_TOKENS)
+            cap = SERVING_MAX_BATCH_PREFILL_TOKENS["cuda" if cuda else "cpu"]
+            hints["max_batch_prefill_tokens"] = (f"auto ({cap:,})", cap) if cap else ("auto (no cap)", None)
+        else:
+            budget = max(OFFLINE_MAX_NUM_BATCHED_TOKENS, context or 0)
+            hints["max_num_batched_tokens"] = (f"auto ({budget:,}: whole prompts)", budget)
+            hints["max_batch_prefill_tokens"] = ("auto (no cap: whole prompts)", None)
+        return hints
+
+    def _show_auto_hints(self) -> None:
+        for name, (text, value) in self.auto_hints().items():
+            editor = self.editors.get(name)
+            if editor is not None and editor.auto is not None:
+                editor.set_auto_hint(text, value)
+
     def _show_problems(self) -> None:
+        self._show_auto_hints()
         by_field = self.field_problems()
         for name, editor in self.editors.items():
             editor.error.setText("\n".join(by_field.get(name, [])))

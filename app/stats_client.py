@@ -25,10 +25,10 @@ class StatsWorker(QObject):
     error = Signal(str)
     finished = Signal()
 
-    def __init__(self, base_url: str, api_key: str | None, hz: float = 4.0) -> None:
+    def __init__(self, base_url: str, api_key: str | None, hz: float = 4.0, model: str | None = None) -> None:
         super().__init__()
         self.url = f"{base_url.rstrip('/')}/v1/engine/state/stream"
-        self.params = {"hz": hz}
+        self.params = {"hz": hz, **({"model": model} if model else {})}  # the router relays to that model's engine
         self.headers = auth_headers(api_key)
         self._stop = threading.Event()
 
@@ -71,9 +71,10 @@ class StatsClient(QObject):
         self._worker: StatsWorker | None = None
         self._retiring: list[tuple[QThread, StatsWorker]] = []
 
-    def start(self, base_url: str, api_key: str | None = None, hz: float = 4.0) -> None:
+    def start(self, base_url: str, api_key: str | None = None, hz: float = 4.0, model: str | None = None) -> None:
         self.stop()
-        self._worker = StatsWorker(base_url, api_key, hz)
+        self.model = model
+        self._worker = StatsWorker(base_url, api_key, hz, model)
         self._thread = QThread()
         self._worker.moveToThread(self._thread)
         self._thread.started.connect(self._worker.run)

@@ -17,16 +17,23 @@ def status_text(state: str, model: str, url: str) -> str:
     return " · ".join(part for part in (state, model, url) if part)
 
 
+MAX_CHIP_WIDTH = 460  # a long model name or URL is elided (full text in the tooltip): status messages keep room
+
+
 class StatusChip(QLabel):
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("status-chip")
         self.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.setMaximumWidth(MAX_CHIP_WIDTH)
         self.state = ""
+        self.full_text = ""
 
     def set_status(self, state: str, model: str = "", url: str = "") -> None:
         self.state = state
         color = STATE_COLORS.get(state, STATE_COLORS["STOPPED"])
-        self.setText(f"● {status_text(state, model, url)}")
+        self.full_text = f"● {status_text(state, model, url)}"
+        self.setToolTip(self.full_text)
+        self.setText(self.fontMetrics().elidedText(self.full_text, Qt.TextElideMode.ElideMiddle, MAX_CHIP_WIDTH - 24))
         self.setStyleSheet(f"QLabel#status-chip {{ background: {color}; color: white; border-radius: 9px; "
                            "padding: 2px 10px; font-weight: bold; }")

@@ -12,18 +12,23 @@ never restarted, because it would fail the same way. The engine gets `--exit-wit
 it ends when the app dies by any means, SIGKILL included (while the window only hides into the tray the
 app process lives on, and so does its engine). Stop and quit pass through STOPPING: SIGTERM to
 the group, then SIGKILL after a grace period, and any member left behind by a dead leader is killed.
+The running engine is recorded in the data folder (app/engine_record.py); an engine a previous app left
+running can be adopted (`adopt`): it is then watched by pid and /health, and stopped through its group.
 """
 from __future__ import annotations
 
 import os
 import signal
 import sys
+import time
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
+from app.engine_record import EngineRecord, clear_record, new_record, write_record
 from app.health_probe import HealthProbe
 from app.paths import REPO_ROOT
 from app.port_check import next_free_port, port_is_free, port_owner
@@ -87,11 +92,14 @@ class EngineSupervisor(QObject):
         self._restart_timer = QTimer(self, singleShot=True, timeout=self._restart_now)
         self._kill_timer = QTimer(self, singleShot=True, timeout=lambda: self._signal_group(SIGKILL))
         self._stable_timer = QTimer(self, singleShot=True, interval=60_000, timeout=self._reset_restarts)
+        self.adopted: EngineRecord | None = None  # an engine a previous app left running, taken over
+        self._adopted_watch = QTimer(self, interval=250, timeout=self._watch_adopted)
+        self._recorded_pid: int | None = None  # the pid in the data folder's engine record, while it is ours
 
     # ---- public API -------------------------------------------------------------------------------
     def start(self, model: str, values: dict[str, Any], extra_argv: list[str] | None = None) -> bool:
         """Launch the engine; False (with a message or `port_busy`) when it is already running or the port is taken."""
-        if self.process is not None:
+        if self.running:
             self.message.emit("The engine is already running; stop it first.")
             return False
         values = dict(values)
@@ -114,22 +122,24 @@ class EngineSupervisor(QObject):
         between counts as the stop, not as a crash."""
         self._restart_timer.stop()
         self._probe.stop()
-        if self.process is not None:
+        if self.running:
             self._stopping = True
             self._set_state(STOPPING)
 
     def stop(self) -> None:
         """SIGTERM the group now, SIGKILL after the grace period; STOPPED once the process is gone."""
         self.begin_stop()
-        if self.process is None:
+        if not self.running:
             self._set_state(STOPPED)
             return
+        self._append_log(f"[pagedesk] Stop: SIGTERM to the engine (pid {self.pid}) and its workers; SIGKILL after "
+                         f"{self.grace_s:g} s if still running.\n")
         self._signal_group(SIGTERM)
         self._kill_timer.start(int(self.grace_s * 1000))
 
     def restart(self) -> None:
         """Start again with the last launch settings (after a crash or a stop)."""
-        if self._launch is None or self.process is not None:
+        if self._launch is None or self.running:
             return
         self._restart_timer.stop()
         self.restarts = 0
@@ -146,13 +156,20 @@ class EngineSupervisor(QObject):
             if not process.waitForFinished(int(self.grace_s * 1000)):
                 self._signal_group(SIGKILL)
                 process.waitForFinished(3000)
+        elif self.adopted is not None:
+            self._stopping = True
+            self._signal_group(SIGTERM)
+            if not _wait_gone(self.adopted.pid, self.grace_s):
+                self._signal_group(SIGKILL)
+                _wait_gone(self.adopted.pid, 3.0)
+            self._watch_adopted()
         self._signal_group(SIGKILL)  # stragglers whose leader already exited
 
     def clear_failure(self) -> bool:
         """Forget the last crash once the model or settings change, or a new start is tried: STOPPED again, the
         crash's log tail dropped, and no automatic restart pending (it would relaunch the old settings). True
         when there was a failure to forget."""
-        if self.process is not None or self.state != CRASHED:
+        if self.running or self.state != CRASHED:
             return False
         self._restart_timer.stop()
         self.tail.clear()
@@ -171,7 +188,32 @@ class EngineSupervisor(QObject):
 
     @property
     def pid(self) -> int | None:
+        if self.adopted is not None:
+            return self.adopted.pid
         return int(self.process.processId()) if self.process is not None else None
+
+    @property
+    def running(self) -> bool:
+        """An engine process is ours to mind: one we launched, or one we took over."""
+        return self.process is not None or self.adopted is not None
+
+    def adopt(self, record: EngineRecord) -> bool:
+        """Take over an engine a previous app left running: STARTING until its /health answers, then READY
+        at its URL; Stop and quit signal its process group. False when an engine is already ours."""
+        if self.running:
+            return False
+        self._restart_timer.stop()
+        self.adopted, self._pgid = record, record.pgid
+        self._launch, self.restarts, self._stopping = None, 0, False
+        self.tail.clear()
+        self.base_url = record.base_url
+        write_record(replace(record, app_pid=os.getpid()))
+        self._append_log(f"[pagedesk] Took over the engine left running: pid {record.pid}, {record.model}, "
+                         f"{record.base_url}.\n")
+        self._set_state(STARTING)
+        self._adopted_watch.start()
+        self._probe.start(self.base_url)
+        return True
 
     def argv(self) -> list[str]:
         assert self._launch is not None
@@ -218,6 +260,12 @@ class EngineSupervisor(QObject):
         process = self.sender()
         if process is self.process:
             self._pgid = int(process.processId()) if POSIX else None
+            model, values, _extra = self._launch
+            try:
+                self._recorded_pid = int(process.processId())
+                write_record(new_record(self._recorded_pid, self.base_url, int(values["port"]), model))
+            except OSError as exc:  # a full or read-only data folder must not stop the engine
+                self._append_log(f"[pagedesk] could not record the engine in the data folder: {exc}\n")
             self._probe.start(self.base_url)
 
     @staticmethod
@@ -239,7 +287,7 @@ class EngineSupervisor(QObject):
         self.log.emit(text)
 
     def _on_healthy(self) -> None:
-        if self.state == STARTING and self.process is not None:
+        if self.state == STARTING and self.running:
             self._set_state(READY)
             self._stable_timer.start()
             self.ready.emit(self.base_url)
@@ -259,10 +307,13 @@ class EngineSupervisor(QObject):
         self._stable_timer.stop()
         self._probe.stop()
         self._signal_group(SIGKILL)  # leader gone: take any worker left in its group with it
-        self.process, self._pgid = None, None
+        if self._recorded_pid is not None:
+            clear_record(self._recorded_pid)
+        self.process, self._pgid, self._recorded_pid = None, None, None
         process.deleteLater()
         if self._stopping:
             self._stopping = False
+            self._append_log(f"[pagedesk] The engine stopped (exit code {code}).\n")
             self._set_state(STOPPED)
             return
         exit_code = code if status == QProcess.ExitStatus.NormalExit else -1
@@ -301,6 +352,29 @@ class EngineSupervisor(QObject):
                 return line[len("error:"):].strip()
         return ""
 
+    def _watch_adopted(self) -> None:
+        """The adopted engine is gone (it is not our child, so only its pid can tell): STOPPED after a stop,
+        else CRASHED with no automatic restart (this app never had its launch settings)."""
+        record = self.adopted
+        if record is None or _pid_alive(record.pid):
+            return
+        self._adopted_watch.stop()
+        self._kill_timer.stop()
+        self._stable_timer.stop()
+        self._probe.stop()
+        self._signal_group(SIGKILL)
+        clear_record(record.pid)
+        self.adopted, self._pgid = None, None
+        if self._stopping:
+            self._stopping = False
+            self._append_log(f"[pagedesk] The engine taken over (pid {record.pid}) stopped.\n")
+            self._set_state(STOPPED)
+            return
+        self.last_exit_code = -1
+        self._set_state(CRASHED)
+        self.crashed.emit(-1, f"the engine taken over (pid {record.pid}) exited; its log belonged to the earlier app")
+        self.message.emit("The engine taken over from the earlier app exited. Press Start to launch it again.")
+
     def _restart_now(self) -> None:
         if self.process is None and self._launch is not None:
             self._spawn()
@@ -321,3 +395,27 @@ class EngineSupervisor(QObject):
         if state != self.state:
             self.state = state
             self.state_changed.emit(state)
+
+
+def _pid_alive(pid: int) -> bool:
+    """`pid` still runs (a zombie counts as gone: /proc says so on Linux)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return True
+        time.sleep(0.05)
+    return not _pid_alive(pid)

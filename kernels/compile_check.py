@@ -122,6 +122,34 @@ def moe_variants() -> list[Variant]:
             moe_variant(bf16, 8, 4, 32, True, bias=True), moe_variant(bf16, 2048, 2, 8, False)]
 
 
+def gated_delta_variants() -> list[Variant]:
+    """The Gated DeltaNet kernels at Qwen3.6-27B's shapes (16 key / 48 value heads of 128, conv width 4), bf16."""
+    from kernels.triton_causal_conv1d import BLOCK_C, BLOCK_T, causal_conv1d_kernel, conv_state_update_kernel
+    from kernels.triton_gated_delta import (CHUNK, DECODE_BLOCK_V, PREPARE_BLOCK_V, STATE_BLOCK_V, STATE_WARPS,
+                                            chunk_prepare_kernel, chunk_state_kernel, fused_recurrent_kernel)
+    bf16 = "*bf16"
+    heads = dict(HEAD_GROUP=3, DK=128, DV=128, BLOCK_K=128, L2NORM=True)
+    seq = dict(start_ptr="*i32", slot_ptr="*i32", init_ptr="*i8")
+    return [
+        Variant("gated_delta fused_recurrent bf16 d128 group 3", fused_recurrent_kernel,
+                dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, g_ptr="*fp32", beta_ptr=bf16, o_ptr=bf16,
+                     state_ptr="*fp32", **seq), dict(BLOCK_V=DECODE_BLOCK_V, **heads)),
+        Variant("gated_delta chunk_prepare bf16 d128 group 3", chunk_prepare_kernel,
+                dict(k_ptr=bf16, v_ptr=bf16, g_ptr="*fp32", beta_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32",
+                     c_ptr="*fp32", chunk_seq_ptr="*i32", chunk_first_ptr="*i32", start_ptr="*i32"),
+                dict(HV=48, BT=CHUNK, BLOCK_V=PREPARE_BLOCK_V, **heads)),
+        Variant("gated_delta chunk_state bf16 d128 group 3", chunk_state_kernel,
+                dict(q_ptr=bf16, k_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32", c_ptr="*fp32", o_ptr=bf16,
+                     state_ptr="*fp32", long_seq_ptr="*i32", **seq),
+                dict(HV=48, BT=CHUNK, BLOCK_V=STATE_BLOCK_V, **heads), num_warps=STATE_WARPS),
+        Variant("gated_delta causal_conv1d bf16 width 4", causal_conv1d_kernel,
+                dict(x_ptr=bf16, w_ptr=bf16, bias_ptr=bf16, state_ptr=bf16, y_ptr=bf16, token_seq_ptr="*i32", **seq),
+                dict(WIDTH=4, HAS_BIAS=False, SILU=True, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)),
+        Variant("gated_delta conv_state_update bf16 width 4", conv_state_update_kernel,
+                dict(x_ptr=bf16, state_ptr=bf16, **seq), dict(WIDTH=4, BLOCK_K=4, BLOCK_C=BLOCK_C)),
+    ]
+
+
 DECODE, DECODE_SPLIT, PREFILL = (16, 1, 32, 1, 8, 3), (16, 1, 32, 16, 8, 3), (64, 16, 32, 1, 8, 2)
 
 
@@ -154,6 +182,7 @@ def variants() -> list[Variant]:
         quant_linear_variant(bf16, 8, 1, False, 1, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 16, weight_fp8=True),
         *moe_variants(),
+        *gated_delta_variants(),
     ]
 
 
@@ -177,7 +206,7 @@ def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
         if name in variant.constexprs:
             signature[name] = "constexpr"
         else:
-            signature[name] = variant.pointers.get(name, "fp32" if name in ("softmax_scale", "soft_cap") else "i32")
+            signature[name] = variant.pointers.get(name, "fp32" if name in ("softmax_scale", "soft_cap", "scale") else "i32")
     constexprs = {(variant.kernel.arg_names.index(k),): v for k, v in variant.constexprs.items()}
     source = ASTSource(variant.kernel, signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": variant.num_warps}).asm

@@ -135,7 +135,8 @@ class Handler(BaseHTTPRequestHandler):
                              "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]})
                 time.sleep(float(os.environ.get("FAKE_SERVE_TOKEN_DELAY", "0.02")))
             self._event({"id": "cmpl-1", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-            self._event({"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 6}})
+            self._event({"id": "cmpl-1", "choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 6,
+                                                                       "total_tokens": 11}})
             self._event("[DONE]")
         except (BrokenPipeError, ConnectionResetError):
             pass

@@ -51,7 +51,15 @@ def test_runs_are_plotted_stored_and_overlaid(panel, qtbot, server):
     runs = panel.store.runs()
     assert [r.label for r in runs] == ["chat c2", "burst"]
     assert runs[0].config["max_concurrency"] == 2 and runs[0].summary["output_tokens"] == 16
-    assert panel.table.rowCount() == 2 and panel.table.item(0, 1).text() == "chat c2"
+    assert panel.table.rowCount() == 2 and panel.table.item(0, 0).text() == "chat c2"
+    assert panel.table.item(0, 1).text() == f"{runs[0].summary['output_throughput']:.1f}"  # key figures first
+    # The live axes follow the run: its whole length is in view, however short it was.
+    plot = panel.throughput_plot
+    plot.append(*plot.buffer.arrays()[0][-1:], plot.buffer.arrays()[1][-1])  # a sample to draw, drawn now
+    plot.redraw()
+    t = plot.buffer.arrays()[0]
+    (x_low, x_high), _ = plot.viewRange()
+    assert x_low <= 0.0 and x_high <= max(1.0, float(t[-1] - t[0])) * 1.1
     panel.table.selectAll()
     assert len(panel.selected_runs()) == 2
     assert len(panel.overlay.getPlotItem().listDataItems()) == 4  # ITL and TTFT of each run

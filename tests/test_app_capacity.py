@@ -26,5 +26,11 @@ def test_invalid_path_clears_the_plan(qtbot, llama_dir, tmp_path):
 def test_cpu_line_for_a_tiny_model_reads_in_mib_not_zero_gib(llama_dir):
     config = json.loads((llama_dir / "config.json").read_text())
     line = capacity_line(config, {**default_values(0), "max_num_seqs": 4}, [])
-    assert line.startswith("CPU, no NVIDIA GPU: 1.0 GiB KV budget — weights ") and "MiB/card" in line
+    # The line names the pool the engine allocates (the Monitor's "KV cache" figure), then the budget it is under.
+    from app.capacity import plan_for
+    from engine.sizing import format_bytes
+    _where, plan = plan_for(config, {**default_values(0), "max_num_seqs": 4}, [])
+    pool = format_bytes(plan.num_blocks * plan.kv_bytes_per_token * plan.block_size)
+    assert line.startswith(f"CPU, no NVIDIA GPU: KV cache {pool} (of a 1 GiB budget: 4 full sequences need no more)"
+                           " — weights ") and "MiB/card" in line
     assert "0.00 GiB" not in line and f"{4 * config['max_position_embeddings']:,} tokens fit" in line

@@ -1,5 +1,6 @@
-"""Chat: SQLite persistence under PAGEDESK_DATA_DIR, streaming into the view with TTFT and tokens/s,
-stop and regenerate, and a clear message when the engine is not running."""
+"""Chat: SQLite persistence under PAGEDESK_DATA_DIR, streaming into the view with TTFT and tokens/s (first to
+last token, none for a reply of a few tokens), the context meter, stop and regenerate, undo of a delete back
+in its place, and a clear message when the engine is not running."""
 import qt_helpers as helpers
 
 import pytest
@@ -59,11 +60,14 @@ def test_stream_regenerate_and_persist(panel, qtbot):
             qtbot.waitUntil(lambda: panel.stop_button.isEnabled(), timeout=2000)
         result = done.args[0]
         assert result.text.startswith("Hello from the fake engine")
-        assert result.ttft_s is not None and result.completion_tokens == 6 and result.tokens_per_s > 0
+        assert result.ttft_s is not None and result.completion_tokens == 6
+        assert result.tokens_per_s is None  # six tokens: too few for a rate worth showing
         qtbot.waitUntil(lambda: "TTFT" in panel.view.toPlainText(), timeout=2000)
+        assert panel.context_meter.isVisibleTo(panel) and panel.context_meter.format() == "Context 11 / 4,096 tokens"
         assert "print('hi')" in panel.view.toPlainText()  # the fenced code block survived rendering
         stored = panel.store.messages(panel.conversation_id)
-        assert [m.role for m in stored] == ["user", "assistant"] and "tokens/s" in stored[1].stats
+        assert [m.role for m in stored] == ["user", "assistant"] and "TTFT" in stored[1].stats
+        assert "tokens/s" not in stored[1].stats
         assert panel.store.conversation(panel.conversation_id).system_prompt == "Answer in one word."
         assert panel.store.conversation(panel.conversation_id).title == "Say hello"
         with qtbot.waitSignal(panel.reply_finished, timeout=10_000):
@@ -90,3 +94,34 @@ def test_stop_ends_the_stream_early(panel, qtbot, monkeypatch):
         assert panel.store.messages(panel.conversation_id)[-1].role == "assistant"  # partial reply kept
     finally:
         sup.shutdown()
+
+
+def test_the_rate_runs_from_the_first_token_to_the_last():
+    from app.chat_client import ChatResult
+    burst = ChatResult(ttft_s=0.100, last_token_s=0.1000005, completion_tokens=15, elapsed_s=0.2)
+    assert burst.tokens_per_s == pytest.approx(14 / 0.0000005)  # honest: what the stream really did
+    steady = ChatResult(ttft_s=0.1, last_token_s=1.1, completion_tokens=21, elapsed_s=5.0)  # 4 s idle after
+    assert steady.tokens_per_s == pytest.approx(20.0) and "20.0 tokens/s" in steady.summary()
+    assert ChatResult(ttft_s=0.1, last_token_s=0.1, completion_tokens=30).tokens_per_s is None  # no span
+    assert ChatResult(ttft_s=0.1, last_token_s=0.5, completion_tokens=5).tokens_per_s is None  # too few
+
+
+def test_undo_delete_puts_the_chat_back_where_it_was(panel):
+    store = panel.store
+    ids = []
+    for title in ("oldest", "middle", "newest"):
+        ids.append(store.new_conversation(title, "sys"))
+        store.add_message(ids[-1], "user", f"hi {title}")
+    panel.conversation_id = None
+    panel._load_conversations()
+    middle = next(i for i in range(panel.conversation_list.count())
+                  if panel.conversation_list.item(i).text() == "middle")
+    width = panel.conversation_list.parentWidget().width()
+    panel.conversation_list.setCurrentRow(middle)
+    panel.delete_conversation()
+    assert "middle" not in [c.title for c in store.conversations()]
+    panel.undo_delete()
+    titles = [c.title for c in store.conversations()]
+    assert titles.index("middle") == titles.index("newest") + 1 == titles.index("oldest") - 1
+    assert [m.content for m in store.messages(panel.conversation_id)] == ["hi middle"]
+    assert panel.conversation_list.parentWidget().width() == width

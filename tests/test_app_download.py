@@ -26,7 +26,9 @@ def test_offline_download_fails_with_a_message(qtbot, monkeypatch, tmp_path):
     worker = DownloadWorker("pagedesk/does-not-exist", cache_dir=str(tmp_path))
     with qtbot.waitSignal(worker.failed, timeout=10_000) as failed:
         worker.run()
-    assert "pagedesk/does-not-exist" in failed.args[0] and "failed" in failed.args[0]
+    text = failed.args[0]
+    assert text.startswith("Could not download pagedesk/does-not-exist: offline mode is on (HF_HUB_OFFLINE)")
+    assert "Error" not in text  # in words, never an exception's class name
 
 
 def test_picker_download_reports_failure_and_resets(qtbot, monkeypatch):
@@ -47,6 +49,31 @@ def test_picker_download_reports_failure_and_resets(qtbot, monkeypatch):
         assert not picker.download_button.isEnabled() and picker.cancel_button.isEnabled()
         rows = [library.table.item(r, 0).text() for r in range(library.table.rowCount())]
         assert "pagedesk/not-cached" in rows  # the download is a row of the library while it runs
-    assert ended.args[0] == "pagedesk/not-cached" and "failed" in ended.args[1]
-    assert "failed" in picker.details.text() and not picker.cancel_button.isEnabled()
+    assert ended.args[0] == "pagedesk/not-cached" and "offline mode is on" in ended.args[1]
+    assert "Could not download" in picker.details.text() and not picker.cancel_button.isEnabled()
     assert picker.download_button.isEnabled() and "pagedesk/not-cached" not in library.downloads
+
+
+def test_download_errors_are_told_in_words():
+    import errno
+
+    import httpx
+    from huggingface_hub import errors
+
+    from app.hf_cache import download_error_text
+
+    response = httpx.Response(404, request=httpx.Request("GET", "https://huggingface.co/api/models/x/y"))
+    cases = {
+        errors.GatedRepoError("gated", response=response): "gated model",
+        errors.RepositoryNotFoundError("nope", response=response): "no model by that name",
+        errors.HFValidationError("Repo id must be in the form"): "not a model id",
+        errors.HfHubHTTPError("limited", response=httpx.Response(429, request=response.request)): "limiting",
+        errors.HfHubHTTPError("down", response=httpx.Response(503, request=response.request)): "HTTP 503",
+        errors.HfHubHTTPError("no", response=httpx.Response(401, request=response.request)): "refused access",
+        OSError(errno.ENOSPC, "No space left on device"): "disk is full",
+        httpx.ConnectError("[Errno -3] Temporary failure in name resolution"): "did not answer",
+    }
+    for exc, words in cases.items():
+        text = download_error_text("x/y", exc)
+        assert text.startswith("Could not download x/y: ") and words in text, (exc, text)
+        assert type(exc).__name__ not in text

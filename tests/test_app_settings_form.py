@@ -119,3 +119,36 @@ def test_basic_and_advanced(qtbot):
     assert not f.use_all_gpus.isChecked()
     one = form(qtbot, num_gpus=1)
     assert not one.basic_form.isRowVisible(one.use_all_gpus)
+
+
+def test_auto_fields_show_the_value_the_engine_will_use(qtbot):
+    from app.settings import gui_flags
+    from app.settings_form import SettingsForm
+
+    form = SettingsForm(gui_flags())
+    qtbot.addWidget(form)
+    form.set_hardware(0)
+    length, budget = form.editors["max_model_len"].input, form.editors["max_num_batched_tokens"].input
+    assert length.text() == "auto (the model's context)" and not length.isEnabled()
+    form.set_model_context(32768)
+    assert length.text() == "auto (32,768)" and budget.text() == "auto (2,048)"
+    assert form.editors["max_batch_prefill_tokens"].input.text() == "auto (32)"  # the CPU engine's cap
+    assert form.editors["kv_cache_memory"].input.text() == "auto (1 GiB)"
+    form.set_values({"enable_chunked_prefill": False})
+    assert budget.text() == "auto (32,768: whole prompts)"
+    form.editors["max_model_len"].auto.setChecked(False)  # off auto: it starts from the model's context, not 1
+    assert form.values()["max_model_len"] == 32768 and length.text() == "32768"
+    form.editors["max_model_len"].auto.setChecked(True)
+    assert form.values()["max_model_len"] is None and length.text() == "auto (32,768)"
+    form.set_hardware(2)
+    assert form.editors["max_batch_prefill_tokens"].input.text() == "auto (no cap: whole prompts)"
+
+
+def test_the_port_is_a_basic_setting(qtbot):
+    from app.settings import gui_flags
+    from app.settings_form import SettingsForm
+
+    form = SettingsForm(gui_flags())
+    qtbot.addWidget(form)
+    port_row = form.editors["port"].row
+    assert form.basic_form.indexOf(port_row) >= 0 and not form.show_advanced.isChecked()

@@ -175,3 +175,21 @@ def test_the_router_imports_no_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
                             env={**os.environ, "PYTHONPATH": root})
     assert result.returncode == 0, result.stderr
+
+
+def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
+    """A sliding-window model's sequence holds blocks in its window group as well as its full group: the
+    placement's "most useful" KV cache counts them all, as the engine's pool does (it once counted one group)."""
+    from engine.kv_cache_interface import model_kv_layout
+
+    folder = tiny_model_dir("gemma2")
+    s = ModelSpec("g", str(folder), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2})
+    need = replica_need(s, Card(0, "cuda:0", 64 * GIB), None)
+    config = s.engine_config()
+    from engine.sizing import DTYPE_BYTES, resolve_dtype
+    cfg = ModelConfig.from_folder(folder).with_max_model_len(256)
+    layout = model_kv_layout(cfg, config.block_size, DTYPE_BYTES[resolve_dtype(config.dtype, cfg.torch_dtype, True)])
+    assert layout.has_sliding_window
+    blocks = layout.blocks_per_seq(256, config.resolve_max_num_batched_tokens(256))
+    assert blocks > -(-256 // config.block_size)  # more than the full group alone
+    assert need.kv_bytes == 2 * blocks * layout.bytes_per_block

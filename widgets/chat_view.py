@@ -123,5 +123,14 @@ class ChatView(QTextBrowser):
             if m.stats:
                 parts.append(f'<div class="stats">{html.escape(m.stats)}</div>')
         self.setHtml("".join(parts))
+        self._scroll_to_end()
+
+    def _scroll_to_end(self) -> None:
         bar = self.verticalScrollBar()
         bar.setValue(bar.maximum())
+
+    def showEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        """A transcript filled while hidden (a chat reopened after a restart) had no height to scroll by:
+        open it at the last message once it has one."""
+        super().showEvent(event)
+        QTimer.singleShot(0, self._scroll_to_end)

@@ -59,10 +59,12 @@ class RingBuffer:
 
 
 class TimePlot(pg.PlotWidget):
-    """A plot of a few named series over the last `window_s` seconds, redrawn every `redraw_ms`."""
+    """A plot of a few named series over the last `window_s` seconds, redrawn every `redraw_ms`; with
+    `window_s=None`, over the whole recording from its first sample, the axis growing with it (a benchmark
+    run of 3 s fills the plot as one of 10 minutes does)."""
 
     def __init__(self, title: str, series: Sequence[tuple[str, str]], unit: str = "", capacity: int = 2400,
-                 window_s: float = 120.0, y_range: tuple[float, float] | None = None,
+                 window_s: float | None = 120.0, y_range: tuple[float, float] | None = None,
                  redraw_ms: int = 200, parent: QWidget | None = None) -> None:
         super().__init__(parent=parent)
         self.capacity = capacity
@@ -72,13 +74,13 @@ class TimePlot(pg.PlotWidget):
         for side in ("left", "bottom"):
             self.getAxis(side).enableAutoSIPrefix(False)  # else an idle axis reads "(x0.001)", stale text stays
         self.apply_palette()
-        self.setLabel("bottom", "time (s)")
+        self.setLabel("bottom", "time (s)" if window_s is not None else "time since start (s)")
         if unit:
             self.setLabel("left", unit)
         self.showGrid(x=True, y=True, alpha=0.15)
         self.setMouseEnabled(x=False, y=False)
         self.setMenuEnabled(False)
-        self.setXRange(-window_s, 0, padding=0)
+        self.setXRange(-window_s, 0, padding=0) if window_s is not None else self.setXRange(0, 1, padding=0)
         self.setYRange(*(y_range or (0, 1)), padding=0.02)
         self.legend = self.addLegend(offset=(8, 8), labelTextSize="8pt", labelTextColor=self.foreground,
                                      brush=pg.mkBrush(pg.mkColor(palette_colors()[0]).darker(105)))
@@ -141,11 +143,13 @@ class TimePlot(pg.PlotWidget):
         t, values = self.buffer.arrays()
         if len(t) == 0:
             return
-        x = t - t[-1]
+        x = t - t[-1] if self.window_s is not None else t - t[0]
         for i, curve in enumerate(self.curves):
             curve.setData(x, values[:, i])
+        if self.window_s is None:
+            self.setXRange(0, max(1.0, float(x[-1])), padding=0.02)
         if self.fixed_y_range is None:
-            visible = values[x >= -self.window_s]
+            visible = values[x >= -self.window_s] if self.window_s is not None else values
             top = np.nanmax(visible) if visible.size and not np.isnan(visible).all() else 0.0
             self.setYRange(0, max(1.0, float(top) * 1.1), padding=0)
         self.redraw_count += 1

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB
+from engine.kv_cache_interface import model_kv_layout
 from engine.model_config import DTYPE_BYTES, ModelConfig
 from engine.router.specs import ModelSpec
 from engine.sizing import GIB, MIB, estimate_activation_bytes, estimate_graph_bytes, kv_bytes_per_token, \
@@ -152,14 +153,19 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
         overhead = CUDA_CONTEXT_BYTES + (0 if config.enforce_eager else
                                          estimate_graph_bytes(cfg, config.max_num_seqs, dtype_bytes, tp))
     fixed = weights + activations + overhead
-    most_useful = config.max_num_seqs * -(-cfg.max_model_len // config.block_size) * config.block_size * per_token
+    # Blocks a full-length sequence holds over every KV cache group (a window group's too), as the pool counts them.
+    layout = model_kv_layout(cfg, config.block_size, kv_dtype_bytes, tp)
+    blocks_per_seq = layout.blocks_per_seq(cfg.max_model_len, step_tokens) if layout.has_sliding_window else \
+        -(-cfg.max_model_len // config.block_size)
+    most_useful = config.max_num_seqs * blocks_per_seq * config.block_size * per_token
     if config.num_gpu_blocks_override is not None:
         kv = config.num_gpu_blocks_override * config.block_size * per_token
     elif config.kv_cache_memory is not None:
         kv = int(config.kv_cache_memory * GIB)
     elif not on_gpu:
         plan = plan_cpu(cfg, DEFAULT_CPU_KV_CACHE_GIB, dtype=dtype, kv_cache_dtype=config.kv_cache_dtype,
-                        max_num_seqs=config.max_num_seqs, block_size=config.block_size)
+                        max_num_seqs=config.max_num_seqs, block_size=config.block_size,
+                        max_num_batched_tokens=step_tokens)
         kv = plan.num_blocks * config.block_size * per_token
     else:
         kv = min(most_useful, card.budget_bytes // (max_loaded_models or 1) - fixed)
