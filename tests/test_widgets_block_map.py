@@ -107,8 +107,10 @@ def test_widget_colours_by_group_with_a_legend_and_switches_to_requests(qtbot):
     labels = [w._group_row.itemAt(i).widget().text() for i in range(w._group_row.count())
               if w._group_row.itemAt(i).widget() is not None]
     assert "window 8 (×2 groups)" in labels and "full attention" in labels
+    assert not any(e.isVisibleTo(w) for e in w._request_entries)  # the per-request legend is hidden
     assert tuple(w.image_array()[0, 3]) == GROUP_RGBA[1]
     w.colour_by.setCurrentText("request")
     w.redraw()
+    assert all(e.isVisibleTo(w) for e in w._request_entries)
     assert w.group_legend() == [] and tuple(w.image_array()[0, 3]) == tuple(block_colors(
         w._snapshot.state, w._snapshot.ref_count, w._snapshot.owner)[3])

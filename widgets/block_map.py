@@ -179,14 +179,18 @@ class BlockMapWidget(QWidget):
         entries = [("free", self._free_rgba), ("in use (colour per request)", tuple(_PALETTE[1])),
                    ("cached, reusable", CACHED_RGBA), ("shared, ref > 1", SHARED_RGBA)]
         self._swatches = []
+        self._request_entries = []  # the entries that mean nothing while colouring by KV cache group
         for text, rgba in entries:
             swatch = QLabel()
             swatch.setFixedSize(12, 12)
             _paint_swatch(swatch, rgba)
             self._swatches.append(swatch)
+            label = QLabel(text)
             row.addWidget(swatch)
-            row.addWidget(QLabel(text))
+            row.addWidget(label)
             row.addSpacing(10)
+            if rgba in (tuple(_PALETTE[1]), SHARED_RGBA):
+                self._request_entries += [swatch, label]
         row.addStretch(1)
         return row
 
@@ -207,6 +211,8 @@ class BlockMapWidget(QWidget):
         for w in (self.colour_by_label, self.colour_by):
             w.setVisible(has_groups)
         kinds = group_kinds(snap.group_names)[0] if self.colouring_by_group(snap) else []
+        for w in self._request_entries:
+            w.setVisible(not kinds)
         if kinds == self._group_kinds:
             return
         self._group_kinds = kinds
