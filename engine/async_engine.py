@@ -253,7 +253,16 @@ class AsyncEngine:
         return (p1 - p0) / dt, (g1 - g0) / dt
 
     def stop_serving(self) -> None:
-        """Begin a shutdown without waiting (safe in a signal handler): every stream ends with an error event."""
+        """Begin a shutdown without waiting (safe in a signal handler): every stream ends with an error event.
+
+        The streams are told here, not when the engine thread next reads its commands: that thread may be
+        inside a step for longer than the server's graceful shutdown lasts (a tensor-parallel step waiting on
+        its workers, a long prefill), and a stream still open then is cut instead of ended in-band. No lock:
+        a signal handler runs on the event-loop thread, which may hold `_lock` (add_request) at that moment.
+        The engine thread fails them again on the _Stop; a stream keeps the first error it got."""
+        error = EngineDeadError("the server is shutting down")
+        for stream in list(self._streams.values()):  # a snapshot: the engine thread may be adding or removing
+            stream.put_threadsafe(error)
         self._commands.put(_Stop())
 
     def shutdown(self, timeout: float = 10.0) -> None:

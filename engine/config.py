@@ -16,9 +16,10 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
+CUDA_GRAPH_MODES = ("full_and_piecewise", "full_decode_only")  # vLLM's cudagraph_mode names; --enforce-eager: none
 SCHEDULING_POLICIES = ("fcfs", "priority")
-TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral")  # engine/tool_parsers
-REASONING_PARSERS = ("deepseek_r1", "qwen3")  # engine/reasoning
+TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "openai", "harmony")  # engine/tool_parsers
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "harmony")  # engine/reasoning
 SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
@@ -67,6 +68,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("quantization", str, None, "Weight quantization method; the model folder's quantization_config decides, "
          "this only confirms it", "engine", SUPPORTED_QUANTIZATION, gui=False),
     Flag("enforce_eager", bool, False, "Never capture CUDA graphs", "engine"),
+    Flag("cuda_graph_mode", str, "full_and_piecewise", "full_and_piecewise: whole-forward graphs for decode steps "
+         "and piecewise graphs (attention eager) for prompt and mixed steps; full_decode_only: decode graphs only",
+         "engine", CUDA_GRAPH_MODES, gui=False),
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
@@ -170,6 +174,7 @@ class EngineConfig:
     max_model_len: int | None = None
     quantization: str | None = None
     enforce_eager: bool = False
+    cuda_graph_mode: str = "full_and_piecewise"
     attention_backend: str = "auto"
     block_size: int = 16
     gpu_memory_utilization: float = 0.9

@@ -103,7 +103,7 @@ class DecodeGraphs:
     def can_run(self, inputs) -> bool:
         num_seqs = len(inputs.seq_lens)
         return (inputs.max_query_len == 1 and len(inputs.input_ids) == num_seqs and num_seqs <= self.max_batch
-                and inputs.block_tables.shape[1] <= self.max_blocks)
+                and inputs.width <= self.max_blocks)
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -154,31 +154,32 @@ class DecodeGraphs:
             self.graphs[batch, context] = graph
             self.outputs[batch, context] = out
 
-    def run(self, inputs) -> torch.Tensor:
-        """Hidden states ``[num_seqs, hidden]`` of a decode batch through the padded static buffers."""
+    def run(self, inputs, tables: torch.Tensor) -> torch.Tensor:
+        """Hidden states ``[num_seqs, hidden]`` of a decode batch through the padded static buffers; `tables`:
+        the step's ``[num_groups, num_seqs, width]`` block tables, already on the device."""
         n = len(inputs.seq_lens)
         batch = next(b for b in self.ladder if b >= n)
-        needed = max(int(inputs.max_seq_len), inputs.block_tables.shape[1] * self.block_size)
+        needed = max(int(inputs.max_seq_len), inputs.width * self.block_size)
         context = next((c for c in self.contexts[batch] if c >= needed), self.contexts[batch][-1])
-        self._fill(inputs, n, batch)
+        self._fill(inputs, tables, n, batch)
         if (batch, context) in self.graphs:
             self.graphs[batch, context].replay()
             return self.outputs[batch, context][:n]
         meta = self.buffers.meta(batch, context, self.block_size)
         return self.model(self.buffers.input_ids[:batch], self.buffers.positions[:batch], meta)[:n]
 
-    def _fill(self, inputs, n: int, batch: int) -> None:
+    def _fill(self, inputs, tables: torch.Tensor, n: int, batch: int) -> None:
         buf = self.buffers
-        width = inputs.block_tables.shape[1]
+        width = tables.shape[2]
         buf.input_ids[:n].copy_(torch.as_tensor(inputs.input_ids), non_blocking=True)
         buf.positions[:n].copy_(torch.as_tensor(inputs.positions), non_blocking=True)
         buf.slot_mapping[:n].copy_(torch.as_tensor(inputs.slot_mapping), non_blocking=True)
         buf.seq_lens[:n].copy_(torch.as_tensor(inputs.seq_lens), non_blocking=True)
-        buf.block_tables[:n, :width].copy_(torch.as_tensor(inputs.block_tables), non_blocking=True)
+        buf.block_tables[:n, :width].copy_(tables[0], non_blocking=True)
         buf.block_tables[:n, width:] = 0
         if buf.group_block_tables is not None:
             buf.group_slot_mappings[:, :n].copy_(torch.as_tensor(inputs.group_slot_mappings), non_blocking=True)
-            buf.group_block_tables[:, :n, :width].copy_(torch.as_tensor(inputs.group_block_tables), non_blocking=True)
+            buf.group_block_tables[:, :n, :width].copy_(tables[1:], non_blocking=True)
             buf.group_block_tables[:, :n, width:] = 0
             buf.group_slot_mappings[:, n:batch] = -1
             buf.group_block_tables[:, n:batch] = 0

@@ -4,7 +4,7 @@
 `TensorParallelExecutor`, which owns rank 0's ModelRunner (in this process) and N-1 spawned worker
 processes (engine/tp_worker.py), and offers the ModelRunner methods the engine uses. Control goes over
 two one-way OS pipes per worker (never a network socket): each step rank 0 prepares the flat
-`StepInputs` once, sends them to every worker, runs its own forward — tensors meet in the layers'
+`StepInputs` once (block tables as a diff of the persistent input batch), sends them to every worker, runs its own forward — tensors meet in the layers'
 torch.distributed collectives (gloo on CPU, NCCL on CUDA) — and then waits for every worker's ack while
 watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
 never a hang. Each worker also bumps a shared heartbeat counter from its own thread; the watch thread
@@ -212,15 +212,18 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None):
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=()):
         """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
         self._ensure_usable()
-        inputs = self.runner.prepare(batch, block_copies)
+        inputs = self.runner.prepare(batch, block_copies, state_copies)
         out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
         return out
 
-    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
-        self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype)
+    def reserve_input_rows(self, max_num_seqs: int) -> None:
+        self._run_everywhere("reserve_input_rows", max_num_seqs)
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
+        self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype, num_state_slots)
 
     def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
         """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
@@ -236,8 +239,8 @@ class TensorParallelExecutor:
     def graph_bytes(self) -> int:
         return self.runner.graph_bytes()
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
-        self._run_everywhere("plan_decode_graphs", max_batch, capture)
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
+        self._run_everywhere("plan_decode_graphs", max_batch, capture, piecewise_tokens)
 
     def capture_decode_graphs(self) -> None:
         self._run_everywhere("capture_decode_graphs")  # every rank captures: NCCL all-reduces live in the graphs

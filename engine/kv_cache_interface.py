@@ -1,8 +1,12 @@
 """Per-layer KV specs and the KV cache groups built from them (vLLM v1's kv_cache_interface, in our size).
 
-Each attention layer has a spec: full attention, or a sliding window of W tokens (a recurrent "state" kind
-joins later for hybrid models). Layers with equal specs share KV cache groups; every group has its own block
-table per sequence, drawn from ONE shared block pool. A physical block id therefore has to mean the same
+Each attention layer has a spec: full attention, or a sliding window of W tokens. Layers with equal specs
+share KV cache groups; every group has its own block table per sequence, drawn from ONE shared block pool.
+Hybrid models (Qwen3.5, Qwen3-Next) add a third kind, "state": a linear-attention (Gated DeltaNet) layer keeps
+a fixed-size conv state and recurrent state per sequence instead of K/V per token, so its layers form one
+state group outside the block pool: each running sequence holds one slot of the state pool
+(engine/state_pool.py) for all of them. Attention groups then number the attention layers only (the i-th
+attention layer of the model is layer i of the groups); the state group names the model's layer ids. A physical block id therefore has to mean the same
 bytes in every group: the cache is `num_slots` per-layer tensors, and block b of group g lives at index b
 of slot j for the j-th layer of g. Layers of one kind are split into groups of `num_slots` layers (the last
 group of a kind may use fewer slots; its unused slots are the padding cost). A model whose layers all share
@@ -15,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FULL_ATTENTION, SLIDING_WINDOW = "full_attention", "sliding_window"  # a "state" kind comes with hybrid models
+FULL_ATTENTION, SLIDING_WINDOW, STATE = "full_attention", "sliding_window", "state"
 
 
 def cdiv(a: int, b: int) -> int:
@@ -76,6 +80,47 @@ KVSpec = FullAttentionSpec | SlidingWindowSpec
 
 
 @dataclass(frozen=True, slots=True)
+class StateSpec:
+    """A linear-attention layer's per-sequence state: the causal conv's last K-1 inputs [conv_dim, K-1] in the
+    activation dtype, and the recurrent state [num_v_heads, head_k_dim, head_v_dim] in `ssm_dtype_bytes`
+    (the checkpoint's mamba_ssm_dtype, float32 in Qwen3.5 whatever the weights). Sizes are one card's."""
+
+    conv_dim: int
+    conv_kernel: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_dtype_bytes: int
+    ssm_dtype_bytes: int = 4
+
+    kind = STATE
+
+    @property
+    def conv_state_shape(self) -> tuple[int, int]:
+        return self.conv_dim, self.conv_kernel - 1
+
+    @property
+    def ssm_state_shape(self) -> tuple[int, int, int]:
+        return self.num_v_heads, self.head_k_dim, self.head_v_dim
+
+    @property
+    def slot_bytes(self) -> int:
+        """One sequence's state in one layer; it does not grow with the context."""
+        return (self.conv_dim * (self.conv_kernel - 1) * self.conv_dtype_bytes
+                + self.num_v_heads * self.head_k_dim * self.head_v_dim * self.ssm_dtype_bytes)
+
+
+@dataclass(frozen=True, slots=True)
+class StateGroup:
+    spec: StateSpec
+    layer_ids: tuple[int, ...]  # model layers; the j-th uses state tensor j
+
+    @property
+    def bytes_per_seq(self) -> int:
+        return len(self.layer_ids) * self.spec.slot_bytes
+
+
+@dataclass(frozen=True, slots=True)
 class KVCacheGroup:
     spec: KVSpec
     layer_ids: tuple[int, ...]  # model layers, in order; the j-th uses cache slot j
@@ -87,6 +132,17 @@ class KVCacheLayout:
 
     groups: tuple[KVCacheGroup, ...]
     num_slots: int
+    state: StateGroup | None = None  # hybrid models' linear-attention layers: one state slot per sequence
+
+    @property
+    def state_bytes_per_seq(self) -> int:
+        """Bytes of one sequence's state slot over every linear-attention layer (0 without them)."""
+        return 0 if self.state is None else self.state.bytes_per_seq
+
+    def state_pool_bytes(self, max_num_seqs: int, enable_prefix_caching: bool = False) -> int:
+        """The state pool: a slot per seat (max_num_seqs bounds the running sequences, forks and beams included),
+        plus the prefix cache's state snapshots."""
+        return (max_num_seqs + num_state_snapshots(self, enable_prefix_caching)) * self.state_bytes_per_seq
 
     @property
     def num_layers(self) -> int:
@@ -143,6 +199,15 @@ class KVCacheLayout:
         return lo * bs
 
 
+STATE_SNAPSHOTS = 4  # prefix-cache state snapshots a hybrid model keeps (one state slot each)
+
+
+def num_state_snapshots(layout: "KVCacheLayout", enable_prefix_caching: bool) -> int:
+    """Snapshot slots of a hybrid model's prefix cache: a hit restores the state at its end from one. Few: one
+    is a whole sequence's state (147 MiB for Qwen3.6-27B on one card), and a shared system prompt needs one."""
+    return STATE_SNAPSHOTS if layout.state is not None and enable_prefix_caching else 0
+
+
 def layer_specs(sliding_windows: list[int | None], block_size: int, num_kv_heads: int, head_dim: int,
                 dtype_bytes: int, window_freeing: bool = True) -> list[KVSpec]:
     """One spec per layer from ModelConfig.sliding_windows (None: full attention). Without `window_freeing`
@@ -191,7 +256,7 @@ def kv_head_replicas(cfg, tp: int = 1) -> list[int]:
     copies cost what padding the smaller pages would. KV-sharing layers read their source layer's cache."""
     heads = [max(1, cfg.layer_kv_heads(i) // tp) for i in range(cfg.num_layers)]
     units = {i: heads[i] * cfg.layer_head_dim(i) for i in cfg.cache_layers}
-    widest = max(units.values())
+    widest = max(units.values(), default=1)
     replicas = {}
     for i, u in units.items():
         r = widest // u
@@ -200,18 +265,28 @@ def kv_head_replicas(cfg, tp: int = 1) -> list[int]:
                              f"{tp} card(s)) cannot be widened to the widest layer's ({widest} values per token) "
                              "to share one block pool")
         replicas[i] = r
-    return [replicas[cfg.kv_source(i)] for i in range(cfg.num_layers)]
+    return [replicas.get(cfg.kv_source(i), 1) for i in range(cfg.num_layers)]
 
 
 def model_kv_layout(cfg, block_size: int, kv_dtype_bytes: int = 2, tp: int = 1,
-                    window_freeing: bool = True) -> KVCacheLayout:
-    """The layout of a ModelConfig on one of `tp` cards (KV heads split across ranks, at least one each). Its
-    layers are the model's cache layers in order (all of them, but for Gemma 4's KV-sharing ones)."""
+                    window_freeing: bool = True, act_dtype_bytes: int = 2) -> KVCacheLayout:
+    """The layout of a ModelConfig on one of `tp` cards (KV heads split across ranks, at least one each; a hybrid
+    model's DeltaNet heads and conv channels split too). `act_dtype_bytes`: the conv state's dtype (the model's).
+    Its attention layers are the model's cache layers in order: all attention layers but Gemma 4's KV-sharing
+    ones, each with its own heads x head_dim (widened to one page size, kv_head_replicas)."""
     windows = cfg.sliding_windows or [None] * cfg.num_layers
-    replicas = kv_head_replicas(cfg, tp)
+    linear = getattr(cfg, "linear_attention", None)
+    replicas = kv_head_replicas(cfg, tp)  # cfg.cache_layers: no linear-attention layer among them
     specs = []
     for i in cfg.cache_layers:
         heads = max(1, cfg.layer_kv_heads(i) // tp) * replicas[i]
         specs += layer_specs([windows[i]], block_size, heads, cfg.layer_head_dim(i), kv_dtype_bytes,
                              window_freeing)
-    return build_layout(specs)
+    layout = build_layout(specs)
+    if linear is None:
+        return layout
+    spec = StateSpec(linear.conv_dim // tp, linear.conv_kernel, linear.num_v_heads // tp, linear.head_k_dim,
+                     linear.head_v_dim, act_dtype_bytes, linear.ssm_dtype_bytes)
+    return KVCacheLayout(layout.groups, layout.num_slots, StateGroup(spec, tuple(linear.layers)))
+
+

@@ -11,23 +11,36 @@ A prefix hit must hold in every group: the full-attention groups give the longes
 window group then needs the blocks covering the window just before the hit's end (and lowers the hit
 until it finds them); the full groups are cut to the common length (any prefix of their run is a hit).
 A model with one full-attention group takes the same paths, with the same cost, as before groups existed.
+
+A hybrid model (linear-attention layers) also has a state pool (`num_state_slots`): a sequence takes a slot
+with its first blocks and gives it back when freed; a fork copies it (`pending_state_copies`, applied by the
+model runner before the next forward, in order). A prefix hit must also restore the recurrent state at the
+hit's end, so with prefix caching the pool keeps `num_snapshot_slots` state snapshots: when a prompt chunk
+ends on a block boundary (the scheduler cuts prompt chunks there), the sequence's state is copied into a
+snapshot keyed by that block's hash (the least recently used snapshot is evicted); a hit is lowered to the
+latest block that has one, and the snapshot is copied into the new sequence's slot. Without snapshot slots a
+hybrid model's prefix cache is never consulted.
 """
 from __future__ import annotations
+
+from collections import OrderedDict
 
 from engine.block_pool import NULL_BLOCK, Block, BlockPool, hash_block
 from engine.kv_cache_interface import FULL_ATTENTION, FullAttentionSpec, KVSpec
 from engine.sequence import Sequence
-from engine.single_type_kv_cache_manager import make_manager
+from engine.single_type_kv_cache_manager import StateManager, make_manager
+from engine.state_pool import StatePool
 
 
 class KVCacheBlocks:
     """A prefix hit: per group, the blocks of the first `len(self)` table entries (NULL_BLOCK where a window
     group does not need one)."""
 
-    __slots__ = ("blocks",)
+    __slots__ = ("blocks", "state_snapshot")
 
-    def __init__(self, blocks: tuple[list[Block], ...]) -> None:
+    def __init__(self, blocks: tuple[list[Block], ...], state_snapshot: int | None = None) -> None:
         self.blocks = blocks
+        self.state_snapshot = state_snapshot  # hybrid models: the snapshot slot holding the state at the hit's end
 
     def __len__(self) -> int:
         return len(self.blocks[0])
@@ -35,9 +48,17 @@ class KVCacheBlocks:
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
-                 group_specs: list[KVSpec] | None = None) -> None:
-        """`group_specs`: one spec per KV cache group (engine/kv_cache_interface.py); default one full group."""
+                 group_specs: list[KVSpec] | None = None, num_state_slots: int = 0,
+                 num_snapshot_slots: int = 0) -> None:
+        """`group_specs`: one spec per KV cache group (engine/kv_cache_interface.py); default one full group.
+        `num_state_slots`: a hybrid model's state pool (max_num_seqs); 0 without linear-attention layers.
+        `num_snapshot_slots`: its prefix-cache state snapshots, in the same pool after the seats' slots."""
         self.block_size = block_size
+        self.state = StateManager(StatePool(num_state_slots + num_snapshot_slots)) if num_state_slots else None
+        self.num_snapshot_slots = num_snapshot_slots if self.state is not None and enable_caching else 0
+        self.snapshots: OrderedDict[bytes, int] = OrderedDict()  # block hash -> snapshot slot, oldest first
+        if self.state is not None and not self.num_snapshot_slots:
+            enable_caching = False  # a hit could not restore the recurrent state
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
         specs = group_specs or [FullAttentionSpec(block_size, 1, 1, 1)]
@@ -46,6 +67,7 @@ class KVCacheManager:
         self.num_groups = len(self.managers)
         self.window_managers = [m for m in self.managers if m.spec.kind != FULL_ATTENTION]
         self.pending_copies: list[tuple[int, int]] = []  # (src block id, dst block id)
+        self.pending_state_copies: list[tuple[int, int]] = []  # (src state slot, dst state slot) of forks
         self.prefix_queries = 0  # tokens looked up
         self.prefix_hits = 0  # tokens found
 
@@ -78,9 +100,14 @@ class KVCacheManager:
             if lowered == hit:
                 break
             hit = lowered
+        snapshot = None
+        if self.state is not None:  # the hit ends where a state snapshot was kept
+            while hit and hashes[hit - 1] not in self.snapshots:
+                hit -= 1
+            snapshot = self.snapshots[hashes[hit - 1]] if hit else None
         if not hit:
             return []
-        return KVCacheBlocks(tuple(blocks[:hit] for blocks in found))
+        return KVCacheBlocks(tuple(blocks[:hit] for blocks in found), snapshot)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | list = ()) -> bool:
         """Reserve blocks for `num_new_tokens` more tokens (after any prefix hit); False if they don't fit."""
@@ -116,6 +143,13 @@ class KVCacheManager:
         revived = sum(1 for blocks in hits for b in blocks if b.ref_count == 0) if num_hit else 0
         if max(0, num_new_blocks) * self.num_groups + sum(cows) + revived > self.pool.num_free_blocks:
             return False
+        if self.state is not None and self.state.needs_slot(seq):  # a fresh admission: its state slot
+            if self.state.pool.num_free <= self.num_snapshot_slots - len(self.snapshots):
+                return False  # the free slots left are the snapshots' share
+            self.state.allocate(seq)
+            if num_hit and computed.state_snapshot is not None:  # continue from the state at the hit's end
+                self.pending_state_copies.append((computed.state_snapshot, seq.state_slot))
+                self.snapshots.move_to_end(seq.block_hashes[num_hit - 1])
         if self.enable_caching and not tables[0]:  # a fresh admission: count its prefix lookup
             self.prefix_queries += seq.num_tokens
             self.prefix_hits += num_hit * bs
@@ -140,12 +174,17 @@ class KVCacheManager:
             seq.block_tables = self.new_tables()
         for manager in self.managers:
             manager.free(seq, first_uncomputed, seq.num_cached_blocks)
+        if self.state is not None:
+            self.state.free(seq)
         seq.num_computed_tokens = 0
         seq.num_cached_blocks = 0
 
-    def fork(self, parent: Sequence, child: Sequence) -> None:
+    def fork(self, parent: Sequence, child: Sequence, take_state: bool = False) -> None:
         """Give `child` the parent's blocks by reference in every group; later writes copy the shared partial
-        block."""
+        block. A hybrid model's child also gets a copy of the parent's state slot, or with `take_state` (the
+        parent ends this step, this is its last child) the slot itself."""
+        if self.state is not None:
+            self.state.fork(parent, child, take_state, self.pending_state_copies)
         child.block_tables = []
         for table in parent.block_tables:
             self.pool.touch(table)
@@ -168,6 +207,29 @@ class KVCacheManager:
 
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def snapshot_state(self, seq: Sequence) -> None:
+        """After a step: a prompt chunk that ended on a block boundary leaves its state as that block's snapshot
+        (the copy runs before the next forward, so it sees exactly this step's state)."""
+        bs, done = self.block_size, seq.num_computed_tokens
+        if not self.num_snapshot_slots or done % bs or not done or done > seq.num_prompt_tokens \
+                or seq.state_slot is None or len(seq.block_hashes) < done // bs:
+            return
+        key = seq.block_hashes[done // bs - 1]
+        if key in self.snapshots:
+            self.snapshots.move_to_end(key)
+            return
+        if len(self.snapshots) >= self.num_snapshot_slots:
+            _, slot = self.snapshots.popitem(last=False)  # the least recently used snapshot makes room
+        else:
+            slot = self.state.pool.allocate()
+        self.snapshots[key] = slot
+        self.pending_state_copies.append((seq.state_slot, slot))
+
+    def take_state_copies(self) -> list[tuple[int, int]]:
+        """Forks' state copies, for the forward about to run (it must apply them before anything writes)."""
+        copies, self.pending_state_copies = self.pending_state_copies, []
         return copies
 
     def num_held_blocks(self, seq: Sequence) -> int:

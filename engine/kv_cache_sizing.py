@@ -30,7 +30,8 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     if runner.device.type == "cuda":
-        layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size)
+        layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size,
+                                 act_dtype_bytes=getattr(runner, "dtype", torch.bfloat16).itemsize)
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
         plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
                              max_num_batched_tokens)
@@ -38,7 +39,8 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
         plan = plan_cpu(model_config, config.kv_cache_memory if config.kv_cache_memory is not None
                         else DEFAULT_CPU_KV_CACHE_GIB, kv_cache_dtype=_dtype_name(kv_dtype),
                         max_num_seqs=config.max_num_seqs, block_size=config.block_size,
-                        weights_bytes=runner.weights_bytes(), max_num_batched_tokens=max_num_batched_tokens)
+                        weights_bytes=runner.weights_bytes(), max_num_batched_tokens=max_num_batched_tokens,
+                        enable_prefix_caching=config.enable_prefix_caching)
         logger.info("CPU: %s", plan.summary())
     if not plan.fits:
         raise ValueError(plan.explain_misfit())
@@ -60,7 +62,7 @@ def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: lis
         if config.kv_cache_memory is not None:
             plan = plan_from_budget(profile, int(config.kv_cache_memory * GIB), per_token, config.block_size,
                                     model_config.max_model_len, config.tensor_parallel_size, layout,
-                                    max_num_batched_tokens)
+                                    max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching)
             error = budget_room_error(plan)
             if error:
                 raise ValueError(error)
@@ -72,7 +74,7 @@ def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: lis
             logger.warning(note)
         plan = plan_from_profile(profile, config.gpu_memory_utilization, per_token, config.block_size,
                                  model_config.max_model_len, config.tensor_parallel_size, layout,
-                                 max_num_batched_tokens)
+                                 max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching)
         logger.info("%s: %s", profile.card, plan.summary())
         plans.append(plan)
     return min(plans, key=lambda p: p.num_blocks)

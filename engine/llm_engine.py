@@ -18,7 +18,7 @@ import torch
 from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.config import EngineConfig
 from engine.executor import create_executor
-from engine.kv_cache_interface import model_kv_layout
+from engine.kv_cache_interface import model_kv_layout, num_state_snapshots
 from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
@@ -62,18 +62,28 @@ class LLMEngine:
             max_len = self.model_config.max_model_len
             self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+            self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
             if self.device.type == "cuda" and not config.enforce_eager:
-                self.runner.plan_decode_graphs(config.max_num_seqs)  # their memory is counted in the sizing
+                piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
+                # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens)
-            self.runner.allocate_kv_cache(num_blocks, kv_dtype)
+            state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
+            snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
+                                            config.enable_prefix_caching)
+            self.runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
             self.runner.capture_decode_graphs()
         except BaseException:
             self.runner.shutdown()  # no worker outlives a failed start
             raise
         self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
+        if snapshots:
+            logger.info("prefix caching for %s keeps %d linear-attention state snapshots at block boundaries of "
+                        "prompts; a hit restores one (docs/kv-cache-groups.md)", self.model_config.architecture,
+                        snapshots)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 [group.spec for group in self.kv_layout.groups])
+                                 [group.spec for group in self.kv_layout.groups], state_slots, snapshots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
@@ -204,7 +214,7 @@ class LLMEngine:
         if out.scheduled:
             now = time.time()
             plan = self._plan_sampling([s for s in out.scheduled if s.samples])
-            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch)
+            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)

@@ -3,8 +3,9 @@
 The registry (engine/models/registry.py) says which family serves the architecture; this module reads the
 text model's config — `text_config` merged over the top level for vision-language checkpoints served as
 text, the family's defaults under both — into plain fields: shapes, a per-layer `layer_types` list
-("full_attention", "sliding_attention") with the matching `sliding_windows`, RoPE parameters per layer type,
-and the quantization_config. The merged dict stays in `hf_text_config` for the few switches only one family
+("full_attention", "sliding_attention", or "linear_attention" for a hybrid model's Gated DeltaNet layers,
+described by `linear_attention`) with the matching `sliding_windows`, RoPE parameters per attention layer
+type, and the quantization_config. The merged dict stays in `hf_text_config` for the few switches only one family
 reads. Torch-free, so the GUI's capacity planner reads models the same way.
 """
 from __future__ import annotations
@@ -24,8 +25,43 @@ __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES"
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1}
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")  # engine/layers/rotary.py builds them
-LAYER_TYPES = ("full_attention", "sliding_attention")
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
+ATTENTION_TYPES = ("full_attention", "sliding_attention")  # the layer types with a KV cache and RoPE
 SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "vision_tower_config")
+
+
+@dataclass(frozen=True)
+class LinearAttentionConfig:
+    """A hybrid model's Gated DeltaNet layers (Qwen3-Next, Qwen3.5): heads, the short conv, the state dtype."""
+
+    layers: tuple[int, ...]  # the model layers of type linear_attention
+    num_k_heads: int
+    num_v_heads: int
+    head_k_dim: int
+    head_v_dim: int
+    conv_kernel: int
+    ssm_dtype_bytes: int = 4  # mamba_ssm_dtype: the recurrent state stays float32 under bf16 weights
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """Channels of the conv and its state: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    def matrix_params(self, hidden_size: int) -> int:
+        """One layer's projections: q/k/v/z in, b/a in, out."""
+        return hidden_size * (self.conv_dim + self.value_dim + 2 * self.num_v_heads) + self.value_dim * hidden_size
+
+    def vector_params(self) -> int:
+        """One layer's conv weights, A_log, dt_bias and the gated norm's weight."""
+        return self.conv_dim * self.conv_kernel + 2 * self.num_v_heads + self.head_v_dim
 
 
 @dataclass
@@ -70,6 +106,14 @@ class ModelConfig:
     kv_source_layers: list[int] = field(default_factory=list)
     k_eq_v_layers: list[bool] = field(default_factory=list)  # Gemma 4's attention_k_eq_v: V is K's projection
     per_layer_input_size: int = 0  # Gemma 4's per-layer input embeddings (hidden_size_per_layer_input); 0: none
+    linear_attention: LinearAttentionConfig | None = None  # hybrid models' Gated DeltaNet layers
+    attn_output_gate: bool = False  # Qwen3.5/Qwen3-Next: q_proj also gives a per-head output gate
+
+    @property
+    def attention_layer_ids(self) -> list[int]:
+        """The layers with a KV cache (all of them, but for a hybrid model's linear-attention layers)."""
+        return [i for i, t in enumerate(self.layer_types or ["full_attention"] * self.num_layers)
+                if t != "linear_attention"]
 
     @classmethod
     def from_hf_config(cls, hf: dict[str, Any], generation: dict[str, Any] | None = None,
@@ -122,7 +166,8 @@ class ModelConfig:
             kv_source_layers=sources if sources != list(range(num_layers)) else [],
             k_eq_v_layers=k_eq_v if any(k_eq_v) else [],
             per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0)
-            if architecture.startswith("Gemma4") else 0)
+            if architecture.startswith("Gemma4") else 0,
+            linear_attention=_linear_attention(text, layer_types), attn_output_gate=arch.attn_output_gate)
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -153,19 +198,20 @@ class ModelConfig:
 
     @property
     def cache_layers(self) -> list[int]:
-        """The layers that own a KV cache (all but Gemma 4's KV-sharing ones), in order."""
-        return [i for i in range(self.num_layers) if self.kv_source(i) == i]
+        """The layers that own a paged KV cache, in order: the attention layers but Gemma 4's KV-sharing ones."""
+        return [i for i in self.attention_layer_ids if self.kv_source(i) == i]
 
     def attention_params(self, tp: int = 1) -> tuple[int, int]:
         """(q/k/v/o matrix params, bias and q/k-norm params) over all layers, on one of `tp` cards: K/V heads
         split, replicated below one per card; KV-sharing layers hold only q and o; k_eq_v layers no v."""
         h, matrices, biases, norms = self.hidden_size, 0, 0, 0
-        for i in range(self.num_layers):
+        for i in self.attention_layer_ids:
             d = self.layer_head_dim(i)
             q, kv = self.num_heads * d, max(1, self.layer_kv_heads(i) // tp) * tp * d
+            q_out = 2 * q if self.attn_output_gate else q  # Qwen3.5's q_proj also gives the output gate
             kv_mats = 0 if self.kv_source(i) != i else 1 if self.k_eq_v_layers and self.k_eq_v_layers[i] else 2
-            matrices += h * (q + kv_mats * kv) + q * h
-            biases += q + kv_mats * kv if self.qkv_bias else 0
+            matrices += h * (q_out + kv_mats * kv) + q * h
+            biases += q_out + kv_mats * kv if self.qkv_bias else 0
             norms += (1 + (kv_mats > 0)) * d if self.qk_norm else 0  # q/k norms, replicated
         return matrices // tp, biases // tp + norms
 
@@ -195,8 +241,11 @@ class ModelConfig:
         total_mlp, active_mlp, mlp_vectors = self.mlp_params()
         attention, attention_vectors = self.attention_params()
         ple_embedding, ple_rest = self.per_layer_input_params()
-        return (attention + attention_vectors + self.num_layers * self.norms_per_layer * h
-                + (active_mlp if active else total_mlp) + mlp_vectors + ple_embedding + ple_rest
+        mixers = attention + attention_vectors + self.num_layers * self.norms_per_layer * h
+        if self.linear_attention is not None:
+            la = self.linear_attention
+            mixers += len(la.layers) * (la.matrix_params(h) + la.vector_params())
+        return (mixers + (active_mlp if active else total_mlp) + mlp_vectors + ple_embedding + ple_rest
                 + v * h * (1 if self.tie_word_embeddings else 2) + h)
 
     @property
@@ -245,17 +294,20 @@ def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
     else every layer sliding when a window is set and used (Mistral, Qwen2 with use_sliding_window)."""
     window = text.get("sliding_window")
     layer_types = text.get("layer_types")
+    if "linear_num_value_heads" in text:  # a hybrid family: HF derives missing layer_types from the interval
+        if not layer_types:
+            interval = text.get("full_attention_interval", 4)
+            layer_types = ["full_attention" if (i + 1) % interval == 0 else "linear_attention"
+                           for i in range(num_layers)]
+        return _checked_layer_types(layer_types, num_layers)
     if window is None or text.get("use_sliding_window") is False:
         return ["full_attention"] * num_layers
     if layer_types:
-        if len(layer_types) != num_layers:
-            raise ValueError(f"config layer_types has {len(layer_types)} entries for {num_layers} layers "
-                             "(num_hidden_layers)")
-        unknown = sorted(set(layer_types) - set(LAYER_TYPES))
-        if unknown:
-            raise ValueError(f"config layer_types has {', '.join(map(repr, unknown))}; supported: "
-                             f"{', '.join(LAYER_TYPES)}")
-        return list(layer_types)
+        checked = _checked_layer_types(layer_types, num_layers)
+        if "linear_attention" in checked:
+            raise ValueError("config layer_types has 'linear_attention' layers but no linear_num_value_heads "
+                             "(this architecture has no Gated DeltaNet layers)")
+        return checked
     pattern = text.get("sliding_window_pattern")
     if pattern:
         return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
@@ -299,6 +351,33 @@ def _kv_source_layers(text: dict[str, Any], layer_types: list[str]) -> list[int]
     return [i if i < first else last_of_type[t] for i, t in enumerate(layer_types)]
 
 
+def _checked_layer_types(layer_types: list[str], num_layers: int) -> list[str]:
+    if len(layer_types) != num_layers:
+        raise ValueError(f"config layer_types has {len(layer_types)} entries for {num_layers} layers "
+                         "(num_hidden_layers)")
+    unknown = sorted(set(layer_types) - set(LAYER_TYPES))
+    if unknown:
+        raise ValueError(f"config layer_types has {', '.join(map(repr, unknown))}; supported: "
+                         f"{', '.join(LAYER_TYPES)}")
+    return list(layer_types)
+
+
+def _linear_attention(text: dict[str, Any], layer_types: list[str]) -> LinearAttentionConfig | None:
+    """The Gated DeltaNet shape of a hybrid config (HF's linear_* keys), or None without such layers."""
+    layers = tuple(i for i, t in enumerate(layer_types) if t == "linear_attention")
+    if not layers:
+        return None
+    num_k, num_v = int(text.get("linear_num_key_heads", 16)), int(text.get("linear_num_value_heads", 32))
+    if num_v % num_k:
+        raise ValueError(f"linear_num_value_heads ({num_v}) must be a multiple of linear_num_key_heads ({num_k})")
+    ssm_dtype = str(text.get("mamba_ssm_dtype") or "float32")
+    if ssm_dtype not in DTYPE_BYTES:
+        raise ValueError(f"mamba_ssm_dtype {ssm_dtype!r} is not supported; supported: float32, bfloat16, float16")
+    return LinearAttentionConfig(layers, num_k, num_v, int(text.get("linear_key_head_dim", 128)),
+                                 int(text.get("linear_value_head_dim", 128)),
+                                 int(text.get("linear_conv_kernel_dim", 4)), DTYPE_BYTES[ssm_dtype])
+
+
 def _rope_parameters(text: dict[str, Any], layer_types: list[str]) -> dict[str, dict[str, Any]]:
     """RoPE parameters per layer type, from either HF spelling: `rope_parameters` (transformers 5; flat, or
     keyed by layer type as Gemma 3's) or `rope_scaling` + `rope_theta` (+ Gemma's `rope_local_base_freq`)."""
@@ -307,7 +386,7 @@ def _rope_parameters(text: dict[str, Any], layer_types: list[str]) -> dict[str, 
     theta = text.get("rope_theta", 10000.0)
     local_theta = text.get("rope_local_base_freq")
     out: dict[str, dict[str, Any]] = {}
-    for layer_type in ["full_attention"] + sorted(set(layer_types) - {"full_attention"}):
+    for layer_type in ["full_attention"] + sorted(set(layer_types) - {"full_attention", "linear_attention"}):
         params = dict(per_type.get(layer_type) or {})
         if layer_type == "sliding_attention" and "sliding_attention" not in per_type:
             # A model with one table (Mistral) uses it everywhere; Gemma's local layers have their own base.

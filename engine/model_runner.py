@@ -1,11 +1,13 @@
 """ModelRunner: builds the model (this rank's shard of it) and its KV cache on one device and runs one batch.
 
-`prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, block_tables,
-seq_lens, query_start_loc, logits rows, block copies) as plain numpy, so rank 0 can ship the same
-`StepInputs` to tensor-parallel workers; `run` moves them to the device, applies copy-on-write block
-copies, runs the model once over all of it, computes logits only for the last position of each
-sequence that samples this step and samples them on the device (as nano-vllm does), returning token ids
-and the logprobs asked for. It never talks to other processes itself.
+`prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, seq_lens,
+query_start_loc, logits rows, block copies) as plain numpy, and brings the persistent input batch's block
+tables up to date (engine/input_batch.py), keeping the diff, so rank 0 can ship the same small `StepInputs` to
+tensor-parallel workers; `run` applies copy-on-write block copies, issues every host -> device copy of the
+step (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over
+all of it, computes logits only for the last position of each sequence that samples this step and samples
+them on the device (as nano-vllm does), returning token ids and the logprobs asked for. It never talks to
+other processes itself.
 """
 from __future__ import annotations
 
@@ -17,9 +19,11 @@ import numpy as np
 import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
+from engine.piecewise_graphs import PiecewiseGraphs
 from engine.distributed import get_tp_size
 from engine.gpu_baseline import free_bytes_at_start
-from engine.kv_cache_interface import model_kv_layout
+from engine.input_batch import BatchDiff, InputBatch, to_device
+from engine.kv_cache_interface import cdiv, model_kv_layout
 from engine.layers.attention import AttentionMetadata
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
@@ -29,7 +33,7 @@ from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.scheduler import ScheduledSeq
 from engine.profiling import profile_batch, profile_sampling_batch
-from engine.sizing import estimate_graph_bytes
+from engine.sizing import estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -71,12 +75,15 @@ def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dty
 
 @dataclass(slots=True)
 class StepInputs:
-    """One step's flat model inputs, device-free and picklable (what rank 0 sends each worker)."""
+    """One step's flat model inputs, device-free and picklable (what rank 0 sends each worker).
+
+    The block tables travel as a diff of the persistent input batch (engine/input_batch.py): `table_diff`
+    brings each rank's copy up to date and `rows` picks this step's sequences from it. Callers that hold a
+    whole table instead (tests, tools) pass `block_tables` and leave the rest None."""
 
     input_ids: np.ndarray  # [num_tokens] int64
     positions: np.ndarray  # [num_tokens] int64
     slot_mapping: np.ndarray  # [num_tokens] int64
-    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
     seq_lens: np.ndarray  # [num_seqs] int32
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
     logits_rows: list[int]  # token row of each sampling sequence's last position
@@ -86,9 +93,22 @@ class StepInputs:
     prompt_logits_rows: list[int] = field(default_factory=list)  # token rows whose next prompt token is scored
     prompt_targets: list[int] = field(default_factory=list)  # that next prompt token, per row
     prompt_logprobs_k: int = 0  # top-k width asked by the step's prompt-logprobs requests
-    # KV cache groups past the first (models with sliding-window layers): their tables and slots, same shapes.
-    group_block_tables: np.ndarray | None = None  # [num_groups - 1, num_seqs, max_blocks] int32
-    group_slot_mappings: np.ndarray | None = None  # [num_groups - 1, num_tokens] int64
+    group_slot_mappings: np.ndarray | None = None  # [num_groups - 1, num_tokens] int64 (sliding-window models)
+    rows: np.ndarray | None = None  # [num_seqs] int64: each sequence's row of the input batch
+    table_width: int = 0  # block-table columns this step reads (the longest table)
+    table_diff: BatchDiff | None = None
+    # Whole tables, without an input batch: [num_seqs, max_blocks] and [num_groups - 1, num_seqs, max_blocks].
+    block_tables: np.ndarray | None = None
+    group_block_tables: np.ndarray | None = None
+
+    @property
+    def width(self) -> int:
+        return self.block_tables.shape[1] if self.block_tables is not None else self.table_width
+    # Hybrid models (linear-attention layers): each sequence's state slot, whether it continues a state (some
+    # tokens already computed: a later prompt chunk, a decode, a prefix hit), and state copies applied first.
+    state_indices: np.ndarray | None = None  # [num_seqs] int32
+    has_initial_state: np.ndarray | None = None  # [num_seqs] bool
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src slot, dst slot), in order
 
 
 @dataclass(slots=True)
@@ -99,6 +119,16 @@ class ModelRunnerOutput:
     beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
     beam_ids: list[list[int]] | None = None  # and their token ids
     prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
+
+
+@dataclass(slots=True)
+class PreparedSampling:
+    """A SamplingBatch's device tensors, made before the forward."""
+
+    batch: SamplingBatch
+    meta: SamplingMetadata | None = None
+    rows_index: torch.Tensor | None = None  # logits row of each sampling row
+    beam_index: torch.Tensor | None = None
 
 
 def every_shape(*shape):
@@ -128,14 +158,26 @@ class ModelRunner:
         self.model.eval()
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
+        self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.graphs: DecodeGraphs | None = None
+        self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
+        # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
+        self.input_batch = InputBatch(len(self.kv_layout.groups), cdiv(model_config.max_model_len, block_size),
+                                      device)
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
 
-    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+    def reserve_input_rows(self, max_num_seqs: int) -> None:
+        """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
+        self.input_batch.reserve(max_num_seqs)
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
-        table of its group; without sliding windows that is one slot per layer and a single group."""
+        table of its group; without sliding windows that is one slot per layer and a single group. A hybrid
+        model's linear-attention layers also get their state pool: `num_state_slots` (max_num_seqs) slots."""
+        if self.kv_layout.state is not None and num_state_slots:  # not the profiling run's temporary cache
+            self.allocate_state_cache(num_state_slots)
         attn = self.model.attention_layers()
         layout = self.kv_layout
         shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
@@ -146,15 +188,48 @@ class ModelRunner:
             layer.bind_cache(self.kv_cache[slot, 0].view(page), self.kv_cache[slot, 1].view(page))
             layer.kv_group = group
 
+    def allocate_state_cache(self, num_slots: int) -> None:
+        """Per linear-attention layer a conv state [num_slots, C, K-1] in the model dtype and a recurrent state
+        [num_slots, Hv, Dk, Dv] in mamba_ssm_dtype (float32), zeroed; each layer reads and writes them in place
+        through the sequences' slot indices."""
+        spec = self.kv_layout.state.spec
+        ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[spec.ssm_dtype_bytes]
+        self.state_cache = []
+        for layer in self.model.state_layers():  # this rank's heads and channels (the layer knows its split)
+            conv = torch.zeros((num_slots, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
+                               device=self.device)
+            ssm = torch.zeros((num_slots, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
+                              device=self.device)
+            layer.bind_state(conv, ssm)
+            self.state_cache.append((conv, ssm))
+
+    def copy_states(self, copies: list[tuple[int, int]]) -> None:
+        """State copies (forks, prefix-cache snapshots taken and restored) in the order they were made: a
+        snapshot taken in one step and restored in the next is read after it was written."""
+        if copies and self.state_cache:
+            for src, dst in copies:
+                for conv, ssm in self.state_cache:
+                    conv[dst].copy_(conv[src])
+                    ssm[dst].copy_(ssm[src])
+
     def release_kv_cache(self) -> None:
         """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
         self.kv_cache = None
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True) -> None:
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
-        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it."""
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
+        `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
+        Hybrid models run eagerly: neither kind of graph carries the state slots yet."""
+        if self.kv_layout.state is not None:
+            logger.info("CUDA graphs are off for %s: its linear-attention state update is not captured "
+                        "yet (eager steps)", self.config.architecture)
+            return
+        if piecewise_tokens and capture and self.device.type == "cuda":
+            self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
+                                             num_kv_groups=len(self.kv_layout.groups))
         split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
@@ -167,10 +242,13 @@ class ModelRunner:
         if self.graphs is not None:
             planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
-            if self.graphs.pool_bytes > planned:
+            if self.piecewise is not None:
+                self.piecewise.capture()
+            captured = self.graph_bytes()
+            if captured > planned:
                 logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
-                               "--gpu-memory-utilization if the card runs out of memory", self.graphs.pool_bytes
-                               / 2**20, (self.graphs.pool_bytes - planned) / 2**20)
+                               "--gpu-memory-utilization if the card runs out of memory", captured / 2**20,
+                               (captured - planned) / 2**20)
         if self.device.type == "cuda" and self.attention_backend == "triton":
             max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
             warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
@@ -178,64 +256,82 @@ class ModelRunner:
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
-        if self.graphs is None or not self.graphs.capture_graphs:
-            return 0
-        if self.graphs.graphs:
-            return self.graphs.pool_bytes
-        return estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        total = 0
+        if self.graphs is not None and self.graphs.capture_graphs:
+            total += self.graphs.pool_bytes if self.graphs.graphs else \
+                estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+        if self.piecewise is not None and self.piecewise.enabled:
+            total += self.piecewise.pool_bytes if self.piecewise.captured else \
+                estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize,
+                                               get_tp_size())
+        return total
 
     def kv_cache_bytes(self) -> int:
-        return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
+        """The paged KV cache and a hybrid model's state pool."""
+        states = sum(t.numel() * t.element_size() for pair in self.state_cache for t in pair)
+        return states + (0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size())
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if copies and self.kv_cache is not None:
-            src = torch.tensor([c[0] for c in copies], device=self.device)
-            dst = torch.tensor([c[1] for c in copies], device=self.device)
+            pairs = to_device(torch.tensor(copies, dtype=torch.long), self.device)
+            src, dst = pairs[:, 0], pairs[:, 1]
             cache = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
             cache[:, :, dst] = cache[:, :, src]
 
-    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
+    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
+                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
         """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
 
-        One Python pass collects each sequence's numbers; positions, slots and offsets are numpy over the batch."""
+        The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
+        over the batch, the slots read from the input batch's host tables."""
         bs = self.block_size
         num_new = np.fromiter((item.num_new_tokens for item in batch), np.int64, len(batch))
         computed = np.fromiter((item.seq.num_computed_tokens for item in batch), np.int64, len(batch))
         samples = np.fromiter((item.samples for item in batch), bool, len(batch))
-        tables = self._block_table_array([item.seq.block_table for item in batch])
+        rows, diff = self.input_batch.update(batch)
+        width = int(self.input_batch.num_blocks[:, rows].max())
         query_start = np.zeros(len(batch) + 1, dtype=np.int64)
         np.cumsum(num_new, out=query_start[1:])
         num_tokens = int(query_start[-1])
         owner = np.repeat(np.arange(len(batch)), num_new)  # which sequence each token row belongs to
         positions = np.arange(num_tokens) - np.repeat(query_start[:-1] - computed, num_new)
         block_index, offset = positions // bs, positions % bs
-        slots = tables[owner, block_index].astype(np.int64) * bs + offset
-        group_tables = group_slots = None
+        host, token_rows = self.input_batch.host_np, rows[owner]
+        slots = host[0, token_rows, block_index].astype(np.int64) * bs + offset
+        group_slots = None
         if len(self.kv_layout.groups) > 1:  # every group's table has the same length: same shapes
-            group_tables = np.stack([self._block_table_array([item.seq.block_tables[g] for item in batch])
-                                     for g in range(1, len(self.kv_layout.groups))])
-            group_slots = group_tables[:, owner, block_index].astype(np.int64) * bs + offset
+            group_slots = host[1:, token_rows, block_index].astype(np.int64) * bs + offset
         input_ids = np.fromiter(chain.from_iterable(
             item.seq.token_ids[item.seq.num_computed_tokens:item.seq.num_computed_tokens + item.num_new_tokens]
             for item in batch), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
         prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
+        state_indices = has_initial_state = None
+        if self.kv_layout.state is not None:
+            state_indices = np.fromiter((item.seq.state_slot for item in batch), np.int32, len(batch))
+            has_initial_state = computed > 0
+            self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
         return StepInputs(
-            input_ids=input_ids, positions=positions, slot_mapping=slots, block_tables=tables, seq_lens=seq_lens,
+            input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=(query_start[1:][samples] - 1).tolist(),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
-            group_block_tables=group_tables, group_slot_mappings=group_slots)
+            group_slot_mappings=group_slots, rows=rows, table_width=width, table_diff=diff,
+            state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies))
 
-    @staticmethod
-    def _block_table_array(block_tables: list[list]) -> np.ndarray:
-        """[num_seqs, longest table] block ids, zero-padded (window groups' freed entries are NULL_BLOCK: 0)."""
-        block_ids = [[b.block_id for b in table] for table in block_tables]
-        table_lens = np.fromiter(map(len, block_ids), np.int64, len(block_ids))
-        tables = np.zeros((len(block_ids), int(table_lens.max())), dtype=np.int32)
-        tables[np.arange(tables.shape[1]) < table_lens[:, None]] = np.fromiter(chain.from_iterable(block_ids),
-                                                                               np.int32, int(table_lens.sum()))
-        return tables
+    def step_tables(self, inputs: StepInputs) -> torch.Tensor:
+        """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
+        diff applied (a worker; rank 0 applied it in `prepare`), the changed cells copied asynchronously and
+        the step's rows gathered on the device."""
+        if inputs.block_tables is not None:
+            tables = inputs.block_tables[None]
+            if inputs.group_block_tables is not None:
+                tables = np.concatenate([tables, inputs.group_block_tables])
+            return to_device(torch.from_numpy(np.ascontiguousarray(tables)), self.device)
+        self.input_batch.apply(inputs.table_diff)
+        self.input_batch.commit()
+        rows = to_device(torch.from_numpy(inputs.rows), self.device)
+        return self.input_batch.gather(rows, inputs.table_width)
 
     @staticmethod
     def _prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,
@@ -256,60 +352,90 @@ class ModelRunner:
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
         """One forward over prepared inputs, then sampling on the device; the small results on the host.
 
+        Every host -> device copy of the step (block tables, metadata, the sampler's tensors and index rows) is
+        issued before the forward and is asynchronous on a card, so between the forward's launch and the
+        sampler's one result copy the host never waits for the card.
+
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
         head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
+        self.copy_states(inputs.state_copies)
         dev = self.device
+        tables = self.step_tables(inputs)
+        logits_index = to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) \
+            if inputs.logits_rows else None
+        prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev) \
+            if sampling is not None and inputs.logits_rows else None
         if self.graphs is not None and self.graphs.can_run(inputs):
-            hidden = self.graphs.run(inputs)  # copies into its static buffers: no metadata tensors to make
+            hidden = self.graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
         else:
             meta = AttentionMetadata(
-                slot_mapping=torch.from_numpy(inputs.slot_mapping).to(dev),
-                block_tables=torch.from_numpy(inputs.block_tables).to(dev),
-                seq_lens=torch.from_numpy(inputs.seq_lens).to(dev),
-                query_start_loc=torch.from_numpy(inputs.query_start_loc).to(dev),
+                slot_mapping=to_device(torch.from_numpy(inputs.slot_mapping), dev), block_tables=tables[0],
+                seq_lens=to_device(torch.from_numpy(inputs.seq_lens), dev),
+                query_start_loc=to_device(torch.from_numpy(inputs.query_start_loc), dev),
                 max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
-            if inputs.group_block_tables is not None:
-                meta.group_block_tables = torch.from_numpy(inputs.group_block_tables).to(dev)
-                meta.group_slot_mappings = torch.from_numpy(inputs.group_slot_mappings).to(dev)
-            hidden = self.model(torch.from_numpy(inputs.input_ids).to(dev),
-                                torch.from_numpy(inputs.positions).to(dev), meta)
+            if inputs.group_slot_mappings is not None:
+                meta.group_block_tables = tables[1:]
+                meta.group_slot_mappings = to_device(torch.from_numpy(inputs.group_slot_mappings), dev)
+            if inputs.state_indices is not None:
+                meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
+                meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
+            if self.piecewise is not None and self.piecewise.can_run(inputs):
+                hidden = self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
+            else:
+                hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
+                                    to_device(torch.from_numpy(inputs.positions), dev), meta)
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
                                                       inputs.prompt_logprobs_k, self.model.compute_logits,
                                                       reduce=sampling is not None)
-        if not inputs.logits_rows:
+        if logits_index is None:
             return None if sampling is None else ModelRunnerOutput(prompt_logprobs=prompt_logprobs)
-        logits = self.model.compute_logits(hidden[torch.as_tensor(inputs.logits_rows, device=dev)])
+        logits = self.model.compute_logits(hidden[logits_index])
         if sampling is None:
             return None
-        out = self.sample(logits, sampling)
+        out = self.sample_prepared(logits, prepared)
         out.prompt_logprobs = prompt_logprobs
         return out
 
     @staticmethod
+    def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device) -> "PreparedSampling":
+        """The sampler's device tensors for a step, made before its forward (asynchronous copies)."""
+        prepared = PreparedSampling(sampling)
+        if sampling.rows:
+            prepared.meta = SamplingMetadata.build(sampling.rows, vocab_size, dev)
+            if sampling.bitmask is not None:
+                prepared.meta.bitmask = to_device(sampling.bitmask, dev)
+            prepared.rows_index = to_device(torch.tensor(sampling.logits_index, dtype=torch.long), dev)
+        if sampling.beam_index:
+            prepared.beam_index = to_device(torch.tensor(sampling.beam_index, dtype=torch.long), dev)
+        return prepared
+
+    @staticmethod
     def sample(logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
         """Draw the batch's tokens and take beam rows' top log-probs, all on the logits' device."""
-        out, dev = ModelRunnerOutput(), logits.device
-        if sampling.rows:
-            meta = SamplingMetadata.build(sampling.rows, logits.shape[1], dev)
-            if sampling.bitmask is not None:
-                meta.bitmask = sampling.bitmask.to(dev, non_blocking=True)
-            rows = logits[torch.as_tensor(sampling.logits_index, device=dev)]
-            out.sampled = sample_on_device(rows, meta, sampling.generator).to_host()
-        if sampling.beam_index:
-            values, ids = beam_top_logprobs(logits[torch.as_tensor(sampling.beam_index, device=dev)],
-                                            sampling.beam_topk)
+        return ModelRunner.sample_prepared(
+            logits, ModelRunner.prepare_sampling(sampling, logits.shape[1], logits.device))
+
+    @staticmethod
+    def sample_prepared(logits: torch.Tensor, prepared: "PreparedSampling") -> ModelRunnerOutput:
+        out, sampling = ModelRunnerOutput(), prepared.batch
+        if prepared.meta is not None:
+            out.sampled = sample_on_device(logits[prepared.rows_index], prepared.meta,
+                                           sampling.generator).to_host()
+        if prepared.beam_index is not None:
+            values, ids = beam_top_logprobs(logits[prepared.beam_index], sampling.beam_topk)
             # One copy; token ids < 2**53 stay exact in float64.
             out.beam_logprobs, ids = torch.stack([values.double(), ids.double()]).cpu().tolist()
             out.beam_ids = [[int(t) for t in row] for row in ids]
         return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
-                sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+                sampling: SamplingBatch | None = None,
+                state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
         """Run the batch and sample what `sampling` asks for."""
-        return self.run(self.prepare(batch, block_copies), sampling)
+        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:

@@ -31,6 +31,7 @@ class MoEConfig:
     expert_bias: bool = False
     activation: str = "silu"
     shared_intermediate_size: int = 0
+    shared_gate: bool = False  # Qwen3-Next / Qwen3.5: a sigmoid gate [1, H] scales the shared expert
 
     def router_spec_kwargs(self) -> dict[str, Any]:
         """The fields engine/layers/fused_moe/router.py's RouterSpec takes."""
@@ -48,6 +49,8 @@ class MoEConfig:
         vectors = self.num_experts * h + (self.num_experts if self.router_bias or self.correction_bias else 0)
         if self.expert_bias:
             vectors += self.num_experts * (2 * i + h)
+        if self.shared_gate:
+            vectors += h
         return self.num_experts * expert + shared, self.top_k * expert + shared, vectors
 
 
@@ -59,6 +62,20 @@ def parse_moe_config(hf: dict[str, Any], architecture: str) -> MoEConfig | None:
         moe = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
         return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
                          renormalize=bool(hf.get("norm_topk_prob", False)))
+    if architecture == "Qwen3NextForCausalLM":  # Qwen3-MoE's routing plus a sigmoid-gated shared expert
+        step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
+        if not hf.get("num_experts", 512):
+            return None
+        moe = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
+                         renormalize=bool(hf.get("norm_topk_prob", True)),
+                         shared_intermediate_size=hf.get("shared_expert_intermediate_size", 0),
+                         shared_gate=bool(hf.get("shared_expert_intermediate_size", 0)))
+    if architecture in ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeForConditionalGeneration"):  # every layer, renormalized
+        return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"],
+                         tuple(range(layers)), renormalize=True,
+                         shared_intermediate_size=hf.get("shared_expert_intermediate_size", 0),
+                         shared_gate=bool(hf.get("shared_expert_intermediate_size", 0)))
     if architecture == "MixtralForCausalLM":
         return MoEConfig(hf["num_local_experts"], hf["num_experts_per_tok"], hf["intermediate_size"],
                          tuple(range(layers)), renormalize=True)

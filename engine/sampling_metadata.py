@@ -5,7 +5,9 @@ draw (with the logits row it reads, so the n outputs of a request fork off one r
 beam-search sequences, whose top log-probs are returned instead of a draw. `SamplingMetadata.build` turns
 the rows into tensors on the logits' device once per step (temperatures, filters, penalties, padded
 token ids, flat bias/mask indices), so the sampler never loops over the vocabulary in Python and never
-mixes host and device tensors. Seeded generators are made by `make_generator`, on the device they serve.
+mixes host and device tensors; on a card every copy is asynchronous from pinned memory, so the model runner
+builds it before the forward and the host never waits for the card. Seeded generators are made by
+`make_generator`, on the device they serve.
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine.input_batch import to_device
 from engine.sampling_params import SamplingParams
 
 
@@ -84,7 +87,7 @@ class SamplingMetadata:
     @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
         def tensor(values, dtype=torch.float32) -> torch.Tensor | None:
-            return torch.tensor(values, dtype=dtype, device=device) if values else None
+            return to_device(torch.tensor(values, dtype=dtype), device) if values else None
 
         sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
         sp = [rows[i].params for i in sampled]
@@ -117,7 +120,7 @@ def _padded(lists: list[list[int]], pad: int, device: torch.device) -> torch.Ten
     out = torch.full((len(lists), max(width, 1)), pad, dtype=torch.long)
     for i, ids in enumerate(lists):
         out[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    return out.to(device)
+    return to_device(out, device)
 
 
 def _bias(rows: list[SamplingRow], device: torch.device):
@@ -125,8 +128,8 @@ def _bias(rows: list[SamplingRow], device: torch.device):
     if not entries:
         return None
     i, t, v = zip(*entries)
-    return (torch.tensor(i, device=device), torch.tensor(t, device=device),
-            torch.tensor(v, dtype=torch.float32, device=device))
+    return (to_device(torch.tensor(i), device), to_device(torch.tensor(t), device),
+            to_device(torch.tensor(v, dtype=torch.float32), device))
 
 
 def _masked(rows: list[SamplingRow], device: torch.device):
@@ -144,4 +147,4 @@ def _masked(rows: list[SamplingRow], device: torch.device):
     if not entries:
         return None
     i, t = zip(*entries)
-    return torch.tensor(i, device=device), torch.tensor(t, device=device)
+    return to_device(torch.tensor(i), device), to_device(torch.tensor(t), device)

@@ -52,6 +52,7 @@ class ScheduledSeq:
 class SchedulerOutput:
     scheduled: list[ScheduledSeq] = field(default_factory=list)
     block_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
     too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
 
     @property
@@ -128,6 +129,8 @@ class Scheduler:
         if not preempted:
             self._schedule_waiting(out, self.max_num_batched_tokens - out.num_tokens, self._prefill_left(out))
         out.block_copies = self.kv.take_copies()
+        if out.scheduled:  # a step that runs nothing applies no copy: they wait for the next forward
+            out.state_copies = self.kv.take_state_copies()
         return out
 
     def _prefill_left(self, out: SchedulerOutput) -> int | None:
@@ -154,6 +157,7 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
+            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens, num_new)
             while not self.kv.allocate_slots(seq, num_new):
                 preempted = True
                 victim = self._pop_victim()
@@ -206,6 +210,8 @@ class Scheduler:
                 if not self.chunked:
                     break
                 num_new = budget
+            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size,
+                                             num_new)
             if not self.kv.allocate_slots(seq, num_new, computed):
                 if self._preempt_paused(out):
                     seats, counted = self._num_seats()
@@ -224,6 +230,16 @@ class Scheduler:
             counted.add(request_id)
             out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
+
+    def _snapshot_aligned(self, seq: Sequence, start: int, num_new: int) -> int:
+        """A hybrid model with prefix caching keeps state snapshots only where a step ends on a block boundary:
+        a prompt chunk that would end past one stops at the last boundary inside the prompt (its tail runs in
+        the next step), so the prompt's last full block gets a snapshot."""
+        if not self.kv.num_snapshot_slots:
+            return num_new
+        bs = self.kv.block_size
+        aligned = min(start + num_new, seq.num_prompt_tokens) // bs * bs
+        return aligned - start if start < aligned < start + num_new else num_new
 
     def _warn_too_long(self, seq: Sequence, num_computed: int, num_new: int) -> None:
         """A sequence that ends as "length" before max_tokens or max_model_len says why, with the numbers."""
@@ -259,6 +275,12 @@ class Scheduler:
         sequences give their blocks back."""
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_new_tokens
+        if self.kv.num_snapshot_slots:  # before any fork or finish: the state a chunk left, at a block boundary
+            for item in out.scheduled:
+                self.kv.snapshot_state(item.seq)
+        if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
+            self._fork_states(forks, finished)
+            return
         for parent, children in forks:
             for child in children:
                 self.kv.fork(parent, child)
@@ -266,6 +288,24 @@ class Scheduler:
                     child.status = SequenceStatus.RUNNING
                 self.running.append(child)
         self.finish([s for s in finished if s.block_table])
+
+    def _fork_states(self, forks: list[tuple[Sequence, list[Sequence]]], finished: list[Sequence]) -> None:
+        """Forks of a hybrid model: finished sequences nobody forks off give their slots back first, and a
+        parent that ends now hands its slot to its last child, so a beam step of k beams never holds more than
+        k state slots (the pool has one per seat)."""
+        forked = {id(seq) for parent, children in forks for seq in (parent, *children)}
+        self.finish([s for s in finished if s.block_table and id(s) not in forked])
+        children_left: dict[int, int] = {}
+        for parent, children in forks:
+            children_left[id(parent)] = children_left.get(id(parent), 0) + len(children)
+        for parent, children in forks:
+            for child in children:
+                children_left[id(parent)] -= 1
+                self.kv.fork(parent, child, take_state=parent.is_finished and not children_left[id(parent)])
+                if not child.is_finished:
+                    child.status = SequenceStatus.RUNNING
+                self.running.append(child)
+        self.finish([s for s in finished if s.block_table and id(s) in forked])
 
     def abort(self, seqs: list[Sequence]) -> None:
         """End sequences wherever they are: running ones give their blocks back, waiting ones leave the queue."""

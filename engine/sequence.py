@@ -39,6 +39,10 @@ class Sequence:
         self.block_tables: list[list[Block]] = [[]]  # per KV cache group; the manager makes one per group
         self.block_hashes: list[bytes] = []  # hash of each full block of token_ids, chained
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
+        self.state_slot: int | None = None  # hybrid models: its slot of the linear-attention state pool
+        # Per group, the first table entry rewritten in place since the input batch last read the tables
+        # (engine/input_batch.py); appends need no mark.
+        self.table_edits: dict[int, int] = {}
         self.status = SequenceStatus.WAITING
         self.generator = generator
         self.cumulative_logprob = 0.0
@@ -56,6 +60,11 @@ class Sequence:
     def block_table(self) -> list[Block]:
         """The first KV cache group's table (the only one of a model without sliding windows)."""
         return self.block_tables[0]
+
+    def mark_table_edit(self, group: int, index: int) -> None:
+        """Entry `index` of `group`'s table (or a later one) was replaced or the table shrank: the input
+        batch rewrites that group's row from there."""
+        self.table_edits[group] = min(index, self.table_edits.get(group, index))
 
     @property
     def num_tokens(self) -> int:

@@ -7,12 +7,15 @@ before writing into it. A sliding-window group also frees the blocks that lie wh
 the next token to compute, leaving `NULL_BLOCK` in their entries (nulls always form a prefix of its table),
 and its prefix hit is the LATEST run of cached blocks that covers a window (vLLM's rule), not the longest
 run from the start: blocks before that run are never read again, so they need not be cached at all.
+The state group of a hybrid model (linear-attention layers) has no blocks: `StateManager` gives each sequence
+one slot of the state pool (engine/state_pool.py) and copies it for a fork.
 The coordinator (engine/kv_cache_manager.py) decides how many tokens a step allocates; these only act on it.
 """
 from __future__ import annotations
 
 from engine.block_pool import NULL_BLOCK, Block, BlockPool, group_key
-from engine.kv_cache_interface import KVSpec, SlidingWindowSpec
+from engine.kv_cache_interface import KVSpec, SlidingWindowSpec, StateSpec
+from engine.state_pool import StatePool
 
 
 class FullAttentionManager:
@@ -61,6 +64,7 @@ class FullAttentionManager:
             pending_copies.append((shared.block_id, fresh.block_id))
             self.pool.free_blocks([shared])
             table[index] = fresh
+            seq.mark_table_edit(self.group, index)
         if num_new_blocks > 0:
             table.extend(self.pool.get_new_blocks(num_new_blocks))
 
@@ -80,6 +84,7 @@ class FullAttentionManager:
             self.pool.uncache_block(block)
         self.pool.free_blocks(reversed(table))
         table.clear()
+        seq.mark_table_edit(self.group, 0)
 
 
 class SlidingWindowManager(FullAttentionManager):
@@ -115,8 +120,39 @@ class SlidingWindowManager(FullAttentionManager):
             return
         freed = table[i + 1:end]
         table[i + 1:end] = [NULL_BLOCK] * len(freed)
+        seq.mark_table_edit(self.group, i + 1)
         self.pool.free_blocks(freed)  # oldest first into the queue: the first evicted (a hit wants the latest)
 
 
 def make_manager(pool: BlockPool, spec: KVSpec, group: int) -> FullAttentionManager:
     return (SlidingWindowManager if isinstance(spec, SlidingWindowSpec) else FullAttentionManager)(pool, spec, group)
+
+
+class StateManager:
+    """One state slot per sequence (`seq.state_slot`), held from its first allocation until it is freed."""
+
+    def __init__(self, pool: StatePool, spec: StateSpec | None = None) -> None:
+        self.pool, self.spec = pool, spec
+
+    def needs_slot(self, seq) -> bool:
+        return seq.state_slot is None
+
+    def allocate(self, seq) -> None:
+        seq.state_slot = self.pool.allocate()
+
+    def free(self, seq) -> None:
+        """The state is dropped: a preempted sequence recomputes it from its tokens."""
+        if seq.state_slot is not None:
+            self.pool.free(seq.state_slot)
+            seq.state_slot = None
+
+    def fork(self, parent, child, take_over: bool, pending_copies: list[tuple[int, int]]) -> None:
+        """The child continues from the parent's state: a copy of its slot (applied before the next forward),
+        or the parent's slot itself when the parent ends now and this is its last child."""
+        if parent.state_slot is None:
+            raise RuntimeError(f"{parent} forks but holds no state slot")
+        if take_over:
+            child.state_slot, parent.state_slot = parent.state_slot, None
+            return
+        child.state_slot = self.pool.allocate()
+        pending_copies.append((parent.state_slot, child.state_slot))

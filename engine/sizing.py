@@ -20,6 +20,10 @@ and a sequence's need per group: a full-attention group grows with the context, 
 window plus one step's chunk. So "tokens that fit" is the longest single context the pool holds, and
 "full-length sequences" divides the pool by one sequence's peak over all groups. `window_freeing=False`
 plans the same model as if no block were ever freed (every layer full attention), for comparison.
+
+Hybrid models (Qwen3.5, Qwen3-Next: Gated DeltaNet layers beside full attention) hold a fixed-size state per
+sequence, not per token: the state pool (one slot per seat, max_num_seqs of them; engine/state_pool.py) comes
+out of the KV budget first (`state_bytes`), and only the full-attention layers take bytes per token.
 """
 from __future__ import annotations
 
@@ -96,10 +100,15 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     vocab-split in `dtype`; QKV biases split; norms replicated."""
     h = cfg.hidden_size
     attention_params, attention_vectors = cfg.attention_params(tp)  # per-layer shapes (Gemma 4's differ)
+    linear = cfg.linear_attention  # Gated DeltaNet layers: heads (and their conv channels) split across ranks
+    if linear is not None:
+        attention_params += len(linear.layers) * linear.matrix_params(h) // tp
     mlp_params, _, router_params = cfg.mlp_params()  # every expert is in memory, split by its intermediate dim
     matrix_params = attention_params + mlp_params // tp
     vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
     vector_params += attention_vectors  # QKV biases split, q/k norms replicated
+    if linear is not None:
+        vector_params += len(linear.layers) * linear.vector_params() // tp
     ple_embedding, ple_rest = cfg.per_layer_input_params()  # Gemma 4: float, embedding vocab-split
     vector_params += ple_rest + -(-ple_embedding // tp)
     if quant_bits is not None:
@@ -150,6 +159,27 @@ def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, 
         GRAPH_OVERHEAD_BYTES * num_graphs
 
 
+PIECE_OVERHEAD_BYTES = 64 * 1024  # per captured piece: a few layers' kernel nodes (an estimate)
+PIECEWISE_MIN_BUCKET = 16  # engine/piecewise_graphs.py's spacing of token buckets, mirrored (torch-free here)
+
+
+def piecewise_bucket_count(max_tokens: int, min_bucket: int = PIECEWISE_MIN_BUCKET) -> int:
+    """How many token buckets engine/piecewise_graphs.token_buckets captures (the same spacing, counted)."""
+    count, size = 0, min_bucket
+    while size < max_tokens:
+        count += 1
+        size += min_bucket if size < 4 * min_bucket else (1 << (size.bit_length() - 1)) // 4
+    return count + 1
+
+
+def estimate_piecewise_graph_bytes(cfg: ModelConfig, max_tokens: int, dtype_bytes: int, tp: int = 1) -> int:
+    """Piecewise graphs' memory before capture: one forward's activations at the largest bucket (every bucket's
+    pieces share one pool, captured largest first) plus bookkeeping per piece (one per layer and one more, per
+    bucket). The eager points' outputs are allocated inside the pieces, so they are part of the activations."""
+    pieces = piecewise_bucket_count(max_tokens) * (cfg.num_layers + 1)
+    return estimate_activation_bytes(cfg, max_tokens, dtype_bytes, tp, 0) + PIECE_OVERHEAD_BYTES * pieces
+
+
 @dataclass
 class CapacityPlan:
     card_bytes: int  # total memory of the card this plan is for (the KV budget on CPU)
@@ -168,6 +198,7 @@ class CapacityPlan:
     max_blocks: int | None = None  # CPU: more than max_num_seqs full sequences could use is memory for nothing
     layout: KVCacheLayout | None = None  # KV cache groups; None or one full group: tokens are blocks × block_size
     max_num_batched_tokens: int = 0  # a window group's need is its window plus one step's chunk
+    state_bytes: int = 0  # per card: a hybrid model's state pool (max_num_seqs slots), already out of the budget
 
     @property
     def num_blocks(self) -> int:
@@ -200,6 +231,8 @@ class CapacityPlan:
         if self.has_windows:
             kinds = [g.spec.sliding_window or "full" for g in self.layout.groups]
             groups = f" · {len(kinds)} KV groups ({', '.join(f'window {k}' if k != 'full' else k for k in kinds)})"
+        if self.state_bytes:
+            groups += f" · linear-attention states {format_bytes(self.state_bytes)}/card"
         return (f"weights {format_bytes(self.weights_bytes)}/card · KV {self.kv_bytes_per_token / 1024:.1f} KiB/token"
                 f"{groups} · {self.num_tokens:,} tokens fit · {self.num_full_seqs} × {self.max_model_len:,}-token "
                 "sequences")
@@ -223,6 +256,10 @@ class CapacityPlan:
         else:
             levers = ("Lower --max-num-batched-tokens or --max-num-seqs (activations), raise "
                       "--gpu-memory-utilization, or raise --tensor-parallel-size")
+        if self.state_bytes:  # a hybrid model's state pool grows with the seats, not the context
+            overhead += f" − linear-attention states {self.state_bytes / GIB:.2f} GiB"
+            levers += (f". The state pool holds one slot per --max-num-seqs seat: fewer seats leave more room "
+                       "for context")
         return (f"not even one {self.max_model_len:,}-token sequence fits{where}: {self.usable_bytes / GIB:.2f} GiB "
                 f"usable per card ({usable}) − weights {self.weights_bytes / GIB:.2f} GiB − activations "
                 f"{self.activation_bytes / GIB:.2f} GiB{overhead} leaves {max(0, self.kv_budget_bytes) / GIB:.2f} GiB "
@@ -242,27 +279,38 @@ class MemoryProfile:
     overhead_bytes: int  # CUDA graphs and memory allocated outside torch's allocator (context, NCCL)
 
 
+def state_pool_bytes(layout: KVCacheLayout | None, max_num_seqs: int, enable_prefix_caching: bool = True) -> int:
+    """A hybrid model's state pool on one card, its prefix-cache snapshots included (0 for attention-only
+    models)."""
+    return 0 if layout is None else layout.state_pool_bytes(max_num_seqs, enable_prefix_caching)
+
+
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
                       max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
-                      max_num_batched_tokens: int = 0) -> CapacityPlan:
+                      max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
+                      enable_prefix_caching: bool = True) -> CapacityPlan:
     others = p.total_bytes - p.free_bytes_at_start
     usable = int(p.total_bytes * gpu_memory_utilization) - others
-    budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes
+    states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)
+    budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes - states
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
                         block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
-                        gpu_memory_utilization, layout=layout, max_num_batched_tokens=max_num_batched_tokens)
+                        gpu_memory_utilization, layout=layout, max_num_batched_tokens=max_num_batched_tokens,
+                        state_bytes=states)
 
 
 def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int,
                      max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
-                     max_num_batched_tokens: int = 0) -> CapacityPlan:
+                     max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
+                     enable_prefix_caching: bool = True) -> CapacityPlan:
     """An absolute KV budget: the pool is `kv_budget_bytes` whatever else the card holds. The plan records the
     card's room after this engine's weights, activations and overhead as `usable_bytes`, so a caller can refuse a
     budget that is larger than the room (`budget_room_error`)."""
     room = p.free_bytes_at_start - p.weights_bytes - p.activation_bytes - p.overhead_bytes
+    states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds the state pool too
     return CapacityPlan(p.total_bytes, room, p.weights_bytes, p.activation_bytes, kv_bytes_per_token,
-                        kv_budget_bytes, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, 0, p.card,
-                        layout=layout, max_num_batched_tokens=max_num_batched_tokens)
+                        kv_budget_bytes - states, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes,
+                        0, p.card, layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states)
 
 
 def budget_room_error(plan: CapacityPlan) -> str | None:
@@ -308,14 +356,15 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   max_num_batched_tokens: int = 8192, max_num_seqs: int = 256, block_size: int = 16,
                   quantization: str | None = None, other_programs_bytes: list[int] | None = None,
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
-                  activation_bytes: int | None = None, window_freeing: bool = True) -> CapacityPlan:
+                  activation_bytes: int | None = None, window_freeing: bool = True,
+                  enable_prefix_caching: bool = True) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     if max_model_len:
         cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
-    layout = model_kv_layout(cfg, block_size, kv_bytes, tensor_parallel_size, window_freeing)
+    layout = model_kv_layout(cfg, block_size, kv_bytes, tensor_parallel_size, window_freeing, dtype_bytes)
     per_token = layout.bytes_per_block // block_size
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
@@ -328,23 +377,24 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes)
         plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
                                        max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
-                                       max_num_batched_tokens))
+                                       max_num_batched_tokens, max_num_seqs, enable_prefix_caching))
     return min(plans, key=lambda p: p.num_blocks)
 
 
 def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", kv_cache_dtype: str = "auto",
              max_model_len: int | None = None, max_num_seqs: int = 256, block_size: int = 16,
              weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
-             window_freeing: bool = True) -> CapacityPlan:
+             window_freeing: bool = True, enable_prefix_caching: bool = True) -> CapacityPlan:
     """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     max_len = max_model_len or cfg.max_model_len
     budget = int(kv_cache_gib * GIB)
     weights = weights_bytes if weights_bytes is not None else weights_bytes_per_card(cfg, dtype_bytes)
-    layout = model_kv_layout(cfg, block_size, kv_bytes, 1, window_freeing)
+    layout = model_kv_layout(cfg, block_size, kv_bytes, 1, window_freeing, dtype_bytes)
     per_seq = layout.blocks_per_seq(max_len, max_num_batched_tokens) if layout.has_sliding_window else \
         -(-max_len // block_size)
-    return CapacityPlan(budget, budget, weights, 0, layout.bytes_per_block // block_size, budget, block_size,
-                        max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq, layout=layout,
-                        max_num_batched_tokens=max_num_batched_tokens)
+    states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds a hybrid's states too
+    return CapacityPlan(budget, budget, weights, 0, layout.bytes_per_block // block_size, budget - states,
+                        block_size, max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq, layout=layout,
+                        max_num_batched_tokens=max_num_batched_tokens, state_bytes=states)

@@ -50,7 +50,9 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
     end); num_tokens_post_padded [1] int32: how many sorted slots are in use."""
     flat = topk_ids.reshape(-1).to(torch.int64)
     n = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]
+    # Not torch.bincount: on CUDA it reads the largest id on the host (a sync no CUDA graph can hold).
+    counts = torch.zeros(num_experts + 1, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat.clamp(max=num_experts), torch.ones_like(flat))[:num_experts]
     padded = (counts + block_m - 1) // block_m * block_m
     ends = torch.cumsum(padded, 0)
     order = torch.argsort(flat, stable=True)

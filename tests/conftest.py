@@ -47,3 +47,17 @@ def reference(tiny_model_dir):
         return cache[arch]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def agent_api_server(tiny_model_dir):
+    """One server for the Responses and Anthropic Messages tests (they share it to start one engine, not two): a
+    tiny qwen2 with a hermes-style tool template, 1024 tokens of context, the qwen3 reasoning parser, an API key.
+    Its tests depend on no state another test left (prefix-cache hits are counted on both sides)."""
+    from server_harness import AGENT_API_KEY, start_server
+    from tiny_models import TOOL_CHAT_TEMPLATE
+
+    path = tiny_model_dir("qwen2", chat_template=TOOL_CHAT_TEMPLATE, max_position_embeddings=1024)
+    srv = start_server(path, api_key=AGENT_API_KEY, max_model_len=1024, reasoning_parser="qwen3")
+    yield srv
+    srv.stop()

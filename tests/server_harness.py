@@ -16,6 +16,7 @@ from engine.config import EngineConfig
 from engine.server import create_app
 
 MODEL_NAME = "tiny"
+AGENT_API_KEY = "sk-local"  # conftest's agent_api_server (Responses and Messages tests)
 
 
 @dataclass

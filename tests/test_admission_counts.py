@@ -21,10 +21,10 @@ def watch_steps(llm: LLM) -> list[tuple[int, int]]:
     engine, seen = llm.engine, []
     execute = engine.runner.execute
 
-    def counting(batch, block_copies, sampling=None):
+    def counting(batch, block_copies, sampling=None, *rest):
         rows = 0 if sampling is None else len(sampling.rows) + len(sampling.beam_index)
         seen.append((len(engine.scheduler.running), rows))
-        return execute(batch, block_copies, sampling)
+        return execute(batch, block_copies, sampling, *rest)
 
     engine.runner.execute = counting
     return seen

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from engine.block_pool import NULL_BLOCK, BlockPool
 from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
 from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import Sequence
 from engine.sampling_params import SamplingParams
 
 
@@ -17,13 +18,16 @@ def free_ids(pool: BlockPool) -> list[int]:
 
 
 class FakeSeq(SimpleNamespace):
+    table_edits: dict
+    mark_table_edit = Sequence.mark_table_edit  # the managers mark in-place table edits for the input batch
+
     @property
     def block_table(self):
         return self.block_tables[0]
 
 
 def fake_seq(tokens: list[int]):
-    return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[],
+    return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[], table_edits={},
                    request=SimpleNamespace(cache_salt=None),
                    num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
 

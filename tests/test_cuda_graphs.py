@@ -20,7 +20,7 @@ def test_padded_decode_path_matches_hf(reference):
     runner.plan_decode_graphs(max_batch=6, capture=False)  # 8 prompts: batches of 7-8 fall back to eager
     used = []
     run = runner.graphs.run
-    runner.graphs.run = lambda inputs: used.append(len(inputs.seq_lens)) or run(inputs)
+    runner.graphs.run = lambda inputs, tables: used.append(len(inputs.seq_lens)) or run(inputs, tables)
     params = [SamplingParams(temperature=0, max_tokens=n) for n in MAX_TOKENS]
     got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
     assert got == expected

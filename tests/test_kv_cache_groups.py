@@ -14,6 +14,7 @@ from engine.block_pool import NULL_BLOCK
 from engine.kv_cache_interface import (FullAttentionSpec, SlidingWindowSpec, build_layout, group_size, layer_specs,
                                        model_kv_layout)
 from engine.kv_cache_manager import KVCacheManager
+from engine.sequence import Sequence
 from engine.model_config import ModelConfig
 from hf_reference import hf_greedy
 from tiny_models import make_tiny_model
@@ -26,13 +27,16 @@ WINDOW = 24
 
 
 class FakeSeq(SimpleNamespace):
+    table_edits: dict
+    mark_table_edit = Sequence.mark_table_edit  # the managers mark in-place table edits for the input batch
+
     @property
     def block_table(self):
         return self.block_tables[0]
 
 
 def fake_seq(tokens: list[int]) -> FakeSeq:
-    return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[],
+    return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[], table_edits={},
                    request=SimpleNamespace(cache_salt=None), num_cached_blocks=0, num_tokens=len(tokens),
                    params=SamplingParams())
 

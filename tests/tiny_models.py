@@ -40,6 +40,22 @@ GEMMA3_TEXT = dict(
     layer_types=["sliding_attention", "sliding_attention", "full_attention"],
     rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1_000_000.0},
                      "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}})
+# Hybrid linear attention (Gated DeltaNet layers with a per-sequence state, alternating with gated full
+# attention): 2 key heads expanding to 4 value heads, a 4-tap conv, partial rotary over 4 of 16 dims.
+HYBRID = dict(head_dim=16, num_hidden_layers=4, layer_types=["linear_attention", "full_attention"] * 2,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_conv_kernel_dim=4, tie_word_embeddings=False)
+HYBRID_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+HYBRID_ARCHS = {
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM", dict(HYBRID, **HYBRID_MOE, mlp_only_layers=[2])),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(HYBRID)),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(HYBRID, **HYBRID_MOE)),
+}
+HYBRID_VL_ARCHS = {  # a Qwen3.5 VL checkpoint served as text (kept out of VL_ARCHS: the dense suites iterate those)
+    "qwen3_5-vl": ("qwen3_5", dict(HYBRID), dict(
+        depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, out_hidden_size=64,
+        num_position_embeddings=16), dict(tie_word_embeddings=False)),
+}
 ARCHS = {
     "llama": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
         "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -134,9 +150,11 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     import transformers
     from transformers import GenerationConfig
 
-    config_name, model_name, extra = ARCHS[arch] if arch in ARCHS else MOE_ARCHS[arch]
-    if arch in VL_ARCHS:
-        extra = VL_ARCHS[arch][1]
+    vl_archs = {**VL_ARCHS, **HYBRID_VL_ARCHS}
+    config_name, model_name, extra = (ARCHS.get(arch) or MOE_ARCHS.get(arch) or HYBRID_ARCHS.get(arch)
+                                      or (None, None, None))
+    if arch in vl_archs:
+        extra = vl_archs[arch][1]
     tokenizer = _tokenizer()
     if chat_template is not None:
         tokenizer = copy.deepcopy(tokenizer)
@@ -151,8 +169,8 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     if kwargs.get("vocab_size_per_layer_input") == "vocab":  # Gemma 4's per-layer inputs cover every token
         kwargs["vocab_size_per_layer_input"] = kwargs["vocab_size"]
     torch.manual_seed(seed)
-    if arch in VL_ARCHS:
-        model_type, _, vision, top = VL_ARCHS[arch]
+    if arch in vl_archs:
+        model_type, _, vision, top = vl_archs[arch]
         config = transformers.AutoConfig.for_model(model_type, text_config=kwargs, vision_config=vision, **top)
         model = transformers.AutoModelForImageTextToText.from_config(config).eval()
     else:
@@ -170,7 +188,7 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
                 b.copy_(torch.randn_like(b) * 0.2)
             elif name.endswith("layer_scalar"):  # Gemma 4 scales each layer's output by a learned scalar
                 b.copy_(1 + torch.randn_like(b) * 0.2)
-    if arch in VL_ARCHS:  # the text model's ids are what generation_config and the tokenizer speak
+    if arch in vl_archs:  # the text model's ids are what generation_config and the tokenizer speak
         config.text_config.bos_token_id, config.text_config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     path = Path(tmp_dir) / f"tiny-{arch}"
     max_shard = "40KB" if shards > 1 else "2GB"

@@ -7,7 +7,8 @@ import sys
 COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
             "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
             "attacks": "engine.bench.attacks", "grammar": "engine.bench.grammar", "router": "engine.bench.router",
-            "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe"}
+            "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe",
+            "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,10 @@ class AttentionMetadata:
     # warm-up) leaves them None: every layer then uses the first group's, which is fine for shapes.
     group_block_tables: torch.Tensor | None = None  # [num_groups - 1, num_seqs, max_blocks] int32
     group_slot_mappings: torch.Tensor | None = None  # [num_groups - 1, num_tokens] int64
+    # Hybrid models' linear-attention layers (engine/layers/gated_deltanet.py): each sequence's state slot and
+    # whether it continues from it. None in dummy metadata: those layers then run on temporary zero states.
+    state_indices: torch.Tensor | None = None  # [num_seqs] int32
+    has_initial_state: torch.Tensor | None = None  # [num_seqs] bool
 
 
 class PagedAttention(nn.Module):

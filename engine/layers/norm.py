@@ -1,4 +1,5 @@
-"""RMSNorm (and Gemma's (1 + w) variant), with the residual add fused in the way decoder layers use it."""
+"""RMSNorm (and Gemma's (1 + w) variant), with the residual add fused in the way decoder layers use it, and the
+Gated DeltaNet's gated output norm."""
 from __future__ import annotations
 
 import torch
@@ -38,3 +39,13 @@ class GemmaRMSNorm(RMSNorm):
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x * (1.0 + self.weight.float())).to(dtype)
+
+
+class GatedRMSNorm(RMSNorm):
+    """The Gated DeltaNet output norm (HF's Qwen3NextRMSNormGated): RMSNorm with a plain weight (ones init),
+    then times silu(gate) in float32, cast back — HF's order."""
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        out = self._norm(x)
+        return (out * torch.nn.functional.silu(gate.float())).to(dtype)

@@ -20,6 +20,7 @@ class Architecture:
     text_defaults: dict[str, Any] = field(default_factory=dict)  # applied under the (text) config's own values
     multimodal: bool = False  # a vision-language checkpoint served as text: its text model is under text_config
     norms_per_layer: int = 2  # hidden-size RMSNorms per decoder layer (the planner counts their weights)
+    attn_output_gate: bool = False  # q_proj gives [query | gate] per head (Qwen3.5, Qwen3-Next)
 
 
 # transformers' Gemma3TextConfig defaults: published Gemma 3 configs leave most of these out.
@@ -59,6 +60,20 @@ MISTRAL_TEXT_DEFAULTS = {
 # weights mapper renames tensors with these, ModelConfig the quantization ignore list.
 VL_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
                     ("model.language_model.", "model."))
+# transformers' Qwen3NextConfig / Qwen3_5(Moe)TextConfig defaults for keys a published config may leave out; the
+# q/k norms and the output gate are always there in these families.
+QWEN3_NEXT_DEFAULTS = {
+    "head_dim": 256, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+    "num_experts_per_tok": 10, "num_experts": 512, "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 512, "norm_topk_prob": True, "decoder_sparse_step": 1,
+    "rms_norm_eps": 1e-6, "qk_norm": True}
+QWEN3_5_DEFAULTS = {
+    "vocab_size": 248_320, "head_dim": 256, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_num_key_heads": 16,
+    "linear_num_value_heads": 32, "rms_norm_eps": 1e-6, "qk_norm": True}
+QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "num_experts_per_tok": 8, "num_experts": 256, "intermediate_size": 0,
+                        "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}
 
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama", "LlamaForCausalLM"),
@@ -79,6 +94,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
     "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),
     "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}),
+    # Hybrid linear attention: Gated DeltaNet layers with a per-sequence state, every fourth layer full attention.
+    "Qwen3NextForCausalLM": Architecture("qwen3_next", "Qwen3NextForCausalLM", QWEN3_NEXT_DEFAULTS,
+                                         attn_output_gate=True),
+    "Qwen3_5ForCausalLM": Architecture("qwen3_5", "Qwen3_5ForCausalLM", QWEN3_5_DEFAULTS, attn_output_gate=True),
+    "Qwen3_5ForConditionalGeneration": Architecture("qwen3_5", "Qwen3_5ForConditionalGeneration", QWEN3_5_DEFAULTS,
+                                                    multimodal=True, attn_output_gate=True),
+    "Qwen3_5MoeForCausalLM": Architecture("qwen3_5", "Qwen3_5MoeForCausalLM", QWEN3_5_MOE_DEFAULTS,
+                                          attn_output_gate=True),
+    "Qwen3_5MoeForConditionalGeneration": Architecture("qwen3_5", "Qwen3_5MoeForConditionalGeneration",
+                                                       QWEN3_5_MOE_DEFAULTS, multimodal=True, attn_output_gate=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 

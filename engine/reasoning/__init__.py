@@ -1,4 +1,5 @@
-"""Reasoning parsers (vLLM's names): split a model's `<think>...</think>` text from its answer.
+"""Reasoning parsers (vLLM's names): split a model's `<think>...</think>` text (or harmony's analysis channel,
+harmony.py) from its answer.
 
 `split(text, final)` works on the cumulative output and returns (reasoning, content) that are safe to
 show now: a tail that may be the start of a tag is held back until the next token decides it, so a
@@ -22,6 +23,7 @@ class ReasoningParser:
     (R1's template opens the tag in the prompt)."""
 
     name = "deepseek_r1"
+    needs_special_tokens = False  # harmony's markers are special tokens: its parser reads them
 
     def split(self, text: str, final: bool) -> tuple[str, str]:
         body = text[len(START):] if text.startswith(START) else text
@@ -48,12 +50,26 @@ class Qwen3ReasoningParser(ReasoningParser):
         return super().split(stripped, final)
 
 
-REASONING_PARSERS = {"deepseek_r1": ReasoningParser, "qwen3": Qwen3ReasoningParser}
+def _parsers() -> dict[str, type[ReasoningParser]]:
+    from engine.reasoning.harmony import HarmonyReasoningParser  # it subclasses ReasoningParser from here
+
+    return {"deepseek_r1": ReasoningParser, "qwen3": Qwen3ReasoningParser,
+            "openai_gptoss": HarmonyReasoningParser, "harmony": HarmonyReasoningParser}
+
+
+REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "harmony")
+
+
+def detect_reasoning_parser(chat_template: str | None) -> str | None:
+    """A reasoning parser the template's format cannot be read without (harmony's channels), else None:
+    `<think>` parsers stay opt-in (--reasoning-parser), as in vLLM."""
+    return "openai_gptoss" if "<|channel|>" in (chat_template or "") else None
 
 
 def get_reasoning_parser(name: str | None) -> ReasoningParser | None:
     if not name:
         return None
-    if name not in REASONING_PARSERS:
+    parsers = _parsers()
+    if name not in parsers:
         raise ValueError(f"reasoning_parser must be one of {', '.join(REASONING_PARSERS)}, got {name!r}")
-    return REASONING_PARSERS[name]()
+    return parsers[name]()

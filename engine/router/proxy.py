@@ -16,8 +16,8 @@ from fastapi.responses import Response, StreamingResponse
 from engine.server.errors import OpenAIError, error_body
 from engine.server.sse import DONE, sse_event
 
-DROPPED_HEADERS = frozenset({"host", "content-length", "authorization", "connection", "keep-alive",
-                             "transfer-encoding", "te", "upgrade", "accept-encoding"})
+DROPPED_HEADERS = frozenset({"host", "content-length", "authorization", "x-api-key", "connection", "keep-alive",
+                             "transfer-encoding", "te", "upgrade", "accept-encoding"})  # x-api-key: Anthropic's
 KEPT_RESPONSE_HEADERS = ("content-type", "cache-control", "x-accel-buffering", "x-request-id")
 
 

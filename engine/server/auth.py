@@ -4,8 +4,8 @@ It runs as ASGI middleware, before routing and before the body is read or parsed
 the key learns nothing from the server but "401" (not even whether its JSON was valid). Open without a
 key, on purpose: /health (supervisors), /metrics (scrapers; model name and counters only), and the
 API's own description (/openapi.json, /docs, /redoc: the schema of the routes, never data). The token
-is compared in constant time (`hmac.compare_digest`), so response timing says nothing about how much
-of a guess was right.
+(a bearer token, or Anthropic's `x-api-key` header) is compared in constant time (`hmac.compare_digest`),
+so response timing says nothing about how much of a guess was right.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import hmac
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from engine.server.errors import error_response
+from engine.server.errors import error_response_for
 
 OPEN_PATHS = frozenset({"/health", "/metrics", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"})
 
@@ -22,6 +22,11 @@ def bearer_token(headers: dict[bytes, bytes]) -> str:
     header = headers.get(b"authorization", b"").decode("latin-1")
     scheme, _, token = header.partition(" ")
     return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def request_key(headers: dict[bytes, bytes]) -> str:
+    """The key a client sent: `Authorization: Bearer <key>` (OpenAI's clients) or `x-api-key` (Anthropic's)."""
+    return bearer_token(headers) or headers.get(b"x-api-key", b"").decode("latin-1").strip()
 
 
 def key_matches(token: str, api_key: str) -> bool:
@@ -36,9 +41,10 @@ class ApiKeyMiddleware:
         if self.api_key is None or scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        if key_matches(bearer_token(dict(scope.get("headers") or [])), self.api_key):
+        if key_matches(request_key(dict(scope.get("headers") or [])), self.api_key):
             await self.app(scope, receive, send)
             return
-        response = error_response(401, "Incorrect or missing API key: send it as 'Authorization: Bearer <key>'",
-                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+        response = error_response_for(scope.get("path", ""), 401, "Incorrect or missing API key: send it as "
+                                      "'Authorization: Bearer <key>' or 'x-api-key: <key>'", code="invalid_api_key",
+                                      headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

@@ -29,6 +29,11 @@ class ChatOutputPlan:
     forced_required: bool = False  # tool_choice required: the output is a JSON list of calls
     max_calls: int | None = None  # 1 when parallel_tool_calls is false
 
+    @property
+    def needs_special_tokens(self) -> bool:
+        """A parser reads special-token markers (harmony), so the output is detokenized with them."""
+        return any(p is not None and p.needs_special_tokens for p in (self.reasoning, self.tool_parser))
+
 
 _FORCED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"\s*,\s*"parameters"\s*:\s*')
 

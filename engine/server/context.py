@@ -6,13 +6,14 @@ that need it answer 503.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 
 from engine.async_engine import AsyncEngine
 from engine.server.errors import OpenAIError, engine_error
 from engine.server.metrics import ServerMetrics
+from engine.server.responses_store import ResponseStore
 from engine.server.served_model import ServedModel
 from engine.server.state_hub import SnapshotHub
 
@@ -25,6 +26,7 @@ class ServerContext:
     metrics: ServerMetrics
     _served: ServedModel | None = None
     snapshots: SnapshotHub | None = None  # the engine-state snapshots every reader shares (routes_state)
+    responses: ResponseStore = field(default_factory=ResponseStore)  # /v1/responses' previous_response_id
 
     def served_model(self) -> ServedModel:
         try:

@@ -1,6 +1,7 @@
 """OpenAI-shaped errors: one exception type for every refusal, and the handlers that render it.
 
-Every error leaves the server as `{"error": {"message", "type", "param", "code"}}` with a 4xx status for
+Every error leaves the server as `{"error": {"message", "type", "param", "code"}}` (under /v1/messages in
+Anthropic's `{"type": "error", "error": {"type", "message"}}`) with a 4xx status for
 anything a client sent (FastAPI's 422 validation errors become 400, `ValueError` from the engine becomes
 400) and 503 while the engine is loading or dead. A 500 means a bug here, never bad input.
 """
@@ -44,6 +45,30 @@ def error_body(status: int, message: str, param: str | None = None, code: str | 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,
                    headers: dict | None = None) -> JSONResponse:
     return JSONResponse(error_body(status, message, param, code), status_code=status, headers=headers)
+
+
+ANTHROPIC_PATH = "/v1/messages"  # this route and its count_tokens answer in Anthropic's error shape
+ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                   404: "not_found_error", 405: "invalid_request_error", 408: "timeout_error",
+                   413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+
+
+def anthropic_error_body(status: int, message: str) -> dict:
+    """Anthropic's shape: `{"type": "error", "error": {"type", "message"}}` (no param: the message names it)."""
+    kind = ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def is_anthropic_path(path: str) -> bool:
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def error_response_for(path: str, status: int, message: str, param: str | None = None, code: str | None = None,
+                       headers: dict | None = None) -> JSONResponse:
+    """The error in the shape the route's API uses: Anthropic's under /v1/messages, OpenAI's elsewhere."""
+    if is_anthropic_path(path):
+        return JSONResponse(anthropic_error_body(status, message), status_code=status, headers=headers)
+    return error_response(status, message, param, code, headers)
 
 
 def engine_error(exc: BaseException) -> OpenAIError:
@@ -108,13 +133,15 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None]:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> JSONResponse:
-        return error_response(exc.status, exc.message, exc.param, exc.code)
+    async def _openai_error(request: Request, exc: OpenAIError) -> JSONResponse:
+        return error_response_for(request.url.path, exc.status, exc.message, exc.param, exc.code)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         message, param = validation_message(exc)
-        return error_response(400, message, param)
+        if is_anthropic_path(request.url.path):
+            message = message.replace("the OpenAI or vLLM API", "the Anthropic Messages API")
+        return error_response_for(request.url.path, 400, message, param)
 
     @app.exception_handler(HTTPException)
     async def _http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -126,19 +153,19 @@ def install_error_handlers(app: FastAPI) -> None:
             return error_response(404, f"Invalid URL ({route}): this server has no such route; the routes are "
                                   "listed at /docs", code="unknown_url")
         if exc.status_code == 405 and detail == "Method Not Allowed":
-            return error_response(405, f"Method not allowed ({route}): the route exists for other methods",
-                                  headers=getattr(exc, "headers", None))
-        return error_response(exc.status_code, detail, headers=getattr(exc, "headers", None))
+            return error_response_for(request.url.path, 405, f"Method not allowed ({route}): the route exists for "
+                                      "other methods", headers=getattr(exc, "headers", None))
+        return error_response_for(request.url.path, exc.status_code, detail, headers=getattr(exc, "headers", None))
 
     @app.exception_handler(ValueError)
-    async def _value_error(_: Request, exc: ValueError) -> JSONResponse:
+    async def _value_error(request: Request, exc: ValueError) -> JSONResponse:
         err = value_error(exc)
-        return error_response(400, err.message, err.param)
+        return error_response_for(request.url.path, 400, err.message, err.param)
 
     @app.exception_handler(Exception)
-    async def _internal_error(_: Request, exc: Exception) -> JSONResponse:
+    async def _internal_error(request: Request, exc: Exception) -> JSONResponse:
         err = engine_error(exc)
-        return error_response(err.status, err.message, err.param, err.code)
+        return error_response_for(request.url.path, err.status, err.message, err.param, err.code)
 
 
 def stream_error_event(exc: BaseException) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 import uuid
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request, Response
@@ -25,8 +26,8 @@ from engine.server.context import ServerContext, get_context
 from engine.server.errors import bad_request, engine_error, stream_error_event
 from engine.server.generation import close_all, merge, start_requests, wait_for_finals
 from engine.server.logprobs import chat_logprobs, token_names, vllm_prompt_logprobs
-from engine.server.prompts import (chat_prompt, message_chars, message_text, resolve_max_tokens, template_kwargs,
-                                   truncate_prompt)
+from engine.server.prompts import (Prompt, chat_prompt, message_chars, message_text, resolve_max_tokens,
+                                   template_kwargs, truncate_prompt)
 from engine.server.protocol import ChatCompletionRequest
 from engine.server.refusals import refuse_unsupported
 from engine.server.responses import (ChatChoice, ChatChunkChoice, ChatCompletionChunk, ChatCompletionResponse,
@@ -57,7 +58,7 @@ def _check_supported(req: ChatCompletionRequest) -> int | None:
     return (req.top_logprobs or 0) if req.logprobs else None
 
 
-def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOutputPlan, dict | None]:
+def output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOutputPlan, dict | None]:
     """How choices are read, and the JSON schema a forced tool call must match (None: not forced)."""
     choice = req.tool_choice if req.tools else None
     if choice is None and req.tools and model.tool_parser is not None:
@@ -78,6 +79,7 @@ def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOu
             raise bad_request(f"tool_choice 'auto' needs a tool-call parser: {model.name!r}'s chat template shows "
                               "no known tool-call format; start the server with --tool-call-parser", "tool_choice")
         plan.tool_parser = get_tool_parser(model.tool_parser)
+        plan.tool_parser.bind_tools(req.tools)
         return plan, None
     if choice == "required":
         plan.forced_required, plan.reasoning = True, None
@@ -90,34 +92,59 @@ def _output_plan(req: ChatCompletionRequest, model: ServedModel) -> tuple[ChatOu
     return plan, tool_call_schema(req.tools, choice, req.parallel_tool_calls is not False)
 
 
-@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
-async def create_chat_completion(req: ChatCompletionRequest, request: Request,
-                                 ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
-    model = ctx.model_for(req.model)
-    logprobs = _check_supported(req)
-    plan, forced_schema = _output_plan(req, model)
-    structured, source = structured_outputs_for(req, forced_schema)
-    await compile_or_400(model, structured, source)
+@dataclass
+class ChatRun:
+    """One chat request admitted to the engine: how its choices are read and the engine streams."""
+
+    model: ServedModel
+    plan: ChatOutputPlan
+    streams: list[RequestStream]
+    request_id: str
+    created: int
+    prompt_tokens: int
+
+
+async def render_prompt(req: ChatCompletionRequest, model: ServedModel, forced: bool) -> Prompt:
+    """The request's prompt ids (`forced`: tool_choice makes the grammar hold a call, see output_plan)."""
     tools, messages = None if req.tool_choice == "none" else req.tools, req.messages
-    if tools and forced_schema is not None and not model.supports_tools:  # the grammar holds the call's shape
+    if tools and forced and not model.supports_tools:  # the grammar holds the call's shape
         tools, messages = None, with_tool_preamble(messages, req.tools, req.tool_choice)
     prompt = await off_loop(message_chars(messages), chat_prompt, model, messages, tools,
                             req.add_generation_prompt, req.continue_final_message,
                             template_kwargs(model, req.chat_template_kwargs, req.reasoning_effort),
                             req.add_special_tokens)
-    prompt = truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
+    return truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
+
+
+async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: str = "chatcmpl-") -> ChatRun:
+    """Check, render and admit a chat request; every chat-shaped route (chat, responses, messages) runs this."""
+    model = ctx.model_for(req.model)
+    logprobs = _check_supported(req)
+    plan, forced_schema = output_plan(req, model)
+    structured, source = structured_outputs_for(req, forced_schema)
+    await compile_or_400(model, structured, source)
+    prompt = await render_prompt(req, model, forced_schema is not None)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     param = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     max_tokens = resolve_max_tokens(requested, len(prompt.token_ids), model.max_model_len, param)
     params = sampling_params(req, max_tokens, logprobs, model.vocab_size, structured, req.prompt_logprobs)
+    if plan.needs_special_tokens:
+        params.skip_special_tokens = False
     beam = beam_search_params(req, params.max_tokens)
-    request_id = f"chatcmpl-{req.request_id or uuid.uuid4().hex}"
+    request_id = f"{id_prefix}{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt,
                                        [beam], req.priority)
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
-    created = int(time.time())
+    return ChatRun(model, plan, streams, request_id, int(time.time()), len(prompt.token_ids))
+
+
+@router.post("/v1/chat/completions", response_model=ChatCompletionResponse, responses=SSE_RESPONSE_DOC)
+async def create_chat_completion(req: ChatCompletionRequest, request: Request,
+                                 ctx: ServerContext = Depends(get_context)) -> Response | ChatCompletionResponse:
+    run = await start_chat(req, ctx)
+    model, plan, streams, request_id, created = run.model, run.plan, run.streams, run.request_id, run.created
     if req.stream:
         return sse_response(_stream(req, ctx, model, plan, streams, request_id, created))
     finals = await wait_for_finals(request, streams, ctx.metrics)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.reasoning import detect_reasoning_parser
 from engine.tool_parsers import detect_tool_parser
 
 
@@ -43,7 +44,7 @@ class ServedModel:
                    text_tokenizer=plain_text_tokenizer(tokenizer), special_token_texts=special_texts(tokenizer),
                    grammars=llm_engine.grammars,
                    tool_parser=llm_engine.config.tool_call_parser or detect_tool_parser(template),
-                   reasoning_parser=llm_engine.config.reasoning_parser)
+                   reasoning_parser=llm_engine.config.reasoning_parser or detect_reasoning_parser(template))
 
 
 def quantization_name(model_config: Any) -> str | None:

@@ -1,4 +1,5 @@
-"""Server-sent events: one `data: {json}` event per chunk, `data: [DONE]` at the end of OpenAI streams."""
+"""Server-sent events: one `data: {json}` event per chunk, `data: [DONE]` at the end of OpenAI chat and completion
+streams; named events (`event: <type>`) for the Responses and Anthropic Messages streams, which end without it."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,11 @@ DONE = "data: [DONE]\n\n"
 def sse_event(data: BaseModel | dict) -> str:
     body = data.model_dump_json() if isinstance(data, BaseModel) else json.dumps(data, separators=(",", ":"))
     return f"data: {body}\n\n"
+
+
+def named_sse_event(event: str, data: dict) -> str:
+    """An event with its type on the `event:` line too, as the Responses and Anthropic streams send them."""
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'), ensure_ascii=False)}\n\n"
 
 
 # What /openapi.json says a streaming route answers (merged into the route's JSON 200 where it has one).

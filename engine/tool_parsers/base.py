@@ -37,7 +37,11 @@ def call_from_json(obj: object, args_key: str = "arguments") -> ToolCall | None:
 
 class ToolParser:
     name = ""
+    needs_special_tokens = False  # harmony: its markers are special tokens, so the text must keep them
     markers: tuple[str, ...] = ()
+
+    def bind_tools(self, tools: list | None) -> None:
+        """The request's tool definitions, for formats whose values are typed by the schema (qwen3_coder)."""
 
     def find_start(self, text: str) -> int | None:
         """Index where the tool-call section starts, or None."""

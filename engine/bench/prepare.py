@@ -1,0 +1,114 @@
+"""`pagedesk-bench prepare`: the model runner's own input preparation per decode step, without a model.
+
+S sequences of B blocks each decode one token per step (a new block every block_size steps); the bench times
+`ModelRunner.prepare` (what rank 0 does on the host before every forward), and where the tree has a persistent
+input batch also the host side of getting the step's tables onto the device (`step_tables`: the diff applied,
+the changed cells copied, the rows gathered). It prints the median and the best step (the best is the
+fair figure on a loaded machine) and the bytes of the pickled
+`StepInputs` a tensor-parallel worker receives. It runs on older checkouts too (no input batch there), so the
+same file measures before and after: `python -m engine.bench.prepare` from each tree.
+"""
+from __future__ import annotations
+
+import argparse
+import pickle
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+
+from engine.block_pool import Block
+from engine.kv_cache_interface import FullAttentionSpec, KVCacheGroup, KVCacheLayout
+from engine.model_runner import ModelRunner
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledSeq
+
+
+def make_runner(block_size: int, max_model_len: int) -> ModelRunner:
+    """A ModelRunner with only what `prepare` reads (no weights, no cache)."""
+    runner = ModelRunner.__new__(ModelRunner)
+    runner.block_size, runner.device = block_size, torch.device("cpu")
+    runner.kv_layout = KVCacheLayout((KVCacheGroup(FullAttentionSpec(block_size, 1, 1, 1), (0,)),), 1)
+    try:
+        from engine.input_batch import InputBatch
+    except ImportError:  # a tree from before the input batch
+        return runner
+    runner.input_batch = InputBatch(1, -(-max_model_len // block_size), runner.device)
+    return runner
+
+
+class BenchSeq(SimpleNamespace):
+    @property
+    def block_table(self):
+        return self.block_tables[0]
+
+
+def make_seqs(num_seqs: int, num_blocks: int, block_size: int) -> list[BenchSeq]:
+    request = SimpleNamespace(params=SamplingParams(), cache_salt=None)
+    seqs, next_block = [], 1
+    for i in range(num_seqs):
+        tokens = (num_blocks - 1) * block_size + 1  # the last block has room for block_size - 1 more tokens
+        table = [Block(next_block + j) for j in range(num_blocks)]
+        next_block += num_blocks
+        seqs.append(BenchSeq(seq_id=i, token_ids=[1] * tokens, num_tokens=tokens, num_prompt_tokens=1,
+                                    num_computed_tokens=tokens - 1, block_tables=[table], table_edits={},
+                                    request=request))
+    return seqs
+
+
+def decode_step(seqs, block_size: int, fresh: list[int]) -> None:
+    """One token more per sequence; a sequence whose next slot opens a block gets one (as the KV manager)."""
+    for seq in seqs:
+        seq.token_ids.append(1)
+        seq.num_tokens += 1
+        seq.num_computed_tokens += 1
+        if seq.num_computed_tokens % block_size == 0:
+            fresh[0] += 1
+            seq.block_tables[0].append(Block(fresh[0]))
+
+
+def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int):
+    """(median, best) ms of prepare, the same with the tables on the device, and the pickled bytes."""
+    runner = make_runner(block_size, (num_blocks + steps // block_size + 2) * block_size)
+    seqs = make_seqs(num_seqs, num_blocks, block_size)
+    fresh = [10 ** 7]
+    prepare_ms, device_ms, sizes = [], [], []
+    for step in range(steps + 5):
+        batch = [ScheduledSeq(s, 1) for s in seqs]
+        t0 = time.perf_counter()
+        inputs = runner.prepare(batch, [])
+        t1 = time.perf_counter()
+        if hasattr(runner, "step_tables"):
+            runner.step_tables(inputs)
+        else:
+            torch.from_numpy(inputs.block_tables).to(runner.device)
+        t2 = time.perf_counter()
+        if step >= 5:  # warm-up first
+            prepare_ms.append(1e3 * (t1 - t0))
+            device_ms.append(1e3 * (t2 - t0))
+            sizes.append(len(pickle.dumps(inputs)))
+        decode_step(seqs, block_size, fresh)
+    return ((statistics.median(prepare_ms), min(prepare_ms)), (statistics.median(device_ms), min(device_ms)),
+            int(statistics.median(sizes)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="pagedesk-bench prepare", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", default="64x2048,64x256,256x256,256x2048",
+                        help="comma-separated SEQSxBLOCKS decode batches")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=40)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)  # the engine's host work is one thread; a loaded machine stalls torch's thread pool
+    print("| sequences × blocks | prepare ms/step, median (best) | + tables on the device | pickled StepInputs |")
+    print("|---|---|---|---|")
+    for shape in args.shapes.split(","):
+        seqs, blocks = (int(x) for x in shape.split("x"))
+        prep, dev, size = measure(seqs, blocks, args.block_size, args.steps)
+        print(f"| {seqs} × {blocks} | {prep[0]:.2f} ({prep[1]:.2f}) | {dev[0]:.2f} ({dev[1]:.2f}) | "
+              f"{size / 1024:.1f} KiB |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
