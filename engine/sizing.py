@@ -76,14 +76,19 @@ def format_bytes(n: int) -> str:
 
 
 def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
-    """Bytes of `matrix_params` weights as the checkpoint packs them: codes, plus per group a 16-bit scale and
-    (asymmetric int) a packed zero point. Per-channel scales and g_idx are one number per row: left out."""
+    """Bytes of `matrix_params` weights as the engine keeps them in memory: codes, plus per group a scale and a
+    zero point in the dtypes engine/quantization/methods.py gives them (AWQ/GPTQ/AutoRound float16 scales,
+    compressed-tensors float32; a byte per 4-bit zero point, int16 for 8-bit, symmetric or not, since the
+    kernels read one), or MXFP4's one E8M0 byte per 32. Per-channel scales and g_idx are one number per row:
+    left out."""
     codes = matrix_params * quant.bits // 8
     if quant.group_size == -1:
         return codes
-    zero_bits = 0 if quant.symmetric or quant.weight_type == "float" else quant.bits
-    scale_bits = 8 if quant.weight_type == "mxfp4" else 16  # MX scales are E8M0 bytes
-    return codes + matrix_params // quant.group_size * (scale_bits + zero_bits) // 8
+    if quant.weight_type == "mxfp4":
+        return codes + matrix_params // quant.group_size
+    scale_bytes = 4 if quant.method == "compressed-tensors" else 2
+    zero_bytes = 1 if quant.bits <= 4 else 2
+    return codes + matrix_params // quant.group_size * (scale_bytes + zero_bytes)
 
 
 def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1, block_size: int = 16,
@@ -92,6 +97,11 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1, block
     without sliding windows): KV heads are split across ranks, replicated below one each."""
     layout = model_kv_layout(cfg, block_size, kv_dtype_bytes, tp, window_freeing)
     return layout.bytes_per_block // block_size
+
+
+O_PROJ_BIAS = ("GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM",
+               "Gemma4ForConditionalGeneration")
+ATTENTION_SINKS = ("GptOssForCausalLM",)
 
 
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
@@ -107,6 +117,11 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     matrix_params = attention_params + mlp_params // tp
     vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
     vector_params += attention_vectors  # QKV biases split, q/k norms replicated
+    num_attention = len(cfg.attention_layer_ids)
+    if cfg.qkv_bias and cfg.architecture in O_PROJ_BIAS:  # their attention_bias covers o_proj too (kept whole)
+        vector_params += num_attention * h
+    if cfg.architecture in ATTENTION_SINKS:  # one learned sink logit per head, split by head
+        vector_params += num_attention * cfg.num_heads // tp
     if linear is not None:
         vector_params += len(linear.layers) * linear.vector_params() // tp
     ple_embedding, ple_rest = cfg.per_layer_input_params()  # Gemma 4: float, embedding vocab-split

@@ -82,8 +82,10 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
                                              choose_quant_kernel, quant_gemm_kernel, quant_gemv_kernel)
     choice = choose_quant_kernel(rows)
     gemm = choice.name == "gemm"
-    pointers = dict(x_ptr=_ptr(dtype), w_ptr="*u8" if weight_fp8 else "*i32", scales_ptr="*fp32",
-                    zeros_ptr="*fp32" if weight_fp8 else "*i16", g_idx_ptr="*i32",
+    # what the loader keeps: float16 scales (AWQ/GPTQ), a byte per 4-bit zero point (int16 for 8-bit)
+    pointers = dict(x_ptr=_ptr(dtype), w_ptr="*u8" if weight_fp8 else "*i32",
+                    scales_ptr="*fp32" if weight_fp8 else "*fp16",
+                    zeros_ptr="*fp32" if weight_fp8 else ("*u8" if bits <= 4 else "*i16"), g_idx_ptr="*i32",
                     partial_ptr="*fp32", out_ptr=_ptr(dtype))
     constexprs = dict(BITS=bits, GROUP=group, HAS_G_IDX=act_order, WEIGHT_FP8=weight_fp8,
                       IEEE_FP32=dtype == torch.float32, BLOCK_M=choice.block_m)
@@ -97,29 +99,43 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
                    pointers, constexprs, fp8=weight_fp8)
 
 
-def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False
-                ) -> Variant:
+def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False,
+                weights: str = "float", bits: int = 4, group: int = 128) -> Variant:
     """The fused-MoE grouped GEMM with the tiles default_moe_tiles picks for that batch (down: the
-    projection whose epilogue multiplies by the router weights)."""
-    from kernels.triton_moe import default_moe_tiles, fused_moe_kernel
+    projection whose epilogue multiplies by the router weights); `weights` float, int (W4A16/W8A16 codes
+    with `bits` and `group`) or mxfp4, the packed ones dequantized in the kernel."""
+    from kernels.triton_moe import FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, default_moe_tiles, fused_moe_kernel
     t = default_moe_tiles(tokens, top_k, experts)
-    pointers = dict(a_ptr=_ptr(dtype), b_ptr=_ptr(dtype), c_ptr=_ptr(dtype), bias_ptr=_ptr(dtype),
+    b_ptr, scales, zeros = {"float": (_ptr(dtype), "*fp32", "*fp32"),
+                            "int": ("*i32", "*fp16", "*u8" if bits <= 4 else "*i16"),
+                            "mxfp4": ("*u8", "*u8", "*u8")}[weights]
+    pointers = dict(a_ptr=_ptr(dtype), b_ptr=b_ptr, c_ptr=_ptr(dtype), bias_ptr=_ptr(dtype),
                     topk_weights_ptr="*fp32", sorted_token_ids_ptr="*i32", expert_ids_ptr="*i32",
-                    num_tokens_post_padded_ptr="*i32")
+                    num_tokens_post_padded_ptr="*i32", b_scales_ptr=scales, b_zeros_ptr=zeros)
+    fmt = {"float": (FLOAT_WEIGHTS, 16, 1), "int": (INT_WEIGHTS, bits, group), "mxfp4": (MXFP4_WEIGHTS, 4, 32)}
+    code, bits, group = fmt[weights]
     constexprs = dict(TOP_K=1 if down else top_k, MUL_ROUTED_WEIGHT=down, HAS_BIAS=bias,
-                      IEEE_FP32=dtype == torch.float32, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-                      GROUP_M=t.group_m)
-    name = f"moe {'down' if down else 'gate_up'} {dtype} {tokens} tokens top-{top_k}/{experts} {t}"
+                      IEEE_FP32=dtype == torch.float32, WEIGHT_FORMAT=code, BITS=bits, GROUP=group,
+                      BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m)
+    kind = {"float": "", "int": f" w{bits} g{group}", "mxfp4": " mxfp4"}[weights]
+    name = f"moe {'down' if down else 'gate_up'} {dtype}{kind} {tokens} tokens top-{top_k}/{experts} {t}"
     return Variant(name + (" bias" if bias else ""), fused_moe_kernel, pointers, constexprs,
                    num_warps=t.num_warps)
 
 
 def moe_variants() -> list[Variant]:
-    """Decode, small and large prefill tiles, for Qwen3-30B-A3B's routing (top-8 of 128) and gpt-oss's biases."""
+    """Decode, small and large prefill tiles, for Qwen3-30B-A3B's routing (top-8 of 128) in bf16 and W4A16
+    (AWQ/GPTQ g128, GPTQ 8-bit), and gpt-oss's (top-4 of 32, biases) in bf16 and MXFP4."""
     f16, bf16 = torch.float16, torch.bfloat16
     return [moe_variant(bf16, 1, 8, 128, False), moe_variant(bf16, 16, 8, 128, True),
             moe_variant(f16, 256, 8, 128, False), moe_variant(bf16, 4096, 8, 128, True),
-            moe_variant(bf16, 8, 4, 32, True, bias=True), moe_variant(bf16, 2048, 2, 8, False)]
+            moe_variant(bf16, 8, 4, 32, True, bias=True), moe_variant(bf16, 2048, 2, 8, False),
+            moe_variant(f16, 1, 8, 128, False, weights="int"), moe_variant(bf16, 16, 8, 128, True, weights="int"),
+            moe_variant(bf16, 4096, 8, 128, False, weights="int"),
+            moe_variant(bf16, 16, 8, 128, False, weights="int", bits=8),
+            moe_variant(bf16, 1, 4, 32, False, bias=True, weights="mxfp4"),
+            moe_variant(bf16, 16, 4, 32, True, bias=True, weights="mxfp4"),
+            moe_variant(bf16, 2048, 4, 32, False, bias=True, weights="mxfp4")]
 
 
 def gated_delta_variants() -> list[Variant]:
@@ -194,7 +210,9 @@ def quick_variants() -> list[Variant]:
             attention_variant(f16, f16, 2, 64, DECODE_SPLIT, window=True, soft_cap=True, sinks=True),
             quant_linear_variant(f16, 4, 128, False, 1), quant_linear_variant(f16, 4, 128, False, 16),
             quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
-            moe_variant(torch.bfloat16, 16, 8, 128, True)]
+            moe_variant(torch.bfloat16, 16, 8, 128, True),
+            moe_variant(torch.bfloat16, 16, 8, 128, False, weights="int"),
+            moe_variant(torch.bfloat16, 16, 4, 32, True, bias=True, weights="mxfp4")]
 
 
 def compile_variant(variant: Variant, arch: int) -> dict[str, str]:

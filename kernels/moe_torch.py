@@ -4,16 +4,54 @@ Layout shared with the Triton kernel (kernels/triton_moe.py): `w13` [E, 2I, H] h
 then up rows, `w2` [E, H, I] its down projection, optional biases `w13_bias` [E, 2I] and `w2_bias` [E, H];
 `topk_ids` [T, k] and `topk_weights` [T, k] come from the router. The loop visits only the experts that
 received tokens, so a decode step touches k experts' weights, not all of them. `w13`/`w2` may be anything
-indexable by expert id that returns a float matrix (quantized experts dequantize one expert at a time).
-This is the CPU path and the oracle the Triton kernel is tested against; it imports nothing of ours.
+indexable by expert id that returns a float matrix: quantized experts are `PackedExperts` (W4A16/W8A16 int
+codes, or MXFP4), dequantized one routed expert at a time by kernels/quant_torch.py. This is the CPU path and
+the oracle the Triton kernel is tested against; it imports only kernels/quant_torch.py.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from kernels.quant_torch import MXFP4_BLOCK, dequantize_int, dequantize_mxfp4
+
 ACTIVATIONS = ("silu", "swigluoai")
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU constants
+
+
+@dataclass(frozen=True)
+class PackedExperts:
+    """One projection's stacked quantized experts, kept packed; `experts[e]` is expert e's float [N, K] matrix.
+
+    format "int": `weight` int32 words [E, K / pack, N] (codes packed along K), `scales` [E, G, N] float and
+    `zeros` [E, G, N] unsigned zero points, groups of `group_size` input rows (kernels/quant_torch.py's layout,
+    per expert). format "mxfp4": `weight` uint8 [E, N, K / 2] (two E2M1 codes a byte), `scales` uint8 E8M0
+    [E, N, K / 32]. `dtype` is what a dequantized expert comes out as."""
+    format: str
+    weight: torch.Tensor
+    scales: torch.Tensor
+    zeros: torch.Tensor | None = None
+    bits: int = 4
+    group_size: int = MXFP4_BLOCK
+    dtype: torch.dtype = torch.float32
+
+    def __post_init__(self) -> None:
+        if self.format not in ("int", "mxfp4"):
+            raise ValueError(f"packed experts format {self.format!r} is not one of int, mxfp4")
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(experts, N, K) of the float weights this encodes."""
+        e, a, b = self.weight.shape
+        return (e, b, a * (32 // self.bits)) if self.format == "int" else (e, a, b * 2)
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        if self.format == "mxfp4":
+            return dequantize_mxfp4(self.weight[e], self.scales[e], self.dtype)
+        return dequantize_int(self.weight[e], self.scales[e], self.zeros[e], self.bits, self.group_size, None,
+                              self.dtype)
 
 
 def moe_activation(gate_up: torch.Tensor, activation: str, alpha: float = SWIGLU_ALPHA,

@@ -4,8 +4,10 @@ One in-memory layout serves every int checkpoint family (the loader converts to 
 [K / pack, N] with `pack = 32 // bits` codes per word along the input dim K, lowest bits first; `scales`
 [groups, N]; `zeros` [groups, N] unsigned zero points, so a weight is (code - zero) * scale; an optional
 `g_idx` [K] gives each input row's group (act order), otherwise row k is in group k // group_size. FP8
-weights stay [N, K] float8_e4m3fn with one scale per output channel. This is the CPU path and the oracle the
-Triton kernels are tested against; it imports nothing of ours.
+weights stay [N, K] float8_e4m3fn with one scale per output channel. MXFP4 weights (OCP Microscaling, gpt-oss's
+experts) stay [N, K / 2] bytes of two FP4 E2M1 codes each (element 2j in the low nibble, 2j+1 in the high one)
+with one E8M0 byte per 32 input values, [N, K / 32]: a weight is e2m1(code) * 2**(scale - 127). This is the CPU
+path and the oracle the Triton kernels are tested against; it imports nothing of ours.
 """
 from __future__ import annotations
 
@@ -66,6 +68,24 @@ def dequantize_int(qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Ten
         groups = group_index(k, group_size, g_idx, codes.device)
         w = (codes - zeros.to(torch.int32)[groups]).to(torch.float32) * scales.to(torch.float32)[groups]
     return w.t().to(dtype)
+
+
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+MXFP4_BLOCK = 32  # values sharing one E8M0 scale
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Float weight [N, K] from MXFP4 bytes [N, K / 2] and E8M0 scales [N, K / 32], computed in float32 (exact:
+    an E2M1 value times a power of two)."""
+    n, half = blocks.shape
+    if scales.shape != (n, half * 2 // MXFP4_BLOCK):
+        raise ValueError(f"MXFP4 scales of shape {tuple(scales.shape)} do not fit blocks {tuple(blocks.shape)} "
+                         f"(one scale per {MXFP4_BLOCK} values: expected {(n, half * 2 // MXFP4_BLOCK)})")
+    lut = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=blocks.device)
+    b = blocks.to(torch.int64)
+    values = torch.stack([lut[b & 0xF], lut[b >> 4]], dim=-1).view(n, -1, MXFP4_BLOCK)
+    exponents = scales.to(torch.int32) - 127
+    return torch.ldexp(values, exponents.unsqueeze(-1)).view(n, -1).to(dtype)
 
 
 def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -8,7 +8,9 @@ by that expert's weight tile (one program per (M block, N block), weights read s
 the expert's bias and multiplies by the router weight before storing, and the k choices of a token are summed.
 The sort runs on the device with no host sync (CUDA graphs can capture it). A decode batch of up to 16 tokens
 gives every expert at most 16 rows, one M block with the default tiles, so each chosen expert's weights are
-read once per step. Imports nothing of ours.
+read once per step. Packed experts (W4A16/W8A16 int codes, MXFP4) are dequantized tile by tile in registers
+before each dot (sm_86/sm_89 have no INT4/FP4 matrix path worth using), so they cross memory at 4 bits. Imports
+only kernels/ modules.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.moe_torch import SWIGLU_ALPHA, SWIGLU_LIMIT, moe_activation
+from kernels.moe_torch import SWIGLU_ALPHA, SWIGLU_LIMIT, PackedExperts, moe_activation
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +68,67 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
     return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
 
 
+FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS = 0, 1, 2  # the WEIGHT_FORMAT constexpr
+
+
+@triton.jit
+def mxfp4_tile(w_ptr, scales_ptr, offs_k, offs_n, K, N, stride_wn, stride_sn):
+    """Float32 weights [BLOCK_K, BLOCK_N] from MXFP4 bytes [N, K / 2] (element 2j in the low nibble) and E8M0
+    scales [N, K / 32], decoded by integer arithmetic (no FP4 instructions on sm_86/sm_89)."""
+    mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
+    byte = tl.load(w_ptr + offs_n[None, :] * stride_wn + (offs_k // 2)[:, None], mask=mask, other=0).to(tl.int32)
+    code = (byte >> ((offs_k % 2) * 4)[:, None]) & 0xF
+    exponent, mantissa = (code >> 1) & 0x3, code & 0x1
+    # E2M1 magnitude in quarters: subnormal 0/0.5 (exponent 0), else (1 + m/2) * 2**(exponent-1)
+    quarters = tl.where(exponent == 0, 2 * mantissa, (2 + mantissa) << exponent)
+    magnitude = quarters.to(tl.float32) * 0.25
+    value = tl.where((code & 0x8) != 0, -magnitude, magnitude)
+    scale_byte = tl.load(scales_ptr + offs_n[None, :] * stride_sn + (offs_k // 32)[:, None], mask=mask,
+                         other=127).to(tl.int32)
+    scale = (scale_byte << 23).to(tl.float32, bitcast=True)  # E8M0 is a float32 exponent field: 2**(s - 127)
+    return value * scale
+
+
+@triton.jit
+def int_tile(w_ptr, scales_ptr, zeros_ptr, k0, offs_n, K, N, stride_wk, stride_wn, stride_sg, stride_zg,
+             BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Float32 weights [BLOCK_K, BLOCK_N] for input rows k0.. from int codes packed along K ([K / pack, N] words,
+    lowest bits first) and [G, N] scales and unsigned zeros. Each word is loaded once and unpacked by shifts
+    (not loaded once per code), and when a tile lies inside one group its scales and zeros are one row: both
+    keep the registers of the decode tiles free of spills."""
+    PACK: tl.constexpr = 32 // BITS
+    offs_w = k0 // PACK + tl.arange(0, BLOCK_K // PACK)
+    n_mask = offs_n < N
+    words = tl.load(w_ptr + offs_w[:, None] * stride_wk + offs_n[None, :] * stride_wn,
+                    mask=(offs_w[:, None] < tl.cdiv(K, PACK)) & n_mask[None, :], other=0)
+    shifts = tl.arange(0, PACK) * BITS
+    codes = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
+    codes = tl.reshape(codes, (BLOCK_K, words.shape[1]))  # row w * PACK + j holds code j of word w
+    if GROUP % BLOCK_K == 0:
+        group = k0 // GROUP
+        scale = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0)[None, :]
+        zero = tl.load(zeros_ptr + group * stride_zg + offs_n, mask=n_mask, other=0)[None, :]
+    else:
+        groups = (k0 + tl.arange(0, BLOCK_K)) // GROUP
+        g_mask = (k0 + tl.arange(0, BLOCK_K) < K)[:, None] & n_mask[None, :]
+        scale = tl.load(scales_ptr + groups[:, None] * stride_sg + offs_n[None, :], mask=g_mask, other=0.0)
+        zero = tl.load(zeros_ptr + groups[:, None] * stride_zg + offs_n[None, :], mask=g_mask, other=0)
+    return (codes - zero.to(tl.int32)).to(tl.float32) * scale
+
+
 @triton.jit
 def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
-                     num_tokens_post_padded_ptr, N, K, EM, num_valid_tokens, stride_am, stride_be, stride_bn,
-                     stride_bk, stride_cm, stride_bias_e, TOP_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """C[rows of one expert's M block, N block] = A[rows] @ B[expert].T (+ bias) (* router weight)."""
+                     num_tokens_post_padded_ptr, b_scales_ptr, b_zeros_ptr, N, K, EM, num_valid_tokens,
+                     stride_am, stride_be, stride_bn, stride_bk, stride_cm, stride_bias_e, stride_se, stride_sn,
+                     stride_sg, stride_ze, stride_zg, TOP_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
+                     HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr, WEIGHT_FORMAT: tl.constexpr,
+                     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """C[rows of one expert's M block, N block] = A[rows] @ B[expert].T (+ bias) (* router weight).
+
+    B is float [E, N, K], or packed (WEIGHT_FORMAT): int codes [E, K / pack, N] with [E, G, N] scales and
+    zeros, or MXFP4 bytes [E, N, K / 2] with [E, N, K / 32] scales; a packed tile is dequantized in registers
+    to A's dtype right before the dot, so the weights cross memory at 4 bits."""
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(EM, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * num_pid_n)  # grouped ordering: neighbouring programs share weight tiles in L2
@@ -87,20 +143,26 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
     token_mask = offs_token < num_valid_tokens
     expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + (offs_token // TOP_K)[:, None] * stride_am + offs_k[None, :]
-    b_ptrs = b_ptr + expert * stride_be + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn
+    a_rows = a_ptr + (offs_token // TOP_K)[:, None] * stride_am
+    b_expert = b_ptr + expert * stride_be
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        k_mask = offs_k < K - k0
-        a = tl.load(a_ptrs, mask=token_mask[:, None] & k_mask[None, :], other=0.0)
-        b = tl.load(b_ptrs, mask=k_mask[:, None] & (offs_n[None, :] < N), other=0.0)
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        a = tl.load(a_rows + offs_k[None, :], mask=token_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        if WEIGHT_FORMAT == 1:
+            b = int_tile(b_expert, b_scales_ptr + expert * stride_se, b_zeros_ptr + expert * stride_ze, k0,
+                         offs_n, K, N, stride_bk, stride_bn, stride_sg, stride_zg, BITS, GROUP,
+                         BLOCK_K).to(a.dtype)
+        elif WEIGHT_FORMAT == 2:
+            b = mxfp4_tile(b_expert, b_scales_ptr + expert * stride_se, offs_k, offs_n, K, N, stride_bn,
+                           stride_sn).to(a.dtype)
+        else:
+            b = tl.load(b_expert + offs_k[:, None] * stride_bk + offs_n[None, :] * stride_bn,
+                        mask=(offs_k[:, None] < K) & (offs_n[None, :] < N), other=0.0)
         if IEEE_FP32:  # fp32 activations: no TF32 rounding, so the result matches the torch reference
             acc = tl.dot(a, b, acc, input_precision="ieee")
         else:
             acc = tl.dot(a, b, acc)
-        a_ptrs += BLOCK_K
-        b_ptrs += BLOCK_K * stride_bk
     if HAS_BIAS:
         acc += tl.load(bias_ptr + expert * stride_bias_e + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
     if MUL_ROUTED_WEIGHT:
@@ -109,36 +171,59 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & (offs_n[None, :] < N))
 
 
-def grouped_gemm(a: torch.Tensor, w: torch.Tensor, out: torch.Tensor, bias: torch.Tensor | None,
+def weight_args(w) -> tuple[tuple, dict, tuple[int, int, int]]:
+    """(pointer and stride arguments, format constexprs, (E, N, K)) of a float [E, N, K] tensor or PackedExperts."""
+    if isinstance(w, torch.Tensor):
+        return ((w, w, w, w.stride(0), w.stride(1), w.stride(2), 0, 0, 0, 0, 0),
+                dict(WEIGHT_FORMAT=FLOAT_WEIGHTS, BITS=16, GROUP=1), tuple(w.shape))
+    e, n, k = w.shape
+    if w.format == "mxfp4":
+        if w.weight.stride(2) != 1:
+            raise ValueError(f"MXFP4 expert bytes {tuple(w.weight.shape)} must be contiguous along K")
+        return ((w.weight, w.scales, w.scales, w.weight.stride(0), w.weight.stride(1), 1, w.scales.stride(0),
+                 w.scales.stride(1), w.scales.stride(2), 0, 0),
+                dict(WEIGHT_FORMAT=MXFP4_WEIGHTS, BITS=4, GROUP=32), (e, n, k))
+    if w.scales.stride(2) != 1 or w.zeros.stride(2) != 1:
+        raise ValueError("int expert scales and zeros must be contiguous along N")
+    return ((w.weight, w.scales, w.zeros, w.weight.stride(0), w.weight.stride(2), w.weight.stride(1),
+             w.scales.stride(0), 1, w.scales.stride(1), w.zeros.stride(0), w.zeros.stride(1)),
+            dict(WEIGHT_FORMAT=INT_WEIGHTS, BITS=w.bits, GROUP=w.group_size), (e, n, k))
+
+
+def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, bias: torch.Tensor | None,
                  topk_weights: torch.Tensor | None, align, top_k: int, tiles: MoETiles) -> None:
-    """out[entry] = a[entry // top_k] @ w[expert(entry)].T (+ bias) (* topk_weights[entry]) for every entry."""
+    """out[entry] = a[entry // top_k] @ w[expert(entry)].T (+ bias) (* topk_weights[entry]) for every entry;
+    `w` a float [E, N, K] tensor or PackedExperts (dequantized inside the kernel)."""
     sorted_ids, expert_ids, num_post = align
-    n, k = w.shape[1], w.shape[2]
+    (b, scales, zeros, stride_be, stride_bn, stride_bk, stride_se, stride_sn, stride_sg, stride_ze, stride_zg), \
+        fmt, (_, n, k) = weight_args(w)
     if a.shape[1] != k or a.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"grouped GEMM: activations {tuple(a.shape)} (inner stride {a.stride(1)}) do not match "
-                         f"expert weights {tuple(w.shape)}")
+                         f"expert weights of {n} x {k} (N x K)")
     em = sorted_ids.numel()
     grid = (triton.cdiv(em, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     fused_moe_kernel[grid](
-        a, w, out, bias if bias is not None else w, topk_weights if topk_weights is not None else w, sorted_ids,
-        expert_ids, num_post, n, k, em, out.shape[0], a.stride(0), w.stride(0), w.stride(1), w.stride(2),
-        out.stride(0), bias.stride(0) if bias is not None else 0, TOP_K=top_k,
-        MUL_ROUTED_WEIGHT=topk_weights is not None, HAS_BIAS=bias is not None,
+        a, b, out, bias if bias is not None else a, topk_weights if topk_weights is not None else a, sorted_ids,
+        expert_ids, num_post, scales, zeros, n, k, em, out.shape[0], a.stride(0), stride_be, stride_bn, stride_bk,
+        out.stride(0), bias.stride(0) if bias is not None else 0, stride_se, stride_sn, stride_sg, stride_ze,
+        stride_zg, TOP_K=top_k, MUL_ROUTED_WEIGHT=topk_weights is not None, HAS_BIAS=bias is not None,
         IEEE_FP32=a.dtype == torch.float32, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **fmt)
 
 
-def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor,
+def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: torch.Tensor | PackedExperts,
+                     topk_weights: torch.Tensor,
                      topk_ids: torch.Tensor, activation: str = "silu", w13_bias: torch.Tensor | None = None,
                      w2_bias: torch.Tensor | None = None, alpha: float = SWIGLU_ALPHA, limit: float = SWIGLU_LIMIT,
                      tiles: MoETiles | None = None) -> torch.Tensor:
-    """Same contract as kernels.moe_torch.fused_moe_torch: [T, H] -> [T, H]."""
+    """Same contract as kernels.moe_torch.fused_moe_torch: [T, H] -> [T, H]; packed experts (W4A16/W8A16 int,
+    MXFP4) are dequantized tile by tile inside the grouped GEMMs."""
     num_tokens, top_k = topk_ids.shape
-    num_experts = w13.shape[0]
+    num_experts, inter2 = w13.shape[0], w13.shape[1]
     tiles = tiles or default_moe_tiles(num_tokens, top_k, num_experts)
     x = x.contiguous()
     align = moe_align_block_size(topk_ids, tiles.block_m, num_experts)
-    gate_up = torch.empty(num_tokens * top_k, w13.shape[1], dtype=x.dtype, device=x.device)
+    gate_up = torch.empty(num_tokens * top_k, inter2, dtype=x.dtype, device=x.device)
     grouped_gemm(x, w13, gate_up, w13_bias, None, align, top_k, tiles)
     hidden = moe_activation(gate_up, activation, alpha, limit)
     out = torch.empty(num_tokens * top_k, w2.shape[1], dtype=x.dtype, device=x.device)

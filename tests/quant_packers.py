@@ -3,7 +3,8 @@
 Written from each format's public description, independently of the engine's loader: AWQ gemm packs eight
 4-bit codes per int32 along the output dim in the interleaved order 0,2,4,6,1,3,5,7 (qweight [K, N/8], qzeros
 [G, N/8], scales [G, N]); GPTQ packs codes along the input dim (qweight [K*bits/32, N]) and zero points along
-the output dim, and its v1 format stores zero - 1 (readers add one back after masking the bits); act order
+the output dim, and its v1 format stores zero - 1 (readers add one back after masking the bits; AutoRound's
+`auto_round:auto_gptq` packing is the same, with its own quantization_config); act order
 stores g_idx, the group of every input row. compressed-tensors pack-quantized stores weight_packed [N, K*bits/32]
 with signed codes offset by 2**(bits-1), weight_scale [N, G], weight_zero_point packed along N. `dequantized_folder`
 reads a packed folder back (again independently) into a plain float checkpoint for HF transformers: the oracle.
@@ -78,6 +79,10 @@ def quantization_config(fmt: str, bits: int, group: int, sym: bool, act_order: b
     if fmt == "awq":
         return {"quant_method": "awq", "version": "gemm", "bits": bits, "group_size": group, "zero_point": True,
                 "modules_to_not_convert": ignore or None}
+    if fmt == "auto-round":  # AutoRound's own format, GPTQ v1 packing; the routers listed as kept in 16 bits
+        return {"quant_method": "auto-round", "packing_format": "auto_round:auto_gptq", "bits": bits,
+                "group_size": group, "sym": sym, "data_type": "int", "autoround_version": "0.6.0",
+                "extra_config": {f"model.layers.{i}.mlp.gate": {"bits": 16, "data_type": "float"} for i in range(2)}}
     if fmt in ("gptq", "gptq_v2"):
         return {"quant_method": "gptq", "bits": bits, "group_size": group, "sym": sym, "desc_act": act_order,
                 "checkpoint_format": fmt, "static_groups": False, "true_sequential": True,
@@ -114,8 +119,8 @@ def pack_linear(w: torch.Tensor, fmt: str, bits: int, group: int, sym: bool, act
     mask = (1 << bits) - 1
     if fmt == "awq":
         return {"qweight": pack(codes.t(), 4, 1, AWQ_ORDER), "qzeros": pack(zeros, 4, 1, AWQ_ORDER), "scales": scales}
-    if fmt in ("gptq", "gptq_v2"):
-        stored = (zeros - 1) & mask if fmt == "gptq" else zeros
+    if fmt in ("gptq", "gptq_v2", "auto-round"):
+        stored = (zeros - 1) & mask if fmt != "gptq_v2" else zeros  # auto-round packs like auto-gptq: zero - 1
         return {"qweight": pack(codes.t(), bits, 0), "qzeros": pack(stored, bits, 1), "scales": scales,
                 "g_idx": g_idx.to(torch.int32)}
     out = {"weight_packed": pack(codes, bits, 1), "weight_scale": scales.t().contiguous(),
@@ -160,10 +165,10 @@ def dequantize_module(t: dict[str, torch.Tensor], qc: dict) -> torch.Tensor:
         codes, zeros = unpack(t["qweight"], 4, 1, AWQ_ORDER).t(), unpack(t["qzeros"], 4, 1, AWQ_ORDER)
         scales, bits = t["scales"], 4
         g_idx = torch.arange(codes.shape[1]) // qc["group_size"]
-    elif method == "gptq":
+    elif method in ("gptq", "auto-round"):
         bits = qc["bits"]
         codes = unpack(t["qweight"], bits, 0).t()
-        zeros = unpack(t["qzeros"], bits, 1) + (1 if qc["checkpoint_format"] == "gptq" else 0)
+        zeros = unpack(t["qzeros"], bits, 1) + (1 if qc.get("checkpoint_format", "gptq") == "gptq" else 0)
         scales, g_idx = t["scales"], t["g_idx"].long()
     else:
         w = qc["config_groups"]["group_0"]["weights"]
@@ -196,5 +201,42 @@ def dequantized_folder(src: Path, dst: Path) -> Path:
             out[name] = t
     for module, parts in modules.items():
         out[f"{module}.weight"] = dequantize_module(parts, qc).contiguous()
+    save_file(out, str(dst / "model.safetensors"))
+    return dst
+
+
+E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def mxfp4_quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """OCP MXFP4 of float rows [..., K]: blocks [..., K/32, 16] uint8 (value 2j in the low nibble of byte j) and
+    E8M0 scales [..., K/32] uint8, the scale the smallest power of two that brings the block's largest magnitude
+    within E2M1's 6.0, each value rounded to the nearest E2M1 code (the first of equals)."""
+    groups = w.float().reshape(*w.shape[:-1], -1, 32)
+    amax = groups.abs().amax(-1).clamp(min=2.0 ** -100)
+    exponent = torch.ceil(torch.log2(amax / 6.0)).clamp(-127, 127)
+    scaled = groups / torch.exp2(exponent).unsqueeze(-1)
+    codes = (scaled.unsqueeze(-1) - E2M1).abs().argmin(-1)  # [..., G, 32]
+    pairs = codes.reshape(*codes.shape[:-1], 16, 2)
+    blocks = (pairs[..., 0] | (pairs[..., 1] << 4)).to(torch.uint8)
+    return blocks, (exponent + 127).to(torch.uint8)
+
+
+def make_mxfp4_gpt_oss(src: Path, dst: Path) -> Path:
+    """gpt-oss's published MXFP4 form of a float gpt-oss folder: every expert projection as `*_blocks` and
+    `*_scales` of its transposed [E, N, K] weight (output rows first, gate/up interleaved as in the float
+    checkpoint); biases, attention, router, embeddings and head stay float, as the published config says."""
+    shutil.copytree(src, dst)
+    config = json.loads((dst / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": [
+        "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    out = {}
+    for name, t in load_file(str(dst / "model.safetensors")).items():
+        if name.endswith((".experts.gate_up_proj", ".experts.down_proj")):  # [E, K, N] float
+            blocks, scales = mxfp4_quantize(t.transpose(1, 2).contiguous())
+            out[f"{name}_blocks"], out[f"{name}_scales"] = blocks, scales
+        else:
+            out[name] = t
     save_file(out, str(dst / "model.safetensors"))
     return dst

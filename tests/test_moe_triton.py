@@ -17,9 +17,10 @@ from interpreted import fresh_process_tests  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from kernels.moe_torch import fused_moe_torch  # noqa: E402
+from kernels.moe_torch import PackedExperts, fused_moe_torch  # noqa: E402
+from kernels.quant_torch import dequantize_mxfp4, pack_int32  # noqa: E402
 from kernels.triton_moe import (MoETiles, default_moe_tiles, fused_moe_kernel, fused_moe_triton,  # noqa: E402
-                                moe_align_block_size)
+                                grouped_gemm, moe_align_block_size)
 
 IN_INTERPRETER = isinstance(tl.standard.sum, InterpretedFunction) and isinstance(fused_moe_kernel,
                                                                                   InterpretedFunction)
@@ -98,3 +99,74 @@ def test_align_block_size_layout():
     assert sorted_ids[:12].tolist() == [1, 4, n, n, 3, n, n, n, 0, 2, 5, n]
     assert expert_ids[:3].tolist() == [0, 1, 2] and (expert_ids[3:] == 4).all()
     assert sorted_ids.numel() == n + 4 * 3 and (sorted_ids[12:] == n).all()
+
+
+def int_experts(experts: int, n: int, k: int, bits: int, group: int, gen) -> PackedExperts:
+    """Random W4A16/W8A16 experts in the packed layout: codes along K in int32 words, [E, G, N] scales/zeros."""
+    codes = torch.randint(0, 1 << bits, (experts, k, n), generator=gen, dtype=torch.int32)
+    zeros = torch.randint(0, 1 << bits, (experts, k // group, n), generator=gen, dtype=torch.int32).to(torch.int16)
+    scales = torch.rand(experts, k // group, n, generator=gen) * 0.02 + 0.005
+    words = torch.stack([pack_int32(codes[e], bits, dim=0) for e in range(experts)])
+    return PackedExperts("int", words, scales, zeros, bits, group)
+
+
+def mxfp4_experts(experts: int, n: int, k: int, gen) -> PackedExperts:
+    """Random MXFP4 experts: every byte (both nibbles, incl. -0 and the subnormal 0.5) and scales 2**-6..2**1."""
+    blocks = torch.randint(0, 256, (experts, n, k // 2), generator=gen, dtype=torch.int32).to(torch.uint8)
+    scales = torch.randint(121, 129, (experts, n, k // 32), generator=gen, dtype=torch.int32).to(torch.uint8)
+    return PackedExperts("mxfp4", blocks, scales)
+
+
+WIDE = MoETiles(16, 64, 64, 1, 4, 1)  # fewer program instances: the interpreter's cost is per instance
+F32, F16 = torch.float32, torch.float16
+QUANT_CASES = [  # (format, bits, group, tokens, experts, top_k, hidden, intermediate, skipped experts, tiles, dtype)
+    ("int", 4, 32, 5, 4, 2, 64, 32, (), WIDE, F32),  # group 32
+    ("int", 4, 32, 5, 4, 2, 64, 32, (), MoETiles(16, 32, 32, 1, 4, 1), F16),  # K 64 in two BLOCK_K steps
+    ("int", 4, 8, 1, 4, 1, 40, 24, (), SMALL, F16),  # one token; K = 40 and 24 not multiples of BLOCK_K 16
+    ("int", 4, 128, 3, 4, 2, 128, 128, (2,), WIDE, F16),  # group 128; an expert with no tokens
+    ("int", 8, 16, 19, 8, 2, 32, 16, (1, 6), WIDE, F16),  # W8A16; 38 rows, not a multiple of BLOCK_M
+    ("mxfp4", 4, 32, 7, 4, 2, 64, 32, (), WIDE, F32),
+    ("mxfp4", 4, 32, 6, 4, 3, 32, 64, (3,), WIDE, F16),  # top-3: every token in the same 3 experts; BLOCK_K 64
+]
+
+
+@pytest.mark.parametrize("case", QUANT_CASES, ids=[f"{c[0]}{c[1]}-g{c[2]}-t{c[3]}-e{c[4]}-k{c[5]}-h{c[6]}-i{c[7]}-"
+                                                   f"{'fp32' if c[10] == F32 else 'fp16'}" for c in QUANT_CASES])
+def test_quantized_experts_dequantized_in_the_kernel_match_reference(case):
+    """Packed experts in, dequantized tile by tile in the kernel, against the torch loop that dequantizes each
+    routed expert whole (kernels/quant_torch.py); gpt-oss's biases and clamp with MXFP4 as gpt-oss runs it."""
+    fmt, bits, group, tokens, experts, top_k, hidden, inter, skip, tiles, dtype = case
+    gen = torch.Generator().manual_seed(tokens * 7 + hidden)
+    if fmt == "int":
+        w13, w2 = int_experts(experts, 2 * inter, hidden, bits, group, gen), int_experts(experts, hidden, inter,
+                                                                                         bits, group, gen)
+        activation, b13, b2 = "silu", None, None
+    else:
+        w13, w2 = mxfp4_experts(experts, 2 * inter, hidden, gen), mxfp4_experts(experts, hidden, inter, gen)
+        activation = "swigluoai"
+        b13, b2 = torch.randn(experts, 2 * inter, generator=gen), torch.randn(experts, hidden, generator=gen)
+    x = torch.randn(tokens, hidden, generator=gen)
+    weights, ids = routing(tokens, experts, top_k, gen, skip)
+    expected = fused_moe_torch(x, w13, w2, weights, ids, activation, b13, b2)
+    cast = (lambda t: None if t is None else t.to(dtype))
+    got = fused_moe_triton(x.to(dtype), w13, w2, weights, ids, activation, cast(b13), cast(b2), tiles=tiles)
+    assert got.dtype == dtype and got.shape == (tokens, hidden)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), expected, atol=tol * max(1.0, expected.abs().max().item()), rtol=tol)
+
+
+def test_mxfp4_decode_covers_every_code_and_scale():
+    """One expert, identity-like activations: the kernel's E2M1 x E8M0 decode equals the table, byte for byte."""
+    blocks = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(16, 16)  # every byte once: [N=16, K=32]
+    scales = torch.arange(120, 136, dtype=torch.int32).to(torch.uint8).view(16, 1)
+    w = PackedExperts("mxfp4", blocks[None], scales[None])
+    eye = torch.eye(32)
+    ids, weights = torch.zeros(32, 1, dtype=torch.int64), torch.ones(32, 1)
+    sorted_ids, expert_ids, num_post = moe_align_block_size(ids, 16, 1)
+    out = torch.empty(32, 16)
+    grouped_gemm(eye, w, out, None, None, (sorted_ids, expert_ids, num_post), 1, SMALL)
+    assert torch.equal(out.t(), dequantize_mxfp4(blocks, scales))  # row j of x = e_j picks column j of W^T
+    # 0x21: low nibble 1 (0.5), high 2 (1.0); 0xF9: low 9 (-0.5), high F (-6.0); scale 2**1
+    table = dequantize_mxfp4(torch.tensor([[0x21, 0xF9] * 8], dtype=torch.uint8),
+                             torch.tensor([[128]], dtype=torch.uint8))
+    assert table[0, :4].tolist() == [1.0, 2.0, -1.0, -12.0]

@@ -141,10 +141,30 @@ def test_groups_that_cannot_be_split_give_a_clear_error(quantized):
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}},
      "format 'int-quantized' with 8-bit int"),
+    ({"quant_method": "auto-round", "bits": 4, "data_type": "mx_fp"}, "AutoRound data_type 'mx_fp'"),
+    ({"quant_method": "auto-round", "bits": 4, "packing_format": "auto_round:llm_compressor"},
+     "packing_format 'auto_round:llm_compressor'"),
+    ({"quant_method": "auto-round", "bits": 4, "group_size": 128, "extra_config": {
+        "model.layers.0.mlp.down_proj": {"bits": 8}}}, r"quantizes 'model.layers.0.mlp.down_proj' as \{'bits': 8\}"),
 ])
 def test_unsupported_variants_name_what_they_found(qc, message):
     with pytest.raises(ValueError, match=message):
         parse_quantization_config({"quantization_config": qc})
+
+
+def test_auto_round_reads_as_its_packing():
+    """AutoRound's default export is GPTQ v1 packing (zero points stored minus one), `auto_round:auto_awq` AWQ;
+    modules its extra_config keeps at 16 bits are ignored (float); the pre-0.4 `intel/auto-round` name too."""
+    gptq = parse_quantization_config({"quantization_config": {
+        "quant_method": "intel/auto-round", "bits": 4, "group_size": 128, "sym": True,
+        "backend": "auto_round:gptq:exllamav2", "extra_config": {"model.layers.0.mlp.gate": {"bits": 16}}}})
+    assert (gptq.method, gptq.zero_offset, gptq.symmetric, gptq.act_order) == ("gptq", 1, True, False)
+    assert gptq.is_ignored("model.layers.0.mlp.gate") and not gptq.is_ignored("model.layers.0.mlp.experts")
+    assert gptq.describe() == "auto-round (gptq packing) 4-bit g128"
+    awq = parse_quantization_config({"quantization_config": {
+        "quant_method": "auto-round", "bits": 4, "group_size": 64, "sym": False,
+        "packing_format": "auto_round:auto_awq"}})
+    assert (awq.method, awq.group_size, awq.symmetric) == ("awq", 64, False)
 
 
 def test_quantization_flag_only_confirms_the_folder(quantized, wide_dir):

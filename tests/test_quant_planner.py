@@ -33,21 +33,22 @@ CARD_24G = 24 * GIB
 
 def test_planner_counts_packed_bytes_with_zero_points():
     cfg = ModelConfig.from_hf_config(QWEN25_32B_AWQ)
-    # Matrices: 31,205,621,760 weights → 4-bit codes 15,602,810,880 B; 243,793,920 groups of 128, each a
-    # 16-bit scale and a 4-bit zero point = 2.5 B → 609,484,800 B. Embeddings, biases and norms stay 16-bit:
-    # (1,557,135,360 + 458,752 + 660,480) · 2 = 3,116,509,184 B.
-    assert weights_bytes_per_card(cfg, 2) == 15_602_810_880 + 609_484_800 + 3_116_509_184
+    # Matrices: 31,205,621,760 weights → 4-bit codes 15,602,810,880 B; 243,793,920 groups of 128, each kept in
+    # memory as a float16 scale and a one-byte zero point = 3 B → 731,381,760 B. Embeddings, biases and norms
+    # stay 16-bit: (1,557,135,360 + 458,752 + 660,480) · 2 = 3,116,509,184 B.
+    assert weights_bytes_per_card(cfg, 2) == 15_602_810_880 + 731_381_760 + 3_116_509_184
     float_cfg = ModelConfig.from_hf_config({k: v for k, v in QWEN25_32B_AWQ.items() if k != "quantization_config"})
     assert weights_bytes_per_card(float_cfg, 2) > 3.3 * weights_bytes_per_card(cfg, 2)
 
 
 def test_planner_verdicts_for_24gb_cards():
     qwen = plan_capacity(ModelConfig.from_hf_config(QWEN25_32B_AWQ), [CARD_24G], 0.9, dtype="float16")
-    assert round(qwen.weights_bytes / GIB, 2) == 18.02 and not qwen.fits  # 32,768 tokens do not fit one card
-    assert qwen.num_tokens == 2_416 and "Lower --max-model-len to 2,416" in qwen.explain_misfit()
+    assert round(qwen.weights_bytes / GIB, 2) == 18.13 and not qwen.fits  # 32,768 tokens do not fit one card
+    assert qwen.num_tokens == 1_952 and "Lower --max-model-len to 1,952" in qwen.explain_misfit()
     llama = plan_capacity(ModelConfig.from_hf_config(LLAMA33_70B_AWQ), [CARD_24G] * 2, 0.9, dtype="float16",
-                          tensor_parallel_size=2, max_model_len=4096)
-    assert 18 < llama.weights_bytes / GIB < 19.5 and llama.fits
+                          tensor_parallel_size=2, max_model_len=2048)
+    # 18.71 GiB a card with a byte per zero point and float16 scales as kept in memory: 3,648 tokens of KV
+    assert 18 < llama.weights_bytes / GIB < 19.5 and llama.fits and llama.num_tokens == 3_648
 
 
 def test_model_info_names_method_bits_and_group(tiny_model_dir, tmp_path):

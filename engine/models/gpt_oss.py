@@ -7,7 +7,10 @@ under tensor parallel), sliding-window (128) and global layers alternating from 
 (engine/layers/fused_moe) with gpt-oss's switches: top-k of the router logits (with a router bias) then a
 softmax over those k, expert biases, and the clamped SwiGLU. The checkpoint stores each projection stacked over
 experts and transposed, gate and up interleaved (`experts.gate_up_proj` [E, H, 2I]); `load_weights` turns
-those into the gate, up and down tensors the experts' loader takes. MXFP4 expert blocks are refused by name.
+those into the gate, up and down tensors the experts' loader takes. The published MXFP4 checkpoints
+(quantization_config `mxfp4`) store the same projections as `*_blocks` [E, N, K/32, 16] bytes (32 E2M1 codes
+per row of 16) and `*_scales` [E, N, K/32] E8M0, output rows first, gate/up rows interleaved: they are split the
+same way and flattened to [E, N, K/2] bytes, and stay packed (engine/layers/fused_moe).
 """
 from __future__ import annotations
 
@@ -97,7 +100,8 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
 
 def unstack_experts(weights: Iterable[tuple[str, torch.Tensor]]):
-    """gpt-oss's stacked expert tensors as gate/up/down tensors over all experts, in our [E, N, K] layout."""
+    """gpt-oss's stacked expert tensors as gate/up/down tensors over all experts, in our [E, N, K] layout (MXFP4:
+    [E, N, K/2] bytes and [E, N, K/32] scales)."""
     for name, tensor in weights:
         prefix, _, leaf = name.rpartition(".experts.")
         if not prefix:
@@ -111,6 +115,33 @@ def unstack_experts(weights: Iterable[tuple[str, torch.Tensor]]):
             yield f"{prefix}.experts.down_proj.weight", tensor.transpose(1, 2).contiguous()
         elif leaf == "down_proj_bias":
             yield f"{prefix}.experts.down_proj.bias", tensor
+        elif leaf in MXFP4_LEAVES:
+            proj, kind = MXFP4_LEAVES[leaf]
+            packed = _mxfp4_rows(name, tensor, kind)
+            if proj == "gate_up_proj":  # output rows interleaved gate, up, gate, ...
+                yield f"{prefix}.experts.gate_proj.{kind}", packed[:, 0::2].contiguous()
+                yield f"{prefix}.experts.up_proj.{kind}", packed[:, 1::2].contiguous()
+            else:
+                yield f"{prefix}.experts.down_proj.{kind}", packed
         else:
-            raise ValueError(f"checkpoint tensor {name!r}: gpt-oss expert weights in this form (MXFP4 blocks and "
-                             "scales) are not supported yet; use a bf16 checkpoint")
+            raise ValueError(f"checkpoint tensor {name!r}: gpt-oss expert tensor {leaf!r} is not one of "
+                             "gate_up_proj[_bias|_blocks|_scales], down_proj[_bias|_blocks|_scales]")
+
+
+MXFP4_LEAVES = {f"{proj}_{kind}": (proj, kind) for proj in ("gate_up_proj", "down_proj")
+                for kind in ("blocks", "scales")}
+
+
+def _mxfp4_rows(name: str, tensor: torch.Tensor, kind: str) -> torch.Tensor:
+    """[E, N, K/32, 16] blocks -> [E, N, K/2] bytes; [E, N, K/32] scales as they are; checked."""
+    if tensor.dtype != torch.uint8:
+        raise ValueError(f"checkpoint tensor {name!r}: MXFP4 {kind} have dtype {tensor.dtype}, expected uint8")
+    if kind == "blocks":
+        if tensor.dim() != 4 or tensor.shape[-1] != 16:
+            raise ValueError(f"checkpoint tensor {name!r}: MXFP4 blocks of shape {tuple(tensor.shape)}, expected "
+                             "[experts, rows, groups, 16] (16 bytes = 32 FP4 values per group)")
+        return tensor.flatten(2)
+    if tensor.dim() != 3:
+        raise ValueError(f"checkpoint tensor {name!r}: MXFP4 scales of shape {tuple(tensor.shape)}, expected "
+                         "[experts, rows, groups]")
+    return tensor

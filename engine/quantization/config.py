@@ -1,7 +1,8 @@
 """QuantConfig: what a model folder's `quantization_config` says about its packed weights, checked once.
 
-Reads the four checkpoint families the engine serves — AWQ (gemm), GPTQ (v1 and v2 zero convention, act
-order), compressed-tensors (pack-quantized int4/int8, float-quantized FP8) and `fp8` — into one flat
+Reads the checkpoint families the engine serves — AWQ (gemm), GPTQ (v1 and v2 zero convention, act
+order), compressed-tensors (pack-quantized int4/int8, float-quantized FP8), `fp8`, MXFP4 (gpt-oss's experts)
+and AutoRound (`auto-round`, whose int exports are GPTQ v1 or AWQ gemm packing) — into one flat
 description (method, bits, group size, symmetry, act order, which modules stay in float). Anything else is
 refused here with the values found, so a folder never half-loads. Torch-free: the GUI's planner and model
 info read the same object the engine builds its layers from.
@@ -11,11 +12,11 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4")
+SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round")
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class QuantConfig:
     zero_offset: int = 0  # added to stored zero points (GPTQ v1 stores zero - 1)
     ignore: tuple[str, ...] = ()  # module names or "re:" patterns that stay unquantized
     activation_fp8: bool = False  # the checkpoint asks for FP8 activations (W8A8) where the card has FP8
+    origin: str = ""  # the tool that wrote it when `method` is its packing, e.g. "auto-round" (gptq packing)
 
     @property
     def pack_factor(self) -> int:
@@ -45,7 +47,8 @@ class QuantConfig:
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
         extra = " act-order" if self.act_order else ""
         extra += "" if self.symmetric else " asym"
-        return f"{self.method} {self.bits}-bit {group}{extra}"
+        method = f"{self.origin} ({self.method} packing)" if self.origin else self.method
+        return f"{method} {self.bits}-bit {group}{extra}"
 
     def is_ignored(self, module: str) -> bool:
         """Whether a checkpoint module (e.g. "model.layers.0.mlp.down_proj") stays in float."""
@@ -72,6 +75,7 @@ def parse_quantization_config(hf: dict[str, Any], override: str | None = None) -
                              "at a quantized checkpoint")
         return None
     method = str(qc.get("quant_method", "<missing>")).lower()
+    method = "auto-round" if method == "intel/auto-round" else method  # AutoRound before 0.4 wrote this
     if method not in SUPPORTED_METHODS:
         raise ValueError(f"quantization_config.quant_method {method!r} is not supported "
                          f"(supported: {', '.join(SUPPORTED_METHODS)})")
@@ -79,7 +83,7 @@ def parse_quantization_config(hf: dict[str, Any], override: str | None = None) -
         raise ValueError(f"--quantization {override} does not match the model folder's quant_method {method!r}; "
                          f"drop --quantization or pass --quantization {method}")
     return {"awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors, "fp8": _fp8,
-            "mxfp4": _mxfp4}[method](qc)
+            "mxfp4": _mxfp4, "auto-round": _auto_round}[method](qc)
 
 
 def check_folder_quantization(model: str, override: str) -> None:
@@ -174,3 +178,38 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
 
 def _mxfp4(qc: dict[str, Any]) -> QuantConfig:
     return QuantConfig("mxfp4", "mxfp4", 4, 32, ignore=tuple(qc.get("modules_to_not_convert") or ()))
+
+
+def _auto_round(qc: dict[str, Any]) -> QuantConfig:
+    """AutoRound's own format: int codes in GPTQ v1 packing (`auto_round:auto_gptq`, its default; older
+    checkpoints say `backend: auto_round:gptq:...`) or AWQ gemm packing (`auto_round:auto_awq`), weight-only.
+    `extra_config` lists per-module overrides: 16 bits or more keeps a module float (routers, shared-expert
+    gates), anything else that differs from the global scheme is refused by name."""
+    fmt = str(qc.get("packing_format") or qc.get("backend") or "auto_round:auto_gptq").lower()
+    data_type = str(qc.get("data_type", "int")).lower()
+    if data_type != "int":
+        raise ValueError(f"AutoRound data_type {data_type!r} is not supported (int: its GPTQ/AWQ packings)")
+    if qc.get("act_bits") not in (None, 16, 32):
+        raise ValueError(f"AutoRound with {qc['act_bits']}-bit activations is not supported (weight-only)")
+    bits, group, sym = int(qc.get("bits", 4)), qc.get("group_size", 128), bool(qc.get("sym", True))
+    ignore = list(qc.get("modules_to_not_convert") or ())
+    for module, override in (qc.get("extra_config") or {}).items():
+        override = override or {}
+        if int(override.get("bits", bits)) >= 16 or str(override.get("data_type", data_type)).lower() in (
+                "float", "fp"):
+            ignore.append(module)
+        elif (int(override.get("bits", bits)), override.get("group_size", group), bool(override.get("sym", sym))) \
+                != (bits, group, sym):
+            raise ValueError(f"AutoRound extra_config quantizes {module!r} as {override}, unlike the checkpoint's "
+                             f"{bits}-bit group {group} sym={sym}; mixed schemes are not supported")
+    if "awq" in fmt:
+        if sym:
+            raise ValueError("AutoRound AWQ packing with sym: true is not supported (AWQ stores zero points)")
+        base = _awq({"bits": bits, "group_size": group, "zero_point": True, "version": "gemm"})
+    elif "gptq" in fmt or "exllamav2" in fmt or fmt in ("auto_round", "auto_round:auto_gptq"):
+        # auto-round packs zero points the auto-gptq way, stored as zero - 1: GPTQ v1.
+        base = _gptq({"bits": bits, "group_size": group, "sym": sym, "desc_act": False, "checkpoint_format": "gptq"})
+    else:
+        raise ValueError(f"AutoRound packing_format {fmt!r} is not supported (auto_round:auto_gptq, "
+                         "auto_round:auto_awq)")
+    return replace(base, ignore=tuple(ignore), origin="auto-round")

@@ -6,7 +6,9 @@ once into the shared packed layout of kernels/quant_torch.py (AWQ's interleaved 
 stored zero points get their offset, compressed-tensors' [N, K/8] words are transposed), and computes the
 layer's output. Every parameter says which dim is the output dim and which the input dim (and how many input
 rows one index covers), so the layer's tensor-parallel loaders slice packed words, scales, zeros and g_idx at
-group boundaries without knowing the format. Weights stay packed: the CPU path dequantizes per call.
+group boundaries without knowing the format. Weights stay packed: the CPU path dequantizes per call. In memory
+AWQ/GPTQ scales stay float16 (compressed-tensors' float32, as its scales may be bfloat16) and 4-bit zero points
+are bytes (8-bit ones int16: GPTQ v1's stored zero + 1 can be 256).
 """
 from __future__ import annotations
 
@@ -44,6 +46,12 @@ def skipped_tensor(quant: QuantConfig | None, name: str) -> bool:
     return leaf in ("g_idx", "weight_g_idx") and not quant.act_order
 
 
+def int_group_dtypes(quant: QuantConfig) -> tuple[torch.dtype, torch.dtype]:
+    """(scale dtype, zero-point dtype) a packed int weight keeps in memory (engine/sizing.py counts the same)."""
+    scale = torch.float32 if quant.method == "compressed-tensors" else torch.float16
+    return scale, torch.uint8 if quant.bits <= 4 else torch.int16
+
+
 class UnquantizedLinearMethod:
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, full_in: int) -> None:
         layer.weight = new_param(torch.empty(out_features, in_features), 0, 1)
@@ -64,6 +72,7 @@ class IntLinearMethod:
     def __init__(self, quant: QuantConfig) -> None:
         self.quant = quant
         self.names = INT_NAMES[quant.method]
+        self.scale_dtype, self.zero_dtype = int_group_dtypes(quant)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, full_in: int) -> None:
         q = self.quant
@@ -83,8 +92,8 @@ class IntLinearMethod:
         setattr(layer, self.names["qweight"], new_param(
             torch.empty(in_features // pack, out_features, dtype=torch.int32), 1, 0, pack, "qweight"))
         setattr(layer, self.names["scales"], new_param(
-            torch.empty(num_groups, out_features, dtype=torch.float32), 1, group_dim, group, "scales"))
-        zeros = torch.empty(num_groups, out_features, dtype=torch.int16)
+            torch.empty(num_groups, out_features, dtype=self.scale_dtype), 1, group_dim, group, "scales"))
+        zeros = torch.empty(num_groups, out_features, dtype=self.zero_dtype)
         if q.method == "compressed-tensors" and q.symmetric:  # nothing stored: codes are offset by half the range
             layer.register_buffer(self.names["zeros"], zeros.fill_(1 << (q.bits - 1)))
         else:
@@ -99,16 +108,18 @@ class IntLinearMethod:
         if role == "g_idx":
             return loaded.to(torch.int32)
         if role == "scales":
-            return (loaded.t() if q.method == "compressed-tensors" else loaded).to(torch.float32)
+            return (loaded.t() if q.method == "compressed-tensors" else loaded).to(self.scale_dtype)
         _check_int32(loaded, role)
         if q.method == "awq":
             codes = awq_unpack(loaded)
-            return pack_int32(codes, 4, dim=0) if role == "qweight" else codes.to(torch.int16)
+            return pack_int32(codes, 4, dim=0) if role == "qweight" else codes.to(self.zero_dtype)
         if q.method == "gptq":
-            return loaded if role == "qweight" else (unpack_int32(loaded, q.bits, 1) + q.zero_offset).to(torch.int16)
+            if role == "qweight":
+                return loaded
+            return (unpack_int32(loaded, q.bits, 1) + q.zero_offset).to(self.zero_dtype)
         if role == "qweight":  # compressed-tensors: [N, K / pack] words packed along K
             return loaded.t().contiguous()
-        return unpack_int32(loaded, q.bits, 0).t().to(torch.int16)  # zero points packed along N
+        return unpack_int32(loaded, q.bits, 0).t().to(self.zero_dtype)  # zero points packed along N
 
     def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         g_idx = getattr(layer, self.names["g_idx"]) if self.quant.act_order else None

@@ -1,4 +1,5 @@
-"""The fused-MoE Triton kernel on a card: bf16/fp16 against the torch loop, and a decode-bandwidth figure.
+"""The fused-MoE Triton kernel on a card: bf16/fp16 and packed experts (W4A16 g128, MXFP4) against the torch
+loop, and decode-bandwidth figures.
 
 Qwen3-30B-A3B's expert shape (128 experts, top-8, hidden 2048, expert size 768). Prints GB/s of expert weights
 read per decode step at batch 1/8/32 and prefill TFLOP/s at 2048 tokens: the figures BENCHMARKS.md owes.
@@ -8,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.moe_torch import fused_moe_torch
+from kernels.moe_torch import PackedExperts, fused_moe_torch
+from kernels.quant_torch import pack_int32
 from kernels.triton_moe import fused_moe_triton
 
 pytestmark = pytest.mark.gpu
@@ -57,3 +59,52 @@ def test_fused_moe_decode_bandwidth_and_prefill_flops():
         flops = 2 * tokens * K * 3 * H * I
         print(f"fused MoE bf16, {tokens} tokens: {seconds * 1e3:.3f} ms, {experts} experts read, "
               f"{read / seconds / 1e9:.0f} GB/s of expert weights, {flops / seconds / 1e12:.1f} TFLOP/s")
+
+
+def packed(fmt: str, n: int, k: int) -> PackedExperts:
+    """Random Qwen3-30B-A3B-shaped experts as the loader keeps them (W4A16 g128: float16 scales, byte zeros)."""
+    gen = torch.Generator(device="cuda").manual_seed(n + k)
+    if fmt == "mxfp4":
+        blocks = torch.randint(0, 256, (E, n, k // 2), device="cuda", generator=gen, dtype=torch.int32)
+        scales = torch.randint(118, 124, (E, n, k // 32), device="cuda", generator=gen, dtype=torch.int32)
+        return PackedExperts("mxfp4", blocks.to(torch.uint8), scales.to(torch.uint8))
+    codes = torch.randint(0, 16, (E, k, n), device="cuda", generator=gen, dtype=torch.int32)
+    words = torch.stack([pack_int32(codes[e], 4, dim=0) for e in range(E)])
+    zeros = torch.randint(0, 16, (E, k // 128, n), device="cuda", generator=gen, dtype=torch.int32).to(torch.uint8)
+    scales = (torch.rand(E, k // 128, n, device="cuda", generator=gen) * 0.004 + 0.001).half()
+    return PackedExperts("int", words, scales, zeros, 4, 128)
+
+
+@pytest.mark.parametrize("fmt", ["int", "mxfp4"])
+@pytest.mark.parametrize("tokens", [1, 16, 300])
+def test_packed_experts_match_torch_on_the_card(fmt, tokens):
+    w13, w2 = packed(fmt, 2 * I, H), packed(fmt, H, I)
+    x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+    topk_weights, topk_ids = routing(tokens)
+    reference = [PackedExperts(w.format, w.weight, w.scales, w.zeros, w.bits, w.group_size, torch.float32)
+                 for w in (w13, w2)]
+    expected = fused_moe_torch(x.float(), *reference, topk_weights, topk_ids)
+    got = fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got.float(), expected, atol=2e-2 * scale, rtol=2e-2)
+
+
+@pytest.mark.parametrize("fmt", ["int", "mxfp4"])
+def test_packed_experts_decode_bandwidth(fmt):
+    w13, w2 = packed(fmt, 2 * I, H), packed(fmt, H, I)
+    bits = 4 + (16 + 8) / 128 if fmt == "int" else 4 + 8 / 32
+    for tokens in (1, 8, 32):
+        x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
+        topk_weights, topk_ids = routing(tokens)
+        fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(20):
+            fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
+        end.record()
+        torch.cuda.synchronize()
+        seconds = start.elapsed_time(end) / 20 / 1e3
+        experts = topk_ids.unique().numel()
+        read = experts * 3 * H * I * bits / 8
+        print(f"fused MoE {fmt} experts, {tokens} tokens: {seconds * 1e3:.3f} ms, {experts} experts read, "
+              f"{read / seconds / 1e9:.0f} GB/s of packed expert weights")

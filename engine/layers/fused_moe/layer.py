@@ -3,14 +3,18 @@
 Float experts: `w13_weight` [E, 2I, H] holds each expert's gate rows then up rows, `w2_weight` [E, H, I] its down
 projection (optional `w13_bias` [E, 2I], `w2_bias` [E, H]); the layout of kernels/moe_torch.py and
 kernels/triton_moe.py. AWQ/GPTQ experts keep the packed layout of kernels/quant_torch.py per expert
-(`w13_qweight` [E, H/pack, 2I], `w13_scales`/`w13_qzeros` [E, groups, 2I], and the same for w2), converted
-from the checkpoint by the linear layers' own IntLinearMethod, and are dequantized one routed expert at a time.
+(`w13_qweight` [E, H/pack, 2I], `w13_scales`/`w13_qzeros` [E, groups, 2I], and the same for w2; named as the
+checkpoint names them, so compressed-tensors' are `w13_weight_packed`, `w13_weight_scale`, `w13_weight_zero_point`),
+converted from the checkpoint by the linear layers' own IntLinearMethod. MXFP4 experts (gpt-oss) keep their bytes:
+`w13_blocks` [E, 2I, H/2] uint8 (two E2M1 codes each) and `w13_scales` [E, 2I, H/32] E8M0, the same for w2.
+Packed experts stay packed in memory: the Triton kernel dequantizes them tile by tile (CUDA), the torch loop one
+routed expert at a time (CPU), both through kernels/moe_torch.py's PackedExperts.
 Tensor parallel splits each expert's intermediate dim: gate/up outputs (column-parallel) and down inputs
 (row-parallel), so every rank computes a partial sum and the MoE block all-reduces it once; a down bias is
 added on rank 0 only. `weight_loader(param, tensor, shard_id, expert_id)` takes one checkpoint tensor per
 expert and projection (shard "w1" gate, "w3" up, "w2" down; expert_id None: stacked over all experts); each
 parameter's `shard_ids` lists the (expert, shard) pairs the loader (engine/models/weights.py) must see.
-The forward runs the Triton grouped GEMMs on CUDA for float experts and the torch loop otherwise.
+The forward runs the Triton grouped GEMMs on CUDA and the torch loop otherwise.
 """
 from __future__ import annotations
 
@@ -20,8 +24,8 @@ from torch import nn
 from engine.distributed import get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import IntLinearMethod
-from kernels.moe_torch import ACTIVATIONS, fused_moe_torch
-from kernels.quant_torch import dequantize_int
+from kernels.moe_torch import ACTIVATIONS, PackedExperts, fused_moe_torch
+from kernels.quant_torch import MXFP4_BLOCK
 
 SHARDS = ("w1", "w3", "w2")  # gate, up, down: the names vLLM and Mixtral's checkpoints use
 
@@ -50,10 +54,13 @@ class FusedMoE(nn.Module):
         self.w2_bias = self._param(torch.empty(num_experts, hidden_size), "w2", 0, None) if bias else None
 
     def _packed_params(self, quant: QuantConfig) -> None:
-        if quant.method not in ("awq", "gptq") or quant.act_order:
-            raise ValueError(f"{self.prefix}: {quant.describe()} experts are not supported (AWQ and GPTQ without "
-                             "act order are)")
+        if quant.weight_type == "mxfp4":
+            return self._mxfp4_params()
+        if quant.weight_type != "int" or quant.act_order:
+            raise ValueError(f"{self.prefix}: {quant.describe()} experts are not supported (AWQ, GPTQ, "
+                             "compressed-tensors int and AutoRound without act order, and MXFP4, are)")
         self.method = IntLinearMethod(quant)
+        names = self.method.names
         e, h, i, pack = self.num_experts, self.hidden_size, self.intermediate_size, quant.pack_factor
         for proj, k, n in (("w13", h, 2 * i), ("w2", i, h)):
             group = k if quant.group_size == -1 else quant.group_size
@@ -61,11 +68,40 @@ class FusedMoE(nn.Module):
                 raise ValueError(f"{self.prefix}: {proj} has {k} input features per rank, not whole words of {pack} "
                                  f"and groups of {group} (group_size); use another --tensor-parallel-size")
             setattr(self, f"{proj}_group_size", group)
-            for leaf, rows, dtype in (("qweight", k // pack, torch.int32), ("scales", k // group, torch.float32),
-                                      ("qzeros", k // group, torch.int16)):
-                p = self._param(torch.empty(e, rows, n, dtype=dtype), proj, 1, 0)
-                p.role = {"qweight": "qweight", "scales": "scales", "qzeros": "zeros"}[leaf]
+            for role, rows, dtype in (("qweight", k // pack, torch.int32),
+                                      ("scales", k // group, self.method.scale_dtype),
+                                      ("zeros", k // group, self.method.zero_dtype)):
+                name = f"{proj}_{names[role]}"
+                data = torch.empty(e, rows, n, dtype=dtype)
+                if role == "zeros" and quant.method == "compressed-tensors" and quant.symmetric:
+                    # nothing stored: symmetric codes are offset by half their range
+                    self.register_buffer(name, data.fill_(1 << (quant.bits - 1)), persistent=False)
+                    continue
+                p = self._param(data, proj, 1, 0)
+                p.role = role
+                setattr(self, name, p)
+
+    def _mxfp4_params(self) -> None:
+        self.method = None
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        for proj, k, n in (("w13", h, 2 * i), ("w2", i, h)):
+            if k % MXFP4_BLOCK:
+                raise ValueError(f"{self.prefix}: {proj} has {k} input features per rank, not whole MXFP4 blocks of "
+                                 f"{MXFP4_BLOCK}; use another --tensor-parallel-size")
+            for leaf, cols in (("blocks", k // 2), ("scales", k // MXFP4_BLOCK)):
+                p = self._param(torch.empty(e, n, cols, dtype=torch.uint8), proj, 0, 1)
+                p.role = f"mxfp4_{leaf}"
                 setattr(self, f"{proj}_{leaf}", p)
+
+    def packed_experts(self, proj: str, dtype: torch.dtype) -> PackedExperts:
+        """One projection's packed experts as the kernels take them (dequantized to `dtype`)."""
+        if self.quant.weight_type == "mxfp4":
+            return PackedExperts("mxfp4", getattr(self, f"{proj}_blocks"), getattr(self, f"{proj}_scales"),
+                                 dtype=dtype)
+        names = self.method.names
+        qweight, scales, zeros = (getattr(self, f"{proj}_{names[role]}") for role in ("qweight", "scales", "zeros"))
+        return PackedExperts("int", qweight, scales, zeros, self.quant.bits, getattr(self, f"{proj}_group_size"),
+                             dtype)
 
     def _param(self, data: torch.Tensor, proj: str, out_dim: int, in_dim: int | None) -> nn.Parameter:
         p = nn.Parameter(data, requires_grad=False)
@@ -91,7 +127,11 @@ class FusedMoE(nn.Module):
             raise ValueError(f"{self.prefix}: expert {expert_id} is out of range (num_experts {self.num_experts})")
         if (param.proj == "w13") != (shard_id != "w2"):
             raise ValueError(f"{self.prefix}: shard {shard_id!r} does not belong in {param.proj}")
-        if param.role != "weight":
+        if param.role.startswith("mxfp4_"):
+            if loaded.dtype != torch.uint8:
+                raise ValueError(f"{self.prefix}: MXFP4 expert {param.role[6:]} {shard_id} has dtype {loaded.dtype}, "
+                                 "expected uint8")
+        elif param.role != "weight":
             loaded = self.method.convert(param, loaded)
         self._copy(param, param.data[expert_id], loaded, shard_id)
 
@@ -113,29 +153,16 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the routed experts' outputs, [T, H] (the block all-reduces it)."""
-        if self.quant is not None:  # one routed expert dequantized at a time, on any device
-            w13, w2 = (_Dequantized(self, p, x.dtype) for p in ("w13", "w2"))
-            return fused_moe_torch(x, w13, w2, topk_weights.to(x.dtype), topk_ids, self.activation, self.w13_bias,
-                                   self.w2_bias)
+        if self.quant is not None:  # packed: dequantized inside the kernel, or one routed expert at a time
+            w13, w2 = self.packed_experts("w13", x.dtype), self.packed_experts("w2", x.dtype)
+        else:
+            w13, w2 = self.w13_weight, self.w2_weight
         if x.is_cuda:
             from kernels.triton_moe import fused_moe_triton
-            return fused_moe_triton(x, self.w13_weight, self.w2_weight, topk_weights, topk_ids, self.activation,
-                                    self.w13_bias, self.w2_bias)
-        return fused_moe_torch(x, self.w13_weight, self.w2_weight, topk_weights.to(x.dtype), topk_ids,
-                               self.activation, self.w13_bias, self.w2_bias)
-
-
-class _Dequantized:
-    """experts[e] -> expert e's float [N, K] matrix of one projection, dequantized when asked for."""
-
-    def __init__(self, moe: FusedMoE, proj: str, dtype: torch.dtype) -> None:
-        self.qweight, self.scales, self.zeros = (getattr(moe, f"{proj}_{leaf}") for leaf in
-                                                 ("qweight", "scales", "qzeros"))
-        self.bits, self.group, self.dtype = moe.quant.bits, getattr(moe, f"{proj}_group_size"), dtype
-
-    def __getitem__(self, e: int) -> torch.Tensor:
-        return dequantize_int(self.qweight[e], self.scales[e], self.zeros[e], self.bits, self.group, None,
-                              self.dtype)
+            return fused_moe_triton(x, w13, w2, topk_weights, topk_ids, self.activation, self.w13_bias,
+                                    self.w2_bias)
+        return fused_moe_torch(x, w13, w2, topk_weights.to(x.dtype), topk_ids, self.activation, self.w13_bias,
+                               self.w2_bias)
 
 
 def _narrow(t: torch.Tensor, dim: int, start: int, size: int, prefix: str) -> torch.Tensor:
