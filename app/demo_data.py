@@ -41,6 +41,22 @@ def demo_blocks(num_blocks: int = 4096, num_requests: int = 12, seed: int = 0) -
     return BlockSnapshot(state, ref, owner, owners)
 
 
+# A Gemma-3-27B-shaped pool: 10 full-attention layers in one group, 52 window layers in four groups of 13.
+DEMO_GROUP_NAMES = ["full attention · 10 layers"] + ["window 1024 · 13 layers"] * 4
+
+
+def demo_grouped_blocks(num_blocks: int = 4096, seed: int = 0) -> BlockSnapshot:
+    """demo_blocks with each in-use block in a KV cache group: a request's full-attention blocks grow with its
+    length, each window group holds about 64 blocks (1024 tokens) of it, so most of a long request's blocks
+    are full-attention ones."""
+    blocks = demo_blocks(num_blocks, seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    group = np.zeros(num_blocks, np.uint8)
+    in_use = np.flatnonzero(blocks.state == STATE_IN_USE)
+    group[in_use] = np.where(rng.random(in_use.size) < 0.55, 1, rng.integers(2, 6, in_use.size))
+    return BlockSnapshot(blocks.state, blocks.ref_count, blocks.owner, blocks.owners, group, list(DEMO_GROUP_NAMES))
+
+
 def demo_states(num_samples: int = 480, hz: float = 4.0, num_blocks: int = 4096) -> list[tuple[float, EngineState]]:
     """Two minutes of a burst: load ramps up, a prefill spike, steady decode, the start of draining.
 

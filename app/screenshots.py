@@ -2,7 +2,7 @@
 
 Builds the real MainWindow offscreen (no engine, no NVML), feeds it synthetic engine states, GPU
 readings, a chat and a log from app.demo_data, and grabs each tab: engine.png, models.png, chat.png,
-monitor.png, endpoint.png. The data is illustrative; the widgets and layout are the real ones.
+monitor.png, endpoint.png, then monitor-kv-groups.png (the block map of a model with several KV cache groups). The data is illustrative; the widgets and layout are the real ones.
 """
 from __future__ import annotations
 
@@ -76,6 +76,24 @@ def build_window():
     return win
 
 
+def _kv_groups_shot(app, win, out: Path) -> Path:
+    """The monitor with a Gemma-3-27B-shaped pool: blocks coloured by KV cache group, under the group legend."""
+    import dataclasses
+
+    from app.demo_data import DEMO_GROUP_NAMES, demo_grouped_blocks, demo_states
+    t, last = demo_states()[-1]
+    state = dataclasses.replace(last, model="google/gemma-3-27b-it", blocks=demo_grouped_blocks(last.num_blocks),
+                                kv_groups=list(DEMO_GROUP_NAMES))
+    win.tabs.setCurrentIndex(win.tabs.indexOf(win.monitor))
+    win.monitor.on_state(state, now=t + 0.25)
+    win.monitor.block_map.redraw()
+    for _ in range(5):
+        app.processEvents()
+    path = out / "monitor-kv-groups.png"
+    win.grab().save(str(path))
+    return path
+
+
 def save_screenshots(out_dir: str | Path) -> list[Path]:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     from app.theme import apply_theme
@@ -98,6 +116,7 @@ def save_screenshots(out_dir: str | Path) -> list[Path]:
         path = out / f"{name}.png"
         win.grab().save(str(path))
         saved.append(path)
+    saved.append(_kv_groups_shot(app, win, out))
     win.close()
     return saved
 

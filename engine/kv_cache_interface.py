@@ -248,18 +248,45 @@ def build_layout(specs: list[KVSpec]) -> KVCacheLayout:
     return KVCacheLayout(groups, size)
 
 
+def kv_head_replicas(cfg, tp: int = 1) -> list[int]:
+    """Per model layer, how many times each of its K/V heads is stored so that every cache layer's page has
+    the same size (groups share block ids). 1 everywhere unless layers differ in KV heads x head_dim (Gemma 4:
+    global layers have wider heads and fewer KV heads). Storing a head r times and giving each copy 1/r of
+    its query heads is exact (GQA maps query head h to KV head h // group), so kernels stay as they are; the
+    copies cost what padding the smaller pages would. KV-sharing layers read their source layer's cache."""
+    heads = [max(1, cfg.layer_kv_heads(i) // tp) for i in range(cfg.num_layers)]
+    units = {i: heads[i] * cfg.layer_head_dim(i) for i in cfg.cache_layers}
+    widest = max(units.values(), default=1)
+    replicas = {}
+    for i, u in units.items():
+        r = widest // u
+        if widest % u or (cfg.num_heads // tp) % (heads[i] * r):
+            raise ValueError(f"layer {i}'s KV page ({heads[i]} KV heads x {cfg.layer_head_dim(i)} dims on each of "
+                             f"{tp} card(s)) cannot be widened to the widest layer's ({widest} values per token) "
+                             "to share one block pool")
+        replicas[i] = r
+    return [replicas.get(cfg.kv_source(i), 1) for i in range(cfg.num_layers)]
+
+
 def model_kv_layout(cfg, block_size: int, kv_dtype_bytes: int = 2, tp: int = 1,
                     window_freeing: bool = True, act_dtype_bytes: int = 2) -> KVCacheLayout:
     """The layout of a ModelConfig on one of `tp` cards (KV heads split across ranks, at least one each; a hybrid
-    model's DeltaNet heads and conv channels split too). `act_dtype_bytes`: the conv state's dtype (the model's)."""
+    model's DeltaNet heads and conv channels split too). `act_dtype_bytes`: the conv state's dtype (the model's).
+    Its attention layers are the model's cache layers in order: all attention layers but Gemma 4's KV-sharing
+    ones, each with its own heads x head_dim (widened to one page size, kv_head_replicas)."""
     windows = cfg.sliding_windows or [None] * cfg.num_layers
     linear = getattr(cfg, "linear_attention", None)
-    if linear is not None:
-        windows = [w for layer, w in enumerate(windows) if layer not in linear.layers]
-    layout = build_layout(layer_specs(windows, block_size, max(1, cfg.num_kv_heads // tp), cfg.head_dim,
-                                      kv_dtype_bytes, window_freeing))
+    replicas = kv_head_replicas(cfg, tp)  # cfg.cache_layers: no linear-attention layer among them
+    specs = []
+    for i in cfg.cache_layers:
+        heads = max(1, cfg.layer_kv_heads(i) // tp) * replicas[i]
+        specs += layer_specs([windows[i]], block_size, heads, cfg.layer_head_dim(i), kv_dtype_bytes,
+                             window_freeing)
+    layout = build_layout(specs)
     if linear is None:
         return layout
     spec = StateSpec(linear.conv_dim // tp, linear.conv_kernel, linear.num_v_heads // tp, linear.head_k_dim,
                      linear.head_v_dim, act_dtype_bytes, linear.ssm_dtype_bytes)
     return KVCacheLayout(layout.groups, layout.num_slots, StateGroup(spec, tuple(linear.layers)))
+
+

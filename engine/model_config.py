@@ -10,12 +10,13 @@ reads. Torch-free, so the GUI's capacity planner reads models the same way.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.models.registry import SUPPORTED_ARCHITECTURES, get_architecture
+from engine.models.registry import SUPPORTED_ARCHITECTURES, VL_TEXT_PREFIXES, get_architecture
 from engine.moe_config import MoEConfig, parse_moe_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
@@ -23,7 +24,7 @@ __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES"
 
 DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2, "fp8": 1, "fp8_e4m3": 1,
                "fp8_e5m2": 1}
-ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3")  # engine/layers/rotary.py builds them
+ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")  # engine/layers/rotary.py builds them
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 ATTENTION_TYPES = ("full_attention", "sliding_attention")  # the layer types with a KV cache and RoPE
 SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "vision_tower_config")
@@ -95,6 +96,16 @@ class ModelConfig:
     norms_per_layer: int = 2  # hidden-size RMSNorms per layer (Gemma 3: four)
     hf_text_config: dict[str, Any] = field(default_factory=dict, repr=False)  # merged text config, as read
     moe: MoEConfig | None = None  # the mixture-of-experts layers; None for dense models
+    # Per layer, where layers differ (Gemma 4: wider heads, fewer KV heads on global layers); empty: all equal
+    # to head_dim / num_kv_heads / intermediate_size. Read them through the layer_* methods.
+    layer_head_dims: list[int] = field(default_factory=list)
+    layer_num_kv_heads: list[int] = field(default_factory=list)
+    layer_intermediate_sizes: list[int] = field(default_factory=list)
+    # Per layer, the layer whose KV cache it attends over: itself, or an earlier layer of its type (Gemma 4's
+    # KV sharing: the last layers compute only queries). Empty: every layer its own.
+    kv_source_layers: list[int] = field(default_factory=list)
+    k_eq_v_layers: list[bool] = field(default_factory=list)  # Gemma 4's attention_k_eq_v: V is K's projection
+    per_layer_input_size: int = 0  # Gemma 4's per-layer input embeddings (hidden_size_per_layer_input); 0: none
     linear_attention: LinearAttentionConfig | None = None  # hybrid models' Gated DeltaNet layers
     attn_output_gate: bool = False  # Qwen3.5/Qwen3-Next: q_proj also gives a per-head output gate
 
@@ -119,9 +130,20 @@ class ModelConfig:
         rope = _rope_parameters(text, layer_types)
         full = rope["full_attention"]
         window = text.get("sliding_window")
+        num_kv_heads = text.get("num_key_value_heads") or num_heads
+        per_layer = _per_layer_overrides(text, layer_types)
+        head_dims = [int(per_layer.get(i, {}).get("head_dim", head_dim)) for i in range(num_layers)]
+        kv_heads = [int(per_layer.get(i, {}).get("num_key_value_heads", num_kv_heads)) for i in range(num_layers)]
+        sources = _kv_source_layers(text, layer_types)
+        k_eq_v = [bool(text.get("attention_k_eq_v")) and t == "full_attention" for t in layer_types]
+        quant = parse_quantization_config(hf, quantization)
+        if quant is not None and arch.multimodal:  # its ignore list may spell the VL checkpoint's names
+            quant = dataclasses.replace(quant, ignore=text_module_patterns(quant.ignore))
+        inter = [int(text["intermediate_size"]) * (2 if text.get("use_double_wide_mlp") and sources[i] != i else 1)
+                 for i in range(num_layers)]
         return cls(
             architecture=architecture, hidden_size=text["hidden_size"], num_layers=num_layers,
-            num_heads=num_heads, num_kv_heads=text.get("num_key_value_heads") or num_heads, head_dim=head_dim,
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
             intermediate_size=text["intermediate_size"], vocab_size=text["vocab_size"],
             max_position_embeddings=max_pos, rms_norm_eps=text.get("rms_norm_eps", 1e-6),
             rope_theta=float(full["rope_theta"]),
@@ -133,11 +155,18 @@ class ModelConfig:
             torch_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
             bos_token_id=text.get("bos_token_id"),
             eos_token_ids=_eos_ids(text, generation or {}), max_model_len=max_pos,
-            quantization=parse_quantization_config(hf, quantization),
+            quantization=quant,
             model_type=str(text.get("model_type", "")), layer_types=layer_types, rope_parameters=rope,
             partial_rotary_factor=float(text.get("partial_rotary_factor") or 1.0),
             hidden_act=str(text.get("hidden_act") or text.get("hidden_activation") or "silu"),
             norms_per_layer=arch.norms_per_layer, hf_text_config=text, moe=parse_moe_config(text, architecture),
+            layer_head_dims=head_dims if len(set(head_dims)) > 1 else [],
+            layer_num_kv_heads=kv_heads if len(set(kv_heads)) > 1 else [],
+            layer_intermediate_sizes=inter if len(set(inter)) > 1 else [],
+            kv_source_layers=sources if sources != list(range(num_layers)) else [],
+            k_eq_v_layers=k_eq_v if any(k_eq_v) else [],
+            per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0)
+            if architecture.startswith("Gemma4") else 0,
             linear_attention=_linear_attention(text, layer_types), attn_output_gate=arch.attn_output_gate)
 
     @classmethod
@@ -155,11 +184,53 @@ class ModelConfig:
         self.max_model_len = max_model_len or self.max_position_embeddings
         return self
 
+    def layer_head_dim(self, layer: int) -> int:
+        return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
+
+    def layer_kv_heads(self, layer: int) -> int:
+        return self.layer_num_kv_heads[layer] if self.layer_num_kv_heads else self.num_kv_heads
+
+    def layer_intermediate_size(self, layer: int) -> int:
+        return self.layer_intermediate_sizes[layer] if self.layer_intermediate_sizes else self.intermediate_size
+
+    def kv_source(self, layer: int) -> int:
+        return self.kv_source_layers[layer] if self.kv_source_layers else layer
+
+    @property
+    def cache_layers(self) -> list[int]:
+        """The layers that own a paged KV cache, in order: the attention layers but Gemma 4's KV-sharing ones."""
+        return [i for i in self.attention_layer_ids if self.kv_source(i) == i]
+
+    def attention_params(self, tp: int = 1) -> tuple[int, int]:
+        """(q/k/v/o matrix params, bias and q/k-norm params) over all layers, on one of `tp` cards: K/V heads
+        split, replicated below one per card; KV-sharing layers hold only q and o; k_eq_v layers no v."""
+        h, matrices, biases, norms = self.hidden_size, 0, 0, 0
+        for i in self.attention_layer_ids:
+            d = self.layer_head_dim(i)
+            q, kv = self.num_heads * d, max(1, self.layer_kv_heads(i) // tp) * tp * d
+            q_out = 2 * q if self.attn_output_gate else q  # Qwen3.5's q_proj also gives the output gate
+            kv_mats = 0 if self.kv_source(i) != i else 1 if self.k_eq_v_layers and self.k_eq_v_layers[i] else 2
+            matrices += h * (q_out + kv_mats * kv) + q * h
+            biases += q_out + kv_mats * kv if self.qkv_bias else 0
+            norms += (1 + (kv_mats > 0)) * d if self.qk_norm else 0  # q/k norms, replicated
+        return matrices // tp, biases // tp + norms
+
+    def per_layer_input_params(self) -> tuple[int, int]:
+        """Gemma 4's extras: (the per-layer inputs' [vocab, layers x size] embedding, their projections and
+        norms plus each layer's output scalar)."""
+        p, n, h = self.per_layer_input_size, self.num_layers, self.hidden_size
+        scalars = n if self.architecture.startswith("Gemma4") else 0
+        if not p:
+            return 0, scalars
+        vocab = int(self.hf_text_config.get("vocab_size_per_layer_input") or self.vocab_size)
+        return vocab * n * p, h * n * p + p + n * (2 * h * p + h) + scalars
+
     def mlp_params(self) -> tuple[int, int, int]:
         """(matrix params of every layer's MLP or experts, of what one token goes through, router/bias params)."""
-        dense = 3 * self.hidden_size * self.intermediate_size
+        dense_all = sum(3 * self.hidden_size * self.layer_intermediate_size(i) for i in range(self.num_layers))
         if self.moe is None:
-            return self.num_layers * dense, self.num_layers * dense, 0
+            return dense_all, dense_all, 0
+        dense = 3 * self.hidden_size * self.intermediate_size
         total, active, vectors = self.moe.layer_params(self.hidden_size)
         n_moe = len(self.moe.moe_layers)
         n_dense = self.num_layers - n_moe
@@ -167,16 +238,14 @@ class ModelConfig:
 
     def _params(self, active: bool) -> int:
         h, v = self.hidden_size, self.vocab_size
-        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         total_mlp, active_mlp, mlp_vectors = self.mlp_params()
-        q_out = 2 * q if self.attn_output_gate else q
-        per_layer = h * (q_out + 2 * kv) + q * h
-        per_layer += (q_out + 2 * kv if self.qkv_bias else 0) + (2 * self.head_dim if self.qk_norm else 0)
-        mixers = len(self.attention_layer_ids) * per_layer + self.num_layers * self.norms_per_layer * h
+        attention, attention_vectors = self.attention_params()
+        ple_embedding, ple_rest = self.per_layer_input_params()
+        mixers = attention + attention_vectors + self.num_layers * self.norms_per_layer * h
         if self.linear_attention is not None:
             la = self.linear_attention
             mixers += len(la.layers) * (la.matrix_params(h) + la.vector_params())
-        return (mixers + (active_mlp if active else total_mlp) + mlp_vectors
+        return (mixers + (active_mlp if active else total_mlp) + mlp_vectors + ple_embedding + ple_rest
                 + v * h * (1 if self.tie_word_embeddings else 2) + h)
 
     @property
@@ -199,6 +268,25 @@ def text_config(hf: dict[str, Any], defaults: dict[str, Any] | None = None) -> d
     if "text_config" in hf and "tie_word_embeddings" in hf:
         text["tie_word_embeddings"] = hf["tie_word_embeddings"]  # transformers ties a VL model by the top level
     return text
+
+
+def text_module_patterns(patterns: tuple[str, ...]) -> tuple[str, ...]:
+    """A VL checkpoint's quantization ignore list (modules_to_not_convert, ignore, ignored_layers) with each
+    entry that names the text model also in our names: "model.language_model.layers.0.mlp" ->
+    "model.layers.0.mlp", "language_model.lm_head" -> "lm_head", likewise inside "re:" patterns (escaped dots
+    or not). The entries as given stay, so nothing that matched before stops matching."""
+    out = list(patterns)
+    for pattern in patterns:
+        regex = pattern.startswith("re:")
+        body = pattern[3:] if regex else pattern
+        for old, new in VL_TEXT_PREFIXES:
+            spellings = [(old, new), (old.replace(".", r"\."), new.replace(".", r"\."))] if regex else [(old, new)]
+            for o, n in spellings:
+                if (body + ("" if regex else ".")).startswith(o):
+                    mapped = (n + (body + ("" if regex else "."))[len(o):])
+                    mapped = mapped if regex else mapped[:-1]
+                    out.append(("re:" if regex else "") + mapped)
+    return tuple(dict.fromkeys(out))
 
 
 def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
@@ -224,6 +312,43 @@ def _layer_types(text: dict[str, Any], num_layers: int) -> list[str]:
     if pattern:
         return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
     return ["sliding_attention"] * num_layers
+
+
+def _per_layer_overrides(text: dict[str, Any], layer_types: list[str]) -> dict[int, dict[str, Any]]:
+    """Per-layer shape overrides, either spelling: transformers' saved `per_layer_config` ({"3": {"head_dim":
+    512}}) or Gemma 4's hub keys (`global_head_dim`, and `num_global_key_value_heads` where attention_k_eq_v)
+    for its full-attention layers."""
+    if "per_layer_config" in text:  # saved by transformers, complete (an empty one: no layer differs)
+        out = {int(k): dict(v) for k, v in (text["per_layer_config"] or {}).items()}
+        bad = [i for i in out if not 0 <= i < len(layer_types)]
+        if bad:
+            raise ValueError(f"config per_layer_config names layers {bad}; the model has {len(layer_types)} "
+                             "(num_hidden_layers)")
+        return out
+    overrides: dict[str, Any] = {}
+    if text.get("global_head_dim"):
+        overrides["head_dim"] = text["global_head_dim"]
+    if text.get("num_global_key_value_heads") and text.get("attention_k_eq_v", True):
+        overrides["num_key_value_heads"] = text["num_global_key_value_heads"]
+    return {i: overrides for i, t in enumerate(layer_types) if t == "full_attention"} if overrides else {}
+
+
+def _kv_source_layers(text: dict[str, Any], layer_types: list[str]) -> list[int]:
+    """Gemma 4's KV sharing: the last `num_kv_shared_layers` layers attend over the cache of the last earlier
+    layer of their own type (HF's kv_sharing_modes); every other layer over its own."""
+    n, shared = len(layer_types), int(text.get("num_kv_shared_layers") or 0)
+    if not shared:
+        return list(range(n))
+    first = n - shared
+    if first <= 0:
+        raise ValueError(f"config num_kv_shared_layers {shared} leaves no layer of {n} that computes keys and "
+                         "values (num_hidden_layers)")
+    last_of_type = {t: i for i, t in enumerate(layer_types[:first])}
+    missing = sorted(set(layer_types[first:]) - set(last_of_type))
+    if missing:
+        raise ValueError(f"config num_kv_shared_layers {shared}: no earlier layer of type {missing} to share "
+                         "keys and values with")
+    return [i if i < first else last_of_type[t] for i, t in enumerate(layer_types)]
 
 
 def _checked_layer_types(layer_types: list[str], num_layers: int) -> list[str]:

@@ -206,7 +206,9 @@ class ModelRunner:
         shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
         for layer, slot, group in zip(attn, layout.layer_slots, layout.layer_groups):
-            layer.bind_cache(self.kv_cache[slot, 0], self.kv_cache[slot, 1])
+            # Layers may differ in heads x head_dim (Gemma 4), never in page size: each views its slot its way.
+            page = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
+            layer.bind_cache(self.kv_cache[slot, 0].view(page), self.kv_cache[slot, 1].view(page))
             layer.kv_group = group
 
     def allocate_state_cache(self, num_slots: int) -> None:

@@ -99,7 +99,8 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1, block
     return layout.bytes_per_block // block_size
 
 
-O_PROJ_BIAS = ("GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+O_PROJ_BIAS = ("GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM",
+               "Gemma4ForConditionalGeneration")
 ATTENTION_SINKS = ("GptOssForCausalLM",)
 
 
@@ -107,26 +108,24 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     """Layer matrices split across ranks — packed as the folder's quantization_config says, or at `quant_bits`
     with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
     vocab-split in `dtype`; QKV biases split; norms replicated."""
-    h, q, kv = cfg.hidden_size, cfg.num_heads * cfg.head_dim, max(1, cfg.num_kv_heads // tp) * tp * cfg.head_dim
-    q_out = 2 * q if cfg.attn_output_gate else q  # Qwen3.5's q_proj also gives the output gate
-    num_attention = len(cfg.attention_layer_ids)
-    attention_params = num_attention * (h * (q_out + 2 * kv) + q * h) // tp
+    h = cfg.hidden_size
+    attention_params, attention_vectors = cfg.attention_params(tp)  # per-layer shapes (Gemma 4's differ)
     linear = cfg.linear_attention  # Gated DeltaNet layers: heads (and their conv channels) split across ranks
     if linear is not None:
         attention_params += len(linear.layers) * linear.matrix_params(h) // tp
     mlp_params, _, router_params = cfg.mlp_params()  # every expert is in memory, split by its intermediate dim
     matrix_params = attention_params + mlp_params // tp
     vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
-    if cfg.qkv_bias:
-        vector_params += num_attention * (q_out + 2 * kv) // tp
-        if cfg.architecture in O_PROJ_BIAS:  # their attention_bias covers o_proj too (kept whole on every rank)
-            vector_params += num_attention * h
+    vector_params += attention_vectors  # QKV biases split, q/k norms replicated
+    num_attention = len(cfg.attention_layer_ids)
+    if cfg.qkv_bias and cfg.architecture in O_PROJ_BIAS:  # their attention_bias covers o_proj too (kept whole)
+        vector_params += num_attention * h
     if cfg.architecture in ATTENTION_SINKS:  # one learned sink logit per head, split by head
         vector_params += num_attention * cfg.num_heads // tp
-    if cfg.qk_norm:
-        vector_params += num_attention * 2 * cfg.head_dim
     if linear is not None:
         vector_params += len(linear.layers) * linear.vector_params() // tp
+    ple_embedding, ple_rest = cfg.per_layer_input_params()  # Gemma 4: float, embedding vocab-split
+    vector_params += ple_rest + -(-ple_embedding // tp)
     if quant_bits is not None:
         matrix_bytes = matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
     elif cfg.quantization is not None:
@@ -144,9 +143,13 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
 def rope_table_bytes(cfg: ModelConfig) -> int:
     """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
     distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
-    distinct = {repr(sorted(p.items())): p for p in cfg.rope_parameters.values()} or {"": {}}
-    return sum(cfg.max_position_embeddings * int(cfg.head_dim * p.get("partial_rotary_factor", 1.0)) * 4
-               for p in distinct.values())
+    types = cfg.layer_types or ["full_attention"] * cfg.num_layers
+    distinct = {}
+    for layer_type, p in cfg.rope_parameters.items():
+        d = cfg.layer_head_dim(types.index(layer_type)) if layer_type in types else cfg.head_dim
+        rotary = d if p.get("rope_type") == "proportional" else int(d * p.get("partial_rotary_factor", 1.0))
+        distinct[repr((d, sorted(p.items())))] = rotary
+    return sum(cfg.max_position_embeddings * rotary * 4 for rotary in (distinct or {"": cfg.head_dim}).values())
 
 
 def sampler_bytes(num_seqs: int, vocab_size: int) -> int:

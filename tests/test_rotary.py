@@ -122,5 +122,5 @@ def test_local_and_global_tables_are_built_once_each():
 
 
 def test_unsupported_type_is_named():
-    with pytest.raises(ValueError, match="rope type 'proportional' is not supported"):
-        get_rope(64, 16, {"rope_type": "proportional", "rope_theta": 1e4})
+    with pytest.raises(ValueError, match="rope type 'axial' is not supported"):
+        get_rope(64, 16, {"rope_type": "axial", "rope_theta": 1e4})

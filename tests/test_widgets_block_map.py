@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from PySide6.QtCore import QPointF
 
-from widgets.block_map import (CACHED_RGBA, FREE_RGBA, SHARED_RGBA, STATE_CACHED, STATE_IN_USE,
-                               BlockMapWidget, BlockSnapshot, block_colors, grid_columns, to_grid)
+from widgets.block_map import (CACHED_RGBA, FREE_RGBA, GROUP_RGBA, SHARED_RGBA, STATE_CACHED, STATE_IN_USE,
+                               BlockMapWidget, BlockSnapshot, block_colors, grid_columns, group_colors, to_grid)
 
 
 def snapshot(n=10):
@@ -78,3 +78,39 @@ def test_fifty_thousand_blocks_redraw(qtbot, n):
         w.redraw()
     img = w.image_array()
     assert img.shape[0] * img.shape[1] >= n
+
+
+def grouped_snapshot():
+    s = snapshot()
+    group = np.zeros(10, np.uint8)
+    group[0:3], group[3:5], group[5] = 1, 2, 3  # full, window, window (a second group of that kind)
+    return BlockSnapshot(s.state, s.ref_count, s.owner, s.owners, group,
+                         ["full attention · 2 layers", "window 8 · 2 layers", "window 8 · 1 layer"])
+
+
+def test_colours_follow_the_kv_cache_group_kind():
+    s = grouped_snapshot()
+    rgba = group_colors(s.state, s.group, s.group_names)
+    assert [tuple(rgba[i]) for i in (0, 3, 5)] == [GROUP_RGBA[0], GROUP_RGBA[1], GROUP_RGBA[1]]
+    assert tuple(rgba[6]) == CACHED_RGBA and tuple(rgba[9]) == FREE_RGBA  # not in use: by state, as before
+
+
+def test_widget_colours_by_group_with_a_legend_and_switches_to_requests(qtbot):
+    w = BlockMapWidget(redraw_ms=10_000)
+    qtbot.addWidget(w)
+    w.set_blocks(snapshot())
+    w.redraw()
+    assert w.group_legend() == [] and not w.colour_by.isVisibleTo(w)  # one group: nothing to choose
+    w.set_blocks(grouped_snapshot())
+    w.redraw()
+    assert w.colour_by.isVisibleTo(w) and w.group_legend() == ["full attention", "window 8"]
+    labels = [w._group_row.itemAt(i).widget().text() for i in range(w._group_row.count())
+              if w._group_row.itemAt(i).widget() is not None]
+    assert "window 8 (×2 groups)" in labels and "full attention" in labels
+    assert not any(e.isVisibleTo(w) for e in w._request_entries)  # the per-request legend is hidden
+    assert tuple(w.image_array()[0, 3]) == GROUP_RGBA[1]
+    w.colour_by.setCurrentText("request")
+    w.redraw()
+    assert all(e.isVisibleTo(w) for e in w._request_entries)
+    assert w.group_legend() == [] and tuple(w.image_array()[0, 3]) == tuple(block_colors(
+        w._snapshot.state, w._snapshot.ref_count, w._snapshot.owner)[3])

@@ -78,7 +78,19 @@ ARCHS = {
     # Two local layers (window 8: prompts run far past it) and one global, each with its own RoPE table; a
     # query_pre_attn_scalar that is not head_dim.
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", dict(GEMMA3_TEXT)),
+    # Gemma 4 as E2B/E4B are built: per-layer inputs, the last two layers sharing the KV of layers 0 (local) and
+    # 1 (global) with double-wide MLPs, global layers with 32-dim heads and proportional RoPE (local pages are
+    # half as wide, so their KV head is stored twice), a final soft cap.
+    "gemma4": ("Gemma4TextConfig", "Gemma4ForCausalLM", dict(
+        num_hidden_layers=4, head_dim=16, global_head_dim=32, num_key_value_heads=1, sliding_window=8,
+        layer_types=["sliding_attention", "full_attention"] * 2, hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input="vocab", num_kv_shared_layers=2, use_double_wide_mlp=True,
+        final_logit_softcapping=10.0, tie_word_embeddings=True)),
 }
+GEMMA4_31B_TEXT = dict(  # as the 31B is built: global layers with V = K, one KV head of 32 dims; no per-layer inputs
+    num_hidden_layers=3, head_dim=16, global_head_dim=32, num_key_value_heads=2, num_global_key_value_heads=1,
+    attention_k_eq_v=True, hidden_size_per_layer_input=0, sliding_window=8, final_logit_softcapping=10.0,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"], tie_word_embeddings=True)
 # Vision-language checkpoints served as text: (model_type, text config, vision config), built with
 # AutoModelForImageTextToText.from_config, so the folder holds a (tiny) vision tower and projector too.
 VL_ARCHS = {
@@ -89,6 +101,9 @@ VL_ARCHS = {
                                      tie_word_embeddings=False), dict(
         hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
         patch_size=14, head_dim=16), dict(spatial_merge_size=1, tie_word_embeddings=False)),
+    "gemma4-vl": ("gemma4", dict(GEMMA4_31B_TEXT), dict(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2,
+        head_dim=16), dict()),
 }
 ARCHS.update({name: (None, None, None) for name in VL_ARCHS})
 
@@ -151,6 +166,8 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
                   pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6, torch_dtype="float32")
     kwargs.update(extra)
     kwargs.update(overrides)
+    if kwargs.get("vocab_size_per_layer_input") == "vocab":  # Gemma 4's per-layer inputs cover every token
+        kwargs["vocab_size_per_layer_input"] = kwargs["vocab_size"]
     torch.manual_seed(seed)
     if arch in vl_archs:
         model_type, _, vision, top = vl_archs[arch]
@@ -169,6 +186,8 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
         for name, b in model.named_buffers():  # GLM's score-correction bias moves the choice: make it matter
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn_like(b) * 0.2)
+            elif name.endswith("layer_scalar"):  # Gemma 4 scales each layer's output by a learned scalar
+                b.copy_(1 + torch.randn_like(b) * 0.2)
     if arch in vl_archs:  # the text model's ids are what generation_config and the tokenizer speak
         config.text_config.bos_token_id, config.text_config.eos_token_id = tokenizer.bos_token_id, tokenizer.eos_token_id
     path = Path(tmp_dir) / f"tiny-{arch}"

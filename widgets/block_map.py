@@ -4,7 +4,10 @@ The widget takes three arrays per snapshot (state, ref count, owner index) plus 
 turns them into one RGBA image with vectorised numpy, so 50,000 blocks cost one `ImageItem.setImage`.
 Snapshots may arrive at any rate; the image is rebuilt on a timer only when a new one is pending.
 Hovering a cell shows its block id, state, owner and ref count, and its KV cache group when the model has
-several (sliding-window and full-attention layers share the pool; the summary counts each group's blocks). The wheel zooms and a drag pans
+several (sliding-window and full-attention layers share the pool; the summary counts each group's blocks).
+With several groups the in-use blocks are coloured by group kind (groups of one kind, e.g. four
+"window 1024" groups, share a colour) under a legend of the kinds; "Colour by" switches back to one colour per
+request. The wheel zooms and a drag pans
 (16k blocks are a pixel each at full view); "Fit" returns to the whole pool. Its background follows
 the application palette. It never imports app or engine code.
 """
@@ -16,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer, Signal
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
 
 from widgets.time_plot import palette_colors
 
@@ -28,6 +31,10 @@ FREE_LIGHT_RGBA = (216, 222, 233, 255)  # free blocks on a light theme: quiet, n
 CACHED_RGBA = (94, 129, 172, 255)
 SHARED_RGBA = (235, 203, 139, 255)
 PADDING_RGBA = (0, 0, 0, 0)
+# KV cache group kinds, in the order their names first appear (full attention first, then windows, then state)
+GROUP_RGBA = ((136, 192, 208, 255), (180, 142, 173, 255), (208, 135, 112, 255), (163, 190, 140, 255),
+              (191, 97, 106, 255), (143, 188, 187, 255))
+COLOUR_BY_GROUP, COLOUR_BY_REQUEST = "KV cache group", "request"
 
 
 def owner_palette(size: int = 64) -> np.ndarray:
@@ -72,6 +79,30 @@ def block_colors(state: np.ndarray, ref_count: np.ndarray, owner: np.ndarray,
     in_use = state == STATE_IN_USE
     rgba[in_use] = _PALETTE[owner[in_use].astype(np.int64) % len(_PALETTE)]
     rgba[in_use & (ref_count > 1)] = SHARED_RGBA
+    return rgba
+
+
+def group_kind(group_name: str) -> str:
+    """"window 1024 · 13 layers" -> "window 1024": groups of one kind differ only in their layer count."""
+    return group_name.split(" · ")[0]
+
+
+def group_kinds(group_names: list[str]) -> tuple[list[str], np.ndarray]:
+    """(distinct group kinds in order, per group index 0..len: its kind's index, -1 for "none")."""
+    kinds = list(dict.fromkeys(group_kind(n) for n in group_names))
+    return kinds, np.array([-1] + [kinds.index(group_kind(n)) for n in group_names], np.int64)
+
+
+def group_colors(state: np.ndarray, group: np.ndarray, group_names: list[str],
+                 free_rgba: tuple[int, int, int, int] = FREE_RGBA) -> np.ndarray:
+    """(n, 4) uint8 colours with in-use blocks coloured by their group's kind; free and cached as by state."""
+    rgba = np.empty((state.shape[0], 4), np.uint8)
+    rgba[:] = free_rgba
+    rgba[state == STATE_CACHED] = CACHED_RGBA
+    _, kind_of = group_kinds(group_names)
+    kind = kind_of[np.minimum(group.astype(np.int64), len(group_names))]
+    in_use = (state == STATE_IN_USE) & (kind >= 0)
+    rgba[in_use] = np.asarray(GROUP_RGBA, np.uint8)[kind[in_use] % len(GROUP_RGBA)]
     return rgba
 
 
@@ -123,10 +154,20 @@ class BlockMapWidget(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self._view, 1)
         layout.addLayout(self._legend())
+        self._group_row = QHBoxLayout()  # one swatch per group kind, built when a snapshot has groups
+        self._group_kinds: list[str] = []
+        layout.addLayout(self._group_row)
         layout.addWidget(self.summary)
         hover_row = QHBoxLayout()
         hover_row.addWidget(self.hover_label, 1)
         hover_row.addWidget(QLabel("wheel: zoom · drag: pan"))
+        self.colour_by_label = QLabel("Colour by")
+        self.colour_by = QComboBox()
+        self.colour_by.addItems([COLOUR_BY_GROUP, COLOUR_BY_REQUEST])
+        self.colour_by.currentTextChanged.connect(self._on_colour_by)
+        for w in (self.colour_by_label, self.colour_by):
+            w.setVisible(False)  # only models with several KV cache groups have a choice
+            hover_row.addWidget(w)
         self.fit_button = QPushButton("Fit", clicked=self.fit)
         hover_row.addWidget(self.fit_button)
         layout.addLayout(hover_row)
@@ -138,16 +179,59 @@ class BlockMapWidget(QWidget):
         entries = [("free", self._free_rgba), ("in use (colour per request)", tuple(_PALETTE[1])),
                    ("cached, reusable", CACHED_RGBA), ("shared, ref > 1", SHARED_RGBA)]
         self._swatches = []
+        self._request_entries = []  # the entries that mean nothing while colouring by KV cache group
         for text, rgba in entries:
             swatch = QLabel()
             swatch.setFixedSize(12, 12)
             _paint_swatch(swatch, rgba)
             self._swatches.append(swatch)
+            label = QLabel(text)
             row.addWidget(swatch)
-            row.addWidget(QLabel(text))
+            row.addWidget(label)
             row.addSpacing(10)
+            if rgba in (tuple(_PALETTE[1]), SHARED_RGBA):
+                self._request_entries += [swatch, label]
         row.addStretch(1)
         return row
+
+    def _on_colour_by(self, _text: str) -> None:
+        self._pending = self._snapshot is not None
+        self._sync_group_legend(self._snapshot)
+
+    def colouring_by_group(self, snap: BlockSnapshot | None) -> bool:
+        return snap is not None and snap.group is not None and len(snap.group_names) > 1 and \
+            self.colour_by.currentText() == COLOUR_BY_GROUP
+
+    def group_legend(self) -> list[str]:
+        """The group kinds the legend shows now (empty when colouring by request)."""
+        return list(self._group_kinds)
+
+    def _sync_group_legend(self, snap: BlockSnapshot | None) -> None:
+        has_groups = snap is not None and snap.group is not None and len(snap.group_names) > 1
+        for w in (self.colour_by_label, self.colour_by):
+            w.setVisible(has_groups)
+        kinds = group_kinds(snap.group_names)[0] if self.colouring_by_group(snap) else []
+        for w in self._request_entries:
+            w.setVisible(not kinds)
+        if kinds == self._group_kinds:
+            return
+        self._group_kinds = kinds
+        while self._group_row.count():
+            item = self._group_row.takeAt(0)
+            if item.widget() is not None:
+                item.widget().deleteLater()
+        if not kinds:
+            return
+        self._group_row.addWidget(QLabel("in use, by KV cache group:"))
+        for i, name in enumerate(kinds):
+            swatch = QLabel()
+            swatch.setFixedSize(12, 12)
+            _paint_swatch(swatch, GROUP_RGBA[i % len(GROUP_RGBA)])
+            self._group_row.addWidget(swatch)
+            count = sum(group_kind(n) == name for n in snap.group_names)
+            self._group_row.addWidget(QLabel(name + (f" (×{count} groups)" if count > 1 else "")))
+            self._group_row.addSpacing(10)
+        self._group_row.addStretch(1)
 
     def set_blocks(self, snapshot: BlockSnapshot) -> None:
         """Queue a snapshot; the next timer tick draws it (cheap to call at any rate)."""
@@ -174,8 +258,11 @@ class BlockMapWidget(QWidget):
         self._pending = False
         snap = self._snapshot
         self._columns = grid_columns(snap.num_blocks, self._aspect())
-        self._image.setImage(to_grid(block_colors(snap.state, snap.ref_count, snap.owner, self._free_rgba),
-                                     self._columns), autoLevels=False)
+        self._sync_group_legend(snap)
+        colors = group_colors(snap.state, snap.group, snap.group_names, self._free_rgba) \
+            if self.colouring_by_group(snap) else \
+            block_colors(snap.state, snap.ref_count, snap.owner, self._free_rgba)
+        self._image.setImage(to_grid(colors, self._columns), autoLevels=False)
         self.summary.setText(self._summary_text(snap))
 
     def _aspect(self) -> float:

@@ -88,7 +88,8 @@ class PagedAttention(nn.Module):
             if self.kv_group and meta.group_block_tables is not None:
                 slot_mapping = meta.group_slot_mappings[self.kv_group - 1]
                 block_tables = meta.group_block_tables[self.kv_group - 1]
-            self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale)
+            if k is not None:  # None: a layer reading another layer's cache (Gemma 4's KV sharing)
+                self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale)
             variants = {}  # only what is set, so the plain call stays the plain call
             if self.soft_cap is not None:
                 variants["soft_cap"] = self.soft_cap

@@ -2,7 +2,7 @@
 
 `rope_inv_freq` turns one layer type's RoPE parameters (ModelConfig.rope_parameters: rope_type, rope_theta
 and that type's keys) into inverse frequencies and the attention factor HF multiplies into cos/sin — default,
-linear, dynamic NTK, llama3, yarn, longrope — over the rotated share of head_dim (partial rotary: the rest of
+linear, dynamic NTK, llama3, yarn, longrope, proportional (Gemma 4) — over the rotated share of head_dim (partial rotary: the rest of
 each head passes through). mRoPE with text positions is the plain table: its three position streams are equal.
 The float32 cos/sin table is [max_position_embeddings, rotary_dim] (64 MiB at 128k positions and 128 dims),
 so `rotary_embeddings` builds ONE per distinct parameter set and every layer of that kind shares it (Gemma 3:
@@ -97,7 +97,18 @@ def rope_inv_freq(params: dict, rotary_dim: int, max_position: int,
         return yarn_inv_freq(base, rotary_dim, params, max_position)
     if rope_type == "longrope":
         return longrope_inv_freq(base, rotary_dim, params, max_position, max_model_len or max_position)
+    if rope_type == "proportional":
+        return proportional_inv_freq(base, rotary_dim, params), 1.0
     return inv_freq, 1.0
+
+
+def proportional_inv_freq(base: float, head_dim: int, params: dict) -> torch.Tensor:
+    """Gemma 4's global layers: the first partial_rotary_factor of the frequencies of a full-width table (the
+    exponent still over head_dim), the rest zero, so those dims pass through; over the whole head, so the
+    rotated pairs are (i, i + head_dim / 2) — unlike partial rotary, which rotates a leading slice."""
+    angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+    rotated = 1.0 / (base ** (torch.arange(0, 2 * angles, 2, dtype=torch.float32) / head_dim))
+    return torch.cat([rotated, torch.zeros(head_dim // 2 - angles)]) / params.get("factor", 1.0)
 
 
 class RotaryEmbedding(nn.Module):
@@ -132,19 +143,25 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
 
 def get_rope(head_dim: int, max_position: int, params: dict, max_model_len: int | None = None) -> RotaryEmbedding:
     """The RotaryEmbedding of one layer type's parameters (rope_type, rope_theta, partial_rotary_factor, ...)."""
+    if params.get("rope_type") == "proportional":  # rotates the whole head, with zero frequencies at the end
+        scaling = {k: v for k, v in params.items() if k != "rope_theta"}
+        return RotaryEmbedding(head_dim, max_position, params["rope_theta"], scaling, head_dim, max_model_len)
     rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta", "partial_rotary_factor")}
     return RotaryEmbedding(head_dim, max_position, params["rope_theta"], scaling, rotary_dim, max_model_len)
 
 
 def rotary_embeddings(cfg: ModelConfig) -> dict[str, RotaryEmbedding]:
-    """One RotaryEmbedding per layer type, shared where two layer types have the same parameters."""
+    """One RotaryEmbedding per layer type, shared where two layer types have the same parameters and head
+    width (Gemma 4's global layers have wider heads than its local ones)."""
     tables: dict[str, RotaryEmbedding] = {}
     by_params: dict[str, RotaryEmbedding] = {}
+    types = cfg.layer_types or ["full_attention"] * cfg.num_layers
     for layer_type, params in cfg.rope_parameters.items():
-        key = repr(sorted(params.items()))
+        head_dim = cfg.layer_head_dim(types.index(layer_type)) if layer_type in types else cfg.head_dim
+        key = repr((head_dim, sorted(params.items())))
         if key not in by_params:
-            by_params[key] = get_rope(cfg.head_dim, cfg.max_position_embeddings, params,
+            by_params[key] = get_rope(head_dim, cfg.max_position_embeddings, params,
                                       cfg.max_model_len or cfg.max_position_embeddings)
         tables[layer_type] = by_params[key]
     return tables

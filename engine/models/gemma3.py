@@ -66,10 +66,11 @@ class Gemma3MLP(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int, packed: dict) -> None:
         super().__init__()
         prefix = f"model.layers.{layer}.mlp"
-        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size] * 2, False,
+        width = cfg.layer_intermediate_size(layer)  # Gemma 4's KV-sharing layers may be double-wide
+        self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [width] * 2, False,
                                                        cfg.quantization, prefix,
                                                        checkpoint_modules(packed, "gate_up_proj"))
-        self.down_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, False, cfg.quantization, prefix,
+        self.down_proj = RowParallelLinear(width, cfg.hidden_size, False, cfg.quantization, prefix,
                                            ("down_proj",))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

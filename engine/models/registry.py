@@ -36,6 +36,18 @@ GEMMA2_DEFAULTS = {
     "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256, "sliding_window": 4096,
     "sliding_window_pattern": 2, "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0,
     "tie_word_embeddings": True, "rms_norm_eps": 1e-6, "model_type": "gemma2"}
+# transformers' Gemma4TextConfig defaults (and its __post_init__'s: global layers' head_dim 512, their RoPE).
+GEMMA4_TEXT_DEFAULTS = {
+    "vocab_size": 262_144, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 30,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072, "rms_norm_eps": 1e-6, "tie_word_embeddings": True, "attention_bias": False,
+    "sliding_window": 512, "sliding_window_pattern": 6, "bos_token_id": 2, "eos_token_id": 1,
+    "model_type": "gemma4_text", "vocab_size_per_layer_input": 262_144, "hidden_size_per_layer_input": 256,
+    "attention_k_eq_v": False, "num_kv_shared_layers": 0, "use_double_wide_mlp": False, "global_head_dim": 512,
+    "rope_parameters": {"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                           "rope_theta": 1_000_000.0}},
+    "qk_norm": True}  # not an HF key: Gemma 4 always has q/k norms
 # transformers' MistralConfig defaults, under a Mistral3 checkpoint's text_config.
 MISTRAL_TEXT_DEFAULTS = {
     "vocab_size": 32_000, "hidden_size": 4096, "intermediate_size": 14_336, "num_hidden_layers": 32,
@@ -43,6 +55,11 @@ MISTRAL_TEXT_DEFAULTS = {
     "rms_norm_eps": 1e-6, "rope_theta": 10_000.0, "sliding_window": 4096, "tie_word_embeddings": False,
     "model_type": "mistral"}
 
+# A vision-language checkpoint's text model, in both spellings: hub files and transformers 5 on disk
+# (language_model.model.*) and transformers 5 in memory (model.language_model.*) -> our model.* names. The
+# weights mapper renames tensors with these, ModelConfig the quantization ignore list.
+VL_TEXT_PREFIXES = (("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
+                    ("model.language_model.", "model."))
 # transformers' Qwen3NextConfig / Qwen3_5(Moe)TextConfig defaults for keys a published config may leave out; the
 # q/k norms and the output gate are always there in these families.
 QWEN3_NEXT_DEFAULTS = {
@@ -66,6 +83,9 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
     "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4),
     "Gemma3ForConditionalGeneration": Architecture("gemma3", "Gemma3ForConditionalGeneration", GEMMA3_TEXT_DEFAULTS,
+                                                   multimodal=True, norms_per_layer=4),
+    "Gemma4ForCausalLM": Architecture("gemma4", "Gemma4ForCausalLM", GEMMA4_TEXT_DEFAULTS, norms_per_layer=4),
+    "Gemma4ForConditionalGeneration": Architecture("gemma4", "Gemma4ForConditionalGeneration", GEMMA4_TEXT_DEFAULTS,
                                                    multimodal=True, norms_per_layer=4),
     "Mistral3ForConditionalGeneration": Architecture("llama", "Mistral3ForConditionalGeneration",
                                                      MISTRAL_TEXT_DEFAULTS, multimodal=True),

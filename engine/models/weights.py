@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.layers.fused_moe.weights import expert_shard
+from engine.models.registry import VL_TEXT_PREFIXES
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import skipped_tensor
 
@@ -59,8 +60,7 @@ class WeightsMapper:
 # (language_model.model.*) and transformers 5 in memory (model.language_model.*). The vision tower and the
 # projector are skipped on purpose: never loaded, never counted.
 VL_TEXT_MAPPER = WeightsMapper(
-    renamed_prefixes=(("language_model.model.", "model."), ("language_model.lm_head.", "lm_head."),
-                      ("model.language_model.", "model.")),
+    renamed_prefixes=VL_TEXT_PREFIXES,
     skipped_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                       "model.multi_modal_projector."))
 

@@ -1,0 +1,273 @@
+"""The Gemma 4 family: Gemma4ForCausalLM and Gemma4ForConditionalGeneration (served as text), dense layers.
+
+Gemma 3's decoder (four norms per layer, GELU-tanh MLP, scaled embeddings, q/k norms, local/global layers on
+their own RoPE tables, final soft cap) with these differences, all read from ModelConfig:
+- plain RMSNorms (weight, not 1 + w, computed in float32 then cast) and a weightless RMSNorm on V; attention
+  scale 1.0 (the q/k norms set the scale);
+- global layers with their own shapes: wider heads (`global_head_dim`), fewer KV heads and V equal to K's
+  projection (`attention_k_eq_v`, so no v_proj), and "proportional" RoPE (engine/layers/rotary.py). Their
+  KV pages differ from the local layers', so each KV head is stored as often as it takes to give every cache
+  layer the same page (engine/kv_cache_interface.kv_head_replicas);
+- KV sharing: the last `num_kv_shared_layers` layers compute only queries and attend over the cache of the
+  last earlier layer of their type (ModelConfig.kv_source); they own no cache, and their k/v tensors, if a
+  checkpoint has them, are skipped on purpose (HF skips them too);
+- per-layer inputs (the E2B/E4B models): a [vocab, layers x P] embedding plus a projection of the token
+  embedding give each layer a P-wide input that gates a residual branch after its MLP; those layers' MLPs are
+  twice as wide where `use_double_wide_mlp`;
+- a learned `layer_scalar` multiplies each layer's output.
+The mixture-of-experts variant (`enable_moe_block`, 26B-A4B) and bidirectional attention are refused by name.
+A VL checkpoint keeps the text model under `language_model`; its vision and audio towers and their embedders
+are skipped on purpose.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.distributed import divide, get_tp_size
+from engine.kv_cache_interface import kv_head_replicas
+from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.embedding import VocabParallelEmbedding
+from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear
+from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
+from engine.model_config import ModelConfig
+from engine.models.gemma3 import Gemma3ForCausalLM, Gemma3MLP
+from engine.models.registry import VL_TEXT_PREFIXES
+from engine.models.weights import WeightsMapper, checkpoint_modules
+
+
+def check_supported(cfg: ModelConfig) -> None:
+    text = cfg.hf_text_config
+    if text.get("enable_moe_block"):
+        raise ValueError(f"{cfg.architecture}: enable_moe_block (Gemma 4's mixture-of-experts layers, e.g. "
+                         "gemma-4-26B-A4B) is not supported yet; the dense Gemma 4 models are")
+    if text.get("use_bidirectional_attention") == "all":
+        raise ValueError(f"{cfg.architecture}: use_bidirectional_attention 'all' (an embedding model) is not "
+                         "supported")
+    if cfg.hidden_act != "gelu_pytorch_tanh":
+        raise ValueError(f"{cfg.architecture}: hidden_activation {cfg.hidden_act!r} is not supported "
+                         "(gelu_pytorch_tanh only)")
+
+
+class Gemma4RMSNorm(nn.Module):
+    """x / rms(x) * w in float32, cast back after the weight (HF's order); without a weight for V."""
+
+    def __init__(self, size: int, eps: float = 1e-6, with_scale: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            out = out * self.weight.float()
+        return out.to(x.dtype)
+
+
+class ReplicatedLinear(LinearBase):
+    """The whole matrix on every rank (the per-layer-input projections: small, and every rank needs all of
+    their output)."""
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        size = param.shape[param.output_dim] if param.output_dim is not None else 0
+        self.load_slice(param, loaded, 0, size, 0)
+
+
+class Gemma4QKVLinear(QKVParallelLinear):
+    """QKVParallelLinear holding only some of q, k, v: k_eq_v layers have no v_proj, KV-sharing layers only
+    q_proj. The same head split and loaders; the parameter is as wide as its shards."""
+
+    def __init__(self, shards: tuple[str, ...], hidden_size: int, head_dim: int, num_heads: int,
+                 num_kv_heads: int, bias: bool, quant, prefix: str, packed: dict) -> None:
+        tp = get_tp_size()
+        self.shard_ids, self.head_dim = shards, head_dim
+        self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
+        self.num_heads = divide(num_heads, tp, "attention heads")
+        self.num_kv_heads = max(1, num_kv_heads // tp)
+        self.kv_replicas = max(1, tp // num_kv_heads)
+        if num_kv_heads >= tp:
+            divide(num_kv_heads, tp, "key/value heads")
+        elif tp % num_kv_heads:
+            raise ValueError(f"tensor_parallel_size ({tp}) must be a multiple of the KV heads ({num_kv_heads})")
+        modules = checkpoint_modules(packed, "qkv_proj")
+        if len(modules) == 3:  # q_proj, k_proj, v_proj: only those this layer has
+            modules = tuple(m for m, s in zip(modules, "qkv") if s in shards)
+        LinearBase.__init__(self, hidden_size, sum(self.output_sizes()), bias, quant, prefix, modules)
+
+    def checkpoint_output_sizes(self) -> list[int]:
+        sizes = dict(zip(("q", "k", "v"), super().checkpoint_output_sizes()))
+        return [sizes[s] for s in self.shard_ids]
+
+    def output_sizes(self) -> list[int]:
+        """This rank's q, k, v widths, as stored."""
+        return [(self.num_heads if s == "q" else self.num_kv_heads) * self.head_dim for s in self.shard_ids]
+
+
+class SharedKVAttention(PagedAttention):
+    """A KV-sharing layer's attention: its own queries over `source`'s cache, writing nothing."""
+
+    def __init__(self, source: PagedAttention, num_heads: int, backend: str) -> None:
+        super().__init__(num_heads, source.num_kv_heads, source.head_dim, source.sliding_window, backend,
+                         scale=source.scale)
+        self._source = [source]  # a list, so the source is not registered (and bound) twice
+
+    def forward(self, q, k, v, meta, gate=None):
+        src = self._source[0]
+        self.k_cache, self.v_cache, self.k_scale, self.v_scale = src.k_cache, src.v_cache, src.k_scale, src.v_scale
+        self.kv_group = src.kv_group
+        return super().forward(q, None, None, meta, gate)
+
+
+class Gemma4Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding, packed: dict,
+                 sources: dict[int, PagedAttention]) -> None:
+        super().__init__()
+        prefix = f"model.layers.{layer}.self_attn"
+        self.head_dim = d = cfg.layer_head_dim(layer)
+        self.owns_kv = cfg.kv_source(layer) == layer
+        self.k_eq_v = bool(cfg.k_eq_v_layers) and cfg.k_eq_v_layers[layer]
+        shards = ("q", "k") if self.k_eq_v else ("q", "k", "v")
+        self.qkv_proj = Gemma4QKVLinear(shards if self.owns_kv else ("q",), cfg.hidden_size, d, cfg.num_heads,
+                                        cfg.layer_kv_heads(layer), cfg.qkv_bias, cfg.quantization, prefix, packed)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, cfg.qkv_bias, cfg.quantization, prefix,
+                                        ("o_proj",))
+        eps = cfg.rms_norm_eps
+        self.q_norm = Gemma4RMSNorm(d, eps)
+        self.k_norm = Gemma4RMSNorm(d, eps) if self.owns_kv else None
+        self.v_norm = Gemma4RMSNorm(d, eps, with_scale=False) if self.owns_kv else None
+        self.rotary_emb = rotary_emb
+        self.replicas = kv_head_replicas(cfg, get_tp_size())[layer]  # equal KV pages in every cache layer
+        if self.owns_kv:
+            self.attn = PagedAttention(self.num_heads, self.num_kv_heads * self.replicas, d,
+                                       cfg.sliding_windows[layer], backend, scale=1.0)
+            sources[layer] = self.attn
+        else:
+            self.attn = SharedKVAttention(sources[cfg.kv_source(layer)], self.num_heads, backend)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
+        parts = self.qkv_proj(x).split(self.qkv_proj.output_sizes(), dim=-1)
+        q = self.q_norm(parts[0].view(-1, self.num_heads, self.head_dim))
+        cos, sin = self.rotary_emb.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        q = self.rotary_emb._apply(q, cos, sin)
+        k = v = None
+        if self.owns_kv:
+            k = parts[1].view(-1, self.num_kv_heads, self.head_dim)
+            v = self.v_norm(k if self.k_eq_v else parts[2].view(-1, self.num_kv_heads, self.head_dim))
+            k = self.rotary_emb._apply(self.k_norm(k), cos, sin)
+            if self.replicas > 1:
+                k, v = k.repeat_interleave(self.replicas, dim=1), v.repeat_interleave(self.replicas, dim=1)
+        out = self.attn(q, k, v, meta)
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+
+class Gemma4DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding, packed: dict,
+                 sources: dict[int, PagedAttention]) -> None:
+        super().__init__()
+        h, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.self_attn = Gemma4Attention(cfg, layer, backend, rotary_emb, packed, sources)
+        self.mlp = Gemma3MLP(cfg, layer, packed)  # its width is the layer's (double-wide on KV-sharing layers)
+        self.input_layernorm = Gemma4RMSNorm(h, eps)
+        self.post_attention_layernorm = Gemma4RMSNorm(h, eps)
+        self.pre_feedforward_layernorm = Gemma4RMSNorm(h, eps)
+        self.post_feedforward_layernorm = Gemma4RMSNorm(h, eps)
+        p = cfg.per_layer_input_size
+        if p:
+            self.per_layer_input_gate = ReplicatedLinear(h, p, False, cfg.quantization, f"model.layers.{layer}",
+                                                         ("per_layer_input_gate",))
+            self.per_layer_projection = ReplicatedLinear(p, h, False, cfg.quantization, f"model.layers.{layer}",
+                                                         ("per_layer_projection",))
+            self.post_per_layer_input_norm = Gemma4RMSNorm(h, eps)
+        self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
+
+    def forward(self, positions, x, per_layer_input, meta):
+        x = x + self.post_attention_layernorm(self.self_attn(positions, self.input_layernorm(x), meta))
+        x = x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        if per_layer_input is not None:
+            gate = F.gelu(self.per_layer_input_gate(x), approximate="tanh") * per_layer_input
+            x = x + self.post_per_layer_input_norm(self.per_layer_projection(gate))
+        return x * self.layer_scalar
+
+
+class Gemma4Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: str, packed: dict, mlp_factory=None) -> None:
+        super().__init__()
+        h, p, n = cfg.hidden_size, cfg.per_layer_input_size, cfg.num_layers
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, h)
+        self.embed_scale = h ** 0.5
+        ropes = rotary_embeddings(cfg)
+        sources: dict[int, PagedAttention] = {}  # cache-owning layers' attention, for the KV-sharing ones
+        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], packed, sources)
+                                    for i in range(n))
+        self.norm = Gemma4RMSNorm(h, cfg.rms_norm_eps)
+        self.per_layer_input_size = p
+        if p:
+            vocab = int(cfg.hf_text_config.get("vocab_size_per_layer_input") or cfg.vocab_size)
+            self.embed_tokens_per_layer = VocabParallelEmbedding(vocab, n * p)
+            self.per_layer_model_projection = ReplicatedLinear(h, n * p, False, cfg.quantization, "model",
+                                                               ("per_layer_model_projection",))
+            self.per_layer_projection_norm = Gemma4RMSNorm(p, cfg.rms_norm_eps)
+
+    def _scaled(self, x: torch.Tensor, scale: float) -> torch.Tensor:
+        return x * torch.tensor(scale, dtype=x.dtype, device=x.device)  # HF rounds the scale to the dtype
+
+    def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
+        """[T, layers, P]: the token's own per-layer embedding plus a projection of its (scaled) embedding."""
+        n, p = len(self.layers), self.per_layer_input_size
+        own = self._scaled(self.embed_tokens_per_layer(input_ids), p ** 0.5).view(-1, n, p)
+        projected = self.per_layer_model_projection(embeds) * self.embed_scale ** -1
+        projected = self.per_layer_projection_norm(projected.view(-1, n, p))
+        return (projected + own) * 2.0 ** -0.5
+
+    def forward(self, input_ids, positions, meta):
+        x = self._scaled(self.embed_tokens(input_ids), self.embed_scale)
+        per_layer = self.per_layer_inputs(input_ids, x) if self.per_layer_input_size else None
+        for i, layer in enumerate(self.layers):
+            x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
+        return self.norm(x)
+
+
+class Gemma4ForCausalLM(Gemma3ForCausalLM):
+    model_class = Gemma4Model
+
+    def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
+        check_supported(cfg)
+        super().__init__(cfg, backend)
+
+    def attention_layers(self) -> list[PagedAttention]:
+        """The cache-owning layers' attention, in order: what the KV cache layout's layers are."""
+        return [layer.self_attn.attn for layer in self.model.layers if layer.self_attn.owns_kv]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._without_shared_kv(weights))
+
+    def _without_shared_kv(self, weights):
+        """KV-sharing layers compute no keys or values: their k/v projections and norms are not loaded."""
+        shared = {i for i, layer in enumerate(self.model.layers) if not layer.self_attn.owns_kv}
+        for name, tensor in weights:
+            mapped = self.weights_mapper.map(name)
+            if mapped is not None and shared and ".self_attn." in mapped:
+                head, _, tail = mapped.partition(".self_attn.")
+                if head.startswith("model.layers.") and int(head.rsplit(".", 1)[1]) in shared \
+                        and tail.split(".")[0] in ("k_proj", "v_proj", "k_norm", "v_norm"):
+                    continue
+            yield name, tensor
+
+
+# The VL checkpoint's text model is under model.language_model (transformers 5) or language_model.model; its
+# vision and audio towers and their embedders are skipped on purpose.
+GEMMA4_VL_MAPPER = WeightsMapper(
+    renamed_prefixes=VL_TEXT_PREFIXES,
+    skipped_prefixes=tuple(f"{top}{part}." for top in ("", "model.")
+                           for part in ("vision_tower", "audio_tower", "embed_vision", "embed_audio")))
+
+
+class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
+    """The VL checkpoint (E2B, E4B, 31B) served as text: the same decoder, vision and audio skipped."""
+
+    weights_mapper = GEMMA4_VL_MAPPER
