@@ -114,3 +114,25 @@ def test_widget_colours_by_group_with_a_legend_and_switches_to_requests(qtbot):
     assert all(e.isVisibleTo(w) for e in w._request_entries)
     assert w.group_legend() == [] and tuple(w.image_array()[0, 3]) == tuple(block_colors(
         w._snapshot.state, w._snapshot.ref_count, w._snapshot.owner)[3])
+
+
+def test_used_only_packs_the_used_blocks_and_hover_names_the_real_block(qtbot):
+    n = 16_384
+    state, ref, owner = np.zeros(n, np.uint8), np.zeros(n, np.uint8), np.zeros(n, np.uint16)
+    used = np.array([3, 700, 701, 9000, 16_383])
+    state[used], ref[used], owner[used] = STATE_IN_USE, 1, 1
+    state[12_000] = STATE_CACHED
+    w = BlockMapWidget(redraw_ms=10_000)
+    qtbot.addWidget(w)
+    w.set_blocks(BlockSnapshot(state, ref, owner, ["cmpl-a"]))
+    w.redraw()
+    assert w.image_array().shape[0] * w.image_array().shape[1] >= n  # the whole pool
+    w.used_only.setChecked(True)  # redraws at once
+    image = w.image_array()
+    expected = block_colors(state, ref, owner, w._free_rgba)
+    assert image.shape[0] * image.shape[1] < 16 and (image.reshape(-1, 4)[4] == expected[12_000]).all()
+    shown = [w.block_at(i % w._columns + 0.5, i // w._columns + 0.5) for i in range(6)]
+    assert shown == [3, 700, 701, 9000, 12_000, 16_383]
+    assert w.block_info(shown[3]).startswith("block 9000 · in use")
+    w.used_only.setChecked(False)
+    assert w.image_array().shape[0] * w.image_array().shape[1] >= n and w.block_at(0.5, 0.5) == 0

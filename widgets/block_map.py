@@ -8,7 +8,9 @@ several (sliding-window and full-attention layers share the pool; the summary co
 With several groups the in-use blocks are coloured by group kind (groups of one kind, e.g. four
 "window 1024" groups, share a colour) under a legend of the kinds; "Colour by" switches back to one colour per
 request. The wheel zooms and a drag pans
-(16k blocks are a pixel each at full view); "Fit" returns to the whole pool. Its background follows
+(16k blocks are a pixel each at full view); "Fit" returns to the whole pool. "Used only" draws just the
+blocks that hold something (in use or cached), packed into their own grid, so a few hundred used blocks of
+16,384 are a readable grid instead of a strip one pixel high; hovering still names the real block. Its background follows
 the application palette. It never imports app or engine code.
 """
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QTimer, Signal
-from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (QCheckBox, QComboBox, QHBoxLayout, QLabel, QPushButton, QToolTip, QVBoxLayout,
+                               QWidget)
 
 from widgets.time_plot import palette_colors
 
@@ -140,6 +143,7 @@ class BlockMapWidget(QWidget):
         self._snapshot: BlockSnapshot | None = None
         self._pending = False
         self._columns = 1
+        self._shown_ids: np.ndarray | None = None  # block id of each cell while "Used only" is on
         self._free_rgba = free_color()
         self._view = pg.GraphicsLayoutWidget()
         self._view.setBackground(palette_colors()[0])
@@ -168,6 +172,9 @@ class BlockMapWidget(QWidget):
         for w in (self.colour_by_label, self.colour_by):
             w.setVisible(False)  # only models with several KV cache groups have a choice
             hover_row.addWidget(w)
+        self.used_only = QCheckBox("Used only", toolTip="Draw only the blocks in use or cached, packed together")
+        self.used_only.toggled.connect(self._on_used_only)
+        hover_row.addWidget(self.used_only)
         self.fit_button = QPushButton("Fit", clicked=self.fit)
         hover_row.addWidget(self.fit_button)
         layout.addLayout(hover_row)
@@ -247,6 +254,11 @@ class BlockMapWidget(QWidget):
             _paint_swatch(self._swatches[0], self._free_rgba)
             self._pending = self._snapshot is not None
 
+    def _on_used_only(self, _on: bool) -> None:
+        self._pending = self._snapshot is not None
+        self.redraw()
+        self.fit()
+
     def fit(self) -> None:
         """Show the whole pool again after zooming or panning."""
         self._box.enableAutoRange()
@@ -257,11 +269,15 @@ class BlockMapWidget(QWidget):
             return
         self._pending = False
         snap = self._snapshot
-        self._columns = grid_columns(snap.num_blocks, self._aspect())
         self._sync_group_legend(snap)
         colors = group_colors(snap.state, snap.group, snap.group_names, self._free_rgba) \
             if self.colouring_by_group(snap) else \
             block_colors(snap.state, snap.ref_count, snap.owner, self._free_rgba)
+        self._shown_ids = np.flatnonzero(snap.state != STATE_FREE) if self.used_only.isChecked() else None
+        if self._shown_ids is not None:
+            colors = colors[self._shown_ids] if len(self._shown_ids) else colors[:0]
+        shown = len(colors) if self._shown_ids is not None else snap.num_blocks
+        self._columns = grid_columns(max(shown, 1), self._aspect())
         self._image.setImage(to_grid(colors, self._columns), autoLevels=False)
         self.summary.setText(self._summary_text(snap))
 
@@ -310,8 +326,10 @@ class BlockMapWidget(QWidget):
         """Block id under image coordinates (x = column, y = row), or None outside the pool."""
         if self._snapshot is None or x < 0 or y < 0 or x >= self._columns:
             return None
-        block_id = int(y) * self._columns + int(x)
-        return block_id if block_id < self._snapshot.num_blocks else None
+        cell = int(y) * self._columns + int(x)
+        if self._shown_ids is not None:
+            return int(self._shown_ids[cell]) if cell < len(self._shown_ids) else None
+        return cell if cell < self._snapshot.num_blocks else None
 
     def _on_mouse_moved(self, scene_pos) -> None:
         point = self._box.mapSceneToView(scene_pos)
