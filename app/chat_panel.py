@@ -89,7 +89,7 @@ class ChatPanel(QWidget):
             params.addWidget(QLabel(label))
             params.addWidget(widget)
         params.addStretch(1)
-        self.context_meter = QProgressBar(textVisible=True, maximumWidth=260, visible=False)
+        self.context_meter = QProgressBar(textVisible=True, minimumWidth=240, maximumWidth=320, visible=False)
         self.context_meter.setToolTip("Tokens this chat holds (system prompt, history and the last reply) out of "
                                       "the model's context (max_model_len), as the engine counts them")
         params.addWidget(self.context_meter)

@@ -73,6 +73,9 @@ def build_window():
         ChatMessage("user", "Explain paged attention in two sentences, with a tiny code example."),
         ChatMessage("assistant", ANSWER, "TTFT 142 ms · 61.3 tokens/s · 118 tokens · finish: stop")])
     win.chat.conversation_list.item(0).setText("Paged attention in two sentences")
+    from app.loaded_models import ModelRow
+    win.chat.set_models([ModelRow("Qwen/Qwen2.5-7B-Instruct", "loaded", "cuda:0 + cuda:1", 0, 16384, "none")])
+    win.chat._on_context_used(161, 16384)  # the context meter after that reply
     return win
 
 
