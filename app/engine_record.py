@@ -63,12 +63,28 @@ def read_record(path: Path | None = None) -> EngineRecord | None:
         return None
 
 
-def is_server_process(pid: int) -> bool:
-    """The process `pid` exists and runs a PagedDesk server (read from /proc; elsewhere existence alone)."""
+def pid_alive(pid: int) -> bool:
+    """`pid` still runs (a zombie counts as gone: /proc says so on Linux; another user's process counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True
+
+
+def is_server_process(pid: int) -> bool:
+    """The process `pid` is alive, ours to signal, and runs a PagedDesk server (read from /proc; elsewhere
+    being alive and ours is all that can be told)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        os.kill(pid, 0)
     except PermissionError:
         return False  # another user's process: never ours
     cmdline = Path(f"/proc/{pid}/cmdline")

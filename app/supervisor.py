@@ -28,7 +28,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
-from app.engine_record import EngineRecord, clear_record, new_record, write_record
+from app.engine_record import EngineRecord, clear_record, new_record, pid_alive, write_record
 from app.health_probe import HealthProbe
 from app.paths import REPO_ROOT
 from app.port_check import next_free_port, port_is_free, port_owner
@@ -356,7 +356,7 @@ class EngineSupervisor(QObject):
         """The adopted engine is gone (it is not our child, so only its pid can tell): STOPPED after a stop,
         else CRASHED with no automatic restart (this app never had its launch settings)."""
         record = self.adopted
-        if record is None or _pid_alive(record.pid):
+        if record is None or pid_alive(record.pid):
             return
         self._adopted_watch.stop()
         self._kill_timer.stop()
@@ -397,25 +397,10 @@ class EngineSupervisor(QObject):
             self.state_changed.emit(state)
 
 
-def _pid_alive(pid: int) -> bool:
-    """`pid` still runs (a zombie counts as gone: /proc says so on Linux)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-    except (OSError, IndexError):
-        return True
-
-
 def _wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _pid_alive(pid):
+        if not pid_alive(pid):
             return True
         time.sleep(0.05)
-    return not _pid_alive(pid)
+    return not pid_alive(pid)

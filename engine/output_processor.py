@@ -71,14 +71,7 @@ class OutputProcessor:
             with self.faults.guard(seq.request, "processing its new token"):
                 self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i],
                                   self._top_logprobs(seq, i, sampled))
-            if seq.request in self.faults:
-                continue
-            metrics = seq.request.metrics
-            metrics.first_token_time = metrics.first_token_time or now
-            metrics.last_token_time = now
-            outcome.touched[seq.request.request_id] = seq.request
-            if seq.is_finished:
-                outcome.finished.append(seq)
+            self._after_tokens(outcome, seq, now)
         self.stats.generation_tokens_total += len(plan.targets)
 
     def _append_verified(self, outcome: StepOutcome, items: list[ScheduledSeq], spec, now: float) -> None:
@@ -101,15 +94,21 @@ class OutputProcessor:
                     if seq.is_finished:
                         break
             item.num_accepted = max(0, appended - 1)
-            if seq.request in self.faults:
-                continue
-            metrics = seq.request.metrics
-            metrics.first_token_time = metrics.first_token_time or now
-            metrics.last_token_time = now
-            outcome.touched[seq.request.request_id] = seq.request
-            if seq.is_finished:
-                outcome.finished.append(seq)
-            self.stats.generation_tokens_total += appended
+            if self._after_tokens(outcome, seq, now):
+                self.stats.generation_tokens_total += appended
+
+    def _after_tokens(self, outcome: StepOutcome, seq, now: float) -> bool:
+        """A sequence took this step's tokens: its timing, the request touched, finished if it is; False (and
+        nothing recorded) when processing them failed the request."""
+        if seq.request in self.faults:
+            return False
+        metrics = seq.request.metrics
+        metrics.first_token_time = metrics.first_token_time or now
+        metrics.last_token_time = now
+        outcome.touched[seq.request.request_id] = seq.request
+        if seq.is_finished:
+            outcome.finished.append(seq)
+        return True
 
     def _record_prompt_logprobs(self, scheduled: list[ScheduledSeq], result: PromptLogprobsOutput) -> None:
         """Each scored row's entry joins its request's prompt_logprobs (index = prompt position of the token);
