@@ -64,16 +64,21 @@ def test_sigterm_mid_step_ends_the_stream_in_band_and_drains_rank_0_first(long_l
         assert "engine step failed" not in output and "died" not in output, output[-3000:]
         assert "Traceback" not in output, output[-3000:]
     finally:
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
+        release(proc, stopped)
+
+
+def release(proc, stopped: int | None) -> None:
+    """Resume a SIGSTOPped worker and kill whatever of the server's group is left."""
+    if stopped is not None:
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.kill(stopped, signal.SIGCONT)
         except ProcessLookupError:
             pass
-        kill(proc)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    kill(proc)
 
 
 @pytest.mark.timeout(180)
@@ -95,13 +100,4 @@ def test_stopped_worker_turns_health_503_within_seconds(long_llama):
         assert proc.wait(60) == EXIT_ENGINE_DIED
         assert "has sent no heartbeat" in proc.stdout.read()
     finally:
-        if stopped is not None:
-            try:
-                os.kill(stopped, signal.SIGCONT)
-            except ProcessLookupError:
-                pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        kill(proc)
+        release(proc, stopped)

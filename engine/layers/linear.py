@@ -144,6 +144,12 @@ class QKVParallelLinear(ColumnParallelLinear):
 
     def __init__(self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool,
                  quant: QuantConfig | None = None, prefix: str = "", modules: tuple[str, ...] = ("",)) -> None:
+        self.split_heads(head_dim, num_heads, num_kv_heads)
+        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
+        LinearBase.__init__(self, hidden_size, out, bias, quant, prefix, modules)
+
+    def split_heads(self, head_dim: int, num_heads: int, num_kv_heads: int) -> None:
+        """This rank's share of the heads: query heads divided, KV heads divided or replicated."""
         tp = get_tp_size()
         self.head_dim = head_dim
         self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
@@ -154,8 +160,6 @@ class QKVParallelLinear(ColumnParallelLinear):
             divide(num_kv_heads, tp, "key/value heads")
         elif tp % num_kv_heads:
             raise ValueError(f"tensor_parallel_size ({tp}) must be a multiple of the KV heads ({num_kv_heads})")
-        out = (self.num_heads + 2 * self.num_kv_heads) * head_dim
-        LinearBase.__init__(self, hidden_size, out, bias, quant, prefix, modules)
 
     shard_ids = ("q", "k", "v")
 

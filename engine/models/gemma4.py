@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import divide, get_tp_size
+from engine.distributed import get_tp_size
 from engine.kv_cache_interface import kv_head_replicas
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.embedding import VocabParallelEmbedding
@@ -83,16 +83,8 @@ class Gemma4QKVLinear(QKVParallelLinear):
 
     def __init__(self, shards: tuple[str, ...], hidden_size: int, head_dim: int, num_heads: int,
                  num_kv_heads: int, bias: bool, quant, prefix: str, packed: dict) -> None:
-        tp = get_tp_size()
-        self.shard_ids, self.head_dim = shards, head_dim
-        self.total_num_heads, self.total_num_kv_heads = num_heads, num_kv_heads
-        self.num_heads = divide(num_heads, tp, "attention heads")
-        self.num_kv_heads = max(1, num_kv_heads // tp)
-        self.kv_replicas = max(1, tp // num_kv_heads)
-        if num_kv_heads >= tp:
-            divide(num_kv_heads, tp, "key/value heads")
-        elif tp % num_kv_heads:
-            raise ValueError(f"tensor_parallel_size ({tp}) must be a multiple of the KV heads ({num_kv_heads})")
+        self.shard_ids = shards
+        self.split_heads(head_dim, num_heads, num_kv_heads)
         modules = checkpoint_modules(packed, "qkv_proj")
         if len(modules) == 3:  # q_proj, k_proj, v_proj: only those this layer has
             modules = tuple(m for m, s in zip(modules, "qkv") if s in shards)

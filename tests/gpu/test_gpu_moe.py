@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from kernels.bench_timing import median_ms
 from kernels.moe_torch import PackedExperts, fused_moe_torch
 from kernels.quant_torch import pack_int32
 from kernels.triton_moe import fused_moe_triton
@@ -46,14 +47,8 @@ def test_fused_moe_decode_bandwidth_and_prefill_flops():
     for tokens in (1, 8, 32, 2048):
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         topk_weights, topk_ids = routing(tokens)
-        fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
-        end.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(end) / 20 / 1e3
+        seconds = median_ms(lambda _i: fused_moe_triton(x, w13, w2, topk_weights, topk_ids), 1, x.device,
+                            iters=20) / 1e3
         experts = topk_ids.unique().numel()
         read = experts * 3 * H * I * 2
         flops = 2 * tokens * K * 3 * H * I
@@ -96,14 +91,8 @@ def test_packed_experts_decode_bandwidth(fmt):
     for tokens in (1, 8, 32):
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         topk_weights, topk_ids = routing(tokens)
-        fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
-        end.record()
-        torch.cuda.synchronize()
-        seconds = start.elapsed_time(end) / 20 / 1e3
+        seconds = median_ms(lambda _i: fused_moe_triton(x, w13, w2, topk_weights, topk_ids), 1, x.device,
+                            iters=20) / 1e3
         experts = topk_ids.unique().numel()
         read = experts * 3 * H * I * bits / 8
         print(f"fused MoE {fmt} experts, {tokens} tokens: {seconds * 1e3:.3f} ms, {experts} experts read, "
