@@ -60,6 +60,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("served_model_name", str, None, "Model name reported by the API (default: --model)", "server"),
     Flag("tokenizer", str, None, "Tokenizer folder or repo id (default: --model)", "model", gui=False),
     Flag("revision", str, None, "Hub revision of the model", "model", gui=False),
+    Flag("task", str, "auto", "generate: completions and chat; embed: /v1/embeddings (pooled hidden states, no "
+         "LM head); auto: embed for an embedding checkpoint (sentence-transformers Pooling module or a bare "
+         "...Model architecture), else generate", "model", ("auto", "generate", "embed"), gui=False),
     Flag("trust_remote_code", bool, False, "Allow custom code from the model repo (tokenizer only)", "model", gui=False),
     Flag("dtype", str, "auto", "Weight/activation dtype; auto: float32 on CPU, bf16/fp16 on CUDA", "engine", DTYPES),
     Flag("device", str, "auto", "Where the engine runs", "engine", DEVICES, gui=False),
@@ -171,6 +174,7 @@ class EngineConfig:
     served_model_name: str | None = None
     tokenizer: str | None = None
     revision: str | None = None
+    task: str = "auto"
     trust_remote_code: bool = False
     dtype: str = "auto"
     device: str = "auto"

@@ -24,6 +24,8 @@ from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
 from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from engine.pooler_config import pooler_for_task, task_mismatch
+from engine.pooling import PoolingParams, RequestPooling
 from engine.output_processor import OutputProcessor, StepOutcome, StepPlan
 from engine.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata, SamplingRow, make_generator
@@ -51,6 +53,8 @@ class LLMEngine:
         self.model_path = resolve_model_path(config.model, config.revision)
         self.model_config = ModelConfig.from_folder(self.model_path, config.quantization) \
             .with_max_model_len(config.max_model_len)
+        self.model_config.pooler = pooler_for_task(config.task, self.model_path, self.model_config.hf_text_config,
+                                                   config.speculative_config is not None)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, config.trust_remote_code)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
@@ -113,7 +117,8 @@ class LLMEngine:
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
-                                      self.model_config.max_model_len, self.stats, self.faults)
+                                      self.model_config.max_model_len, self.stats, self.faults,
+                                      pooling=self.model_config.pooler is not None)
         self.spec = None
         if self.spec_config is not None:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
@@ -124,8 +129,16 @@ class LLMEngine:
 
     # ---- requests in -------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+                    arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
+                    pooling: PoolingParams | None = None) -> None:
+        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused)."""
+        mismatch = task_mismatch(self.model_config.pooler, pooling is not None)
+        if mismatch:
+            raise ValueError(mismatch)
+        if pooling is not None:
+            self.model_config.pooler.check_dimensions(pooling.dimensions, self.model_config.hidden_size)
+            params = SamplingParams(temperature=0.0, max_tokens=None)  # never sampled: the prompt is pooled
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if priority and self.config.scheduling_policy != "priority":
@@ -142,6 +155,8 @@ class LLMEngine:
                                  f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
+        if pooling is not None:
+            request.pooling = RequestPooling(pooling, self.model_config.pooler)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
         compiling = None
         if params.structured_outputs is not None:
