@@ -10,16 +10,22 @@ from pathlib import Path
 
 import torch
 
-from tests.tiny_models import make_tiny_model
+from tiny_models import make_tiny_model
 
 ST_MODES = {"LAST": "pooling_mode_lasttoken", "MEAN": "pooling_mode_mean_tokens", "CLS": "pooling_mode_cls_token"}
 
 
 def make_tiny_embedder(tmp_dir: str | Path, pooling: str = "LAST", normalize: bool = True,
-                       matryoshka: bool = True) -> Path:
+                       matryoshka: bool = True, base: str | Path | None = None) -> Path:
+    """An embedding folder under tmp_dir; from a copy of `base` (a tiny qwen3 folder) when given."""
+    import shutil
+
     from safetensors.torch import load_file, save_file
 
-    path = make_tiny_model(Path(tmp_dir) / f"embed-{pooling.lower()}", "qwen3")
+    if base is None:
+        path = make_tiny_model(Path(tmp_dir) / f"embed-{pooling.lower()}", "qwen3")
+    else:
+        path = Path(shutil.copytree(base, Path(tmp_dir) / f"embed-{pooling.lower()}"))
     weights = load_file(path / "model.safetensors")
     bare = {name[len("model."):]: t.contiguous() for name, t in weights.items() if name.startswith("model.")}
     save_file(bare, path / "model.safetensors", metadata={"format": "pt"})
