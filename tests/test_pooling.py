@@ -1,5 +1,5 @@
 """The engine's pooling path offline (`LLM.embed`) against transformers on the same weights: mean pooling
-without normalisation and CLS pooling, both across prefill chunks (a running sum restarted at position 0),
+without normalisation (tensor parallel 2) and CLS pooling, both across prefill chunks (a running sum restarted at position 0),
 `--task embed` on a generation checkpoint (its LM head dropped, its final hidden state pooled), and the
 pooler configuration read from sentence-transformers files (unsupported modes refused, not approximated)."""
 from __future__ import annotations
@@ -18,11 +18,12 @@ PROMPTS = [list(range(5, 45)), list(range(7, 12)), list(range(9, 30))]
 ENGINE = dict(device="cpu", max_model_len=128, num_gpu_blocks_override=64, max_num_batched_tokens=16)
 
 
-@pytest.mark.parametrize("pooling", ["MEAN", "CLS"])
-def test_pooling_across_chunks_equals_hf(tmp_path, tiny_model_dir, pooling):
+@pytest.mark.parametrize("pooling,tp", [("MEAN", 2), ("CLS", 1)])
+def test_pooling_across_chunks_equals_hf(tmp_path, tiny_model_dir, pooling, tp):
+    """Under tensor parallel (mean) the worker drops its LM head too and rank 0 pools the full hidden state."""
     path = make_tiny_embedder(tmp_path, pooling, normalize=pooling == "CLS", matryoshka=False,
                               base=tiny_model_dir("qwen3"))
-    llm = LLM(str(path), **ENGINE)
+    llm = LLM(str(path), tensor_parallel_size=tp, **ENGINE)
     try:
         outs = llm.embed(PROMPTS + PROMPTS[:1], use_tqdm=False)  # the repeat may not reuse cached blocks
         with pytest.raises(ValueError, match="does not support truncated embeddings"):
