@@ -40,8 +40,9 @@ class PoolerConfig:
         if dimensions is None:
             return
         if not self.is_matryoshka:
-            raise ValueError(f"dimensions: this model does not support truncated embeddings (it was not trained "
-                             f"as a Matryoshka model; its embeddings have {hidden_size} dimensions)")
+            raise ValueError(f"dimensions must be left out: this model does not support truncated embeddings (its "
+                             f"config.json marks no Matryoshka training; its embeddings have {hidden_size} "
+                             "dimensions)")
         if not 1 <= dimensions <= hidden_size:
             raise ValueError(f"dimensions must be between 1 and {hidden_size}, got {dimensions}")
         if self.matryoshka_dimensions and dimensions not in self.matryoshka_dimensions:

@@ -83,8 +83,9 @@ def test_dimensions_truncate_then_renormalise(client, embedder, token_ids):
     [ref] = hf_embeddings(embedder, [token_ids[2]], dimensions=16)
     assert len(r.data[0].embedding) == 16
     np.testing.assert_allclose(r.data[0].embedding, ref, atol=ATOL)
-    with pytest.raises(openai.BadRequestError, match="dimensions must be between 1 and 64"):
+    with pytest.raises(openai.BadRequestError, match="dimensions must be between 1 and 64") as err:
         client.embeddings.create(model=MODEL_NAME, input="x", dimensions=65)
+    assert err.value.body["param"] == "dimensions"
 
 
 def test_repeated_input_hits_the_prefix_cache(client, server, reference):
