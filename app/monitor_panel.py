@@ -57,14 +57,12 @@ class MonitorPanel(QWidget):
         self.headline = QLabel("Waiting for the engine-state stream…")
         self.samples = 0
         plots = QWidget()
-        grid = QGridLayout(plots)
-        grid.setContentsMargins(0, 0, 0, 0)
-        for i, plot in enumerate((self.kv_plot, self.queue_plot, self.tokens_plot, self.vram_plot,
-                                  self.acceptance_plot, self.accepted_length_plot)):
-            grid.addWidget(plot, i // 2, i % 2)
-        grid.addWidget(self.expert_heatmap, 3, 0, 1, 2)
-        for plot in (self.acceptance_plot, self.accepted_length_plot):
-            plot.setVisible(False)  # shown once the engine reports speculative decoding
+        self._grid = QGridLayout(plots)
+        self._grid.setContentsMargins(0, 0, 0, 0)
+        for row in (0, 1):
+            self._grid.setRowStretch(row, 1)
+        self._speculating: bool | None = None
+        self._place_plots(False)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
@@ -73,7 +71,8 @@ class MonitorPanel(QWidget):
         header.addWidget(self.model_selector)
         top_layout.addLayout(header)
         pools = QHBoxLayout()
-        pools.addWidget(self.block_map, 1)
+        pools.addWidget(self.block_map, 3)
+        pools.addWidget(self.expert_heatmap, 2)
         pools.addWidget(self.state_slots)
         top_layout.addLayout(pools, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
@@ -97,13 +96,28 @@ class MonitorPanel(QWidget):
             f"running {state.num_running} · waiting {state.num_waiting} · preemptions {state.num_preemptions} · "
             f"{state.prompt_tokens_total:,} prompt / {state.generation_tokens_total:,} generated tokens")
 
+    def _place_plots(self, speculating: bool) -> None:
+        """Two rows either way: 2 × 2 plots, or 3 × 2 with the two speculative-decoding plots."""
+        if speculating == self._speculating:
+            return
+        self._speculating = speculating
+        plots = [self.kv_plot, self.queue_plot, self.tokens_plot, self.vram_plot]
+        spec = [self.acceptance_plot, self.accepted_length_plot]
+        for plot in plots + spec:
+            self._grid.removeWidget(plot)
+        shown = plots + spec if speculating else plots
+        columns = 3 if speculating else 2
+        for i, plot in enumerate(shown):
+            self._grid.addWidget(plot, i // columns, i % columns)
+        for plot in spec:
+            plot.setVisible(speculating)
+
     def _show_model_specifics(self, state: EngineState, now: float) -> None:
         self.state_slots.setVisible(state.state_slots is not None)
         if state.state_slots is not None:
             self.state_slots.set_slots(state.state_slots)
         speculating = state.spec_decode is not None
-        for plot in (self.acceptance_plot, self.accepted_length_plot):
-            plot.setVisible(speculating)
+        self._place_plots(speculating)
         rates = self.spec_rates.update(state.spec_decode)
         if rates is not None:
             self.acceptance_plot.append(now, (100 * rates.acceptance_rate,))
