@@ -416,6 +416,8 @@ class ModelRunner:
             else:
                 hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
                                     to_device(torch.from_numpy(inputs.positions), dev), meta)
+        if self.expert_load is not None:
+            self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,

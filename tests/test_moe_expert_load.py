@@ -1,6 +1,6 @@
 """Per-step expert load (engine/layers/fused_moe/expert_load.py) on a tiny Qwen3-MoE: the counts equal what HF
 transformers' own router picks for the same tokens (each top-k choice once, so a layer sums to tokens x top_k),
-padding rows of the decode-graph path do not count, `/metrics` carries the cumulative family and the
+padding rows of the decode-graph and piecewise-graph paths (run on CPU) do not count, `/metrics` carries the cumulative family and the
 engine-state document the counts of each interval; on fake CUDA tensors the counting makes no host copy.
 """
 from __future__ import annotations
@@ -15,12 +15,14 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.outputs import BlockPoolSnapshot, EngineStats
+from engine.piecewise_graphs import PiecewiseGraphs, TapeGraphBackend
 from engine.server.engine_state import ExpertLoadInterval, RawState, build_state
 from hf_reference import make_prompts
 from server_harness import MODEL_NAME, start_server
 from test_fake_cuda import CUDA, Recorder, fake_cuda  # noqa: F401 (the fixture)
 
 PICKS, MAX_TOKENS = [0, 1, 2], [3, 4, 3]  # prompts of 1, 3 and 15 tokens
+BUDGET = 32  # max_num_batched_tokens: piecewise buckets of 16 and 32 tokens
 TOP_K, NUM_EXPERTS = 2, 8  # tests/tiny_models.py MOE_ARCHS["qwen3_moe"]
 METRIC = re.compile(r'^pagedesk:moe_expert_tokens_total\{(?P<labels>[^}]*)\} (?P<value>\S+)$', re.M)
 
@@ -48,7 +50,7 @@ def fed(prompt: list[int], generated: list[int]) -> list[int]:
 
 def test_counts_equal_the_reference_router_padding_rows_excluded(moe):
     path, prompts, hf = moe
-    llm = LLM(str(path), device="cpu")
+    llm = LLM(str(path), device="cpu", max_num_batched_tokens=BUDGET)
     runner = llm.engine.runner
     runner.plan_decode_graphs(max_batch=4, capture=False)  # 3 decoding sequences run as a padded batch of 4
     padded = []
@@ -64,6 +66,20 @@ def test_counts_equal_the_reference_router_padding_rows_excluded(moe):
     assert load["tokens"] == reference_counts(hf, [fed(p, o.outputs[0].token_ids) for p, o in zip(prompts, outs)])
     num_fed = stats.prompt_tokens_total + stats.generation_tokens_total - len(prompts)
     assert [sum(row) for row in load["tokens"]] == [num_fed * TOP_K] * 2
+
+    # Piecewise graphs (the CPU tape backend, strict: a host sync in a piece fails the capture): a 17-token
+    # prompt replays the 32-token bucket; its 15 padding rows, and the capture's own forwards, count nothing.
+    graphs = PiecewiseGraphs(runner.model, BUDGET, runner.device, TapeGraphBackend(), strict=True,
+                             num_kv_groups=len(runner.kv_layout.groups))
+    graphs.capture()
+    runner.piecewise = graphs
+    before = np.array(llm.engine.get_stats().expert_load["tokens"])
+    assert before.tolist() == load["tokens"]
+    prompt = make_prompts(400)[4]
+    out = llm.generate([prompt], [SamplingParams(temperature=0, max_tokens=2)], use_tqdm=False)[0]
+    assert graphs.replayed_tokens >= len(prompt)
+    delta = np.array(llm.engine.get_stats().expert_load["tokens"]) - before
+    assert delta.tolist() == reference_counts(hf, [fed(prompt, out.outputs[0].token_ids)])
 
 
 def test_metrics_and_engine_state_carry_the_load(moe):
