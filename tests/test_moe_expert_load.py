@@ -96,7 +96,9 @@ def test_metrics_and_engine_state_carry_the_load(moe):
             "model": MODEL_NAME, "prompt": prompts[1], "max_tokens": 4, "temperature": 0, "return_token_ids": True})
         assert r.status_code == 200, r.text
         expected = reference_counts(hf, [fed(prompts[1], r.json()["choices"][0]["token_ids"])])
-        assert state()["tokens"] == expected  # the interval that held the request
+        interval = state()
+        print("engine-state expert_load:", interval)
+        assert interval["tokens"] == expected  # the interval that held the request
         assert state()["tokens"] == [[0] * NUM_EXPERTS] * 2  # nothing ran since the previous document
         text = httpx.get(server.url + "/metrics", timeout=60).text
         series = {}
