@@ -137,7 +137,7 @@ def test_groups_that_cannot_be_split_give_a_clear_error(quantized):
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ with 3 bits"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "'marlin'"),
     ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported"),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise scales"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, r"weight_block_size \[128\] is not two positive"),
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}},
      "format 'int-quantized' with 8-bit int"),
