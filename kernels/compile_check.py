@@ -93,7 +93,8 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
         constexprs |= dict(BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K)
     else:
         constexprs |= dict(USE_DOT=choice.use_dot, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K)
-    kind = "fp8" if weight_fp8 else f"w{bits} g{group}{' act-order' if act_order else ''}"
+    kind = (f"fp8{f' block {group}' if group > 1 else ''}" if weight_fp8
+            else f"w{bits} g{group}{' act-order' if act_order else ''}")
     tile = "" if gemm else f" {choice.block_m} rows{' dot' if choice.use_dot else ''}"
     return Variant(f"quant {choice.name}{tile} {dtype} {kind}", quant_gemm_kernel if gemm else quant_gemv_kernel,
                    pointers, constexprs, fp8=weight_fp8)
@@ -107,7 +108,7 @@ def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down:
     `group` columns; -1 per channel) or mxfp4, the packed ones dequantized in the kernel."""
     from kernels.triton_moe import (FLOAT_WEIGHTS, FP8_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, default_moe_tiles,
                                     fused_moe_kernel)
-    t = default_moe_tiles(tokens, top_k, experts)
+    t = default_moe_tiles(tokens, top_k, experts, "fp8" if weights == "fp8" else "")
     b_ptr, scales, zeros = {"float": (_ptr(dtype), "*fp32", "*fp32"),
                             "int": ("*i32", "*fp16", "*u8" if bits <= 4 else "*i16"),
                             "fp8": ("*u8", "*fp32", "*fp32"),
@@ -212,6 +213,7 @@ def variants() -> list[Variant]:
         quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 1, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 16, weight_fp8=True),
+        *[quant_linear_variant(bf16, 8, 128, False, rows, weight_fp8=True) for rows in (1, 16, 64)],  # Qwen3-FP8
         *moe_variants(),
         *gated_delta_variants(),
     ]

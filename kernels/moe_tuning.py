@@ -37,20 +37,22 @@ class MoETiles:
     num_stages: int = 3
 
 
-def default_moe_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoETiles:
+def default_moe_tiles(num_tokens: int, top_k: int, num_experts: int, weights: str = "") -> MoETiles:
     """Untuned defaults by rows per expert; BLOCK_M 16 up to 16 tokens (an expert gets each token at most once,
-    so one M block holds all its rows and its weights are read once). Shared memory stays under sm_86's 99 KB."""
+    so one M block holds all its rows and its weights are read once). Shared memory stays under sm_86's 99 KB
+    and no configuration spills registers on sm_86/sm_89 (kernels/compile_check.py): FP8 experts' large tiles
+    take BLOCK_K 32, since a 64 x 128 tile of decoded FP8 weights next to the accumulator spilled 120 B."""
     if num_tokens <= DECODE_TOKENS:
         return MoETiles(16, 64, 128, 1, 4, 4)
     rows_per_expert = num_tokens * top_k / num_experts
     if rows_per_expert <= 32:
         return MoETiles(32, 64, 64, 8, 4, 3)
-    return MoETiles(64, 128, 64, 8, 8, 3)
+    return MoETiles(64, 128, 32 if weights == "fp8" else 64, 8, 8, 3)
 
 
-def moe_tiles(device: str, key: str, num_tokens: int, top_k: int, num_experts: int) -> MoETiles:
+def moe_tiles(device: str, key: str, num_tokens: int, top_k: int, num_experts: int, weights: str = "") -> MoETiles:
     """What a step of `num_tokens` runs with: the tuned entry for this device and shape, else the default."""
-    return tuned_tiles(device, key, num_tokens) or default_moe_tiles(num_tokens, top_k, num_experts)
+    return tuned_tiles(device, key, num_tokens) or default_moe_tiles(num_tokens, top_k, num_experts, weights)
 
 
 def table_path() -> Path:

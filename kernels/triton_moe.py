@@ -24,7 +24,6 @@ import triton.language as tl
 
 from kernels.moe_torch import SWIGLU_ALPHA, SWIGLU_LIMIT, PackedExperts, moe_activation
 from kernels.moe_tuning import MoETiles, default_moe_tiles, moe_tiles, shape_key
-from kernels.triton_fp8 import e4m3fn_to_float
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -76,19 +75,25 @@ def mxfp4_tile(w_ptr, scales_ptr, offs_k, offs_n, K, N, stride_wn, stride_sn):
 def fp8_tile(w_ptr, scales_ptr, k0, offs_n, K, N, stride_wn, stride_sn, stride_sg, GROUP: tl.constexpr,
              BLOCK_K: tl.constexpr):
     """Float32 weights [BLOCK_K, BLOCK_N] for input rows k0.. from e4m3 bytes [N, K] (decoded by integer
-    arithmetic, kernels/triton_fp8.py: sm_86 has no FP8 instructions) and float32 scales [N, K / GROUP] per
+    arithmetic: sm_86 has no FP8 instructions) and float32 scales [N, K / GROUP] per
     output row and block of GROUP input columns (stride_sg 0: one per row). A tile inside one block reads one
     row of scales."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     mask = (offs_k[:, None] < K) & n_mask[None, :]
-    byte = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=mask, other=0)
+    byte = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=mask, other=0).to(tl.uint16)
+    # e4m3 -> fp16 by moving the bits: sign to bit 15, exponent and mantissa to bits 13..7 make an fp16 of
+    # 2**-8 times the value, subnormals included (both formats' subnormals scale the same way); the 2**8 goes
+    # into the scale. Three integer ops a weight, where the general decoder (kernels/triton_fp8.py, NaN-aware)
+    # spilled registers on the decode tiles. Weights hold no NaN (0x7f/0xff would read as +-480).
+    half = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
+    value = half.to(tl.float16, bitcast=True).to(tl.float32)
     if GROUP % BLOCK_K == 0:
         scale = tl.load(scales_ptr + offs_n * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0)[None, :]
     else:
         scale = tl.load(scales_ptr + offs_n[None, :] * stride_sn + (offs_k // GROUP)[:, None] * stride_sg, mask=mask,
                         other=0.0)
-    return e4m3fn_to_float(byte) * scale
+    return value * (scale * 256.0)
 
 
 @triton.jit
@@ -267,8 +272,9 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: tor
     num_tokens, top_k = topk_ids.shape
     num_experts, inter2 = w13.shape[0], w13.shape[1]
     if tiles is None:
-        key = shape_key(weights_kind(w13, x.dtype), num_experts, x.shape[1], inter2 // 2, top_k)
-        tiles = moe_tiles(device_name(x.device), key, num_tokens, top_k, num_experts)
+        kind = weights_kind(w13, x.dtype)
+        key = shape_key(kind, num_experts, x.shape[1], inter2 // 2, top_k)
+        tiles = moe_tiles(device_name(x.device), key, num_tokens, top_k, num_experts, kind)
     x = x.contiguous()
     align = moe_align_block_size(topk_ids, tiles.block_m, num_experts)
     gate_up = torch.empty(num_tokens * top_k, inter2, dtype=x.dtype, device=x.device)

@@ -30,11 +30,10 @@ def test_quantized_experts_match_hf_on_the_dequantized_model(tiny_model_dir, tmp
 
 # Qwen3-30B-A3B-FP8's layout at tiny scale: every linear (attention and experts) e4m3 with one float32
 # `weight_scale_inv` per block; blocks of [16, 48] leave partial blocks (K 64, 32 and 128 are not multiples of 48).
-FP8_CASES = [("fp8", (16, 48), "weight_scale_inv"), ("ct-fp8", (16, 48), "weight_scale"),
-             ("ct-fp8", None, "weight_scale")]
+FP8_CASES = [("fp8", (16, 48), "weight_scale_inv"), ("ct-fp8", None, "weight_scale")]
 
 
-@pytest.mark.parametrize("fmt,block,scale_leaf", FP8_CASES, ids=["fp8-block", "ct-fp8-block", "ct-fp8-channel"])
+@pytest.mark.parametrize("fmt,block,scale_leaf", FP8_CASES, ids=["fp8-block", "ct-fp8-channel"])
 def test_fp8_experts_match_hf_on_the_dequantized_model(tiny_model_dir, tmp_path, fmt, block, scale_leaf):
     packed = make_quantized(tiny_model_dir("qwen3_moe"), tmp_path / fmt, fmt, block=block,
                             strategy="block" if block else "channel")
@@ -46,6 +45,24 @@ def test_fp8_experts_match_hf_on_the_dequantized_model(tiny_model_dir, tmp_path,
     prompts = [make_prompts(400)[i] for i in PICKS]
     expected = hf_greedy(dequantized_folder(packed, tmp_path / f"{fmt}-float"), prompts, MAX_TOKENS)
     assert engine_greedy(packed, prompts, MAX_TOKENS) == expected
+
+
+def test_fp8_block_configs_read_as_published():
+    """Qwen3-30B-A3B-FP8's quantization_config, and compressed-tensors' block strategy (its scales are called
+    weight_scale): one scale per 128 x 128 block, group_size the block's columns."""
+    from engine.quantization.config import parse_quantization_config
+    from engine.quantization.methods import fp8_scale_name
+    qwen = parse_quantization_config({"quantization_config": {
+        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head"]}})
+    assert (qwen.weight_type, qwen.weight_block, qwen.group_size, fp8_scale_name(qwen)) == \
+        ("float", (128, 128), 128, "weight_scale_inv")
+    assert qwen.describe() == "fp8 e4m3 weights 128x128 blocks, fp8 activations"
+    ct = parse_quantization_config({"quantization_config": {
+        "quant_method": "compressed-tensors", "format": "float-quantized", "config_groups": {"group_0": {
+            "targets": ["Linear"], "weights": {"num_bits": 8, "type": "float", "strategy": "block",
+                                               "block_structure": [128, 128]}}}}})
+    assert (ct.weight_block, fp8_scale_name(ct)) == ((128, 128), "weight_scale")
 
 
 def test_gptq_act_order_experts_match_hf_on_the_dequantized_model(tiny_model_dir, tmp_path):

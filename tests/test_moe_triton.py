@@ -197,6 +197,19 @@ def test_mxfp4_decode_covers_every_code_and_scale():
     assert table[0, :4].tolist() == [1.0, 2.0, -1.0, -12.0]
 
 
+def test_fp8_decode_covers_every_byte():
+    """The kernel's e4m3 decode (bits moved into an fp16) equals torch's float8_e4m3fn for every byte but the
+    two NaNs (which no weight holds; zero here), subnormals and both signs of zero included."""
+    codes = torch.arange(256, dtype=torch.int32)
+    codes[(codes & 0x7F) == 0x7F] = 0
+    weight = codes.to(torch.uint8).view(torch.float8_e4m3fn).view(16, 16)  # [N=16, K=16]
+    w = PackedExperts("fp8", weight[None], torch.ones(1, 16, 1), bits=8, group_size=16)
+    ids = torch.zeros(16, 1, dtype=torch.int64)
+    out = torch.empty(16, 16)
+    grouped_gemm(torch.eye(16), w, out, None, None, moe_align_block_size(ids, 16, 1), 1, SMALL)
+    assert torch.equal(out.t(), weight.float())
+
+
 def test_the_kernel_runs_with_the_tuned_tiles_else_the_default(tmp_path, monkeypatch):
     """fused_moe_triton looks its tiles up by device and shape ("cpu" here) when none are given: the tuned
     entry when the table has one, the default table otherwise; same output either way."""

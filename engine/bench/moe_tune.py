@@ -94,7 +94,8 @@ def tune(experts: int, hidden: int, intermediate: int, top_k: int, kind: str, ba
         logits = torch.randn(tokens, experts, generator=gen)
         weights, ids = torch.softmax(logits, -1).topk(top_k)
         weights, ids = weights.to(device), ids.to(device)
-        reference = fused_moe_triton(x, w13, w2, weights, ids, tiles=default_moe_tiles(tokens, top_k, experts))
+        default = default_moe_tiles(tokens, top_k, experts, kind)
+        reference = fused_moe_triton(x, w13, w2, weights, ids, tiles=default)
         tol = 2e-2 * max(1.0, reference.abs().max().item())
         timed = []
         for tiles in candidates(tokens, search, dtype.itemsize, weight_bits, smem):
@@ -112,7 +113,7 @@ def tune(experts: int, hidden: int, intermediate: int, top_k: int, kind: str, ba
             log(f"{tokens:>5} tokens: no candidate ran; the default stays")
             continue
         ms, tiles = min(timed, key=lambda t: t[0])
-        default_ms = next((m for m, t in timed if t == default_moe_tiles(tokens, top_k, experts)), None)
+        default_ms = next((m for m, t in timed if t == default), None)
         versus = f", default {default_ms:.3f} ms" if default_ms is not None else ""
         log(f"{tokens:>5} tokens: {tiles} {ms:.3f} ms of {len(timed)} candidates{versus}")
         best[tokens] = tiles
