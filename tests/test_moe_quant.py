@@ -8,6 +8,7 @@ import torch
 from safetensors import safe_open
 
 from hf_reference import engine_greedy, hf_greedy, make_prompts
+from kernels.moe_torch import fused_moe_torch
 from quant_packers import dequantized_folder, make_quantized
 
 PICKS, MAX_TOKENS = [1, 4, 6], [10, 6, 8]
@@ -77,12 +78,17 @@ def test_gptq_act_order_experts_match_hf_on_the_dequantized_model(tiny_model_dir
     assert engine_greedy(packed, prompts, MAX_TOKENS) == expected
 
 
-def test_gptq_act_order_experts_split_across_ranks(tiny_model_dir, tmp_path):
-    """Tensor parallel 2 on act-order experts: each rank keeps every group's scales and zeros and its rows of
-    down's g_idx, and the two ranks' partial sums equal the unsplit layer (which the test above checks
-    against HF). Only layer 0's FusedMoE is built and loaded, from the checkpoint's own tensors."""
+@pytest.mark.parametrize("fmt", ["gptq", "ct"])
+def test_act_order_experts_split_across_ranks(tiny_model_dir, tmp_path, fmt):
+    """Tensor parallel 2 on act-order experts (GPTQ desc_act; compressed-tensors actorder "group", whose g_idx
+    is `weight_g_idx`): each rank keeps every group's scales and zeros and its rows of down's g_idx, the two
+    ranks' partial sums equal the unsplit layer, and that equals the float experts the test's own reader
+    dequantizes. Only layer 0's FusedMoE is built and loaded, from the checkpoint's own tensors."""
     from engine.distributed import init_tensor_parallel
-    packed = make_quantized(tiny_model_dir("qwen3_moe"), tmp_path / "act", "gptq", bits=4, group=16, act_order=True)
+    packed = make_quantized(tiny_model_dir("qwen3_moe"), tmp_path / "act", fmt, bits=4, group=16, act_order=True,
+                            sym=fmt == "ct")
+    g_idx = "w2_g_idx" if fmt == "gptq" else "w2_weight_g_idx"
+    scales = "w2_scales" if fmt == "gptq" else "w2_weight_scale"
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(5, 64, generator=gen)
     weights, ids = torch.softmax(torch.randn(5, 8, generator=gen), -1).topk(2)
@@ -92,11 +98,28 @@ def test_gptq_act_order_experts_split_across_ranks(tiny_model_dir, tmp_path):
         try:
             experts = _layer0_experts(packed)
             if size == 2:
-                assert experts.w2_scales.shape == (8, 2, 64) and experts.w2_g_idx.shape == (8, 16)
+                assert getattr(experts, scales).shape == (8, 2, 64) and getattr(experts, g_idx).shape == (8, 16)
             outs.append(experts(x, weights, ids))
         finally:
             init_tensor_parallel(0, 1)
     torch.testing.assert_close(outs[1] + outs[2], outs[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(outs[0], fused_moe_torch(x, *_layer0_float_experts(packed), weights, ids), atol=1e-4,
+                               rtol=1e-4)
+
+
+def _layer0_float_experts(path):
+    """w13 [E, 2I, H] and w2 [E, H, I] dequantized by the test's own reader (quant_packers), not the engine's."""
+    import json
+    from quant_packers import dequantize_module
+    qc = json.loads((path / "config.json").read_text())["quantization_config"]
+    with safe_open(str(path / "model.safetensors"), "pt") as f:
+        def weight(e, proj):
+            module = f"model.layers.0.mlp.experts.{e}.{proj}"
+            return dequantize_module({k.rsplit(".", 1)[1]: f.get_tensor(k) for k in f.keys()
+                                      if k.rsplit(".", 1)[0] == module}, qc)
+        w13 = torch.stack([torch.cat([weight(e, "gate_proj"), weight(e, "up_proj")]) for e in range(8)])
+        w2 = torch.stack([weight(e, "down_proj") for e in range(8)])
+    return w13, w2
 
 
 def _layer0_experts(path):

@@ -144,10 +144,10 @@ QUANT_CASES = [  # (format, bits, group, tokens, experts, top_k, hidden, interme
     ("mxfp4", 4, 32, 7, 4, 2, 64, 32, (), WIDE, F32),
     ("mxfp4", 4, 32, 6, 4, 3, 32, 64, (3,), WIDE, F16),  # top-3: every token in the same 3 experts; BLOCK_K 64
     ("act", 4, 16, 5, 4, 2, 64, 32, (1,), WIDE, F16),  # GPTQ act order: per-expert g_idx, 4 and 2 groups
-    ("act", 8, 32, 3, 4, 2, 64, 64, (), WIDE, F32),
+    ("act", 8, 32, 3, 4, 2, 64, 32, (), WIDE, F32),
     ("fp8", 8, 32, 5, 4, 2, 64, 32, (), WIDE, F32),  # 32-column blocks inside a 64-wide K tile: per-row gather
-    ("fp8", 8, 128, 3, 4, 2, 128, 128, (2,), WIDE, F16),  # Qwen3-FP8's 128 blocks: one scale row per K tile
-    ("fp8", 8, 48, 4, 4, 2, 96, 40, (), SMALL, F16),  # blocks of 48 across 16-wide tiles; K 40 a partial block
+    ("fp8", 8, 128, 3, 4, 2, 128, 64, (2,), WIDE, F16),  # Qwen3-FP8's 128 blocks: one scale row per K tile
+    ("fp8", 8, 48, 2, 4, 1, 64, 24, (), MoETiles(16, 32, 32, 1, 4, 1), F16),  # 48-blocks across 32-wide K tiles
     ("fp8", 8, -1, 1, 4, 1, 40, 24, (), SMALL, F32),  # per-channel scales; one token
 ]
 
@@ -219,21 +219,21 @@ def test_the_kernel_runs_with_the_tuned_tiles_else_the_default(tmp_path, monkeyp
     real = triton_moe.grouped_gemm
     monkeypatch.setattr(triton_moe, "grouped_gemm", lambda *a: used.append(a[-1]) or real(*a))
     gen = torch.Generator().manual_seed(3)
-    x, w13, w2 = torch.randn(3, 32, generator=gen), torch.randn(4, 32, 32, generator=gen), torch.randn(4, 32, 16,
+    x, w13, w2 = torch.randn(2, 32, generator=gen), torch.randn(2, 32, 32, generator=gen), torch.randn(2, 32, 16,
                                                                                                         generator=gen)
-    weights, ids = routing(3, 4, 2, gen)
+    weights, ids = routing(2, 2, 1, gen)
     expected = fused_moe_torch(x, w13, w2, weights, ids)
     path = tmp_path / "tiles.json"
     monkeypatch.setenv(ENV_PATH, str(path))
     loaded_table.cache_clear()
     tuned = MoETiles(16, 16, 32, 1, 4, 1)
-    write_entries(path, "cpu", shape_key("fp32", 4, 32, 16, 2), {2: tuned})
+    write_entries(path, "cpu", shape_key("fp32", 2, 32, 16, 1), {2: tuned})
     torch.testing.assert_close(fused_moe_triton(x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)
     path.write_text('{"version": 1, "devices": {}}')  # untuned
     loaded_table.cache_clear()
     torch.testing.assert_close(fused_moe_triton(x, w13, w2, weights, ids), expected, atol=1e-4, rtol=1e-4)
     loaded_table.cache_clear()
-    assert used == [tuned, tuned, default_moe_tiles(3, 2, 4), default_moe_tiles(3, 2, 4)]
+    assert used == [tuned, tuned, default_moe_tiles(2, 1, 2), default_moe_tiles(2, 1, 2)]
 
 
 def test_moe_tune_smoke_run_writes_the_table(tmp_path, capsys):
@@ -242,10 +242,10 @@ def test_moe_tune_smoke_run_writes_the_table(tmp_path, capsys):
     from engine.bench import main
     from kernels.moe_tuning import read_table
     path = tmp_path / "tiles.json"
-    main(["moe-tune", "--experts", "4", "--hidden", "32", "--intermediate", "16", "--top-k", "2", "--weights",
-          "fp8", "--batch", "3", "--iters", "1", "--output", str(path)])
+    main(["moe-tune", "--experts", "2", "--hidden", "32", "--intermediate", "16", "--top-k", "1", "--weights",
+          "fp8", "--batch", "2", "--iters", "1", "--output", str(path)])
     printed = capsys.readouterr().out
     print(printed)
-    entry = read_table(path)["cpu"]["fp8 E4 H32 I16 k2"]
-    assert set(entry) == {"3"} and entry["3"][0] == 16  # 3 tokens: a decode tile
+    entry = read_table(path)["cpu"]["fp8 E2 H32 I16 k1"]
+    assert set(entry) == {"2"} and entry["2"][0] == 16  # 2 tokens: a decode tile
     assert "of 2 candidates" in printed and "wrote 1 entries" in printed
