@@ -1,18 +1,13 @@
 """Fused-MoE tiles: the built-in default table, and a tuned JSON table per device name that `pagedesk-bench
-moe-tune` writes and kernels/triton_moe.py reads (`moe_tiles` picks: tuned when there is an entry, else default).
-
-The table maps a device name (``torch.cuda.get_device_name``, e.g. "NVIDIA GeForce RTX 3090") and a shape key
-``"<weights> E<experts> H<hidden> I<intermediate per rank> k<top_k>"`` (weights: fp16/bf16/fp32, int4/int8,
-fp8, mxfp4) to the best tiles for each timed batch size (tokens in the step)::
-
-    {"version": 1, "devices": {"NVIDIA GeForce RTX 3090": {"bf16 E128 H2048 I768 k8": {
-        "1": [16, 64, 128, 1, 4, 4], "64": [32, 64, 64, 8, 4, 3]}}}}
-
-each entry MoETiles' fields in order (block_m, block_n, block_k, group_m, num_warps, num_stages). A step of T
-tokens takes the entry of the nearest timed batch; up to 16 tokens only an entry whose BLOCK_M holds all of them
-(so each expert's weights are still read once), otherwise the built-in default. The file is
-``$PAGEDESK_MOE_TILES`` or ``~/.cache/pagedesk/moe_tiles.json``; it is read once per process (after a tuning run,
-restart the engine). Imports neither torch nor triton.
+moe-tune` writes and kernels/triton_moe.py reads (`moe_tiles` picks: the tuned entry when there is one, else the
+default). The table maps a device name (``torch.cuda.get_device_name``, e.g. "NVIDIA GeForce RTX 3090") and a
+shape key ``"<weights> E<experts> H<hidden> I<intermediate per rank> k<top_k>"`` (weights: fp16/bf16/fp32 for
+float experts, else int4/int8/fp8/mxfp4) to the best tiles per timed batch size, each MoETiles' fields in order:
+``{"version": 1, "devices": {"NVIDIA GeForce RTX 3090": {"bf16 E128 H2048 I768 k8": {"1": [16, 64, 128, 1, 4,
+4], "64": [32, 64, 64, 8, 4, 3]}}}}``. A step of T tokens takes the entry of the nearest timed batch; up to 16
+tokens only an entry whose BLOCK_M holds all of them (so each expert's weights are still read once), else the
+default. The file is ``$PAGEDESK_MOE_TILES`` or ``~/.cache/pagedesk/moe_tiles.json``, read once per process
+(restart the engine after a tuning run). Imports neither torch nor triton.
 """
 from __future__ import annotations
 

@@ -75,9 +75,8 @@ def mxfp4_tile(w_ptr, scales_ptr, offs_k, offs_n, K, N, stride_wn, stride_sn):
 def fp8_tile(w_ptr, scales_ptr, k0, offs_n, K, N, stride_wn, stride_sn, stride_sg, GROUP: tl.constexpr,
              BLOCK_K: tl.constexpr):
     """Float32 weights [BLOCK_K, BLOCK_N] for input rows k0.. from e4m3 bytes [N, K] (decoded by integer
-    arithmetic: sm_86 has no FP8 instructions) and float32 scales [N, K / GROUP] per
-    output row and block of GROUP input columns (stride_sg 0: one per row). A tile inside one block reads one
-    row of scales."""
+    arithmetic: sm_86 has no FP8 instructions) and float32 scales [N, K / GROUP] per output row and block of
+    GROUP input columns (stride_sg 0: one per row). A tile inside one block reads one row of scales."""
     offs_k = k0 + tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     mask = (offs_k[:, None] < K) & n_mask[None, :]
