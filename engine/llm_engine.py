@@ -59,10 +59,6 @@ class LLMEngine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
         self.spec_config = parse_speculative_config(config.speculative_config)
-        if self.spec_config is not None and self.spec_config.method == "draft_model" \
-                and config.tensor_parallel_size > 1:
-            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only for "
-                             "now; use method \"ngram\" under tensor parallel")
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
         draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads

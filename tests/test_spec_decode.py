@@ -181,12 +181,19 @@ def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, llama_dir):
         LLM(str(llama_dir), device="cpu", speculative_config={"model": str(other), "num_speculative_tokens": 2})
 
 
-def test_ngram_under_tensor_parallel_matches(llama_dir, engines, expected):
-    """TP=2 over gloo: the drafts travel in the step's input ids; rank 0 alone verifies them."""
-    llm = LLM(str(llama_dir), device="cpu", tensor_parallel_size=2, speculative_config=ngram_config())
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_under_tensor_parallel_matches(llama_dir, engines, expected, method):
+    """TP=2 over gloo: the drafts (n-gram, or the draft model's, which runs whole on rank 0) travel in the
+    step's input ids; rank 0 alone verifies them."""
+    spec = ngram_config() if method == "ngram" else {"model": str(llama_dir), "num_speculative_tokens": K}
+    llm = LLM(str(llama_dir), device="cpu", tensor_parallel_size=2, speculative_config=spec)
     try:
         assert token_ids(llm) == expected
-        assert llm.engine.spec.stats.num_accepted_tokens > 0
+        stats = llm.engine.spec.stats
+        assert stats.num_accepted_tokens > 0
+        if method == "draft":  # whole on rank 0: the weights of the unsharded target, twice rank 0's shard
+            whole = engines("base").engine.runner.weights_bytes()
+            assert llm.engine.draft_runner.weights_bytes() == whole > llm.engine.runner.weights_bytes()
     finally:
         llm.engine.shutdown()
 

@@ -1,11 +1,17 @@
 """Loading the draft model: its folder resolved and checked against the target, its weights on the target's
-device, and the KV pool split so that both caches (same block ids, one tensor each) fit the budget."""
+device, and the KV pool split so that both caches (same block ids, one tensor each) fit the budget.
+
+Under tensor parallel the draft lives on rank 0 only, whole (not sharded): it is built and run inside
+`engine.distributed.single_rank`, so its layers take every head and make no collective; its proposals then
+reach the other ranks as the verify step's input ids, exactly like n-gram drafts. A small draft gains
+little from sharding, and this keeps the workers unaware of it (draft_tensor_parallel_size is 1)."""
 from __future__ import annotations
 
 import logging
 
 import torch
 
+from engine.distributed import single_rank
 from engine.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
@@ -54,7 +60,8 @@ def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backen
     from engine.model_runner import ModelRunner  # the draft is built the way the target is
 
     path, draft_config = checked
-    runner = ModelRunner(draft_config, path, device, dtype, config.block_size, backend)
+    with single_rank():  # whole on rank 0, also under tensor parallel
+        runner = ModelRunner(draft_config, path, device, dtype, config.block_size, backend)
     logger.info("draft model %s: %s, %.0f MiB of weights", path, draft_config.architecture,
                 runner.weights_bytes() / 2**20)
     return runner
