@@ -32,7 +32,7 @@ from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import check_draft, check_rollback, load_draft, share_blocks_with_draft
+from engine.spec_decode.loading import check_draft, check_rollback, load_draft
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -75,11 +75,10 @@ class LLMEngine:
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
                 self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
             self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
+            # The draft's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
-                                           self.max_num_batched_tokens)
-            if self.draft_runner is not None:  # its KV shares the block ids: the budget covers both tensors
-                num_blocks = share_blocks_with_draft(num_blocks, config, self.model_config, self.draft_runner,
-                                                     kv_dtype)
+                                           self.max_num_batched_tokens, self.draft_runner)
+            if self.draft_runner is not None:
                 self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
             snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),

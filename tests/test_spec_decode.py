@@ -236,3 +236,25 @@ def test_a_recurrent_state_model_is_refused(tiny_model_dir):
         check_rollback(SimpleNamespace(groups=[group("full_attention")], state=object()))
     with pytest.raises(ValueError, match="speculative_config.*state"):  # before the model loads
         LLM(str(tiny_model_dir("qwen3_5")), device="cpu", speculative_config=ngram_config())
+
+
+def test_planner_counts_the_draft_as_the_engine_does(engines, llama_dir):
+    """The GUI's planner line (app/capacity.py) with the form's speculative_config plans the pool the engine
+    with that draft allocated: its KV page per block shares the budget, its weights are counted."""
+    import json
+
+    from app.capacity import capacity_line, plan_for
+    from engine.sizing import rope_table_bytes
+
+    config = json.loads((llama_dir / "config.json").read_text())
+    values = {"max_num_seqs": 256, "speculative_config": json.dumps({"model": str(llama_dir),
+                                                                     "num_speculative_tokens": K})}
+    _, plan = plan_for(config, values, [])
+    _, alone = plan_for(config, {"max_num_seqs": 256}, [])
+    engine = engines("draft").engine
+    assert plan.num_blocks == engine.kv.pool.num_blocks == alone.num_blocks // 2  # a copy: half the pages each
+    # The draft's parameters as the engine measured them, plus its RoPE table (a buffer, not a parameter).
+    assert plan.weights_bytes == alone.weights_bytes + engine.draft_runner.weights_bytes() + \
+        rope_table_bytes(engine.draft_runner.config)
+    missing = {**values, "speculative_config": {"model": str(llama_dir / "nowhere"), "num_speculative_tokens": K}}
+    assert "speculative_config.model" in capacity_line(config, missing, [])
