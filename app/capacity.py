@@ -27,10 +27,9 @@ def _shape(hf_config: dict):
     return shape_cls.from_hf_config(hf_config)
 
 
-def draft_hf_config(values: dict[str, Any]) -> dict | None:
+def draft_hf_config(spec) -> dict | None:
     """The draft model's config.json when the settings speculate with one, else None; ValueError naming
     speculative_config.model when its config cannot be found (a hub id not downloaded yet)."""
-    spec = parse_speculative_config(values.get("speculative_config"))
     if spec is None or spec.method != "draft_model":
         return None
     path = Path(spec.model).expanduser() / "config.json"
@@ -54,7 +53,8 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     config cannot be planned. `gpu_used_bytes`: what other programs hold on each card now (NVML), which the
     engine will subtract too."""
     cfg = _shape(hf_config).with_max_model_len(values.get("max_model_len"))
-    draft_config = draft_hf_config(values)
+    spec = parse_speculative_config(values.get("speculative_config"))
+    draft_config = draft_hf_config(spec)
     draft = None
     if draft_config is not None:
         try:
@@ -74,7 +74,8 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),
             tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
             max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
-            other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
+            other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"),
+            num_speculative_tokens=spec.k if spec is not None else 0, **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
     plan = sizing.plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(

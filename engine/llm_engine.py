@@ -73,7 +73,8 @@ class LLMEngine:
             if self.device.type == "cuda" and not config.enforce_eager:
                 piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
-                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
+                verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
             self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
             # The draft's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,

@@ -188,11 +188,18 @@ def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: in
     return num_tokens * per_token + sampler_bytes(min(num_tokens, max_num_seqs), cfg.vocab_size)
 
 
-def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, tp: int = 1) -> int:
+# Speculative verify graphs (1 + k tokens per row) are captured up to this batch: speculation pays at small
+# batches (BENCHMARKS.md), and each verify batch holds 1 + k times the tokens of a decode batch.
+VERIFY_GRAPH_MAX_BATCH = 64
+
+
+def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, tp: int = 1,
+                         query_len: int = 1) -> int:
     """CUDA-graph memory before capture: the largest decode batch's activations (the graphs share one pool)
-    plus bookkeeping per graph, counting every (batch size, context length) pair that may be captured."""
+    plus bookkeeping per graph, counting every (batch size, context length) pair that may be captured;
+    `query_len` > 1: speculative verify graphs, each row 1 + k tokens."""
     num_graphs = len(batch_size_ladder(max_num_seqs)) * len(context_length_ladder(cfg.max_model_len))
-    return estimate_activation_bytes(cfg, max(batch_size_ladder(max_num_seqs)), dtype_bytes, tp, 0) + \
+    return estimate_activation_bytes(cfg, max(batch_size_ladder(max_num_seqs)) * query_len, dtype_bytes, tp, 0) + \
         GRAPH_OVERHEAD_BYTES * num_graphs
 
 
@@ -387,14 +394,19 @@ def other_programs_note(p: MemoryProfile, gpu_memory_utilization: float) -> str 
 def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, tensor_parallel_size: int,
                      max_num_batched_tokens: int, max_num_seqs: int, other_programs_bytes: int = 0,
                      quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
-                     weights_bytes: int | None = None, activation_bytes: int | None = None) -> MemoryProfile:
-    """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape."""
+                     weights_bytes: int | None = None, activation_bytes: int | None = None,
+                     num_speculative_tokens: int = 0) -> MemoryProfile:
+    """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
+    `num_speculative_tokens`, the verify steps' graphs too)."""
     tp = tensor_parallel_size
     weights = weights_bytes if weights_bytes is not None else \
         weights_bytes_per_card(cfg, dtype_bytes, tp, quant_bits) + rope_table_bytes(cfg)
     activations = activation_bytes if activation_bytes is not None else \
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
     graphs = estimate_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp) if cuda_graphs else 0
+    if cuda_graphs and num_speculative_tokens:
+        graphs += estimate_graph_bytes(cfg, min(max_num_seqs, VERIFY_GRAPH_MAX_BATCH), dtype_bytes, tp,
+                                       1 + num_speculative_tokens)
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
 
 
@@ -404,10 +416,12 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   quantization: str | None = None, other_programs_bytes: list[int] | None = None,
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
                   activation_bytes: int | None = None, window_freeing: bool = True,
-                  enable_prefix_caching: bool = True, draft: ModelConfig | None = None) -> CapacityPlan:
+                  enable_prefix_caching: bool = True, draft: ModelConfig | None = None,
+                  num_speculative_tokens: int = 0) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks). `draft`: speculative decoding's
-    draft model, whose weights sit on the first card (`weights_bytes`, if given, is the target's alone)."""
+    draft model, whose weights sit on the first card (`weights_bytes`, if given, is the target's alone);
+    `num_speculative_tokens`: k of any speculative method, whose verify graphs the CUDA graphs' share counts."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     if max_model_len:
@@ -423,7 +437,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                    other_programs_bytes=other, quant_bits=quant_bits,
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
-                                   weights_bytes=weights_bytes, activation_bytes=activation_bytes)
+                                   weights_bytes=weights_bytes, activation_bytes=activation_bytes,
+                                   num_speculative_tokens=num_speculative_tokens)
         if i == 0 and draft_weights:  # the draft runs whole on rank 0
             profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + draft_weights)
         plan = plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,

@@ -2,6 +2,8 @@
 output identical to HF; only the capture call itself needs a GPU."""
 from __future__ import annotations
 
+import torch
+
 from engine import LLM, SamplingParams
 from engine.cuda_graphs import batch_size_ladder
 from hf_reference import MAX_TOKENS
@@ -26,3 +28,43 @@ def test_padded_decode_path_matches_hf(reference):
     assert got == expected
     assert used and max(used) <= 6 and any(n not in runner.graphs.ladder for n in used)  # padding happened
     assert runner.graph_bytes() == 0  # nothing captured on CPU
+
+
+def test_padded_verify_path_matches_hf(reference):
+    """Speculative verify steps (1 + k tokens per row) through their own padded static buffers, run eagerly on
+    CPU as the decode graphs' are: greedy output stays HF's, and steps with full rows did pick the graphs."""
+    path, prompts, expected = reference("qwen3")
+    k = 2
+    llm = LLM(str(path), device="cpu", speculative_config={"model": str(path), "num_speculative_tokens": k})
+    runner = llm.engine.runner
+    runner.plan_decode_graphs(max_batch=6, capture=False, verify_query_len=1 + k)
+    graphs = runner.verify_graphs
+    buf = graphs.buffers  # token buffers hold max batch × (1 + k) rows; query offsets are multiples of 1 + k
+    assert (graphs.query_len, graphs.ladder, buf.input_ids.shape[0]) == (3, [1, 2, 4, 6], 18)
+    assert buf.query_start_loc.tolist() == [0, 3, 6, 9, 12, 15, 18]
+    used = []
+    run = graphs.run
+    graphs.run = lambda inputs, tables: used.append(len(inputs.seq_lens)) or run(inputs, tables)
+    params = [SamplingParams(temperature=0, max_tokens=n) for n in MAX_TOKENS]
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    assert used and max(used) <= 6 and any(n not in graphs.ladder for n in used)  # padded verify batches
+    stats = llm.engine.spec.stats
+    assert stats.num_accepted_tokens >= 0.99 * stats.num_draft_tokens > 0  # the draft is the target
+
+
+def test_a_verify_graph_takes_only_steps_whose_every_row_is_full():
+    from types import SimpleNamespace
+
+    from engine.cuda_graphs import DecodeGraphs, context_buckets
+
+    graphs = DecodeGraphs(None, 4, 64, 16, torch.device("cpu"), capture=False, query_len=3)
+    step = lambda tokens, seqs, q: SimpleNamespace(input_ids=[0] * tokens, seq_lens=[5] * seqs,  # noqa: E731
+                                                   max_query_len=q, width=2)
+    assert graphs.can_run(step(6, 2, 3))
+    assert not graphs.can_run(step(5, 2, 3))  # one row has fewer drafts: eager (or piecewise)
+    assert not graphs.can_run(step(2, 2, 1)) and not graphs.can_run(step(15, 5, 3))  # a decode; too many rows
+    # The kernel key sees the verify step's token count: tiles differ from a decode batch's.
+    keys = []
+    context_buckets(4, 1024, 16, lambda *shape: keys.append(shape) or shape[1], query_len=3)
+    assert keys and all(len(k) == 3 and k[2] == 3 for k in keys)

@@ -232,3 +232,11 @@ def test_a_draft_model_counts_its_weights_on_rank_0_and_its_kv_per_block():
     # CPU, 4 GiB: 2048 target blocks, capped at 2 full sequences (1024 blocks), shared 4 : 1 → 819.
     cpu = plan_cpu(LLAMA_3_8B, 4, dtype="bfloat16", max_num_seqs=2, draft=draft)
     assert cpu.num_blocks == 819 and cpu.weights_bytes == weights_bytes_per_card(LLAMA_3_8B, 2) + 2_505_183_232
+
+
+def test_speculation_counts_its_verify_graphs():
+    # k = 3: verify graphs up to 64 rows of 4 tokens: activations of 256 tokens 256 · 65,536 · 2 B = 33,554,432,
+    #   plus 2 MiB for each of 8 batch sizes (1, 2, 4, 8, 16, 32, 48, 64) × 5 context lengths = 83,886,080.
+    plain = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True)
+    spec = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True, num_speculative_tokens=3)
+    assert spec.overhead_bytes - plain.overhead_bytes == 33_554_432 + 83_886_080
