@@ -113,8 +113,10 @@ def main(argv: list[str] | None = None) -> None:
     if tp > 1 and args.clock == "cpu":
         ap.error("--tensor-parallel-size > 1 needs --clock wall: the CPU clock counts rank 0's process only")
     import torch
-    if args.clock == "cpu":
-        torch.set_num_threads(1)  # CPU time then counts work, not threads spinning while descheduled
+    if args.clock == "cpu" or tp > 1:
+        # CPU time then counts work, not threads spinning while descheduled; under tensor parallel rank 0 runs
+        # one thread like its workers (two threads per rank on a loaded box spin in barriers, not compute).
+        torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="pagedesk-bench-spec-"))
     target = Path(args.model) if args.model else make_random_llama(tmp / "target")
     draft = Path(args.draft) if args.draft else make_layer_skip_draft(target, tmp / "draft", args.draft_layers)
