@@ -68,3 +68,39 @@ def test_a_verify_graph_takes_only_steps_whose_every_row_is_full():
     keys = []
     context_buckets(4, 1024, 16, lambda *shape: keys.append(shape) or shape[1], query_len=3)
     assert keys and all(len(k) == 3 and k[2] == 3 for k in keys)
+
+
+def test_verify_graphs_capture_every_batch_with_its_token_rows(llama_dir, monkeypatch):
+    """The capture loop on CPU with a stand-in graph (the forward runs once inside the capture, as on a card):
+    one graph per ladder batch, each output holding batch × (1 + k) token rows, replayed by a full verify step."""
+    import contextlib
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from engine import cuda_graphs
+    from engine.cuda_graphs import DecodeGraphs
+
+    class StandInGraph:
+        def replay(self):
+            pass
+
+    runner = LLM(str(llama_dir), device="cpu", num_gpu_blocks_override=8).engine.runner
+    for name, fake in {"memory_allocated": lambda device=None: 0, "memory_reserved": lambda device=None: 0,
+                       "synchronize": lambda device=None: None, "empty_cache": lambda: None,
+                       "graph_pool_handle": lambda: None, "CUDAGraph": StandInGraph,
+                       "graph": lambda graph, pool=None: contextlib.nullcontext()}.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(cuda_graphs, "all_reduce", lambda t: t)
+    graphs = DecodeGraphs(runner.model, 4, 64, 16, runner.device, capture=False, query_len=3)
+    graphs.capture_graphs = True
+    graphs.capture()
+    assert sorted(graphs.graphs) == [(1, 64), (2, 64), (4, 64)]
+    assert {key: out.shape[0] for key, out in graphs.outputs.items()} == {(1, 64): 3, (2, 64): 6, (4, 64): 12}
+    # Two sequences of 5 + 3 tokens: padded to the batch-2 graph, whose output rows are the 6 tokens.
+    step = SimpleNamespace(input_ids=np.arange(6), positions=np.tile(np.arange(5, 8), 2),
+                           slot_mapping=np.arange(6) + 16, seq_lens=np.array([8, 8], dtype=np.int32),
+                           max_query_len=3, max_seq_len=8, width=1, group_slot_mappings=None)
+    assert graphs.can_run(step)
+    hidden = graphs.run(step, torch.tensor([[[1], [2]]], dtype=torch.int32))
+    assert hidden.data_ptr() == graphs.outputs[2, 64].data_ptr() and hidden.shape[0] == 6
