@@ -270,7 +270,8 @@ class ModelRunner:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
                                    capture, split_key, len(self.kv_layout.groups))
-        if verify_query_len > 1:
+        # Hybrid models' verify steps keep a recurrent state per draft position: not captured here (yet).
+        if verify_query_len > 1 and self.kv_layout.state is None:
             self.verify_graphs = DecodeGraphs(self.model, min(max_batch, VERIFY_GRAPH_MAX_BATCH),
                                               self.config.max_model_len, self.block_size, self.device, capture,
                                               split_key, len(self.kv_layout.groups), verify_query_len)
