@@ -312,6 +312,10 @@ class CapacityPlan:
             overhead += f" − linear-attention states {self.state_bytes / GIB:.2f} GiB"
             levers += (f". The state pool holds one slot per --max-num-seqs seat: fewer seats leave more room "
                        "for context")
+        if self.draft_kv_bytes_per_block:  # counted in the weights and in the tokens that fit
+            levers += (f". The draft model takes {format_bytes(self.draft_weights_bytes)} of weights and "
+                       f"{self.draft_kv_bytes_per_block / self.block_size / 1024:.1f} KiB/token of KV beside the "
+                       "target's: a smaller draft, or n-gram speculation, leaves more")
         return (f"not even one {self.max_model_len:,}-token sequence fits{where}: {self.usable_bytes / GIB:.2f} GiB "
                 f"usable per card ({usable}) − weights {self.weights_bytes / GIB:.2f} GiB − activations "
                 f"{self.activation_bytes / GIB:.2f} GiB{overhead} leaves {max(0, self.kv_budget_bytes) / GIB:.2f} GiB "

@@ -240,3 +240,10 @@ def test_speculation_counts_its_verify_graphs():
     plain = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True)
     spec = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True, num_speculative_tokens=3)
     assert spec.overhead_bytes - plain.overhead_bytes == 33_554_432 + 83_886_080
+
+
+def test_a_misfit_with_a_draft_names_it():
+    draft = LLAMA_32_1B.with_max_model_len(8192)
+    plan = plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9, draft=draft)  # one sequence fits alone, not with the draft
+    assert plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9).fits and not plan.fits
+    assert "The draft model takes 2.33 GiB of weights and 32.0 KiB/token of KV" in plan.explain_misfit()
