@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.kv_cache_interface import model_kv_layout
 from hf_reference import make_prompts
 
 pytestmark = pytest.mark.timeout(300)
@@ -23,15 +24,16 @@ def ngram_config():
 
 def prompts():
     """Prompts with repeats inside them (n-gram lookups find drafts); the first two are the same (44
-    tokens: the second hits the first's snapshot when chunks keep them apart)."""
+    tokens: the second hits the first's snapshot when chunks keep them apart); the last one's output
+    settles into a loop that n-gram drafts partly predict."""
     base = make_prompts(400, seed=3)
     long = base[4] + base[2] + base[4][:12]
-    return [long, long, base[2] + base[2][:8]]
+    return [long, long, base[2] + base[2][:8], base[1]]
 
 
 def greedy_params():
     return [SamplingParams(temperature=0, max_tokens=10), SamplingParams(temperature=0, max_tokens=9, n=2),
-            SamplingParams(temperature=0, max_tokens=10)]
+            SamplingParams(temperature=0, max_tokens=8), SamplingParams(temperature=0, max_tokens=14)]
 
 
 def run(llm: LLM, params=None, ps=None):
@@ -89,8 +91,28 @@ def test_greedy_identical_to_no_speculation(engines, expected, arch, name):
 
 def test_seeded_n_is_the_same_alone_and_in_a_batch(engines):
     llm = engines("qwen3_5", "ngram")
+    runner, engine = llm.engine.runner, llm.engine  # the verify scratch: min(seats * (1 + k), token budget) rows
+    assert runner.verify_states.max_rows == min(engine.config.max_num_seqs * (1 + K), engine.max_num_batched_tokens)
+    layout = model_kv_layout(engine.model_config, engine.config.block_size, act_dtype_bytes=runner.dtype.itemsize)
+    assert sum(layer.verify_scratch_bytes() for layer in runner.model.state_layers()) \
+        == layout.verify_scratch_bytes(runner.verify_states.max_rows) > 0
     seeded = SamplingParams(temperature=1.0, seed=11, max_tokens=8, n=2)
-    alone, _ = run(llm, [seeded], prompts()[2:])
-    batch, _ = run(llm, [SamplingParams(temperature=0, max_tokens=8), seeded], prompts()[1:])
+    alone, _ = run(llm, [seeded], prompts()[2:3])
+    batch, _ = run(llm, [SamplingParams(temperature=0, max_tokens=8), seeded], prompts()[1:3])
     assert batch[1] == alone[0]
     assert_no_state_held(llm)
+
+
+def test_ngram_under_tensor_parallel_2(tiny_model_dir, expected):
+    """TP=2 over gloo: each rank keeps half the DeltaNet heads with their states and verify scratch; the
+    replay of the accepted tokens travels in the step inputs, so both ranks roll back alike."""
+    import torch.distributed as dist
+    llm = LLM(str(tiny_model_dir("qwen3_5")), device="cpu", tensor_parallel_size=2, max_num_seqs=4,
+              speculative_config=ngram_config())
+    try:
+        got, _ = run(llm)
+        stats = llm.engine.spec.stats
+        assert got == expected("qwen3_5") and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
