@@ -222,6 +222,9 @@ class TensorParallelExecutor:
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)
 
+    def reserve_verify_tokens(self, num_tokens: int) -> None:
+        self._run_everywhere("reserve_verify_tokens", num_tokens)
+
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype, num_state_slots)
 
