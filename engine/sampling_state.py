@@ -20,6 +20,7 @@ step only. Pinned host buffers are only rewritten after the copies issued from t
 from __future__ import annotations
 
 import heapq
+from itertools import chain
 
 import numpy as np
 import torch
@@ -38,6 +39,28 @@ def penalized(p) -> bool:
 
 def filtered(p) -> bool:
     return p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0
+
+
+class _Pairs:
+    """(slot, token id) pairs gathered per slot as token lists, flattened once into two int64 arrays."""
+
+    __slots__ = ("slots", "lengths", "ids", "size")
+
+    def __init__(self) -> None:
+        self.slots, self.lengths, self.ids, self.size = [], [], [], 0
+
+    def add(self, slot: int, ids: list[int]) -> None:
+        if ids:
+            self.slots.append(slot)
+            self.lengths.append(len(ids))
+            self.ids.append(ids)
+            self.size += len(ids)
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        if not self.size:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        ids = self.ids[0] if len(self.ids) == 1 else list(chain.from_iterable(self.ids))
+        return np.repeat(np.asarray(self.slots, np.int64), self.lengths), np.asarray(ids, np.int64)
 
 
 class SamplingState:
@@ -128,9 +151,9 @@ class SamplingState:
 
     # ---- one step ---------------------------------------------------------------------------------------
 
-    def update(self, rows) -> tuple[np.ndarray, list[int], list[tuple[int, int]], list[tuple[int, int]]]:
+    def update(self, rows) -> tuple[np.ndarray, list[int], "_Pairs", "_Pairs"]:
         """Follow this step's sampling rows: leave, join, rewrite what changed. Returns each row's state row,
-        the penalty slots to clear, and the (slot, token) pairs to mark in the prompt mask and to count."""
+        the penalty slots to clear, and the (slot, token ids) to mark in the prompt mask and to count."""
         keys = []
         for r in rows:
             if r.key is None:
@@ -143,7 +166,7 @@ class SamplingState:
             self._leave(key)
         self.fence.wait()  # the parameter table is written below: its last copy must have run
         state_rows = np.empty(len(rows), dtype=np.int64)
-        cleared, marks, counts = [], [], []
+        cleared, marks, counts = [], _Pairs(), _Pairs()
         self.num_joined = 0
         for i, (key, r) in enumerate(zip(keys, rows)):
             row = self.rows.get(key)
@@ -163,32 +186,30 @@ class SamplingState:
                 continue
             tokens, counted = r.token_ids, int(self.num_counted[row])
             if slot >= 0 and self.token_refs[row] is tokens and len(tokens) >= counted:
-                counts += [(slot, t) for t in tokens[counted:]]  # only the tokens gained since the last step
+                counts.add(slot, tokens[counted:])  # only the tokens gained since the last step
             else:  # joined, or its token list was replaced: rebuilt from the whole sequence
                 if slot < 0:
                     slot = self.pen_slots[row] = self._take_slot()
                 cleared.append(slot)
-                marks += [(slot, t) for t in tokens[:r.num_prompt_tokens]]
-                counts += [(slot, t) for t in tokens[r.num_prompt_tokens:]]
+                marks.add(slot, tokens[:r.num_prompt_tokens])
+                counts.add(slot, tokens[r.num_prompt_tokens:])
                 self.token_refs[row] = tokens
             self.num_counted[row] = len(tokens)
-        self.num_count_writes = len(counts)
+        self.num_count_writes = counts.size
         return state_rows, cleared, marks, counts
 
-    def commit(self, cleared: list[int], marks: list[tuple[int, int]], counts: list[tuple[int, int]]) -> None:
+    def commit(self, cleared: list[int], marks: "_Pairs", counts: "_Pairs") -> None:
         """The joined rows' parameters and the penalty buffers' changes onto the device, without a host wait."""
         if self.dirty_rows:
             lo, hi = min(self.dirty_rows), max(self.dirty_rows) + 1  # one contiguous copy: rows join lowest first
             self.params[lo:hi].copy_(self.params_host[lo:hi], non_blocking=True)
             self.dirty_rows.clear()
             self.fence.record()
-        if not (cleared or marks or counts):
+        if not (cleared or marks.size or counts.size):
             return
-        packed = np.concatenate([np.asarray(cleared, np.int64).reshape(-1),
-                                 np.asarray(marks, np.int64).reshape(-1, 2).T.reshape(-1),
-                                 np.asarray(counts, np.int64).reshape(-1, 2).T.reshape(-1)])
+        packed = np.concatenate([np.asarray(cleared, np.int64), *marks.arrays(), *counts.arrays()])
         dev = to_device(torch.from_numpy(packed), self.device)
-        z, m, k = len(cleared), len(marks), len(counts)
+        z, m, k = len(cleared), marks.size, counts.size
         if z:
             slots = dev.narrow(0, 0, z)
             self.in_prompt.index_fill_(0, slots, False)
