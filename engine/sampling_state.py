@@ -69,7 +69,8 @@ class SamplingState:
         self.pin = device.type == "cuda" and torch.cuda.is_available()
         self.fence = CopyFence(self.pin)  # the parameter table's last copy
         self.bitmask_fence = CopyFence(self.pin)  # the bitmask staging buffer's
-        self.max_rows = 0  # reserved (max_num_seqs): penalty slots are allocated for this many at once
+        # Penalty slots are allocated this many at once (max_num_seqs once reserved): no growth, no copies.
+        self.max_rows = num_rows
         self.rows: dict[int, int] = {}  # key -> row
         self.free_rows: list[int] = []
         self.num_rows = 0
