@@ -75,6 +75,7 @@ class SamplingState:
         self.free_rows: list[int] = []
         self.num_rows = 0
         self.param_refs: list = []  # per row: the SamplingParams written (a new object: rewrite)
+        self.flags = np.zeros((0, 3), dtype=bool)  # per row: draws (not greedy), filters, is penalized
         self.pen_slots = np.zeros(0, dtype=np.int64)  # per row: its penalty slot, -1: none
         self.token_refs: list = []  # per row: the token list counted, and how many of its tokens
         self.num_counted = np.zeros(0, dtype=np.int64)
@@ -105,6 +106,7 @@ class SamplingState:
             params[:old].copy_(self.params[:old])
         self.params_host, self.params_np, self.params = host, host_np, params
         self.param_refs += [None] * (num_rows - old)
+        self.flags = np.concatenate([self.flags, np.zeros((num_rows - old, 3), bool)])
         self.token_refs += [None] * (num_rows - old)
         self.pen_slots = np.concatenate([self.pen_slots, np.full(num_rows - old, -1, np.int64)])
         self.num_counted = np.concatenate([self.num_counted, np.zeros(num_rows - old, np.int64)])
@@ -147,6 +149,7 @@ class SamplingState:
         self.params_np[row] = (p.temperature, min(p.top_k, v) if p.top_k > 0 else v,
                                p.top_p if p.top_p < 1.0 else 2.0,  # 2.0: the mass above a token never reaches it
                                p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
+        self.flags[row] = (not p.greedy, filtered(p), penalized(p))
         self.param_refs[row] = p
         self.dirty_rows.append(row)
 
@@ -155,14 +158,14 @@ class SamplingState:
     def update(self, rows) -> tuple[np.ndarray, list[int], "_Pairs", "_Pairs"]:
         """Follow this step's sampling rows: leave, join, rewrite what changed. Returns each row's state row,
         the penalty slots to clear, and the (slot, token ids) to mark in the prompt mask and to count."""
-        keys = []
-        for r in rows:
-            if r.key is None:
-                self._transient -= 1
-                keys.append(self._transient)
-            else:
-                keys.append(r.key)
+        keys = [r.key for r in rows]
         present = set(keys)
+        if None in present:  # rows without a key: each its own, for this step only
+            for i, key in enumerate(keys):
+                if key is None:
+                    self._transient -= 1
+                    keys[i] = self._transient
+            present = set(keys)
         for key in [k for k in self.rows if k not in present]:
             self._leave(key)
         self.fence.wait()  # the parameter table is written below: its last copy must have run
@@ -180,7 +183,7 @@ class SamplingState:
             if r.params is not self.param_refs[row]:
                 self._write_params(row, r.params)
             slot = int(self.pen_slots[row])
-            if not penalized(r.params):
+            if not self.flags[row, 2]:
                 if slot >= 0:
                     heapq.heappush(self.free_slots, slot)
                     self.pen_slots[row] = -1
@@ -243,19 +246,20 @@ class SamplingState:
         """This step's SamplingMetadata for `rows` (SamplingRow, in logits order), on the device."""
         state_rows, cleared, marks, counts = self.update(rows)
         self.commit(cleared, marks, counts)
-        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        filt = [j for j, i in enumerate(sampled) if filtered(rows[i].params)]
-        pen = [i for i, r in enumerate(rows) if penalized(r.params)]
-        parts = [state_rows[sampled], np.asarray(filt, np.int64), state_rows[[sampled[j] for j in filt]],
-                 np.asarray(sampled, np.int64), np.asarray(pen, np.int64), state_rows[pen],
+        flags = self.flags[state_rows]
+        sampled = np.flatnonzero(flags[:, 0])
+        filt = np.flatnonzero(flags[sampled, 1])
+        pen = np.flatnonzero(flags[:, 2])
+        parts = [state_rows[sampled], filt, state_rows[sampled[filt]], sampled, pen, state_rows[pen],
                  self.pen_slots[state_rows[pen]]]
-        index = to_device(torch.from_numpy(np.concatenate(parts).astype(np.int64)), self.device) \
-            if sampled or pen else None
+        index = to_device(torch.from_numpy(np.concatenate(parts)), self.device) \
+            if len(sampled) or len(pen) else None
         views, at = [], 0
         for part in parts:
             views.append(index.narrow(0, at, len(part)) if len(part) else None)
             at += len(part)
         sampled_state, filt_idx, filt_state, sampled_idx, pen_idx, pen_state, pen_slot = views
+        sampled, filt, pen = sampled.tolist(), len(filt), len(pen)
         s_params = self.params.index_select(0, sampled_state) if sampled else None
         f_params = self.params.index_select(0, filt_state) if filt else None
         p_params = self.params.index_select(0, pen_state) if pen else None
