@@ -31,7 +31,7 @@ from engine.models.registry import model_class
 from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
-from engine.sampling_state import SamplingState
+from engine.sampling_state import FIRST_ROWS, SamplingState
 from engine.scheduler import ScheduledSeq
 from engine.spec_decode.rejection_sampler import SpecSampleOutput, prepare_verify, verify_drafts
 from engine.profiling import profile_batch, profile_sampling_batch
@@ -394,8 +394,8 @@ class ModelRunner:
         prepared = None
         if sampling is not None and inputs.logits_rows:
             if self.sampling_state is None:
-                self.sampling_state = SamplingState(self.config.vocab_size, dev)
-                self.sampling_state.reserve(self.max_num_seqs)
+                # Rows and penalty slots for max_num_seqs: what the memory profile's sampler step held.
+                self.sampling_state = SamplingState(self.config.vocab_size, dev, self.max_num_seqs or FIRST_ROWS)
             prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev, self.sampling_state)
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make

@@ -69,7 +69,7 @@ class SamplingState:
         self.pin = device.type == "cuda" and torch.cuda.is_available()
         self.fence = CopyFence(self.pin)  # the parameter table's last copy
         self.bitmask_fence = CopyFence(self.pin)  # the bitmask staging buffer's
-        # Penalty slots are allocated this many at once (max_num_seqs once reserved): no growth, no copies.
+        # Penalty slots are allocated this many at once (the runner's: max_num_seqs): no growth, no copies.
         self.max_rows = num_rows
         self.rows: dict[int, int] = {}  # key -> row
         self.free_rows: list[int] = []
@@ -113,14 +113,6 @@ class SamplingState:
         for row in range(old, num_rows):
             heapq.heappush(self.free_rows, row)
         self.num_rows = num_rows
-
-    def reserve(self, num_rows: int) -> None:
-        """Rows for every sequence the scheduler may run; penalty slots then come `num_rows` at once, the size
-        the memory profile's sampler step held."""
-        self.max_rows = max(self.max_rows, num_rows)
-        if num_rows > self.num_rows:
-            self.fence.wait()
-            self._grow(num_rows)
 
     def _take_slot(self) -> int:
         if not self.free_slots:
