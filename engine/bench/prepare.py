@@ -6,7 +6,7 @@ input batch also the host side of getting the step's tables onto the device (`st
 the changed cells copied, the rows gathered). It prints the median and the best step (the best is the
 fair figure on a loaded machine), the bytes of the pickled
 `StepInputs` a tensor-parallel worker receives, and the sampler's metadata for the same rows (temperature and
-top-p on all, penalties on half): built from the rows every step (`SamplingMetadata.build`, the only way in
+top-p on all, penalties on every other one by default): built from the rows every step (`SamplingMetadata.build`, the only way in
 older trees) or kept by the persistent `SamplingState`, which only counts each step's new tokens. It runs on older checkouts too (no input batch there), so the
 same file measures before and after: `python -m engine.bench.prepare` from each tree.
 """
@@ -73,13 +73,15 @@ def decode_step(seqs, block_size: int, fresh: list[int]) -> None:
 VOCAB = 32_000
 
 
-def sampling_rows(seqs) -> list:
-    """One row per sequence, keyed by its id where the tree's SamplingRow has keys."""
+def sampling_rows(seqs, penalized_every: int) -> list:
+    """One row per sequence, keyed by its id where the tree's SamplingRow has keys; every `penalized_every`-th
+    with penalties (0: none)."""
     from engine.sampling_metadata import SamplingRow
     rows = []
     for i, seq in enumerate(seqs):
-        params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.1 if i % 2 else 1.0,
-                                presence_penalty=0.2 if i % 2 else 0.0)
+        pen = penalized_every and i % penalized_every == penalized_every - 1
+        params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.1 if pen else 1.0,
+                                presence_penalty=0.2 if pen else 0.0)
         try:
             rows.append(SamplingRow(params, seq.token_ids, seq.num_prompt_tokens, None, [0], seq.seq_id))
         except TypeError:  # a tree from before the persistent sampling state
@@ -94,13 +96,13 @@ def sampling_metadata(rows, state):
     return state.metadata(rows)
 
 
-def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int):
+def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int, penalized_every: int = 2):
     """(median, best) ms of prepare, the same with the tables on the device, the pickled bytes, and (median,
     best) ms of the sampling metadata, each persistent state's or rebuilt."""
     runner = make_runner(block_size, (num_blocks + steps // block_size + 2) * block_size)
     seqs = make_seqs(num_seqs, num_blocks, block_size)
     fresh = [10 ** 7]
-    rows = sampling_rows(seqs)
+    rows = sampling_rows(seqs, penalized_every)
     try:
         from engine.sampling_state import SamplingState
         state = SamplingState(VOCAB, torch.device("cpu"), num_seqs)
@@ -140,6 +142,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated SEQSxBLOCKS decode batches")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--penalized-every", type=int, default=2,
+                        help="every N-th sequence has repetition and presence penalties (0: none)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the engine's host work is one thread; a loaded machine stalls torch's thread pool
     print("| sequences × blocks | prepare ms/step, median (best) | + tables on the device | pickled StepInputs "
@@ -147,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         seqs, blocks = (int(x) for x in shape.split("x"))
-        prep, dev, size, rebuilt, kept = measure(seqs, blocks, args.block_size, args.steps)
+        prep, dev, size, rebuilt, kept = measure(seqs, blocks, args.block_size, args.steps,
+                                                 args.penalized_every)
         kept_text = f"{kept[0]:.2f} ({kept[1]:.2f})" if kept is not None else "—"
         print(f"| {seqs} × {blocks} | {prep[0]:.2f} ({prep[1]:.2f}) | {dev[0]:.2f} ({dev[1]:.2f}) | "
               f"{size / 1024:.1f} KiB | {rebuilt[0]:.2f} ({rebuilt[1]:.2f}) | {kept_text} |", flush=True)
