@@ -256,6 +256,7 @@ class TensorParallelExecutor:
         workers, then run rank 0's forward and sampling; no worker answers. A worker that failed or died
         shows as rank 0's collective failing (explained from its pipe or exit code), or to the watch thread."""
         self._ensure_usable()
+        self._check_workers_alive()
         payload = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
         seq = self.ring.publish(payload, self._check_workers_alive)
         if seq is None:

@@ -37,8 +37,8 @@ from engine.model_config import ModelConfig
 from engine.parent_watch import die_with_parent
 from engine.step_ring import StepReader
 
-# ModelRunner methods rank 0 may ask for; "run" answers None (only rank 0 samples).
-COMMANDS = ("run", "reserve_input_rows", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes", "plan_decode_graphs",
+# ModelRunner methods rank 0 may ask for over the pipe (forward steps come through the ring, unanswered).
+COMMANDS = ("reserve_input_rows", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes", "plan_decode_graphs",
             "capture_decode_graphs")
 CAPTURES = frozenset({"capture_decode_graphs"})  # commands during which the heartbeat must not touch the card
 HEARTBEAT_S = 0.5
