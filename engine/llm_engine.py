@@ -331,8 +331,8 @@ class LLMEngine:
                 child.grammar = seq.grammar.fork() if seq.grammar is not None else None
             forks.append((seq, children))
             targets += children
-        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids)
-                for t in targets]
+        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids,
+                            t.seq_id) for t in targets]
         plan.forks += forks
         plan.targets += targets
         batch.rows += rows

@@ -32,6 +32,7 @@ from engine.models.registry import model_class
 from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
+from engine.sampling_state import FIRST_ROWS, SamplingState
 from engine.scheduler import ScheduledSeq
 from engine.spec_decode.rejection_sampler import SpecSampleOutput, prepare_verify, verify_drafts
 from engine.spec_decode.state_rollback import StateReplay, VerifyStates
@@ -197,6 +198,10 @@ class ModelRunner:
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(self.kv_layout.groups), cdiv(model_config.max_model_len, block_size),
                                       device)
+        # Rank 0's per-row sampling parameters and penalty counts, made at its first sampling step (a
+        # tensor-parallel worker never samples, so never holds one).
+        self.sampling_state: SamplingState | None = None
+        self.max_num_seqs = 0
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -209,6 +214,7 @@ class ModelRunner:
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
         self.input_batch.reserve(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
@@ -425,8 +431,12 @@ class ModelRunner:
         tables = self.step_tables(inputs)
         logits_index = to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) \
             if inputs.logits_rows else None
-        prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev) \
-            if sampling is not None and inputs.logits_rows else None
+        prepared = None
+        if sampling is not None and inputs.logits_rows:
+            if self.sampling_state is None:
+                # Rows and penalty slots for max_num_seqs: what the memory profile's sampler step held.
+                self.sampling_state = SamplingState(self.config.vocab_size, dev, self.max_num_seqs or FIRST_ROWS)
+            prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev, self.sampling_state)
         if self.expert_load is not None:
             self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
         if self.graphs is not None and inputs.state_read_only is None and self.graphs.can_run(inputs):
@@ -468,13 +478,14 @@ class ModelRunner:
         return out
 
     @staticmethod
-    def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device) -> "PreparedSampling":
-        """The sampler's device tensors for a step, made before its forward (asynchronous copies)."""
+    def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device,
+                         state: SamplingState | None = None) -> "PreparedSampling":
+        """The sampler's device tensors for a step, made before its forward (asynchronous copies), from
+        `state` (rank 0's persistent one; None: a throwaway one for these rows alone)."""
         prepared = PreparedSampling(sampling)
         if sampling.rows:
-            prepared.meta = SamplingMetadata.build(sampling.rows, vocab_size, dev)
-            if sampling.bitmask is not None:
-                prepared.meta.bitmask = to_device(sampling.bitmask, dev)
+            state = state or SamplingState(vocab_size, dev, len(sampling.rows))
+            prepared.meta = state.metadata(sampling.rows, sampling.bitmask)
             prepared.rows_index = to_device(torch.tensor(sampling.logits_index, dtype=torch.long), dev)
         if sampling.beam_index:
             prepared.beam_index = to_device(torch.tensor(sampling.beam_index, dtype=torch.long), dev)
