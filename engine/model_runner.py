@@ -181,6 +181,9 @@ class ModelRunner:
         self.model.eval()
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
+        # The last step's hidden states (the model's output, after its final norm), kept for an MTP head
+        # (engine/spec_decode/mtp_proposer.py) until it has read them; off otherwise.
+        self.keep_hidden, self.last_hidden = False, None
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
@@ -406,6 +409,8 @@ class ModelRunner:
             else:
                 hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
                                     to_device(torch.from_numpy(inputs.positions), dev), meta)
+        if self.keep_hidden:
+            self.last_hidden = hidden
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,

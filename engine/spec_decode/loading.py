@@ -1,5 +1,7 @@
 """Loading the draft model: its folder resolved and checked against the target, its weights on the target's
-device, and the KV pool split so that both caches (same block ids, one tensor each) fit the budget."""
+device, and the KV pool split so that both caches (same block ids, one tensor each) fit the budget. The same
+for an MTP head: the target checkpoint's mtp.* tensors checked before anything loads, then loaded beside the
+target, its KV counted in the split."""
 from __future__ import annotations
 
 import logging
@@ -7,7 +9,7 @@ import logging
 import torch
 
 from engine.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
-from engine.loader import resolve_model_path
+from engine.loader import iterate_weights, resolve_model_path, tensor_names
 from engine.model_config import ModelConfig
 from engine.spec_decode.config import SpeculativeConfig, check_draft_vocab
 
@@ -64,14 +66,61 @@ def share_blocks_with_draft(num_blocks: int, config, target_config: ModelConfig,
                             kv_dtype: torch.dtype) -> int:
     """Blocks when every block id also holds a page of the draft's KV: the budget sized for the target's
     alone, shared in proportion (an explicit --num-gpu-blocks-override is kept as given)."""
+    draft = model_kv_layout(draft_runner.config, config.block_size, kv_dtype.itemsize).bytes_per_block
+    return share_blocks(num_blocks, config, target_config, draft, kv_dtype, "the draft model")
+
+
+def share_blocks(num_blocks: int, config, target_config: ModelConfig, extra_bytes_per_block: int,
+                 kv_dtype: torch.dtype, what: str) -> int:
+    """The KV budget sized for the target alone, shared in proportion with `what`'s pages of the same ids."""
     if config.num_gpu_blocks_override is not None:
         return num_blocks
-    size = kv_dtype.itemsize
-    target = model_kv_layout(target_config, config.block_size, size, config.tensor_parallel_size).bytes_per_block
-    draft = model_kv_layout(draft_runner.config, config.block_size, size).bytes_per_block
-    shared = max(1, num_blocks * target // (target + draft))
-    logger.info("KV pool: %d blocks shared with the draft model (%d without it)", shared, num_blocks)
+    target = model_kv_layout(target_config, config.block_size, kv_dtype.itemsize,
+                             config.tensor_parallel_size).bytes_per_block
+    shared = max(1, num_blocks * target // (target + extra_bytes_per_block))
+    logger.info("KV pool: %d blocks shared with %s (%d without it)", shared, what, num_blocks)
     return shared
+
+
+def check_mtp(spec: SpeculativeConfig | None, config, target_config: ModelConfig, model_path) -> int:
+    """The number of MTP layers the target checkpoint carries (0 without method "mtp"), checked before anything
+    loads: a family with an MTP head, mtp.* tensors present, one device. ValueErrors name the field."""
+    if spec is None or spec.method != "mtp":
+        return 0
+    from engine.models.qwen3_next_mtp import MTP_ARCHITECTURES, mtp_num_layers
+
+    if target_config.architecture not in MTP_ARCHITECTURES:
+        raise ValueError(f"speculative_config.method \"mtp\": {target_config.architecture} has no multi-token-"
+                         f"prediction head this engine can run (built for {', '.join(sorted(MTP_ARCHITECTURES))})")
+    num_layers = mtp_num_layers(target_config, tensor_names(model_path))
+    if not num_layers:
+        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint {model_path} has no MTP weights "
+                         "(no mtp.* tensors); use method \"ngram\" or a draft model")
+    if config.tensor_parallel_size > 1:
+        raise ValueError("speculative_config.method \"mtp\": the MTP head runs with tensor_parallel_size 1 only "
+                         "for now; use method \"ngram\" under tensor parallel")
+    return num_layers
+
+
+def load_mtp(num_layers: int, runner, model_path, backend: str):
+    """The MTPProposer over the target's runner, with the head's mtp.* weights loaded, or None."""
+    if not num_layers:
+        return None
+    from engine.models.qwen3_next_mtp import Qwen3NextMTP
+    from engine.spec_decode.mtp_proposer import MTPProposer
+
+    cfg = runner.config
+    torch.set_default_dtype(runner.dtype)
+    try:
+        with torch.device(runner.device):
+            head = Qwen3NextMTP(cfg, backend, runner.model, num_layers)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    head.load_weights(iterate_weights(model_path, device="cpu", prefix="mtp."))
+    head.eval()
+    logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers,
+                sum(p.numel() * p.element_size() for p in head.parameters()) / 2**20)
+    return MTPProposer(runner, head)
 
 
 def check_rollback(layout) -> None:
