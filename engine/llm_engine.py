@@ -370,7 +370,12 @@ class LLMEngine:
                                self.kv_layout.group_names(), state)
 
     def memory_usage(self) -> dict[str, int]:
-        return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}
+        """The target's weights and caches, with a speculative draft model's or MTP head's beside them."""
+        weights, kv = self.runner.weights_bytes(), self.runner.kv_cache_bytes()
+        for extra in (self.draft_runner, self.mtp):
+            if extra is not None:
+                weights, kv = weights + extra.weights_bytes(), kv + extra.kv_cache_bytes()
+        return {"weights_bytes": weights, "kv_cache_bytes": kv}
 
     def check_health(self) -> None:
         """Raise if the engine can no longer run a step (a tensor-parallel worker died while idle)."""

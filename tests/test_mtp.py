@@ -153,6 +153,8 @@ def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir, a
     runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
     mtp = load_mtp(layers, runner, path, "torch")  # every mtp.* tensor loaded exactly once, or it raises
     assert runner.keep_hidden and mtp.bytes_per_block(4) == 2 * BLOCK * cfg.num_kv_heads * cfg.head_dim * 4
+    from safetensors.torch import load_file
+    assert mtp.weights_bytes() == sum(t.nbytes for t in load_file(str(path / "mtp.safetensors")).values())
     mtp.allocate_kv_cache(32, torch.float32)
     ref = Reference(path)
     vocab = cfg.vocab_size

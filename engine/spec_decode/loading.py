@@ -118,9 +118,9 @@ def load_mtp(num_layers: int, runner, model_path, backend: str):
         torch.set_default_dtype(torch.float32)
     head.load_weights(iterate_weights(model_path, device="cpu", prefix="mtp."))
     head.eval()
-    logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers,
-                sum(p.numel() * p.element_size() for p in head.parameters()) / 2**20)
-    return MTPProposer(runner, head)
+    proposer = MTPProposer(runner, head)
+    logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers, proposer.weights_bytes() / 2**20)
+    return proposer
 
 
 def check_rollback(layout) -> None:

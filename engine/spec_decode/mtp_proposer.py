@@ -83,6 +83,9 @@ class MTPProposer:
         for i, layer in enumerate(attn):
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
 
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.head.parameters())  # the shared ones are not its own
+
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
 
