@@ -143,9 +143,8 @@ def grow(seq, tokens):
     seq.num_tokens = len(seq.token_ids)
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
-def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir, arch):
-    path = mtp_dir(arch)
+def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir):
+    path = mtp_dir("qwen3_5")
     cfg = ModelConfig.from_folder(path)
     spec = parse_speculative_config({"method": "mtp", "num_speculative_tokens": 3})
     layers = check_mtp(spec, SimpleNamespace(tensor_parallel_size=1), cfg, path)
@@ -220,9 +219,11 @@ def test_config_and_missing_weights_name_the_field(tiny_model_dir, mtp_dir, tmp_
     assert code == 2 and "no MTP weights" in capsys.readouterr().err
 
 
-def test_qwen3_next_head_loads(mtp_dir):
-    """Qwen3-Next's head: the same names, its MTP layer a routed-expert block like the target's layer 0."""
-    path = mtp_dir("qwen3_next")
+@pytest.mark.parametrize("arch", ["qwen3_5_moe", "qwen3_next"])
+def test_moe_heads_load(mtp_dir, arch):
+    """Qwen3.5-MoE's and Qwen3-Next's heads: the same names, the MTP layer a routed-expert block with a gated
+    shared expert like the target's layer 0; none of the target's parameters is the head's own."""
+    path = mtp_dir(arch)
     cfg = ModelConfig.from_folder(path)
     runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
     mtp = load_mtp(check_mtp(parse_speculative_config({"method": "mtp", "num_speculative_tokens": 1}),
