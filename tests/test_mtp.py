@@ -4,8 +4,10 @@ Tiny hybrid checkpoints get an MTP head written on the fly under the published n
 mtp.pre_fc_norm_embedding / _hidden, mtp.layers.0.* as a full-attention decoder layer, mtp.norm). The head
 loads every one of them; its drafts, made incrementally over the paged KV (prompt chunks, a verify run with a
 rejected tail), equal a from-scratch torch reference of the published structure whose decoder layer is HF's
-own full-attention layer holding the MTP weights. Configuration errors name the field (exit 2 from
-pagedesk-serve).
+own full-attention layer holding the MTP weights. End to end, greedy output with MTP speculation is the
+output without it (a random head, drafts rejected: the DeltaNet states roll back), the drafts the engine
+verified are the reference's, and a head that computes the target's next hidden state exactly is accepted on
+every draft. Configuration errors name the field (exit 2 from pagedesk-serve).
 """
 from __future__ import annotations
 
@@ -19,12 +21,13 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.model_runner import ModelRunner
 from engine.model_config import ModelConfig
 from engine.serve import main as serve_main
 from engine.spec_decode.config import parse_speculative_config
 from engine.spec_decode.loading import check_mtp, load_mtp
+from hf_reference import make_prompts
 from tiny_models import hf_model
 
 pytestmark = pytest.mark.timeout(300)
@@ -230,3 +233,85 @@ def test_moe_heads_load(mtp_dir, arch):
                              SimpleNamespace(tensor_parallel_size=1), cfg, path), runner, path, "torch")
     assert type(mtp.head.layers[0].mlp).__name__ == "SparseMoeBlock"
     assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
+
+
+def bigram_with_exact_head(src, dst):
+    """A copy of the tiny Qwen3.5 whose layers add nothing to the residual stream (token mixers and MLPs write
+    zeros), so its greedy next token is a function of the last token alone — and an MTP head that computes
+    exactly the target's next hidden state (fc takes the embedding half, its layer adds nothing, mtp.norm is the
+    final norm): every draft is the target's own next token."""
+    from safetensors import safe_open
+    shutil.copytree(src, dst)
+    with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    for name in tensors:
+        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            tensors[name] = torch.zeros_like(tensors[name])
+    save_file(tensors, str(dst / "model.safetensors"))
+    h = tensors["model.norm.weight"].shape[0]
+    layer = f"model.layers.{json.loads((dst / 'config.json').read_text())['layer_types'].index('full_attention')}."
+    head = {"mtp.layers.0." + k[len(layer):]: v for k, v in tensors.items() if k.startswith(layer)}
+    head["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    head["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)
+    head["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(h)
+    head["mtp.norm.weight"] = tensors["model.norm.weight"].clone()
+    save_file(head, str(dst / "mtp.safetensors"))
+    return dst
+
+
+
+def greedy_ids(llm: LLM, prompts, max_tokens) -> list[list[int]]:
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_greedy_with_mtp_is_identical_to_no_speculation(mtp_dir):
+    """A random head on the random hybrid: its drafts are rejected, so the target's DeltaNet states roll back
+    past them step after step, while prompts arrive in 16-token chunks sharing steps with verify runs."""
+    path = mtp_dir("qwen3_5")
+    prompts = [make_prompts(400)[i] for i in (1, 3, 4)]
+    max_tokens = [6, 8, 6]
+    want = greedy_ids(LLM(str(path), device="cpu"), prompts, max_tokens)
+    llm = LLM(str(path), device="cpu", speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+              max_num_batched_tokens=16)
+    assert greedy_ids(llm, prompts, max_tokens) == want
+    stats, kv = llm.engine.spec.stats, llm.engine.kv
+    assert stats.num_drafts > 0 and stats.num_draft_tokens > stats.num_drafts  # k = 2 drafts were verified
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks and not llm.engine.spec.mtp.pending
+    # The drafts the engine verified, made from the runner's kept hidden states over a chunked prompt and
+    # verify steps, are the reference's drafts from HF's hidden states over the same tokens.
+    engine = llm.engine
+    engine.add_request("probe", make_prompts(400, seed=9)[4], SamplingParams(temperature=0, max_tokens=7))
+    seq, verified = engine.requests["probe"].seqs[0], []
+    while engine.has_unfinished_requests():
+        before = list(seq.token_ids)
+        engine.step()
+        if seq.spec_token_ids:
+            verified.append((before, list(seq.spec_token_ids)))
+    ref = Reference(path)
+    ref.target_hidden(seq.token_ids)  # once, over the longest sequence: every prefix reads it
+    assert len(verified) >= 2
+    assert [drafts for _, drafts in verified] == [ref.drafts(before, len(d)) for before, d in verified]
+
+
+def test_an_exact_head_is_accepted(tiny_model_dir, tmp_path):
+    """A head that computes the target's next hidden state exactly: greedy drafts are the target's tokens, so
+    (nearly) every draft is accepted, at every position, and the output is still the target's — here a bigram
+    chain, next = argmax(lm_head(norm(embed(last)))), computed straight from the checkpoint."""
+    from safetensors.torch import load_file
+    path = bigram_with_exact_head(tiny_model_dir("qwen3_5"), tmp_path / "bigram")
+    w = load_file(str(path / "model.safetensors"))
+    eps = json.loads((path / "config.json").read_text())["rms_norm_eps"]
+    prompts = [make_prompts(400, seed=5)[i] for i in (2, 4)]
+    want = []
+    for prompt in prompts:
+        out = [prompt[-1]]
+        for _ in range(12):
+            h = gemma_norm(w["model.embed_tokens.weight"][out[-1]], w["model.norm.weight"], eps)
+            out.append(int((w["lm_head.weight"] @ h).argmax()))
+        want.append(out[1:])
+    llm = LLM(str(path), device="cpu", speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    assert greedy_ids(llm, prompts, [12, 12]) == want
+    stats = llm.engine.spec.stats
+    assert stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens > 0
+    assert min(stats.accepted_per_pos) > 0 and stats.mean_acceptance_length > 3
