@@ -43,23 +43,26 @@ def add_mtp_head(path, seed: int = 1) -> None:
 
     from safetensors import safe_open
     hf = hf_model(path)
-    cfg = json.loads((path / "config.json").read_text())
+    top = json.loads((path / "config.json").read_text())
+    cfg = top.get("text_config", top)  # a VL checkpoint: its text model's
+    decoder = getattr(hf.model, "language_model", hf.model)
     layer = cfg["layer_types"].index("full_attention")
     gen = torch.Generator().manual_seed(seed)
-    head_layer = copy.deepcopy(hf.model.layers[layer])
+    head_layer = copy.deepcopy(decoder.layers[layer])
     with torch.no_grad():
         for p in head_layer.parameters():
             p.add_(0.1 * torch.randn(p.shape, generator=gen))
     torch.save(head_layer.state_dict(), path.parent / "mtp_layer_reference.pt")
-    hf.model.layers[layer] = head_layer
+    decoder.layers[layer] = head_layer
     h = cfg["hidden_size"]
-    tensors, prefix = {}, f"model.layers.{layer}."
+    tensors, prefixes = {}, (f"model.layers.{layer}.", f"model.language_model.layers.{layer}.")
     with tempfile.TemporaryDirectory() as tmp:
         hf.save_pretrained(tmp, safe_serialization=True)
         with safe_open(f"{tmp}/model.safetensors", framework="pt") as f:
             for name in f.keys():
-                if name.startswith(prefix):
-                    tensors["mtp.layers.0." + name[len(prefix):]] = f.get_tensor(name)
+                for prefix in prefixes:
+                    if name.startswith(prefix):
+                        tensors["mtp.layers.0." + name[len(prefix):]] = f.get_tensor(name)
     tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) / (2 * h) ** 0.5
     for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
         tensors[f"mtp.{norm}.weight"] = 0.1 * torch.randn(h, generator=gen)
@@ -222,16 +225,17 @@ def test_config_and_missing_weights_name_the_field(tiny_model_dir, mtp_dir, tmp_
     assert code == 2 and "no MTP weights" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("arch", ["qwen3_5_moe", "qwen3_next"])
-def test_moe_heads_load(mtp_dir, arch):
+@pytest.mark.parametrize("arch", ["qwen3_5_moe", "qwen3_next", "qwen3_5-vl"])
+def test_other_heads_load(mtp_dir, arch):
     """Qwen3.5-MoE's and Qwen3-Next's heads: the same names, the MTP layer a routed-expert block with a gated
-    shared expert like the target's layer 0; none of the target's parameters is the head's own."""
+    shared expert like the target's layer 0; a Qwen3.5 VL checkpoint's (Qwen3.6-27B's kind) beside its
+    language model. None of the target's parameters is the head's own."""
     path = mtp_dir(arch)
     cfg = ModelConfig.from_folder(path)
     runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
     mtp = load_mtp(check_mtp(parse_speculative_config({"method": "mtp", "num_speculative_tokens": 1}),
                              SimpleNamespace(tensor_parallel_size=1), cfg, path), runner, path, "torch")
-    assert type(mtp.head.layers[0].mlp).__name__ == "SparseMoeBlock"
+    assert type(mtp.head.layers[0].mlp).__name__ == ("LlamaMLP" if arch == "qwen3_5-vl" else "SparseMoeBlock")
     assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
 
 
