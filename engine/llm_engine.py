@@ -32,8 +32,8 @@ from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp, share_blocks,
-                                        share_blocks_with_draft)
+from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
+                                        share_blocks_with_mtp)
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -60,10 +60,6 @@ class LLMEngine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
         self.spec_config = parse_speculative_config(config.speculative_config)
-        if self.spec_config is not None and self.spec_config.method == "draft_model" \
-                and config.tensor_parallel_size > 1:
-            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only for "
-                             "now; use method \"ngram\" under tensor parallel")
         mtp_layers = check_mtp(self.spec_config, config, self.model_config, self.model_path)  # before any load
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
@@ -82,18 +78,17 @@ class LLMEngine:
             if self.device.type == "cuda" and not config.enforce_eager:
                 piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
-                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
+                verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
             self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
             self.mtp = load_mtp(mtp_layers, self.runner, self.model_path, backend)
+            # The draft's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
-                                           self.max_num_batched_tokens)
-            if self.draft_runner is not None:  # its KV shares the block ids: the budget covers both tensors
-                num_blocks = share_blocks_with_draft(num_blocks, config, self.model_config, self.draft_runner,
-                                                     kv_dtype)
+                                           self.max_num_batched_tokens, self.draft_runner)
+            if self.draft_runner is not None:
                 self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
             if self.mtp is not None:  # the head's KV pages share the block ids too
-                num_blocks = share_blocks(num_blocks, config, self.model_config,
-                                          self.mtp.bytes_per_block(kv_dtype.itemsize), kv_dtype, "the MTP head")
+                num_blocks = share_blocks_with_mtp(num_blocks, config, self.model_config, self.mtp, kv_dtype)
                 self.mtp.allocate_kv_cache(num_blocks, kv_dtype)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
             snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
