@@ -79,7 +79,7 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
     plan = sizing.plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(
-        cfg.max_model_len), **common)
+        cfg.max_model_len), num_speculative_tokens=spec.k if spec is not None else 0, **common)
     return cpu_where(plan, float(budget), common["max_num_seqs"]), plan
 
 

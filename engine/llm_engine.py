@@ -31,6 +31,7 @@ from engine.sampling_params import SamplingParams
 from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
+from engine.sizing import verify_scratch_tokens
 from engine.spec_decode.config import parse_speculative_config
 from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
                                         share_blocks_with_mtp)
@@ -73,8 +74,8 @@ class LLMEngine:
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
             if self.spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
-                k = self.spec_config.num_speculative_tokens
-                self.runner.reserve_verify_tokens(min(config.max_num_seqs * (1 + k), self.max_num_batched_tokens))
+                self.runner.reserve_verify_tokens(verify_scratch_tokens(
+                    config.max_num_seqs, self.spec_config.num_speculative_tokens, self.max_num_batched_tokens))
             if self.device.type == "cuda" and not config.enforce_eager:
                 piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.

@@ -343,6 +343,15 @@ def state_pool_bytes(layout: KVCacheLayout | None, max_num_seqs: int, enable_pre
     return 0 if layout is None else layout.state_pool_bytes(max_num_seqs, enable_prefix_caching)
 
 
+def verify_scratch_tokens(max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int) -> int:
+    """Tokens a hybrid model's verify scratch holds (rollback of rejected drafts, engine/spec_decode/
+    state_rollback.py): every seat's 1 + k verify tokens, capped by the step's token budget; 0 without
+    speculation. The engine reserves exactly this."""
+    if num_speculative_tokens <= 0:
+        return 0
+    return min(max_num_seqs * (1 + num_speculative_tokens), max_num_batched_tokens)
+
+
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
                       max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
                       max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
@@ -437,6 +446,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
     draft_weights, draft_per_block = draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
+    scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
+                                                                max_num_batched_tokens))  # allocated before sizing
     plans = []
     for i, (total, other) in enumerate(zip(card_bytes, others)):
         profile = estimate_profile(cfg, total, dtype_bytes=dtype_bytes, tensor_parallel_size=tensor_parallel_size,
@@ -445,8 +456,9 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes,
                                    num_speculative_tokens=num_speculative_tokens)
-        if i == 0 and draft_weights:  # the draft runs whole on rank 0
-            profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + draft_weights)
+        extra = scratch + (draft_weights if i == 0 else 0)  # the draft runs whole on rank 0
+        if extra:
+            profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + extra)
         plan = plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
                                  max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
                                  max_num_batched_tokens, max_num_seqs, enable_prefix_caching, draft_per_block)
@@ -459,9 +471,11 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
              max_model_len: int | None = None, max_num_seqs: int = 256, block_size: int = 16,
              weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
              window_freeing: bool = True, enable_prefix_caching: bool = True,
-             draft: ModelConfig | None = None, draft_weights_bytes: int | None = None) -> CapacityPlan:
+             draft: ModelConfig | None = None, draft_weights_bytes: int | None = None,
+             num_speculative_tokens: int = 0) -> CapacityPlan:
     """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences, shared
-    with a `draft` model's KV when speculation uses one (`draft_weights_bytes`: measured, else estimated)."""
+    with a `draft` model's KV when speculation uses one (`draft_weights_bytes`: measured, else estimated); a
+    hybrid model's verify scratch under speculation sits beside the weights, outside the KV budget."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     max_len = max_model_len or cfg.max_model_len
@@ -474,7 +488,9 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
     draft_weights, draft_per_block = draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
     if draft_weights_bytes is not None and draft is not None:
         draft_weights = draft_weights_bytes
-    return CapacityPlan(budget, budget, weights + draft_weights, 0, layout.bytes_per_block // block_size,
+    scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
+                                                                max_num_batched_tokens))
+    return CapacityPlan(budget, budget, weights + draft_weights + scratch, 0, layout.bytes_per_block // block_size,
                         budget - states, block_size, max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq,
                         layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states,
                         draft_weights_bytes=draft_weights, draft_kv_bytes_per_block=draft_per_block)
