@@ -16,7 +16,7 @@ The KV lives in its own tensor addressed by the target's block ids (group 0, ful
 same copy-on-write copies. Positions it has no hidden state for — a prefix-cache hit's cached blocks, beam
 search sequences, the last prompt position under a child forked by n > 1 — keep whatever the head wrote
 there before: only the drafts' quality depends on them, never the output. The head runs with
-tensor_parallel_size 1 only (engine/llm_engine.py refuses more).
+tensor_parallel_size 1 only (engine/spec_decode/loading.check_mtp refuses more).
 """
 from __future__ import annotations
 
