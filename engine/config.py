@@ -78,8 +78,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
     Flag("speculative_config", str, None, "Speculative decoding as JSON, vLLM's names: {\"method\": \"ngram\", "
-         "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3} or {\"model\": DRAFT_FOLDER, "
-         "\"num_speculative_tokens\": 3} (default: off)", "engine", gui=False),
+         "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}, {\"model\": DRAFT_FOLDER, "
+         "\"num_speculative_tokens\": 3} or, for a checkpoint with an MTP head (Qwen3.5/3.6, Qwen3-Next), "
+         "{\"method\": \"mtp\", \"num_speculative_tokens\": 2} (default: off)", "engine", gui=False),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),

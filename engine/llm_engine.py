@@ -35,7 +35,8 @@ from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.sizing import verify_scratch_tokens
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import check_draft, check_rollback, load_draft
+from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
+                                        share_blocks_with_mtp)
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -64,6 +65,7 @@ class LLMEngine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
         self.spec_config = parse_speculative_config(config.speculative_config)
+        mtp_layers = check_mtp(self.spec_config, config, self.model_config, self.model_path)  # before any load
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
         draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
@@ -84,11 +86,15 @@ class LLMEngine:
                 verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
                 self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
             self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
+            self.mtp = load_mtp(mtp_layers, self.runner, self.model_path, backend)
             # The draft's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens, self.draft_runner)
             if self.draft_runner is not None:
                 self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
+            if self.mtp is not None:  # the head's KV pages share the block ids too
+                num_blocks = share_blocks_with_mtp(num_blocks, config, self.model_config, self.mtp, kv_dtype)
+                self.mtp.allocate_kv_cache(num_blocks, kv_dtype)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
             snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
                                             config.enable_prefix_caching)
@@ -122,7 +128,8 @@ class LLMEngine:
         self.spec = None
         if self.spec_config is not None:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
-                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner)
+                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner,
+                                   self.mtp)
             logger.info("speculative decoding: %s", self.spec_config.describe())
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
@@ -378,7 +385,12 @@ class LLMEngine:
                                self.kv_layout.group_names(), state)
 
     def memory_usage(self) -> dict[str, int]:
-        return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}
+        """The target's weights and caches, with a speculative draft model's or MTP head's beside them."""
+        weights, kv = self.runner.weights_bytes(), self.runner.kv_cache_bytes()
+        for extra in (self.draft_runner, self.mtp):
+            if extra is not None:
+                weights, kv = weights + extra.weights_bytes(), kv + extra.kv_cache_bytes()
+        return {"weights_bytes": weights, "kv_cache_bytes": kv}
 
     def check_health(self) -> None:
         """Raise if the engine can no longer run a step (a tensor-parallel worker died while idle)."""

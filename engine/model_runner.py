@@ -200,6 +200,9 @@ class ModelRunner:
         self.expert_load = ExpertLoad.bind(self.model, device) if get_tp_rank() == 0 else None
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
+        # The last step's hidden states (the model's output, after its final norm), kept for an MTP head
+        # (engine/spec_decode/mtp_proposer.py) until it has read them; off otherwise.
+        self.keep_hidden, self.last_hidden = False, None
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
         self.graphs: DecodeGraphs | None = None
@@ -488,6 +491,8 @@ class ModelRunner:
                                     to_device(torch.from_numpy(inputs.positions), dev), meta)
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
+        if self.keep_hidden:
+            self.last_hidden = hidden
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
