@@ -68,7 +68,8 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     common = dict(dtype=resolve_dtype(values.get("dtype") or "auto", cfg.torch_dtype, on_gpu),
                   kv_cache_dtype=values.get("kv_cache_dtype") or "auto", max_model_len=cfg.max_model_len,
                   block_size=int(values.get("block_size") or 16),
-                  max_num_seqs=int(values.get("max_num_seqs") or 256), draft=draft)
+                  max_num_seqs=int(values.get("max_num_seqs") or 256), draft=draft,
+                  mtp=spec is not None and spec.method == "mtp")
     if on_gpu:
         plan = sizing.plan_capacity(
             cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),

@@ -164,6 +164,26 @@ def draft_footprint(draft: ModelConfig | None, dtype_bytes: int, kv_dtype_bytes:
     return weights, model_kv_layout(draft, block_size, kv_dtype_bytes, 1, True, dtype_bytes).bytes_per_block
 
 
+def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block_size: int) -> tuple[int, int]:
+    """A Qwen3.5/3.6 or Qwen3-Next MTP head's (weights bytes, KV bytes per block) on rank 0, the planner's estimate
+    of what engine/models/qwen3_next_mtp.py loads: per MTP layer one full-attention decoder layer (the target's
+    attention shape, layer 0's MLP or experts) and its KV page, plus `mtp.fc` (2h -> h) and three norms, all in
+    the float dtype (published checkpoints keep mtp.* unquantized); the embedding and LM head are the target's."""
+    text = cfg.hf_text_config
+    layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers")) or 1)
+    h = cfg.hidden_size
+    full = dataclasses.replace(cfg, layer_types=["full_attention"] * cfg.num_layers, quantization=None)
+    attention = full.attention_params(1)[0] // cfg.num_layers
+    if cfg.moe is not None and 0 in cfg.moe.moe_layers:  # layer 0's MLP kind: every expert and the router
+        experts, _, router = cfg.moe.layer_params(h)
+        mlp = experts + router
+    else:
+        mlp = 3 * h * cfg.layer_intermediate_size(0)
+    per_layer = attention + mlp + 2 * h * h + 4 * h
+    page = model_kv_layout(full, block_size, kv_dtype_bytes, 1, True, dtype_bytes).groups[0].spec.page_size_bytes
+    return layers * per_layer * dtype_bytes, layers * page
+
+
 def rope_table_bytes(cfg: ModelConfig) -> int:
     """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
     distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
@@ -432,11 +452,12 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
                   activation_bytes: int | None = None, window_freeing: bool = True,
                   enable_prefix_caching: bool = True, draft: ModelConfig | None = None,
-                  num_speculative_tokens: int = 0) -> CapacityPlan:
+                  num_speculative_tokens: int = 0, mtp: bool = False) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks). `draft`: speculative decoding's
     draft model, whose weights sit on the first card (`weights_bytes`, if given, is the target's alone);
-    `num_speculative_tokens`: k of any speculative method, whose verify graphs the CUDA graphs' share counts."""
+    `num_speculative_tokens`: k of any speculative method, whose verify graphs the CUDA graphs' share counts;
+    `mtp`: speculation by the checkpoint's MTP head, counted like a draft (mtp_footprint)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     if max_model_len:
@@ -445,7 +466,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     per_token = layout.bytes_per_block // block_size
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
-    draft_weights, draft_per_block = draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
+    draft_weights, draft_per_block = mtp_footprint(cfg, dtype_bytes, kv_bytes, block_size) if mtp else \
+        draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
     scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
                                                                 max_num_batched_tokens))  # allocated before sizing
     plans = []
@@ -472,7 +494,7 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
              weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
              window_freeing: bool = True, enable_prefix_caching: bool = True,
              draft: ModelConfig | None = None, draft_weights_bytes: int | None = None,
-             num_speculative_tokens: int = 0) -> CapacityPlan:
+             num_speculative_tokens: int = 0, mtp: bool = False) -> CapacityPlan:
     """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences, shared
     with a `draft` model's KV when speculation uses one (`draft_weights_bytes`: measured, else estimated); a
     hybrid model's verify scratch under speculation sits beside the weights, outside the KV budget."""
@@ -485,7 +507,8 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
     per_seq = layout.blocks_per_seq(max_len, max_num_batched_tokens) if layout.has_sliding_window else \
         -(-max_len // block_size)
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds a hybrid's states too
-    draft_weights, draft_per_block = draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
+    draft_weights, draft_per_block = mtp_footprint(cfg, dtype_bytes, kv_bytes, block_size) if mtp else \
+        draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
     if draft_weights_bytes is not None and draft is not None:
         draft_weights = draft_weights_bytes
     scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,

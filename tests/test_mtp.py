@@ -25,6 +25,7 @@ from engine import LLM, SamplingParams
 from engine.model_runner import ModelRunner
 from engine.model_config import ModelConfig
 from engine.serve import main as serve_main
+from engine.sizing import mtp_footprint
 from engine.spec_decode.config import parse_speculative_config
 from engine.spec_decode.loading import check_mtp, load_mtp
 from hf_reference import make_prompts
@@ -158,6 +159,11 @@ def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir):
     runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
     mtp = load_mtp(layers, runner, path, "torch")  # every mtp.* tensor loaded exactly once, or it raises
     assert runner.keep_hidden and mtp.bytes_per_block(4) == 2 * BLOCK * cfg.num_kv_heads * cfg.head_dim * 4
+    weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
+    assert page == mtp.bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
+    from engine.sizing import plan_cpu
+    planned = plan_cpu(cfg, 0.01, block_size=BLOCK, mtp=True, num_speculative_tokens=3)
+    assert planned.draft_weights_bytes == weights and planned.draft_kv_bytes_per_block == page
     from safetensors.torch import load_file
     assert mtp.weights_bytes() == sum(t.nbytes for t in load_file(str(path / "mtp.safetensors")).values())
     mtp.allocate_kv_cache(32, torch.float32)
@@ -236,6 +242,8 @@ def test_other_heads_load(mtp_dir, arch):
     mtp = load_mtp(check_mtp(parse_speculative_config({"method": "mtp", "num_speculative_tokens": 1}),
                              SimpleNamespace(tensor_parallel_size=1), cfg, path), runner, path, "torch")
     assert type(mtp.head.layers[0].mlp).__name__ == ("LlamaMLP" if arch == "qwen3_5-vl" else "SparseMoeBlock")
+    weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
+    assert page == mtp.bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
     assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
 
 
