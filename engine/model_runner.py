@@ -214,17 +214,21 @@ class ModelRunner:
     def allocate_state_cache(self, num_slots: int) -> None:
         """Per linear-attention layer a conv state [num_slots, C, K-1] in the model dtype and a recurrent state
         [num_slots, Hv, Dk, Dv] in mamba_ssm_dtype (float32), zeroed; each layer reads and writes them in place
-        through the sequences' slot indices."""
+        through the sequences' slot indices. With decode graphs one more slot, `num_slots`, is the graphs'
+        padding slot: padding rows update it, no sequence ever holds it."""
         spec = self.kv_layout.state.spec
         ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[spec.ssm_dtype_bytes]
+        total = num_slots + (self.graphs is not None)
         self.state_cache = []
         for layer in self.model.state_layers():  # this rank's heads and channels (the layer knows its split)
-            conv = torch.zeros((num_slots, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
+            conv = torch.zeros((total, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
                                device=self.device)
-            ssm = torch.zeros((num_slots, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
+            ssm = torch.zeros((total, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
                               device=self.device)
             layer.bind_state(conv, ssm)
             self.state_cache.append((conv, ssm))
+        if self.graphs is not None:
+            self.graphs.bind_state_padding(num_slots)
 
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
         """State copies (forks, prefix-cache snapshots taken and restored) in the order they were made: a
@@ -245,10 +249,13 @@ class ModelRunner:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
         `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
-        Hybrid models run eagerly: neither kind of graph carries the state slots yet."""
-        if self.kv_layout.state is not None:
-            logger.info("CUDA graphs are off for %s: its linear-attention state update is not captured "
-                        "yet (eager steps)", self.config.architecture)
+        A hybrid model's graphs update its state pool in place through static slot indices (a padding slot
+        beside the pool for padding rows); on a card that needs the Triton DeltaNet kernels (the torch
+        reference reads the batch layout on the host, which a graph cannot replay)."""
+        hybrid = self.kv_layout.state is not None
+        if hybrid and capture and self.device.type == "cuda" and self.attention_backend != "triton":
+            logger.info("CUDA graphs are off for %s: its linear-attention layers run the torch reference "
+                        "kernels, which sync with the host (use the triton backend)", self.config.architecture)
             return
         if piecewise_tokens and capture and self.device.type == "cuda":
             self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
@@ -257,7 +264,7 @@ class ModelRunner:
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
-                                   capture, split_key, len(self.kv_layout.groups))
+                                   capture, split_key, len(self.kv_layout.groups), has_state=hybrid)
 
     def capture_decode_graphs(self) -> None:
         """After the KV cache exists: capture the decode graphs, then compile the Triton variants the
@@ -283,11 +290,21 @@ class ModelRunner:
         if self.graphs is not None and self.graphs.capture_graphs:
             total += self.graphs.pool_bytes if self.graphs.graphs else \
                 estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
+            total += self.state_slot_bytes()  # a hybrid model's padding slot (0 for the others)
         if self.piecewise is not None and self.piecewise.enabled:
             total += self.piecewise.pool_bytes if self.piecewise.captured else \
                 estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize,
                                                get_tp_size())
         return total
+
+    def state_slot_bytes(self) -> int:
+        """One state slot over this rank's linear-attention layers (0 without them)."""
+        if self.kv_layout.state is None:
+            return 0
+        ssm_bytes = self.kv_layout.state.spec.ssm_dtype_bytes
+        return sum(layer.conv_state_channels * (layer.conv_kernel - 1) * self.dtype.itemsize
+                   + layer.num_v_heads * layer.head_k_dim * layer.head_v_dim * ssm_bytes
+                   for layer in self.model.state_layers())
 
     def kv_cache_bytes(self) -> int:
         """The paged KV cache and a hybrid model's state pool."""
