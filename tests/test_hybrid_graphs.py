@@ -2,7 +2,9 @@
 update the linear-attention state pool in place through a static slot-index buffer, padding rows going to the
 padding slot past the pool; the state of every real slot is what the unpadded eager step leaves, slots outside
 the batch are untouched, and greedy ids equal HF's. The piecewise pieces (tape stand-in, Gated DeltaNet layers
-eager between them on the step's real rows) give HF's ids over prompt, mixed and decode steps."""
+eager between them on the step's real rows) give HF's ids over prompt, mixed and decode steps. On fake CUDA
+tensors (tests/test_fake_cuda.py) a padded decode step keeps every buffer on the card, launches only the
+DeltaNet decode kernels and copies nothing to the host: nothing a captured graph could not replay."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +17,10 @@ from engine import LLM, SamplingParams
 from engine.layers.attention import AttentionMetadata
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.piecewise_graphs import PiecewiseGraphs, TapeGraphBackend, token_buckets
+from engine.model_config import ModelConfig
+from engine.model_runner import ModelRunner, StepInputs
 from hf_reference import hf_greedy, make_prompts
+from test_fake_cuda import CUDA, Recorder, _as_if_on_cpu, fake_cuda  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(300)
 PICKS, MAX_TOKENS = [1, 3, 4, 6], [10, 12, 6, 8]  # prompts of 3, 16, 17 and 120 tokens
@@ -113,3 +118,51 @@ def test_piecewise_replay_of_a_hybrid_matches_hf(hybrid_reference, arch):
     print(f"{arch}: steps through the pieces by kind {kinds}, {backend.replays} pieces replayed")
     assert kinds.get("mixed", 0) > 0 and kinds.get("decode", 0) > 0
     assert graphs.replayed_tokens > 0
+
+
+@pytest.fixture(scope="module")
+def hybrid_weights(tiny_model_dir):
+    from engine.loader import iterate_weights
+    path = tiny_model_dir("qwen3_5")
+    return path, list(iterate_weights(path, device="cpu"))
+
+
+@pytest.mark.fake_cuda
+def test_a_padded_hybrid_decode_step_on_cuda_is_graph_safe(hybrid_weights, fake_cuda, monkeypatch):  # noqa: F811
+    import engine.model_runner
+    import kernels.triton_attention as ta
+    import kernels.triton_causal_conv1d as tc
+    import kernels.triton_gated_delta as tg
+    import kernels.triton_write_kv as tw
+    path, weights = hybrid_weights
+    monkeypatch.setattr(engine.model_runner, "iterate_weights", lambda p, device: iter(weights))
+    monkeypatch.setattr(ta, "_device_facts", lambda device: (8, 8))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 2**30, 24 * 2**30))
+    # More entry points that insist on a CUDA device guard in a CPU-only build (the fixture patches the common ones)
+    monkeypatch.setattr(torch.Tensor, "contiguous", _as_if_on_cpu(torch.Tensor.contiguous))
+    for module, name in ((ta, "paged_attention_kernel"), (ta, "reduce_splits_kernel"), (tw, "write_kv_kernel"),
+                         (tg, "fused_recurrent_kernel"), (tg, "chunk_prepare_kernel"), (tg, "chunk_state_kernel"),
+                         (tc, "causal_conv1d_kernel"), (tc, "conv_state_update_kernel")):
+        monkeypatch.setattr(module, name, Recorder(name, fake_cuda))
+    runner = ModelRunner(ModelConfig.from_folder(path), path, CUDA, torch.float16, 4, "triton")
+    runner.plan_decode_graphs(max_batch=4, capture=False)
+    runner.allocate_kv_cache(8, torch.float16, num_state_slots=5)
+    buf = runner.graphs.buffers
+    assert runner.graphs.state_padding_slot == 5 and runner.state_cache[0][1].shape[0] == 6
+    assert {buf.state_indices.device, buf.has_initial_state.device, runner.state_cache[0][1].device} == {CUDA}
+    assert runner.state_cache[0][1].dtype == torch.float32  # mamba_ssm_dtype, whatever the weights
+    inputs = StepInputs(  # three decodes (slots 4, 0, 2) padded to a batch of 4
+        input_ids=np.array([7, 8, 9]), positions=np.array([3, 5, 2]), slot_mapping=np.array([3, 9, 18]),
+        block_tables=np.array([[0, 0], [1, 2], [4, 0]], dtype=np.int32), seq_lens=np.array([4, 6, 3], np.int32),
+        query_start_loc=np.array([0, 1, 2, 3], dtype=np.int32), logits_rows=[0, 1, 2], max_query_len=1,
+        max_seq_len=6, block_copies=[], state_indices=np.array([4, 0, 2], np.int32),
+        has_initial_state=np.ones(3, bool))
+    assert runner.graphs.can_run(inputs)
+    used, run = [], runner.graphs.run
+    runner.graphs.run = lambda i, t: used.append(len(i.seq_lens)) or run(i, t)
+    assert runner.run(inputs) is None  # no sampling asked: nothing comes back to the host
+    layers = len(runner.model.state_layers())
+    assert used == [3] and fake_cuda.host_copies == 0
+    for name, count in (("fused_recurrent_kernel", layers), ("causal_conv1d_kernel", layers),
+                        ("conv_state_update_kernel", layers), ("chunk_prepare_kernel", 0), ("chunk_state_kernel", 0)):
+        assert fake_cuda.launches.count(name) == count, name
