@@ -40,7 +40,8 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),
             tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
             max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
-            other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"), **common)
+            other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"),
+            cuda_graph_mode=values.get("cuda_graph_mode") or "full_and_piecewise", **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
     plan = sizing.plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(

@@ -195,6 +195,19 @@ def estimate_piecewise_graph_bytes(cfg: ModelConfig, max_tokens: int, dtype_byte
     return estimate_activation_bytes(cfg, max_tokens, dtype_bytes, tp, 0) + PIECE_OVERHEAD_BYTES * pieces
 
 
+def estimate_cuda_graph_bytes(cfg: ModelConfig, max_num_seqs: int, max_num_batched_tokens: int, dtype_bytes: int,
+                              tp: int = 1, cuda_graph_mode: str = "full_and_piecewise") -> int:
+    """Every CUDA graph the engine captures for --cuda-graph-mode, before capture (what the model runner's
+    `graph_bytes` estimates): the decode graphs, with "full_and_piecewise" the piecewise pieces up to the step
+    budget too, and for a hybrid model the decode graphs' padding state slot beside the pool."""
+    if cuda_graph_mode not in ("full_and_piecewise", "full_decode_only"):
+        raise ValueError(f"cuda_graph_mode {cuda_graph_mode!r}: choose full_and_piecewise or full_decode_only")
+    total = estimate_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp)
+    if cuda_graph_mode == "full_and_piecewise":
+        total += estimate_piecewise_graph_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp)
+    return total + model_kv_layout(cfg, 16, dtype_bytes, tp, act_dtype_bytes=dtype_bytes).state_bytes_per_seq
+
+
 @dataclass
 class CapacityPlan:
     card_bytes: int  # total memory of the card this plan is for (the KV budget on CPU)
@@ -355,14 +368,17 @@ def other_programs_note(p: MemoryProfile, gpu_memory_utilization: float) -> str 
 def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, tensor_parallel_size: int,
                      max_num_batched_tokens: int, max_num_seqs: int, other_programs_bytes: int = 0,
                      quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
-                     weights_bytes: int | None = None, activation_bytes: int | None = None) -> MemoryProfile:
-    """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape."""
+                     weights_bytes: int | None = None, activation_bytes: int | None = None,
+                     cuda_graph_mode: str = "full_and_piecewise") -> MemoryProfile:
+    """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
+    `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs)."""
     tp = tensor_parallel_size
     weights = weights_bytes if weights_bytes is not None else \
         weights_bytes_per_card(cfg, dtype_bytes, tp, quant_bits) + rope_table_bytes(cfg)
     activations = activation_bytes if activation_bytes is not None else \
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
-    graphs = estimate_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp) if cuda_graphs else 0
+    graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp,
+                                       cuda_graph_mode) if cuda_graphs else 0
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
 
 
@@ -372,7 +388,7 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   quantization: str | None = None, other_programs_bytes: list[int] | None = None,
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
                   activation_bytes: int | None = None, window_freeing: bool = True,
-                  enable_prefix_caching: bool = True) -> CapacityPlan:
+                  enable_prefix_caching: bool = True, cuda_graph_mode: str = "full_and_piecewise") -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks)."""
     dtype_bytes = DTYPE_BYTES[dtype]
@@ -389,7 +405,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    max_num_batched_tokens=max_num_batched_tokens, max_num_seqs=max_num_seqs,
                                    other_programs_bytes=other, quant_bits=quant_bits,
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
-                                   weights_bytes=weights_bytes, activation_bytes=activation_bytes)
+                                   weights_bytes=weights_bytes, activation_bytes=activation_bytes,
+                                   cuda_graph_mode=cuda_graph_mode)
         plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
                                        max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
                                        max_num_batched_tokens, max_num_seqs, enable_prefix_caching))
