@@ -166,3 +166,26 @@ def test_a_padded_hybrid_decode_step_on_cuda_is_graph_safe(hybrid_weights, fake_
     for name, count in (("fused_recurrent_kernel", layers), ("causal_conv1d_kernel", layers),
                         ("conv_state_update_kernel", layers), ("chunk_prepare_kernel", 0), ("chunk_state_kernel", 0)):
         assert fake_cuda.launches.count(name) == count, name
+
+
+@pytest.mark.parametrize("fmt", ["awq", "gptq"])
+def test_a_quantized_hybrid_with_float_deltanet_projections_matches_hf(tiny_model_dir, tmp_path, fmt):
+    """As the published Qwen3.5/3.6 4-bit checkpoints do: attention and MLP linears packed, the Gated DeltaNet
+    projections left float and named by a bare "linear_attn" in the ignore list; greedy ids equal HF on the
+    dequantized float model."""
+    from quant_packers import dequantized_folder, make_quantized
+    src = tiny_model_dir("qwen3_5")
+    packed = make_quantized(src, tmp_path / "packed", fmt, 4, 32, ignore=("linear_attn",))
+    prompts = [make_prompts(400)[i] for i in (1, 4)]
+    expected = hf_greedy(dequantized_folder(packed, tmp_path / "float"), prompts, [8, 8])
+    llm = LLM(str(packed), device="cpu")
+    layers = llm.engine.runner.model.model.layers
+    deltanet = layers[0].linear_attn
+    assert isinstance(deltanet, GatedDeltaNet)
+    for proj in (deltanet.in_proj_qkv, deltanet.in_proj_z, deltanet.in_proj_b, deltanet.in_proj_a, deltanet.out_proj):
+        assert type(proj.method).__name__ == "UnquantizedLinearMethod"
+    assert type(layers[0].mlp.gate_up_proj.method).__name__ != "UnquantizedLinearMethod"
+    assert type(layers[1].self_attn.qkv_proj.method).__name__ != "UnquantizedLinearMethod"
+    got = [o.outputs[0].token_ids for o in
+           llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=8)] * 2, use_tqdm=False)]
+    assert got == expected
