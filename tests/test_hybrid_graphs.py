@@ -74,7 +74,8 @@ def test_decode_graphs_update_states_in_place_and_padding_touches_no_real_slot(h
         got = run(inputs, tables)
         batch = next(b for b in graphs.ladder if b >= n)
         assert (graphs.buffers.state_indices[:n].numpy() == inputs.state_indices).all()
-        assert (graphs.buffers.state_indices[n:batch] == pad).all() and not graphs.buffers.has_initial_state[n:batch].any()
+        assert (graphs.buffers.state_indices[n:batch] == pad).all()
+        assert not graphs.buffers.has_initial_state[n:batch].any()
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         real = set(inputs.state_indices.tolist())
         untouched = [i for i in range(pad) if i not in real]
