@@ -11,7 +11,9 @@ import numpy as np
 
 from app.engine_state import EngineState
 from widgets.block_map import STATE_CACHED, STATE_IN_USE, BlockSnapshot
+from widgets.expert_heatmap import ExpertLoad
 from widgets.gpu_panel import GIB, GpuReading
+from widgets.state_slots import SLOT_SEQUENCE, SLOT_SNAPSHOT, StateSlotsPicture
 
 
 def demo_blocks(num_blocks: int = 4096, num_requests: int = 12, seed: int = 0) -> BlockSnapshot:
@@ -82,6 +84,37 @@ def demo_states(num_samples: int = 480, hz: float = 4.0, num_blocks: int = 4096)
             prompt_tokens_total=int(180_000 * phase), generation_tokens_total=int(52_000 * phase),
             weights_bytes=int(7.1 * GIB), kv_cache_bytes=int(12.4 * GIB))
         out.append((t, state))
+    return out
+
+
+def demo_hybrid_moe_states(num_samples: int = 240, hz: float = 4.0) -> list[tuple[float, EngineState]]:
+    """demo_states' last minute as a hybrid MoE model speculating with its MTP head would report it: a state
+    slot per running request plus prefix-cache snapshots, acceptance counters that grow by ~1.9 accepted
+    drafts of 3 per verify step, and a router that favours a few experts per layer."""
+    import dataclasses
+    base = demo_states(num_samples)
+    rng = np.random.default_rng(5)
+    layers, experts, top_k = list(range(40)), 256, 8
+    favour = rng.gamma(0.6, size=(len(layers), experts)) + 0.05
+    favour /= favour.sum(axis=1, keepdims=True)
+    drafts = proposed = accepted = 0
+    out = []
+    for t, state in base:
+        kind = np.zeros(20, np.uint8)
+        owner = np.zeros(20, np.uint16)
+        kind[:state.num_running] = SLOT_SEQUENCE
+        owner[:state.num_running] = np.arange(1, state.num_running + 1)
+        kind[16:] = SLOT_SNAPSHOT
+        steps = max(1, int(state.generation_tokens_per_s / hz / 2.9))
+        drafts, proposed = drafts + steps, proposed + 3 * steps
+        accepted += int(steps * (1.9 + 0.2 * math.sin(t / 7)))
+        tokens = np.stack([rng.multinomial(int(state.generation_tokens_per_s / hz) * top_k, row) for row in favour])
+        out.append((t, dataclasses.replace(
+            state, model="Qwen/Qwen3.6-35B-A3B",
+            state_slots=StateSlotsPicture(kind, owner, state.blocks.owners, 4, 64_389_120),
+            spec_decode={"method": "mtp", "num_speculative_tokens": 3, "num_drafts": drafts,
+                         "num_draft_tokens": proposed, "num_accepted_tokens": accepted},
+            expert_load=ExpertLoad(layers, tokens))))
     return out
 
 

@@ -1,8 +1,9 @@
 """The engine-state snapshot (docs/engine-state.md) as plain data, decoded from its JSON.
 
 `blocks` is base64(zlib(state | ref_count | owner)): n bytes of state, n bytes of ref count, then n
-little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block. `parse_state` turns one SSE payload into an `EngineState` whose
-`blocks` is the widget-ready `BlockSnapshot`. Pure functions, no Qt, no I/O.
+little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block. `parse_state` turns one SSE payload
+into an `EngineState` whose `blocks` is the widget-ready `BlockSnapshot`; hybrid models' `state_slots` and
+MoE models' `expert_load` become their widgets' pictures, and `spec_decode` stays the engine's counters. Pure functions, no Qt, no I/O.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from widgets.block_map import BlockSnapshot
+from widgets.expert_heatmap import ExpertLoad
+from widgets.state_slots import StateSlotsPicture
 
 
 @dataclass
@@ -36,6 +39,31 @@ class EngineState:
     weights_bytes: int | None = None
     kv_cache_bytes: int | None = None
     kv_groups: list[str] = field(default_factory=list)  # KV cache group names, when there are several
+    spec_decode: dict | None = None  # cumulative speculative-decoding counters, when speculating
+    state_slots: StateSlotsPicture | None = None  # hybrid models' state pool
+    expert_load: ExpertLoad | None = None  # MoE models: routed tokens per layer and expert this interval
+
+
+def parse_state_slots(data: dict | None, owners: list[str]) -> StateSlotsPicture | None:
+    if not data:
+        return None
+    kind = np.asarray(data.get("kind") or [], np.uint8)
+    owner = np.asarray(data.get("owner") or [], np.uint16)
+    if kind.shape != owner.shape or kind.shape[0] != int(data.get("num_slots", kind.shape[0])):
+        raise ValueError(f"state_slots has {kind.shape[0]} kinds and {owner.shape[0]} owners for "
+                         f"{data.get('num_slots')} slots")
+    return StateSlotsPicture(kind, owner, owners, int(data.get("max_snapshots", 0)), int(data.get("slot_bytes", 0)))
+
+
+def parse_expert_load(data: dict | None) -> ExpertLoad | None:
+    if not data:
+        return None
+    layers = [int(x) for x in data.get("layers") or []]
+    tokens = np.asarray(data.get("tokens") or [], np.int64).reshape(len(layers), -1) if layers else None
+    if tokens is None or tokens.shape[1] != int(data.get("num_experts", tokens.shape[1])):
+        raise ValueError(f"expert_load: {len(layers)} layers and tokens of shape "
+                         f"{None if tokens is None else tokens.shape} for {data.get('num_experts')} experts")
+    return ExpertLoad(layers, tokens)
 
 
 def decode_blocks(encoded: str, num_blocks: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -67,11 +95,12 @@ def parse_state(data: dict) -> EngineState:
     kv_groups = [str(g) for g in data.get("kv_groups") or []]
     groups = decode_block_groups(data["block_groups"], n) if kv_groups and data.get("block_groups") else None
     requests = list(data.get("requests") or [])
+    owners = [str(r.get("id", "?")) for r in requests]
     memory = data.get("memory") or {}
     return EngineState(
         time=float(data.get("time", 0.0)), model=str(data.get("model", "")), device=str(data.get("device", "")),
         block_size=int(data.get("block_size", 0)), num_blocks=n,
-        blocks=BlockSnapshot(state, ref_count, owner, [str(r.get("id", "?")) for r in requests], groups,
+        blocks=BlockSnapshot(state, ref_count, owner, owners, groups,
                              kv_groups if groups is not None else []),
         requests=requests, num_running=int(data.get("num_running", 0)), num_waiting=int(data.get("num_waiting", 0)),
         kv_cache_usage=float(data.get("kv_cache_usage", 0.0)),
@@ -81,4 +110,6 @@ def parse_state(data: dict) -> EngineState:
         generation_tokens_per_s=float(data.get("generation_tokens_per_s", 0.0)),
         prompt_tokens_total=int(data.get("prompt_tokens_total", 0)),
         generation_tokens_total=int(data.get("generation_tokens_total", 0)),
-        weights_bytes=memory.get("weights_bytes"), kv_cache_bytes=memory.get("kv_cache_bytes"), kv_groups=kv_groups)
+        weights_bytes=memory.get("weights_bytes"), kv_cache_bytes=memory.get("kv_cache_bytes"), kv_groups=kv_groups,
+        spec_decode=data.get("spec_decode") or None, state_slots=parse_state_slots(data.get("state_slots"), owners),
+        expert_load=parse_expert_load(data.get("expert_load")))

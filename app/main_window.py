@@ -134,6 +134,7 @@ class MainWindow(QMainWindow):
         self._connect()
         self.library.model_chosen.connect(self._choose_from_library)
         self.library.serve_alongside.connect(self._serve_alongside)
+        self.library.models_found.connect(self.settings_form.set_draft_models)  # speculative drafts to pick
         self.model_picker.download_progress.connect(self.library.show_download)
         self.model_picker.download_ended.connect(self.library.end_download)
         self.model_picker.model_cleared.connect(lambda: self._on_model_changed(None))

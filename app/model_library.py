@@ -141,6 +141,7 @@ def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
 class ModelLibrary(QWidget):
     model_chosen = Signal(str)  # a model folder
     serve_alongside = Signal(str)  # a model folder to serve beside the chosen one (app/served_set.py)
+    models_found = Signal(list)  # [(name, folder)] of the readable models, after each scan
 
     def __init__(self, settings: QSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -184,6 +185,7 @@ class ModelLibrary(QWidget):
     def refresh(self) -> None:
         self.entries = scan_library(self.roots())
         self._fill()
+        self.models_found.emit([(e.name, str(e.path)) for e in self.entries if e.info is not None and e.has_weights])
 
     def set_machine(self, values: dict[str, Any], gpu_memory_bytes: list[int]) -> None:
         """New settings or card sizes: the verdicts are recomputed (the scan is not repeated)."""

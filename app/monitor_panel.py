@@ -6,7 +6,9 @@ Nothing here draws per event: the widgets redraw on their own timers. When the e
 plot gets a gap so its lines break instead of bridging the downtime; without NVML the VRAM plot
 has no series (no "GPU 0" legend under "no NVIDIA GPU"). With several models behind the endpoint, a
 selector above the block map says whose engine it shows (`model_selected`: the main window re-points the
-engine-state stream); the plots start afresh for the new model.
+engine-state stream); the plots start afresh for the new model. What only some models have appears only for
+them: a hybrid model's state slots beside the block map, speculative decoding's acceptance rate and mean
+accepted length per interval (app/spec_rates.py), and a mixture-of-experts model's expert-load heat map.
 """
 from __future__ import annotations
 
@@ -16,8 +18,11 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QSplitter, QVBoxLayout, QWidget
 
 from app.engine_state import EngineState
+from app.spec_rates import SpecRateTracker
 from widgets.block_map import BlockMapWidget
+from widgets.expert_heatmap import ExpertHeatmap
 from widgets.gpu_panel import GIB, GpuPanel, GpuReading
+from widgets.state_slots import StateSlotsWidget
 from widgets.time_plot import TimePlot
 
 GPU_COLORS = ("#88c0d0", "#d08770", "#a3be8c", "#b48ead")
@@ -38,14 +43,26 @@ class MonitorPanel(QWidget):
         self.tokens_plot = TimePlot("Throughput", [("prompt tok/s", "#b48ead"), ("generation tok/s", "#d08770")],
                                     unit="tok/s")
         self.vram_plot = TimePlot("VRAM used", [("GPU 0", GPU_COLORS[0])], unit="GiB")
+        self.acceptance_plot = TimePlot("Speculative decoding: draft acceptance", [("accepted %", "#a3be8c")],
+                                        unit="%", y_range=(0, 100))
+        self.accepted_length_plot = TimePlot("Speculative decoding: tokens per verify step",
+                                             [("mean accepted length", "#ebcb8b")], unit="tokens")
+        self.spec_rates = SpecRateTracker()
+        self.state_slots = StateSlotsWidget()
+        self.state_slots.setMaximumWidth(220)
+        self.expert_heatmap = ExpertHeatmap()
+        for widget in (self.state_slots, self.expert_heatmap):
+            widget.setVisible(False)  # shown for the models that have them
         self.gpu_panel = GpuPanel()
         self.headline = QLabel("Waiting for the engine-state stream…")
         self.samples = 0
         plots = QWidget()
-        grid = QGridLayout(plots)
-        grid.setContentsMargins(0, 0, 0, 0)
-        for i, plot in enumerate((self.kv_plot, self.queue_plot, self.tokens_plot, self.vram_plot)):
-            grid.addWidget(plot, i // 2, i % 2)
+        self._grid = QGridLayout(plots)
+        self._grid.setContentsMargins(0, 0, 0, 0)
+        for row in (0, 1):
+            self._grid.setRowStretch(row, 1)
+        self._speculating: bool | None = None
+        self._place_plots(False)
         top = QWidget()
         top_layout = QVBoxLayout(top)
         top_layout.setContentsMargins(0, 0, 0, 0)
@@ -53,7 +70,11 @@ class MonitorPanel(QWidget):
         header.addWidget(self.headline, 1)
         header.addWidget(self.model_selector)
         top_layout.addLayout(header)
-        top_layout.addWidget(self.block_map, 1)
+        pools = QHBoxLayout()
+        pools.addWidget(self.block_map, 3)
+        pools.addWidget(self.expert_heatmap, 2)
+        pools.addWidget(self.state_slots)
+        top_layout.addLayout(pools, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(top)
         splitter.addWidget(plots)
@@ -69,10 +90,44 @@ class MonitorPanel(QWidget):
         self.queue_plot.append(now, (state.num_running, state.num_waiting))
         self.tokens_plot.append(now, (state.prompt_tokens_per_s, state.generation_tokens_per_s))
         self.gpu_panel.set_engine_memory(state.weights_bytes, state.kv_cache_bytes, state.device)
+        self._show_model_specifics(state, now)
         self.headline.setText(
             f"<b>{state.model}</b> on {state.device} · {state.num_blocks:,} blocks × {state.block_size} tokens · "
             f"running {state.num_running} · waiting {state.num_waiting} · preemptions {state.num_preemptions} · "
             f"{state.prompt_tokens_total:,} prompt / {state.generation_tokens_total:,} generated tokens")
+
+    def _place_plots(self, speculating: bool) -> None:
+        """Two rows either way: 2 × 2 plots, or 3 × 2 with the two speculative-decoding plots."""
+        if speculating == self._speculating:
+            return
+        self._speculating = speculating
+        plots = [self.kv_plot, self.queue_plot, self.tokens_plot, self.vram_plot]
+        spec = [self.acceptance_plot, self.accepted_length_plot]
+        for plot in plots + spec:
+            self._grid.removeWidget(plot)
+        shown = plots + spec if speculating else plots
+        columns = 3 if speculating else 2
+        for i, plot in enumerate(shown):
+            self._grid.addWidget(plot, i // columns, i % columns)
+        for plot in spec:
+            plot.setVisible(speculating)
+
+    def _show_model_specifics(self, state: EngineState, now: float) -> None:
+        self.state_slots.setVisible(state.state_slots is not None)
+        if state.state_slots is not None:
+            self.state_slots.set_slots(state.state_slots)
+        speculating = state.spec_decode is not None
+        self._place_plots(speculating)
+        rates = self.spec_rates.update(state.spec_decode)
+        if rates is not None:
+            self.acceptance_plot.append(now, (100 * rates.acceptance_rate,))
+            self.accepted_length_plot.append(now, (rates.mean_accepted_length,))
+        elif speculating:  # no verify step this interval: a gap, not a fall to zero
+            for plot in (self.acceptance_plot, self.accepted_length_plot):
+                plot.append_gap(now)
+        self.expert_heatmap.setVisible(state.expert_load is not None)
+        if state.expert_load is not None:
+            self.expert_heatmap.add_interval(state.expert_load, now)
 
     def on_gpu_readings(self, readings: list[GpuReading], now: float | None = None) -> None:
         self.gpu_panel.set_readings(readings)
@@ -88,8 +143,9 @@ class MonitorPanel(QWidget):
 
     def on_engine_stopped(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
-        for plot in (self.kv_plot, self.queue_plot, self.tokens_plot):
+        for plot in (self.kv_plot, self.queue_plot, self.tokens_plot, self.acceptance_plot, self.accepted_length_plot):
             plot.append_gap(now)
+        self.spec_rates.reset()
         self.headline.setText("Engine not running.")
         self.gpu_panel.set_engine_memory(None, None)
 
@@ -108,6 +164,9 @@ class MonitorPanel(QWidget):
     def _on_model_picked(self, _index: int) -> None:
         name = self.model_selector.currentText()
         if name:
-            for plot in (self.kv_plot, self.queue_plot, self.tokens_plot):
+            for plot in (self.kv_plot, self.queue_plot, self.tokens_plot, self.acceptance_plot,
+                         self.accepted_length_plot):
                 plot.clear_data()
+            self.spec_rates.reset()
+            self.expert_heatmap.clear()
             self.model_selected.emit(name)

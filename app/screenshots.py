@@ -97,6 +97,26 @@ def _kv_groups_shot(app, win, out: Path) -> Path:
     return path
 
 
+def _hybrid_moe_shot(app, win, out: Path) -> Path:
+    """The monitor for a hybrid MoE model speculating with MTP: state slots beside the block map, the
+    acceptance plots and the expert-load heat map (all made-up demo data)."""
+    from app.demo_data import demo_hybrid_moe_states
+    win.tabs.setCurrentIndex(win.tabs.indexOf(win.monitor))
+    monitor = win.monitor
+    for plot in (monitor.kv_plot, monitor.queue_plot, monitor.tokens_plot):
+        plot.clear_data()
+    for t, state in demo_hybrid_moe_states():
+        monitor.on_state(state, now=t)
+    for widget in (monitor.kv_plot, monitor.queue_plot, monitor.tokens_plot, monitor.acceptance_plot,
+                   monitor.accepted_length_plot, monitor.block_map, monitor.state_slots, monitor.expert_heatmap):
+        widget.redraw()
+    for _ in range(5):
+        app.processEvents()
+    path = out / "monitor-hybrid-moe.png"
+    win.grab().save(str(path))
+    return path
+
+
 def save_screenshots(out_dir: str | Path) -> list[Path]:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     from app.theme import apply_theme
@@ -120,6 +140,7 @@ def save_screenshots(out_dir: str | Path) -> list[Path]:
         win.grab().save(str(path))
         saved.append(path)
     saved.append(_kv_groups_shot(app, win, out))
+    saved.append(_hybrid_moe_shot(app, win, out))
     win.close()
     return saved
 

@@ -17,8 +17,9 @@ GROUP = "engine"
 
 
 # Engine flags the form shows although the CLI marks them gui=False: the CPU engine's KV budget is the
-# memory setting that applies on a machine without an NVIDIA GPU (the form shows it only there).
-APP_FLAGS = ("kv_cache_memory",)
+# memory setting that applies on a machine without an NVIDIA GPU (the form shows it only there), and
+# speculative decoding, whose JSON the form builds with an editor of its own (app/speculative_editor.py).
+APP_FLAGS = ("kv_cache_memory", "speculative_config")
 
 
 def gui_flags() -> tuple[Flag, ...]:

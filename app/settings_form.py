@@ -31,9 +31,12 @@ INT_MAX = 2 ** 31 - 1
 AUTO = "auto"
 SHORT_CONTEXT = 128  # below this a chat's prompt plus reply hardly fits: say so
 ACRONYMS = {"api": "API", "gpu": "GPU", "kv": "KV"}
+LABELS = {"speculative_config": "Speculative decoding"}
 
 
 def label_for(flag: Flag) -> str:
+    if flag.name in LABELS:
+        return LABELS[flag.name]
     words = [ACRONYMS.get(w, w) for w in flag.name.split("_")]
     text = " ".join(words)
     return text[0].upper() + text[1:]
@@ -187,6 +190,14 @@ class FlagEditor:
         return None
 
 
+def make_editor(flag: Flag, wheel_guard: WheelGuard):
+    """The flag's editor: by type, except the speculative-decoding JSON, which has an editor of its own."""
+    if flag.name == "speculative_config":
+        from app.speculative_editor import SpeculativeEditor
+        return SpeculativeEditor(flag, wheel_guard)
+    return FlagEditor(flag, wheel_guard)
+
+
 class SettingsForm(QWidget):
     """Basic settings on top, the rest under Advanced; emits `changed` on any edit."""
 
@@ -195,7 +206,7 @@ class SettingsForm(QWidget):
     def __init__(self, flags: tuple[Flag, ...], parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._wheel_guard = WheelGuard(self)
-        self.editors = {f.name: FlagEditor(f, self._wheel_guard) for f in flags}
+        self.editors = {f.name: make_editor(f, self._wheel_guard) for f in flags}
         self.model_context: int | None = None
         self.num_gpus = 0
         self._hidden: set[str] = set()  # rows that do not apply to this machine
@@ -258,6 +269,12 @@ class SettingsForm(QWidget):
         self.use_all_gpus.setText(f"Split the model over all {num_gpus} GPUs (tensor parallel)")
         self._sync_use_all_gpus()
         self._show_auto_hints()
+
+    def set_draft_models(self, models: list[tuple[str, str]]) -> None:
+        """The library's models (name, folder), offered as speculative-decoding drafts."""
+        editor = self.editors.get("speculative_config")
+        if editor is not None:
+            editor.set_draft_models(models)
 
     def set_model_context(self, max_position_embeddings: int | None) -> None:
         self.model_context = max_position_embeddings

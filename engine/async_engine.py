@@ -6,11 +6,9 @@ event loop never touches the LLMEngine. A request the engine failed on its own (
 `RequestFailedError` on its stream and nothing else changes; an exception out of `step()` (the batch, the
 device, a worker) marks the engine dead: every
 in-flight request gets `EngineDeadError`, new requests are refused, and `status` says why; the thread
-never dies silently. A step watchdog (`--step-timeout`; the first step, which compiles kernels, gets at
-least FIRST_STEP_TIMEOUT_S) declares a step that never returns dead the same way, and ends the
-tensor-parallel workers so a collective stuck on one of them fails; it also asks the tensor-parallel
-executor every LIVENESS_POLL_S whether a worker stopped beating (SIGSTOP, a hung card), so /health turns
-503 within seconds of that on any device, not after the step timeout. A caller that goes away closes
+never dies silently. The step watchdog (engine/step_watchdog.py: `--step-timeout`, and the tensor-parallel
+workers' heartbeat) declares a step that never returns, or a worker that stopped beating, dead the same
+way, and the workers are ended so a collective stuck on one of them fails. A caller that goes away closes
 its `RequestStream`, which aborts the request at once so its blocks are freed. A caller that stays but
 stops reading (a client that stopped reading its socket, so the route blocks on the send) leaves outputs
 unread: its request is paused (not scheduled, blocks kept) until it reads, and aborted after
@@ -32,18 +30,16 @@ from engine.beam_search import BeamSearchParams
 from engine.config import EngineConfig
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
+from engine.step_watchdog import StepWatchdog, resolve_step_timeout
 
 log = logging.getLogger("pagedesk.engine")
 
-FIRST_STEP_TIMEOUT_S = 300.0  # the first step compiles kernels: the watchdog allows it at least this long
-DEFAULT_STEP_TIMEOUT_S = {"cuda": 30.0, "cpu": 600.0}  # --step-timeout unset: a CPU prefill step can be slow
 IDLE_WAIT_S = 0.25  # how long an idle engine thread blocks on its command queue
 STATS_EVERY_S = 0.1
 # A reader this many outputs behind is not reading (one or two behind is the event loop catching up): its
 # request is paused until it reads.
 MAX_UNREAD_OUTPUTS = 4
 RATE_WINDOW_S = 2.0
-LIVENESS_POLL_S = 0.5
 
 
 class EngineNotReadyError(RuntimeError):
@@ -185,10 +181,7 @@ class AsyncEngine:
         self._rate_samples: collections.deque = collections.deque()
         self._last_stats_time = 0.0
         self._thread = threading.Thread(target=self._run, name="pagedesk-engine", daemon=True)
-        self.step_timeout = 0.0  # set once loaded, when the device is known
-        self._step_started: float | None = None  # monotonic start of the step in progress
-        self._steps_done = 0
-        self._watchdog_stop = threading.Event()
+        self.watchdog = StepWatchdog()  # its step timeout is set once loaded, when the device is known
 
     # ---- event-loop side ----
 
@@ -266,7 +259,7 @@ class AsyncEngine:
         self._commands.put(_Stop())
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        self._watchdog_stop.set()
+        self.watchdog.stop()
         self._commands.put(_Stop())
         if self._thread.is_alive():
             self._thread.join(timeout)
@@ -304,12 +297,12 @@ class AsyncEngine:
             return False
         self.load_seconds = time.perf_counter() - start
         self._sample_stats(force=True)
-        self.step_timeout = resolve_step_timeout(getattr(self.config, "step_timeout", None),
-                                                 getattr(self.engine, "device", None))
+        self.watchdog.step_timeout = resolve_step_timeout(getattr(self.config, "step_timeout", None),
+                                                          getattr(self.engine, "device", None))
         self.status = "ready"
         self.ready_event.set()
-        if self.step_timeout > 0 or self._liveness() is not None:
-            threading.Thread(target=self._watchdog, name="pagedesk-step-watchdog", daemon=True).start()
+        liveness = getattr(getattr(self.engine, "runner", None), "liveness_problem", None)  # tensor parallel only
+        self.watchdog.start(liveness, lambda: self.status == "ready", self._declare_stuck)
         return True
 
     def _loop(self) -> None:
@@ -327,11 +320,10 @@ class AsyncEngine:
             try:
                 idle_step = False
                 if engine.has_unfinished_requests():
-                    self._step_started = time.monotonic()
+                    self.watchdog.step_started()
                     steps_before = getattr(getattr(engine, "stats", None), "num_steps", None)
                     outputs = engine.step()
-                    self._step_started = None
-                    self._steps_done += 1
+                    self.watchdog.step_ended()
                     self._dispatch(outputs)
                     idle_step = (not outputs and steps_before is not None and engine.stats.num_steps == steps_before
                                  and not getattr(engine, "compiling", None))  # compiles: step() polls them
@@ -442,40 +434,9 @@ class AsyncEngine:
         while len(self._rate_samples) > 2 and now - self._rate_samples[1][0] >= RATE_WINDOW_S:
             self._rate_samples.popleft()
 
-    def stuck_seconds(self, now: float) -> float | None:
-        """How long the step in progress has run, if that is over its limit (else None). The first step
-        compiles kernels, so its limit is at least FIRST_STEP_TIMEOUT_S."""
-        started = self._step_started
-        if started is None or self.step_timeout <= 0:
-            return None
-        limit = self.step_timeout if self._steps_done else max(self.step_timeout, FIRST_STEP_TIMEOUT_S)
-        elapsed = now - started
-        return elapsed if elapsed > limit else None
-
-    def _liveness(self) -> Callable[[], str | None] | None:
-        """The executor's thread-safe liveness check (tensor parallel only)."""
-        return getattr(getattr(self.engine, "runner", None), "liveness_problem", None)
-
-    def _watchdog(self) -> None:
-        poll = min(1.0, self.step_timeout / 4) if self.step_timeout > 0 else LIVENESS_POLL_S
-        liveness = self._liveness()
-        if liveness is not None:
-            poll = min(poll, LIVENESS_POLL_S)
-        while not self._watchdog_stop.wait(poll) and self.status == "ready":
-            problem = liveness() if liveness is not None else None
-            if problem is not None:
-                self._declare_stuck(message=problem)
-                return
-            elapsed = self.stuck_seconds(time.monotonic())
-            if elapsed is not None:
-                self._declare_stuck(elapsed)
-                return
-
-    def _declare_stuck(self, elapsed: float = 0.0, message: str | None = None) -> None:
+    def _declare_stuck(self, message: str) -> None:
         """Watchdog thread: the engine thread is stuck inside step(), or a worker stopped; fail everything
         without the engine thread's help."""
-        message = message or (f"an engine step has run for {elapsed:.0f} s, over the {self.step_timeout:g} s limit "
-                              "(--step-timeout): a GPU or a tensor-parallel worker is stuck; restart the engine")
         log.error(message)
         with self._lock:
             if self.status != "ready":
@@ -515,12 +476,6 @@ class AsyncEngine:
                 cmd.stream.put_threadsafe(error)
             elif isinstance(cmd, _Call):
                 cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, error)
-
-
-def resolve_step_timeout(configured: float | None, device: Any) -> float:
-    if configured is not None:
-        return float(configured)
-    return DEFAULT_STEP_TIMEOUT_S["cuda" if getattr(device, "type", None) == "cuda" else "cpu"]
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

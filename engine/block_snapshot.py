@@ -1,5 +1,8 @@
-"""A picture of every physical KV block (state, ref count, owner, KV cache group) for the GUI's block map."""
+"""A picture of every physical KV block (state, ref count, owner, KV cache group) for the GUI's block map, and
+of a hybrid model's state slots beside it."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -8,12 +11,14 @@ from engine.outputs import BlockPoolSnapshot, RequestState
 from engine.sequence import Sequence
 
 FREE, USED, CACHED_FREE = 0, 1, 2
+SLOT_FREE, SLOT_SEQUENCE, SLOT_SNAPSHOT = 0, 1, 2
 MAX_WAITING_LISTED = 256
 
 
 def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequence],
-                    group_names: list[str] | None = None) -> BlockPoolSnapshot:
-    """`group_names`: one per KV cache group when there are several (then each block's group is recorded)."""
+                    group_names: list[str] | None = None, state_slots: StateSlots | None = None) -> BlockPoolSnapshot:
+    """`group_names`: one per KV cache group when there are several (then each block's group is recorded);
+    `state_slots`: a hybrid model's state pool, pictured slot by slot beside the blocks."""
     n = pool.num_blocks
     ref_count = np.fromiter((b.ref_count for b in pool.blocks), dtype=np.int32, count=n)
     state = np.where(ref_count > 0, USED, FREE).astype(np.uint8)
@@ -43,5 +48,31 @@ def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequ
             row.num_blocks += sum(1 for table in seq.block_tables for b in table if b is not NULL_BLOCK)
             row.num_computed_tokens += seq.num_computed_tokens
             row.num_generated_tokens += seq.num_output_tokens
+    slots = None if state_slots is None else state_slot_picture(state_slots, running, index)
     return BlockPoolSnapshot(state, ref_count, owner, owner_ids, list(requests.values()), group,
-                             list(group_names or []) if group is not None else [])
+                             list(group_names or []) if group is not None else [], slots)
+
+
+@dataclass(frozen=True, slots=True)
+class StateSlots:
+    """What the picture of a state pool needs: its size, the snapshot slots in use, their cap, one slot's bytes."""
+
+    num_slots: int
+    snapshot_slots: tuple[int, ...]
+    max_snapshots: int
+    slot_bytes: int
+
+
+def state_slot_picture(state: StateSlots, running: list[Sequence], owner_index: dict[str, int]) -> dict:
+    """The engine-state document's "state_slots": per slot, its kind (0 free, 1 a running sequence's, 2 a
+    prefix-cache snapshot) and owner (request index + 1, as in the block owner array; 0 for none)."""
+    kind = [SLOT_FREE] * state.num_slots
+    owner = [0] * state.num_slots
+    for seq in running:
+        if seq.state_slot is not None:
+            kind[seq.state_slot] = SLOT_SEQUENCE
+            owner[seq.state_slot] = owner_index[seq.request.request_id] + 1
+    for slot in state.snapshot_slots:
+        kind[slot] = SLOT_SNAPSHOT
+    return {"num_slots": state.num_slots, "kind": kind, "owner": owner, "max_snapshots": state.max_snapshots,
+            "slot_bytes": state.slot_bytes}

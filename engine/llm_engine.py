@@ -353,9 +353,13 @@ class LLMEngine:
         return s
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
-        from engine.block_snapshot import snapshot_blocks
+        from engine.block_snapshot import StateSlots, snapshot_blocks
+        state = None
+        if self.kv.state is not None:
+            state = StateSlots(self.kv.state.pool.num_slots, tuple(self.kv.snapshots.values()),
+                               self.kv.num_snapshot_slots, self.kv_layout.state_bytes_per_seq)
         return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting),
-                               self.kv_layout.group_names())
+                               self.kv_layout.group_names(), state)
 
     def memory_usage(self) -> dict[str, int]:
         return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}

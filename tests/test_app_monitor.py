@@ -81,3 +81,59 @@ def test_plots_follow_the_application_palette(qtbot):
     monitor = MonitorPanel()
     qtbot.addWidget(monitor)
     assert monitor.kv_plot.backgroundBrush().color().name() == base
+
+
+def test_model_specific_views_appear_only_for_their_models(qtbot):
+    """A hybrid MoE model speculating: its state slots beside the block map (held cells in the request's
+    block colour), acceptance per interval (a gap when no draft was verified), and the expert heat map with
+    each layer's shares summing to 1. A plain dense model shows none of them."""
+    import dataclasses
+
+    from app.demo_data import demo_hybrid_moe_states
+    from app.engine_state import parse_expert_load, parse_state_slots
+    from widgets.state_slots import slot_colors
+    monitor = MonitorPanel()
+    qtbot.addWidget(monitor)
+    states = demo_hybrid_moe_states(num_samples=8)
+    for t, state in states[:4]:
+        monitor.on_state(state, now=t)
+    assert not monitor.state_slots.isHidden() and not monitor.expert_heatmap.isHidden()
+    assert not monitor.acceptance_plot.isHidden()
+    _t, accepted = monitor.acceptance_plot.buffer.arrays()
+    _t, length = monitor.accepted_length_plot.buffer.arrays()
+    a, b = states[2][1].spec_decode, states[3][1].spec_decode
+    drafts, proposed, took = (b[k] - a[k] for k in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"))
+    assert accepted[-1, 0] == 100 * took / proposed and length[-1, 0] == 1 + took / drafts
+    assert len(accepted) == 3  # the first sample is only the base of the next interval
+    stalled = dataclasses.replace(states[3][1])
+    monitor.on_state(stalled, now=10.0)  # no verify step since: a gap
+    assert np.isnan(monitor.acceptance_plot.buffer.arrays()[1][-1, 0])
+    shares = monitor.expert_heatmap.shares()
+    assert shares.shape == (40, 256) and np.allclose(shares.sum(axis=1), 1.0)
+    monitor.expert_heatmap.redraw()
+    assert "hottest: layer" in monitor.expert_heatmap.title.text()
+    slots = monitor.state_slots
+    slots.redraw()
+    picture = states[3][1].state_slots
+    held = int(np.flatnonzero(picture.kind == 1)[0])
+    owner = picture.owners[picture.owner[held] - 1]
+    assert slots.slot_info(held) == f"state slot {held}: held by {owner}"
+    assert "snapshot" in slots.slot_info(19) and slots.slot_info(picture.num_slots - 5).endswith("free")
+    blocks = states[3][1].blocks
+    block = int(np.flatnonzero((blocks.owner == picture.owner[held]) & (blocks.ref_count == 1))[0])
+    monitor.block_map.redraw()
+    block_rgba = monitor.block_map.image_array().reshape(-1, 4)[block]
+    assert (slot_colors(picture, (0, 0, 0, 255))[held] == block_rgba).all()  # one request, one colour
+    assert "4/4 snapshots" in slots.summary_text() and "61 MiB each" in slots.summary_text()
+    dense = demo_states(num_samples=1)[0][1]
+    monitor.on_state(dense, now=11.0)
+    assert monitor.state_slots.isHidden() and monitor.expert_heatmap.isHidden() and monitor.acceptance_plot.isHidden()
+    # the wire format: what engine/server/engine_state.py sends parses back to the same pictures
+    wire = {"num_slots": 3, "kind": [1, 0, 2], "owner": [2, 0, 0], "max_snapshots": 4, "slot_bytes": 8}
+    parsed = parse_state_slots(wire, ["a", "b"])
+    assert parsed.kind.tolist() == [1, 0, 2] and parsed.owners[parsed.owner[0] - 1] == "b"
+    load = parse_expert_load({"num_experts": 2, "layers": [1, 3], "tokens": [[3, 1], [0, 4]]})
+    assert load.layers == [1, 3] and load.tokens.tolist() == [[3, 1], [0, 4]]
+    import pytest
+    with pytest.raises(ValueError, match="expert_load"):
+        parse_expert_load({"num_experts": 3, "layers": [0], "tokens": [[1, 2]]})

@@ -14,7 +14,7 @@ from app.screenshots import save_screenshots
 def test_screenshots(qtbot, tmp_path):
     paths = save_screenshots(tmp_path)
     assert [p.name for p in paths] == ["engine.png", "models.png", "chat.png", "monitor.png", "endpoint.png",
-                                    "monitor-kv-groups.png"]
+                                    "monitor-kv-groups.png", "monitor-hybrid-moe.png"]
     for p in paths:
         image = QImage(str(p))
         assert image.width() >= 1000 and image.height() >= 700

@@ -20,7 +20,7 @@ REQUIRED = {"tensor_parallel_size", "gpu_memory_utilization", "max_model_len", "
 def test_form_is_built_from_gui_flags(qtbot):
     form = SettingsForm(gui_flags())
     qtbot.addWidget(form)
-    assert set(form.editors) == {f.name for f in FLAGS if f.gui} | {"kv_cache_memory"}
+    assert set(form.editors) == {f.name for f in FLAGS if f.gui} | {"kv_cache_memory", "speculative_config"}
     assert REQUIRED <= set(form.editors)
     assert form.values() == {f.name: f.default for f in gui_flags()}  # defaults shown as-is ("auto" = None)
     assert "--gpu-memory-utilization" in form.editors["gpu_memory_utilization"].widget.toolTip()

@@ -152,3 +152,41 @@ def test_the_port_is_a_basic_setting(qtbot):
     qtbot.addWidget(form)
     port_row = form.editors["port"].row
     assert form.basic_form.indexOf(port_row) >= 0 and not form.show_advanced.isChecked()
+
+
+def test_speculative_decoding_is_chosen_by_name_and_becomes_the_flags_json(qtbot, tmp_path):
+    """Off by default (no flag on the command line); n-gram and a draft model from the library become vLLM's
+    JSON, which the engine's parser accepts and which reads back into the same choices; a draft model with no
+    draft named is a problem under its field, in the engine's terms."""
+    import json
+
+    from PySide6.QtCore import QSettings
+
+    from app.settings import load_values, save_values, serve_argv
+    from engine.spec_decode.config import parse_speculative_config
+    f = form(qtbot)
+    editor = f.editors["speculative_config"]
+    assert f.values()["speculative_config"] is None and "--speculative-config" not in serve_argv("/m", f.values())
+    editor.method.setCurrentIndex(editor.method.findData("ngram"))
+    editor.k.setValue(5)
+    ngram = json.loads(f.values()["speculative_config"])
+    assert ngram == {"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 3}
+    assert parse_speculative_config(f.values()["speculative_config"]).k == 5
+    editor.method.setCurrentIndex(editor.method.findData("draft_model"))
+    assert "needs the draft" in " ".join(f.field_problems()["speculative_config"])
+    f.set_draft_models([("Qwen3-0.6B", "/models/Qwen3-0.6B"), ("Qwen3-8B", "/models/Qwen3-8B")])
+    editor.draft.setCurrentIndex(0)
+    value = f.values()["speculative_config"]
+    assert json.loads(value) == {"method": "draft_model", "num_speculative_tokens": 5, "model": "/models/Qwen3-0.6B"}
+    assert "speculative_config" not in f.field_problems()
+    argv = serve_argv("/m", f.values())
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["model"] == "/models/Qwen3-0.6B"
+    f.set_draft_models([("Qwen3-8B", "/models/Qwen3-8B")])  # a rescan keeps the chosen draft
+    assert json.loads(f.values()["speculative_config"])["model"] == "/models/Qwen3-0.6B"
+    settings = QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat)
+    save_values(settings, f.values())
+    again = form(qtbot)
+    again.set_values(load_values(QSettings(str(tmp_path / "s.ini"), QSettings.Format.IniFormat), 0))
+    assert again.values()["speculative_config"] == value
+    again.set_values({"speculative_config": None})
+    assert again.values()["speculative_config"] is None

@@ -196,5 +196,16 @@ def test_prefix_cache_hit_restores_the_state_snapshot(hybrid_reference):
     assert [o.outputs[0].token_ids for o in later] == expected[1:]
     assert all(o.num_cached_tokens == 32 for o in later)
     assert_no_state_held(llm)
+    engine = llm.engine  # the engine-state picture of the state pool: a running request's slot, the snapshots
+    engine.add_request("live", prompts[1], params)
+    engine.step()
+    snap = engine.block_pool_snapshot()
+    slots = snap.state_slots
+    held = engine.scheduler.running[0].state_slot
+    assert slots["num_slots"] == engine.kv.state.pool.num_slots and slots["max_snapshots"] == 4
+    assert slots["kind"][held] == 1 and snap.owner_ids[slots["owner"][held] - 1] == "live"
+    assert sorted(i for i, k in enumerate(slots["kind"]) if k == 2) == sorted(engine.kv.snapshots.values())
+    assert slots["slot_bytes"] == engine.kv_layout.state_bytes_per_seq > 0
+    engine.abort_request("live")
     off = LLM(str(path), device="cpu", enable_prefix_caching=False)
     assert not off.engine.kv.num_snapshot_slots and off.engine.runner.state_cache[0][0].shape[0] == 256

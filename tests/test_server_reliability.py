@@ -13,8 +13,8 @@ import weakref
 import httpx
 import pytest
 
-from engine.async_engine import (FIRST_STEP_TIMEOUT_S, AsyncEngine, EngineDeadError, RequestStream,
-                                 resolve_step_timeout)
+from engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from engine.step_watchdog import FIRST_STEP_TIMEOUT_S, StepWatchdog, resolve_step_timeout
 from engine.config import EngineConfig
 from engine.outputs import CompletionOutput, RequestOutput
 from engine.server.hosts import allowed_host_names, host_name
@@ -298,17 +298,17 @@ def test_error_replaces_pending_output():
 def test_watchdog_times_steps_after_the_first():
     """The first step (kernel compilation) gets a long limit; a later one past --step-timeout is stuck; 0 turns
     the watchdog off."""
-    engine = AsyncEngine(EngineConfig(model="m", step_timeout=5))
-    engine.step_timeout = resolve_step_timeout(5, None)
-    engine._step_started = 100.0
-    assert engine.stuck_seconds(200.0) is None and engine.stuck_seconds(100.0 + FIRST_STEP_TIMEOUT_S + 1)
-    engine._steps_done = 1
-    assert engine.stuck_seconds(104.0) is None and engine.stuck_seconds(106.0) == 6.0
-    engine._step_started = None
-    assert engine.stuck_seconds(200.0) is None  # between steps
-    off = AsyncEngine(EngineConfig(model="m", step_timeout=0))
+    watchdog = StepWatchdog(resolve_step_timeout(5, None))
+    watchdog._step_started = 100.0
+    assert watchdog.stuck_seconds(200.0) is None and watchdog.stuck_seconds(100.0 + FIRST_STEP_TIMEOUT_S + 1)
+    watchdog._steps_done = 1
+    assert watchdog.stuck_seconds(104.0) is None and watchdog.stuck_seconds(106.0) == 6.0
+    watchdog._step_started = None
+    assert watchdog.stuck_seconds(200.0) is None  # between steps
+    off = StepWatchdog(resolve_step_timeout(0, None))
     off._step_started, off._steps_done = 100.0, 1
     assert off.stuck_seconds(1e9) is None
+    assert not off.start(None, lambda: True, print)  # nothing to watch: no thread
     import torch
     assert resolve_step_timeout(None, torch.device("cpu")) == 600 and resolve_step_timeout(None, None) == 600
     assert resolve_step_timeout(None, torch.device("cuda", 0)) == 30 and resolve_step_timeout(0, None) == 0

@@ -226,6 +226,7 @@ class BlockMapWidget(QWidget):
         while self._group_row.count():
             item = self._group_row.takeAt(0)
             if item.widget() is not None:
+                item.widget().hide()  # gone now, not when the event loop next deletes it
                 item.widget().deleteLater()
         if not kinds:
             return

@@ -80,6 +80,7 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float]) -> d
         "memory": {"weights_bytes": int(raw.memory.get("weights_bytes", 0)),
                    "kv_cache_bytes": int(raw.memory.get("kv_cache_bytes", 0))},
         **({"spec_decode": s.spec_decode} if s.spec_decode is not None else {}),
+        **({"state_slots": raw.snapshot.state_slots} if raw.snapshot.state_slots is not None else {}),
         **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
            if raw.snapshot.group is not None else {}),
     }

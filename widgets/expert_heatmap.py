@@ -1,0 +1,143 @@
+"""Expert-usage heat map: how many tokens a mixture-of-experts model routes to each expert of each layer.
+
+Each engine-state document carries the routed-token counts (top-k assignments) per MoE layer and expert
+for the interval since the previous document. The map keeps an exponentially decayed sum of them (a
+half-life of a few seconds), so it shows the recent load rather than one noisy interval or the whole
+run, and colours each cell by its share of its layer's load: an even router is one flat colour, a hot
+expert a bright cell. Rows are layers, columns experts; hovering a cell names its layer, expert, share
+and tokens. Plain data in, pixels out: no app or engine imports.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QTimer
+from PySide6.QtWidgets import QLabel, QToolTip, QVBoxLayout, QWidget
+
+from widgets.time_plot import palette_colors
+
+HALF_LIFE_S = 5.0
+
+
+@dataclass
+class ExpertLoad:
+    """One interval's routed-token counts: tokens[i, e] for MoE layer layers[i] and expert e."""
+
+    layers: list[int]
+    tokens: np.ndarray  # int64 (len(layers), num_experts)
+
+    def __post_init__(self) -> None:
+        assert self.tokens.ndim == 2 and self.tokens.shape[0] == len(self.layers), self.tokens.shape
+
+    @property
+    def num_experts(self) -> int:
+        return int(self.tokens.shape[1])
+
+
+def layer_shares(load: np.ndarray) -> np.ndarray:
+    """Each cell's share of its layer's load (rows sum to 1; an idle layer is all 0)."""
+    total = load.sum(axis=1, keepdims=True)
+    return np.divide(load, total, out=np.zeros_like(load, dtype=np.float64), where=total > 0)
+
+
+class DecayedLoad:
+    """An exponentially decayed sum of interval counts: older intervals fade with a half-life."""
+
+    def __init__(self, half_life_s: float = HALF_LIFE_S) -> None:
+        self.half_life_s = half_life_s
+        self.load: np.ndarray | None = None
+        self.layers: list[int] = []
+        self._last: float | None = None
+
+    def add(self, interval: ExpertLoad, now: float) -> None:
+        counts = interval.tokens.astype(np.float64)
+        if self.load is None or self.load.shape != counts.shape or self.layers != interval.layers:
+            self.load, self.layers = counts, list(interval.layers)  # a new model: start afresh
+        else:
+            decay = 0.5 ** (max(0.0, now - (self._last or now)) / self.half_life_s)
+            self.load = self.load * decay + counts
+        self._last = now
+
+    def clear(self) -> None:
+        self.load, self.layers, self._last = None, [], None
+
+
+class ExpertHeatmap(QWidget):
+    """Layers × experts, coloured by each expert's recent share of its layer's routed tokens."""
+
+    def __init__(self, parent: QWidget | None = None, redraw_ms: int = 500) -> None:
+        super().__init__(parent)
+        self.recent = DecayedLoad()
+        self._dirty = False
+        self.title = QLabel("Expert load (tokens routed per expert, recent)")
+        self.view = pg.GraphicsLayoutWidget()
+        self.plot = self.view.addPlot()
+        self.plot.setMenuEnabled(False)
+        self.plot.setMouseEnabled(False, False)
+        self.plot.invertY(True)
+        self.plot.setLabel("bottom", "expert")
+        self.plot.setLabel("left", "layer")
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setColorMap(pg.colormap.get("viridis"))
+        self.plot.addItem(self.image)
+        self.view.scene().sigMouseMoved.connect(self._on_mouse_moved)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.title)
+        layout.addWidget(self.view, 1)
+        self.apply_palette()
+        self._timer = QTimer(self, interval=redraw_ms)
+        self._timer.timeout.connect(self.redraw)
+        self._timer.start()
+
+    def apply_palette(self) -> None:
+        self.view.setBackground(palette_colors()[0])
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
+            self.apply_palette()
+        super().changeEvent(event)
+
+    def add_interval(self, interval: ExpertLoad, now: float) -> None:
+        self.recent.add(interval, now)
+        self._dirty = True
+
+    def clear(self) -> None:
+        self.recent.clear()
+        self.image.clear()
+
+    def shares(self) -> np.ndarray | None:
+        return None if self.recent.load is None else layer_shares(self.recent.load)
+
+    def redraw(self) -> None:
+        if not self._dirty:
+            return
+        self._dirty = False
+        shares = self.shares()
+        if shares is None:
+            return
+        experts = shares.shape[1]
+        # an even router gives every cell 1/E: scale so that reads mid-map and a hot expert saturates
+        self.image.setImage(shares, autoLevels=False, levels=(0.0, min(1.0, 3.0 / max(experts, 1))))
+        hottest = np.unravel_index(int(np.argmax(shares)), shares.shape) if shares.any() else None
+        text = f"Expert load: {len(self.recent.layers)} MoE layers × {experts} experts, last ~{HALF_LIFE_S * 2:g} s"
+        if hottest is not None:
+            layer = self.recent.layers[hottest[0]]
+            text += f" · hottest: layer {layer} expert {hottest[1]} ({100 * shares[hottest]:.0f}% of its layer)"
+        self.title.setText(text)
+
+    def cell_info(self, row: int, expert: int) -> str:
+        load = self.recent.load
+        if load is None or not (0 <= row < load.shape[0] and 0 <= expert < load.shape[1]):
+            return ""
+        share = layer_shares(load)[row, expert]
+        return (f"layer {self.recent.layers[row]} · expert {expert}: {100 * share:.1f}% of the layer's recent tokens "
+                f"({load[row, expert]:,.0f} decayed)")
+
+    def _on_mouse_moved(self, scene_pos) -> None:
+        point = self.plot.vb.mapSceneToView(scene_pos)
+        info = self.cell_info(int(point.y()), int(point.x())) if point.x() >= 0 and point.y() >= 0 else ""
+        if info:
+            QToolTip.showText(self.view.mapToGlobal(self.view.mapFromScene(scene_pos)), info, self.view)
