@@ -236,6 +236,9 @@ class TensorParallelExecutor:
     def kv_cache_bytes(self) -> int:
         return self.runner.kv_cache_bytes()
 
+    def expert_load_totals(self) -> dict | None:
+        return self.runner.expert_load_totals()  # rank 0 counts: every rank routes the same tokens
+
     def graph_bytes(self) -> int:
         return self.runner.graph_bytes()
 

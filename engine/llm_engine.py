@@ -350,6 +350,7 @@ class LLMEngine:
         s.num_preemptions = self.scheduler.num_preemptions
         if self.spec is not None:  # a copy made on the engine thread: readers on other threads see one instant
             s.spec_decode = self.spec.stats.as_dict()
+        s.expert_load = self.runner.expert_load_totals()  # a fresh dict too; between steps, so no stall
         return s
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:

@@ -20,11 +20,12 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
 from engine.piecewise_graphs import PiecewiseGraphs
-from engine.distributed import get_tp_size
+from engine.distributed import get_tp_rank, get_tp_size
 from engine.gpu_baseline import free_bytes_at_start
 from engine.input_batch import BatchDiff, InputBatch, to_device
 from engine.kv_cache_interface import cdiv, model_kv_layout
 from engine.layers.attention import AttentionMetadata
+from engine.layers.fused_moe.expert_load import ExpertLoad
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.registry import model_class
@@ -179,6 +180,8 @@ class ModelRunner:
             torch.set_default_dtype(torch.float32)
         self.model.load_weights(iterate_weights(model_path, device="cpu"))
         self.model.eval()
+        # Routed tokens per (MoE layer, expert), on the device; every rank routes alike, rank 0 counts.
+        self.expert_load = ExpertLoad.bind(self.model, device) if get_tp_rank() == 0 else None
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
@@ -190,6 +193,11 @@ class ModelRunner:
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    def expert_load_totals(self) -> dict | None:
+        """Routed token assignments per MoE layer and expert since start (ExpertLoad.totals; one small device ->
+        host copy, between steps), None for a dense model."""
+        return None if self.expert_load is None else self.expert_load.totals()
 
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
@@ -404,6 +412,8 @@ class ModelRunner:
             if inputs.logits_rows else None
         prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev) \
             if sampling is not None and inputs.logits_rows else None
+        if self.expert_load is not None:
+            self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
         if self.graphs is not None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
         else:
@@ -423,6 +433,8 @@ class ModelRunner:
             else:
                 hidden = self.model(to_device(torch.from_numpy(inputs.input_ids), dev),
                                     to_device(torch.from_numpy(inputs.positions), dev), meta)
+        if self.expert_load is not None:
+            self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,

@@ -69,6 +69,9 @@ class EngineStats:
     generation_tokens_total: int = 0
     num_steps: int = 0
     spec_decode: dict | None = None  # SpecDecodeStats.as_dict() (engine/spec_decode/metrics.py) when speculating
+    # MoE models: routed token assignments since start (top-k counted each), {"num_experts": E, "layers": [decoder
+    # layer indices], "tokens": [[int] * E per layer]} (engine/layers/fused_moe/expert_load.py); None when dense.
+    expert_load: dict | None = None
     extra: dict = field(default_factory=dict)
 
 

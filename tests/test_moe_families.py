@@ -62,7 +62,7 @@ def test_moe_model_holds_what_the_planner_counts(tiny_model_dir):
         assert cfg.num_active_params < cfg.num_params
 
 
-@pytest.mark.parametrize("arch", ["qwen3_moe", "glm4_moe", "gpt_oss"])
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"])
 def test_moe_tensor_parallel_2_matches_hf(moe_reference, arch):
     """Each rank holds half of every expert's (and the shared expert's) intermediate dim; one all-reduce per
     MoE block sums the halves."""

@@ -5,7 +5,8 @@ what it needs; `build_state` turns that copy into the JSON document off the engi
 packed as base64(zlib(state | ref_count | owner)): one byte of state and one of saturated ref count
 per block, then a little-endian uint16 owner index (0 none, k → requests[k-1]). A model with several KV
 cache groups adds `kv_groups` (their names) and `block_groups`: base64(zlib(uint8 per block: 0 none,
-g → kv_groups[g-1])).
+g → kv_groups[g-1])). An MoE model adds `expert_load`: the tokens routed to each expert of each MoE layer
+since the previous document (`ExpertLoadInterval` diffs the engine's cumulative counts).
 """
 from __future__ import annotations
 
@@ -66,8 +67,32 @@ def _requests(raw: RawState) -> list[dict]:
              "num_generated_tokens": r.num_generated_tokens} for r in raw.snapshot.requests]
 
 
-def build_state(raw: RawState, model_name: str, rates: tuple[float, float]) -> dict:
+class ExpertLoadInterval:
+    """Per-interval expert load from cumulative totals: what changed since the previous call. Documents are
+    built one at a time (the SnapshotHub collects serially), so one instance per server is enough."""
+
+    def __init__(self) -> None:
+        self.previous: dict | None = None
+
+    def since_last(self, totals: dict | None) -> dict | None:
+        """{"num_experts", "layers", "tokens"} counted since the previous call (since start the first time);
+        None for a dense model."""
+        if totals is None:
+            return None
+        prev, self.previous = self.previous, totals
+        if prev is None or prev["layers"] != totals["layers"] or prev["num_experts"] != totals["num_experts"]:
+            return totals
+        tokens = [[now - before for now, before in zip(row, prev_row)]
+                  for row, prev_row in zip(totals["tokens"], prev["tokens"])]
+        return {"num_experts": totals["num_experts"], "layers": list(totals["layers"]), "tokens": tokens}
+
+
+def build_state(raw: RawState, model_name: str, rates: tuple[float, float],
+                expert_load: ExpertLoadInterval | None = None) -> dict:
+    """The document; `expert_load` keeps the previous totals between documents (without one, an MoE model's
+    `expert_load` counts since start)."""
     s = raw.stats
+    load = (expert_load or ExpertLoadInterval()).since_last(s.expert_load)
     num_blocks = len(raw.snapshot.state)
     hit_rate = s.prefix_cache_hits / s.prefix_cache_queries if s.prefix_cache_queries else 0.0
     return {
@@ -80,6 +105,7 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float]) -> d
         "memory": {"weights_bytes": int(raw.memory.get("weights_bytes", 0)),
                    "kv_cache_bytes": int(raw.memory.get("kv_cache_bytes", 0))},
         **({"spec_decode": s.spec_decode} if s.spec_decode is not None else {}),
+        **({"expert_load": load} if load is not None else {}),
         **({"state_slots": raw.snapshot.state_slots} if raw.snapshot.state_slots is not None else {}),
         **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
            if raw.snapshot.group is not None else {}),

@@ -65,6 +65,15 @@ class _EngineCollector(Collector):
             for position, value in enumerate(spec["accepted_per_pos"]):
                 c.add_metric([self.model_name, str(position)], float(value))
             yield c
+        load = s.expert_load
+        if load is not None:  # MoE models: one series per (decoder layer, expert)
+            c = CounterMetricFamily(PREFIX + "moe_expert_tokens", "Tokens routed to each expert of each MoE layer "
+                                    "(each of a token's top-k choices counts once)",
+                                    labels=["model_name", "layer", "expert"])
+            for layer, row in zip(load["layers"], load["tokens"]):
+                for expert, value in enumerate(row):
+                    c.add_metric([self.model_name, str(layer), str(expert)], float(value))
+            yield c
 
 
 class ServerMetrics:

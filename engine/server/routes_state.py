@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from engine.server.context import ServerContext, get_context
-from engine.server.engine_state import build_state, collect_raw
+from engine.server.engine_state import ExpertLoadInterval, build_state, collect_raw
 from engine.server.errors import engine_error, error_body
 from engine.server.sse import EventStreamResponse, sse_response
 from engine.server.state_hub import MAX_SNAPSHOTS_PER_S, SnapshotHub
@@ -19,22 +19,23 @@ from engine.server.state_hub import MAX_SNAPSHOTS_PER_S, SnapshotHub
 router = APIRouter()
 
 
-async def snapshot(ctx: ServerContext) -> dict:
+async def snapshot(ctx: ServerContext, expert_load: ExpertLoadInterval | None = None) -> dict:
     engine = ctx.async_engine
     try:
         raw = await engine.call(collect_raw)
     except Exception as exc:  # noqa: BLE001 - loading/dead become 503
         raise engine_error(exc) from None
-    return await asyncio.to_thread(build_state, raw, ctx.served_name, engine.token_rates())
+    return await asyncio.to_thread(build_state, raw, ctx.served_name, engine.token_rates(), expert_load)
 
 
-async def _encoded_snapshot(ctx: ServerContext) -> str:
-    return json.dumps(await snapshot(ctx), separators=(",", ":"))
+async def _encoded_snapshot(ctx: ServerContext, expert_load: ExpertLoadInterval) -> str:
+    return json.dumps(await snapshot(ctx, expert_load), separators=(",", ":"))
 
 
 def snapshot_hub(ctx: ServerContext) -> SnapshotHub:
     if ctx.snapshots is None:
-        ctx.snapshots = SnapshotHub(lambda: _encoded_snapshot(ctx))
+        expert_load = ExpertLoadInterval()  # one per hub: its documents are the intervals' ends
+        ctx.snapshots = SnapshotHub(lambda: _encoded_snapshot(ctx, expert_load))
     return ctx.snapshots
 
 

@@ -3,7 +3,8 @@
 `Router` holds the replicated router matrix (`weight` [E, H], gpt-oss's `bias`, DeepSeek/GLM's
 `e_score_correction_bias`); `SharedExperts` is a gate/up/down MLP every token goes through (GLM-4.5,
 Qwen2-MoE/Qwen3-Next with a sigmoid `shared_expert_gate`). Under tensor parallel the routed experts and the
-shared experts each give this rank's partial sum and the block all-reduces their total once.
+shared experts each give this rank's partial sum and the block all-reduces their total once. A block bound to
+an ExpertLoad (expert_load.py) also counts its routing on the device.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed import all_reduce
+from engine.layers.fused_moe.expert_load import ExpertLoad, decoder_layer_index
 from engine.layers.fused_moe.layer import FusedMoE
 from engine.layers.fused_moe.router import RouterSpec, select_experts
 from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear
@@ -68,9 +70,14 @@ class SparseMoeBlock(nn.Module):
         self.shared_experts = (SharedExperts(hidden_size, shared_intermediate_size, quant,
                                              f"{prefix}.shared_experts", shared_gate)
                                if shared_intermediate_size else None)
+        self.layer_index = decoder_layer_index(prefix)
+        self.expert_load: ExpertLoad | None = None  # bound by the runner on rank 0 (expert_load.py)
+        self.expert_load_row = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(self.gate(x), self.spec, self.gate.e_score_correction_bias)
+        if self.expert_load is not None:
+            self.expert_load.record(self.expert_load_row, topk_ids)
         out = self.experts(x, topk_weights, topk_ids)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
