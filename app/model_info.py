@@ -50,8 +50,8 @@ def safetensors_header(path: Path) -> dict:
         return json.loads(f.read(length))
 
 
-QUANT_METADATA = ("qzeros", "scales", "g_idx", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx",
-                  "input_scale")
+QUANT_METADATA = ("qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv", "weight_zero_point", "weight_shape",
+                  "weight_g_idx", "input_scale")
 
 
 def count_parameters(folder: Path, codes_per_word: int = 1) -> int | None:

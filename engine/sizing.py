@@ -79,11 +79,13 @@ def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
     """Bytes of `matrix_params` weights as the engine keeps them in memory: codes, plus per group a scale and a
     zero point in the dtypes engine/quantization/methods.py gives them (AWQ/GPTQ/AutoRound float16 scales,
     compressed-tensors float32; a byte per 4-bit zero point, int16 for 8-bit, symmetric or not, since the
-    kernels read one), or MXFP4's one E8M0 byte per 32. Per-channel scales and g_idx are one number per row:
-    left out."""
+    kernels read one), MXFP4's one E8M0 byte per 32, or block-wise FP8's float32 scale per output row and
+    block (methods.expand_block_scales). Per-channel scales and g_idx are one number per row: left out."""
     codes = matrix_params * quant.bits // 8
     if quant.group_size == -1:
         return codes
+    if quant.weight_type == "float":  # block-wise FP8: a float32 scale per output row and block of columns
+        return codes + matrix_params // quant.group_size * 4
     if quant.weight_type == "mxfp4":
         return codes + matrix_params // quant.group_size
     scale_bytes = 4 if quant.method == "compressed-tensors" else 2

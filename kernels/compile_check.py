@@ -2,7 +2,7 @@
 
 ``python -m kernels.compile_check [--arch 86 90]`` runs Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX,
 cubin with the bundled ptxas) for the kernel variants the backend launches, so code that only the
-interpreter accepts is caught before it meets a GPU. The quantized-linear GEMV/GEMM variants are compiled too. It also reads the PTX: FP8 caches must compile to
+interpreter accepts is caught before it meets a GPU. The quantized-linear GEMV/GEMM variants are compiled too. It also reads the PTX: FP8 caches and FP8 weights must compile to
 integer bit manipulation with no FP8 conversion instructions (sm_86 has none), and the FP8 KV write must
 use IEEE division (``div.rn.f32``) to round exactly like torch. Must run with TRITON_INTERPRET unset.
 """
@@ -93,39 +93,48 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
         constexprs |= dict(BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K)
     else:
         constexprs |= dict(USE_DOT=choice.use_dot, BLOCK_N=GEMV_BLOCK_N, BLOCK_K=GEMV_BLOCK_K)
-    kind = "fp8" if weight_fp8 else f"w{bits} g{group}{' act-order' if act_order else ''}"
+    kind = (f"fp8{f' block {group}' if group > 1 else ''}" if weight_fp8
+            else f"w{bits} g{group}{' act-order' if act_order else ''}")
     tile = "" if gemm else f" {choice.block_m} rows{' dot' if choice.use_dot else ''}"
     return Variant(f"quant {choice.name}{tile} {dtype} {kind}", quant_gemm_kernel if gemm else quant_gemv_kernel,
                    pointers, constexprs, fp8=weight_fp8)
 
 
 def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False,
-                weights: str = "float", bits: int = 4, group: int = 128) -> Variant:
+                weights: str = "float", bits: int = 4, group: int = 128, act_order: bool = False) -> Variant:
     """The fused-MoE grouped GEMM with the tiles default_moe_tiles picks for that batch (down: the
     projection whose epilogue multiplies by the router weights); `weights` float, int (W4A16/W8A16 codes
-    with `bits` and `group`) or mxfp4, the packed ones dequantized in the kernel."""
-    from kernels.triton_moe import FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, default_moe_tiles, fused_moe_kernel
-    t = default_moe_tiles(tokens, top_k, experts)
+    with `bits` and `group`, GPTQ act order's g_idx with `act_order`), fp8 (e4m3 with block scales of
+    `group` columns; -1 per channel) or mxfp4, the packed ones dequantized in the kernel."""
+    from kernels.triton_moe import (FLOAT_WEIGHTS, FP8_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, default_moe_tiles,
+                                    fused_moe_kernel)
+    t = default_moe_tiles(tokens, top_k, experts, "fp8" if weights == "fp8" else "")
     b_ptr, scales, zeros = {"float": (_ptr(dtype), "*fp32", "*fp32"),
                             "int": ("*i32", "*fp16", "*u8" if bits <= 4 else "*i16"),
+                            "fp8": ("*u8", "*fp32", "*fp32"),
                             "mxfp4": ("*u8", "*u8", "*u8")}[weights]
     pointers = dict(a_ptr=_ptr(dtype), b_ptr=b_ptr, c_ptr=_ptr(dtype), bias_ptr=_ptr(dtype),
                     topk_weights_ptr="*fp32", sorted_token_ids_ptr="*i32", expert_ids_ptr="*i32",
-                    num_tokens_post_padded_ptr="*i32", b_scales_ptr=scales, b_zeros_ptr=zeros)
-    fmt = {"float": (FLOAT_WEIGHTS, 16, 1), "int": (INT_WEIGHTS, bits, group), "mxfp4": (MXFP4_WEIGHTS, 4, 32)}
-    code, bits, group = fmt[weights]
+                    num_tokens_post_padded_ptr="*i32", b_scales_ptr=scales, b_zeros_ptr=zeros,
+                    b_g_idx_ptr="*i32" if act_order else scales)
+    fmt = {"float": (FLOAT_WEIGHTS, 16, 1), "int": (INT_WEIGHTS, bits, group),
+           "fp8": (FP8_WEIGHTS, 8, 128 if group == -1 else group), "mxfp4": (MXFP4_WEIGHTS, 4, 32)}
+    code, bits, group_arg = fmt[weights]
     constexprs = dict(TOP_K=1 if down else top_k, MUL_ROUTED_WEIGHT=down, HAS_BIAS=bias,
-                      IEEE_FP32=dtype == torch.float32, WEIGHT_FORMAT=code, BITS=bits, GROUP=group,
-                      BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k, GROUP_M=t.group_m)
-    kind = {"float": "", "int": f" w{bits} g{group}", "mxfp4": " mxfp4"}[weights]
+                      IEEE_FP32=dtype == torch.float32, WEIGHT_FORMAT=code, BITS=bits, GROUP=group_arg,
+                      HAS_G_IDX=act_order, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+                      GROUP_M=t.group_m)
+    kind = {"float": "", "int": f" w{bits} g{group}{' act-order' if act_order else ''}",
+            "fp8": f" fp8 {'per-channel' if group == -1 else f'block {group}'}", "mxfp4": " mxfp4"}[weights]
     name = f"moe {'down' if down else 'gate_up'} {dtype}{kind} {tokens} tokens top-{top_k}/{experts} {t}"
     return Variant(name + (" bias" if bias else ""), fused_moe_kernel, pointers, constexprs,
-                   num_warps=t.num_warps)
+                   fp8=weights == "fp8", num_warps=t.num_warps)
 
 
 def moe_variants() -> list[Variant]:
-    """Decode, small and large prefill tiles, for Qwen3-30B-A3B's routing (top-8 of 128) in bf16 and W4A16
-    (AWQ/GPTQ g128, GPTQ 8-bit), and gpt-oss's (top-4 of 32, biases) in bf16 and MXFP4."""
+    """Decode, small and large prefill tiles, for Qwen3-30B-A3B's routing (top-8 of 128) in bf16, W4A16
+    (AWQ/GPTQ g128, act order too, GPTQ 8-bit) and FP8 (Qwen3-30B-A3B-FP8's 128 x 128 blocks; per-channel),
+    and gpt-oss's (top-4 of 32, biases) in bf16 and MXFP4."""
     f16, bf16 = torch.float16, torch.bfloat16
     return [moe_variant(bf16, 1, 8, 128, False), moe_variant(bf16, 16, 8, 128, True),
             moe_variant(f16, 256, 8, 128, False), moe_variant(bf16, 4096, 8, 128, True),
@@ -133,6 +142,13 @@ def moe_variants() -> list[Variant]:
             moe_variant(f16, 1, 8, 128, False, weights="int"), moe_variant(bf16, 16, 8, 128, True, weights="int"),
             moe_variant(bf16, 4096, 8, 128, False, weights="int"),
             moe_variant(bf16, 16, 8, 128, False, weights="int", bits=8),
+            moe_variant(bf16, 1, 8, 128, False, weights="int", act_order=True),
+            moe_variant(bf16, 16, 8, 128, True, weights="int", act_order=True),
+            moe_variant(bf16, 4096, 8, 128, False, weights="int", act_order=True),
+            moe_variant(bf16, 1, 8, 128, False, weights="fp8"), moe_variant(bf16, 16, 8, 128, True, weights="fp8"),
+            moe_variant(f16, 256, 8, 128, False, weights="fp8"),
+            moe_variant(bf16, 4096, 8, 128, True, weights="fp8"),
+            moe_variant(bf16, 16, 8, 128, False, weights="fp8", group=-1),
             moe_variant(bf16, 1, 4, 32, False, bias=True, weights="mxfp4"),
             moe_variant(bf16, 16, 4, 32, True, bias=True, weights="mxfp4"),
             moe_variant(bf16, 2048, 4, 32, False, bias=True, weights="mxfp4")]
@@ -197,6 +213,7 @@ def variants() -> list[Variant]:
         quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 1, weight_fp8=True),
         quant_linear_variant(bf16, 8, 1, False, 16, weight_fp8=True),
+        *[quant_linear_variant(bf16, 8, 128, False, rows, weight_fp8=True) for rows in (1, 16, 64)],  # Qwen3-FP8
         *moe_variants(),
         *gated_delta_variants(),
     ]
@@ -212,7 +229,8 @@ def quick_variants() -> list[Variant]:
             quant_linear_variant(f16, 4, 128, False, 64), quant_linear_variant(f16, 8, 1, False, 64, weight_fp8=True),
             moe_variant(torch.bfloat16, 16, 8, 128, True),
             moe_variant(torch.bfloat16, 16, 8, 128, False, weights="int"),
-            moe_variant(torch.bfloat16, 16, 4, 32, True, bias=True, weights="mxfp4")]
+            moe_variant(torch.bfloat16, 16, 4, 32, True, bias=True, weights="mxfp4"),
+            moe_variant(torch.bfloat16, 16, 8, 128, False, weights="fp8")]
 
 
 def compile_variant(variant: Variant, arch: int) -> dict[str, str]:

@@ -5,7 +5,7 @@ then up rows, `w2` [E, H, I] its down projection, optional biases `w13_bias` [E,
 `topk_ids` [T, k] and `topk_weights` [T, k] come from the router. The loop visits only the experts that
 received tokens, so a decode step touches k experts' weights, not all of them. `w13`/`w2` may be anything
 indexable by expert id that returns a float matrix: quantized experts are `PackedExperts` (W4A16/W8A16 int
-codes, or MXFP4), dequantized one routed expert at a time by kernels/quant_torch.py. This is the CPU path and
+codes, GPTQ act order included, FP8, or MXFP4), dequantized one routed expert at a time by kernels/quant_torch.py. This is the CPU path and
 the oracle the Triton kernel is tested against; it imports only kernels/quant_torch.py.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels.quant_torch import MXFP4_BLOCK, dequantize_int, dequantize_mxfp4
+from kernels.quant_torch import MXFP4_BLOCK, dequantize_fp8, dequantize_int, dequantize_mxfp4
 
 ACTIVATIONS = ("silu", "swigluoai")
 SWIGLU_ALPHA, SWIGLU_LIMIT = 1.702, 7.0  # gpt-oss's clamped SwiGLU constants
@@ -27,8 +27,11 @@ class PackedExperts:
 
     format "int": `weight` int32 words [E, K / pack, N] (codes packed along K), `scales` [E, G, N] float and
     `zeros` [E, G, N] unsigned zero points, groups of `group_size` input rows (kernels/quant_torch.py's layout,
-    per expert). format "mxfp4": `weight` uint8 [E, N, K / 2] (two E2M1 codes a byte), `scales` uint8 E8M0
-    [E, N, K / 32]. `dtype` is what a dequantized expert comes out as."""
+    per expert), with `g_idx` [E, K] int32 the group of every input row under GPTQ act order (desc_act), else
+    row k is in group k // group_size. format "fp8": `weight` float8_e4m3fn [E, N, K] and float32 `scales`
+    [E, N, ceil(K / group_size)], one per output row and block of `group_size` input columns (block-wise FP8;
+    per-channel is one block spanning K, [E, N, 1]). format "mxfp4": `weight` uint8 [E, N, K / 2] (two E2M1
+    codes a byte), `scales` uint8 E8M0 [E, N, K / 32]. `dtype` is what a dequantized expert comes out as."""
     format: str
     weight: torch.Tensor
     scales: torch.Tensor
@@ -36,22 +39,25 @@ class PackedExperts:
     bits: int = 4
     group_size: int = MXFP4_BLOCK
     dtype: torch.dtype = torch.float32
+    g_idx: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
-        if self.format not in ("int", "mxfp4"):
-            raise ValueError(f"packed experts format {self.format!r} is not one of int, mxfp4")
+        if self.format not in ("int", "fp8", "mxfp4"):
+            raise ValueError(f"packed experts format {self.format!r} is not one of int, fp8, mxfp4")
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(experts, N, K) of the float weights this encodes."""
         e, a, b = self.weight.shape
-        return (e, b, a * (32 // self.bits)) if self.format == "int" else (e, a, b * 2)
+        return {"int": (e, b, a * (32 // self.bits)), "fp8": (e, a, b), "mxfp4": (e, a, b * 2)}[self.format]
 
     def __getitem__(self, e: int) -> torch.Tensor:
         if self.format == "mxfp4":
             return dequantize_mxfp4(self.weight[e], self.scales[e], self.dtype)
-        return dequantize_int(self.weight[e], self.scales[e], self.zeros[e], self.bits, self.group_size, None,
-                              self.dtype)
+        if self.format == "fp8":
+            return dequantize_fp8(self.weight[e], self.scales[e], self.dtype, self.group_size)
+        return dequantize_int(self.weight[e], self.scales[e], self.zeros[e], self.bits, self.group_size,
+                              None if self.g_idx is None else self.g_idx[e], self.dtype)
 
 
 def moe_activation(gate_up: torch.Tensor, activation: str, alpha: float = SWIGLU_ALPHA,

@@ -4,7 +4,9 @@ One in-memory layout serves every int checkpoint family (the loader converts to 
 [K / pack, N] with `pack = 32 // bits` codes per word along the input dim K, lowest bits first; `scales`
 [groups, N]; `zeros` [groups, N] unsigned zero points, so a weight is (code - zero) * scale; an optional
 `g_idx` [K] gives each input row's group (act order), otherwise row k is in group k // group_size. FP8
-weights stay [N, K] float8_e4m3fn with one scale per output channel. MXFP4 weights (OCP Microscaling, gpt-oss's
+weights stay [N, K] float8_e4m3fn with one scale per output channel [N], or block-wise (Qwen3-*-FP8,
+DeepSeek) one scale per output row and `group_size` input columns [N, ceil(K / group_size)] (the loader
+repeats each block's scale over its rows, so tensor-parallel slicing stays row-wise). MXFP4 weights (OCP Microscaling, gpt-oss's
 experts) stay [N, K / 2] bytes of two FP4 E2M1 codes each (element 2j in the low nibble, 2j+1 in the high one)
 with one E8M0 byte per 32 input values, [N, K / 32]: a weight is e2m1(code) * 2**(scale - 127). This is the CPU
 path and the oracle the Triton kernels are tested against; it imports nothing of ours.
@@ -88,9 +90,18 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     return torch.ldexp(values, exponents.unsqueeze(-1)).view(n, -1).to(dtype)
 
 
-def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Float weight [N, K] from FP8 values [N, K] and one scale per output channel [N]."""
-    return (weight.to(torch.float32) * scale.to(torch.float32).view(-1, 1)).to(dtype)
+def dequantize_fp8(weight: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32,
+                   group_size: int = -1) -> torch.Tensor:
+    """Float weight [N, K] from FP8 values [N, K] and one scale per output channel [N] (or [N, 1]), or per
+    output row and `group_size` input columns [N, ceil(K / group_size)]."""
+    n, k = weight.shape
+    scale = scale.to(torch.float32).reshape(n, -1)
+    if scale.shape[1] > 1:
+        if group_size < 1 or scale.shape[1] != -(-k // group_size):
+            raise ValueError(f"FP8 block scales of shape {tuple(scale.shape)} do not fit a weight of {n} x {k} "
+                             f"in column blocks of {group_size}")
+        scale = scale.repeat_interleave(group_size, dim=1)[:, :k]
+    return (weight.to(torch.float32) * scale).to(dtype)
 
 
 def int_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor, bits: int,
@@ -101,8 +112,8 @@ def int_linear_torch(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
 
 
 def fp8_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
-                     bias: torch.Tensor | None = None) -> torch.Tensor:
-    return F.linear(x, dequantize_fp8(weight, scale, x.dtype), bias)
+                     bias: torch.Tensor | None = None, group_size: int = -1) -> torch.Tensor:
+    return F.linear(x, dequantize_fp8(weight, scale, x.dtype, group_size), bias)
 
 
 def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,

@@ -8,40 +8,22 @@ by that expert's weight tile (one program per (M block, N block), weights read s
 the expert's bias and multiplies by the router weight before storing, and the k choices of a token are summed.
 The sort runs on the device with no host sync (CUDA graphs can capture it). A decode batch of up to 16 tokens
 gives every expert at most 16 rows, one M block with the default tiles, so each chosen expert's weights are
-read once per step. Packed experts (W4A16/W8A16 int codes, MXFP4) are dequantized tile by tile in registers
-before each dot (sm_86/sm_89 have no INT4/FP4 matrix path worth using), so they cross memory at 4 bits. Imports
-only kernels/ modules.
+read once per step. Packed experts (W4A16/W8A16 int codes, GPTQ act order's g_idx included; FP8 e4m3 with
+per-channel or block-wise scales; MXFP4) are dequantized tile by tile in registers before each dot (sm_86 has
+no FP8/FP4 matrix units, and one W8A16 path serves sm_89 too), so they cross memory at 4 or 8 bits. Tiles come
+from `moe_tiles`: a tuned table (kernels/moe_tuning.py, written by `pagedesk-bench moe-tune`) for this card
+and shape when there is one, else `default_moe_tiles`. Imports only kernels/ modules.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from kernels.moe_torch import SWIGLU_ALPHA, SWIGLU_LIMIT, PackedExperts, moe_activation
-
-
-@dataclass(frozen=True, slots=True)
-class MoETiles:
-    block_m: int
-    block_n: int
-    block_k: int
-    group_m: int = 8
-    num_warps: int = 4
-    num_stages: int = 3
-
-
-def default_moe_tiles(num_tokens: int, top_k: int, num_experts: int) -> MoETiles:
-    """Untuned defaults by rows per expert; BLOCK_M 16 up to 16 tokens (an expert gets each token at most once,
-    so one M block holds all its rows and its weights are read once). Shared memory stays under sm_86's 99 KB."""
-    if num_tokens <= 16:
-        return MoETiles(16, 64, 128, 1, 4, 4)
-    rows_per_expert = num_tokens * top_k / num_experts
-    if rows_per_expert <= 32:
-        return MoETiles(32, 64, 64, 8, 4, 3)
-    return MoETiles(64, 128, 64, 8, 8, 3)
+from kernels.moe_tuning import MoETiles, default_moe_tiles, moe_tiles, shape_key
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -68,7 +50,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
     return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
 
 
-FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS = 0, 1, 2  # the WEIGHT_FORMAT constexpr
+FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, FP8_WEIGHTS = 0, 1, 2, 3  # the WEIGHT_FORMAT constexpr
 
 
 @triton.jit
@@ -90,10 +72,35 @@ def mxfp4_tile(w_ptr, scales_ptr, offs_k, offs_n, K, N, stride_wn, stride_sn):
 
 
 @triton.jit
-def int_tile(w_ptr, scales_ptr, zeros_ptr, k0, offs_n, K, N, stride_wk, stride_wn, stride_sg, stride_zg,
-             BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_K: tl.constexpr):
+def fp8_tile(w_ptr, scales_ptr, k0, offs_n, K, N, stride_wn, stride_sn, stride_sg, GROUP: tl.constexpr,
+             BLOCK_K: tl.constexpr):
+    """Float32 weights [BLOCK_K, BLOCK_N] for input rows k0.. from e4m3 bytes [N, K] (decoded by integer
+    arithmetic: sm_86 has no FP8 instructions) and float32 scales [N, K / GROUP] per output row and block of
+    GROUP input columns (stride_sg 0: one per row). A tile inside one block reads one row of scales."""
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    mask = (offs_k[:, None] < K) & n_mask[None, :]
+    byte = tl.load(w_ptr + offs_n[None, :] * stride_wn + offs_k[:, None], mask=mask, other=0).to(tl.uint16)
+    # e4m3 -> fp16 by moving the bits: sign to bit 15, exponent and mantissa to bits 13..7 make an fp16 of
+    # 2**-8 times the value, subnormals included (both formats' subnormals scale the same way); the 2**8 goes
+    # into the scale. Three integer ops a weight, where the general decoder (kernels/triton_fp8.py, NaN-aware)
+    # spilled registers on the decode tiles. Weights hold no NaN (0x7f/0xff would read as +-480).
+    half = ((byte & 0x80) << 8) | ((byte & 0x7F) << 7)
+    value = half.to(tl.float16, bitcast=True).to(tl.float32)
+    if GROUP % BLOCK_K == 0:
+        scale = tl.load(scales_ptr + offs_n * stride_sn + (k0 // GROUP) * stride_sg, mask=n_mask, other=0.0)[None, :]
+    else:
+        scale = tl.load(scales_ptr + offs_n[None, :] * stride_sn + (offs_k // GROUP)[:, None] * stride_sg, mask=mask,
+                        other=0.0)
+    return value * (scale * 256.0)
+
+
+@triton.jit
+def int_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, k0, offs_n, K, N, stride_wk, stride_wn, stride_sg,
+             stride_zg, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, BLOCK_K: tl.constexpr):
     """Float32 weights [BLOCK_K, BLOCK_N] for input rows k0.. from int codes packed along K ([K / pack, N] words,
-    lowest bits first) and [G, N] scales and unsigned zeros. Each word is loaded once and unpacked by shifts
+    lowest bits first) and [G, N] scales and unsigned zeros; under act order (HAS_G_IDX) row k's group is
+    g_idx[k], so its scale and zero are gathered per row. Each word is loaded once and unpacked by shifts
     (not loaded once per code), and when a tile lies inside one group its scales and zeros are one row: both
     keep the registers of the decode tiles free of spills."""
     PACK: tl.constexpr = 32 // BITS
@@ -104,7 +111,13 @@ def int_tile(w_ptr, scales_ptr, zeros_ptr, k0, offs_n, K, N, stride_wk, stride_w
     shifts = tl.arange(0, PACK) * BITS
     codes = (words[:, None, :] >> shifts[None, :, None]) & ((1 << BITS) - 1)
     codes = tl.reshape(codes, (BLOCK_K, words.shape[1]))  # row w * PACK + j holds code j of word w
-    if GROUP % BLOCK_K == 0:
+    if HAS_G_IDX:
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        groups = tl.load(g_idx_ptr + offs_k, mask=offs_k < K, other=0)
+        g_mask = (offs_k < K)[:, None] & n_mask[None, :]
+        scale = tl.load(scales_ptr + groups[:, None] * stride_sg + offs_n[None, :], mask=g_mask, other=0.0)
+        zero = tl.load(zeros_ptr + groups[:, None] * stride_zg + offs_n[None, :], mask=g_mask, other=0)
+    elif GROUP % BLOCK_K == 0:
         group = k0 // GROUP
         scale = tl.load(scales_ptr + group * stride_sg + offs_n, mask=n_mask, other=0.0)[None, :]
         zero = tl.load(zeros_ptr + group * stride_zg + offs_n, mask=n_mask, other=0)[None, :]
@@ -118,17 +131,18 @@ def int_tile(w_ptr, scales_ptr, zeros_ptr, k0, offs_n, K, N, stride_wk, stride_w
 
 @triton.jit
 def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_token_ids_ptr, expert_ids_ptr,
-                     num_tokens_post_padded_ptr, b_scales_ptr, b_zeros_ptr, N, K, EM, num_valid_tokens,
-                     stride_am, stride_be, stride_bn, stride_bk, stride_cm, stride_bias_e, stride_se, stride_sn,
-                     stride_sg, stride_ze, stride_zg, TOP_K: tl.constexpr, MUL_ROUTED_WEIGHT: tl.constexpr,
-                     HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr, WEIGHT_FORMAT: tl.constexpr,
-                     BITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                     num_tokens_post_padded_ptr, b_scales_ptr, b_zeros_ptr, b_g_idx_ptr, N, K, EM,
+                     num_valid_tokens, stride_am, stride_be, stride_bn, stride_bk, stride_cm, stride_bias_e,
+                     stride_se, stride_sn, stride_sg, stride_ze, stride_zg, stride_ge, TOP_K: tl.constexpr,
+                     MUL_ROUTED_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr,
+                     WEIGHT_FORMAT: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr,
+                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """C[rows of one expert's M block, N block] = A[rows] @ B[expert].T (+ bias) (* router weight).
 
     B is float [E, N, K], or packed (WEIGHT_FORMAT): int codes [E, K / pack, N] with [E, G, N] scales and
-    zeros, or MXFP4 bytes [E, N, K / 2] with [E, N, K / 32] scales; a packed tile is dequantized in registers
-    to A's dtype right before the dot, so the weights cross memory at 4 bits."""
+    zeros (and [E, K] g_idx under act order), FP8 bytes [E, N, K] with [E, N, K / GROUP] scales, or MXFP4
+    bytes [E, N, K / 2] with [E, N, K / 32] scales; a packed tile is dequantized in registers to A's dtype
+    right before the dot, so the weights cross memory at 4 or 8 bits."""
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(EM, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * num_pid_n)  # grouped ordering: neighbouring programs share weight tiles in L2
@@ -150,9 +164,12 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
         offs_k = k0 + tl.arange(0, BLOCK_K)
         a = tl.load(a_rows + offs_k[None, :], mask=token_mask[:, None] & (offs_k[None, :] < K), other=0.0)
         if WEIGHT_FORMAT == 1:
-            b = int_tile(b_expert, b_scales_ptr + expert * stride_se, b_zeros_ptr + expert * stride_ze, k0,
-                         offs_n, K, N, stride_bk, stride_bn, stride_sg, stride_zg, BITS, GROUP,
-                         BLOCK_K).to(a.dtype)
+            b = int_tile(b_expert, b_scales_ptr + expert * stride_se, b_zeros_ptr + expert * stride_ze,
+                         b_g_idx_ptr + expert * stride_ge, k0, offs_n, K, N, stride_bk, stride_bn, stride_sg,
+                         stride_zg, BITS, GROUP, HAS_G_IDX, BLOCK_K).to(a.dtype)
+        elif WEIGHT_FORMAT == 3:
+            b = fp8_tile(b_expert, b_scales_ptr + expert * stride_se, k0, offs_n, K, N, stride_bn, stride_sn,
+                         stride_sg, GROUP, BLOCK_K).to(a.dtype)
         elif WEIGHT_FORMAT == 2:
             b = mxfp4_tile(b_expert, b_scales_ptr + expert * stride_se, offs_k, offs_n, K, N, stride_bn,
                            stride_sn).to(a.dtype)
@@ -171,23 +188,41 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
     tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=token_mask[:, None] & (offs_n[None, :] < N))
 
 
-def weight_args(w) -> tuple[tuple, dict, tuple[int, int, int]]:
+def weight_args(w) -> tuple[dict, dict, tuple[int, int, int]]:
     """(pointer and stride arguments, format constexprs, (E, N, K)) of a float [E, N, K] tensor or PackedExperts."""
+    none = dict(stride_se=0, stride_sn=0, stride_sg=0, stride_ze=0, stride_zg=0, stride_ge=0)
+    plain = dict(WEIGHT_FORMAT=FLOAT_WEIGHTS, BITS=16, GROUP=1, HAS_G_IDX=False)
     if isinstance(w, torch.Tensor):
-        return ((w, w, w, w.stride(0), w.stride(1), w.stride(2), 0, 0, 0, 0, 0),
-                dict(WEIGHT_FORMAT=FLOAT_WEIGHTS, BITS=16, GROUP=1), tuple(w.shape))
+        return (dict(b=w, scales=w, zeros=w, g_idx=w, stride_be=w.stride(0), stride_bn=w.stride(1),
+                     stride_bk=w.stride(2), **none), plain, tuple(w.shape))
     e, n, k = w.shape
-    if w.format == "mxfp4":
-        if w.weight.stride(2) != 1:
-            raise ValueError(f"MXFP4 expert bytes {tuple(w.weight.shape)} must be contiguous along K")
-        return ((w.weight, w.scales, w.scales, w.weight.stride(0), w.weight.stride(1), 1, w.scales.stride(0),
-                 w.scales.stride(1), w.scales.stride(2), 0, 0),
-                dict(WEIGHT_FORMAT=MXFP4_WEIGHTS, BITS=4, GROUP=32), (e, n, k))
+    if w.format in ("mxfp4", "fp8"):
+        weight = w.weight.view(torch.uint8)  # FP8 bytes are decoded by integer arithmetic
+        if weight.stride(2) != 1:
+            raise ValueError(f"{w.format} expert weights {tuple(weight.shape)} must be contiguous along K")
+        if w.format == "fp8" and (w.scales.shape[:2] != (e, n) or w.scales.shape[2] != -(-k // w.group_size)):
+            raise ValueError(f"FP8 expert scales {tuple(w.scales.shape)} do not fit weights {(e, n, k)} in column "
+                             f"blocks of {w.group_size}")
+        one_block = w.format == "fp8" and w.scales.shape[2] == 1  # per channel: any GROUP, one compiled variant
+        args = dict(b=weight, scales=w.scales, zeros=w.scales, g_idx=w.scales, stride_be=weight.stride(0),
+                    stride_bn=weight.stride(1), stride_bk=1, **none | dict(
+                        stride_se=w.scales.stride(0), stride_sn=w.scales.stride(1),
+                        stride_sg=0 if one_block else w.scales.stride(2)))
+        fmt = (dict(WEIGHT_FORMAT=MXFP4_WEIGHTS, BITS=4, GROUP=32) if w.format == "mxfp4" else
+               dict(WEIGHT_FORMAT=FP8_WEIGHTS, BITS=8, GROUP=128 if one_block else w.group_size))
+        return args, fmt | dict(HAS_G_IDX=False), (e, n, k)
     if w.scales.stride(2) != 1 or w.zeros.stride(2) != 1:
         raise ValueError("int expert scales and zeros must be contiguous along N")
-    return ((w.weight, w.scales, w.zeros, w.weight.stride(0), w.weight.stride(2), w.weight.stride(1),
-             w.scales.stride(0), 1, w.scales.stride(1), w.zeros.stride(0), w.zeros.stride(1)),
-            dict(WEIGHT_FORMAT=INT_WEIGHTS, BITS=w.bits, GROUP=w.group_size), (e, n, k))
+    g_idx = w.g_idx
+    if g_idx is not None and (g_idx.shape != (e, k) or g_idx.stride(1) != 1):
+        raise ValueError(f"int expert g_idx {tuple(g_idx.shape)} must be [experts, K] = {(e, k)}, contiguous")
+    args = dict(b=w.weight, scales=w.scales, zeros=w.zeros, g_idx=w.scales if g_idx is None else g_idx,
+                stride_be=w.weight.stride(0), stride_bn=w.weight.stride(2), stride_bk=w.weight.stride(1),
+                stride_se=w.scales.stride(0), stride_sn=1, stride_sg=w.scales.stride(1),
+                stride_ze=w.zeros.stride(0), stride_zg=w.zeros.stride(1),
+                stride_ge=0 if g_idx is None else g_idx.stride(0))
+    return args, dict(WEIGHT_FORMAT=INT_WEIGHTS, BITS=w.bits, GROUP=w.group_size, HAS_G_IDX=g_idx is not None), \
+        (e, n, k)
 
 
 def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, bias: torch.Tensor | None,
@@ -195,20 +230,35 @@ def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, bias: torch.Tensor | Non
     """out[entry] = a[entry // top_k] @ w[expert(entry)].T (+ bias) (* topk_weights[entry]) for every entry;
     `w` a float [E, N, K] tensor or PackedExperts (dequantized inside the kernel)."""
     sorted_ids, expert_ids, num_post = align
-    (b, scales, zeros, stride_be, stride_bn, stride_bk, stride_se, stride_sn, stride_sg, stride_ze, stride_zg), \
-        fmt, (_, n, k) = weight_args(w)
+    args, fmt, (_, n, k) = weight_args(w)
     if a.shape[1] != k or a.stride(1) != 1 or out.stride(1) != 1:
         raise ValueError(f"grouped GEMM: activations {tuple(a.shape)} (inner stride {a.stride(1)}) do not match "
                          f"expert weights of {n} x {k} (N x K)")
     em = sorted_ids.numel()
     grid = (triton.cdiv(em, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     fused_moe_kernel[grid](
-        a, b, out, bias if bias is not None else a, topk_weights if topk_weights is not None else a, sorted_ids,
-        expert_ids, num_post, scales, zeros, n, k, em, out.shape[0], a.stride(0), stride_be, stride_bn, stride_bk,
-        out.stride(0), bias.stride(0) if bias is not None else 0, stride_se, stride_sn, stride_sg, stride_ze,
-        stride_zg, TOP_K=top_k, MUL_ROUTED_WEIGHT=topk_weights is not None, HAS_BIAS=bias is not None,
-        IEEE_FP32=a.dtype == torch.float32, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **fmt)
+        a, args["b"], out, bias if bias is not None else a, topk_weights if topk_weights is not None else a,
+        sorted_ids, expert_ids, num_post, args["scales"], args["zeros"], args["g_idx"], n, k, em, out.shape[0],
+        a.stride(0), args["stride_be"], args["stride_bn"], args["stride_bk"], out.stride(0),
+        bias.stride(0) if bias is not None else 0, args["stride_se"], args["stride_sn"], args["stride_sg"],
+        args["stride_ze"], args["stride_zg"], args["stride_ge"], TOP_K=top_k,
+        MUL_ROUTED_WEIGHT=topk_weights is not None, HAS_BIAS=bias is not None, IEEE_FP32=a.dtype == torch.float32,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, **fmt)
+
+
+def weights_kind(w, dtype: torch.dtype) -> str:
+    """The tile table's name for a projection's weights: the activation dtype for float experts, else the
+    packed format (int4/int8, fp8, mxfp4)."""
+    if isinstance(w, torch.Tensor):
+        return str(dtype).removeprefix("torch.").replace("float", "fp").replace("bfp", "bf")
+    return f"int{w.bits}" if w.format == "int" else w.format
+
+
+@functools.cache
+def device_name(device: torch.device) -> str:
+    """The tile table's device key (cached: no driver call per step)."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: torch.Tensor | PackedExperts,
@@ -220,7 +270,10 @@ def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: tor
     MXFP4) are dequantized tile by tile inside the grouped GEMMs."""
     num_tokens, top_k = topk_ids.shape
     num_experts, inter2 = w13.shape[0], w13.shape[1]
-    tiles = tiles or default_moe_tiles(num_tokens, top_k, num_experts)
+    if tiles is None:
+        kind = weights_kind(w13, x.dtype)
+        key = shape_key(kind, num_experts, x.shape[1], inter2 // 2, top_k)
+        tiles = moe_tiles(device_name(x.device), key, num_tokens, top_k, num_experts, kind)
     x = x.contiguous()
     align = moe_align_block_size(topk_ids, tiles.block_m, num_experts)
     gate_up = torch.empty(num_tokens * top_k, inter2, dtype=x.dtype, device=x.device)

@@ -1,7 +1,8 @@
 """Triton W4A16/W8A16 (and weight-only FP8) linear layers that read packed weights and dequantize in registers.
 
 Two kernels over the packed layout of kernels/quant_torch.py (int32 words of 4- or 8-bit codes packed along
-K, [groups, N] scales and zero points, optional g_idx; or FP8 e4m3 bytes [N, K] with per-channel scales):
+K, [groups, N] scales and zero points, optional g_idx; or FP8 e4m3 bytes [N, K] with per-channel scales [N]
+or block-wise scales [N, K / group] per output row and block of `group` input columns):
 - `quant_gemv_kernel`, for decode batches (up to GEMV_MAX_ROWS rows): split-K, one program per (N block,
   K slice) holding EVERY row of the batch, so each weight tile is loaded and dequantized once per call and
   applied to all rows (the grid does not grow with the rows); the K slices' fp32 partial sums are added by
@@ -57,12 +58,18 @@ def choose_quant_kernel(rows: int) -> QuantKernel:
 def dequant_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_k, offs_n, k_end, N, stride_wk, stride_wn,
                  stride_sg, stride_zg, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr,
                  WEIGHT_FP8: tl.constexpr):
-    """Float32 weights [BLOCK_K, BLOCK_N] for input rows offs_k (< k_end) and output columns offs_n (< N)."""
+    """Float32 weights [BLOCK_K, BLOCK_N] for input rows offs_k (< k_end) and output columns offs_n (< N).
+    FP8: stride_sg is the scales' stride per output row and, for block scales (GROUP > 1), stride_zg their
+    stride per block of GROUP input columns (FP8 has no zero points)."""
     mask = (offs_k[:, None] < k_end) & (offs_n[None, :] < N)
     if WEIGHT_FP8:
         byte = tl.load(w_ptr + offs_k[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=mask, other=0)
-        scale = tl.load(scales_ptr + offs_n, mask=offs_n < N, other=0.0)
-        return e4m3fn_to_float(byte) * scale[None, :]
+        if GROUP == 1:
+            scale = tl.load(scales_ptr + offs_n * stride_sg, mask=offs_n < N, other=0.0)[None, :]
+        else:
+            scale = tl.load(scales_ptr + offs_n[None, :] * stride_sg + (offs_k // GROUP)[:, None] * stride_zg,
+                            mask=mask, other=0.0)
+        return e4m3fn_to_float(byte) * scale
     PACK: tl.constexpr = 32 // BITS
     words = tl.load(w_ptr + (offs_k // PACK)[:, None] * stride_wk + offs_n[None, :] * stride_wn, mask=mask,
                     other=0)
@@ -150,17 +157,22 @@ def quant_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
     k = x.shape[-1]
     x2 = x.reshape(-1, k).contiguous()
     m, n = x2.shape[0], out_features
+    zeros = zeros if zeros is not None else scales  # unused by the FP8 branch, any pointer will do
+    strides_sz = (scales.stride(0), zeros.stride(0))
     if weight_fp8:
         weight = weight.view(torch.uint8)
         stride_wk, stride_wn = weight.stride(1), weight.stride(0)
-        bits, group_size = 8, 1  # GROUP is unused by the FP8 branch: one value, so one compiled variant
+        # GROUP 1: one scale per output channel (one compiled variant whatever the layer); else block scales
+        # [N, K / group], their column stride passed where int weights pass the zero points' stride
+        block = scales.dim() == 2 and scales.shape[1] > 1
+        bits, group_size = 8, group_size if block else 1
+        strides_sz = (scales.stride(0), scales.stride(1) if block else 0)
     else:
         stride_wk, stride_wn = weight.stride(0), weight.stride(1)
-    zeros = zeros if zeros is not None else scales  # unused by the FP8 branch, any pointer will do
     g_idx_arg = g_idx if g_idx is not None else scales
     common = dict(BITS=bits, GROUP=group_size, HAS_G_IDX=g_idx is not None, WEIGHT_FP8=weight_fp8,
                   IEEE_FP32=x.dtype == torch.float32)
-    strides = (stride_wk, stride_wn, scales.stride(0), zeros.stride(0))
+    strides = (stride_wk, stride_wn, *strides_sz)
     kernel = kernel or choose_quant_kernel(m)
     # A one-row view may carry any row stride (torch calls it contiguous): pass K, so it is no new variant.
     stride_xm = x2.stride(0) if m > 1 else k

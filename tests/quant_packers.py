@@ -6,7 +6,10 @@ Written from each format's public description, independently of the engine's loa
 the output dim, and its v1 format stores zero - 1 (readers add one back after masking the bits; AutoRound's
 `auto_round:auto_gptq` packing is the same, with its own quantization_config); act order
 stores g_idx, the group of every input row. compressed-tensors pack-quantized stores weight_packed [N, K*bits/32]
-with signed codes offset by 2**(bits-1), weight_scale [N, G], weight_zero_point packed along N. `dequantized_folder`
+with signed codes offset by 2**(bits-1), weight_scale [N, G], weight_zero_point packed along N. FP8 stores e4m3
+weights [N, K] with a per-channel/per-tensor `weight_scale`, or with `weight_block_size` [rows, cols] (Qwen3-*-FP8,
+DeepSeek) one float32 `weight_scale_inv` per block, [ceil(N/rows), ceil(K/cols)], the weight being value * scale
+(compressed-tensors' block strategy names it `weight_scale`). `dequantized_folder`
 reads a packed folder back (again independently) into a plain float checkpoint for HF transformers: the oracle.
 """
 from __future__ import annotations
@@ -75,7 +78,7 @@ def make_g_idx(k: int, group: int, act_order: bool, seed: int) -> torch.Tensor:
 
 
 def quantization_config(fmt: str, bits: int, group: int, sym: bool, act_order: bool, ignore: list[str],
-                        strategy: str = "channel") -> dict:
+                        strategy: str = "channel", block: tuple[int, int] | None = None) -> dict:
     if fmt == "awq":
         return {"quant_method": "awq", "version": "gemm", "bits": bits, "group_size": group, "zero_point": True,
                 "modules_to_not_convert": ignore or None}
@@ -95,17 +98,37 @@ def quantization_config(fmt: str, bits: int, group: int, sym: bool, act_order: b
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None}},
                 "quantization_status": "compressed"}
     if fmt == "ct-fp8":
-        weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy}
+        weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": strategy,
+                   "block_structure": list(block) if strategy == "block" else None}
         acts = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
         return {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head", *ignore],
                 "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": acts}}}
     assert fmt == "fp8"
-    return {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ignore or None}
+    qc = {"quant_method": "fp8", "activation_scheme": "dynamic", "modules_to_not_convert": ignore or None}
+    if block:  # Qwen3-30B-A3B-FP8's config: fmt e4m3, weight_block_size [128, 128]
+        qc |= {"fmt": "e4m3", "weight_block_size": list(block)}
+    return qc
+
+
+def fp8_block_quantize(w: torch.Tensor, block: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 values [N, K] and float32 scales [ceil(N/rows), ceil(K/cols)]: each block's amax maps to 448."""
+    rows, cols = block
+    n, k = w.shape
+    nb, kb = -(-n // rows), -(-k // cols)
+    padded = torch.zeros(nb * rows, kb * cols)
+    padded[:n, :k] = w.float()
+    amax = padded.view(nb, rows, kb, cols).abs().amax(dim=(1, 3))
+    scale = amax.clamp(min=1e-6) / 448.0
+    full = scale.repeat_interleave(rows, 0).repeat_interleave(cols, 1)[:n, :k]
+    return (w.float() / full).to(torch.float8_e4m3fn), scale
 
 
 def pack_linear(w: torch.Tensor, fmt: str, bits: int, group: int, sym: bool, act_order: bool, seed: int,
-                strategy: str = "channel") -> dict[str, torch.Tensor]:
+                strategy: str = "channel", block: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
     """The checkpoint tensors (without the module prefix) of one float weight [N, K] in format `fmt`."""
+    if fmt in ("fp8", "ct-fp8") and block:
+        q, scale = fp8_block_quantize(w, block)
+        return {"weight": q, "weight_scale_inv" if fmt == "fp8" else "weight_scale": scale}
     if fmt in ("fp8", "ct-fp8"):
         amax = w.abs().amax(1) if strategy == "channel" else w.abs().amax().reshape(1)
         scale = amax.clamp(min=1e-6) / 448.0
@@ -133,11 +156,14 @@ def pack_linear(w: torch.Tensor, fmt: str, bits: int, group: int, sym: bool, act
 
 
 def make_quantized(src: Path, dst: Path, fmt: str, bits: int = 4, group: int = 128, sym: bool = False,
-                   act_order: bool = False, ignore: tuple[str, ...] = (), strategy: str = "channel") -> Path:
-    """Copy the float folder `src` to `dst` with every decoder linear (except `ignore`d modules) packed."""
+                   act_order: bool = False, ignore: tuple[str, ...] = (), strategy: str = "channel",
+                   block: tuple[int, int] | None = None) -> Path:
+    """Copy the float folder `src` to `dst` with every decoder linear (except `ignore`d modules) packed; under
+    act order every MoE expert gets its own g_idx (its own inputs), gate and up one between them."""
     shutil.copytree(src, dst)
     config = json.loads((dst / "config.json").read_text())
-    config["quantization_config"] = quantization_config(fmt, bits, group, sym, act_order, list(ignore), strategy)
+    config["quantization_config"] = quantization_config(fmt, bits, group, sym, act_order, list(ignore), strategy,
+                                                        block)
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     tensors = load_file(str(dst / "model.safetensors"))
     out = {}
@@ -150,7 +176,9 @@ def make_quantized(src: Path, dst: Path, fmt: str, bits: int = 4, group: int = 1
             continue
         layer = int(module.split("layers.")[1].split(".")[0])
         seed = layer * 10 + (0 if "self_attn" in module else 1) + (5 if module.endswith(("o_proj", "down_proj")) else 0)
-        for leaf_name, packed in pack_linear(t, fmt, bits, group, sym, act_order, seed, strategy).items():
+        if ".experts." in module:
+            seed += 1000 * (1 + int(module.split(".experts.")[1].split(".")[0]))
+        for leaf_name, packed in pack_linear(t, fmt, bits, group, sym, act_order, seed, strategy, block).items():
             out[f"{module}.{leaf_name}"] = packed
     save_file(out, str(dst / "model.safetensors"))
     return dst
@@ -159,7 +187,14 @@ def make_quantized(src: Path, dst: Path, fmt: str, bits: int = 4, group: int = 1
 def dequantize_module(t: dict[str, torch.Tensor], qc: dict) -> torch.Tensor:
     """Float weight [N, K] straight from one module's packed tensors (the reference for the engine's loader)."""
     method = qc["quant_method"]
-    if "weight" in t:  # fp8
+    if "weight" in t and t["weight"].dtype == torch.float8_e4m3fn:
+        block = qc.get("weight_block_size") or \
+            (qc.get("config_groups") or {}).get("group_0", {}).get("weights", {}).get("block_structure")
+        if block:
+            scale = t.get("weight_scale_inv", t.get("weight_scale")).float()
+            n, k = t["weight"].shape
+            full = scale.repeat_interleave(block[0], 0).repeat_interleave(block[1], 1)[:n, :k]
+            return t["weight"].float() * full
         return t["weight"].float() * t["weight_scale"].float().reshape(-1, 1)
     if method == "awq":
         codes, zeros = unpack(t["qweight"], 4, 1, AWQ_ORDER).t(), unpack(t["qzeros"], 4, 1, AWQ_ORDER)

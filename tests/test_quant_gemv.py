@@ -110,6 +110,19 @@ def test_fp8_rows(rows):
     assert_matches(got, fp8_linear_torch(x.float(), weight, scale), torch.float16)
 
 
+def test_fp8_block_scales_in_the_gemv_and_the_gemm():
+    """Block-wise FP8 (Qwen3-*-FP8's weight_scale_inv, kept per output row and block of 48 columns here so the
+    32-wide K tiles straddle blocks and K = 200 ends in a partial one): the CUDA-core GEMV, the tl.dot GEMV and
+    the GEMM against the torch dequantization."""
+    gen = torch.Generator().manual_seed(11)
+    weight = (torch.randn(40, 200, generator=gen) * 0.3).to(torch.float8_e4m3fn)
+    scale = torch.rand(40, 5, generator=gen) + 0.5  # [N, ceil(200 / 48)]
+    for rows in (1, 6, 40):
+        x = torch.randn(rows, 200, generator=gen).to(torch.float16)
+        got = quant_linear_triton(x, weight, scale, None, None, 8, 48, 40, weight_fp8=True)
+        assert_matches(got, fp8_linear_torch(x.float(), weight, scale, group_size=48), torch.float16)
+
+
 class LoadCounter:
     """Counts, per element of one tensor, how many interpreted `tl.load` calls touched it (an address read
     twice by one call is one read: a warp's duplicate addresses are one memory transaction), and the grid."""

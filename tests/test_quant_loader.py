@@ -137,7 +137,7 @@ def test_groups_that_cannot_be_split_give_a_clear_error(quantized):
     ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "GPTQ with 3 bits"),
     ({"quant_method": "gptq", "bits": 4, "group_size": 128, "checkpoint_format": "marlin"}, "'marlin'"),
     ({"quant_method": "bitsandbytes"}, "quant_method 'bitsandbytes' is not supported"),
-    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise scales"),
+    ({"quant_method": "fp8", "weight_block_size": [128]}, r"weight_block_size \[128\] is not two positive"),
     ({"quant_method": "compressed-tensors", "format": "int-quantized", "config_groups": {"g": {
         "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "channel"}}}},
      "format 'int-quantized' with 8-bit int"),
@@ -183,3 +183,16 @@ def test_a_tensor_of_the_wrong_shape_is_named(quantized):
     model = LlamaForCausalLM(ModelConfig.from_folder(path))
     with pytest.raises(ValueError, match=r"model.layers.0.mlp.gate_proj/up_proj: checkpoint tensor of shape \(2, 8\)"):
         model.load_weights(tensors.items())
+
+
+def test_fp8_block_scales_load_and_split_across_ranks(quantized):
+    """Block-wise FP8 (weight_scale_inv per [48, 32] block here): row blocks of 48 straddle the ranks' output
+    slices (64 rows of q_proj each) and merged q/k/v and gate/up, which the per-row expansion of the scales
+    makes no matter; row-parallel layers take whole column blocks of their input slice."""
+    path = quantized("fp8", 8, -1, True, False, block=(48, 32))
+    ref = reference_weights(path)
+    assert_layers_match(load_rank(path, 0, 1), ref, 0, 1)
+    for rank in range(2):
+        assert_layers_match(load_rank(path, rank, 2), ref, rank, 2)
+    with pytest.raises(ValueError, match=r"o_proj: 32 input features per rank do not hold whole FP8 blocks of 48"):
+        load_rank(quantized("fp8", 8, -1, True, False, block=(16, 48)), 0, 4)

@@ -8,6 +8,7 @@ COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.mem
             "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
             "attacks": "engine.bench.attacks", "grammar": "engine.bench.grammar", "router": "engine.bench.router",
             "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe",
+            "moe-tune": "engine.bench.moe_tune",
             "spec": "engine.bench.spec", "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare"}
 
 

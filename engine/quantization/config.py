@@ -33,6 +33,9 @@ class QuantConfig:
     ignore: tuple[str, ...] = ()  # module names or "re:" patterns that stay unquantized
     activation_fp8: bool = False  # the checkpoint asks for FP8 activations (W8A8) where the card has FP8
     origin: str = ""  # the tool that wrote it when `method` is its packing, e.g. "auto-round" (gptq packing)
+    # FP8 block-wise scales (DeepSeek-style `weight_block_size` [rows, cols], e.g. Qwen3-*-FP8's [128, 128]):
+    # one scale per block of output rows x input columns; group_size is then the block's input columns
+    weight_block: tuple[int, int] | None = None
 
     @property
     def pack_factor(self) -> int:
@@ -43,7 +46,8 @@ class QuantConfig:
         if self.weight_type == "mxfp4":
             return "mxfp4 experts (e2m1, e8m0 scale per 32)"
         if self.weight_type == "float":
-            return f"{self.method} e4m3 weights{', fp8 activations' if self.activation_fp8 else ''}"
+            block = f" {self.weight_block[0]}x{self.weight_block[1]} blocks" if self.weight_block else ""
+            return f"{self.method} e4m3 weights{block}{', fp8 activations' if self.activation_fp8 else ''}"
         group = "per-channel" if self.group_size == -1 else f"g{self.group_size}"
         extra = " act-order" if self.act_order else ""
         extra += "" if self.symmetric else " asym"
@@ -133,14 +137,21 @@ def _gptq(qc: dict[str, Any]) -> QuantConfig:
                        ignore=tuple(qc.get("modules_to_not_convert") or ()))
 
 
+def _weight_block(value: Any, where: str) -> tuple[int, int] | None:
+    """[rows, cols] of a block-wise FP8 scale, or None (per-tensor / per-channel scales)."""
+    if not value:
+        return None
+    if not (isinstance(value, (list, tuple)) and len(value) == 2 and all(isinstance(v, int) and v > 0 for v in value)):
+        raise ValueError(f"{where} {value!r} is not two positive integers [rows, cols]")
+    return int(value[0]), int(value[1])
+
+
 def _fp8(qc: dict[str, Any]) -> QuantConfig:
-    if qc.get("weight_block_size"):
-        raise ValueError(f"FP8 with block-wise scales (weight_block_size {qc['weight_block_size']}) is not "
-                         "supported (per-tensor or per-channel scales only)")
+    block = _weight_block(qc.get("weight_block_size"), "FP8 weight_block_size")
     if qc.get("fmt", "e4m3") != "e4m3":
         raise ValueError(f"FP8 weight format {qc.get('fmt')!r} is not supported (e4m3)")
     ignore = tuple(qc.get("ignored_layers") or qc.get("modules_to_not_convert") or ())
-    return QuantConfig("fp8", "float", 8, -1, ignore=ignore,
+    return QuantConfig("fp8", "float", 8, block[1] if block else -1, ignore=ignore, weight_block=block,
                        activation_fp8=qc.get("activation_scheme", "dynamic") == "dynamic")
 
 
@@ -157,10 +168,16 @@ def _compressed_tensors(qc: dict[str, Any]) -> QuantConfig:
     strategy = w.get("strategy")
     ignore = tuple(qc.get("ignore") or ())
     if fmt == "float-quantized" and wtype == "float" and bits == 8:
-        if strategy not in ("tensor", "channel"):
-            raise ValueError(f"compressed-tensors FP8 strategy {strategy!r} is not supported (tensor, channel)")
+        if strategy not in ("tensor", "channel", "block"):
+            raise ValueError(f"compressed-tensors FP8 strategy {strategy!r} is not supported (tensor, channel, "
+                             "block)")
+        block = _weight_block(w.get("block_structure"), "compressed-tensors FP8 block_structure") \
+            if strategy == "block" else None
+        if strategy == "block" and block is None:
+            raise ValueError("compressed-tensors FP8 strategy 'block' has no block_structure")
         acts = scheme.get("input_activations") or {}
-        return QuantConfig("compressed-tensors", "float", 8, -1, ignore=ignore,
+        return QuantConfig("compressed-tensors", "float", 8, block[1] if block else -1, ignore=ignore,
+                           weight_block=block,
                            activation_fp8=acts.get("type") == "float" and bool(acts.get("dynamic")))
     if fmt != "pack-quantized" or wtype != "int" or bits not in (4, 8):
         raise ValueError(f"compressed-tensors format {fmt!r} with {bits}-bit {wtype} weights is not supported "

@@ -31,8 +31,11 @@ def int_linear_cuda(method, layer: nn.Module, x: torch.Tensor, bias: torch.Tenso
 
 
 def fp8_linear_cuda(method, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    scale = getattr(layer, method.scale_name)
     fits_fp8_matmul = x.shape[-1] % 16 == 0 and layer.weight.shape[0] % 16 == 0  # _scaled_mm's shape rule
-    if method.quant.activation_fp8 and fits_fp8_matmul and has_fp8_matmul(x.device.index or 0):
-        return fp8_w8a8_linear(x, layer.weight, layer.weight_scale, bias)
-    return quant_linear_triton(x, layer.weight, layer.weight_scale, None, None, 8, x.shape[-1], layer.weight.shape[0],
-                               weight_fp8=True, bias=bias)
+    # Block-wise scales vary along K, so they cannot be factored out of a whole-row FP8 matmul: weight-only.
+    if (method.quant.activation_fp8 and method.quant.weight_block is None and fits_fp8_matmul
+            and has_fp8_matmul(x.device.index or 0)):
+        return fp8_w8a8_linear(x, layer.weight, scale, bias)
+    return quant_linear_triton(x, layer.weight, scale, None, None, 8, getattr(layer, "group_size", 1),
+                               layer.weight.shape[0], weight_fp8=True, bias=bias)

@@ -133,25 +133,55 @@ class IntLinearMethod:
         return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
 
 
+def fp8_scale_name(quant: QuantConfig) -> str:
+    """The checkpoint's name for an FP8 weight's scales: block-wise `quant_method: fp8` checkpoints (Qwen3-*-FP8,
+    DeepSeek) call theirs `weight_scale_inv` (a multiplier despite the name), everyone else `weight_scale`."""
+    return "weight_scale_inv" if quant.weight_block and quant.method == "fp8" else "weight_scale"
+
+
+def expand_block_scales(loaded: torch.Tensor, block_rows: int) -> torch.Tensor:
+    """[ceil(N / rows), KB] block scales -> [ceil(N / rows) * rows, KB]: each block's scale on each of its rows,
+    so the loaders slice scales by output row like the weight (any tensor-parallel split, merged shards)."""
+    if loaded.dim() != 2:
+        raise ValueError(f"FP8 block scales have shape {tuple(loaded.shape)}, expected [row blocks, column blocks]")
+    return loaded.to(torch.float32).repeat_interleave(block_rows, dim=0)
+
+
 class Fp8LinearMethod:
-    """FP8 e4m3 weights with a per-tensor or per-channel scale (quant_method fp8, compressed-tensors float)."""
+    """FP8 e4m3 weights with a per-tensor, per-channel or block-wise scale (quant_method fp8, compressed-tensors
+    float). Block scales are kept per output row and block of `group_size` input columns (expand_block_scales):
+    4 bytes per row and block, 1/32 of the FP8 bytes at 128-wide blocks."""
 
     def __init__(self, quant: QuantConfig) -> None:
         self.quant = quant
+        self.scale_name = fp8_scale_name(quant)
 
     def create_weights(self, layer: nn.Module, in_features: int, out_features: int, full_in: int) -> None:
         layer.weight = new_param(torch.empty(out_features, in_features, dtype=torch.float8_e4m3fn), 0, 1)
-        layer.weight_scale = new_param(torch.empty(out_features, dtype=torch.float32), 0, None, 1, "scales")
+        block = self.quant.weight_block
+        if block is None:
+            setattr(layer, self.scale_name, new_param(torch.empty(out_features, dtype=torch.float32), 0, None, 1,
+                                                      "scales"))
+            return
+        cols = block[1]
+        if in_features != full_in and in_features % cols:
+            raise ValueError(f"{layer.prefix}: {in_features} input features per rank do not hold whole FP8 blocks "
+                             f"of {cols} (weight_block_size {list(block)}); use another --tensor-parallel-size")
+        layer.group_size = cols
+        setattr(layer, self.scale_name, new_param(torch.empty(out_features, -(-in_features // cols),
+                                                              dtype=torch.float32), 0, 1, cols, "scales"))
 
     def convert(self, param: nn.Parameter, loaded: torch.Tensor) -> torch.Tensor:
         if param.role == "scales":
+            if self.quant.weight_block is not None:
+                return expand_block_scales(loaded, self.quant.weight_block[0])
             return loaded.to(torch.float32).reshape(-1)  # [N, 1] per channel, [] or [1] per tensor
         if loaded.dtype != torch.float8_e4m3fn:
             raise ValueError(f"an FP8 checkpoint weight has dtype {loaded.dtype}, expected float8_e4m3fn")
         return loaded
 
     def dequantized_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize_fp8(layer.weight, layer.weight_scale, dtype)
+        return dequantize_fp8(layer.weight, getattr(layer, self.scale_name), dtype, getattr(layer, "group_size", -1))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda:

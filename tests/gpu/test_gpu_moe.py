@@ -1,10 +1,12 @@
-"""The fused-MoE Triton kernel on a card: bf16/fp16 and packed experts (W4A16 g128, MXFP4) against the torch
-loop, and decode-bandwidth figures.
+"""The fused-MoE Triton kernel on a card: bf16/fp16 and packed experts (W4A16 g128 with and without GPTQ act
+order, FP8 with 128 x 128 blocks, MXFP4) against the torch loop, and decode-bandwidth figures.
 
 Qwen3-30B-A3B's expert shape (128 experts, top-8, hidden 2048, expert size 768). Prints GB/s of expert weights
 read per decode step at batch 1/8/32 and prefill TFLOP/s at 2048 tokens: the figures BENCHMARKS.md owes.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -57,8 +59,13 @@ def test_fused_moe_decode_bandwidth_and_prefill_flops():
 
 
 def packed(fmt: str, n: int, k: int) -> PackedExperts:
-    """Random Qwen3-30B-A3B-shaped experts as the loader keeps them (W4A16 g128: float16 scales, byte zeros)."""
+    """Random Qwen3-30B-A3B-shaped experts as the loader keeps them (W4A16 g128: float16 scales, byte zeros;
+    "act": the same with GPTQ act order's per-expert g_idx; FP8: e4m3 with 128 x 128 block scales, per row)."""
     gen = torch.Generator(device="cuda").manual_seed(n + k)
+    if fmt == "fp8":
+        weight = (torch.randn(E, n, k, device="cuda", generator=gen) * 100).clamp(-448, 448)
+        scales = torch.rand(E, n, k // 128, device="cuda", generator=gen) * 1e-4 + 1e-5
+        return PackedExperts("fp8", weight.to(torch.float8_e4m3fn), scales, bits=8, group_size=128)
     if fmt == "mxfp4":
         blocks = torch.randint(0, 256, (E, n, k // 2), device="cuda", generator=gen, dtype=torch.int32)
         scales = torch.randint(118, 124, (E, n, k // 32), device="cuda", generator=gen, dtype=torch.int32)
@@ -67,27 +74,31 @@ def packed(fmt: str, n: int, k: int) -> PackedExperts:
     words = torch.stack([pack_int32(codes[e], 4, dim=0) for e in range(E)])
     zeros = torch.randint(0, 16, (E, k // 128, n), device="cuda", generator=gen, dtype=torch.int32).to(torch.uint8)
     scales = (torch.rand(E, k // 128, n, device="cuda", generator=gen) * 0.004 + 0.001).half()
-    return PackedExperts("int", words, scales, zeros, 4, 128)
+    g_idx = None
+    if fmt == "act":
+        g_idx = torch.stack([torch.randperm(k, device="cuda", generator=gen) // 128 for _ in range(E)]).int()
+    return PackedExperts("int", words, scales, zeros, 4, 128, g_idx=g_idx)
 
 
-@pytest.mark.parametrize("fmt", ["int", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["int", "act", "fp8", "mxfp4"])
 @pytest.mark.parametrize("tokens", [1, 16, 300])
 def test_packed_experts_match_torch_on_the_card(fmt, tokens):
     w13, w2 = packed(fmt, 2 * I, H), packed(fmt, H, I)
     x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
     topk_weights, topk_ids = routing(tokens)
-    reference = [PackedExperts(w.format, w.weight, w.scales, w.zeros, w.bits, w.group_size, torch.float32)
-                 for w in (w13, w2)]
+    reference = [dataclasses.replace(w, dtype=torch.float32) for w in (w13, w2)]
     expected = fused_moe_torch(x.float(), *reference, topk_weights, topk_ids)
     got = fused_moe_triton(x, w13, w2, topk_weights, topk_ids)
     scale = expected.abs().max().item()
     torch.testing.assert_close(got.float(), expected, atol=2e-2 * scale, rtol=2e-2)
 
 
-@pytest.mark.parametrize("fmt", ["int", "mxfp4"])
+@pytest.mark.parametrize("fmt", ["int", "act", "fp8", "mxfp4"])
 def test_packed_experts_decode_bandwidth(fmt):
     w13, w2 = packed(fmt, 2 * I, H), packed(fmt, H, I)
-    bits = 4 + (16 + 8) / 128 if fmt == "int" else 4 + 8 / 32
+    bits = {"int": 4 + (16 + 8) / 128, "act": 4 + (16 + 8) / 128,  # g_idx: 4 bytes per input row, negligible
+            "fp8": 8 + 32 / 128,
+            "mxfp4": 4 + 8 / 32}[fmt]
     for tokens in (1, 8, 32):
         x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
         topk_weights, topk_ids = routing(tokens)

@@ -5,7 +5,13 @@ projection (optional `w13_bias` [E, 2I], `w2_bias` [E, H]); the layout of kernel
 kernels/triton_moe.py. AWQ/GPTQ experts keep the packed layout of kernels/quant_torch.py per expert
 (`w13_qweight` [E, H/pack, 2I], `w13_scales`/`w13_qzeros` [E, groups, 2I], and the same for w2; named as the
 checkpoint names them, so compressed-tensors' are `w13_weight_packed`, `w13_weight_scale`, `w13_weight_zero_point`),
-converted from the checkpoint by the linear layers' own IntLinearMethod. MXFP4 experts (gpt-oss) keep their bytes:
+converted from the checkpoint by the linear layers' own IntLinearMethod; under GPTQ act order (desc_act) each
+expert's own `w13_g_idx` [E, H] / `w2_g_idx` [E, I] gives every input row's group (gate and up share one, as
+GPTQ's shared input makes them), and scales/zeros keep every group on every rank. FP8 experts (`quant_method:
+fp8`, Qwen3-*-FP8's block-wise [128, 128] scales `weight_scale_inv`; per-channel/per-tensor `weight_scale`, also
+compressed-tensors float) keep `w13_weight` [E, 2I, H] float8_e4m3fn and float32 scales per output row and
+column block, `w13_weight_scale_inv` [E, 2I, ceil(H/128)] (methods.expand_block_scales), dequantized in the
+kernel as W8A16. MXFP4 experts (gpt-oss) keep their bytes:
 `w13_blocks` [E, 2I, H/2] uint8 (two E2M1 codes each) and `w13_scales` [E, 2I, H/32] E8M0, the same for w2.
 Packed experts stay packed in memory: the Triton kernel dequantizes them tile by tile (CUDA), the torch loop one
 routed expert at a time (CPU), both through kernels/moe_torch.py's PackedExperts.
@@ -23,7 +29,7 @@ from torch import nn
 
 from engine.distributed import get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
-from engine.quantization.methods import IntLinearMethod
+from engine.quantization.methods import IntLinearMethod, expand_block_scales, fp8_scale_name
 from kernels.moe_torch import ACTIVATIONS, PackedExperts, fused_moe_torch
 from kernels.quant_torch import MXFP4_BLOCK
 
@@ -56,30 +62,57 @@ class FusedMoE(nn.Module):
     def _packed_params(self, quant: QuantConfig) -> None:
         if quant.weight_type == "mxfp4":
             return self._mxfp4_params()
-        if quant.weight_type != "int" or quant.act_order:
-            raise ValueError(f"{self.prefix}: {quant.describe()} experts are not supported (AWQ, GPTQ, "
-                             "compressed-tensors int and AutoRound without act order, and MXFP4, are)")
+        if quant.weight_type == "float":
+            return self._fp8_params(quant)
+        if quant.weight_type != "int":
+            raise ValueError(f"{self.prefix}: {quant.describe()} experts are not supported")
         self.method = IntLinearMethod(quant)
         names = self.method.names
         e, h, i, pack = self.num_experts, self.hidden_size, self.intermediate_size, quant.pack_factor
         for proj, k, n in (("w13", h, 2 * i), ("w2", i, h)):
-            group = k if quant.group_size == -1 else quant.group_size
-            if k % pack or k % group:
+            full_k = k * (get_tp_size() if proj == "w2" else 1)
+            group = full_k if quant.group_size == -1 else quant.group_size
+            # act order: g_idx picks any group for any row, so every rank keeps every group of the full K
+            groups = -(-full_k // group) if quant.act_order else k // group
+            if k % pack or (k % group and not quant.act_order and quant.group_size != -1):
                 raise ValueError(f"{self.prefix}: {proj} has {k} input features per rank, not whole words of {pack} "
                                  f"and groups of {group} (group_size); use another --tensor-parallel-size")
-            setattr(self, f"{proj}_group_size", group)
+            setattr(self, f"{proj}_group_size", group if quant.group_size != -1 else k)
+            if quant.act_order:
+                p = self._param(torch.empty(e, k, dtype=torch.int32), proj, None, 0)
+                p.role = "g_idx"
+                setattr(self, f"{proj}_{names['g_idx']}", p)
             for role, rows, dtype in (("qweight", k // pack, torch.int32),
-                                      ("scales", k // group, self.method.scale_dtype),
-                                      ("zeros", k // group, self.method.zero_dtype)):
+                                      ("scales", max(groups, 1), self.method.scale_dtype),
+                                      ("zeros", max(groups, 1), self.method.zero_dtype)):
                 name = f"{proj}_{names[role]}"
                 data = torch.empty(e, rows, n, dtype=dtype)
                 if role == "zeros" and quant.method == "compressed-tensors" and quant.symmetric:
                     # nothing stored: symmetric codes are offset by half their range
                     self.register_buffer(name, data.fill_(1 << (quant.bits - 1)), persistent=False)
                     continue
-                p = self._param(data, proj, 1, 0)
+                # act order's scales and zeros are not split along K: every rank holds all groups
+                whole = role != "qweight" and (quant.act_order or quant.group_size == -1)
+                p = self._param(data, proj, 1, None if whole else 0)
                 p.role = role
                 setattr(self, name, p)
+
+    def _fp8_params(self, quant: QuantConfig) -> None:
+        self.method = None
+        self.fp8_scale = fp8_scale_name(quant)
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        cols = quant.weight_block[1] if quant.weight_block else None
+        for proj, k, n in (("w13", h, 2 * i), ("w2", i, h)):
+            if cols is not None and proj == "w2" and get_tp_size() > 1 and k % cols:
+                raise ValueError(f"{self.prefix}: w2 has {k} input features per rank, not whole FP8 blocks of "
+                                 f"{cols} (weight_block_size {list(quant.weight_block)}); use another "
+                                 "--tensor-parallel-size")
+            setattr(self, f"{proj}_weight", self._param(torch.empty(e, n, k, dtype=torch.float8_e4m3fn), proj, 0, 1))
+            setattr(self, f"{proj}_group_size", cols or k)
+            scales = self._param(torch.empty(e, n, -(-k // cols) if cols else 1, dtype=torch.float32), proj, 0,
+                                 1 if cols else None)
+            scales.role = "fp8_scales"
+            setattr(self, f"{proj}_{self.fp8_scale}", scales)
 
     def _mxfp4_params(self) -> None:
         self.method = None
@@ -98,10 +131,14 @@ class FusedMoE(nn.Module):
         if self.quant.weight_type == "mxfp4":
             return PackedExperts("mxfp4", getattr(self, f"{proj}_blocks"), getattr(self, f"{proj}_scales"),
                                  dtype=dtype)
+        group = getattr(self, f"{proj}_group_size")
+        if self.quant.weight_type == "float":
+            return PackedExperts("fp8", getattr(self, f"{proj}_weight"), getattr(self, f"{proj}_{self.fp8_scale}"),
+                                 bits=8, group_size=group, dtype=dtype)
         names = self.method.names
         qweight, scales, zeros = (getattr(self, f"{proj}_{names[role]}") for role in ("qweight", "scales", "zeros"))
-        return PackedExperts("int", qweight, scales, zeros, self.quant.bits, getattr(self, f"{proj}_group_size"),
-                             dtype)
+        g_idx = getattr(self, f"{proj}_{names['g_idx']}") if self.quant.act_order else None
+        return PackedExperts("int", qweight, scales, zeros, self.quant.bits, group, dtype, g_idx)
 
     def _param(self, data: torch.Tensor, proj: str, out_dim: int, in_dim: int | None) -> nn.Parameter:
         p = nn.Parameter(data, requires_grad=False)
@@ -131,14 +168,50 @@ class FusedMoE(nn.Module):
             if loaded.dtype != torch.uint8:
                 raise ValueError(f"{self.prefix}: MXFP4 expert {param.role[6:]} {shard_id} has dtype {loaded.dtype}, "
                                  "expected uint8")
+        elif param.role == "fp8_scales":
+            loaded = self._fp8_scales(param, loaded, shard_id)
+        elif param.role == "weight" and param.dtype == torch.float8_e4m3fn and loaded.dtype != param.dtype:
+            raise ValueError(f"{self.prefix}: FP8 expert weight {shard_id} has dtype {loaded.dtype}, expected "
+                             "float8_e4m3fn")
+        elif param.role == "g_idx":
+            return self._copy_g_idx(param, param.data[expert_id], self.method.convert(param, loaded), shard_id,
+                                    expert_id)
         elif param.role != "weight":
             loaded = self.method.convert(param, loaded)
         self._copy(param, param.data[expert_id], loaded, shard_id)
 
+    def _fp8_scales(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> torch.Tensor:
+        """A checkpoint scale in this layer's form: block scales repeated over their rows, a per-tensor scale
+        over every row, per-channel [N] / [N, 1] as [N, 1]."""
+        block = self.quant.weight_block
+        if block is not None:
+            return expand_block_scales(loaded, block[0])
+        rows = param.shape[1] // (2 if shard_id != "w2" else 1) * (get_tp_size() if shard_id != "w2" else 1)
+        loaded = loaded.to(torch.float32).reshape(-1, 1)
+        return loaded.expand(rows, 1) if loaded.shape[0] == 1 else loaded
+
+    def _copy_g_idx(self, param: nn.Parameter, dst: torch.Tensor, loaded: torch.Tensor, shard_id: str,
+                    expert_id: int) -> None:
+        """One expert's g_idx: down's is this rank's rows of I; gate's and up's (both over all of H) must agree,
+        since the experts' w13 keeps one (GPTQ gives them one: they see the same input)."""
+        if shard_id == "w2":
+            return self._copy(param, dst, loaded, shard_id)
+        if loaded.shape != dst.shape:
+            raise ValueError(f"{self.prefix}: expert {expert_id} {shard_id} g_idx has shape {tuple(loaded.shape)}, "
+                             f"expected {tuple(dst.shape)}")
+        seen = param.__dict__.setdefault("loaded_g_idx", set())
+        if expert_id in seen and not torch.equal(dst, loaded.to(dst.device)):
+            raise ValueError(f"{self.prefix}: expert {expert_id} has different g_idx for gate_proj and up_proj; "
+                             "such checkpoints are not supported")
+        seen.add(expert_id)
+        dst.copy_(loaded)
+
     def _copy(self, param: nn.Parameter, dst: torch.Tensor, loaded: torch.Tensor, shard_id: str) -> None:
         rank = get_tp_rank()
-        if shard_id == "w2" and param.in_dim is None:  # the down bias, summed by the all-reduce: rank 0 only
+        if param is self.w2_bias:  # the down bias, summed by the all-reduce: rank 0 only
             src = loaded if rank == 0 else torch.zeros_like(loaded)
+        elif shard_id == "w2" and param.in_dim is None:  # not split along K (act order's groups): replicated
+            src = loaded
         elif shard_id == "w2":
             size = dst.shape[param.in_dim]
             src = _narrow(loaded, param.in_dim, rank * size, size, self.prefix)

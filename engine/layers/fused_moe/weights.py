@@ -4,8 +4,8 @@ Per-expert checkpoints (Qwen3-MoE, GLM, DeepSeek: `mlp.experts.3.gate_proj.weigh
 `block_sparse_moe.experts.3.w1.weight`) are recognised by one pattern. gpt-oss stores each projection
 stacked over experts and transposed, with gate and up columns interleaved (`experts.gate_up_proj` [E, H, 2I],
 gate in the even columns); `split_interleaved_gate_up` turns that into the gate and up halves. Packed leaves
-(AWQ/GPTQ `qweight`/`qzeros`/`scales`, compressed-tensors `weight_packed`/`weight_scale`/`weight_zero_point`,
-MXFP4 `blocks`/`scales`) map to the FusedMoE parameter of the same leaf name.
+(AWQ/GPTQ `qweight`/`qzeros`/`scales`/`g_idx`, compressed-tensors `weight_packed`/`weight_scale`/
+`weight_zero_point`/`weight_g_idx`, FP8 `weight`/`weight_scale_inv`/`weight_scale`, MXFP4 `blocks`/`scales`) map to the FusedMoE parameter of the same leaf name.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ import torch
 
 # "<prefix>.experts[.<id>].<proj>.<weight|bias>"; without an id the tensor is stacked over all experts.
 EXPERT_TENSOR = re.compile(r"^(?P<prefix>.+\.experts)\.(?:(?P<expert>\d+)\.)?(?P<proj>[a-z0-9_]+)\."
-                           r"(?P<leaf>weight|bias|qweight|qzeros|scales|weight_packed|weight_scale|"
-                           r"weight_zero_point|blocks)$")
+                           r"(?P<leaf>weight|bias|qweight|qzeros|scales|g_idx|weight_packed|weight_scale|"
+                           r"weight_zero_point|weight_g_idx|weight_scale_inv|blocks)$")
 PROJ_SHARDS = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2", "w1": "w1", "w3": "w3", "w2": "w2"}
 
 
