@@ -2,12 +2,14 @@
 
 `create_executor` returns the plain ModelRunner for one device. For tensor_parallel_size N it returns a
 `TensorParallelExecutor`, which owns rank 0's ModelRunner (in this process) and N-1 spawned worker
-processes (engine/tp_worker.py), and offers the ModelRunner methods the engine uses. Control goes over
-two one-way OS pipes per worker (never a network socket): each step rank 0 prepares the flat
-`StepInputs` once (block tables as a diff of the persistent input batch), sends them to every worker, runs its own forward — tensors meet in the layers'
-torch.distributed collectives (gloo on CPU, NCCL on CUDA) — and then waits for every worker's ack while
-watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
-never a hang. Each worker also bumps a shared heartbeat counter from its own thread; the watch thread
+processes (engine/tp_worker.py), and offers the ModelRunner methods the engine uses. Each step rank 0
+prepares the flat `StepInputs` once (block tables as a diff of the persistent input batch), publishes them
+in a shared-memory ring (engine/step_ring.py) and runs its own forward — tensors meet in the layers'
+torch.distributed collectives (gloo on CPU, NCCL on CUDA) — with no acknowledgement from the workers: the
+collectives keep the ranks in step. Control (setup, profiling, graph capture, shutdown) and the workers'
+errors go over two one-way OS pipes per worker (never a network socket), and a command's answer is awaited
+while watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
+never a hang (during a step: rank 0's collective fails and the worker's pipe or exit code explains it). Each worker also bumps a shared heartbeat counter from its own thread; the watch thread
 notices a worker whose counter stopped for HEARTBEAT_TIMEOUT_S (SIGSTOP, a hung card) however long the
 step, and `liveness_problem` says so to the server's watchdog, which turns /health 503 and ends the group.
 Shutdown, garbage collection and interpreter exit all end the workers: a "shutdown" command after rank 0's
@@ -20,6 +22,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import pickle
 import shutil
 import signal
 import tempfile
@@ -37,6 +40,7 @@ from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.peer_access import PeerAccessCache, nccl_environment
+from engine.step_ring import StepRing
 from engine.tp_worker import WorkerSpec, worker_main
 
 logger = logging.getLogger("pagedesk.engine")
@@ -164,6 +168,7 @@ class TensorParallelExecutor:
         self._finalizer = weakref.finalize(self, self._resources.release)  # garbage collection, interpreter exit
         store_path = os.path.join(self._resources.store_dir.name, "rendezvous")
         ctx = mp.get_context("spawn")
+        self.ring = StepRing(ctx, size - 1)  # forward steps: shared memory, no answers
         for rank in range(1, size):
             spec = WorkerSpec(rank, size, self.dist_backend, store_path, DIST_TIMEOUT_S, os.getpid(), model_config,
                               model_path, device.type, dtype, block_size, attention_backend, env)
@@ -171,8 +176,8 @@ class TensorParallelExecutor:
             command_reader, command_writer = ctx.Pipe(duplex=False)
             result_reader, result_writer = ctx.Pipe(duplex=False)
             heartbeat = ctx.RawValue("Q", 0)
-            process = ctx.Process(target=worker_main, args=(spec, command_reader, result_writer, heartbeat),
-                                  name=f"pagedesk-tp-rank{rank}", daemon=True)
+            process = ctx.Process(target=worker_main, name=f"pagedesk-tp-rank{rank}", daemon=True,
+                                  args=(spec, command_reader, result_writer, heartbeat, self.ring.reader(rank - 1)))
             process.start()
             command_reader.close()  # the worker's ends: closed here, so its death shows as EOF
             result_writer.close()
@@ -216,11 +221,13 @@ class TensorParallelExecutor:
         """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
         self._ensure_usable()
         inputs = self.runner.prepare(batch, block_copies, state_copies)
-        out, _ = self._run_everywhere("run", inputs, rank0_args=(sampling,))
-        return out
+        return self._run_step(inputs, sampling)
 
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)
+
+    def reserve_verify_tokens(self, num_tokens: int) -> None:
+        self._run_everywhere("reserve_verify_tokens", num_tokens)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype, num_state_slots)
@@ -250,17 +257,42 @@ class TensorParallelExecutor:
 
     # ---- lock-step calls --------------------------------------------------------------------------------
 
+    def _run_step(self, inputs, sampling) -> Any:
+        """Publish the step in the ring (or, too large for a slot, send it over the pipes) and wake the
+        workers, then run rank 0's forward and sampling; no worker answers. A worker that failed or died
+        shows as rank 0's collective failing (explained from its pipe or exit code), or to the watch thread."""
+        self._ensure_usable()
+        self._check_workers_alive()
+        payload = pickle.dumps(inputs, protocol=pickle.HIGHEST_PROTOCOL)
+        seq = self.ring.publish(payload, self._check_workers_alive)
+        if seq is None:
+            self._send_all("run_step", (inputs,), self.ring.seq - 1)
+        self.ring.wake()
+        try:
+            return self.runner.run(inputs, sampling)
+        except Exception as exc:
+            raise self._explain_local_failure(exc, "run") from exc
+
+    def _check_workers_alive(self, method: str = "run") -> None:
+        for w in self.workers:
+            if not w.process.is_alive():  # don't walk into a collective with a dead peer
+                raise self._fail(self._describe_failure(w, method))
+
+    def _send_all(self, method: str, args: tuple, published: int) -> None:
+        """A pipe message to every worker, naming the last ring step published before it."""
+        self._check_workers_alive(method)
+        for w in self.workers:
+            try:
+                w.commands.send((method, args, published))
+            except (BrokenPipeError, ConnectionResetError, EOFError):
+                raise self._fail(self._describe_failure(w, method))
+
     def _run_everywhere(self, method: str, *args: Any, rank0_args: tuple = ()) -> tuple[Any, list[Any]]:
         """Start `method` on every worker, run it on rank 0 (with `rank0_args` appended: what stays in this
         process, like the sampling batch), then collect the workers' answers."""
         self._ensure_usable()
-        for w in self.workers:
-            if not w.process.is_alive():  # don't walk into a collective with a dead peer
-                raise self._fail(self._describe_failure(w, method))
-            try:
-                w.commands.send((method, args))
-            except (BrokenPipeError, ConnectionResetError, EOFError):
-                raise self._fail(self._describe_failure(w, method))
+        self._send_all(method, args, self.ring.seq)
+        self.ring.wake()
         try:
             local = getattr(self.runner, method)(*args, *rank0_args)
         except Exception as exc:
@@ -401,9 +433,10 @@ class TensorParallelExecutor:
         self._closed = True
         for w in self.workers:
             try:
-                w.commands.send(("shutdown", ()))
+                w.commands.send(("shutdown", (), self.ring.seq))
             except (OSError, EOFError):
                 pass
+        self.ring.wake()
         self._finalizer.detach()
         self._resources.release(grace_s=STOP_GRACE_S if self.failure is None else 0.5,
                                 abort=self.failure is not None)

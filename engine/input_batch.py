@@ -2,8 +2,8 @@
 
 Each sequence scheduled in a step owns a row (slot) of a `[num_groups, max_rows, max_blocks]` int32 table, one
 plane per KV cache group, on the host (pinned on CUDA, so the copy to the device is truly asynchronous) and
-mirrored on the device. A step only writes what changed since the last step: a joining sequence's whole
-tables, a growing sequence's appended block ids, and entries its KV manager edited in place (a copy-on-write
+mirrored on the device (a `CopyFence` keeps a host write from overtaking a queued copy). A step only writes
+what changed since the last step: a joining sequence's whole tables, a growing sequence's appended block ids, and entries its KV manager edited in place (a copy-on-write
 block, window blocks turned NULL_BLOCK, a freed table), which the managers mark on the sequence with
 `Sequence.mark_table_edit`. Those writes are the step's `BatchDiff`: rank 0 applies it while preparing and
 ships only it to tensor-parallel workers, which apply it to their own mirror (`apply`). The dirty cells are
@@ -29,6 +29,33 @@ import numpy as np
 import torch
 
 FIRST_ROWS = 16  # rows allocated before the first step; doubled whenever a step needs more
+
+
+class CopyFence:
+    """Guards the reuse of a pinned host buffer: its next write waits until the asynchronous copies issued
+    from it have run. A step that ends in a host sync (the sampler's result copy) makes every wait free, but
+    a worker that never syncs (tensor parallel, no acknowledgement) or a step with nothing to sample would
+    otherwise overwrite cells a queued DMA has not read yet. Off the card (pageable host memory, where a copy
+    is done when it returns) it is a no-op."""
+
+    __slots__ = ("enabled", "event", "pending")
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled, self.event, self.pending = enabled, None, False
+
+    def record(self) -> None:
+        """After issuing copies from the buffer, on the current stream."""
+        if self.enabled:
+            if self.event is None:
+                self.event = torch.cuda.Event()
+            self.event.record()
+            self.pending = True
+
+    def wait(self) -> None:
+        """Before writing the buffer."""
+        if self.pending:
+            self.event.synchronize()
+            self.pending = False
 
 
 @dataclass(slots=True)
@@ -76,6 +103,7 @@ class InputBatch:
         self.host_np = np.zeros((num_groups, 0, max_blocks), dtype=np.int32)
         self.device_tables: torch.Tensor = torch.zeros(0)
         self.dirty: list[tuple[int, int, int, int]] = []  # (group, row, start, stop) not yet on the device
+        self.fence = CopyFence(self.pin)  # the host tables' last copy to the device
         self._grow(FIRST_ROWS)
 
     # ---- rows -----------------------------------------------------------------------------------------
@@ -83,13 +111,7 @@ class InputBatch:
     def _grow(self, num_rows: int) -> None:
         """Reallocate every buffer for `num_rows` rows, keeping what the old ones held."""
         old = self.num_rows
-        shape = (self.num_groups, num_rows, self.max_blocks)
-        if self.pin:  # page-locked: the copy to the card is a true asynchronous DMA
-            host = torch.zeros(shape, dtype=torch.int32, pin_memory=True)
-            host_np = host.numpy()
-        else:
-            host_np = np.zeros(shape, dtype=np.int32)
-            host = torch.from_numpy(host_np)
+        host, host_np = host_buffer((self.num_groups, num_rows, self.max_blocks), np.int32, self.pin)
         host_np[:, :old] = self.host_np[:, :old]
         self.host, self.host_np = host, host_np
         device_tables = torch.zeros((self.num_groups, num_rows, self.max_blocks), dtype=torch.int32,
@@ -133,6 +155,7 @@ class InputBatch:
         """Rows of this step's sequences (in batch order) and the diff that brought the tables up to date.
         `batch`: ScheduledSeq items (engine/scheduler.py)."""
         self.step += 1
+        self.fence.wait()  # the host tables are written below: the last commit's copies must have read them
         present = {item.seq.seq_id for item in batch}
         freed = [row for seq_id, row in self.rows.items() if seq_id not in present]
         if freed:
@@ -203,6 +226,7 @@ class InputBatch:
         if diff.step != self.step + 1:
             raise RuntimeError(f"input batch diff {diff.step} arrived after diff {self.step}: one was lost")
         self.step = diff.step
+        self.fence.wait()
         if diff.num_rows > self.num_rows:
             self._grow(diff.num_rows)
         for row in diff.freed_rows:
@@ -229,6 +253,7 @@ class InputBatch:
                     self.device_tables[plane, row, start:stop].copy_(self.host[plane, row, start:stop],
                                                                      non_blocking=True)
         self.dirty.clear()
+        self.fence.record()
 
     def gather(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` tables, gathered on the device from `rows`."""
@@ -237,6 +262,16 @@ class InputBatch:
     def host_tables(self, rows: np.ndarray, width: int) -> np.ndarray:
         """The same tables from the host buffer (slot mapping, tests)."""
         return self.host_np[:, rows, :width]
+
+
+def host_buffer(shape: tuple[int, ...], dtype, pin: bool) -> tuple[torch.Tensor, np.ndarray]:
+    """A zeroed host buffer as a tensor and a numpy view of the same memory: page-locked with `pin` (the
+    copy to the card is then a true asynchronous DMA), plain numpy memory otherwise."""
+    if pin:
+        host = torch.zeros(shape, dtype=torch.from_numpy(np.zeros(0, dtype)).dtype, pin_memory=True)
+        return host, host.numpy()
+    host_np = np.zeros(shape, dtype=dtype)
+    return torch.from_numpy(host_np), host_np
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -109,6 +109,12 @@ class StateSpec:
         return (self.conv_dim * (self.conv_kernel - 1) * self.conv_dtype_bytes
                 + self.num_v_heads * self.head_k_dim * self.head_v_dim * self.ssm_dtype_bytes)
 
+    @property
+    def verify_token_bytes(self) -> int:
+        """One speculative verify token in one layer's verify scratch (engine/spec_decode/state_rollback.py):
+        its pre-conv row in the activation dtype, and g and beta in float32."""
+        return self.conv_dim * self.conv_dtype_bytes + 2 * self.num_v_heads * 4
+
 
 @dataclass(frozen=True, slots=True)
 class StateGroup:
@@ -143,6 +149,13 @@ class KVCacheLayout:
         """The state pool: a slot per seat (max_num_seqs bounds the running sequences, forks and beams included),
         plus the prefix cache's state snapshots."""
         return (max_num_seqs + num_state_snapshots(self, enable_prefix_caching)) * self.state_bytes_per_seq
+
+    def verify_scratch_bytes(self, num_verify_tokens: int) -> int:
+        """A hybrid model's verify scratch under speculative decoding, over every linear-attention layer: the
+        tokens a step may verify (engine/llm_engine.py reserves min(max_num_seqs * (1 + k), the token
+        budget)); 0 without linear-attention layers."""
+        return 0 if self.state is None else len(self.state.layer_ids) * self.state.spec.verify_token_bytes \
+            * num_verify_tokens
 
     @property
     def num_layers(self) -> int:

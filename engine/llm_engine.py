@@ -74,6 +74,9 @@ class LLMEngine:
             self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
+            if self.spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
+                k = self.spec_config.num_speculative_tokens
+                self.runner.reserve_verify_tokens(min(config.max_num_seqs * (1 + k), self.max_num_batched_tokens))
             if self.device.type == "cuda" and not config.enforce_eager:
                 piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
@@ -328,8 +331,8 @@ class LLMEngine:
                 child.grammar = seq.grammar.fork() if seq.grammar is not None else None
             forks.append((seq, children))
             targets += children
-        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids)
-                for t in targets]
+        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids,
+                            t.seq_id) for t in targets]
         plan.forks += forks
         plan.targets += targets
         batch.rows += rows

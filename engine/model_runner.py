@@ -32,8 +32,10 @@ from engine.models.registry import model_class
 from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
+from engine.sampling_state import FIRST_ROWS, SamplingState
 from engine.scheduler import ScheduledSeq
 from engine.spec_decode.rejection_sampler import SpecSampleOutput, prepare_verify, verify_drafts
+from engine.spec_decode.state_rollback import StateReplay, VerifyStates
 from engine.profiling import profile_batch, profile_sampling_batch
 from engine.sizing import estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
@@ -111,6 +113,11 @@ class StepInputs:
     state_indices: np.ndarray | None = None  # [num_seqs] int32
     has_initial_state: np.ndarray | None = None  # [num_seqs] bool
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src slot, dst slot), in order
+    # Speculative verify rows of a hybrid model (engine/spec_decode/state_rollback.py): the previous verify
+    # step's accepted tokens, replayed into their slots first; this step's read-only rows and their tokens.
+    state_replay: StateReplay | None = None
+    state_read_only: np.ndarray | None = None  # [num_seqs] bool
+    verify_token_rows: np.ndarray | None = None  # [num_verify_tokens] int64
 
 
 @dataclass(slots=True)
@@ -185,11 +192,16 @@ class ModelRunner:
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
+        self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
         self.graphs: DecodeGraphs | None = None
         self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(self.kv_layout.groups), cdiv(model_config.max_model_len, block_size),
                                       device)
+        # Rank 0's per-row sampling parameters and penalty counts, made at its first sampling step (a
+        # tensor-parallel worker never samples, so never holds one).
+        self.sampling_state: SamplingState | None = None
+        self.max_num_seqs = 0
 
     def weights_bytes(self) -> int:
         return sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -202,6 +214,7 @@ class ModelRunner:
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
         self.input_batch.reserve(max_num_seqs)
+        self.max_num_seqs = max_num_seqs
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         """One tensor per cache slot (engine/kv_cache_interface.py): a layer uses its slot's K/V with the block
@@ -237,6 +250,27 @@ class ModelRunner:
             self.state_cache.append((conv, ssm))
         if self.graphs is not None:
             self.graphs.bind_state_padding(num_slots)
+
+    def reserve_verify_tokens(self, num_tokens: int) -> None:
+        """A hybrid model under speculative decoding: every linear-attention layer's verify scratch for
+        `num_tokens` verify tokens a step (max_num_seqs * (1 + k)), before the KV pool is sized."""
+        if self.kv_layout.state is None or num_tokens <= 0:
+            return
+        for layer in self.model.state_layers():
+            layer.reserve_verify_rows(num_tokens, self.dtype, self.device)
+        self.verify_states.max_rows = num_tokens
+
+    def replay_verified(self, replay: StateReplay | None) -> None:
+        """The previous verify step's accepted tokens folded into their state slots (before any state copy
+        or forward of this step reads them)."""
+        if replay is None or not self.state_cache:
+            return
+        dev = self.device
+        rows = to_device(torch.from_numpy(replay.rows), dev)
+        query_start = to_device(torch.from_numpy(replay.query_start_loc), dev)
+        slots = to_device(torch.from_numpy(replay.state_indices), dev)
+        for layer in self.model.state_layers():
+            layer.replay(rows, query_start, slots, replay.max_query_len)
 
     def copy_states(self, copies: list[tuple[int, int]]) -> None:
         """State copies (forks, prefix-cache snapshots taken and restored) in the order they were made: a
@@ -352,18 +386,21 @@ class ModelRunner:
         input_ids = np.fromiter(chain.from_iterable(map(query_tokens, batch)), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
         prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
-        state_indices = has_initial_state = None
+        state_indices = has_initial_state = replay = read_only = verify_rows = None
         if self.kv_layout.state is not None:
             state_indices = np.fromiter((item.seq.state_slot for item in batch), np.int32, len(batch))
             has_initial_state = computed > 0
             self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
+            replay = self.verify_states.take_replay()  # the last verify step's, now that acceptance is known
+            read_only, verify_rows = self.verify_states.plan(batch, query_start)
         return StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=logits_rows(batch, query_start, samples),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
             group_slot_mappings=group_slots, rows=rows, table_width=width, table_diff=diff,
-            state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies))
+            state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies),
+            state_replay=replay, state_read_only=read_only, verify_token_rows=verify_rows)
 
     def step_tables(self, inputs: StepInputs) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
@@ -405,16 +442,21 @@ class ModelRunner:
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
         head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
         self.copy_blocks(inputs.block_copies)
+        self.replay_verified(inputs.state_replay)  # before the copies: a fork or snapshot reads the accepted state
         self.copy_states(inputs.state_copies)
         dev = self.device
         tables = self.step_tables(inputs)
         logits_index = to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) \
             if inputs.logits_rows else None
-        prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev) \
-            if sampling is not None and inputs.logits_rows else None
+        prepared = None
+        if sampling is not None and inputs.logits_rows:
+            if self.sampling_state is None:
+                # Rows and penalty slots for max_num_seqs: what the memory profile's sampler step held.
+                self.sampling_state = SamplingState(self.config.vocab_size, dev, self.max_num_seqs or FIRST_ROWS)
+            prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev, self.sampling_state)
         if self.expert_load is not None:
             self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
-        if self.graphs is not None and self.graphs.can_run(inputs):
+        if self.graphs is not None and inputs.state_read_only is None and self.graphs.can_run(inputs):
             hidden = self.graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
         else:
             meta = AttentionMetadata(
@@ -428,6 +470,9 @@ class ModelRunner:
             if inputs.state_indices is not None:
                 meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
                 meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
+            if inputs.state_read_only is not None:
+                meta.state_read_only = to_device(torch.from_numpy(inputs.state_read_only), dev)
+                meta.verify_token_rows = to_device(torch.from_numpy(inputs.verify_token_rows), dev)
             if self.piecewise is not None and self.piecewise.can_run(inputs):
                 hidden = self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
             else:
@@ -450,13 +495,14 @@ class ModelRunner:
         return out
 
     @staticmethod
-    def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device) -> "PreparedSampling":
-        """The sampler's device tensors for a step, made before its forward (asynchronous copies)."""
+    def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device,
+                         state: SamplingState | None = None) -> "PreparedSampling":
+        """The sampler's device tensors for a step, made before its forward (asynchronous copies), from
+        `state` (rank 0's persistent one; None: a throwaway one for these rows alone)."""
         prepared = PreparedSampling(sampling)
         if sampling.rows:
-            prepared.meta = SamplingMetadata.build(sampling.rows, vocab_size, dev)
-            if sampling.bitmask is not None:
-                prepared.meta.bitmask = to_device(sampling.bitmask, dev)
+            state = state or SamplingState(vocab_size, dev, len(sampling.rows))
+            prepared.meta = state.metadata(sampling.rows, sampling.bitmask)
             prepared.rows_index = to_device(torch.tensor(sampling.logits_index, dtype=torch.long), dev)
         if sampling.beam_index:
             prepared.beam_index = to_device(torch.tensor(sampling.beam_index, dtype=torch.long), dev)

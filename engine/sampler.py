@@ -59,7 +59,8 @@ def apply_bias_and_masks(logits: torch.Tensor, meta: SamplingMetadata) -> None:
         logits.index_put_((rows, ids), values, accumulate=True)
     if meta.masked is not None:
         rows, ids = meta.masked
-        logits.index_put_((rows, ids), torch.tensor(float("-inf"), device=logits.device))
+        # torch.full, not torch.tensor(..., device=): a fill kernel, where a pageable host copy would wait
+        logits.index_put_((rows, ids), torch.full((), float("-inf"), device=logits.device))
     if meta.bitmask is not None:
         apply_token_bitmask(logits, meta.bitmask)
 
@@ -74,20 +75,19 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
 
 
 def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[SamplingRow]) -> None:
-    """Repetition penalty on every token seen (prompt or output); presence/frequency on output counts."""
+    """Repetition penalty on every token seen (prompt or output); presence/frequency on output counts, read
+    from the sampling state's persistent buffers at the penalized rows' slots."""
     if isinstance(meta, list):
         meta = SamplingMetadata.build(meta, logits.shape[1], logits.device)
     if meta.penalty_rows is None:
         return
     vocab = logits.shape[1]
     rows = logits[meta.penalty_rows]
-    seen = torch.zeros(rows.shape[0], vocab + 1, dtype=torch.bool, device=logits.device)  # column vocab: padding
-    seen.scatter_(1, meta.prompt_ids, True).scatter_(1, meta.output_ids, True)
+    counts = meta.output_counts.index_select(0, meta.penalty_slots).narrow(1, 0, vocab)
+    seen = meta.in_prompt.index_select(0, meta.penalty_slots).narrow(1, 0, vocab) | (counts > 0)
     penalty = meta.repetition_penalty[:, None]
-    rows = torch.where(seen[:, :vocab], torch.where(rows > 0, rows / penalty, rows * penalty), rows)
-    counts = torch.zeros(rows.shape[0], vocab + 1, device=logits.device)
-    counts.scatter_add_(1, meta.output_ids, torch.ones_like(meta.output_ids, dtype=counts.dtype))
-    counts = counts[:, :vocab]
+    rows = torch.where(seen, torch.where(rows > 0, rows / penalty, rows * penalty), rows)
+    counts = counts.float()
     rows -= meta.frequency_penalty[:, None] * counts + meta.presence_penalty[:, None] * (counts > 0).float()
     logits.index_copy_(0, meta.penalty_rows, rows)
 

@@ -2,12 +2,13 @@
 
 `SamplingBatch` is the engine's request to the model runner for one step: one `SamplingRow` per token to
 draw (with the logits row it reads, so the n outputs of a request fork off one row) and the logits rows of
-beam-search sequences, whose top log-probs are returned instead of a draw. `SamplingMetadata.build` turns
-the rows into tensors on the logits' device once per step (temperatures, filters, penalties, padded
-token ids, flat bias/mask indices), so the sampler never loops over the vocabulary in Python and never
-mixes host and device tensors; on a card every copy is asynchronous from pinned memory, so the model runner
-builds it before the forward and the host never waits for the card. Seeded generators are made by
-`make_generator`, on the device they serve.
+beam-search sequences, whose top log-probs are returned instead of a draw. `SamplingMetadata` is the same
+as tensors on the logits' device (temperatures, filters, penalty buffers, flat bias/mask indices), made by
+the model runner's persistent `SamplingState` (engine/sampling_state.py) from what changed since the last
+step, or by `SamplingMetadata.build` from the rows alone; the sampler never loops over the vocabulary in
+Python and never mixes host and device tensors; on a card every copy is asynchronous from pinned memory, so
+the model runner builds it before the forward and the host never waits for the card. Seeded generators are
+made by `make_generator`, on the device they serve.
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ class SamplingRow:
     num_prompt_tokens: int
     generator: torch.Generator | None  # a seeded request's own; None: the engine's generator
     eos_ids: list[int]
+    key: int | None = None  # the sequence's id: its sampling state persists across steps (None: one step)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -76,8 +78,11 @@ class SamplingMetadata:
     repetition_penalty: torch.Tensor | None  # [P]
     presence_penalty: torch.Tensor | None  # [P]
     frequency_penalty: torch.Tensor | None  # [P]
-    prompt_ids: torch.Tensor | None  # long [P, longest prompt], padded with vocab_size
-    output_ids: torch.Tensor | None  # long [P, longest output], padded with vocab_size
+    # The sampling state's persistent penalty buffers (engine/sampling_state.py), read at the rows' slots
+    # only when the penalties are applied (no [P, vocab] gather alive during the forward).
+    penalty_slots: torch.Tensor | None  # long [P]
+    in_prompt: torch.Tensor | None  # bool [slots, vocab]: the token is in the slot's prompt
+    output_counts: torch.Tensor | None  # int32 [slots, vocab]: times the token is in the slot's output
     bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # (rows, token ids, values) of logit_bias
     masked: tuple[torch.Tensor, torch.Tensor] | None  # (rows, token ids) set to -inf (min_tokens)
     max_num_logprobs: int | None  # top-k width for logprobs; None: no row asks
@@ -87,44 +92,12 @@ class SamplingMetadata:
 
     @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
-        def tensor(values, dtype=torch.float32) -> torch.Tensor | None:
-            return to_device(torch.tensor(values, dtype=dtype), device) if values else None
-
-        sampled = [i for i, r in enumerate(rows) if not r.params.greedy]
-        sp = [rows[i].params for i in sampled]
-        filt = [j for j, p in enumerate(sp) if p.top_k > 0 or p.top_p < 1.0 or p.min_p > 0.0]
-        fp = [sp[j] for j in filt]
-        pen = [i for i, r in enumerate(rows) if _penalized(r.params)]
-        pp = [rows[i].params for i in pen]
-        return cls(
-            num_rows=len(rows), sampled_rows=tensor(sampled, torch.long),
-            temperature=tensor([p.temperature for p in sp]), generators=[rows[i].generator for i in sampled],
-            filter_rows=tensor(filt, torch.long),
-            top_k=tensor([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in fp], torch.long),
-            top_p=tensor([p.top_p if p.top_p < 1.0 else 2.0 for p in fp]), min_p=tensor([p.min_p for p in fp]),
-            penalty_rows=tensor(pen, torch.long), repetition_penalty=tensor([p.repetition_penalty for p in pp]),
-            presence_penalty=tensor([p.presence_penalty for p in pp]),
-            frequency_penalty=tensor([p.frequency_penalty for p in pp]),
-            prompt_ids=_padded([rows[i].prompt_ids for i in pen], vocab_size, device) if pen else None,
-            output_ids=_padded([rows[i].output_ids for i in pen], vocab_size, device) if pen else None,
-            bias=_bias(rows, device), masked=_masked(rows, device),
-            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None))
+        """From the rows alone, nothing kept: a throwaway SamplingState (the same code as a step's)."""
+        from engine.sampling_state import SamplingState
+        return SamplingState(vocab_size, device, len(rows)).metadata(rows)
 
 
-def _penalized(p: SamplingParams) -> bool:
-    return p.repetition_penalty != 1.0 or bool(p.presence_penalty) or bool(p.frequency_penalty)
-
-
-def _padded(lists: list[list[int]], pad: int, device: torch.device) -> torch.Tensor:
-    """Ragged token id lists as one [rows, longest] tensor; `pad` (= vocab size) lands in a spare column."""
-    width = max((len(ids) for ids in lists), default=0)
-    out = torch.full((len(lists), max(width, 1)), pad, dtype=torch.long)
-    for i, ids in enumerate(lists):
-        out[i, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-    return to_device(out, device)
-
-
-def _bias(rows: list[SamplingRow], device: torch.device):
+def bias_tensors(rows: list[SamplingRow], device: torch.device):
     entries = [(i, t, v) for i, r in enumerate(rows) for t, v in (r.params.logit_bias or {}).items()]
     if not entries:
         return None
@@ -133,7 +106,7 @@ def _bias(rows: list[SamplingRow], device: torch.device):
             to_device(torch.tensor(v, dtype=torch.float32), device))
 
 
-def _masked(rows: list[SamplingRow], device: torch.device):
+def masked_tensors(rows: list[SamplingRow], device: torch.device):
     """Token ids a row may not draw this step: EOS and stop ids before min_tokens, and the last token of each
     bad word whose other tokens the output ends with (a one-token bad word always)."""
     entries = []

@@ -1,11 +1,14 @@
 """A tensor-parallel worker process: rank 1.. of the group, holding its shard of the model and KV cache.
 
 Spawned by the executor. It first arranges to die with its parent, joins the torch.distributed group,
-builds its ModelRunner, then loops on its command pipe: each message names a ModelRunner method and its
-arguments (prepared `StepInputs` for a forward step); the worker runs it in lock step with rank 0 (the
-collectives inside the forward pair up) and answers on its result pipe with ("ok", result) or ("error",
-traceback). It never samples: `run` gets no sampling batch, so logits are computed (every rank must join
-the LM head's all-gather) and dropped. Pipe EOF, a "shutdown" command, its own error, or its parent's death ends it.
+builds its ModelRunner, then loops on two inputs. Forward steps (`StepInputs`, the block tables as a diff)
+come through the shared-memory step ring (engine/step_ring.py) and are run in lock step with rank 0 (the
+collectives inside the forward pair up) with no answer, so rank 0 never waits for an acknowledgement and
+can write the next step while this one runs. Every other command comes over the command pipe, names a
+ModelRunner method and its arguments and the last step published before it (run first), and is answered
+on the result pipe with ("ok", result) or ("error", traceback); a step's error also goes there. It never
+samples: `run` gets no sampling batch, so logits are computed (every rank must join the LM head's
+all-gather) and dropped. Pipe EOF, a "shutdown" command, its own error, or its parent's death ends it.
 
 It ignores SIGINT and SIGTERM: a GUI stops an engine by signalling its whole process group, and a worker
 that died then would leave rank 0's last all-reduce waiting; instead rank 0 drains and sends "shutdown".
@@ -17,6 +20,7 @@ loop captures CUDA graphs, when another thread's CUDA calls would break the capt
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -31,12 +35,14 @@ import torch
 from engine import gpu_baseline
 from engine.model_config import ModelConfig
 from engine.parent_watch import die_with_parent
+from engine.step_ring import StepReader
 
-# ModelRunner methods rank 0 may ask for; "run" answers None (only rank 0 samples).
-COMMANDS = ("run", "reserve_input_rows", "allocate_kv_cache", "profile_memory", "weights_bytes", "kv_cache_bytes", "plan_decode_graphs",
-            "capture_decode_graphs")
+# ModelRunner methods rank 0 may ask for over the pipe (forward steps come through the ring, unanswered).
+COMMANDS = ("reserve_input_rows", "reserve_verify_tokens", "allocate_kv_cache", "profile_memory", "weights_bytes",
+            "kv_cache_bytes", "plan_decode_graphs", "capture_decode_graphs")
 CAPTURES = frozenset({"capture_decode_graphs"})  # commands during which the heartbeat must not touch the card
 HEARTBEAT_S = 0.5
+WAKE_POLL_S = 0.1  # an idle worker's sleep between looks at its pipe (rank 0's wake-up ends it early)
 
 
 @dataclass
@@ -58,8 +64,10 @@ class WorkerSpec:
     env: dict[str, str] = field(default_factory=dict)  # set before torch.distributed starts (NCCL_P2P_DISABLE)
 
 
-def worker_main(spec: WorkerSpec, commands: Connection, results: Connection, heartbeat=None) -> None:
-    """`heartbeat`: a shared multiprocessing RawValue("Q") the heartbeat thread keeps counting up."""
+def worker_main(spec: WorkerSpec, commands: Connection, results: Connection, heartbeat=None,
+                ring: StepReader | None = None) -> None:
+    """`heartbeat`: a shared multiprocessing RawValue("Q") the heartbeat thread keeps counting up; `ring`: this
+    worker's end of the step ring (engine/step_ring.py)."""
     die_with_parent(spec.parent_pid)
     for sig in (signal.SIGINT, signal.SIGTERM):  # rank 0 decides when this worker ends
         signal.signal(sig, signal.SIG_IGN)
@@ -87,7 +95,7 @@ def worker_main(spec: WorkerSpec, commands: Connection, results: Connection, hea
     except BaseException:
         _reply_error(results)
         _exit(1)
-    code = serve(runner, commands, results, card_lock)
+    code = serve(runner, commands, results, card_lock, ring)
     if code == 0:
         destroy_distributed()
     _exit(code)
@@ -127,16 +135,38 @@ class _CardProbe:
         self.done.synchronize()
 
 
-def serve(runner, commands: Connection, results: Connection, card_lock: threading.Lock | None = None) -> int:
-    """Answer rank 0's commands until it says shutdown (0), goes away or a command fails (1)."""
+def serve(runner, commands: Connection, results: Connection, card_lock: threading.Lock | None = None,
+          ring: StepReader | None = None) -> int:
+    """Answer rank 0 until it says shutdown (0), goes away or a command fails (1): forward steps from the
+    ring (or, too large for a slot, from the pipe), run without an answer, and commands from the pipe, each
+    after the steps published before it, answered once done."""
     card_lock = card_lock or threading.Lock()
     while True:
+        if ring is not None:
+            payload = ring.take()
+            if payload is not None:
+                if not _run_step(runner, pickle.loads(payload), ring, results):
+                    return 1
+                continue
         try:
-            method, args = commands.recv()
+            if ring is not None and not commands.poll():
+                ring.sleep(WAKE_POLL_S)  # rank 0 wakes it; the timeout only bounds how late a closed pipe is seen
+                continue
+            method, args, published = commands.recv()
         except (EOFError, OSError):  # rank 0 is gone
             return 1
+        while ring is not None and ring.next_seq <= published:  # the steps sent before this message first
+            payload = ring.take()
+            if payload is None or not _run_step(runner, pickle.loads(payload), ring, results):
+                if payload is None:
+                    _reply_text(results, f"step {ring.next_seq} was sent before {method!r} but is not in the ring")
+                return 1
         if method == "shutdown":
             return 0
+        if method == "run_step":  # a step too large for a ring slot: it is the next step
+            if not _run_step(runner, args[0], ring, results):
+                return 1
+            continue
         try:
             assert method in COMMANDS, f"unknown command {method!r}"
             if method in CAPTURES:
@@ -145,11 +175,31 @@ def serve(runner, commands: Connection, results: Connection, card_lock: threadin
             else:
                 result = getattr(runner, method)(*args)
             if runner.device.type == "cuda":
-                torch.cuda.synchronize(runner.device)  # the ack means "done", so rank 0 can trust it
+                torch.cuda.synchronize(runner.device)  # the answer means "done", so rank 0 can trust it
             results.send(("ok", result))
         except BaseException:
             _reply_error(results)
             return 1
+
+
+def _run_step(runner, inputs, ring: StepReader | None, results: Connection) -> bool:
+    """One forward in lock step with rank 0, with no answer (its collectives are the synchronisation; an error
+    goes to rank 0 on the result pipe and ends this worker, which breaks rank 0's next collective)."""
+    if ring is not None:
+        ring.done()  # read: its slot may take the step after next
+    try:
+        runner.run(inputs)
+        return True
+    except BaseException:
+        _reply_error(results)
+        return False
+
+
+def _reply_text(results: Connection, message: str) -> None:
+    try:
+        results.send(("error", message))
+    except (OSError, EOFError):
+        pass
 
 
 def _reply_error(results: Connection) -> None:

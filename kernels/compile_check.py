@@ -165,20 +165,20 @@ def gated_delta_variants() -> list[Variant]:
     return [
         Variant("gated_delta fused_recurrent bf16 d128 group 3", fused_recurrent_kernel,
                 dict(q_ptr=bf16, k_ptr=bf16, v_ptr=bf16, g_ptr="*fp32", beta_ptr=bf16, o_ptr=bf16,
-                     state_ptr="*fp32", **seq), dict(BLOCK_V=DECODE_BLOCK_V, **heads)),
+                     state_ptr="*fp32", keep_ptr="*i8", **seq), dict(BLOCK_V=DECODE_BLOCK_V, **heads)),
         Variant("gated_delta chunk_prepare bf16 d128 group 3", chunk_prepare_kernel,
                 dict(k_ptr=bf16, v_ptr=bf16, g_ptr="*fp32", beta_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32",
                      c_ptr="*fp32", chunk_seq_ptr="*i32", chunk_first_ptr="*i32", start_ptr="*i32"),
                 dict(HV=48, BT=CHUNK, BLOCK_V=PREPARE_BLOCK_V, **heads)),
         Variant("gated_delta chunk_state bf16 d128 group 3", chunk_state_kernel,
                 dict(q_ptr=bf16, k_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32", c_ptr="*fp32", o_ptr=bf16,
-                     state_ptr="*fp32", long_seq_ptr="*i32", **seq),
+                     state_ptr="*fp32", long_seq_ptr="*i32", keep_ptr="*i8", **seq),
                 dict(HV=48, BT=CHUNK, BLOCK_V=STATE_BLOCK_V, **heads), num_warps=STATE_WARPS),
         Variant("gated_delta causal_conv1d bf16 width 4", causal_conv1d_kernel,
                 dict(x_ptr=bf16, w_ptr=bf16, bias_ptr=bf16, state_ptr=bf16, y_ptr=bf16, token_seq_ptr="*i32", **seq),
                 dict(WIDTH=4, HAS_BIAS=False, SILU=True, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)),
         Variant("gated_delta conv_state_update bf16 width 4", conv_state_update_kernel,
-                dict(x_ptr=bf16, state_ptr=bf16, **seq), dict(WIDTH=4, BLOCK_K=4, BLOCK_C=BLOCK_C)),
+                dict(x_ptr=bf16, state_ptr=bf16, keep_ptr="*i8", **seq), dict(WIDTH=4, BLOCK_K=4, BLOCK_C=BLOCK_C)),
     ]
 
 

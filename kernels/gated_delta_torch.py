@@ -4,7 +4,10 @@ varlen batches, reading and writing per-sequence state slots in place.
 Layout (shared with kernels/triton_gated_delta.py and kernels/triton_causal_conv1d.py): all scheduled tokens
 of all sequences in one flat [T, ...] tensor, `query_start_loc` [B+1] int32 offsets, one state slot per
 sequence (`state_indices` [B]), `has_initial_state` [B] bool (False: the slot is read as zeros, a fresh
-prompt). The recurrent state is float32 whatever the activations' dtype. The math is HF's
+prompt). The recurrent state is float32 whatever the activations' dtype. `read_only_state` [B] bool (optional):
+True rows read their slot but leave it as it was (a speculative verify row, whose 1 + k tokens may be
+rejected: the engine later replays only the accepted ones through these same functions, see
+engine/spec_decode/state_rollback.py). The math is HF's
 (transformers/models/qwen3_next/modeling_qwen3_next.py): prefill rows take the chunked form, vectorised
 over heads and chunks; one-token rows (decode) take the recurrent form, batched over sequences. This is the
 CPU path and the oracle the Triton kernels are tested against; it imports nothing of ours.
@@ -47,6 +50,26 @@ def _sequence_bounds(query_start_loc: torch.Tensor, state_indices: torch.Tensor,
     return starts
 
 
+def _read_only(read_only_state: torch.Tensor | None, num_seqs: int) -> list[bool]:
+    """`read_only_state` as a host list (all False when None); its shape is checked."""
+    if read_only_state is None:
+        return [False] * num_seqs
+    if read_only_state.shape != (num_seqs,):
+        raise ValueError(f"read_only_state must be [{num_seqs}] (one per sequence); got "
+                         f"{tuple(read_only_state.shape)}")
+    return read_only_state.bool().tolist()
+
+
+def read_only_flags(read_only_state: torch.Tensor | None, num_seqs: int, device) -> torch.Tensor:
+    """The Triton kernels' form of `read_only_state`: [num_seqs] int8 on the device (zeros when None), no sync."""
+    if read_only_state is None:
+        return torch.zeros(num_seqs, dtype=torch.int8, device=device)
+    if read_only_state.shape != (num_seqs,):
+        raise ValueError(f"read_only_state must be [{num_seqs}] (one per sequence); got "
+                         f"{tuple(read_only_state.shape)}")
+    return read_only_state.to(torch.int8)
+
+
 # ---------------------------------------------------------------- causal conv1d
 
 def check_conv1d_inputs(x, weight, bias, conv_states, activation) -> None:
@@ -65,16 +88,19 @@ def check_conv1d_inputs(x, weight, bias, conv_states, activation) -> None:
 
 def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          conv_states: torch.Tensor, state_indices: torch.Tensor, query_start_loc: torch.Tensor,
-                         has_initial_state: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
+                         has_initial_state: torch.Tensor, activation: str | None = "silu",
+                         read_only_state: torch.Tensor | None = None) -> torch.Tensor:
     """Depthwise causal conv over each sequence, continuing from (and updating in place) its conv-state slot.
 
     x [T, C]; weight [C, K]; bias [C] or None; conv_states [num_slots, C, K-1] holds each sequence's last K-1
-    inputs. Returns act(conv + bias) [T, C] in x.dtype (accumulated in float32)."""
+    inputs. Returns act(conv + bias) [T, C] in x.dtype (accumulated in float32). Rows flagged in
+    `read_only_state` leave their slot unchanged."""
     check_conv1d_inputs(x, weight, bias, conv_states, activation)
     num_tokens, channels = x.shape
     width = weight.shape[1]
     starts = _sequence_bounds(query_start_loc, state_indices, has_initial_state, num_tokens, conv_states.shape[0])
     slots, fresh = state_indices.tolist(), (~has_initial_state.bool()).tolist()
+    keep = _read_only(read_only_state, len(slots))
     w = weight.float()
     b = None if bias is None else bias.float()
     y = torch.empty_like(x)
@@ -87,7 +113,8 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         window = torch.cat([prev, x[rows].float().unsqueeze(-1)], dim=-1)  # [n, C, K]
         out = (window * w).sum(-1)
         y[rows] = _activate(out if b is None else out + b, activation).to(x.dtype)
-        conv_states[idx] = window[:, :, 1:].to(conv_states.dtype)
+        write = torch.tensor([not keep[i] for i in decode], device=x.device)
+        conv_states[idx[write]] = window[write, :, 1:].to(conv_states.dtype)
     for i, slot in enumerate(slots):
         length = starts[i + 1] - starts[i]
         if length <= 1:
@@ -97,7 +124,8 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         window = torch.cat([prev, x[starts[i]:starts[i + 1]].t().float()], dim=-1)  # [C, K-1+L]
         out = F.conv1d(window.unsqueeze(0), w.unsqueeze(1), b, groups=channels)[0]  # [C, L]
         y[starts[i]:starts[i + 1]] = _activate(out, activation).t().to(x.dtype)
-        conv_states[slot] = window[:, -(width - 1):].to(conv_states.dtype)
+        if not keep[i]:
+            conv_states[slot] = window[:, -(width - 1):].to(conv_states.dtype)
     return y
 
 
@@ -214,13 +242,16 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             beta: torch.Tensor, ssm_states: torch.Tensor, state_indices: torch.Tensor,
                             query_start_loc: torch.Tensor, has_initial_state: torch.Tensor,
                             scale: float | None = None, use_qk_l2norm: bool = True,
-                            chunk_size: int = 64) -> torch.Tensor:
+                            chunk_size: int = 64, read_only_state: torch.Tensor | None = None,
+                            max_query_len: int | None = None) -> torch.Tensor:
     """The gated delta rule over a packed batch: q, k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv];
-    ssm_states [num_slots, Hv, Dk, Dv] float32 is read and written in place through state_indices.
-    Returns o [T, Hv, Dv] in v.dtype."""
+    ssm_states [num_slots, Hv, Dk, Dv] float32 is read and written in place through state_indices (rows
+    flagged in `read_only_state` only read theirs). Returns o [T, Hv, Dv] in v.dtype. `max_query_len` (the
+    longest row, known on the host) lets the Triton twin skip its host sync; the reference ignores it."""
     check_gated_delta_inputs(q, k, v, g, beta, ssm_states)
     starts = _sequence_bounds(query_start_loc, state_indices, has_initial_state, q.shape[0], ssm_states.shape[0])
     slots, fresh = state_indices.tolist(), (~has_initial_state.bool()).tolist()
+    keep = _read_only(read_only_state, len(slots))
     o = torch.empty_like(v)
     decode = [i for i in range(len(slots)) if starts[i + 1] - starts[i] == 1]
     if decode:
@@ -232,7 +263,8 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                                       g[rows].unsqueeze(1), beta[rows].unsqueeze(1), use_qk_l2norm, scale)
         out = _recurrent_step(state, qd[:, :, 0], kd[:, :, 0], vd[:, :, 0], gd[:, :, 0], bd[:, :, 0])
         o[rows] = out.to(o.dtype)
-        ssm_states[idx] = state
+        write = torch.tensor([not keep[i] for i in decode], device=q.device)
+        ssm_states[idx[write]] = state[write]
     for i, slot in enumerate(slots):
         a, b = starts[i], starts[i + 1]
         if b - a <= 1:
@@ -242,5 +274,6 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                                             chunk_size=chunk_size, initial_state=initial, output_final_state=True,
                                             use_qk_l2norm_in_kernel=use_qk_l2norm, scale=scale)
         o[a:b] = out[0]
-        ssm_states[slot] = final[0]
+        if not keep[i]:
+            ssm_states[slot] = final[0]
     return o

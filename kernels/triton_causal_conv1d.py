@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gated_delta_torch import check_conv1d_inputs
+from kernels.gated_delta_torch import check_conv1d_inputs, read_only_flags
+
 
 BLOCK_T, BLOCK_C = 16, 128
 
@@ -55,8 +56,8 @@ def causal_conv1d_kernel(x_ptr, w_ptr, bias_ptr, state_ptr, y_ptr, token_seq_ptr
 
 
 @triton.jit
-def conv_state_update_kernel(x_ptr, state_ptr, start_ptr, slot_ptr, init_ptr, channels, stride_xt, stride_ss,
-                             stride_sc, stride_sk, WIDTH: tl.constexpr, BLOCK_K: tl.constexpr,
+def conv_state_update_kernel(x_ptr, state_ptr, start_ptr, slot_ptr, init_ptr, keep_ptr, channels, stride_xt,
+                             stride_ss, stride_sc, stride_sk, WIDTH: tl.constexpr, BLOCK_K: tl.constexpr,
                              BLOCK_C: tl.constexpr):
     seq = tl.program_id(0)
     c = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -65,6 +66,7 @@ def conv_state_update_kernel(x_ptr, state_ptr, start_ptr, slot_ptr, init_ptr, ch
     start, end = tl.load(start_ptr + seq), tl.load(start_ptr + seq + 1)
     slot = tl.load(slot_ptr + seq).to(tl.int64)
     init = tl.load(init_ptr + seq).to(tl.int32)
+    read_only = tl.load(keep_ptr + seq).to(tl.int32)  # a verify row: its slot is advanced later, by replay
     src = (end - start) - (WIDTH - 1) + j  # new column j holds this input (negative: an old column, shifted)
     in_x = src >= 0
     x_mask = c_ok[:, None] & (j_ok & in_x)[None, :]
@@ -74,15 +76,16 @@ def conv_state_update_kernel(x_ptr, state_ptr, start_ptr, slot_ptr, init_ptr, ch
     s_mask = c_ok[:, None] & (j_ok & ~in_x & (j * 0 + init != 0))[None, :]
     old = tl.load(state + (j + (end - start))[None, :] * stride_sk, mask=s_mask, other=0.0)
     new = xv.to(tl.float32) + old.to(tl.float32)  # all loads of this (slot, channels) come before its stores
-    keep = j_ok & (j * 0 + end - start > 0)  # an empty sequence (padding) keeps its slot untouched
+    keep = j_ok & (j * 0 + (end - start) * (1 - read_only) > 0)  # an empty sequence (padding) keeps its slot
     tl.store(state + j[None, :] * stride_sk, new.to(state_ptr.dtype.element_ty), mask=c_ok[:, None] & keep[None, :])
 
 
 def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                          conv_states: torch.Tensor, state_indices: torch.Tensor, query_start_loc: torch.Tensor,
-                         has_initial_state: torch.Tensor, activation: str | None = "silu") -> torch.Tensor:
+                         has_initial_state: torch.Tensor, activation: str | None = "silu",
+                         read_only_state: torch.Tensor | None = None) -> torch.Tensor:
     """Triton twin of kernels/gated_delta_torch.causal_conv1d_varlen: x [T, C] -> y [T, C], conv_states
-    [num_slots, C, K-1] updated in place through state_indices."""
+    [num_slots, C, K-1] updated in place through state_indices (not for rows flagged in read_only_state)."""
     check_conv1d_inputs(x, weight, bias, conv_states, activation)
     if x.stride(-1) != 1:
         x = x.contiguous()
@@ -97,6 +100,7 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     positions = torch.arange(num_tokens, device=x.device, dtype=query_start_loc.dtype)
     token_seq = torch.searchsorted(query_start_loc[1:].contiguous(), positions, right=True).to(torch.int32)
     init = has_initial_state.to(torch.int8)
+    keep = read_only_flags(read_only_state, num_seqs, x.device)
     grid = (triton.cdiv(num_tokens, BLOCK_T), triton.cdiv(channels, BLOCK_C))
     causal_conv1d_kernel[grid](
         x, weight, bias if bias is not None else weight, conv_states, y, token_seq, query_start_loc, state_indices,
@@ -104,6 +108,6 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
         WIDTH=width, HAS_BIAS=bias is not None, SILU=activation is not None, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)
     if num_seqs:
         conv_state_update_kernel[(num_seqs, triton.cdiv(channels, BLOCK_C))](
-            x, conv_states, query_start_loc, state_indices, init, channels, x.stride(0), *conv_states.stride(),
+            x, conv_states, query_start_loc, state_indices, init, keep, channels, x.stride(0), *conv_states.stride(),
             WIDTH=width, BLOCK_K=triton.next_power_of_2(width - 1), BLOCK_C=BLOCK_C)
     return y

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.gated_delta_torch import check_gated_delta_inputs
+from kernels.gated_delta_torch import check_gated_delta_inputs, read_only_flags
 
 DECODE_BLOCK_V = 32
 PREPARE_BLOCK_V = 32
@@ -27,11 +27,14 @@ CHUNK = 16  # tokens per chunk; the result does not depend on it beyond float32 
 # The state walk holds a [Dk, BLOCK_V] state and [16, Dk] q, k, w tiles: at Dk = 128 ptxas (sm_86) spills
 # 1684 B with BLOCK_V 32 on 4 warps, 772 B on 8, 900 B with 16 on 4, none with 16 on 8 (255 registers).
 STATE_BLOCK_V, STATE_WARPS = 16, 8
+# Rows this short take the recurrent kernel when the caller says so (max_query_len): the loop over a few
+# tokens costs less than the chunked path's two launches and its host-side chunk table.
+RECURRENT_MAX_LEN = 16
 
 
 @triton.jit
 def fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_ptr, start_ptr, slot_ptr, init_ptr,
-                           scale, max_len, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                           keep_ptr, scale, max_len, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
                            stride_gt, stride_bt, stride_ot, stride_oh, stride_ss, stride_sh, stride_sk,
                            HEAD_GROUP: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_K: tl.constexpr,
                            BLOCK_V: tl.constexpr, L2NORM: tl.constexpr):
@@ -76,7 +79,8 @@ def fused_recurrent_kernel(q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, o_ptr, state_pt
         o_row += stride_ot
         g_row += stride_gt
         beta_row += stride_bt
-    tl.store(s_ptrs, state, mask=s_mask & (kk[:, None] * 0 + mine != 0))
+    read_only = tl.load(keep_ptr + seq).to(tl.int32)  # a verify row: its slot is advanced later, by replay
+    tl.store(s_ptrs, state, mask=s_mask & (kk[:, None] * 0 + mine * (1 - read_only) != 0))
 
 
 @triton.jit
@@ -133,8 +137,8 @@ def chunk_prepare_kernel(k_ptr, v_ptr, g_ptr, beta_ptr, u_ptr, w_ptr, c_ptr, chu
 
 @triton.jit
 def chunk_state_kernel(q_ptr, k_ptr, u_ptr, w_ptr, c_ptr, o_ptr, state_ptr, long_seq_ptr, start_ptr, slot_ptr,
-                       init_ptr, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh, stride_ss,
-                       stride_sh, stride_sk, HV: tl.constexpr, HEAD_GROUP: tl.constexpr, DK: tl.constexpr,
+                       init_ptr, keep_ptr, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
+                       stride_ss, stride_sh, stride_sk, HV: tl.constexpr, HEAD_GROUP: tl.constexpr, DK: tl.constexpr,
                        DV: tl.constexpr, BT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
                        L2NORM: tl.constexpr):
     seq = tl.load(long_seq_ptr + tl.program_id(0))
@@ -173,7 +177,8 @@ def chunk_state_kernel(q_ptr, k_ptr, u_ptr, w_ptr, c_ptr, o_ptr, state_ptr, long
                  mask=row_ok[:, None] & v_ok[None, :])
         k_to_end = k * tl.exp(c_last - c)[:, None]
         state = state * tl.exp(c_last) + tl.dot(tl.trans(k_to_end), v_new, input_precision="ieee")
-    tl.store(s_ptrs, state, mask=s_mask)
+    read_only = tl.load(keep_ptr + seq).to(tl.int32)
+    tl.store(s_ptrs, state, mask=s_mask & (kk[:, None] * 0 + read_only == 0))
 
 
 def _last_dim_contiguous(*tensors: torch.Tensor) -> list[torch.Tensor]:
@@ -184,10 +189,14 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             beta: torch.Tensor, ssm_states: torch.Tensor, state_indices: torch.Tensor,
                             query_start_loc: torch.Tensor, has_initial_state: torch.Tensor,
                             scale: float | None = None, use_qk_l2norm: bool = True,
-                            chunk_size: int = 64) -> torch.Tensor:
+                            chunk_size: int = 64, read_only_state: torch.Tensor | None = None,
+                            max_query_len: int | None = None) -> torch.Tensor:
     """Triton twin of kernels/gated_delta_torch.gated_delta_rule_varlen: o [T, Hv, Dv] in v.dtype, ssm_states
-    [num_slots, Hv, Dk, Dv] float32 updated in place through state_indices. chunk_size is accepted for the
-    shared signature; the kernel always solves 16-token chunks (same result up to float32 rounding)."""
+    [num_slots, Hv, Dk, Dv] float32 updated in place through state_indices (not for rows flagged in
+    read_only_state). chunk_size is accepted for the shared signature; the kernel always solves 16-token
+    chunks (same result up to float32 rounding). `max_query_len` (the longest row, from the host) of at
+    most RECURRENT_MAX_LEN sends every row through the recurrent kernel without a host sync: a speculative
+    verify step (1 + k tokens a row) and its replay (engine/spec_decode/state_rollback.py)."""
     check_gated_delta_inputs(q, k, v, g, beta, ssm_states)
     if ssm_states.stride(-1) != 1:
         raise ValueError(f"ssm_states must be contiguous in its last dim; got strides {ssm_states.stride()}")
@@ -200,6 +209,7 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
     if num_tokens == 0 or num_seqs == 0:
         return o
     init = has_initial_state.to(torch.int8)
+    keep = read_only_flags(read_only_state, num_seqs, q.device)
     common = dict(HEAD_GROUP=num_v_heads // num_k_heads, DK=dk, DV=dv, BLOCK_K=triton.next_power_of_2(dk),
                   L2NORM=use_qk_l2norm)
     strides = (q.stride(0), q.stride(1), k.stride(0), k.stride(1))
@@ -207,12 +217,15 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
 
     def recurrent(max_len: int) -> None:
         fused_recurrent_kernel[(num_seqs, num_v_heads, triton.cdiv(dv, DECODE_BLOCK_V))](
-            q, k, v, g, beta, o, ssm_states, query_start_loc, state_indices, init, scale, max_len, *strides,
+            q, k, v, g, beta, o, ssm_states, query_start_loc, state_indices, init, keep, scale, max_len, *strides,
             v.stride(0), v.stride(1), g.stride(0), beta.stride(0), o.stride(0), o.stride(1), *state_strides,
             BLOCK_V=DECODE_BLOCK_V, **common)
 
     if num_tokens == num_seqs:  # a decode step (or anything as short): recurrent only, no host sync
         recurrent(num_tokens)
+        return o
+    if max_query_len is not None and max_query_len <= RECURRENT_MAX_LEN:  # verify rows: a few tokens each
+        recurrent(max_query_len)
         return o
     starts = query_start_loc.tolist()
     lengths = [b - a for a, b in zip(starts, starts[1:])]
@@ -234,7 +247,7 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
         v.stride(1), g.stride(0), beta.stride(0), HV=num_v_heads, BT=CHUNK,
         BLOCK_V=min(PREPARE_BLOCK_V, triton.next_power_of_2(dv)), **common)
     chunk_state_kernel[(len(long_seqs), num_v_heads, triton.cdiv(dv, STATE_BLOCK_V))](
-        q, k, u, w, c, o, ssm_states, long_seq_t, query_start_loc, state_indices, init, scale, *strides, o.stride(0),
-        o.stride(1), *state_strides, HV=num_v_heads, BT=CHUNK, BLOCK_V=STATE_BLOCK_V, num_warps=STATE_WARPS,
-        **common)
+        q, k, u, w, c, o, ssm_states, long_seq_t, query_start_loc, state_indices, init, keep, scale, *strides,
+        o.stride(0), o.stride(1), *state_strides, HV=num_v_heads, BT=CHUNK, BLOCK_V=STATE_BLOCK_V,
+        num_warps=STATE_WARPS, **common)
     return o

@@ -257,8 +257,14 @@ def weights_kind(w, dtype: torch.dtype) -> str:
 
 @functools.cache
 def device_name(device: torch.device) -> str:
-    """The tile table's device key (cached: no driver call per step)."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    """The tile table's device key (cached: no driver call per step). A device whose name cannot be read (fake
+    CUDA tensors on a machine without a driver) has no tuned entry: the default tiles apply."""
+    if device.type != "cuda":
+        return "cpu"
+    try:
+        return torch.cuda.get_device_name(device)
+    except (AssertionError, RuntimeError):
+        return "unknown CUDA device"
 
 
 def fused_moe_triton(x: torch.Tensor, w13: torch.Tensor | PackedExperts, w2: torch.Tensor | PackedExperts,

@@ -230,3 +230,37 @@ def test_bad_inputs_raise_errors_that_name_the_tensor():
         causal_conv1d_varlen(x, torch.randn(6, 4), None, torch.zeros(2, 6, 4), slots, loc, init)
     with pytest.raises(ValueError, match="unknown conv1d activation 'gelu'"):
         causal_conv1d_varlen(x, torch.randn(6, 4), None, torch.zeros(2, 6, 3), slots, loc, init, activation="gelu")
+
+
+def test_read_only_rows_leave_their_slots_and_a_replay_of_the_accepted_tokens_continues_them():
+    """Speculative verify rows (read_only_state): the same outputs as ever, their slots untouched (a
+    one-token row and a chunked one), the other rows' slots updated; replaying a prefix of each verify row
+    then equals running just that prefix."""
+    gen = torch.Generator().manual_seed(9)
+    lengths = [3, 1, 5, 1]
+    loc = torch.tensor([0, 3, 4, 9, 10], dtype=torch.int32)
+    slots, has_initial = torch.tensor([2, 0, 4, 1], dtype=torch.int32), torch.ones(4, dtype=torch.bool)
+    read_only = torch.tensor([True, False, False, True])
+    q, k, v = (torch.randn(10, 2, 8, generator=gen) for _ in range(3))
+    g, beta = -torch.rand(10, 2, generator=gen), torch.rand(10, 2, generator=gen)
+    x, weight = torch.randn(10, 6, generator=gen), torch.randn(6, 4, generator=gen)
+    ssm, conv = torch.randn(5, 2, 8, 8, generator=gen) * 0.1, torch.randn(5, 6, 3, generator=gen)
+    got_ssm, got_conv, want_ssm, want_conv = ssm.clone(), conv.clone(), ssm.clone(), conv.clone()
+    close(gated_delta_rule_varlen(q, k, v, g, beta, got_ssm, slots, loc, has_initial, read_only_state=read_only),
+          gated_delta_rule_varlen(q, k, v, g, beta, want_ssm, slots, loc, has_initial))
+    close(causal_conv1d_varlen(x, weight, None, got_conv, slots, loc, has_initial, read_only_state=read_only),
+          causal_conv1d_varlen(x, weight, None, want_conv, slots, loc, has_initial))
+    kept, moved = [2, 1], [0, 4]
+    assert torch.equal(got_ssm[kept], ssm[kept]) and torch.equal(got_conv[kept], conv[kept])
+    assert torch.equal(got_ssm[moved], want_ssm[moved]) and torch.equal(got_conv[moved], want_conv[moved])
+    rows, replay_loc = torch.tensor([0, 1, 9]), torch.tensor([0, 2, 3], dtype=torch.int32)  # 2 of 3, 1 of 1
+    replay_slots, ones = slots[[0, 3]], torch.ones(2, dtype=torch.bool)
+    gated_delta_rule_varlen(q[rows], k[rows], v[rows], g[rows], beta[rows], got_ssm, replay_slots, replay_loc, ones)
+    causal_conv1d_varlen(x[rows], weight, None, got_conv, replay_slots, replay_loc, ones)
+    direct_ssm, direct_conv = ssm.clone(), conv.clone()
+    gated_delta_rule_varlen(q[rows], k[rows], v[rows], g[rows], beta[rows], direct_ssm, replay_slots, replay_loc,
+                            ones)
+    causal_conv1d_varlen(x[rows], weight, None, direct_conv, replay_slots, replay_loc, ones)
+    assert torch.equal(got_ssm[kept], direct_ssm[kept]) and torch.equal(got_conv[kept], direct_conv[kept])
+    with pytest.raises(ValueError, match=r"read_only_state must be \[4\]"):
+        gated_delta_rule_varlen(q, k, v, g, beta, ssm, slots, loc, has_initial, read_only_state=read_only[:2])

@@ -156,3 +156,44 @@ def test_conv1d_half_decode_step_without_bias_or_activation():
     torch.testing.assert_close(y, expected, atol=2e-3, rtol=2e-3)
     assert torch.equal(tri_pool, ref_pool)
     assert torch.equal(tri_pool[1], pool[1])
+
+
+# ---------------------------------------------------------------- speculative verify rows and their replay
+
+def test_verify_rows_read_their_slot_and_the_replay_folds_in_only_the_accepted_tokens():
+    """A verify step (engine/spec_decode/state_rollback.py): rows of 1 + k tokens flagged read_only_state
+    beside a decode row; the Triton conv and rule (recurrent only: max_query_len given) give the reference's
+    outputs and leave the verify rows' slots as they were. Replaying the first 1 + a tokens of each verify
+    row then brings its slots where the reference gets over just those tokens."""
+    gen = torch.Generator().manual_seed(6)
+    lengths = [4, 1, 3]  # verify 1 + 3 (one draft accepted below), a decode, verify 1 + 2 (both accepted)
+    loc, slots = start_loc(lengths), torch.tensor([3, 0, 1], dtype=torch.int32)
+    has_initial, read_only = torch.ones(3, dtype=torch.bool), torch.tensor([True, False, True])
+    x = torch.randn(sum(lengths), 40, generator=gen)
+    weight = torch.randn(40, 4, generator=gen)
+    args = packed_rule_inputs(gen, sum(lengths), 1, 2, 16, torch.float32)
+    conv_pool, ssm_pool = torch.randn(4, 40, 3, generator=gen), torch.randn(4, 2, 16, 16, generator=gen) * 0.1
+    tri_conv, tri_ssm, ref_conv, ref_ssm = conv_pool.clone(), ssm_pool.clone(), conv_pool.clone(), ssm_pool.clone()
+    y = triton_causal_conv1d.causal_conv1d_varlen(x, weight, None, tri_conv, slots, loc, has_initial,
+                                                  read_only_state=read_only)
+    o = triton_gated_delta.gated_delta_rule_varlen(*args, tri_ssm, slots, loc, has_initial,
+                                                   read_only_state=read_only, max_query_len=4)
+    ref_y = reference.causal_conv1d_varlen(x, weight, None, ref_conv, slots, loc, has_initial)
+    ref_o = reference.gated_delta_rule_varlen(*args, ref_ssm, slots, loc, has_initial)
+    torch.testing.assert_close(y, ref_y, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(o, ref_o, atol=1e-4, rtol=1e-4)
+    verify = [3, 1]
+    assert torch.equal(tri_conv[verify], conv_pool[verify]) and torch.equal(tri_ssm[verify], ssm_pool[verify])
+    torch.testing.assert_close(tri_conv[0], ref_conv[0], atol=0, rtol=0)  # the decode row moved on
+    torch.testing.assert_close(tri_ssm[0], ref_ssm[0], atol=1e-4, rtol=1e-4)
+    rows = torch.tensor([0, 1, 5, 6, 7])  # 1 + a tokens of each verify row
+    replay_loc, replay_slots = start_loc([2, 3]), slots[[0, 2]]
+    ones = torch.ones(2, dtype=torch.bool)
+    triton_causal_conv1d.causal_conv1d_varlen(x[rows], weight, None, tri_conv, replay_slots, replay_loc, ones)
+    triton_gated_delta.gated_delta_rule_varlen(*(a[rows] for a in args), tri_ssm, replay_slots, replay_loc, ones,
+                                               max_query_len=3)
+    want_conv, want_ssm = conv_pool.clone(), ssm_pool.clone()
+    reference.causal_conv1d_varlen(x[rows], weight, None, want_conv, replay_slots, replay_loc, ones)
+    reference.gated_delta_rule_varlen(*(a[rows] for a in args), want_ssm, replay_slots, replay_loc, ones)
+    torch.testing.assert_close(tri_conv[verify], want_conv[verify], atol=0, rtol=0)
+    torch.testing.assert_close(tri_ssm[verify], want_ssm[verify], atol=1e-4, rtol=1e-4)

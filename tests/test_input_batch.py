@@ -2,7 +2,7 @@
 the ones rebuilt from the sequences (over random join / grow / leave / preempt / fork / prefix-hit runs of the
 real KV manager, full and sliding-window groups), a tensor-parallel mirror that applies the diffs holds the
 same tables, and on a (fake) card the host makes no sync between the forward's launch and the sampler's one
-result copy.
+result copy, on a step whose sampling rows join and on the next, which only counts their new tokens.
 """
 from __future__ import annotations
 
@@ -223,9 +223,21 @@ def test_no_host_sync_between_the_forward_launch_and_the_sampler(tiny_weights, f
     params = [SamplingParams(temperature=0.8, seed=2, top_k=5, logprobs=2, repetition_penalty=1.2,
                              logit_bias={3: 1.0}, min_tokens=3),
               SamplingParams(temperature=0, presence_penalty=0.5)]
-    batch = SamplingBatch(rows_for(params, [cuda_generator(), None]), logits_index=[0, 1],
-                          generator=cuda_generator(),
-                          bitmask=torch.full((2, -(-runner.config.vocab_size // 32)), -1, dtype=torch.int32))
-    out = runner.execute([ScheduledSeq(a, 3), ScheduledSeq(b, 1)], [(1, 5)], batch)
-    assert state["phase"] == "results" and len(out.sampled.token_ids) == 2
-    assert state["syncs"] == []
+    rows = rows_for(params, [cuda_generator(), None])
+    for r, seq in zip(rows, (a, b)):
+        r.key = seq.seq_id  # persistent sampling rows: the second step takes the incremental path
+    words = -(-runner.config.vocab_size // 32)
+    for step in range(2):
+        state["phase"] = "prepare"
+        batch = SamplingBatch(rows, logits_index=[0, 1], generator=cuda_generator(),
+                              bitmask=torch.full((2, words), -1, dtype=torch.int32))
+        scheduled = [ScheduledSeq(a, 3 if step == 0 else 1), ScheduledSeq(b, 1)]
+        out = runner.execute(scheduled, [(1, 5)] if step == 0 else [], batch)
+        assert state["phase"] == "results" and len(out.sampled.token_ids) == 2
+        assert state["syncs"] == []
+        for seq, r in zip((a, b), rows):  # the step's token, as the output processor appends it
+            seq.num_computed_tokens = len(seq.token_ids)
+            seq.token_ids.append(9)
+            seq.num_tokens += 1
+            r.token_ids.append(9)
+    assert runner.sampling_state.num_joined == 0 and runner.sampling_state.num_count_writes == 2

@@ -216,16 +216,15 @@ def test_config_as_dict_round_trips_through_the_command_line():
     assert parse_speculative_config(config.speculative_config) == parse_speculative_config(spec)
 
 
-def test_a_recurrent_state_model_is_refused(tiny_model_dir):
+def test_only_layers_that_cannot_roll_back_are_refused():
+    """Attention KV rolls back by not counting rejected slots, a hybrid's state group by replaying the
+    accepted tokens (tests/test_spec_decode_hybrid.py); any other kind of layer is refused."""
     from types import SimpleNamespace
 
     from engine.spec_decode.loading import check_rollback
 
     group = lambda kind: SimpleNamespace(spec=SimpleNamespace(kind=kind))  # noqa: E731
     check_rollback(SimpleNamespace(groups=[group("full_attention"), group("sliding_window")]))
-    with pytest.raises(ValueError, match="speculative_config.*state"):
-        check_rollback(SimpleNamespace(groups=[group("full_attention"), group("state")]))
-    with pytest.raises(ValueError, match="speculative_config.*state"):  # the hybrid layout: a state group beside
-        check_rollback(SimpleNamespace(groups=[group("full_attention")], state=object()))
-    with pytest.raises(ValueError, match="speculative_config.*state"):  # before the model loads
-        LLM(str(tiny_model_dir("qwen3_5")), device="cpu", speculative_config=ngram_config())
+    check_rollback(SimpleNamespace(groups=[group("full_attention")], state=object()))  # the hybrid layout
+    with pytest.raises(ValueError, match="speculative_config.*mamba.*cannot roll back"):
+        check_rollback(SimpleNamespace(groups=[group("full_attention"), group("mamba")]))

@@ -4,8 +4,10 @@ S sequences of B blocks each decode one token per step (a new block every block_
 `ModelRunner.prepare` (what rank 0 does on the host before every forward), and where the tree has a persistent
 input batch also the host side of getting the step's tables onto the device (`step_tables`: the diff applied,
 the changed cells copied, the rows gathered). It prints the median and the best step (the best is the
-fair figure on a loaded machine) and the bytes of the pickled
-`StepInputs` a tensor-parallel worker receives. It runs on older checkouts too (no input batch there), so the
+fair figure on a loaded machine), the bytes of the pickled
+`StepInputs` a tensor-parallel worker receives, and the sampler's metadata for the same rows (temperature and
+top-p on all, penalties on every other one by default): built from the rows every step (`SamplingMetadata.build`, the only way in
+older trees) or kept by the persistent `SamplingState`, which only counts each step's new tokens. It runs on older checkouts too (no input batch there), so the
 same file measures before and after: `python -m engine.bench.prepare` from each tree.
 """
 from __future__ import annotations
@@ -68,12 +70,45 @@ def decode_step(seqs, block_size: int, fresh: list[int]) -> None:
             seq.block_tables[0].append(Block(fresh[0]))
 
 
-def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int):
-    """(median, best) ms of prepare, the same with the tables on the device, and the pickled bytes."""
+VOCAB = 32_000
+
+
+def sampling_rows(seqs, penalized_every: int) -> list:
+    """One row per sequence, keyed by its id where the tree's SamplingRow has keys; every `penalized_every`-th
+    with penalties (0: none)."""
+    from engine.sampling_metadata import SamplingRow
+    rows = []
+    for i, seq in enumerate(seqs):
+        pen = penalized_every and i % penalized_every == penalized_every - 1
+        params = SamplingParams(temperature=0.8, top_p=0.9, repetition_penalty=1.1 if pen else 1.0,
+                                presence_penalty=0.2 if pen else 0.0)
+        try:
+            rows.append(SamplingRow(params, seq.token_ids, seq.num_prompt_tokens, None, [0], seq.seq_id))
+        except TypeError:  # a tree from before the persistent sampling state
+            rows.append(SamplingRow(params, seq.token_ids, seq.num_prompt_tokens, None, [0]))
+    return rows
+
+
+def sampling_metadata(rows, state):
+    from engine.sampling_metadata import SamplingMetadata
+    if state is None:
+        return SamplingMetadata.build(rows, VOCAB, torch.device("cpu"))
+    return state.metadata(rows)
+
+
+def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int, penalized_every: int = 2):
+    """(median, best) ms of prepare, the same with the tables on the device, the pickled bytes, and (median,
+    best) ms of the sampling metadata, each persistent state's or rebuilt."""
     runner = make_runner(block_size, (num_blocks + steps // block_size + 2) * block_size)
     seqs = make_seqs(num_seqs, num_blocks, block_size)
     fresh = [10 ** 7]
-    prepare_ms, device_ms, sizes = [], [], []
+    rows = sampling_rows(seqs, penalized_every)
+    try:
+        from engine.sampling_state import SamplingState
+        state = SamplingState(VOCAB, torch.device("cpu"), num_seqs)
+    except ImportError:
+        state = None
+    prepare_ms, device_ms, sizes, rebuilt_ms, kept_ms = [], [], [], [], []
     for step in range(steps + 5):
         batch = [ScheduledSeq(s, 1) for s in seqs]
         t0 = time.perf_counter()
@@ -84,13 +119,21 @@ def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int):
         else:
             torch.from_numpy(inputs.block_tables).to(runner.device)
         t2 = time.perf_counter()
+        sampling_metadata(rows, None)
+        t3 = time.perf_counter()
+        if state is not None:
+            sampling_metadata(rows, state)
+        t4 = time.perf_counter()
         if step >= 5:  # warm-up first
             prepare_ms.append(1e3 * (t1 - t0))
             device_ms.append(1e3 * (t2 - t0))
             sizes.append(len(pickle.dumps(inputs)))
+            rebuilt_ms.append(1e3 * (t3 - t2))
+            kept_ms.append(1e3 * (t4 - t3))
         decode_step(seqs, block_size, fresh)
     return ((statistics.median(prepare_ms), min(prepare_ms)), (statistics.median(device_ms), min(device_ms)),
-            int(statistics.median(sizes)))
+            int(statistics.median(sizes)), (statistics.median(rebuilt_ms), min(rebuilt_ms)),
+            (statistics.median(kept_ms), min(kept_ms)) if state is not None else None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -99,15 +142,20 @@ def main(argv: list[str] | None = None) -> None:
                         help="comma-separated SEQSxBLOCKS decode batches")
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--penalized-every", type=int, default=2,
+                        help="every N-th sequence has repetition and presence penalties (0: none)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)  # the engine's host work is one thread; a loaded machine stalls torch's thread pool
-    print("| sequences × blocks | prepare ms/step, median (best) | + tables on the device | pickled StepInputs |")
-    print("|---|---|---|---|")
+    print("| sequences × blocks | prepare ms/step, median (best) | + tables on the device | pickled StepInputs "
+          "| sampling metadata rebuilt | sampling metadata kept |")
+    print("|---|---|---|---|---|---|")
     for shape in args.shapes.split(","):
         seqs, blocks = (int(x) for x in shape.split("x"))
-        prep, dev, size = measure(seqs, blocks, args.block_size, args.steps)
+        prep, dev, size, rebuilt, kept = measure(seqs, blocks, args.block_size, args.steps,
+                                                 args.penalized_every)
+        kept_text = f"{kept[0]:.2f} ({kept[1]:.2f})" if kept is not None else "—"
         print(f"| {seqs} × {blocks} | {prep[0]:.2f} ({prep[1]:.2f}) | {dev[0]:.2f} ({dev[1]:.2f}) | "
-              f"{size / 1024:.1f} KiB |", flush=True)
+              f"{size / 1024:.1f} KiB | {rebuilt[0]:.2f} ({rebuilt[1]:.2f}) | {kept_text} |", flush=True)
 
 
 if __name__ == "__main__":

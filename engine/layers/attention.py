@@ -37,6 +37,10 @@ class AttentionMetadata:
     # whether it continues from it. None in dummy metadata: those layers then run on temporary zero states.
     state_indices: torch.Tensor | None = None  # [num_seqs] int32
     has_initial_state: torch.Tensor | None = None  # [num_seqs] bool
+    # Speculative verify rows (engine/spec_decode/state_rollback.py): which sequences only read their slot,
+    # and the step's token rows of those sequences (kept in each layer's verify scratch, in order).
+    state_read_only: torch.Tensor | None = None  # [num_seqs] bool
+    verify_token_rows: torch.Tensor | None = None  # [num_verify_tokens] int64
 
 
 class PagedAttention(nn.Module):

@@ -4,7 +4,10 @@ delta rule over a per-sequence recurrent state, a gated RMSNorm and the output p
 All scheduled tokens of all sequences come as one flat [T, H] batch (`query_start_loc` cuts it), and each
 sequence reads and writes its own slot of this layer's state pool in place (`AttentionMetadata.state_indices`;
 `has_initial_state` is False for a sequence's first chunk, so a later chunk continues from the state the
-previous one left, and a decode takes the recurrent form). The kernels are kernels/gated_delta_torch.py
+previous one left, and a decode takes the recurrent form). A speculative verify row (1 + k query tokens,
+`AttentionMetadata.state_read_only`) reads its slot without writing it: the layer keeps the verify tokens'
+pre-conv projections, g and beta in its verify scratch, and `replay` later folds only the accepted ones into
+the slot (engine/spec_decode/state_rollback.py has the whole protocol). The kernels are kernels/gated_delta_torch.py
 (CPU, the oracle) or the Triton ones on CUDA, chosen like the attention backend. The projections come in two
 checkpoint spellings: Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, grouped per key head ([q, k, v, z] and
 [b, a] of each key head's value heads), and Qwen3.5's `in_proj_qkv` / `in_proj_z` / `in_proj_b` /
@@ -84,6 +87,8 @@ class GatedDeltaNet(nn.Module):
         self.out_proj = RowParallelLinear(la.value_dim, hidden_size, False, quant, prefix, ("out_proj",))
         self.causal_conv1d, self.gated_delta_rule = gated_delta_kernels(backend)
         self.conv_state = self.ssm_state = torch.empty(0)
+        # speculative verify scratch: per verify token its pre-conv row [C], log-decay g and beta [Hv]
+        self.verify_mixed = self.verify_g = self.verify_beta = torch.empty(0)
 
     def _load_conv(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         """This rank's q, k and v channels of the checkpoint's [C, 1, K] conv weight."""
@@ -110,6 +115,38 @@ class GatedDeltaNet(nn.Module):
     def bind_state(self, conv_state: torch.Tensor, ssm_state: torch.Tensor) -> None:
         """This layer's slots of the state pool: [num_slots, C, K-1] and [num_slots, Hv, Dk, Dv]."""
         self.conv_state, self.ssm_state = conv_state, ssm_state
+
+    def reserve_verify_rows(self, num_rows: int, dtype: torch.dtype, device: torch.device) -> None:
+        """The verify scratch for `num_rows` tokens (max_num_seqs * (1 + k)); g and beta stay float32."""
+        self.verify_mixed = torch.zeros((num_rows, self.conv_state_channels), dtype=dtype, device=device)
+        self.verify_g = torch.zeros((num_rows, self.num_v_heads), dtype=torch.float32, device=device)
+        self.verify_beta = torch.zeros((num_rows, self.num_v_heads), dtype=torch.float32, device=device)
+
+    def verify_scratch_bytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.verify_mixed, self.verify_g, self.verify_beta))
+
+    def _rule(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_state: torch.Tensor,
+              ssm_state: torch.Tensor, indices: torch.Tensor, query_start: torch.Tensor, has_initial: torch.Tensor,
+              read_only: torch.Tensor | None, max_len: int | None) -> torch.Tensor:
+        """The conv and the gated delta rule over (pre-conv rows, g, beta): the part of the layer that reads
+        and writes the state, shared by the forward and the replay. Returns o [T, Hv, Dv]."""
+        T = mixed.shape[0]
+        mixed = self.causal_conv1d(mixed, self.conv1d.weight[:, 0, :], None, conv_state, indices, query_start,
+                                   has_initial, activation="silu", read_only_state=read_only)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return self.gated_delta_rule(q.reshape(T, self.num_k_heads, self.head_k_dim),
+                                     k.reshape(T, self.num_k_heads, self.head_k_dim),
+                                     v.reshape(T, self.num_v_heads, self.head_v_dim), g, beta, ssm_state, indices,
+                                     query_start, has_initial, use_qk_l2norm=True, read_only_state=read_only,
+                                     max_query_len=max_len)
+
+    def replay(self, rows: torch.Tensor, query_start: torch.Tensor, state_indices: torch.Tensor,
+               max_query_len: int) -> None:
+        """Fold the accepted verify tokens (`rows` of the verify scratch, a varlen batch cut by `query_start`)
+        into their slots, continuing from them; the outputs are not needed."""
+        has_initial = torch.ones(state_indices.shape[0], dtype=torch.bool, device=rows.device)
+        self._rule(self.verify_mixed[rows], self.verify_g[rows], self.verify_beta[rows], self.conv_state,
+                   self.ssm_state, state_indices, query_start, has_initial, None, max_query_len)
 
     def _project(self, x: torch.Tensor):
         """(q/k/v conv input [T, C], z [T, Hv, Dv], b [T, Hv], a [T, Hv]) from either checkpoint layout."""
@@ -150,14 +187,20 @@ class GatedDeltaNet(nn.Module):
         T = x.shape[0]
         mixed, z, b, a = self._project(x)
         query_start, conv_state, ssm_state, indices, has_initial = self._states(meta, x)
-        mixed = self.causal_conv1d(mixed, self.conv1d.weight[:, 0, :], None, conv_state, indices, query_start,
-                                   has_initial, activation="silu")
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         beta = b.sigmoid()
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)  # log-decay, float32 (HF's order)
-        out = self.gated_delta_rule(q.reshape(T, self.num_k_heads, self.head_k_dim),
-                                    k.reshape(T, self.num_k_heads, self.head_k_dim),
-                                    v.reshape(T, self.num_v_heads, self.head_v_dim), g, beta, ssm_state, indices,
-                                    query_start, has_initial, use_qk_l2norm=True)
+        read_only = max_len = None
+        if getattr(meta, "state_read_only", None) is not None and self.conv_state.numel():
+            rows = meta.verify_token_rows  # verify rows: keep what the replay needs, leave the slot alone
+            n = rows.shape[0]
+            if n > self.verify_mixed.shape[0]:
+                raise RuntimeError(f"{n} verify tokens but the verify scratch has {self.verify_mixed.shape[0]} "
+                                   "rows (reserve_verify_rows)")
+            self.verify_mixed[:n] = mixed[rows]
+            self.verify_g[:n] = g[rows]
+            self.verify_beta[:n] = beta[rows].float()
+            read_only, max_len = meta.state_read_only, meta.max_query_len
+        out = self._rule(mixed, g, beta, conv_state, ssm_state, indices, query_start, has_initial, read_only,
+                         max_len)
         out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(out.reshape(T, self.value_dim))

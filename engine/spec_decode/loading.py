@@ -75,11 +75,10 @@ def share_blocks_with_draft(num_blocks: int, config, target_config: ModelConfig,
 
 
 def check_rollback(layout) -> None:
-    """Rejected drafts are rolled back by not counting their KV slots; a recurrent state (hybrid models) has
-    already absorbed them, so speculation is refused there until state snapshots per draft exist."""
+    """Rejected drafts are rolled back by not counting their KV slots (attention layers) and, for a hybrid
+    model's state group, by verify rows that leave the state slot alone and a replay of the accepted tokens
+    (engine/spec_decode/state_rollback.py). Any other layer kind cannot roll back and is refused."""
     kinds = {g.spec.kind for g in layout.groups} - {FULL_ATTENTION, SLIDING_WINDOW}
-    if getattr(layout, "state", None) is not None:  # hybrid models keep their state group beside the KV groups
-        kinds.add("state")
     if kinds:
-        raise ValueError(f"speculative_config: this model has {sorted(kinds)} KV cache layers (a recurrent state), "
-                         "which cannot roll back rejected drafts; speculative decoding is not supported for it yet")
+        raise ValueError(f"speculative_config: this model has {sorted(kinds)} KV cache layers, which cannot roll "
+                         "back rejected drafts; speculative decoding is not supported for it")
