@@ -2,7 +2,7 @@
 update the linear-attention state pool in place through a static slot-index buffer, padding rows going to the
 padding slot past the pool; the state of every real slot is what the unpadded eager step leaves, slots outside
 the batch are untouched, and greedy ids equal HF's. The piecewise pieces (tape stand-in, Gated DeltaNet layers
-eager between them on the step's real rows) give HF's ids over prompt, mixed and decode steps. On fake CUDA
+eager between them on the step's real rows) give HF's ids over prompt, mixed, decode and speculative verify steps. On fake CUDA
 tensors (tests/test_fake_cuda.py) a padded decode step keeps every buffer on the card, launches only the
 DeltaNet decode kernels and copies nothing to the host: nothing a captured graph could not replay."""
 from __future__ import annotations
@@ -95,9 +95,12 @@ def test_decode_graphs_update_states_in_place_and_padding_touches_no_real_slot(h
 
 @pytest.mark.parametrize("arch", ["qwen3_next"])
 def test_piecewise_replay_of_a_hybrid_matches_hf(hybrid_reference, arch):
-    """Qwen3-Next: grouped projections, MoE with a torch expert loop (an eager point too), DeltaNet layers."""
+    """Qwen3-Next: grouped projections, MoE with a torch expert loop (an eager point too), DeltaNet layers; with
+    n-gram speculation, so speculative verify rows (read-only state, replayed later) go through the pieces."""
     path, prompts, expected = hybrid_reference(arch)
-    llm = LLM(str(path), device="cpu", max_num_batched_tokens=BUDGET, max_num_seqs=4, enable_prefix_caching=False)
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    llm = LLM(str(path), device="cpu", max_num_batched_tokens=BUDGET, max_num_seqs=4, enable_prefix_caching=False,
+              speculative_config=spec)
     runner = llm.engine.runner
     backend = TapeGraphBackend()
     graphs = PiecewiseGraphs(runner.model, BUDGET, runner.device, backend, strict=True,
@@ -111,14 +114,16 @@ def test_piecewise_replay_of_a_hybrid_matches_hf(hybrid_reference, arch):
     def counting(inputs, meta):
         q = np.diff(inputs.query_start_loc)
         kind = "decode" if q.max() == 1 else ("mixed" if (q == 1).any() else "prompt")
+        if inputs.state_read_only is not None and inputs.state_read_only.any():
+            kind = "verify"
         kinds[kind] = kinds.get(kind, 0) + 1
         return run(inputs, meta)
     graphs.run = counting
     runner.piecewise = graphs
     assert greedy(llm, prompts) == expected
     print(f"{arch}: steps through the pieces by kind {kinds}, {backend.replays} pieces replayed")
-    assert kinds.get("mixed", 0) > 0 and kinds.get("decode", 0) > 0
-    assert graphs.replayed_tokens > 0
+    assert kinds.get("verify", 0) > 0 and kinds.get("prompt", 0) + kinds.get("mixed", 0) > 0
+    assert llm.engine.spec.stats.num_accepted_tokens > 0 and graphs.replayed_tokens > 0
 
 
 @pytest.fixture(scope="module")
