@@ -6,19 +6,45 @@ the settings form's values, each card's memory from NVML — and returns the pla
 plain sentence saying why nothing fits. On CUDA it calls `sizing.plan_capacity` (estimated profiles
 through the engine's `plan_from_profile`); without an NVIDIA GPU `sizing.plan_cpu`, the very function
 `pagedesk-serve --device cpu` sizes its pool with (--kv-cache-memory, capped at max_num_seqs sequences).
+With speculative decoding by a draft model (the form's `speculative_config`), the draft's own config.json
+(its folder, or its snapshot in the Hugging Face cache) adds its weights and its KV page per block, as the
+engine counts them.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from engine import sizing
 from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.sizing import resolve_dtype
+from engine.spec_decode.config import parse_speculative_config
 
 
 def _shape(hf_config: dict):
     shape_cls = getattr(sizing, "ModelShape", None) or sizing.ModelConfig
     return shape_cls.from_hf_config(hf_config)
+
+
+def draft_hf_config(spec) -> dict | None:
+    """The draft model's config.json when the settings speculate with one, else None; ValueError naming
+    speculative_config.model when its config cannot be found (a hub id not downloaded yet)."""
+    if spec is None or spec.method != "draft_model":
+        return None
+    path = Path(spec.model).expanduser() / "config.json"
+    if not path.is_file():
+        from huggingface_hub import try_to_load_from_cache  # the local cache only: never the network
+
+        try:
+            cached = try_to_load_from_cache(spec.model, "config.json")
+        except ValueError:  # not a valid repo id either (a folder that does not exist)
+            cached = None
+        if not isinstance(cached, str):
+            raise ValueError(f"speculative_config.model {spec.model!r} has no config.json here (not a folder, "
+                             "nor a downloaded hub model)")
+        path = Path(cached)
+    return json.loads(path.read_text())
 
 
 def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int],
@@ -27,6 +53,14 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     config cannot be planned. `gpu_used_bytes`: what other programs hold on each card now (NVML), which the
     engine will subtract too."""
     cfg = _shape(hf_config).with_max_model_len(values.get("max_model_len"))
+    spec = parse_speculative_config(values.get("speculative_config"))
+    draft_config = draft_hf_config(spec)
+    draft = None
+    if draft_config is not None:
+        try:
+            draft = _shape(draft_config).with_max_model_len(cfg.max_model_len)
+        except ValueError as exc:  # the engine refuses a draft with a shorter context the same way
+            raise ValueError(f"speculative_config.model: {exc}") from None
     on_gpu = bool(gpu_memory_bytes)
     engine = EngineConfig(max_num_batched_tokens=values.get("max_num_batched_tokens"),
                           enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)),
@@ -34,18 +68,19 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     common = dict(dtype=resolve_dtype(values.get("dtype") or "auto", cfg.torch_dtype, on_gpu),
                   kv_cache_dtype=values.get("kv_cache_dtype") or "auto", max_model_len=cfg.max_model_len,
                   block_size=int(values.get("block_size") or 16),
-                  max_num_seqs=int(values.get("max_num_seqs") or 256))
+                  max_num_seqs=int(values.get("max_num_seqs") or 256), draft=draft)
     if on_gpu:
         plan = sizing.plan_capacity(
             cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),
             tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
             max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"),
-            cuda_graph_mode=values.get("cuda_graph_mode") or "full_and_piecewise", **common)
+            cuda_graph_mode=values.get("cuda_graph_mode") or "full_and_piecewise",
+            num_speculative_tokens=spec.k if spec is not None else 0, **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
     plan = sizing.plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(
-        cfg.max_model_len), **common)
+        cfg.max_model_len), num_speculative_tokens=spec.k if spec is not None else 0, **common)
     return cpu_where(plan, float(budget), common["max_num_seqs"]), plan
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,19 @@ _group = TensorParallelGroup()
 def init_tensor_parallel(rank: int, size: int) -> None:
     global _group
     _group = TensorParallelGroup(rank, size)
+
+
+@contextmanager
+def single_rank():
+    """Build or run a model on this rank alone, unsharded and with no collectives (the draft model of
+    speculative decoding lives on rank 0 only). The engine's one thread drives both models, so swapping the
+    process's group for the duration is safe; the target's forward never runs inside this block."""
+    global _group
+    saved, _group = _group, TensorParallelGroup()
+    try:
+        yield
+    finally:
+        _group = saved
 
 
 def init_distributed(rank: int, size: int, backend: str, store_path: str, timeout_s: float) -> None:

@@ -249,8 +249,9 @@ class TensorParallelExecutor:
     def graph_bytes(self) -> int:
         return self.runner.graph_bytes()
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
-        self._run_everywhere("plan_decode_graphs", max_batch, capture, piecewise_tokens)
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0,
+                           verify_query_len: int = 0) -> None:
+        self._run_everywhere("plan_decode_graphs", max_batch, capture, piecewise_tokens, verify_query_len)
 
     def capture_decode_graphs(self) -> None:
         self._run_everywhere("capture_decode_graphs")  # every rank captures: NCCL all-reduces live in the graphs

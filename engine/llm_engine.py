@@ -31,8 +31,9 @@ from engine.sampling_params import SamplingParams
 from engine.request_faults import RequestFaults
 from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
+from engine.sizing import verify_scratch_tokens
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import check_draft, check_rollback, load_draft, share_blocks_with_draft
+from engine.spec_decode.loading import check_draft, check_rollback, load_draft
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -59,10 +60,6 @@ class LLMEngine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
         self.spec_config = parse_speculative_config(config.speculative_config)
-        if self.spec_config is not None and self.spec_config.method == "draft_model" \
-                and config.tensor_parallel_size > 1:
-            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only for "
-                             "now; use method \"ngram\" under tensor parallel")
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
         draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
@@ -75,18 +72,18 @@ class LLMEngine:
             kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
             self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
             if self.spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
-                k = self.spec_config.num_speculative_tokens
-                self.runner.reserve_verify_tokens(min(config.max_num_seqs * (1 + k), self.max_num_batched_tokens))
+                self.runner.reserve_verify_tokens(verify_scratch_tokens(
+                    config.max_num_seqs, self.spec_config.num_speculative_tokens, self.max_num_batched_tokens))
             if self.device.type == "cuda" and not config.enforce_eager:
                 piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
-                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens)
+                verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
             self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
+            # The draft's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
-                                           self.max_num_batched_tokens)
-            if self.draft_runner is not None:  # its KV shares the block ids: the budget covers both tensors
-                num_blocks = share_blocks_with_draft(num_blocks, config, self.model_config, self.draft_runner,
-                                                     kv_dtype)
+                                           self.max_num_batched_tokens, self.draft_runner)
+            if self.draft_runner is not None:
                 self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
             snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),

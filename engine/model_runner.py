@@ -37,7 +37,7 @@ from engine.scheduler import ScheduledSeq
 from engine.spec_decode.rejection_sampler import SpecSampleOutput, prepare_verify, verify_drafts
 from engine.spec_decode.state_rollback import StateReplay, VerifyStates
 from engine.profiling import profile_batch, profile_sampling_batch
-from engine.sizing import estimate_graph_bytes, estimate_piecewise_graph_bytes
+from engine.sizing import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
 
 KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
@@ -194,6 +194,7 @@ class ModelRunner:
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
         self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps: 1 + k tokens per row
         self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps (engine/piecewise_graphs.py)
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(self.kv_layout.groups), cdiv(model_config.max_model_len, block_size),
@@ -287,13 +288,16 @@ class ModelRunner:
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
-    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0) -> None:
+    def plan_decode_graphs(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0,
+                           verify_query_len: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
         `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
-        A hybrid model's graphs update its state pool in place through static slot indices (a padding slot
-        beside the pool for padding rows); on a card that needs the Triton DeltaNet kernels (the torch
-        reference reads the batch layout on the host, which a graph cannot replay)."""
+        With `verify_query_len` (1 + k under speculative decoding), verify steps whose every row has that many
+        tokens replay their own graphs, up to VERIFY_GRAPH_MAX_BATCH sequences. A hybrid model's graphs update
+        its state pool in place through static slot indices (a padding slot beside the pool for padding rows);
+        on a card that needs the Triton DeltaNet kernels (the torch reference reads the batch layout on the
+        host, which a graph cannot replay)."""
         hybrid = self.kv_layout.state is not None
         if hybrid and capture and self.device.type == "cuda" and self.attention_backend != "triton":
             logger.info("CUDA graphs are off for %s: its linear-attention layers run the torch reference "
@@ -307,6 +311,12 @@ class ModelRunner:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
                                    capture, split_key, len(self.kv_layout.groups), has_state=hybrid)
+        # Hybrid models' verify steps keep a recurrent state per draft position: not captured here (yet); their
+        # verify rows run eagerly or through the piecewise pieces (engine/spec_decode/state_rollback.py).
+        if verify_query_len > 1 and not hybrid:
+            self.verify_graphs = DecodeGraphs(self.model, min(max_batch, VERIFY_GRAPH_MAX_BATCH),
+                                              self.config.max_model_len, self.block_size, self.device, capture,
+                                              split_key, len(self.kv_layout.groups), verify_query_len)
 
     def capture_decode_graphs(self) -> None:
         """After the KV cache exists: capture the decode graphs, then compile the Triton variants the
@@ -314,6 +324,8 @@ class ModelRunner:
         if self.graphs is not None:
             planned = self.graph_bytes()  # the estimate the KV pool was sized around
             self.graphs.capture()
+            if self.verify_graphs is not None:
+                self.verify_graphs.capture()
             if self.piecewise is not None:
                 self.piecewise.capture()
             captured = self.graph_bytes()
@@ -329,9 +341,11 @@ class ModelRunner:
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
         total = 0
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None and graphs.capture_graphs:
+                total += graphs.pool_bytes if graphs.graphs else estimate_graph_bytes(
+                    self.config, graphs.max_batch, self.dtype.itemsize, get_tp_size(), graphs.query_len)
         if self.graphs is not None and self.graphs.capture_graphs:
-            total += self.graphs.pool_bytes if self.graphs.graphs else \
-                estimate_graph_bytes(self.config, self.graphs.max_batch, self.dtype.itemsize, get_tp_size())
             total += self.state_slot_bytes()  # a hybrid model's padding slot (0 for the others)
         if self.piecewise is not None and self.piecewise.enabled:
             total += self.piecewise.pool_bytes if self.piecewise.captured else \
@@ -456,8 +470,9 @@ class ModelRunner:
             prepared = self.prepare_sampling(sampling, self.config.vocab_size, dev, self.sampling_state)
         if self.expert_load is not None:
             self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
-        if self.graphs is not None and inputs.state_read_only is None and self.graphs.can_run(inputs):
-            hidden = self.graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
+        graphs = self.graphs if inputs.max_query_len == 1 else self.verify_graphs
+        if graphs is not None and inputs.state_read_only is None and graphs.can_run(inputs):
+            hidden = graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
         else:
             meta = AttentionMetadata(
                 slot_mapping=to_device(torch.from_numpy(inputs.slot_mapping), dev), block_tables=tables[0],

@@ -21,6 +21,10 @@ window plus one step's chunk. So "tokens that fit" is the longest single context
 "full-length sequences" divides the pool by one sequence's peak over all groups. `window_freeing=False`
 plans the same model as if no block were ever freed (every layer full attention), for comparison.
 
+Speculative decoding with a draft model adds the draft's weights (on rank 0's card: it runs there whole) and a
+page of the draft's KV at every block id (its cache is addressed by the target's block ids): the budget is
+shared in proportion, `blocks_with_draft`, for the engine and the planner alike.
+
 Hybrid models (Qwen3.5, Qwen3-Next: Gated DeltaNet layers beside full attention) hold a fixed-size state per
 sequence, not per token: the state pool (one slot per seat, max_num_seqs of them; engine/state_pool.py) comes
 out of the KV budget first (`state_bytes`), and only the full-attention layers take bytes per token.
@@ -142,6 +146,24 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     return matrix_bytes + embed_bytes + vector_params * dtype_bytes
 
 
+def blocks_with_draft(num_blocks: int, target_bytes_per_block: int, draft_bytes_per_block: int) -> int:
+    """Blocks when every block id also holds a page of the draft model's KV: the pool sized for the target's
+    pages alone, shared between both caches in proportion to their bytes per block."""
+    if not draft_bytes_per_block:
+        return num_blocks
+    return num_blocks * target_bytes_per_block // (target_bytes_per_block + draft_bytes_per_block)
+
+
+def draft_footprint(draft: ModelConfig | None, dtype_bytes: int, kv_dtype_bytes: int,
+                    block_size: int) -> tuple[int, int]:
+    """A draft model's (weights bytes, KV bytes per block): whole on rank 0's card, in the target's dtypes;
+    (0, 0) without a draft."""
+    if draft is None:
+        return 0, 0
+    weights = weights_bytes_per_card(draft, dtype_bytes) + rope_table_bytes(draft)
+    return weights, model_kv_layout(draft, block_size, kv_dtype_bytes, 1, True, dtype_bytes).bytes_per_block
+
+
 def rope_table_bytes(cfg: ModelConfig) -> int:
     """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
     distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
@@ -168,11 +190,18 @@ def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: in
     return num_tokens * per_token + sampler_bytes(min(num_tokens, max_num_seqs), cfg.vocab_size)
 
 
-def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, tp: int = 1) -> int:
+# Speculative verify graphs (1 + k tokens per row) are captured up to this batch: speculation pays at small
+# batches (BENCHMARKS.md), and each verify batch holds 1 + k times the tokens of a decode batch.
+VERIFY_GRAPH_MAX_BATCH = 64
+
+
+def estimate_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, tp: int = 1,
+                         query_len: int = 1) -> int:
     """CUDA-graph memory before capture: the largest decode batch's activations (the graphs share one pool)
-    plus bookkeeping per graph, counting every (batch size, context length) pair that may be captured."""
+    plus bookkeeping per graph, counting every (batch size, context length) pair that may be captured;
+    `query_len` > 1: speculative verify graphs, each row 1 + k tokens."""
     num_graphs = len(batch_size_ladder(max_num_seqs)) * len(context_length_ladder(cfg.max_model_len))
-    return estimate_activation_bytes(cfg, max(batch_size_ladder(max_num_seqs)), dtype_bytes, tp, 0) + \
+    return estimate_activation_bytes(cfg, max(batch_size_ladder(max_num_seqs)) * query_len, dtype_bytes, tp, 0) + \
         GRAPH_OVERHEAD_BYTES * num_graphs
 
 
@@ -229,11 +258,16 @@ class CapacityPlan:
     layout: KVCacheLayout | None = None  # KV cache groups; None or one full group: tokens are blocks × block_size
     max_num_batched_tokens: int = 0  # a window group's need is its window plus one step's chunk
     state_bytes: int = 0  # per card: a hybrid model's state pool (max_num_seqs slots), already out of the budget
+    # Speculative decoding's draft model (rank 0's card): its weights (part of weights_bytes) and its KV page
+    # at every block id, which shares the budget with the target's (`blocks_with_draft`).
+    draft_weights_bytes: int = 0
+    draft_kv_bytes_per_block: int = 0
 
     @property
     def num_blocks(self) -> int:
         blocks = max(0, self.kv_budget_bytes // (self.kv_bytes_per_token * self.block_size))
-        return blocks if self.max_blocks is None else min(blocks, self.max_blocks)
+        blocks = blocks if self.max_blocks is None else min(blocks, self.max_blocks)
+        return blocks_with_draft(blocks, self.kv_bytes_per_token * self.block_size, self.draft_kv_bytes_per_block)
 
     @property
     def has_windows(self) -> bool:
@@ -263,6 +297,9 @@ class CapacityPlan:
             groups = f" · {len(kinds)} KV groups ({', '.join(f'window {k}' if k != 'full' else k for k in kinds)})"
         if self.state_bytes:
             groups += f" · linear-attention states {format_bytes(self.state_bytes)}/card"
+        if self.draft_kv_bytes_per_block:
+            groups += (f" · draft model {format_bytes(self.draft_weights_bytes)} + KV "
+                       f"{self.draft_kv_bytes_per_block / self.block_size / 1024:.1f} KiB/token")
         return (f"weights {format_bytes(self.weights_bytes)}/card · KV {self.kv_bytes_per_token / 1024:.1f} KiB/token"
                 f"{groups} · {self.num_tokens:,} tokens fit · {self.num_full_seqs} × {self.max_model_len:,}-token "
                 "sequences")
@@ -290,6 +327,10 @@ class CapacityPlan:
             overhead += f" − linear-attention states {self.state_bytes / GIB:.2f} GiB"
             levers += (f". The state pool holds one slot per --max-num-seqs seat: fewer seats leave more room "
                        "for context")
+        if self.draft_kv_bytes_per_block:  # counted in the weights and in the tokens that fit
+            levers += (f". The draft model takes {format_bytes(self.draft_weights_bytes)} of weights and "
+                       f"{self.draft_kv_bytes_per_block / self.block_size / 1024:.1f} KiB/token of KV beside the "
+                       "target's: a smaller draft, or n-gram speculation, leaves more")
         return (f"not even one {self.max_model_len:,}-token sequence fits{where}: {self.usable_bytes / GIB:.2f} GiB "
                 f"usable per card ({usable}) − weights {self.weights_bytes / GIB:.2f} GiB − activations "
                 f"{self.activation_bytes / GIB:.2f} GiB{overhead} leaves {max(0, self.kv_budget_bytes) / GIB:.2f} GiB "
@@ -315,10 +356,20 @@ def state_pool_bytes(layout: KVCacheLayout | None, max_num_seqs: int, enable_pre
     return 0 if layout is None else layout.state_pool_bytes(max_num_seqs, enable_prefix_caching)
 
 
+def verify_scratch_tokens(max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int) -> int:
+    """Tokens a hybrid model's verify scratch holds (rollback of rejected drafts, engine/spec_decode/
+    state_rollback.py): every seat's 1 + k verify tokens, capped by the step's token budget; 0 without
+    speculation. The engine reserves exactly this."""
+    if num_speculative_tokens <= 0:
+        return 0
+    return min(max_num_seqs * (1 + num_speculative_tokens), max_num_batched_tokens)
+
+
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
                       max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
                       max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
-                      enable_prefix_caching: bool = True) -> CapacityPlan:
+                      enable_prefix_caching: bool = True, draft_kv_bytes_per_block: int = 0) -> CapacityPlan:
+    """`draft_kv_bytes_per_block`: a draft model's KV page per block id (its weights are in the profile)."""
     others = p.total_bytes - p.free_bytes_at_start
     usable = int(p.total_bytes * gpu_memory_utilization) - others
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)
@@ -326,13 +377,13 @@ def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
                         block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
                         gpu_memory_utilization, layout=layout, max_num_batched_tokens=max_num_batched_tokens,
-                        state_bytes=states)
+                        state_bytes=states, draft_kv_bytes_per_block=draft_kv_bytes_per_block)
 
 
 def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int,
                      max_model_len: int, tensor_parallel_size: int, layout: KVCacheLayout | None = None,
                      max_num_batched_tokens: int = 0, max_num_seqs: int = 0,
-                     enable_prefix_caching: bool = True) -> CapacityPlan:
+                     enable_prefix_caching: bool = True, draft_kv_bytes_per_block: int = 0) -> CapacityPlan:
     """An absolute KV budget: the pool is `kv_budget_bytes` whatever else the card holds. The plan records the
     card's room after this engine's weights, activations and overhead as `usable_bytes`, so a caller can refuse a
     budget that is larger than the room (`budget_room_error`)."""
@@ -340,7 +391,8 @@ def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token:
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds the state pool too
     return CapacityPlan(p.total_bytes, room, p.weights_bytes, p.activation_bytes, kv_bytes_per_token,
                         kv_budget_bytes - states, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes,
-                        0, p.card, layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states)
+                        0, p.card, layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states,
+                        draft_kv_bytes_per_block=draft_kv_bytes_per_block)
 
 
 def budget_room_error(plan: CapacityPlan) -> str | None:
@@ -371,9 +423,10 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
                      max_num_batched_tokens: int, max_num_seqs: int, other_programs_bytes: int = 0,
                      quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
                      weights_bytes: int | None = None, activation_bytes: int | None = None,
-                     cuda_graph_mode: str = "full_and_piecewise") -> MemoryProfile:
+                     cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0) -> MemoryProfile:
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
-    `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs)."""
+    `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
+    `num_speculative_tokens`, the verify steps' graphs too, which hybrid models do not capture)."""
     tp = tensor_parallel_size
     weights = weights_bytes if weights_bytes is not None else \
         weights_bytes_per_card(cfg, dtype_bytes, tp, quant_bits) + rope_table_bytes(cfg)
@@ -381,6 +434,9 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
     graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp,
                                        cuda_graph_mode) if cuda_graphs else 0
+    if cuda_graphs and num_speculative_tokens and getattr(cfg, "linear_attention", None) is None:
+        graphs += estimate_graph_bytes(cfg, min(max_num_seqs, VERIFY_GRAPH_MAX_BATCH), dtype_bytes, tp,
+                                       1 + num_speculative_tokens)
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
 
 
@@ -390,9 +446,12 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   quantization: str | None = None, other_programs_bytes: list[int] | None = None,
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
                   activation_bytes: int | None = None, window_freeing: bool = True,
-                  enable_prefix_caching: bool = True, cuda_graph_mode: str = "full_and_piecewise") -> CapacityPlan:
+                  enable_prefix_caching: bool = True, draft: ModelConfig | None = None,
+                  num_speculative_tokens: int = 0, cuda_graph_mode: str = "full_and_piecewise") -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
-    fewest blocks decides, as in the engine (every rank holds the same blocks)."""
+    fewest blocks decides, as in the engine (every rank holds the same blocks). `draft`: speculative decoding's
+    draft model, whose weights sit on the first card (`weights_bytes`, if given, is the target's alone);
+    `num_speculative_tokens`: k of any speculative method, whose verify graphs the CUDA graphs' share counts."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     if max_model_len:
@@ -401,6 +460,9 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     per_token = layout.bytes_per_block // block_size
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
+    draft_weights, draft_per_block = draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
+    scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
+                                                                max_num_batched_tokens))  # allocated before sizing
     plans = []
     for i, (total, other) in enumerate(zip(card_bytes, others)):
         profile = estimate_profile(cfg, total, dtype_bytes=dtype_bytes, tensor_parallel_size=tensor_parallel_size,
@@ -408,18 +470,27 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    other_programs_bytes=other, quant_bits=quant_bits,
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-                                   cuda_graph_mode=cuda_graph_mode)
-        plans.append(plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
-                                       max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
-                                       max_num_batched_tokens, max_num_seqs, enable_prefix_caching))
+                                   num_speculative_tokens=num_speculative_tokens, cuda_graph_mode=cuda_graph_mode)
+        extra = scratch + (draft_weights if i == 0 else 0)  # the draft runs whole on rank 0
+        if extra:
+            profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + extra)
+        plan = plan_from_profile(profile, gpu_memory_utilization, per_token, block_size,
+                                 max_model_len or cfg.max_model_len, tensor_parallel_size, layout,
+                                 max_num_batched_tokens, max_num_seqs, enable_prefix_caching, draft_per_block)
+        plan.draft_weights_bytes = draft_weights if i == 0 else 0
+        plans.append(plan)
     return min(plans, key=lambda p: p.num_blocks)
 
 
 def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", kv_cache_dtype: str = "auto",
              max_model_len: int | None = None, max_num_seqs: int = 256, block_size: int = 16,
              weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
-             window_freeing: bool = True, enable_prefix_caching: bool = True) -> CapacityPlan:
-    """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences."""
+             window_freeing: bool = True, enable_prefix_caching: bool = True,
+             draft: ModelConfig | None = None, draft_weights_bytes: int | None = None,
+             num_speculative_tokens: int = 0) -> CapacityPlan:
+    """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences, shared
+    with a `draft` model's KV when speculation uses one (`draft_weights_bytes`: measured, else estimated); a
+    hybrid model's verify scratch under speculation sits beside the weights, outside the KV budget."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     max_len = max_model_len or cfg.max_model_len
@@ -429,6 +500,12 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
     per_seq = layout.blocks_per_seq(max_len, max_num_batched_tokens) if layout.has_sliding_window else \
         -(-max_len // block_size)
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds a hybrid's states too
-    return CapacityPlan(budget, budget, weights, 0, layout.bytes_per_block // block_size, budget - states,
-                        block_size, max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq, layout=layout,
-                        max_num_batched_tokens=max_num_batched_tokens, state_bytes=states)
+    draft_weights, draft_per_block = draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
+    if draft_weights_bytes is not None and draft is not None:
+        draft_weights = draft_weights_bytes
+    scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
+                                                                max_num_batched_tokens))
+    return CapacityPlan(budget, budget, weights + draft_weights + scratch, 0, layout.bytes_per_block // block_size,
+                        budget - states, block_size, max_len, 1, card="CPU", max_blocks=max_num_seqs * per_seq,
+                        layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states,
+                        draft_weights_bytes=draft_weights, draft_kv_bytes_per_block=draft_per_block)

@@ -224,3 +224,54 @@ def test_a_hybrid_models_graphs_count_their_padding_state_slot():
     assert graphs - estimate_graph_bytes(cfg, 4, 2, 1) == 153_944_064
     assert estimate_cuda_graph_bytes(cfg, 4, 8192, 2, 2, "full_decode_only") - estimate_graph_bytes(cfg, 4, 2, 2) \
         == 153_944_064 // 2  # TP=2: each rank's heads and channels
+
+
+LLAMA_32_1B = ModelConfig.from_hf_config({  # Llama-3.2-1B: Llama 3's tokenizer, a draft for the 8B
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "num_hidden_layers": 16,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 8192, "vocab_size": 128256,
+    "max_position_embeddings": 131072, "rope_theta": 500000.0, "tie_word_embeddings": True,
+    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192}, "torch_dtype": "bfloat16"})
+
+
+def test_a_draft_model_counts_its_weights_on_rank_0_and_its_kv_per_block():
+    from engine.sizing import draft_footprint, plan_cpu, weights_bytes_per_card
+
+    draft = LLAMA_32_1B.with_max_model_len(8192)
+    # Draft weights: per layer qkv 2048·(2048 + 2·512) + o 2048·2048 = 10,485,760, MLP 3·2048·8192 = 50,331,648
+    #   → 60,817,408 × 16 = 973,078,528; tied embedding 128256·2048 = 262,668,288; norms 33·2048 = 67,584
+    #   → 1,235,814,400 params × 2 B = 2,471,628,800, + RoPE 131072 positions · 64 · 4 B = 33,554,432
+    #   → 2,505,183,232 B. Its KV per block: 16 tokens · 2 · 16 layers · 8 heads · 64 · 2 B = 524,288 (32 KiB/token).
+    assert draft_footprint(draft, 2, 2, 16) == (2_505_183_232, 524_288)
+    # One 24 GiB card: the 8B's budget 4,872,357,478 (test above) − the draft's weights = 2,367,174,246 → 1128
+    #   blocks of the target's 2 MiB, shared with the draft's 0.5 MiB: 1128 · 4 // 5 = 902 blocks = 14,432 tokens.
+    alone = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9)
+    plan = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, draft=draft)
+    assert plan.weights_bytes == alone.weights_bytes + 2_505_183_232
+    assert plan.kv_budget_bytes == 2_367_174_246
+    assert (plan.num_blocks, plan.num_tokens, plan.num_full_seqs) == (902, 14_432, 1)
+    assert "draft model 2.33 GiB + KV 32.0 KiB/token" in plan.summary()
+    # TP=2: the target's KV is 1 MiB per block per card; the draft sits whole on cuda:0, which decides:
+    #   its blocks (budget − draft weights) // 1 MiB, shared 2 : 1 with the draft's 0.5 MiB.
+    tp = plan_capacity(LLAMA_3_8B, [CARD_24G] * 2, 0.9, tensor_parallel_size=2, draft=draft)
+    tp_alone = plan_capacity(LLAMA_3_8B, [CARD_24G] * 2, 0.9, tensor_parallel_size=2)
+    assert tp.card == "cuda:0" and tp.draft_weights_bytes == 2_505_183_232
+    assert tp.num_blocks == (tp_alone.kv_budget_bytes - 2_505_183_232) // 2**20 * 2 // 3 == 6866
+    # CPU, 4 GiB: 2048 target blocks, capped at 2 full sequences (1024 blocks), shared 4 : 1 → 819.
+    cpu = plan_cpu(LLAMA_3_8B, 4, dtype="bfloat16", max_num_seqs=2, draft=draft)
+    assert cpu.num_blocks == 819 and cpu.weights_bytes == weights_bytes_per_card(LLAMA_3_8B, 2) + 2_505_183_232
+
+
+def test_speculation_counts_its_verify_graphs():
+    # k = 3: verify graphs up to 64 rows of 4 tokens: activations of 256 tokens 256 · 65,536 · 2 B = 33,554,432,
+    #   plus 2 MiB for each of 8 batch sizes (1, 2, 4, 8, 16, 32, 48, 64) × 5 context lengths = 83,886,080.
+    plain = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True)
+    spec = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True, num_speculative_tokens=3)
+    assert spec.overhead_bytes - plain.overhead_bytes == 33_554_432 + 83_886_080
+
+
+def test_a_misfit_with_a_draft_names_it():
+    draft = LLAMA_32_1B.with_max_model_len(8192)
+    plan = plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9, draft=draft)  # one sequence fits alone, not with the draft
+    assert plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9).fits and not plan.fits
+    assert "The draft model takes 2.33 GiB of weights and 32.0 KiB/token of KV" in plan.explain_misfit()

@@ -2,7 +2,8 @@
 draft-model proposals (plain, chunked prefill + preemption + prefix caching, n>1, penalties / bad_words /
 min_tokens / logit bias per position, a JSON-schema grammar), a copy of the target as draft accepted on
 every draft token, stop strings and max_tokens cut inside an accepted run, an aborted request frees its
-blocks, and configuration errors name the field (exit 2 from pagedesk-serve)."""
+blocks, configuration errors name the field (exit 2 from pagedesk-serve), a draft model under TP=2 matches,
+and the GUI's planner counts the draft as the engine does."""
 from __future__ import annotations
 
 import pytest
@@ -181,12 +182,19 @@ def test_draft_with_another_vocabulary_is_refused(tiny_model_dir, llama_dir):
         LLM(str(llama_dir), device="cpu", speculative_config={"model": str(other), "num_speculative_tokens": 2})
 
 
-def test_ngram_under_tensor_parallel_matches(llama_dir, engines, expected):
-    """TP=2 over gloo: the drafts travel in the step's input ids; rank 0 alone verifies them."""
-    llm = LLM(str(llama_dir), device="cpu", tensor_parallel_size=2, speculative_config=ngram_config())
+def test_draft_model_under_tensor_parallel_matches(llama_dir, engines, expected):
+    """TP=2 over gloo: the draft model runs whole on rank 0 and its drafts travel in the step's input ids, as
+    n-gram drafts do (the same path: one TP test covers both); rank 0 alone verifies them. The draft knows no
+    penalties, so the penalised requests reject some drafts: rollback under TP too."""
+    llm = LLM(str(llama_dir), device="cpu", tensor_parallel_size=2,
+              speculative_config={"model": str(llama_dir), "num_speculative_tokens": K})
     try:
         assert token_ids(llm) == expected
-        assert llm.engine.spec.stats.num_accepted_tokens > 0
+        stats = llm.engine.spec.stats
+        assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+        # Whole on rank 0: the weights of the unsharded target, more than rank 0's shard of it.
+        whole = engines("base").engine.runner.weights_bytes()
+        assert llm.engine.draft_runner.weights_bytes() == whole > llm.engine.runner.weights_bytes()
     finally:
         llm.engine.shutdown()
 
@@ -228,3 +236,25 @@ def test_only_layers_that_cannot_roll_back_are_refused():
     check_rollback(SimpleNamespace(groups=[group("full_attention")], state=object()))  # the hybrid layout
     with pytest.raises(ValueError, match="speculative_config.*mamba.*cannot roll back"):
         check_rollback(SimpleNamespace(groups=[group("full_attention"), group("mamba")]))
+
+
+def test_planner_counts_the_draft_as_the_engine_does(engines, llama_dir):
+    """The GUI's planner line (app/capacity.py) with the form's speculative_config plans the pool the engine
+    with that draft allocated: its KV page per block shares the budget, its weights are counted."""
+    import json
+
+    from app.capacity import capacity_line, plan_for
+    from engine.sizing import rope_table_bytes
+
+    config = json.loads((llama_dir / "config.json").read_text())
+    values = {"max_num_seqs": 256, "speculative_config": json.dumps({"model": str(llama_dir),
+                                                                     "num_speculative_tokens": K})}
+    _, plan = plan_for(config, values, [])
+    _, alone = plan_for(config, {"max_num_seqs": 256}, [])
+    engine = engines("draft").engine
+    assert plan.num_blocks == engine.kv.pool.num_blocks == alone.num_blocks // 2  # a copy: half the pages each
+    # The draft's parameters as the engine measured them, plus its RoPE table (a buffer, not a parameter).
+    assert plan.weights_bytes == alone.weights_bytes + engine.draft_runner.weights_bytes() + \
+        rope_table_bytes(engine.draft_runner.config)
+    missing = {**values, "speculative_config": {"model": str(llama_dir / "nowhere"), "num_speculative_tokens": K}}
+    assert "speculative_config.model" in capacity_line(config, missing, [])

@@ -11,7 +11,8 @@ catches), not of real text: run it with a real target and draft (`--model`, `--d
 figures that mean something about a workload. Greedy; every run generates exactly `--output-len` tokens
 per request (EOS ignored). On CPU the clock is the process's CPU time on one thread (`time.process_time`,
 as `pagedesk-bench itl` does), so a shared, busy machine does not move the figures; `--clock wall` for an
-idle machine.
+idle machine. `--tensor-parallel-size 2` runs the target over two ranks (the draft whole on rank 0); the
+CPU clock would count rank 0's process only, so it takes `--clock wall`. `--methods` picks a subset.
 """
 from __future__ import annotations
 
@@ -62,12 +63,12 @@ CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
 def run(path: Path, prompts: list[list[int]], output_len: int, spec: dict | None, max_model_len: int,
-        clock=time.process_time) -> dict:
+        clock=time.process_time, tensor_parallel_size: int = 1) -> dict:
     """Decode tokens/s: the clock from the last first token to the end (prefill excluded), per output."""
     from engine import LLM, SamplingParams
 
     llm = LLM(str(path), device="cpu", max_model_len=max_model_len, speculative_config=spec,
-              enable_prefix_caching=False)
+              enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate([prompts[0][:8]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm up
     if llm.engine.spec is not None:
@@ -104,10 +105,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1)
+    ap.add_argument("--methods", default="off,ngram,draft,draft=target",
+                    help="comma-separated subset of off, ngram, draft, draft=target (off first: the baseline)")
     args = ap.parse_args(argv)
+    tp = args.tensor_parallel_size
+    if tp > 1 and args.clock == "cpu":
+        ap.error("--tensor-parallel-size > 1 needs --clock wall: the CPU clock counts rank 0's process only")
     import torch
-    if args.clock == "cpu":
-        torch.set_num_threads(1)  # CPU time then counts work, not threads spinning while descheduled
+    if args.clock == "cpu" or tp > 1:
+        # CPU time then counts work, not threads spinning while descheduled; under tensor parallel rank 0 runs
+        # one thread like its workers (two threads per rank on a loaded box spin in barriers, not compute).
+        torch.set_num_threads(1)
     tmp = Path(tempfile.mkdtemp(prefix="pagedesk-bench-spec-"))
     target = Path(args.model) if args.model else make_random_llama(tmp / "target")
     draft = Path(args.draft) if args.draft else make_layer_skip_draft(target, tmp / "draft", args.draft_layers)
@@ -119,16 +128,21 @@ def main(argv: list[str] | None = None) -> None:
                # The target as its own draft: every draft accepted, at the price of a second target per token;
                # the bound on what a draft buys at this k, and what verifying costs.
                "draft=target": {"model": str(target), "num_speculative_tokens": k}}
+    chosen = args.methods.split(",")
+    unknown = sorted(set(chosen) - set(methods))
+    if unknown or chosen[0] != "off":
+        ap.error(f"--methods: {unknown or chosen} — pick from {list(methods)}, \"off\" first")
+    methods = {m: methods[m] for m in chosen}
     max_len = args.prompt_len + args.output_len + 16
     print(f"target {target}, draft {draft} ({args.draft_layers} layers), k={k}, prompt {args.prompt_len}, "
-          f"output {args.output_len} tokens, greedy, CPU, {args.clock} clock")
+          f"output {args.output_len} tokens, greedy, CPU, {args.clock} clock, tensor_parallel_size {tp}")
     print("| workload | batch | method | decode tok/s | vs off | acceptance | mean accepted length | same output |")
     print("|---|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):
         for name, prompts in workloads(vocab, args.prompt_len, batch).items():
             base = None
             for method, spec in methods.items():
-                r = run(target, prompts, args.output_len, spec, max_len, CLOCKS[args.clock])
+                r = run(target, prompts, args.output_len, spec, max_len, CLOCKS[args.clock], tp)
                 base = base or r
                 stats = r.get("stats")
                 acc = f"{100 * stats['acceptance_rate']:.0f}%" if stats else "-"

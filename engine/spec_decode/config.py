@@ -85,7 +85,8 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
         raise ValueError(f"{_field('num_speculative_tokens')} must be <= {MAX_SPECULATIVE_TOKENS}, got {k}")
     tp = _int(value, "draft_tensor_parallel_size", 1, 1)
     if tp != 1:
-        raise ValueError(f"{_field('draft_tensor_parallel_size')} must be 1 (the draft runs on rank 0), got {tp}")
+        raise ValueError(f"{_field('draft_tensor_parallel_size')} must be 1 (the draft runs whole on rank 0, "
+                         f"also under tensor parallel), got {tp}")
     if method == "ngram":
         if value.get("model"):
             raise ValueError("speculative_config.model is only for a draft model; method \"ngram\" takes none")

@@ -7,6 +7,8 @@ position the draft writes). Each proposal first catches the draft up on the toke
 k - 1 one-token steps. Greedy requests take the draft's argmax; sampled ones draw from the draft's
 softmax(logits / temperature), whose rows are kept on the device as q for the rejection sampler.
 A sequence's `num_draft_computed` says how much of its draft KV is valid (reset on preemption).
+Under tensor parallel the draft runs on rank 0 alone (`single_rank`: no collectives; engine/spec_decode/
+loading.py), and its tokens reach the other ranks in the verify step's input ids.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.distributed import single_rank
 from engine.layers.attention import AttentionMetadata
 
 
@@ -36,6 +39,11 @@ class DraftProposer:
                 block_copies: list[tuple[int, int]] = ()) -> tuple[list[list[int]], torch.Tensor | None]:
         """Drafts per request and q: [sum(num_drafts), vocab] on the device, rows in request order, or None
         when every request is greedy (the rejection sampler then needs no q)."""
+        with single_rank():
+            return self._propose(requests, generator, block_copies)
+
+    def _propose(self, requests: list[DraftRequest], generator: torch.Generator | None,
+                 block_copies: list[tuple[int, int]]) -> tuple[list[list[int]], torch.Tensor | None]:
         self.runner.copy_blocks(list(block_copies))  # copy-on-write blocks: the draft's half of the copy
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor | None]] = [[] for _ in requests]

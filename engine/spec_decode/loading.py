@@ -1,11 +1,18 @@
 """Loading the draft model: its folder resolved and checked against the target, its weights on the target's
-device, and the KV pool split so that both caches (same block ids, one tensor each) fit the budget."""
+device; the KV pool is split so that both caches (same block ids, one tensor each) fit the budget by
+engine/kv_cache_sizing.choose_num_blocks (engine/sizing.blocks_with_draft, which the planner shares).
+
+Under tensor parallel the draft lives on rank 0 only, whole (not sharded): it is built and run inside
+`engine.distributed.single_rank`, so its layers take every head and make no collective; its proposals then
+reach the other ranks as the verify step's input ids, exactly like n-gram drafts. A small draft gains
+little from sharding, and this keeps the workers unaware of it (draft_tensor_parallel_size is 1)."""
 from __future__ import annotations
 
 import logging
 
 import torch
 
+from engine.distributed import single_rank
 from engine.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
@@ -54,24 +61,11 @@ def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backen
     from engine.model_runner import ModelRunner  # the draft is built the way the target is
 
     path, draft_config = checked
-    runner = ModelRunner(draft_config, path, device, dtype, config.block_size, backend)
+    with single_rank():  # whole on rank 0, also under tensor parallel
+        runner = ModelRunner(draft_config, path, device, dtype, config.block_size, backend)
     logger.info("draft model %s: %s, %.0f MiB of weights", path, draft_config.architecture,
                 runner.weights_bytes() / 2**20)
     return runner
-
-
-def share_blocks_with_draft(num_blocks: int, config, target_config: ModelConfig, draft_runner,
-                            kv_dtype: torch.dtype) -> int:
-    """Blocks when every block id also holds a page of the draft's KV: the budget sized for the target's
-    alone, shared in proportion (an explicit --num-gpu-blocks-override is kept as given)."""
-    if config.num_gpu_blocks_override is not None:
-        return num_blocks
-    size = kv_dtype.itemsize
-    target = model_kv_layout(target_config, config.block_size, size, config.tensor_parallel_size).bytes_per_block
-    draft = model_kv_layout(draft_runner.config, config.block_size, size).bytes_per_block
-    shared = max(1, num_blocks * target // (target + draft))
-    logger.info("KV pool: %d blocks shared with the draft model (%d without it)", shared, num_blocks)
-    return shared
 
 
 def check_rollback(layout) -> None:
