@@ -24,13 +24,16 @@ import threading
 import time
 import traceback
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from engine.beam_search import BeamSearchParams
 from engine.config import EngineConfig
 from engine.outputs import EngineStats, RequestOutput
 from engine.sampling_params import SamplingParams
 from engine.step_watchdog import StepWatchdog, resolve_step_timeout
+
+if TYPE_CHECKING:
+    from engine.pooling import PoolingParams
 
 log = logging.getLogger("pagedesk.engine")
 
@@ -71,6 +74,7 @@ class _Add:
     cache_salt: str | None = None
     beam: BeamSearchParams | None = None  # a beam search instead of sampling
     priority: int = 0
+    pooling: PoolingParams | None = None  # an embedding request instead of sampling
 
 
 @dataclass
@@ -203,13 +207,14 @@ class AsyncEngine:
 
     async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
                           arrival_time: float | None = None, cache_salt: str | None = None,
-                          beam: BeamSearchParams | None = None, priority: int = 0) -> RequestStream:
+                          beam: BeamSearchParams | None = None, priority: int = 0,
+                          pooling: PoolingParams | None = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it; raises ValueError if it refused it."""
         stream = RequestStream(request_id, self, asyncio.get_running_loop())
         with self._lock:
             self.check_serving()
             self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time(), cache_salt,
-                                    beam, priority))
+                                    beam, priority, pooling))
         try:
             await asyncio.shield(stream.accepted)
         except asyncio.CancelledError:
@@ -395,7 +400,7 @@ class AsyncEngine:
                                              cmd.priority)
             else:
                 self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                                        cache_salt=cmd.cache_salt, priority=cmd.priority)
+                                        cache_salt=cmd.cache_salt, priority=cmd.priority, pooling=cmd.pooling)
         except Exception as exc:  # noqa: BLE001 - ValueError becomes a 400; anything else is reported
             cmd.stream.put_threadsafe(exc)
             return

@@ -60,6 +60,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("served_model_name", str, None, "Model name reported by the API (default: --model)", "server"),
     Flag("tokenizer", str, None, "Tokenizer folder or repo id (default: --model)", "model", gui=False),
     Flag("revision", str, None, "Hub revision of the model", "model", gui=False),
+    Flag("task", str, "auto", "generate: completions and chat; embed: /v1/embeddings (pooled hidden states, no "
+         "LM head); auto: embed for an embedding checkpoint (sentence-transformers Pooling module or a bare "
+         "...Model architecture), else generate", "model", ("auto", "generate", "embed"), gui=False),
     Flag("trust_remote_code", bool, False, "Allow custom code from the model repo (tokenizer only)", "model", gui=False),
     Flag("dtype", str, "auto", "Weight/activation dtype; auto: float32 on CPU, bf16/fp16 on CUDA", "engine", DTYPES),
     Flag("device", str, "auto", "Where the engine runs", "engine", DEVICES, gui=False),
@@ -75,8 +78,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("attention_backend", str, "auto", "auto: Triton on CUDA, torch on CPU", "engine", ATTENTION_BACKENDS,
          gui=False),
     Flag("speculative_config", str, None, "Speculative decoding as JSON, vLLM's names: {\"method\": \"ngram\", "
-         "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3} or {\"model\": DRAFT_FOLDER, "
-         "\"num_speculative_tokens\": 3} (default: off)", "engine", gui=False),
+         "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}, {\"model\": DRAFT_FOLDER, "
+         "\"num_speculative_tokens\": 3} or, for a checkpoint with an MTP head (Qwen3.5/3.6, Qwen3-Next), "
+         "{\"method\": \"mtp\", \"num_speculative_tokens\": 2} (default: off)", "engine", gui=False),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),
@@ -171,6 +175,7 @@ class EngineConfig:
     served_model_name: str | None = None
     tokenizer: str | None = None
     revision: str | None = None
+    task: str = "auto"
     trust_remote_code: bool = False
     dtype: str = "auto"
     device: str = "auto"

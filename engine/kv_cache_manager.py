@@ -84,6 +84,8 @@ class KVCacheManager:
             return []
         if seq.params.prompt_logprobs is not None:  # cached blocks never had their logits computed
             return []
+        if seq.request.pooling is not None and seq.request.pooling.needs_every_token:  # mean/CLS: no hidden states
+            return []
         self._hash_full_blocks(seq, seq.num_tokens)
         hashes = seq.block_hashes
         hit = (seq.num_tokens - 1) // self.block_size

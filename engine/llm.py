@@ -1,7 +1,8 @@
 """LLM: the offline API (`LLM(model=...).generate(prompts, SamplingParams(...))`), shaped like vLLM's.
 
 Runs the engine loop in the calling thread until every submitted request is done, with a tqdm bar over
-prompts; `chat` applies the model's chat template first.
+prompts; `chat` applies the model's chat template first. `embed` (an engine started with `task="embed"`, or
+an embedding checkpoint) returns one pooled vector per prompt.
 """
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tqdm.auto import tqdm
 from engine.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_normalized
 from engine.config import EngineConfig
 from engine.llm_engine import LLMEngine
-from engine.outputs import RequestOutput
+from engine.outputs import PoolingRequestOutput, RequestOutput
+from engine.pooling import PoolingParams
 from engine.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
@@ -47,6 +49,18 @@ class LLM:
             if p.structured_outputs is not None:  # offline: a bad spec is a ValueError here, as before any step
                 self.engine.grammars.compile(p.structured_outputs, timeout=None)
             self.engine.add_request(request_id, prompt, p)
+            ids.append(request_id)
+        return self._run(ids, use_tqdm)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None,
+              use_tqdm: bool = True) -> list[PoolingRequestOutput]:
+        """One embedding per prompt (`out.outputs.embedding`), in order."""
+        ids = []
+        for prompt in _as_list(prompts):
+            request_id = str(next(self._ids))
+            if isinstance(prompt, dict):
+                prompt = prompt.get("prompt_token_ids") or prompt["prompt"]
+            self.engine.add_request(request_id, prompt, None, pooling=pooling_params or PoolingParams())
             ids.append(request_id)
         return self._run(ids, use_tqdm)
 

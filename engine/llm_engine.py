@@ -24,6 +24,8 @@ from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
 from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from engine.pooler_config import pooler_for_task, task_mismatch
+from engine.pooling import PoolingParams, RequestPooling
 from engine.output_processor import OutputProcessor, StepOutcome, StepPlan
 from engine.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata, SamplingRow, make_generator
@@ -33,7 +35,8 @@ from engine.scheduler import ScheduledSeq, Scheduler
 from engine.sequence import Request, Sequence
 from engine.sizing import verify_scratch_tokens
 from engine.spec_decode.config import parse_speculative_config
-from engine.spec_decode.loading import check_draft, check_rollback, load_draft
+from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
+                                        share_blocks_with_mtp)
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -52,6 +55,8 @@ class LLMEngine:
         self.model_path = resolve_model_path(config.model, config.revision)
         self.model_config = ModelConfig.from_folder(self.model_path, config.quantization) \
             .with_max_model_len(config.max_model_len)
+        self.model_config.pooler = pooler_for_task(config.task, self.model_path, self.model_config.hf_text_config,
+                                                   config.speculative_config is not None)
         self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, config.trust_remote_code)
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
@@ -60,6 +65,7 @@ class LLMEngine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
         self.spec_config = parse_speculative_config(config.speculative_config)
+        mtp_layers = check_mtp(self.spec_config, config, self.model_config, self.model_path)  # before any load
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
         draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
@@ -80,11 +86,15 @@ class LLMEngine:
                 verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
                 self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
             self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
+            self.mtp = load_mtp(mtp_layers, self.runner, self.model_path, backend)
             # The draft's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
                                            self.max_num_batched_tokens, self.draft_runner)
             if self.draft_runner is not None:
                 self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
+            if self.mtp is not None:  # the head's KV pages share the block ids too
+                num_blocks = share_blocks_with_mtp(num_blocks, config, self.model_config, self.mtp, kv_dtype)
+                self.mtp.allocate_kv_cache(num_blocks, kv_dtype)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
             snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
                                             config.enable_prefix_caching)
@@ -113,19 +123,29 @@ class LLMEngine:
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
-                                      self.model_config.max_model_len, self.stats, self.faults)
+                                      self.model_config.max_model_len, self.stats, self.faults,
+                                      pooling=self.model_config.pooler is not None)
         self.spec = None
         if self.spec_config is not None:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
-                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner)
+                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner,
+                                   self.mtp)
             logger.info("speculative decoding: %s", self.spec_config.describe())
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
 
     # ---- requests in -------------------------------------------------------------------------------
 
-    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams,
-                    arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+                    arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
+                    pooling: PoolingParams | None = None) -> None:
+        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused)."""
+        mismatch = task_mismatch(self.model_config.pooler, pooling is not None)
+        if mismatch:
+            raise ValueError(mismatch)
+        if pooling is not None:
+            self.model_config.pooler.check_dimensions(pooling.dimensions, self.model_config.hidden_size)
+            params = SamplingParams(temperature=0.0, max_tokens=None)  # never sampled: the prompt is pooled
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if priority and self.config.scheduling_policy != "priority":
@@ -142,6 +162,8 @@ class LLMEngine:
                                  f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
+        if pooling is not None:
+            request.pooling = RequestPooling(pooling, self.model_config.pooler)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
         compiling = None
         if params.structured_outputs is not None:
@@ -363,7 +385,12 @@ class LLMEngine:
                                self.kv_layout.group_names(), state)
 
     def memory_usage(self) -> dict[str, int]:
-        return {"weights_bytes": self.runner.weights_bytes(), "kv_cache_bytes": self.runner.kv_cache_bytes()}
+        """The target's weights and caches, with a speculative draft model's or MTP head's beside them."""
+        weights, kv = self.runner.weights_bytes(), self.runner.kv_cache_bytes()
+        for extra in (self.draft_runner, self.mtp):
+            if extra is not None:
+                weights, kv = weights + extra.weights_bytes(), kv + extra.kv_cache_bytes()
+        return {"weights_bytes": weights, "kv_cache_bytes": kv}
 
     def check_health(self) -> None:
         """Raise if the engine can no longer run a step (a tensor-parallel worker died while idle)."""

@@ -44,10 +44,24 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def iterate_weights(path: Path, device: str = "cpu") -> Iterator[tuple[str, torch.Tensor]]:
-    """Every (name, tensor) of the checkpoint, with a progress bar over shards when there are several."""
+def iterate_weights(path: Path, device: str = "cpu", prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """Every (name, tensor) of the checkpoint, with a progress bar over shards when there are several; with
+    `prefix`, only the tensors whose names start with it (the others are never read)."""
     files = safetensors_files(path)
-    for file in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=len(files) < 2):
+    for file in tqdm(files, desc="Loading safetensors shards", unit="shard", disable=len(files) < 2 or bool(prefix)):
         with safe_open(str(file), framework="pt", device=device) as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                if name.startswith(prefix):
+                    yield name, f.get_tensor(name)
+
+
+def tensor_names(path: Path) -> list[str]:
+    """The checkpoint's tensor names, from the index or the shards' headers (no tensor is read)."""
+    index = path / "model.safetensors.index.json"
+    if index.exists():
+        return list(json.loads(index.read_text())["weight_map"])
+    names = []
+    for file in safetensors_files(path):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            names += list(f.keys())
+    return names

@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.models.registry import SUPPORTED_ARCHITECTURES, VL_TEXT_PREFIXES, get_architecture
 from engine.moe_config import MoEConfig, parse_moe_config
+from engine.pooler_config import PoolerConfig
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES", "LAYER_TYPES"]
@@ -108,6 +109,7 @@ class ModelConfig:
     per_layer_input_size: int = 0  # Gemma 4's per-layer input embeddings (hidden_size_per_layer_input); 0: none
     linear_attention: LinearAttentionConfig | None = None  # hybrid models' Gated DeltaNet layers
     attn_output_gate: bool = False  # Qwen3.5/Qwen3-Next: q_proj also gives a per-head output gate
+    pooler: PoolerConfig | None = None  # set for an embedding engine (--task embed): pooled, no LM head
 
     @property
     def attention_layer_ids(self) -> list[int]:

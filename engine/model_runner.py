@@ -29,6 +29,7 @@ from engine.layers.fused_moe.expert_load import ExpertLoad
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.registry import model_class
+from engine.pooling import PooledOutput, drop_lm_head, embedding_weights, pool_hidden, pooling_spans
 from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
 from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
@@ -118,6 +119,9 @@ class StepInputs:
     state_replay: StateReplay | None = None
     state_read_only: np.ndarray | None = None  # [num_seqs] bool
     verify_token_rows: np.ndarray | None = None  # [num_verify_tokens] int64
+    # Embedding requests (engine/pooling.py): batch index and token rows [a, b) of each pooled sequence.
+    pool_owners: list[int] = field(default_factory=list)
+    pool_spans: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -129,6 +133,7 @@ class ModelRunnerOutput:
     beam_ids: list[list[int]] | None = None  # and their token ids
     prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
     spec: SpecSampleOutput | None = None  # speculative verify rows: per sequence, the tokens it emits
+    pooled: PooledOutput | None = None  # embedding requests' pooled hidden states (engine/pooling.py)
 
 
 def query_tokens(item: ScheduledSeq) -> list[int]:
@@ -185,12 +190,19 @@ class ModelRunner:
                 self.model = model_class(model_config.architecture)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
-        self.model.load_weights(iterate_weights(model_path, device="cpu"))
+        weights = iterate_weights(model_path, device="cpu")
+        if model_config.pooler is not None:  # an embedding engine: no LM head (engine/pooling.py)
+            drop_lm_head(self.model)
+            weights = embedding_weights(weights, self.model)
+        self.model.load_weights(weights)
         self.model.eval()
         # Routed tokens per (MoE layer, expert), on the device; every rank routes alike, rank 0 counts.
         self.expert_load = ExpertLoad.bind(self.model, device) if get_tp_rank() == 0 else None
         self.kv_layout = model_kv_layout(model_config, block_size)  # the engine's KVCacheManager reads the same
         self.kv_cache: torch.Tensor | None = None
+        # The last step's hidden states (the model's output, after its final norm), kept for an MTP head
+        # (engine/spec_decode/mtp_proposer.py) until it has read them; off otherwise.
+        self.keep_hidden, self.last_hidden = False, None
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
         self.graphs: DecodeGraphs | None = None
@@ -400,6 +412,8 @@ class ModelRunner:
         input_ids = np.fromiter(chain.from_iterable(map(query_tokens, batch)), np.int64, num_tokens)
         seq_lens = (computed + num_new).astype(np.int32)
         prompt_rows, prompt_targets, prompt_k = self._prompt_logits_rows(batch, computed, query_start)
+        pool_owners, pool_spans = pooling_spans(batch, computed, query_start) \
+            if self.config.pooler is not None else ([], [])
         state_indices = has_initial_state = replay = read_only = verify_rows = None
         if self.kv_layout.state is not None:
             state_indices = np.fromiter((item.seq.state_slot for item in batch), np.int32, len(batch))
@@ -414,7 +428,8 @@ class ModelRunner:
             prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
             group_slot_mappings=group_slots, rows=rows, table_width=width, table_diff=diff,
             state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies),
-            state_replay=replay, state_read_only=read_only, verify_token_rows=verify_rows)
+            state_replay=replay, state_read_only=read_only, verify_token_rows=verify_rows,
+            pool_owners=pool_owners, pool_spans=pool_spans)
 
     def step_tables(self, inputs: StepInputs) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
@@ -495,18 +510,22 @@ class ModelRunner:
                                     to_device(torch.from_numpy(inputs.positions), dev), meta)
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
+        if self.keep_hidden:
+            self.last_hidden = hidden
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
             prompt_logprobs = compute_prompt_logprobs(hidden, inputs.prompt_logits_rows, inputs.prompt_targets,
                                                       inputs.prompt_logprobs_k, self.model.compute_logits,
                                                       reduce=sampling is not None)
+        pooled = pool_hidden(hidden, inputs.pool_owners, inputs.pool_spans) \
+            if inputs.pool_spans and sampling is not None else None
         if logits_index is None:
-            return None if sampling is None else ModelRunnerOutput(prompt_logprobs=prompt_logprobs)
+            return None if sampling is None else ModelRunnerOutput(prompt_logprobs=prompt_logprobs, pooled=pooled)
         logits = self.model.compute_logits(hidden[logits_index])
         if sampling is None:
             return None
         out = self.sample_prepared(logits, prepared)
-        out.prompt_logprobs = prompt_logprobs
+        out.prompt_logprobs, out.pooled = prompt_logprobs, pooled
         return out
 
     @staticmethod
@@ -565,6 +584,10 @@ class ModelRunner:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
                                 torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
             rows = torch.arange(len(hidden) - max_num_seqs, len(hidden), device=self.device).clamp_(min=0)
+            if self.config.pooler is not None:  # an embedding engine pools: no logits, no sampler
+                pool_hidden(hidden, list(range(len(rows))), [(int(r), int(r) + 1) for r in rows])
+                del hidden
+                return temporary_kv_bytes
             logits = self.model.compute_logits(hidden[rows])
             self.sample(logits, profile_sampling_batch(max_num_seqs, logits.shape[1], self.device))
             del hidden, logits  # only now: a real step holds both until sampling is done

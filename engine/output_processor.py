@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+from engine.outputs import (CompletionOutput, EmbeddingOutput, EngineStats, Logprob, PoolingRequestOutput,
+                            RequestOutput)
+from engine.pooling import record_pooled
 from engine.prompt_logprobs import PromptLogprobsOutput, prompt_positions
 from engine.request_faults import RequestFaults
 from engine.sampler import SamplerOutput
@@ -43,10 +45,11 @@ class StepOutcome:
 
 class OutputProcessor:
     def __init__(self, tokenizer, eos_token_ids: list[int], max_model_len: int, stats: EngineStats,
-                 faults: RequestFaults | None = None) -> None:
+                 faults: RequestFaults | None = None, pooling: bool = False) -> None:
         self.tokenizer, self.eos_token_ids, self.max_model_len, self.stats = tokenizer, eos_token_ids, \
             max_model_len, stats
         self.faults = faults or RequestFaults()  # a request whose output fails here ends alone
+        self.pooling = pooling  # an embedding engine: requests end once their prompt is pooled
 
     def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
                 now: float) -> None:
@@ -55,6 +58,11 @@ class OutputProcessor:
             self._record_scheduled(item, now)
         if result is not None and result.prompt_logprobs is not None:
             self._record_prompt_logprobs(scheduled, result.prompt_logprobs)
+        if self.pooling:
+            for seq in record_pooled(scheduled, result.pooled if result is not None else None):
+                self.finish(seq, "stop")
+                outcome.finished.append(seq)
+                outcome.touched[seq.request.request_id] = seq.request
         for parent, children in plan.forks:
             parent.request.seqs += children
             outcome.forks.append((parent, children))
@@ -216,7 +224,11 @@ class OutputProcessor:
 
     # ---- outputs -----------------------------------------------------------------------------------
 
-    def make_output(self, request: Request) -> RequestOutput:
+    def make_output(self, request: Request) -> RequestOutput | PoolingRequestOutput:
+        if request.pooling is not None:
+            return PoolingRequestOutput(request.request_id, request.prompt, request.prompt_token_ids,
+                                        EmbeddingOutput(request.pooling.embedding), request.finished,
+                                        request.metrics, request.num_cached_tokens)
         if request.beam is not None:
             return self._make_beam_output(request)
         outputs = []

@@ -52,6 +52,25 @@ class RequestOutput:
 
 
 @dataclass
+class EmbeddingOutput:
+    embedding: list[float]
+
+
+@dataclass
+class PoolingRequestOutput:
+    """An embedding request's one output (vLLM's shape): finished once its prompt was computed and pooled."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: EmbeddingOutput
+    finished: bool = True
+    metrics: RequestMetrics | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+
+@dataclass
 class EngineStats:
     """Counters and gauges for /metrics and the GUI; totals are since start."""
 

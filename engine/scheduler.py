@@ -46,7 +46,10 @@ class ScheduledSeq:
 
     @property
     def samples(self) -> bool:
-        """True when this step reaches the sequence's last known token, so its logits are sampled."""
+        """True when this step reaches the sequence's last known token, so its logits are sampled (never for an
+        embedding request: it is pooled instead)."""
+        if self.seq.request.pooling is not None:
+            return False
         return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
 
 

@@ -15,6 +15,7 @@ import torch
 from engine.block_pool import Block
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import Logprob, RequestMetrics
+from engine.pooling import RequestPooling
 from engine.sampling_metadata import make_generator
 from engine.sampling_params import SamplingParams
 
@@ -113,6 +114,7 @@ class Request:
     cache_salt: str | None = None  # only requests with the same salt share prefix-cache blocks
     priority: int = 0  # --scheduling-policy priority: lower first
     paused: bool = False  # its caller has not read its outputs: its running sequences are not scheduled
+    pooling: RequestPooling | None = None  # an embedding request: pooled, never sampled (engine/pooling.py)
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

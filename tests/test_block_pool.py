@@ -28,7 +28,7 @@ class FakeSeq(SimpleNamespace):
 
 def fake_seq(tokens: list[int]):
     return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[], table_edits={},
-                   request=SimpleNamespace(cache_salt=None),
+                   request=SimpleNamespace(cache_salt=None, pooling=None),
                    num_cached_blocks=0, num_tokens=len(tokens), params=SamplingParams())
 
 

@@ -43,7 +43,7 @@ class FakeSeq(SimpleNamespace):
 def fake_seq(tokens: list[int], tables=None, computed: int = 0) -> FakeSeq:
     return FakeSeq(seq_id=next(_ids), token_ids=list(tokens), num_computed_tokens=computed,
                    block_tables=tables if tables is not None else [[]], block_hashes=[], table_edits={},
-                   request=SimpleNamespace(cache_salt=None, params=SamplingParams()), num_cached_blocks=0,
+                   request=SimpleNamespace(cache_salt=None, params=SamplingParams(), pooling=None), num_cached_blocks=0,
                    num_tokens=len(tokens), num_prompt_tokens=len(tokens), params=SamplingParams())
 
 

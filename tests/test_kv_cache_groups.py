@@ -37,7 +37,7 @@ class FakeSeq(SimpleNamespace):
 
 def fake_seq(tokens: list[int]) -> FakeSeq:
     return FakeSeq(token_ids=list(tokens), num_computed_tokens=0, block_tables=[[]], block_hashes=[], table_edits={},
-                   request=SimpleNamespace(cache_salt=None), num_cached_blocks=0, num_tokens=len(tokens),
+                   request=SimpleNamespace(cache_salt=None, pooling=None), num_cached_blocks=0, num_tokens=len(tokens),
                    params=SamplingParams())
 
 

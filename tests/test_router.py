@@ -3,7 +3,8 @@ engine a real subprocess, driven through httpx and the real openai SDK.
 
 One router serves every test of this module (engine start-ups are slow on shared cores, so each test reuses
 the engines the previous ones loaded): models `a` (llama, long context so a stream can be made long by
-construction), `b` (qwen2, a 2-second TTL), `dp` (llama, two replicas) and `huge` (a KV cache no machine has). Outputs are compared with HF transformers'
+construction), `b` (qwen2, a 2-second TTL), `dp` (llama, two replicas), `huge` (a KV cache no machine has) and
+`emb` (a tiny Qwen3-Embedding-shaped checkpoint). Outputs are compared with HF transformers'
 greedy tokens on the same weights. Every wait is bounded; nothing asserts wall time. The last test sends
 SIGTERM to the router and checks that no process is left.
 """
@@ -23,6 +24,7 @@ import openai
 import pytest
 
 from hf_reference import hf_greedy, make_prompts
+from tiny_embedders import hf_embeddings, make_tiny_embedder
 from test_cli import free_port
 from test_tensor_parallel import descendants
 
@@ -42,12 +44,17 @@ def models(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
+def embedder(tiny_model_dir, tmp_path_factory):
+    return make_tiny_embedder(tmp_path_factory.mktemp("router-emb"), "LAST", base=tiny_model_dir("qwen3"))
+
+
+@pytest.fixture(scope="module")
 def references(models):
     return {name: hf_greedy(path, PROMPTS, MAX_TOKENS) for name, path in models.items()}
 
 
 @pytest.fixture(scope="module")
-def router(models, tmp_path_factory):
+def router(models, embedder, tmp_path_factory):
     config = tmp_path_factory.mktemp("router") / "models.toml"
     llama = models["a"]
     config.write_text(f"""
@@ -62,6 +69,10 @@ model-ttl = 2
 [models.huge]
 model = "{llama}"
 num-gpu-blocks-override = 100000000
+
+[models.emb]
+model = "{embedder}"
+max-model-len = 128
 """)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -109,7 +120,7 @@ def pid_alive(pid: int) -> bool:
 def test_models_listed_unloaded_with_their_facts(router):
     data = httpx.get(router.url + "/v1/models", headers=AUTH, timeout=10).json()["data"]
     by_id = {m["id"]: m for m in data}
-    assert set(by_id) == {"a", "b", "dp", "huge"} and by_id["b"]["model_ttl"] == 2
+    assert set(by_id) == {"a", "b", "dp", "huge", "emb"} and by_id["b"]["model_ttl"] == 2
     assert not any(m["loaded"] for m in data)
     assert by_id["a"]["max_model_len"] == 4096 and by_id["dp"]["max_model_len"] == 512
     assert by_id["b"]["quantization"] is None and by_id["dp"]["data_parallel_size"] == 2
@@ -276,6 +287,56 @@ def test_data_parallel_two_replicas_exact_labelled_prefix_aware(router, models):
     for i in ("0", "1"):
         assert any(x.startswith("pagedesk:generation_tokens_total{") and f'engine="{i}"' in x
                    and 'model_name="dp"' in x for x in text.splitlines()), text
+
+
+def create_response(router, model: str, text: str, **extra) -> httpx.Response:
+    body = {"model": model, "input": text, "max_output_tokens": 3, "temperature": 0, **extra}
+    return httpx.post(router.url + "/v1/responses", json=body, headers=AUTH, timeout=240)
+
+
+def test_responses_by_id_follow_the_engine_that_made_them(router):
+    """GET/DELETE /v1/responses/{id} and previous_response_id reach the replica that created the id (read from the
+    create reply, JSON or stream), across models and the two replicas of dp; other models may not chain it."""
+    client = sdk(router)
+    made = {}
+    for model, text in (("a", "Hello"), ("dp", "Paris is"), ("dp", "The quick brown fox")):
+        r = create_response(router, model, text)
+        assert r.status_code == 200, r.text
+        made[r.json()["id"]] = r.headers["x-pagedesk-engine"]
+    with client.responses.stream(model="dp", input="Continuous batching", max_output_tokens=3) as stream:
+        streamed = [e.response for e in stream if e.type == "response.incomplete"][0]  # cut at max_output_tokens
+    made[streamed.id] = None  # which replica streamed it: the retrieval below must find it either way
+    print("responses made by", made)
+    for response_id, engine in made.items():
+        got = httpx.get(f"{router.url}/v1/responses/{response_id}", headers=AUTH, timeout=60)
+        assert got.status_code == 200 and got.json()["id"] == response_id, got.text
+        assert engine is None or got.headers["x-pagedesk-engine"] == engine
+    first_dp = next(i for i, e in made.items() if e and e.startswith("dp#"))
+    chained = create_response(router, "dp", "and then?", previous_response_id=first_dp)
+    assert chained.status_code == 200, chained.text
+    assert chained.headers["x-pagedesk-engine"] == made[first_dp]
+    assert chained.json()["previous_response_id"] == first_dp
+    with pytest.raises(openai.BadRequestError, match="created by model `dp`"):
+        client.responses.create(model="a", input="x", previous_response_id=first_dp, max_output_tokens=2)
+    assert client.responses.retrieve(streamed.id).id == streamed.id
+    client.responses.delete(streamed.id)
+    with pytest.raises(openai.NotFoundError, match="is known to this router"):
+        client.responses.retrieve(streamed.id)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.delete("resp_unknown")
+
+
+def test_embeddings_routed_by_model(router, embedder):
+    client = sdk(router)
+    r = client.embeddings.create(model="emb", input=["Paris", "numbers 0 1 2"])
+    assert [d.index for d in r.data] == [0, 1] and r.model == "emb"
+    tokenizer_ids = [list(map(int, ids)) for ids in (
+        httpx.post(router.url + "/tokenize", json={"model": "emb", "prompt": t}, headers=AUTH, timeout=60)
+        .json()["tokens"] for t in ("Paris", "numbers 0 1 2"))]
+    for d, expected in zip(r.data, hf_embeddings(embedder, tokenizer_ids)):
+        assert max(abs(x - y) for x, y in zip(d.embedding, expected)) < 1e-5
+    with pytest.raises(openai.BadRequestError, match="--task embed"):
+        client.embeddings.create(model="a", input="hello")
 
 
 def test_sigterm_to_the_router_leaves_no_process(router):

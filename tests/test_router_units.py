@@ -210,3 +210,39 @@ def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
     pieces = estimate_piecewise_graph_bytes(cfg, config.resolve_max_num_batched_tokens(256), 2)
     assert eager.overhead_bytes == CUDA_CONTEXT_BYTES < decode.overhead_bytes
     assert both.overhead_bytes == decode.overhead_bytes + pieces
+
+
+def test_response_directory_is_bounded_and_reads_ids_from_replies():
+    import asyncio
+
+    from engine.router.app import chained_replica
+    from engine.router.response_directory import ResponseDirectory, ResponseOwner
+    from engine.server.errors import OpenAIError
+
+    directory = ResponseDirectory(capacity=2)
+    a0, dp1 = ResponseOwner("a", 0), ResponseOwner("dp", 1)
+    directory.remember_body(b'{"id": "resp_1", "object": "response"}', a0)
+    directory.remember_body(b'{"error": {"message": "no"}}', a0)  # no id: nothing noted
+    directory.remember_body(b"not json", a0)
+
+    async def stream():
+        # The id of the first event split across two chunks, as a relay may cut it.
+        for chunk in (b'event: response.created\ndata: {"type":"response.created","response":{"id":"re',
+                      b'sp_2","object":"response"}}\n\n', b'data: {"id": "resp_3"}\n\n'):
+            yield chunk
+
+    async def relay_all():
+        return [c async for c in directory.remember_stream(stream(), dp1)]
+
+    chunks = asyncio.run(relay_all())
+    assert b"".join(chunks).count(b"resp_") == 2  # passed through unchanged
+    assert directory.owner("resp_1") == a0 and directory.owner("resp_2") == dp1 and len(directory) == 2
+    assert directory.owner("resp_3") is None  # only the first id of a stream is its response's
+    assert chained_replica(directory, {"previous_response_id": "resp_2"}, "dp") == 1
+    assert chained_replica(directory, {"previous_response_id": "resp_9"}, "dp") is None
+    with pytest.raises(OpenAIError, match="created by model `dp`"):
+        chained_replica(directory, {"previous_response_id": "resp_2"}, "a")
+    directory.remember("resp_4", a0)  # over capacity: the least recently used (resp_1) goes
+    assert directory.owner("resp_1") is None and directory.owner("resp_2") == dp1
+    directory.forget("resp_2")
+    assert directory.owner("resp_2") is None

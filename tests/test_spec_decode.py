@@ -155,7 +155,8 @@ def test_beam_search_and_prompt_logprobs_run_without_drafts(engines):
 @pytest.mark.parametrize("raw, field", [
     ({"method": "medusa", "num_speculative_tokens": 2}, "method"),
     ({"method": "bogus", "num_speculative_tokens": 2}, "method"),
-    ({"method": "mtp", "num_speculative_tokens": 1}, "method"),
+    ({"method": "eagle3", "num_speculative_tokens": 1}, "method"),
+    ({"method": "mtp", "num_speculative_tokens": 1, "prompt_lookup_max": 2}, "prompt_lookup_max"),
     ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
     ({"method": "ngram"}, "num_speculative_tokens"),
     ({"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 4, "prompt_lookup_max": 2},

@@ -6,7 +6,7 @@ What differs from Qwen3-Next: the DeltaNet input projections are stored split (`
 gated shared expert on every layer; RoPE is mRoPE, which on text positions (all three sections equal the 1-D
 position) is the plain partial-rotary table (engine/layers/rotary.py). A VL checkpoint keeps the text model
 under `model.language_model.`; the vision tower (`model.visual.`) is skipped on purpose, and the MTP head
-(`mtp.*`) is left in the checkpoint for speculative decoding.
+(`mtp.*`) is not part of the target: speculative method "mtp" loads it (engine/models/qwen3_next_mtp.py).
 """
 from __future__ import annotations
 

@@ -149,6 +149,6 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
 
         super().load_weights(without_mtp(weights))
         if skipped:
-            logger.info("%s: %d multi-token-prediction tensors (mtp.*) left in the checkpoint, not loaded",
-                        self.config.architecture, len(skipped))
+            logger.info("%s: %d multi-token-prediction tensors (mtp.*) are not the target's (speculative method "
+                        "\"mtp\" loads them as its head)", self.config.architecture, len(skipped))
         self.skipped_mtp_tensors = skipped

@@ -80,6 +80,11 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen2ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
     "Qwen3ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
     "MistralForCausalLM": Architecture("llama", "LlamaForCausalLM"),
+    # Bare decoders, as embedding checkpoints save them (gte-Qwen2, e5-mistral): served with --task embed.
+    "LlamaModel": Architecture("llama", "LlamaForCausalLM"),
+    "MistralModel": Architecture("llama", "LlamaForCausalLM"),
+    "Qwen2Model": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
+    "Qwen3Model": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
     "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
     "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4),
     "Gemma3ForConditionalGeneration": Architecture("gemma3", "Gemma3ForConditionalGeneration", GEMMA3_TEXT_DEFAULTS,

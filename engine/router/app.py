@@ -6,7 +6,10 @@ GET /health (the router is up), GET /metrics (every engine's, merged with an `en
 GET /v1/models (every servable model: loaded or not, its context and quantization, its engines),
 POST /v1/models/{name}/load and /unload (guarded by the key like every /v1 route), and every other route
 relayed to an engine of the model the request names: POSTs by the body's `model` (JIT-loading it), GETs
-(the engine-state routes) by `?model=NAME&engine=i`, to a model already loaded.
+(the engine-state routes) by `?model=NAME&engine=i`, to a model already loaded. /v1/embeddings goes by its
+body's model like any POST. Responses live in the engine that made them: GET and DELETE /v1/responses/{id} and a
+POST chaining `previous_response_id` go to that engine's replica, which the router noted from the create
+reply (response_directory.py).
 """
 from __future__ import annotations
 
@@ -17,7 +20,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from engine.model_config import ModelConfig
@@ -25,6 +28,7 @@ from engine.router.manager import ModelEntry, ModelManager
 from engine.router.metrics_merge import merge_metrics
 from engine.router.placement import HOST, model_folder
 from engine.router.proxy import make_client, relay
+from engine.router.response_directory import ResponseDirectory, ResponseOwner
 from engine.server.auth import ApiKeyMiddleware
 from engine.server.errors import OpenAIError, error_response, install_error_handlers
 from engine.server.hosts import TrustedHostMiddleware, allowed_host_names
@@ -48,6 +52,7 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
     app = FastAPI(title="PagedDesk router", summary="OpenAI-compatible endpoint for several models",
                   version="0.1.0", lifespan=lifespan)
     app.state.manager = manager
+    directory = app.state.responses = ResponseDirectory()
     install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=max_body_bytes)
     app.add_middleware(ApiKeyMiddleware, api_key=config.api_key)
@@ -92,15 +97,45 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
         await manager.unload(entry)
         return model_card(entry, created)
 
+    @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
+    async def response_by_id(response_id: str, request: Request) -> Response:
+        owner = directory.owner(response_id)
+        if owner is None:
+            raise OpenAIError(404, f"No response with id {response_id!r} is known to this router (it remembers "
+                                   f"the engine of the last {directory.capacity} it relayed)", "response_id",
+                              "response_not_found")
+        entry = manager.entry(owner.model)
+        replica = next((r for r in entry.replicas if r.index == owner.replica and r.state == "ready"), None)
+        if replica is None:
+            raise OpenAIError(404, f"Response {response_id!r} was made by {owner.model}#{owner.replica}, which is "
+                                   "no longer running; its stored responses went with it", "response_id",
+                              "response_not_found")
+        replica.inflight += 1
+        reply = await relay(state["client"], request, f"{replica.url}/v1/responses/{response_id}", b"",
+                            replica.api_key, f"{entry.spec.name}#{replica.index}",
+                            lambda: manager.release(entry, replica, 0))
+        if request.method == "DELETE" and reply.status_code == 200:
+            directory.forget(response_id)
+        return reply
+
     @app.api_route("/{path:path}", methods=["POST"])
     async def forward_post(path: str, request: Request) -> Response:
         raw = await request.body()
         body = parse_body(raw, len(manager.entries))
         entry = manager.entry(body.get("model") if isinstance(body.get("model"), str) else None)
-        replica, tokens = await manager.acquire(entry, body)
-        return await relay(state["client"], request, replica.url + "/" + path, raw, replica.api_key,
-                           f"{entry.spec.name}#{replica.index}",
-                           lambda: manager.release(entry, replica, tokens))
+        creates_response = path == "v1/responses"
+        pinned = chained_replica(directory, body, entry.spec.name) if creates_response else None
+        replica, tokens = await manager.acquire(entry, body, pinned)
+        reply = await relay(state["client"], request, replica.url + "/" + path, raw, replica.api_key,
+                            f"{entry.spec.name}#{replica.index}",
+                            lambda: manager.release(entry, replica, tokens))
+        if creates_response and reply.status_code == 200:
+            owner = ResponseOwner(entry.spec.name, replica.index)
+            if isinstance(reply, StreamingResponse):
+                reply.body_iterator = directory.remember_stream(reply.body_iterator, owner)
+            else:
+                directory.remember_body(reply.body, owner)
+        return reply
 
     @app.api_route("/{path:path}", methods=["GET"])
     async def forward_get(path: str, request: Request) -> Response:
@@ -124,6 +159,20 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
 
 
 GET_ROUTES = ("v1/engine/state", "v1/engine/state/stream")
+
+
+def chained_replica(directory: ResponseDirectory, body: dict, model: str) -> int | None:
+    """The replica holding the conversation a POST /v1/responses continues, if the router relayed its start; a
+    conversation is kept by the engine that made it, so continuing it with another model is a 400."""
+    previous = body.get("previous_response_id")
+    owner = directory.owner(previous) if isinstance(previous, str) else None
+    if owner is None:
+        return None  # unknown here: the engine answers for it
+    if owner.model != model:
+        raise OpenAIError(400, f"previous_response_id {previous!r} was created by model `{owner.model}`; its "
+                               f"conversation is stored by that model's engine, so continue it with model "
+                               f"`{owner.model}` (or resend the earlier turns as input)", "previous_response_id")
+    return owner.replica
 
 
 def parse_body(raw: bytes, num_models: int) -> dict:

@@ -119,8 +119,10 @@ class ModelManager:
         await asyncio.gather(*(r.stop() for r in entry.replicas))
         entry.replicas = []
 
-    async def acquire(self, entry: ModelEntry, body: dict) -> tuple[EngineProcess, int]:
-        """A ready replica for this request (loading or restarting as needed), with the tokens it is charged."""
+    async def acquire(self, entry: ModelEntry, body: dict, replica_index: int | None = None
+                      ) -> tuple[EngineProcess, int]:
+        """A ready replica for this request (loading or restarting as needed), with the tokens it is charged;
+        `replica_index` pins it to that replica while it is ready (a chained response lives there)."""
         await self.load(entry)
         ready = [r for r in entry.replicas if r.state == "ready" and r.alive()]
         dead = [r for r in entry.replicas if r.state == "dead"]
@@ -136,7 +138,8 @@ class ModelManager:
             raise OpenAIError(503, failed or f"{entry.spec.name}: no engine is serving", "model", "engine_dead")
         text = prompt_text(body)
         chain = prefix_chain(text)
-        replica = ready[choose_replica([r.load for r in ready], chain)]
+        pinned = [r for r in ready if r.index == replica_index]
+        replica = pinned[0] if pinned else ready[choose_replica([r.load for r in ready], chain)]
         tokens = estimate_tokens(body, text)
         replica.load.outstanding_tokens += tokens
         replica.load.num_requests += 1

@@ -14,8 +14,8 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from engine.async_engine import AsyncEngine
-from engine.server import (routes_chat, routes_completions, routes_messages, routes_models, routes_responses,
-                           routes_state, routes_tokenize)
+from engine.server import (routes_chat, routes_completions, routes_embeddings, routes_messages, routes_models,
+                           routes_responses, routes_state, routes_tokenize)
 from engine.server.auth import ApiKeyMiddleware
 from engine.server.context import ServerContext
 from engine.server.cors import CORSMiddleware, allowed_origin_list
@@ -49,7 +49,7 @@ def create_app(async_engine: AsyncEngine, served_name: str, api_key: str | None 
     app.add_middleware(TrustedHostMiddleware, allowed=allowed_host_names(config.host, config.allowed_hosts))
     app.include_router(routes_models.open_router, responses={503: {"model": ErrorResponse}})
     guarded = dict(responses=ERROR_RESPONSES)  # the key itself is checked by ApiKeyMiddleware
-    for module in (routes_models, routes_completions, routes_chat, routes_responses, routes_messages, routes_tokenize,
-                   routes_state):
+    for module in (routes_models, routes_completions, routes_chat, routes_responses, routes_messages,
+                   routes_embeddings, routes_tokenize, routes_state):
         app.include_router(module.router, **guarded)
     return app

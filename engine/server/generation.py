@@ -15,6 +15,7 @@ from fastapi import Request
 from engine.async_engine import AsyncEngine, RequestStream
 from engine.beam_search import BeamSearchParams
 from engine.outputs import RequestOutput
+from engine.pooling import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.server.errors import engine_error
 from engine.server.metrics import ServerMetrics
@@ -24,16 +25,17 @@ DISCONNECT_POLL_S = 0.5
 
 async def start_requests(async_engine: AsyncEngine, request_id: str, prompts: list[list[int]],
                          params: list[SamplingParams], cache_salt: str | None = None,
-                         beams: list[BeamSearchParams | None] | None = None, priority: int = 0
-                         ) -> list[RequestStream]:
-    """Add every prompt; if the engine refuses one, abort the others and raise its error."""
+                         beams: list[BeamSearchParams | None] | None = None, priority: int = 0,
+                         pooling: PoolingParams | None = None) -> list[RequestStream]:
+    """Add every prompt (embedding requests with `pooling`); if the engine refuses one, abort the others and raise
+    its error."""
     streams: list[RequestStream] = []
     try:
         for i, (ids, p) in enumerate(zip(prompts, params)):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             beam = beams[i] if beams else None
             streams.append(await async_engine.add_request(rid, ids, p, cache_salt=cache_salt, beam=beam,
-                                                          priority=priority))
+                                                          priority=priority, pooling=pooling))
     except BaseException:
         close_all(streams)
         raise

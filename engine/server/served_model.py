@@ -31,6 +31,7 @@ class ServedModel:
     grammars: Any = None  # the engine's GrammarCompiler (thread-safe; shares its cache with the engine)
     tool_parser: str | None = None  # --tool-call-parser, or detected from the chat template
     reasoning_parser: str | None = None
+    pooler: Any = None  # PoolerConfig of an embedding engine (--task embed); None: a generation engine
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":
@@ -44,7 +45,8 @@ class ServedModel:
                    text_tokenizer=plain_text_tokenizer(tokenizer), special_token_texts=special_texts(tokenizer),
                    grammars=llm_engine.grammars,
                    tool_parser=llm_engine.config.tool_call_parser or detect_tool_parser(template),
-                   reasoning_parser=llm_engine.config.reasoning_parser or detect_reasoning_parser(template))
+                   reasoning_parser=llm_engine.config.reasoning_parser or detect_reasoning_parser(template),
+                   pooler=llm_engine.model_config.pooler)
 
 
 def quantization_name(model_config: Any) -> str | None:

@@ -1,9 +1,11 @@
 """SpeculativeConfig: vLLM's `speculative_config` (a dict, or JSON on the command line), parsed and checked.
 
-Torch-free (the flag definitions import it). Two methods are built: "ngram" (prompt lookup: the tokens
-that followed the latest earlier occurrence of the sequence's last n tokens) and "draft_model" (a small
-model with the target's vocabulary, named by "model"). Anything else, or a bad value, is a ValueError
-naming the field, which the CLI turns into exit 2.
+Torch-free (the flag definitions import it). Three methods are built: "ngram" (prompt lookup: the tokens
+that followed the latest earlier occurrence of the sequence's last n tokens), "draft_model" (a small
+model with the target's vocabulary, named by "model") and "mtp" (the multi-token-prediction head that
+Qwen3-Next and Qwen3.5/3.6 checkpoints carry under `mtp.*`; whether the checkpoint has one is checked when
+the engine starts). Anything else, or a bad value, is a ValueError naming the field, which the CLI turns
+into exit 2.
 """
 from __future__ import annotations
 
@@ -11,9 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-METHODS = ("ngram", "draft_model")
-NOT_BUILT = {"mtp": "MTP heads need the hybrid Qwen3.5/3.6 family, which does not load MTP weights yet",
-             "eagle": "EAGLE heads are not built", "eagle3": "EAGLE-3 heads are not built",
+METHODS = ("ngram", "draft_model", "mtp")
+NOT_BUILT = {"eagle": "EAGLE heads are not built", "eagle3": "EAGLE-3 heads are not built",
              "medusa": "Medusa heads are not built"}
 KNOWN_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
                 "draft_tensor_parallel_size")
@@ -35,6 +36,8 @@ class SpeculativeConfig:
     def describe(self) -> str:
         if self.method == "ngram":
             return f"ngram k={self.k} lookup {self.prompt_lookup_min}..{self.prompt_lookup_max}"
+        if self.method == "mtp":
+            return f"the checkpoint's MTP head k={self.k}"
         return f"draft model {self.model} k={self.k}"
 
 
@@ -98,6 +101,11 @@ def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | No
     for name in ("prompt_lookup_max", "prompt_lookup_min"):
         if name in value:
             raise ValueError(f"{_field(name)} is only for method \"ngram\"")
+    if method == "mtp":
+        if value.get("model"):
+            raise ValueError("speculative_config.model is only for a draft model; method \"mtp\" uses the head in "
+                             "the target's own checkpoint")
+        return SpeculativeConfig("mtp", k)
     model = value.get("model")
     if not isinstance(model, str) or not model:
         raise ValueError("speculative_config.model must name the draft model's folder or hub repo id")

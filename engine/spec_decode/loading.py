@@ -5,7 +5,10 @@ engine/kv_cache_sizing.choose_num_blocks (engine/sizing.blocks_with_draft, which
 Under tensor parallel the draft lives on rank 0 only, whole (not sharded): it is built and run inside
 `engine.distributed.single_rank`, so its layers take every head and make no collective; its proposals then
 reach the other ranks as the verify step's input ids, exactly like n-gram drafts. A small draft gains
-little from sharding, and this keeps the workers unaware of it (draft_tensor_parallel_size is 1)."""
+little from sharding, and this keeps the workers unaware of it (draft_tensor_parallel_size is 1).
+
+The same for an MTP head: the target checkpoint's mtp.* tensors checked before anything loads, then loaded
+beside the target (tensor_parallel_size 1 only), its KV pages sharing the block ids in the same proportion."""
 from __future__ import annotations
 
 import logging
@@ -14,8 +17,9 @@ import torch
 
 from engine.distributed import single_rank
 from engine.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
-from engine.loader import resolve_model_path
+from engine.loader import iterate_weights, resolve_model_path, tensor_names
 from engine.model_config import ModelConfig
+from engine.sizing import blocks_with_draft
 from engine.spec_decode.config import SpeculativeConfig, check_draft_vocab
 
 logger = logging.getLogger("pagedesk.engine")
@@ -66,6 +70,59 @@ def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backen
     logger.info("draft model %s: %s, %.0f MiB of weights", path, draft_config.architecture,
                 runner.weights_bytes() / 2**20)
     return runner
+
+
+def check_mtp(spec: SpeculativeConfig | None, config, target_config: ModelConfig, model_path) -> int:
+    """The number of MTP layers the target checkpoint carries (0 without method "mtp"), checked before anything
+    loads: a family with an MTP head, mtp.* tensors present, one device. ValueErrors name the field."""
+    if spec is None or spec.method != "mtp":
+        return 0
+    from engine.models.qwen3_next_mtp import MTP_ARCHITECTURES, mtp_num_layers
+
+    if target_config.architecture not in MTP_ARCHITECTURES:
+        raise ValueError(f"speculative_config.method \"mtp\": {target_config.architecture} has no multi-token-"
+                         f"prediction head this engine can run (built for {', '.join(sorted(MTP_ARCHITECTURES))})")
+    num_layers = mtp_num_layers(target_config, tensor_names(model_path))
+    if not num_layers:
+        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint {model_path} has no MTP weights "
+                         "(no mtp.* tensors); use method \"ngram\" or a draft model")
+    if config.tensor_parallel_size > 1:
+        raise ValueError("speculative_config.method \"mtp\": the MTP head runs with tensor_parallel_size 1 only "
+                         "for now; use method \"ngram\" under tensor parallel")
+    return num_layers
+
+
+def load_mtp(num_layers: int, runner, model_path, backend: str):
+    """The MTPProposer over the target's runner, with the head's mtp.* weights loaded, or None."""
+    if not num_layers:
+        return None
+    from engine.models.qwen3_next_mtp import Qwen3NextMTP
+    from engine.spec_decode.mtp_proposer import MTPProposer
+
+    cfg = runner.config
+    torch.set_default_dtype(runner.dtype)
+    try:
+        with torch.device(runner.device):
+            head = Qwen3NextMTP(cfg, backend, runner.model, num_layers)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    head.load_weights(iterate_weights(model_path, device="cpu", prefix="mtp."))
+    head.eval()
+    proposer = MTPProposer(runner, head)
+    logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers, proposer.weights_bytes() / 2**20)
+    return proposer
+
+
+def share_blocks_with_mtp(num_blocks: int, config, target_config: ModelConfig, mtp, kv_dtype: torch.dtype) -> int:
+    """Blocks when every block id also holds a page of the MTP head's KV: the pool sized for the target's pages
+    shared in proportion (an explicit --num-gpu-blocks-override is kept as given)."""
+    if config.num_gpu_blocks_override is not None:
+        return num_blocks
+    target = model_kv_layout(target_config, config.block_size, kv_dtype.itemsize,
+                             config.tensor_parallel_size).bytes_per_block
+    shared = max(1, blocks_with_draft(num_blocks, target, mtp.bytes_per_block(kv_dtype.itemsize)))
+    logger.info("KV pool: %d blocks shared with the MTP head (%d without it)", shared, num_blocks)
+    return shared
 
 
 def check_rollback(layout) -> None:

@@ -1,14 +1,17 @@
 """Speculator: the engine's one handle on speculative decoding, called at four points of a step.
 
 1. `propose_before_schedule`: each running sequence that decodes next gets its drafts in
-   `seq.spec_token_ids` (n-gram), or k placeholders (draft model), capped so that max_tokens and
-   max_model_len are never passed; the scheduler then schedules 1 + drafts query tokens and reserves
-   their slots as lookahead (never hashed for the prefix cache).
-2. `fill_drafts`: after scheduling, the draft model proposes for the sequences that got draft slots.
+   `seq.spec_token_ids` (n-gram), or k placeholders (draft model; MTP: its first draft, then
+   placeholders), capped so that max_tokens and max_model_len are never passed; the scheduler then
+   schedules 1 + drafts query tokens and reserves their slots as lookahead (never hashed for the prefix
+   cache).
+2. `fill_drafts`: after scheduling, the draft model (or the MTP head) proposes for the sequences that got
+   draft slots; it also notes where each scheduled sequence starts, for the MTP catch-up.
 3. `plan_rows`: one `SamplingRow` per verify position (the sequence's tokens plus the drafts before it,
    so penalties, bad_words and min_tokens see them), and the grammar bitmask per position (the matcher
    advanced through the drafts, then rolled back).
-4. `after_step`: acceptance counted in `SpecDecodeStats`, the draft's valid KV length updated.
+4. `after_step`: acceptance counted in `SpecDecodeStats`, the draft's valid KV length updated, and the
+   MTP head fed the positions the step computed (engine/spec_decode/mtp_proposer.py).
 
 Requests with beam search or prompt logprobs never speculate (one log line per request).
 """
@@ -22,6 +25,7 @@ from engine.sampling_metadata import SamplingRow
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.draft_proposer import DraftProposer, DraftRequest
 from engine.spec_decode.metrics import SpecDecodeStats
+from engine.spec_decode.mtp_proposer import MTPProposer
 from engine.spec_decode.ngram_proposer import NgramProposer
 from engine.structured_output.bitmask import allocate_bitmask, ids_bitmask
 
@@ -44,12 +48,14 @@ class SpecBatch:
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, eos_ids: list[int], vocab_size: int,
-                 draft_runner=None) -> None:
+                 draft_runner=None, mtp: MTPProposer | None = None) -> None:
         self.config, self.k = config, config.num_speculative_tokens
         self.max_model_len, self.eos_ids, self.vocab_size = max_model_len, eos_ids, vocab_size
         self.ngram = NgramProposer(config.k, config.prompt_lookup_max, config.prompt_lookup_min) \
             if config.method == "ngram" else None
         self.draft = DraftProposer(draft_runner) if draft_runner is not None else None
+        self.mtp = mtp
+        self._step_starts: list[tuple[object, int, int]] = []  # (seq, num_computed before, first hidden row)
         self.stats = SpecDecodeStats(num_speculative_tokens=config.k, method=config.method)
         self._said_off: set[str] = set()
         self._draft_probs: torch.Tensor | None = None  # this step's q, rows in the order drafts were made
@@ -84,12 +90,18 @@ class Speculator:
                 continue
             if self.ngram is not None:
                 seq.spec_token_ids = self.ngram.propose(seq.token_ids, cap)
+            elif self.mtp is not None:  # its first draft came from the last step's catch-up; the rest follow
+                first = self.mtp.draft_for(seq)
+                seq.spec_token_ids = [] if first is None else [first] + [0] * (cap - 1)
             else:
                 seq.spec_token_ids = [0] * cap  # placeholders: the draft model fills them after scheduling
 
     def fill_drafts(self, scheduled: list, block_copies: list[tuple[int, int]], generator) -> None:
         """The draft model's proposals for the scheduled sequences with draft slots."""
         self._draft_probs, self._q_rows = None, {}
+        if self.mtp is not None:
+            self._fill_mtp(scheduled, block_copies)
+            return
         if self.draft is None:
             return
         items = [item for item in scheduled if item.num_draft_tokens]
@@ -103,6 +115,18 @@ class Speculator:
             self._q_rows[item.seq.seq_id] = start
             start += len(tokens)
         self._draft_probs = q
+
+    def _fill_mtp(self, scheduled: list, block_copies: list[tuple[int, int]]) -> None:
+        self.mtp.copy_blocks(list(block_copies))  # every step: a child's copied block carries the head's KV too
+        self._step_starts, row = [], 0
+        for item in scheduled:
+            self._step_starts.append((item.seq, item.seq.num_computed_tokens, row))
+            row += item.num_new_tokens
+        items = [item for item in scheduled if item.num_draft_tokens]
+        if items:
+            drafts = self.mtp.propose([(i.seq, i.num_draft_tokens) for i in items])
+            for item, tokens in zip(items, drafts):
+                item.seq.spec_token_ids = tokens
 
     def plan_rows(self, batch: SpecBatch, seq, first_logits_row: int, allowed_ids: list[int] | None) -> None:
         """Add one sequence's verify rows (1 + drafts, from `first_logits_row`) to the step's SpecBatch."""
@@ -156,7 +180,11 @@ class Speculator:
 
     def after_step(self, items: list, result) -> None:
         """Count each verified proposal (as the rejection sampler judged it); the draft's KV stays valid up
-        to what the target kept. Runs after the scheduler advanced num_computed_tokens."""
+        to what the target kept, and the MTP head catches up on what the step computed. Runs after the
+        scheduler advanced num_computed_tokens."""
+        if self.mtp is not None:
+            steps, self._step_starts = self._step_starts, []
+            self.mtp.catch_up(steps)
         if not items or result is None or result.spec is None:
             return
         for item, accepted in zip(items, result.spec.num_accepted):

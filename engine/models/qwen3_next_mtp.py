@@ -1,0 +1,102 @@
+"""The multi-token-prediction head carried by Qwen3-Next and Qwen3.5/3.6 checkpoints (`mtp.*`), for method "mtp".
+
+Its structure as vLLM reads these checkpoints (vllm/model_executor/models/qwen3_next_mtp.py and qwen3_5_mtp.py,
+read for the names and the data flow, not copied): the next token is embedded with the target's `embed_tokens`,
+that embedding and the target's last hidden state (the model's output after its final norm, which is what the
+target returns) each go through their own (1 + w) RMSNorm (`mtp.pre_fc_norm_embedding`,
+`mtp.pre_fc_norm_hidden`), are concatenated [embedding | hidden] and projected back to hidden_size by
+`mtp.fc` (no bias), run through one decoder layer of the target's kind with full attention (`mtp.layers.0.*`:
+gated attention with q/k norms and partial rotary, the MLP that layer index 0 of the target has — dense, or
+routed experts with a gated shared expert) and `mtp.norm`; the target's `lm_head` gives the logits. The
+head's output (after `mtp.norm`) is also what the next MTP step takes as its hidden state when more than one
+token is drafted (vLLM's method "mtp": the same layer applied again, `spec_step_idx % mtp_num_hidden_layers`).
+The embedding and the LM head are the target's own modules, held by reference and never loaded twice. The
+layer's KV cache is its own tensor, bound like a draft model's (engine/spec_decode/mtp_proposer.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.linear import ColumnParallelLinear
+from engine.layers.norm import GemmaRMSNorm
+from engine.layers.rotary import rotary_embeddings
+from engine.model_config import ModelConfig
+from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, HybridDecoderLayer
+from engine.models.weights import PACKED_QKV_GATE_UP, WeightsMapper, load_weights
+
+MTP_MAPPER = WeightsMapper(renamed_prefixes=((MTP_PREFIX, ""),), renamed_infixes=SHARED_EXPERT_INFIXES)
+QUANTIZED_LEAVES = (".qweight", ".qzeros", ".scales", ".weight_packed", ".weight_scale", ".g_idx")
+
+
+def mtp_num_layers(cfg: ModelConfig, names: Iterable[str]) -> int:
+    """MTP layers in the checkpoint (`mtp.layers.N.*`), which the config states as mtp_num_hidden_layers
+    (Qwen3.5) or num_nextn_predict_layers (vLLM's name for Qwen3-Next); 0 without an MTP head."""
+    indices = set()
+    for name in names:
+        if name.startswith(MTP_PREFIX + "layers."):
+            indices.add(int(name.split(".")[2]))
+    stated = cfg.hf_text_config.get("mtp_num_hidden_layers", cfg.hf_text_config.get("num_nextn_predict_layers"))
+    if indices and stated is not None and len(indices) != int(stated):
+        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint has {len(indices)} MTP layer(s) "
+                         f"(mtp.layers.*), the config states {stated}")
+    return len(indices)
+
+
+class Qwen3NextMTP(nn.Module):
+    def __init__(self, cfg: ModelConfig, backend: str, target: nn.Module, num_layers: int = 1) -> None:
+        """`target`: the loaded Qwen3NextForCausalLM (or a Qwen3.5 one) whose embedding and LM head are shared."""
+        super().__init__()
+        h = cfg.hidden_size
+        # Each MTP layer is full attention, with layer index i's MLP (vLLM builds it under the prefix
+        # mtp.layers.i and reads its layer index from that). The head is kept in the checkpoint's float dtype:
+        # the quantized checkpoints we load leave mtp.* unquantized (a quantized head is refused at load).
+        layer_types = list(cfg.layer_types)
+        layer_types[:num_layers] = ["full_attention"] * num_layers
+        head_cfg = dataclasses.replace(cfg, quantization=None, layer_types=layer_types)
+        self.fc = ColumnParallelLinear(2 * h, h, False, None, "mtp", ("fc",))
+        self.pre_fc_norm_embedding = GemmaRMSNorm(h, cfg.rms_norm_eps)
+        self.pre_fc_norm_hidden = GemmaRMSNorm(h, cfg.rms_norm_eps)
+        rope = rotary_embeddings(head_cfg)["full_attention"]
+        self.layers = nn.ModuleList(HybridDecoderLayer(head_cfg, i, backend, rope, PACKED_QKV_GATE_UP, False)
+                                    for i in range(num_layers))
+        self.norm = GemmaRMSNorm(h, cfg.rms_norm_eps)
+        self.config = cfg
+        # The target's modules, outside this module's parameters (loaded once, with the target).
+        self._shared = (target.model.embed_tokens, target.compute_logits)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
+                meta: AttentionMetadata | None, step: int = 0) -> torch.Tensor:
+        """`hidden`: the previous hidden state for each row (the target's, or this head's own at step > 0);
+        `input_ids`: the token that follows it. Returns the head's hidden states after `mtp.norm`."""
+        embed = self._shared[0](input_ids)
+        x = self.fc(torch.cat([self.pre_fc_norm_embedding(embed), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        x, residual = self.layers[step % len(self.layers)](positions, x, None, meta)
+        x, _ = self.norm(x, residual)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self._shared[1](hidden)
+
+    def attention_layers(self) -> list[PagedAttention]:
+        return [layer.self_attn.attn for layer in self.layers]
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The checkpoint's mtp.* tensors (every one accounted for, as for a whole model)."""
+        def checked(pairs):
+            for name, tensor in pairs:
+                if name.endswith(QUANTIZED_LEAVES):
+                    raise ValueError(f"speculative_config.method \"mtp\": the checkpoint's MTP head is quantized "
+                                     f"({name}); only a float MTP head is supported")
+                yield name, tensor
+        load_weights(self, checked(weights), packed_modules_mapping=PACKED_QKV_GATE_UP, mapper=MTP_MAPPER)
+
+
+# The families whose checkpoints carry this head (engine/models/registry.py names them).
+MTP_ARCHITECTURES = frozenset({
+    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration"})

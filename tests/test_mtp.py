@@ -1,0 +1,321 @@
+"""Speculative method "mtp": the multi-token-prediction head of Qwen3.5 / Qwen3-Next checkpoints.
+
+Tiny hybrid checkpoints get an MTP head written on the fly under the published names (mtp.fc,
+mtp.pre_fc_norm_embedding / _hidden, mtp.layers.0.* as a full-attention decoder layer, mtp.norm). The head
+loads every one of them; its drafts, made incrementally over the paged KV (prompt chunks, a verify run with a
+rejected tail), equal a from-scratch torch reference of the published structure whose decoder layer is HF's
+own full-attention layer holding the MTP weights. End to end, greedy output with MTP speculation is the
+output without it (a random head, drafts rejected: the DeltaNet states roll back), the drafts the engine
+verified are the reference's, and a head that computes the target's next hidden state exactly is accepted on
+every draft. Configuration errors name the field (exit 2 from pagedesk-serve).
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine import LLM, SamplingParams
+from engine.model_runner import ModelRunner
+from engine.model_config import ModelConfig
+from engine.serve import main as serve_main
+from engine.spec_decode.config import parse_speculative_config
+from engine.spec_decode.loading import check_mtp, load_mtp
+from hf_reference import make_prompts
+from tiny_models import hf_model
+
+pytestmark = pytest.mark.timeout(300)
+BLOCK = 4
+
+
+def add_mtp_head(path, seed: int = 1) -> None:
+    """Write an MTP head into the checkpoint folder as the published ones are named: its decoder layer is the
+    model's first full-attention layer (the same module kind) with perturbed weights, saved the way HF saves that
+    layer, under mtp.layers.0. The perturbed layer itself (HF's module state) goes beside the folder for the
+    reference."""
+    import tempfile
+
+    from safetensors import safe_open
+    hf = hf_model(path)
+    top = json.loads((path / "config.json").read_text())
+    cfg = top.get("text_config", top)  # a VL checkpoint: its text model's
+    decoder = getattr(hf.model, "language_model", hf.model)
+    layer = cfg["layer_types"].index("full_attention")
+    gen = torch.Generator().manual_seed(seed)
+    head_layer = copy.deepcopy(decoder.layers[layer])
+    with torch.no_grad():
+        for p in head_layer.parameters():
+            p.add_(0.1 * torch.randn(p.shape, generator=gen))
+    torch.save(head_layer.state_dict(), path.parent / "mtp_layer_reference.pt")
+    decoder.layers[layer] = head_layer
+    h = cfg["hidden_size"]
+    tensors, prefixes = {}, (f"model.layers.{layer}.", f"model.language_model.layers.{layer}.")
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save_pretrained(tmp, safe_serialization=True)
+        with safe_open(f"{tmp}/model.safetensors", framework="pt") as f:
+            for name in f.keys():
+                for prefix in prefixes:
+                    if name.startswith(prefix):
+                        tensors["mtp.layers.0." + name[len(prefix):]] = f.get_tensor(name)
+    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) / (2 * h) ** 0.5
+    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+        tensors[f"mtp.{norm}.weight"] = 0.1 * torch.randn(h, generator=gen)
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "mtp.safetensors"))
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(tiny_model_dir, tmp_path_factory):
+    """The session's tiny hybrid checkpoint, copied, with an MTP head added."""
+    @functools.cache
+    def get(arch):
+        path = tmp_path_factory.mktemp(arch) / "with-mtp"
+        shutil.copytree(tiny_model_dir(arch), path)
+        add_mtp_head(path)
+        return path
+    return get
+
+
+def gemma_norm(x, w, eps):
+    x = x.float()
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w.float())
+
+
+class Reference:
+    """The published structure in plain torch around HF's own decoder layer (loaded with the mtp.layers.0
+    tensors), recomputed from scratch over whole sequences."""
+
+    def __init__(self, path):
+        from safetensors.torch import load_file
+        self.hf = hf_model(path)
+        cfg = self.hf.config
+        self.eps, self.mrope = cfg.rms_norm_eps, cfg.model_type.startswith("qwen3_5")
+        self._known: list[tuple[list[int], torch.Tensor]] = []
+        mtp = load_file(str(path / "mtp.safetensors"))
+        self.w = {k[4:]: v for k, v in mtp.items() if not k.startswith("mtp.layers.")}
+        self.layer = copy.deepcopy(self.hf.model.layers[cfg.layer_types.index("full_attention")])
+        self.layer.load_state_dict(torch.load(path.parent / "mtp_layer_reference.pt"))
+
+    def target_hidden(self, tokens):
+        """HF's hidden states over `tokens` (each row sees only the tokens up to it: a longer sequence computed
+        before serves its prefixes, which keeps HF's slow reference DeltaNet path to a few calls)."""
+        for known, hidden in self._known:
+            if known[:len(tokens)] == list(tokens):
+                return hidden[:len(tokens)]
+        with torch.no_grad():
+            hidden = self.hf.model(torch.tensor([tokens])).last_hidden_state[0]
+        self._known.append((list(tokens), hidden))
+        return hidden
+
+    @torch.no_grad()
+    def head(self, ids, hidden):
+        """The head over positions 0..T-1: row p embeds ids[p] (the token after p) with hidden[p]."""
+        embed = self.hf.model.embed_tokens(torch.tensor([ids]))[0]
+        x = torch.cat([gemma_norm(embed, self.w["pre_fc_norm_embedding.weight"], self.eps),
+                       gemma_norm(hidden, self.w["pre_fc_norm_hidden.weight"], self.eps)], dim=-1)
+        x = (x @ self.w["fc.weight"].T)[None]
+        t = x.shape[1]
+        pos = torch.arange(t)[None]
+        rope = self.hf.model.rotary_emb(x, pos.expand(3, 1, t) if self.mrope else pos)
+        mask = torch.full((t, t), float("-inf")).triu(1)[None, None]
+        x = self.layer(x, position_embeddings=rope, attention_mask=mask, position_ids=pos)
+        x = x[0] if isinstance(x, tuple) else x
+        return gemma_norm(x[0], self.w["norm.weight"], self.eps)
+
+    def drafts(self, tokens, k):
+        """k greedy drafts after `tokens`: the head over every position, then applied again on its own output."""
+        target = self.target_hidden(tokens[:-1])
+        ids, hidden, out = list(tokens[1:]), target, []
+        for _ in range(k):
+            h = self.head(ids, hidden)
+            out.append(int(self.hf.lm_head(h[-1]).argmax()))
+            ids, hidden = ids + [out[-1]], torch.cat([hidden, h[-1:]])
+        return out
+
+
+def fake_seq(seq_id, tokens, computed, blocks):
+    return SimpleNamespace(seq_id=seq_id, token_ids=list(tokens), num_computed_tokens=computed,
+                           num_tokens=len(tokens), is_finished=False, request=SimpleNamespace(beam=None),
+                           block_tables=[[SimpleNamespace(block_id=b) for b in blocks]])
+
+
+def grow(seq, tokens):
+    seq.token_ids += tokens
+    seq.num_tokens = len(seq.token_ids)
+
+
+def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir):
+    path = mtp_dir("qwen3_5")
+    cfg = ModelConfig.from_folder(path)
+    spec = parse_speculative_config({"method": "mtp", "num_speculative_tokens": 3})
+    layers = check_mtp(spec, SimpleNamespace(tensor_parallel_size=1), cfg, path)
+    assert layers == 1
+    runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
+    mtp = load_mtp(layers, runner, path, "torch")  # every mtp.* tensor loaded exactly once, or it raises
+    assert runner.keep_hidden and mtp.bytes_per_block(4) == 2 * BLOCK * cfg.num_kv_heads * cfg.head_dim * 4
+    from safetensors.torch import load_file
+    assert mtp.weights_bytes() == sum(t.nbytes for t in load_file(str(path / "mtp.safetensors")).values())
+    mtp.allocate_kv_cache(32, torch.float32)
+    ref = Reference(path)
+    vocab = cfg.vocab_size
+    g = torch.Generator().manual_seed(0)
+    rand = lambda n: torch.randint(5, vocab, (n,), generator=g).tolist()  # noqa: E731
+    a_tokens = rand(12)
+    ref.target_hidden(a_tokens)
+    a = fake_seq(1, a_tokens[:11], 0, [0, 1, 2, 3])  # a prompt in two chunks
+    b = fake_seq(2, rand(9), 0, [4, 5, 6, 7])  # a prompt computed whole, its first token sampled
+
+    def step(entries):
+        """One target step: each (seq, start, positions computed) -> hidden rows as the runner keeps them."""
+        rows, starts, row = [], [], 0
+        for seq, start, n in entries:
+            rows.append(ref.target_hidden(seq.token_ids)[start:start + n])
+            starts.append((seq, start, row))
+            row += n
+        runner.last_hidden = torch.cat(rows)
+        return starts
+
+    starts = step([(a, 0, 6), (b, 0, 9)])
+    a.num_computed_tokens = 6
+    grow(b, rand(1))
+    b.num_computed_tokens = 9
+    mtp.catch_up(starts)
+    assert mtp.draft_for(a) is None  # still prefilling
+    want_b = ref.drafts(b.token_ids, 3)
+    assert mtp.draft_for(b) == want_b[0]
+    assert mtp.propose([(b, 3)]) == [want_b]
+    # Next step: a finishes its prompt and samples; b verifies its 3 drafts and keeps 1 plus a bonus token (the
+    # target's rows past it are for the rejected drafts).
+    verify = b.token_ids + want_b
+    starts = step([(a, 6, 5), (fake_seq(0, verify, 0, []), 9, 4)])
+    starts[1] = (b, 9, starts[1][2])
+    grow(a, a_tokens[11:])
+    a.num_computed_tokens = 11
+    grow(b, [want_b[0]] + rand(1))
+    b.num_computed_tokens = 11
+    mtp.catch_up(starts)  # b's positions 9, 10 rewritten over what its drafts had put there
+    for seq in (a, b):
+        want = ref.drafts(seq.token_ids, 2)
+        assert mtp.draft_for(seq) == want[0]
+        assert mtp.propose([(seq, 2)]) == [want]
+    # The head's hidden state itself, not only its argmax, matches the reference at the last position.
+    h_ref = ref.head(b.token_ids[1:], ref.target_hidden(b.token_ids[:-1]))[-1]
+    torch.testing.assert_close(mtp.pending[b.seq_id].hidden, h_ref, atol=1e-4, rtol=1e-4)
+
+
+def test_config_and_missing_weights_name_the_field(tiny_model_dir, mtp_dir, tmp_path, capsys):
+    assert parse_speculative_config({"method": "mtp", "num_speculative_tokens": 2}).method == "mtp"
+    with pytest.raises(ValueError, match="speculative_config.model"):
+        parse_speculative_config({"method": "mtp", "num_speculative_tokens": 2, "model": "x/y"})
+    spec = {"method": "mtp", "num_speculative_tokens": 2}
+    with pytest.raises(ValueError, match="speculative_config.method.*no MTP weights"):
+        LLM(str(tiny_model_dir("qwen3_5")), device="cpu", speculative_config=spec)
+    with pytest.raises(ValueError, match="speculative_config.method.*LlamaForCausalLM has no multi-token"):
+        LLM(str(tiny_model_dir("llama")), device="cpu", speculative_config=spec)
+    cfg = ModelConfig.from_folder(mtp_dir("qwen3_5"))
+    with pytest.raises(ValueError, match="speculative_config.method.*tensor_parallel_size 1"):
+        check_mtp(parse_speculative_config(spec), SimpleNamespace(tensor_parallel_size=2), cfg, mtp_dir("qwen3_5"))
+    code = serve_main(["--model", str(tiny_model_dir("qwen3_5")), "--device", "cpu",
+                       "--speculative-config", json.dumps(spec)])
+    assert code == 2 and "no MTP weights" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_moe", "qwen3_next", "qwen3_5-vl"])
+def test_other_heads_load(mtp_dir, arch):
+    """Qwen3.5-MoE's and Qwen3-Next's heads: the same names, the MTP layer a routed-expert block with a gated
+    shared expert like the target's layer 0; a Qwen3.5 VL checkpoint's (Qwen3.6-27B's kind) beside its
+    language model. None of the target's parameters is the head's own."""
+    path = mtp_dir(arch)
+    cfg = ModelConfig.from_folder(path)
+    runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
+    mtp = load_mtp(check_mtp(parse_speculative_config({"method": "mtp", "num_speculative_tokens": 1}),
+                             SimpleNamespace(tensor_parallel_size=1), cfg, path), runner, path, "torch")
+    assert type(mtp.head.layers[0].mlp).__name__ == ("LlamaMLP" if arch == "qwen3_5-vl" else "SparseMoeBlock")
+    assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
+
+
+def bigram_with_exact_head(src, dst):
+    """A copy of the tiny Qwen3.5 whose layers add nothing to the residual stream (token mixers and MLPs write
+    zeros), so its greedy next token is a function of the last token alone — and an MTP head that computes
+    exactly the target's next hidden state (fc takes the embedding half, its layer adds nothing, mtp.norm is the
+    final norm): every draft is the target's own next token."""
+    from safetensors import safe_open
+    shutil.copytree(src, dst)
+    with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+    for name in tensors:
+        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
+            tensors[name] = torch.zeros_like(tensors[name])
+    save_file(tensors, str(dst / "model.safetensors"))
+    h = tensors["model.norm.weight"].shape[0]
+    layer = f"model.layers.{json.loads((dst / 'config.json').read_text())['layer_types'].index('full_attention')}."
+    head = {"mtp.layers.0." + k[len(layer):]: v for k, v in tensors.items() if k.startswith(layer)}
+    head["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
+    head["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)
+    head["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(h)
+    head["mtp.norm.weight"] = tensors["model.norm.weight"].clone()
+    save_file(head, str(dst / "mtp.safetensors"))
+    return dst
+
+
+
+def greedy_ids(llm: LLM, prompts, max_tokens) -> list[list[int]]:
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in max_tokens]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+
+
+def test_greedy_with_mtp_is_identical_to_no_speculation(mtp_dir):
+    """A random head on the random hybrid: its drafts are rejected, so the target's DeltaNet states roll back
+    past them step after step, while prompts arrive in 16-token chunks sharing steps with verify runs."""
+    path = mtp_dir("qwen3_5")
+    prompts = [make_prompts(400)[i] for i in (1, 3, 4)]
+    max_tokens = [6, 8, 6]
+    want = greedy_ids(LLM(str(path), device="cpu"), prompts, max_tokens)
+    llm = LLM(str(path), device="cpu", speculative_config={"method": "mtp", "num_speculative_tokens": 2},
+              max_num_batched_tokens=16)
+    assert greedy_ids(llm, prompts, max_tokens) == want
+    stats, kv = llm.engine.spec.stats, llm.engine.kv
+    assert stats.num_drafts > 0 and stats.num_draft_tokens > stats.num_drafts  # k = 2 drafts were verified
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks and not llm.engine.spec.mtp.pending
+    # The drafts the engine verified, made from the runner's kept hidden states over a chunked prompt and
+    # verify steps, are the reference's drafts from HF's hidden states over the same tokens.
+    engine = llm.engine
+    engine.add_request("probe", make_prompts(400, seed=9)[4], SamplingParams(temperature=0, max_tokens=7))
+    seq, verified = engine.requests["probe"].seqs[0], []
+    while engine.has_unfinished_requests():
+        before = list(seq.token_ids)
+        engine.step()
+        if seq.spec_token_ids:
+            verified.append((before, list(seq.spec_token_ids)))
+    ref = Reference(path)
+    ref.target_hidden(seq.token_ids)  # once, over the longest sequence: every prefix reads it
+    assert len(verified) >= 2
+    assert [drafts for _, drafts in verified] == [ref.drafts(before, len(d)) for before, d in verified]
+
+
+def test_an_exact_head_is_accepted(tiny_model_dir, tmp_path):
+    """A head that computes the target's next hidden state exactly: greedy drafts are the target's tokens, so
+    (nearly) every draft is accepted, at every position, and the output is still the target's — here a bigram
+    chain, next = argmax(lm_head(norm(embed(last)))), computed straight from the checkpoint."""
+    from safetensors.torch import load_file
+    path = bigram_with_exact_head(tiny_model_dir("qwen3_5"), tmp_path / "bigram")
+    w = load_file(str(path / "model.safetensors"))
+    eps = json.loads((path / "config.json").read_text())["rms_norm_eps"]
+    prompts = [make_prompts(400, seed=5)[i] for i in (2, 4)]
+    want = []
+    for prompt in prompts:
+        out = [prompt[-1]]
+        for _ in range(12):
+            h = gemma_norm(w["model.embed_tokens.weight"][out[-1]], w["model.norm.weight"], eps)
+            out.append(int((w["lm_head.weight"] @ h).argmax()))
+        want.append(out[1:])
+    llm = LLM(str(path), device="cpu", speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    assert greedy_ids(llm, prompts, [12, 12]) == want
+    stats = llm.engine.spec.stats
+    assert stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens > 0
+    assert min(stats.accepted_per_pos) > 0 and stats.mean_acceptance_length > 3
