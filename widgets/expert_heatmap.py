@@ -13,10 +13,9 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtWidgets import QLabel, QToolTip, QVBoxLayout, QWidget
 
-from widgets.time_plot import palette_colors
+from widgets.themed_view import ThemedView
 
 HALF_LIFE_S = 5.0
 
@@ -64,15 +63,14 @@ class DecayedLoad:
         self.load, self.layers, self._last = None, [], None
 
 
-class ExpertHeatmap(QWidget):
+class ExpertHeatmap(ThemedView):
     """Layers × experts, coloured by each expert's recent share of its layer's routed tokens."""
 
     def __init__(self, parent: QWidget | None = None, redraw_ms: int = 500) -> None:
-        super().__init__(parent)
+        super().__init__(parent, redraw_ms)
         self.recent = DecayedLoad()
         self._dirty = False
         self.title = QLabel("Expert load (tokens routed per expert, recent)")
-        self.view = pg.GraphicsLayoutWidget()
         self.plot = self.view.addPlot()
         self.plot.setMenuEnabled(False)
         self.plot.setMouseEnabled(False, False)
@@ -87,18 +85,7 @@ class ExpertHeatmap(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.title)
         layout.addWidget(self.view, 1)
-        self.apply_palette()
-        self._timer = QTimer(self, interval=redraw_ms)
-        self._timer.timeout.connect(self.redraw)
-        self._timer.start()
-
-    def apply_palette(self) -> None:
-        self.view.setBackground(palette_colors()[0])
-
-    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
-        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
-            self.apply_palette()
-        super().changeEvent(event)
+        self.start_redrawing()
 
     def add_interval(self, interval: ExpertLoad, now: float) -> None:
         self.recent.add(interval, now)

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QTimer
 from PySide6.QtWidgets import QLabel, QToolTip, QVBoxLayout, QWidget
 
 from widgets.block_map import CACHED_RGBA, free_color, owner_palette
-from widgets.time_plot import palette_colors
+from widgets.themed_view import ThemedView
 
 SLOT_FREE, SLOT_SEQUENCE, SLOT_SNAPSHOT = 0, 1, 2
 COLUMNS = 4  # a narrow strip: slots run top to bottom, four abreast
@@ -60,15 +59,14 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:,.0f} MiB" if n >= 2**20 else f"{n / 2**10:,.0f} KiB"
 
 
-class StateSlotsWidget(QWidget):
+class StateSlotsWidget(ThemedView):
     """A few columns of state-pool cells with a summary above; redrawn on a timer when a new picture arrived."""
 
     def __init__(self, parent: QWidget | None = None, redraw_ms: int = 200) -> None:
-        super().__init__(parent)
+        super().__init__(parent, redraw_ms)
         self.picture: StateSlotsPicture | None = None
         self._dirty = False
         self.summary = QLabel("State slots", wordWrap=True)
-        self.view = pg.GraphicsLayoutWidget()
         self.plot = self.view.addViewBox(lockAspect=True, enableMouse=False, invertY=True)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.plot.addItem(self.image)
@@ -79,19 +77,11 @@ class StateSlotsWidget(QWidget):
         layout.addWidget(self.view, 1)
         self.setToolTip("State slots of the linear-attention layers: one per running sequence, plus the prefix "
                         "cache's snapshots of the state at cached block boundaries")
-        self.apply_palette()
-        self._timer = QTimer(self, interval=redraw_ms)
-        self._timer.timeout.connect(self.redraw)
-        self._timer.start()
+        self.start_redrawing()
 
     def apply_palette(self) -> None:
-        self.view.setBackground(palette_colors()[0])
-        self._dirty = self.picture is not None
-
-    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 (Qt's name)
-        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
-            self.apply_palette()
-        super().changeEvent(event)
+        super().apply_palette()
+        self._dirty = self.picture is not None  # free cells take the new theme's colour
 
     def set_slots(self, picture: StateSlotsPicture) -> None:
         self.picture = picture

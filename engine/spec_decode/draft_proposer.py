@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from engine.distributed import single_rank
-from engine.layers.attention import AttentionMetadata
+from engine.spec_decode.feeds import feed_metadata
 
 
 @dataclass(slots=True)
@@ -74,29 +74,15 @@ class DraftProposer:
 
     def _forward(self, seqs: list, feeds: list[tuple[list[int], int]]) -> torch.Tensor:
         """One draft forward over each sequence's fed tokens (at positions start..); logits at each last row."""
-        runner, bs = self.runner, self.runner.block_size
-        dev = runner.device
+        runner, dev = self.runner, self.runner.device
         lens = np.array([len(t) for t, _ in feeds], dtype=np.int64)
         starts = np.array([s for _, s in feeds], dtype=np.int64)
-        query_start = np.zeros(len(feeds) + 1, dtype=np.int64)
-        np.cumsum(lens, out=query_start[1:])
         tables = [[b.block_id for b in seq.block_tables[0]] for seq in seqs]
-        width = max(len(t) for t in tables)
-        table_arr = np.zeros((len(seqs), width), dtype=np.int32)
-        for i, t in enumerate(tables):
-            table_arr[i, :len(t)] = t
-        owner = np.repeat(np.arange(len(feeds)), lens)
-        positions = np.arange(int(query_start[-1])) - np.repeat(query_start[:-1] - starts, lens)
-        slots = table_arr[owner, positions // bs].astype(np.int64) * bs + positions % bs
-        input_ids = np.fromiter((t for toks, _ in feeds for t in toks), np.int64, int(query_start[-1]))
-        seq_lens = (starts + lens).astype(np.int32)
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slots).to(dev), block_tables=torch.from_numpy(table_arr).to(dev),
-            seq_lens=torch.from_numpy(seq_lens).to(dev),
-            query_start_loc=torch.from_numpy(query_start.astype(np.int32)).to(dev),
-            max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
+        positions, meta = feed_metadata(tables, starts, lens, runner.block_size, dev)
+        input_ids = np.fromiter((t for toks, _ in feeds for t in toks), np.int64, int(lens.sum()))
+        query_start = np.cumsum(lens)
         hidden = runner.model(torch.from_numpy(input_ids).to(dev), torch.from_numpy(positions).to(dev), meta)
-        last = torch.from_numpy(query_start[1:] - 1).to(dev)
+        last = torch.from_numpy(query_start - 1).to(dev)
         return runner.model.compute_logits(hidden[last]).float()
 
     @staticmethod

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from engine.input_batch import to_device
-from engine.layers.attention import AttentionMetadata
+from engine.spec_decode.feeds import feed_metadata
 
 
 @dataclass(slots=True)
@@ -37,29 +37,6 @@ class PendingDraft:
     num_tokens: int  # the sequence's length then: the draft is for this state only
     token: int
     hidden: torch.Tensor  # [hidden_size]: the head's output at the sequence's last computed position
-
-
-def feed_metadata(tables: list[list[int]], starts: np.ndarray, lens: np.ndarray, block_size: int,
-                  device: torch.device) -> tuple[np.ndarray, AttentionMetadata]:
-    """Positions and attention metadata for feeding each sequence `lens[i]` tokens from position `starts[i]`
-    (its block table `tables[i]` already covers them)."""
-    query_start = np.zeros(len(lens) + 1, dtype=np.int64)
-    np.cumsum(lens, out=query_start[1:])
-    width = max(len(t) for t in tables)
-    table_arr = np.zeros((len(tables), width), dtype=np.int32)
-    for i, t in enumerate(tables):
-        table_arr[i, :len(t)] = t
-    owner = np.repeat(np.arange(len(lens)), lens)
-    positions = np.arange(int(query_start[-1])) - np.repeat(query_start[:-1] - starts, lens)
-    slots = table_arr[owner, positions // block_size].astype(np.int64) * block_size + positions % block_size
-    seq_lens = (starts + lens).astype(np.int32)
-    meta = AttentionMetadata(
-        slot_mapping=to_device(torch.from_numpy(slots), device),
-        block_tables=to_device(torch.from_numpy(table_arr), device),
-        seq_lens=to_device(torch.from_numpy(seq_lens), device),
-        query_start_loc=to_device(torch.from_numpy(query_start.astype(np.int32)), device),
-        max_query_len=int(lens.max()), max_seq_len=int(seq_lens.max()))
-    return positions, meta
 
 
 class MTPProposer:
