@@ -76,6 +76,7 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
             max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"),
+            cuda_graph_mode=values.get("cuda_graph_mode") or "full_and_piecewise",
             num_speculative_tokens=spec.k if spec is not None else 0, **common)
         return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB

@@ -8,8 +8,12 @@ each batch size is captured at the context lengths of a ladder where that choice
 (`split_key`; lengths with the same kernel configuration share one graph), and a step replays the
 narrowest graph that covers its longest sequence. A capture that fails (a driver, NCCL or kernel that
 cannot be captured) logs one line and leaves decode eager. KV cache groups past the first (sliding-window
-models) get their own static block tables and slots, filled the same way. On CPU, or to test the padding logic without
-a GPU, `capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except
+models) get their own static block tables and slots, filled the same way. A hybrid model's linear-attention
+layers read and write their state pool in place through a static slot-index buffer (`state_indices`, with
+`has_initial_state`): real rows carry their sequences' slots, padding rows the runner's padding slot, one
+slot past the pool that no sequence ever holds, read as zeros and overwritten at will, so the captured
+state update needs no gather and padding never touches a real state. On CPU, or to test the padding logic
+without a GPU, `capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except
 the capture call itself.
 
 Speculative verify steps (each sequence feeds its last token and k drafts: 1 + k query tokens) get their own
@@ -74,6 +78,8 @@ class StaticBuffers:
     query_start_loc: torch.Tensor
     group_slot_mappings: torch.Tensor | None = None  # [num_groups - 1, max batch]
     group_block_tables: torch.Tensor | None = None  # [num_groups - 1, max batch, max blocks]
+    state_indices: torch.Tensor | None = None  # [max batch] int32: hybrid models' state slot per row
+    has_initial_state: torch.Tensor | None = None  # [max batch] bool
     query_len: int = 1  # tokens per row: token-indexed buffers hold max batch × query_len
 
     def meta(self, batch: int, context_len: int, block_size: int) -> AttentionMetadata:
@@ -83,13 +89,17 @@ class StaticBuffers:
         if self.group_block_tables is not None:
             meta.group_slot_mappings = self.group_slot_mappings[:, :tokens]
             meta.group_block_tables = self.group_block_tables[:, :batch, :width]
+        if self.state_indices is not None:
+            meta.state_indices = self.state_indices[:batch]
+            meta.has_initial_state = self.has_initial_state[:batch]
         return meta
 
 
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, max_model_len: int, block_size: int, device: torch.device,
                  capture: bool = True, split_key: SplitKey | None = None, num_kv_groups: int = 1,
-                 query_len: int = 1) -> None:
+                 query_len: int = 1, has_state: bool = False) -> None:
+        """`has_state`: a hybrid model; `bind_state_padding` names the padding slot once the pool exists."""
         self.model = model
         self.query_len = q = query_len  # 1 for decode steps, 1 + k for speculative verify steps
         self.ladder = batch_size_ladder(max_batch)
@@ -111,12 +121,25 @@ class DecodeGraphs:
             if num_kv_groups > 1:
                 self.buffers.group_slot_mappings = torch.full((num_kv_groups - 1, b * q), -1, dtype=torch.long)
                 self.buffers.group_block_tables = torch.zeros(num_kv_groups - 1, b, self.max_blocks, dtype=torch.int32)
+            if has_state:
+                self.buffers.state_indices = torch.zeros(b, dtype=torch.int32)
+                self.buffers.has_initial_state = torch.zeros(b, dtype=torch.bool)
+        self.state_padding_slot: int | None = None
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context length) -> graph
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool_bytes = 0
 
+    def bind_state_padding(self, slot: int) -> None:
+        """The state slot padding rows use: one past the pool's, held by no sequence (the runner allocates it)."""
+        self.state_padding_slot = slot
+        self.buffers.state_indices.fill_(slot)
+        self.buffers.has_initial_state.fill_(False)
+
     def can_run(self, inputs) -> bool:
         num_seqs = len(inputs.seq_lens)  # with max_query_len == query_len, this count means every row is full
+        if self.buffers.state_indices is not None and (self.state_padding_slot is None
+                                                       or inputs.state_indices is None):
+            return False  # a hybrid model before its state pool exists (or the profiling run)
         return (inputs.max_query_len == self.query_len and len(inputs.input_ids) == num_seqs * self.query_len
                 and num_seqs <= self.max_batch and inputs.width <= self.max_blocks)
 
@@ -126,6 +149,8 @@ class DecodeGraphs:
         on any failure drop them all and stay eager (one log line), rather than stop the engine."""
         if not self.capture_graphs:
             return
+        if self.buffers.state_indices is not None and self.state_padding_slot is None:
+            raise RuntimeError("decode graphs of a hybrid model: the state pool's padding slot is not bound")
         # Reserved, not allocated, bytes: the intermediates a graph frees during capture stay in its private
         # pool (reserved for replays) but no longer count as allocated, which would leave only the outputs.
         torch.cuda.empty_cache()
@@ -201,6 +226,11 @@ class DecodeGraphs:
             buf.group_block_tables[:, :n, width:] = 0
             buf.group_slot_mappings[:, real:tokens] = -1
             buf.group_block_tables[:, n:batch] = 0
+        if buf.state_indices is not None:  # in-place state update through the slots: real rows, then padding
+            buf.state_indices[:n].copy_(torch.as_tensor(inputs.state_indices), non_blocking=True)
+            buf.has_initial_state[:n].copy_(torch.as_tensor(inputs.has_initial_state), non_blocking=True)
+            buf.state_indices[n:batch] = self.state_padding_slot
+            buf.has_initial_state[n:batch] = False
         if batch > n:  # padding rows: no write, query_len tokens of context in block 0, output discarded
             buf.input_ids[real:tokens] = 0
             buf.positions[real:tokens] = 0

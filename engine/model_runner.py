@@ -248,17 +248,21 @@ class ModelRunner:
     def allocate_state_cache(self, num_slots: int) -> None:
         """Per linear-attention layer a conv state [num_slots, C, K-1] in the model dtype and a recurrent state
         [num_slots, Hv, Dk, Dv] in mamba_ssm_dtype (float32), zeroed; each layer reads and writes them in place
-        through the sequences' slot indices."""
+        through the sequences' slot indices. With decode graphs one more slot, `num_slots`, is the graphs'
+        padding slot: padding rows update it, no sequence ever holds it."""
         spec = self.kv_layout.state.spec
         ssm_dtype = {4: torch.float32, 2: torch.bfloat16}[spec.ssm_dtype_bytes]
+        total = num_slots + (self.graphs is not None)
         self.state_cache = []
         for layer in self.model.state_layers():  # this rank's heads and channels (the layer knows its split)
-            conv = torch.zeros((num_slots, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
+            conv = torch.zeros((total, layer.conv_state_channels, layer.conv_kernel - 1), dtype=self.dtype,
                                device=self.device)
-            ssm = torch.zeros((num_slots, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
+            ssm = torch.zeros((total, layer.num_v_heads, layer.head_k_dim, layer.head_v_dim), dtype=ssm_dtype,
                               device=self.device)
             layer.bind_state(conv, ssm)
             self.state_cache.append((conv, ssm))
+        if self.graphs is not None:
+            self.graphs.bind_state_padding(num_slots)
 
     def reserve_verify_tokens(self, num_tokens: int) -> None:
         """A hybrid model under speculative decoding: every linear-attention layer's verify scratch for
@@ -302,11 +306,14 @@ class ModelRunner:
         exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
         `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
         With `verify_query_len` (1 + k under speculative decoding), verify steps whose every row has that many
-        tokens replay their own graphs, up to VERIFY_GRAPH_MAX_BATCH sequences.
-        Hybrid models run eagerly: neither kind of graph carries the state slots yet."""
-        if self.kv_layout.state is not None:
-            logger.info("CUDA graphs are off for %s: its linear-attention state update is not captured "
-                        "yet (eager steps)", self.config.architecture)
+        tokens replay their own graphs, up to VERIFY_GRAPH_MAX_BATCH sequences. A hybrid model's graphs update
+        its state pool in place through static slot indices (a padding slot beside the pool for padding rows);
+        on a card that needs the Triton DeltaNet kernels (the torch reference reads the batch layout on the
+        host, which a graph cannot replay)."""
+        hybrid = self.kv_layout.state is not None
+        if hybrid and capture and self.device.type == "cuda" and self.attention_backend != "triton":
+            logger.info("CUDA graphs are off for %s: its linear-attention layers run the torch reference "
+                        "kernels, which sync with the host (use the triton backend)", self.config.architecture)
             return
         if piecewise_tokens and capture and self.device.type == "cuda":
             self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
@@ -315,9 +322,10 @@ class ModelRunner:
         if split_key is not None and get_tp_size() > 1:
             split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
         self.graphs = DecodeGraphs(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
-                                   capture, split_key, len(self.kv_layout.groups))
-        # Hybrid models' verify steps keep a recurrent state per draft position: not captured here (yet).
-        if verify_query_len > 1 and self.kv_layout.state is None:
+                                   capture, split_key, len(self.kv_layout.groups), has_state=hybrid)
+        # Hybrid models' verify steps keep a recurrent state per draft position: not captured here (yet); their
+        # verify rows run eagerly or through the piecewise pieces (engine/spec_decode/state_rollback.py).
+        if verify_query_len > 1 and not hybrid:
             self.verify_graphs = DecodeGraphs(self.model, min(max_batch, VERIFY_GRAPH_MAX_BATCH),
                                               self.config.max_model_len, self.block_size, self.device, capture,
                                               split_key, len(self.kv_layout.groups), verify_query_len)
@@ -349,11 +357,22 @@ class ModelRunner:
             if graphs is not None and graphs.capture_graphs:
                 total += graphs.pool_bytes if graphs.graphs else estimate_graph_bytes(
                     self.config, graphs.max_batch, self.dtype.itemsize, get_tp_size(), graphs.query_len)
+        if self.graphs is not None and self.graphs.capture_graphs:
+            total += self.state_slot_bytes()  # a hybrid model's padding slot (0 for the others)
         if self.piecewise is not None and self.piecewise.enabled:
             total += self.piecewise.pool_bytes if self.piecewise.captured else \
                 estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize,
                                                get_tp_size())
         return total
+
+    def state_slot_bytes(self) -> int:
+        """One state slot over this rank's linear-attention layers (0 without them)."""
+        if self.kv_layout.state is None:
+            return 0
+        ssm_bytes = self.kv_layout.state.spec.ssm_dtype_bytes
+        return sum(layer.conv_state_channels * (layer.conv_kernel - 1) * self.dtype.itemsize
+                   + layer.num_v_heads * layer.head_k_dim * layer.head_v_dim * ssm_bytes
+                   for layer in self.model.state_layers())
 
     def kv_cache_bytes(self) -> int:
         """The paged KV cache and a hybrid model's state pool."""

@@ -2,7 +2,9 @@
 
 The forward is captured per padded token count (`token_buckets`, up to --max-num-batched-tokens) as a run of
 graph pieces split at every *eager point*: each attention layer (its kernels pick tiles per step from the
-real batch layout, which a graph would freeze) and each MoE layer whose experts run the torch loop (it asks
+real batch layout, which a graph would freeze), each Gated DeltaNet layer of a hybrid model (its state
+update goes through the step's slot indices, and its prefill kernels read the batch layout on the host; it
+runs on the step's real rows only) and each MoE layer whose experts run the torch loop (it asks
 the host how many tokens each expert got). While capturing, an eager point's `forward` is swapped for
 `_Capture.boundary`: it allocates the point's output inside the current piece (so it lives in the pieces'
 shared memory pool, reused like any activation), ends that piece, runs the point once eagerly, and begins
@@ -28,6 +30,7 @@ from torch.utils._pytree import tree_flatten
 
 from engine.distributed import all_reduce
 from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.gated_deltanet import GatedDeltaNet
 
 __all__ = ["PiecewiseGraphs", "token_buckets", "CudaGraphBackend", "TapeGraphBackend", "PieceCaptureError",
            "eager_points", "MIN_BUCKET"]
@@ -53,12 +56,13 @@ def token_buckets(max_tokens: int, min_bucket: int = MIN_BUCKET) -> list[int]:
 
 
 def eager_points(model) -> list[torch.nn.Module]:
-    """The modules that run eagerly between pieces, in model order: every attention layer, and every MoE
-    layer that takes the torch expert loop (quantized experts, or not on a card), which syncs with the host."""
+    """The modules that run eagerly between pieces, in model order: every attention layer, every Gated
+    DeltaNet layer, and every MoE layer that takes the torch expert loop (quantized experts, or not on a
+    card), which syncs with the host."""
     from engine.layers.fused_moe.layer import FusedMoE
     points = []
     for module in model.modules():
-        if isinstance(module, PagedAttention):
+        if isinstance(module, (PagedAttention, GatedDeltaNet)):
             points.append(module)
         elif isinstance(module, FusedMoE) and (module.quant is not None or module.w13_weight.device.type != "cuda"):
             points.append(module)
@@ -386,7 +390,11 @@ class PiecewiseGraphs:
             if i < len(bucket.eager):
                 point = bucket.eager[i]
                 args = tuple(meta if isinstance(a, AttentionMetadata) else a for a in point.args)
-                point.out.copy_(point.forward(*args, **point.kwargs))
+                if t > n and isinstance(point.module, GatedDeltaNet):  # its kernels take exactly the real rows
+                    args = tuple(a[:n] if isinstance(a, torch.Tensor) else a for a in args)
+                    point.out[:n].copy_(point.forward(*args, **point.kwargs))
+                else:
+                    point.out.copy_(point.forward(*args, **point.kwargs))
                 if t > n:
                     point.out[n:].zero_()  # padding rows: kept finite whatever the kernel left there
         self.replayed_tokens += n

@@ -246,6 +246,19 @@ def estimate_piecewise_graph_bytes(cfg: ModelConfig, max_tokens: int, dtype_byte
     return estimate_activation_bytes(cfg, max_tokens, dtype_bytes, tp, 0) + PIECE_OVERHEAD_BYTES * pieces
 
 
+def estimate_cuda_graph_bytes(cfg: ModelConfig, max_num_seqs: int, max_num_batched_tokens: int, dtype_bytes: int,
+                              tp: int = 1, cuda_graph_mode: str = "full_and_piecewise") -> int:
+    """Every CUDA graph the engine captures for --cuda-graph-mode, before capture (what the model runner's
+    `graph_bytes` estimates): the decode graphs, with "full_and_piecewise" the piecewise pieces up to the step
+    budget too, and for a hybrid model the decode graphs' padding state slot beside the pool."""
+    if cuda_graph_mode not in ("full_and_piecewise", "full_decode_only"):
+        raise ValueError(f"cuda_graph_mode {cuda_graph_mode!r}: choose full_and_piecewise or full_decode_only")
+    total = estimate_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp)
+    if cuda_graph_mode == "full_and_piecewise":
+        total += estimate_piecewise_graph_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp)
+    return total + model_kv_layout(cfg, 16, dtype_bytes, tp, act_dtype_bytes=dtype_bytes).state_bytes_per_seq
+
+
 @dataclass
 class CapacityPlan:
     card_bytes: int  # total memory of the card this plan is for (the KV budget on CPU)
@@ -430,16 +443,18 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
                      max_num_batched_tokens: int, max_num_seqs: int, other_programs_bytes: int = 0,
                      quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
                      weights_bytes: int | None = None, activation_bytes: int | None = None,
-                     num_speculative_tokens: int = 0) -> MemoryProfile:
+                     cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0) -> MemoryProfile:
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
-    `num_speculative_tokens`, the verify steps' graphs too)."""
+    `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
+    `num_speculative_tokens`, the verify steps' graphs too, which hybrid models do not capture)."""
     tp = tensor_parallel_size
     weights = weights_bytes if weights_bytes is not None else \
         weights_bytes_per_card(cfg, dtype_bytes, tp, quant_bits) + rope_table_bytes(cfg)
     activations = activation_bytes if activation_bytes is not None else \
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
-    graphs = estimate_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp) if cuda_graphs else 0
-    if cuda_graphs and num_speculative_tokens:
+    graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp,
+                                       cuda_graph_mode) if cuda_graphs else 0
+    if cuda_graphs and num_speculative_tokens and getattr(cfg, "linear_attention", None) is None:
         graphs += estimate_graph_bytes(cfg, min(max_num_seqs, VERIFY_GRAPH_MAX_BATCH), dtype_bytes, tp,
                                        1 + num_speculative_tokens)
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
@@ -452,7 +467,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   cuda_graphs: bool = False, weights_bytes: int | None = None,
                   activation_bytes: int | None = None, window_freeing: bool = True,
                   enable_prefix_caching: bool = True, draft: ModelConfig | None = None,
-                  num_speculative_tokens: int = 0, mtp: bool = False) -> CapacityPlan:
+                  num_speculative_tokens: int = 0, mtp: bool = False,
+                  cuda_graph_mode: str = "full_and_piecewise") -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides, as in the engine (every rank holds the same blocks). `draft`: speculative decoding's
     draft model, whose weights sit on the first card (`weights_bytes`, if given, is the target's alone);
@@ -477,7 +493,7 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    other_programs_bytes=other, quant_bits=quant_bits,
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-                                   num_speculative_tokens=num_speculative_tokens)
+                                   num_speculative_tokens=num_speculative_tokens, cuda_graph_mode=cuda_graph_mode)
         extra = scratch + (draft_weights if i == 0 else 0)  # the draft runs whole on rank 0
         if extra:
             profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + extra)

@@ -195,6 +195,23 @@ def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
     assert need.kv_bytes == 2 * blocks * layout.bytes_per_block
 
 
+def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
+    """On a card the overhead holds the decode graphs, and with full_and_piecewise (the default) the piecewise
+    pieces up to the step budget too, as the engine's sizing counts them; --enforce-eager: neither."""
+    from engine.router.placement import CUDA_CONTEXT_BYTES
+    from engine.sizing import estimate_piecewise_graph_bytes
+    card = Card(0, "cuda:0", 64 * GIB)
+    flags = {"max_model_len": 256, "max_num_seqs": 2}
+    both = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
+    decode = replica_need(ModelSpec("d", str(llama_dir), {**flags, "cuda_graph_mode": "full_decode_only"}), card, None)
+    eager = replica_need(ModelSpec("e", str(llama_dir), {**flags, "enforce_eager": True}), card, None)
+    config = ModelSpec("a", str(llama_dir), flags).engine_config()
+    cfg = ModelConfig.from_folder(llama_dir).with_max_model_len(256)
+    pieces = estimate_piecewise_graph_bytes(cfg, config.resolve_max_num_batched_tokens(256), 2)
+    assert eager.overhead_bytes == CUDA_CONTEXT_BYTES < decode.overhead_bytes
+    assert both.overhead_bytes == decode.overhead_bytes + pieces
+
+
 def test_response_directory_is_bounded_and_reads_ids_from_replies():
     import asyncio
 

@@ -11,7 +11,8 @@ import torch
 from engine.config import EngineConfig
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.model_config import ModelConfig
-from engine.sizing import GIB, MemoryProfile, other_programs_note, plan_capacity, plan_from_profile
+from engine.sizing import GIB, MemoryProfile, estimate_piecewise_graph_bytes, other_programs_note, plan_capacity, \
+    plan_from_profile
 
 CARD_24G = 24 * GIB
 
@@ -59,10 +60,25 @@ def test_planner_subtracts_what_the_desktop_holds_and_the_cuda_graphs():
     #   = 209,715,200 → 243,269,632.
     # KV 21,582,210,662 − 16,064,716,800 − 2,255,749,120 − 243,269,632 = 3,018,475,110 → 1439 blocks.
     plan = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16", other_programs_bytes=[3 * GIB // 2],
-                         cuda_graphs=True)
+                         cuda_graphs=True, cuda_graph_mode="full_decode_only")
     assert plan.usable_bytes == 21_582_210_662 and plan.other_programs_bytes == 3 * GIB // 2
     assert plan.overhead_bytes == 243_269_632
     assert plan.num_blocks == 1439
+
+
+def test_planner_counts_the_piecewise_graphs_of_the_default_mode():
+    # full_and_piecewise (the default) adds the pieces up to the 8192-token step budget:
+    # estimate_piecewise_graph_bytes = one forward's activations at 8192 tokens (8192 · 65,536 · 2 B =
+    # 1,073,741,824) + 64 KiB per piece × 32 token buckets (16 … 8192) × 33 pieces (32 layers + 1) = 69,206,016
+    # → 1,142,947,840.
+    decode_only = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16", cuda_graphs=True,
+                                cuda_graph_mode="full_decode_only")
+    both = plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, dtype="bfloat16", cuda_graphs=True)
+    assert estimate_piecewise_graph_bytes(LLAMA_3_8B, 8192, 2) == 1_142_947_840
+    assert both.overhead_bytes == decode_only.overhead_bytes + 1_142_947_840
+    assert both.num_blocks < decode_only.num_blocks
+    with pytest.raises(ValueError, match="cuda_graph_mode"):
+        plan_capacity(LLAMA_3_8B, [CARD_24G], 0.9, cuda_graphs=True, cuda_graph_mode="piecewise")
 
 
 # Qwen2.5-32B at TP=2, per card: head_dim 5120/40 = 128; q = 40·128 = 5120; 8 KV heads → 4 per card, so the
@@ -196,6 +212,18 @@ def test_start_fails_with_an_actionable_message_when_nothing_fits():
         "1.00 GiB leaves 3.60 GiB for the KV cache; at 128.0 KiB/token that holds 29,488 tokens. Lower "
         "--max-model-len to 29,488 or less, raise --gpu-memory-utilization, use --kv-cache-dtype fp8, or raise "
         "--tensor-parallel-size")
+
+
+def test_a_hybrid_models_graphs_count_their_padding_state_slot():
+    # Qwen3.6-27B's decode graphs point padding rows at one state slot past the pool: 48 DeltaNet layers ×
+    # (conv 10,240 channels × 3 taps × 2 B + recurrent 48 × 128 × 128 × 4 B) = 48 × 3,207,168 = 153,944,064 B.
+    from engine.bench.hybrid import QWEN3_6_27B
+    from engine.sizing import estimate_cuda_graph_bytes, estimate_graph_bytes
+    cfg = ModelConfig.from_hf_config(QWEN3_6_27B)
+    graphs = estimate_cuda_graph_bytes(cfg, 4, 8192, 2, 1, "full_decode_only")
+    assert graphs - estimate_graph_bytes(cfg, 4, 2, 1) == 153_944_064
+    assert estimate_cuda_graph_bytes(cfg, 4, 8192, 2, 2, "full_decode_only") - estimate_graph_bytes(cfg, 4, 2, 2) \
+        == 153_944_064 // 2  # TP=2: each rank's heads and channels
 
 
 LLAMA_32_1B = ModelConfig.from_hf_config({  # Llama-3.2-1B: Llama 3's tokenizer, a draft for the 8B

@@ -1,13 +1,17 @@
 """`pagedesk-bench hybrid`: the planner's verdicts for the hybrid linear-attention checkpoints people run on
 24 GB cards (Qwen3.6-27B and Qwen3.6-35B-A3B, AWQ 4-bit, FP8 KV), against dense-attention models of equal size.
 
-The config values are written here from the Hugging Face model cards and config.json files as published for
-Qwen3.5/Qwen3.6 (Qwen3.6 keeps Qwen3.5's architecture: model_type qwen3_5 / qwen3_5_moe) — nothing is
-downloaded, so they are as recalled from those cards: 27B: hidden 5120, 64 layers laid out 16 × (3 Gated
-DeltaNet + 1 gated attention), DeltaNet 16 QK heads / 48 V heads of 128, attention 24 Q / 4 KV heads of 256,
-FFN 17408, vocab 248320, 262,144 tokens of context; 35B-A3B: hidden 2048, 40 layers 10 × (3 + 1), DeltaNet
-16 / 32 heads of 128, attention 16 Q / 2 KV heads of 256, 256 experts of 512 with 8 routed + 1 shared.
-The AWQ quantization_config is the usual 4-bit group-128 one with every decoder linear layer packed. The
+The config values were first written from memory and then checked (2026-12-01) against published copies of
+the model cards and config.json files (BENCHMARKS.md names the sources; nothing is downloaded here), and all
+of them held (Qwen3.6 keeps Qwen3.5's architecture: model_type qwen3_5 / qwen3_5_moe): 27B: hidden 5120,
+64 layers laid out 16 × (3 Gated DeltaNet + 1 gated attention), DeltaNet 16 QK heads / 48 V heads of 128,
+attention 24 Q / 4 KV heads of 256, FFN 17408, vocab 248320, 262,144 tokens of context, rope_theta 1e7 with
+partial rotary 0.25 and mRoPE sections [11, 11, 10], float32 mamba_ssm_dtype; 35B-A3B: hidden 2048, 40 layers
+10 × (3 + 1), DeltaNet 16 / 32 heads of 128, attention 16 Q / 2 KV heads of 256, 256 experts of 512 with 8
+routed + 1 shared of 512. The AWQ quantization_config is an assumption, not one published checkpoint's: 4-bit
+group-128 on every decoder linear layer (published 4-bit Qwen3.6 quants often keep in_proj_a / in_proj_b, a
+few MiB, or all DeltaNet projections in bf16). Plans count CUDA graphs as the app does by default
+(full_and_piecewise: decode graphs, pieces up to the 8192-token step budget, the hybrid's padding state slot). The
 dense comparisons are Qwen3-32B and Qwen3-30B-A3B (every layer full attention) planned at the same context.
 The state pool counts a slot per seat (max_num_seqs) and the prefix cache's 4 state snapshots. The planner
 part is torch-free. `--cpu` also serves a tiny random Qwen3.5 (3 DeltaNet layers of every 4) and
@@ -68,7 +72,7 @@ def plan(hf: dict, tp: int, max_num_seqs: int):
     cfg = ModelConfig.from_hf_config(hf)
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, CONTEXT)  # dense ones: planned as if extended
     return cfg, plan_capacity(cfg, [24 * GIB] * tp, 0.9, dtype="bfloat16", kv_cache_dtype="fp8", tensor_parallel_size=tp,
-                              max_model_len=CONTEXT, max_num_seqs=max_num_seqs)
+                              max_model_len=CONTEXT, max_num_seqs=max_num_seqs, cuda_graphs=True)
 
 
 def verdict_rows() -> list[str]:
@@ -87,6 +91,7 @@ def verdict_rows() -> list[str]:
                 per_seq = p.layout.state_bytes_per_seq  # one seat's (or one snapshot's) slot
                 rows.append(f"| {name} | {tp} × 24 GiB | {seats} | {p.weights_bytes / GIB:.2f} GiB | "
                             f"{p.state_bytes / GIB:.2f} GiB ({per_seq / MIB:.0f} MiB/seq) | "
+                            f"{p.overhead_bytes / GIB:.2f} GiB | "
                             f"{p.kv_bytes_per_token / 1024:.0f} KiB | {p.num_tokens:,} | {verdict} |")
     return rows
 
@@ -134,8 +139,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.cpu:
         cpu_throughput(args.num_prompts, args.max_model_len)
         print()
-    print("| model | cards (0.9) | max_num_seqs | weights/card | state pool/card | KV/token/card (FP8) | "
-          "KV tokens that fit | verdict at 262,144 |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+    print("| model | cards (0.9) | max_num_seqs | weights/card | state pool/card | CUDA graphs/card | "
+          "KV/token/card (FP8) | KV tokens that fit | verdict at 262,144 |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|")
     for row in verdict_rows():
         print(row)

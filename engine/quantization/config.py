@@ -55,7 +55,9 @@ class QuantConfig:
         return f"{method} {self.bits}-bit {group}{extra}"
 
     def is_ignored(self, module: str) -> bool:
-        """Whether a checkpoint module (e.g. "model.layers.0.mlp.down_proj") stays in float."""
+        """Whether a checkpoint module (e.g. "model.layers.0.mlp.down_proj") stays in float. A plain entry names
+        whole dotted parts anywhere in the name, so the bare "linear_attn" of a hybrid checkpoint's ignore list
+        keeps every DeltaNet projection float (vLLM and transformers match these lists as substrings)."""
         for pattern in self.ignore:
             if "*" in pattern and not pattern.startswith("re:"):  # gpt-oss: "model.layers.*.self_attn"
                 parts = module.split(".")
@@ -64,7 +66,7 @@ class QuantConfig:
             elif pattern.startswith("re:"):
                 if re.fullmatch(pattern[3:], module):
                     return True
-            elif module == pattern or module.endswith("." + pattern) or module.startswith(pattern + "."):
+            elif f".{pattern}." in f".{module}.":  # a whole dotted part anywhere: "linear_attn", "mlp.gate"
                 return True
         return False
 

@@ -19,7 +19,7 @@ from engine.config import DEFAULT_CPU_KV_CACHE_GIB
 from engine.kv_cache_interface import model_kv_layout
 from engine.model_config import DTYPE_BYTES, ModelConfig
 from engine.router.specs import ModelSpec
-from engine.sizing import GIB, MIB, estimate_activation_bytes, estimate_graph_bytes, kv_bytes_per_token, \
+from engine.sizing import GIB, MIB, estimate_activation_bytes, estimate_cuda_graph_bytes, kv_bytes_per_token, \
     plan_cpu, resolve_dtype, rope_table_bytes, weights_bytes_per_card
 
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context, cuBLAS workspace: memory no estimate of tensors counts
@@ -150,8 +150,8 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
     activations = estimate_activation_bytes(cfg, step_tokens, dtype_bytes, tp, config.max_num_seqs)
     overhead = 0
     if on_gpu:
-        overhead = CUDA_CONTEXT_BYTES + (0 if config.enforce_eager else
-                                         estimate_graph_bytes(cfg, config.max_num_seqs, dtype_bytes, tp))
+        overhead = CUDA_CONTEXT_BYTES + (0 if config.enforce_eager else estimate_cuda_graph_bytes(
+            cfg, config.max_num_seqs, step_tokens, dtype_bytes, tp, config.cuda_graph_mode))
     fixed = weights + activations + overhead
     # Blocks a full-length sequence holds over every KV cache group (a window group's too), as the pool counts them.
     layout = model_kv_layout(cfg, config.block_size, kv_dtype_bytes, tp)
