@@ -164,11 +164,14 @@ def draft_footprint(draft: ModelConfig | None, dtype_bytes: int, kv_dtype_bytes:
     return weights, model_kv_layout(draft, block_size, kv_dtype_bytes, 1, True, dtype_bytes).bytes_per_block
 
 
-def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block_size: int) -> tuple[int, int]:
+def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block_size: int,
+                  tensor_parallel_size: int = 1) -> tuple[int, int]:
     """A Qwen3.5/3.6 or Qwen3-Next MTP head's (weights bytes, KV bytes per block) on rank 0, the planner's estimate
     of what engine/models/qwen3_next_mtp.py loads: per MTP layer one full-attention decoder layer (the target's
     attention shape, layer 0's MLP or experts) and its KV page, plus `mtp.fc` (2h -> h) and three norms, all in
-    the float dtype (published checkpoints keep mtp.* unquantized); the embedding and LM head are the target's."""
+    the float dtype (published checkpoints keep mtp.* unquantized). With one rank the embedding and LM head are
+    the target's; under tensor parallel the head runs whole on rank 0 with its own full copies of them
+    (2 × vocab × hidden, one copy when tied), since the target's are vocab shards."""
     text = cfg.hf_text_config
     layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers")) or 1)
     h = cfg.hidden_size
@@ -181,7 +184,8 @@ def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block
         mlp = 3 * h * cfg.layer_intermediate_size(0)
     per_layer = attention + mlp + 2 * h * h + 4 * h
     page = model_kv_layout(full, block_size, kv_dtype_bytes, 1, True, dtype_bytes).groups[0].spec.page_size_bytes
-    return layers * per_layer * dtype_bytes, layers * page
+    vocab = 0 if tensor_parallel_size == 1 else (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * h
+    return (layers * per_layer + vocab) * dtype_bytes, layers * page
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:
@@ -473,7 +477,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     fewest blocks decides, as in the engine (every rank holds the same blocks). `draft`: speculative decoding's
     draft model, whose weights sit on the first card (`weights_bytes`, if given, is the target's alone);
     `num_speculative_tokens`: k of any speculative method, whose verify graphs the CUDA graphs' share counts;
-    `mtp`: speculation by the checkpoint's MTP head, counted like a draft (mtp_footprint)."""
+    `mtp`: speculation by the checkpoint's MTP head, counted like a draft on the first card (mtp_footprint, with
+    its own full embedding and LM head under tensor parallel)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     if max_model_len:
@@ -482,7 +487,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     per_token = layout.bytes_per_block // block_size
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
-    draft_weights, draft_per_block = mtp_footprint(cfg, dtype_bytes, kv_bytes, block_size) if mtp else \
+    draft_weights, draft_per_block = \
+        mtp_footprint(cfg, dtype_bytes, kv_bytes, block_size, tensor_parallel_size) if mtp else \
         draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
     scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
                                                                 max_num_batched_tokens))  # allocated before sizing

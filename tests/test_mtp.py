@@ -223,9 +223,9 @@ def test_config_and_missing_weights_name_the_field(tiny_model_dir, mtp_dir, tmp_
         LLM(str(tiny_model_dir("qwen3_5")), device="cpu", speculative_config=spec)
     with pytest.raises(ValueError, match="speculative_config.method.*LlamaForCausalLM has no multi-token"):
         LLM(str(tiny_model_dir("llama")), device="cpu", speculative_config=spec)
-    cfg = ModelConfig.from_folder(mtp_dir("qwen3_5"))
-    with pytest.raises(ValueError, match="speculative_config.method.*tensor_parallel_size 1"):
-        check_mtp(parse_speculative_config(spec), SimpleNamespace(tensor_parallel_size=2), cfg, mtp_dir("qwen3_5"))
+    cfg = ModelConfig.from_folder(mtp_dir("qwen3_5"))  # tensor parallel is no reason to refuse (test below)
+    assert check_mtp(parse_speculative_config(spec), SimpleNamespace(tensor_parallel_size=2), cfg,
+                     mtp_dir("qwen3_5")) == 1
     code = serve_main(["--model", str(tiny_model_dir("qwen3_5")), "--device", "cpu",
                        "--speculative-config", json.dumps(spec)])
     assert code == 2 and "no MTP weights" in capsys.readouterr().err
@@ -306,24 +306,65 @@ def test_greedy_with_mtp_is_identical_to_no_speculation(mtp_dir):
     assert [drafts for _, drafts in verified] == [ref.drafts(before, len(d)) for before, d in verified]
 
 
+def bigram_chain(path, prompts, n) -> list[list[int]]:
+    """The bigram model's greedy continuation, next = argmax(lm_head(norm(embed(last)))), from the checkpoint."""
+    from safetensors.torch import load_file
+    w = load_file(str(path / "model.safetensors"))
+    eps = json.loads((path / "config.json").read_text())["rms_norm_eps"]
+    want = []
+    for prompt in prompts:
+        out = [prompt[-1]]
+        for _ in range(n):
+            h = gemma_norm(w["model.embed_tokens.weight"][out[-1]], w["model.norm.weight"], eps)
+            out.append(int((w["lm_head.weight"] @ h).argmax()))
+        want.append(out[1:])
+    return want
+
+
 def test_an_exact_head_is_accepted(tiny_model_dir, tmp_path):
     """A head that computes the target's next hidden state exactly: greedy drafts are the target's tokens, so
     (nearly) every draft is accepted, at every position, and the output is still the target's — here a bigram
     chain, next = argmax(lm_head(norm(embed(last)))), computed straight from the checkpoint."""
-    from safetensors.torch import load_file
     path = bigram_with_exact_head(tiny_model_dir("qwen3_5"), tmp_path / "bigram")
-    w = load_file(str(path / "model.safetensors"))
-    eps = json.loads((path / "config.json").read_text())["rms_norm_eps"]
     prompts = [make_prompts(400, seed=5)[i] for i in (2, 4)]
-    want = []
-    for prompt in prompts:
-        out = [prompt[-1]]
-        for _ in range(12):
-            h = gemma_norm(w["model.embed_tokens.weight"][out[-1]], w["model.norm.weight"], eps)
-            out.append(int((w["lm_head.weight"] @ h).argmax()))
-        want.append(out[1:])
+    want = bigram_chain(path, prompts, 12)
     llm = LLM(str(path), device="cpu", speculative_config={"method": "mtp", "num_speculative_tokens": 3})
     assert greedy_ids(llm, prompts, [12, 12]) == want
     stats = llm.engine.spec.stats
     assert stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens > 0
     assert min(stats.accepted_per_pos) > 0 and stats.mean_acceptance_length > 3
+
+
+def test_mtp_under_tensor_parallel_2(tiny_model_dir, tmp_path):
+    """TP=2 over gloo: the head runs whole on rank 0 on rank 0's copy of the target's last hidden states, with its
+    own full embedding and LM head (the target's are vocab shards). The exact head's drafts are the target's own
+    tokens only if those full copies and the hidden states are right, so nearly all are accepted; the output
+    equals the same TP=2 engine's without speculation (and the bigram chain from the checkpoint)."""
+    import torch.distributed as dist
+    path = bigram_with_exact_head(tiny_model_dir("qwen3_5"), tmp_path / "bigram")
+    prompts = [make_prompts(400, seed=5)[i] for i in (1, 3)]
+    max_tokens = [10, 7]
+    want = bigram_chain(path, prompts, 10)
+    plain = LLM(str(path), device="cpu", tensor_parallel_size=2)
+    try:
+        assert greedy_ids(plain, prompts, max_tokens) == [w[:m] for w, m in zip(want, max_tokens)]
+    finally:
+        plain.engine.shutdown()
+    llm = LLM(str(path), device="cpu", tensor_parallel_size=2,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    try:
+        assert greedy_ids(llm, prompts, max_tokens) == [w[:m] for w, m in zip(want, max_tokens)]
+        stats, mtp = llm.engine.spec.stats, llm.engine.mtp
+        assert stats.num_drafts > 0 and stats.num_accepted_tokens >= 0.9 * stats.num_draft_tokens > stats.num_drafts
+        # Its own full vocabulary tensors (untied here: two), counted by the planner's footprint at TP=2.
+        cfg = ModelConfig.from_folder(path)
+        vocab_bytes = 2 * cfg.vocab_size * cfg.hidden_size * 4
+        assert mtp.head.vocab.weights_bytes() == vocab_bytes
+        assert mtp.head.vocab.model.embed_tokens.weight.shape[0] == cfg.vocab_size
+        weights, page = mtp_footprint(cfg, 4, 4, BLOCK, tensor_parallel_size=2)
+        assert weights - mtp_footprint(cfg, 4, 4, BLOCK)[0] == vocab_bytes
+        assert abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
+        assert not mtp.pending and llm.engine.kv.pool.num_free_blocks == llm.engine.kv.pool.num_blocks
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()

@@ -10,8 +10,11 @@ gated attention with q/k norms and partial rotary, the MLP that layer index 0 of
 routed experts with a gated shared expert) and `mtp.norm`; the target's `lm_head` gives the logits. The
 head's output (after `mtp.norm`) is also what the next MTP step takes as its hidden state when more than one
 token is drafted (vLLM's method "mtp": the same layer applied again, `spec_step_idx % mtp_num_hidden_layers`).
-The embedding and the LM head are the target's own modules, held by reference and never loaded twice. The
-layer's KV cache is its own tensor, bound like a draft model's (engine/spec_decode/mtp_proposer.py).
+With one rank the embedding and the LM head are the target's own modules, held by reference and never loaded
+twice. Under tensor parallel the target's are vocab-sharded, so the head, which runs whole on rank 0, gets its
+own unsharded copies (`FullVocab`, read from the target's checkpoint names): 2 × vocab × hidden × dtype bytes
+on rank 0 (one copy with tied embeddings). The layer's KV cache is its own tensor, bound like a draft model's
+(engine/spec_decode/mtp_proposer.py).
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import torch
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import ColumnParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import rotary_embeddings
@@ -47,9 +51,48 @@ def mtp_num_layers(cfg: ModelConfig, names: Iterable[str]) -> int:
     return len(indices)
 
 
+class FullVocab(nn.Module):
+    """Unsharded copies of the target's embedding and LM head for the head on rank 0 under tensor parallel
+    (build it inside engine.distributed.single_rank, so the vocab-parallel layers take every row and make no
+    collective). Named like the target's own (model.embed_tokens, lm_head), so the target's weights mapper reads
+    the checkpoint's names for it; an LM head tied to the embedding is one tensor, as in the target."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.model = nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self.tied = cfg.tie_word_embeddings
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden)
+
+    def checkpoint_names(self, names: Iterable[str], mapper: WeightsMapper) -> list[str]:
+        """The checkpoint's tensors that fill this module (read through the target's `mapper`)."""
+        wanted = {"model.embed_tokens.weight"} | (set() if self.tied else {"lm_head.weight"})
+        found = [n for n in names if mapper.map(n) in wanted]
+        quantized = [n for n in names if (mapper.map(n) or "").startswith(("lm_head.", "model.embed_tokens."))
+                     and n not in found]
+        if quantized:
+            raise ValueError(f"speculative_config.method \"mtp\" under tensor_parallel_size > 1: the checkpoint's "
+                             f"embedding or LM head is stored as {quantized[0]!r}; the head's own full copy needs "
+                             "them as float tensors")
+        return found
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], mapper: WeightsMapper) -> None:
+        load_weights(self, weights, packed_modules_mapping={}, mapper=mapper, tied_lm_head=self.tied)
+
+    def weights_bytes(self) -> int:
+        return sum(p.numel() * p.element_size() for p in self.parameters())  # a tied tensor once
+
+
 class Qwen3NextMTP(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str, target: nn.Module, num_layers: int = 1) -> None:
-        """`target`: the loaded Qwen3NextForCausalLM (or a Qwen3.5 one) whose embedding and LM head are shared."""
+    def __init__(self, cfg: ModelConfig, backend: str, target: nn.Module, num_layers: int = 1,
+                 vocab: FullVocab | None = None) -> None:
+        """`target`: the loaded Qwen3NextForCausalLM (or a Qwen3.5 one) whose embedding and LM head are shared;
+        `vocab`: full copies of them to use instead (tensor parallel: the target's are shards)."""
         super().__init__()
         h = cfg.hidden_size
         # Each MTP layer is full attention, with layer index i's MLP (vLLM builds it under the prefix
@@ -66,8 +109,11 @@ class Qwen3NextMTP(nn.Module):
                                     for i in range(num_layers))
         self.norm = GemmaRMSNorm(h, cfg.rms_norm_eps)
         self.config = cfg
-        # The target's modules, outside this module's parameters (loaded once, with the target).
-        self._shared = (target.model.embed_tokens, target.compute_logits)
+        # The target's modules (or rank 0's full copies), outside this module's parameters (loaded on their own).
+        # Kept in a tuple, not as a submodule: the head's own load and parameters are the mtp.* tensors only.
+        self._vocab = (vocab,)
+        source = vocab if vocab is not None else target
+        self._shared = (source.model.embed_tokens, source.compute_logits)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor,
                 meta: AttentionMetadata | None, step: int = 0) -> torch.Tensor:
@@ -81,6 +127,10 @@ class Qwen3NextMTP(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self._shared[1](hidden)
+
+    @property
+    def vocab(self) -> FullVocab | None:
+        return self._vocab[0]
 
     def attention_layers(self) -> list[PagedAttention]:
         return [layer.self_attn.attn for layer in self.layers]

@@ -8,7 +8,13 @@ reach the other ranks as the verify step's input ids, exactly like n-gram drafts
 little from sharding, and this keeps the workers unaware of it (draft_tensor_parallel_size is 1).
 
 The same for an MTP head: the target checkpoint's mtp.* tensors checked before anything loads, then loaded
-beside the target (tensor_parallel_size 1 only), its KV pages sharing the block ids in the same proportion."""
+beside the target, its KV pages sharing the block ids in the same proportion. Under tensor parallel it too runs
+whole on rank 0 (single_rank), reading rank 0's copy of the target's last hidden states (replicated after the
+final norm); since the target's embedding and LM head are vocab-sharded there, the head loads its own full
+copies of them (2 × vocab × hidden × dtype bytes on rank 0, once if tied), which rank 0's memory profile
+measures and the planner counts (engine/sizing.mtp_footprint). The workers never see the head: its drafts reach
+them as the verify step's input ids. Sharding the head like the target instead would save that memory but put
+the head's forwards into the worker protocol."""
 from __future__ import annotations
 
 import logging
@@ -74,7 +80,7 @@ def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backen
 
 def check_mtp(spec: SpeculativeConfig | None, config, target_config: ModelConfig, model_path) -> int:
     """The number of MTP layers the target checkpoint carries (0 without method "mtp"), checked before anything
-    loads: a family with an MTP head, mtp.* tensors present, one device. ValueErrors name the field."""
+    loads: a family with an MTP head, mtp.* tensors present. ValueErrors name the field."""
     if spec is None or spec.method != "mtp":
         return 0
     from engine.models.qwen3_next_mtp import MTP_ARCHITECTURES, mtp_num_layers
@@ -86,30 +92,43 @@ def check_mtp(spec: SpeculativeConfig | None, config, target_config: ModelConfig
     if not num_layers:
         raise ValueError(f"speculative_config.method \"mtp\": the checkpoint {model_path} has no MTP weights "
                          "(no mtp.* tensors); use method \"ngram\" or a draft model")
-    if config.tensor_parallel_size > 1:
-        raise ValueError("speculative_config.method \"mtp\": the MTP head runs with tensor_parallel_size 1 only "
-                         "for now; use method \"ngram\" under tensor parallel")
     return num_layers
 
 
 def load_mtp(num_layers: int, runner, model_path, backend: str):
-    """The MTPProposer over the target's runner, with the head's mtp.* weights loaded, or None."""
+    """The MTPProposer over the target's runner (rank 0's ModelRunner under tensor parallel), with the head's
+    mtp.* weights loaded, or None."""
     if not num_layers:
         return None
-    from engine.models.qwen3_next_mtp import Qwen3NextMTP
+    from engine.distributed import get_tp_size
+    from engine.models.qwen3_next_mtp import FullVocab, Qwen3NextMTP
     from engine.spec_decode.mtp_proposer import MTPProposer
 
+    runner = getattr(runner, "runner", runner)  # a TensorParallelExecutor drives rank 0's ModelRunner
     cfg = runner.config
+    sharded = get_tp_size() > 1  # the target's embedding and LM head are vocab shards: the head needs its own
     torch.set_default_dtype(runner.dtype)
     try:
-        with torch.device(runner.device):
-            head = Qwen3NextMTP(cfg, backend, runner.model, num_layers)
+        with single_rank(), torch.device(runner.device):  # whole on rank 0, also under tensor parallel
+            vocab = FullVocab(cfg) if sharded else None
+            head = Qwen3NextMTP(cfg, backend, runner.model, num_layers, vocab)
     finally:
         torch.set_default_dtype(torch.float32)
     head.load_weights(iterate_weights(model_path, device="cpu", prefix="mtp."))
     head.eval()
+    if vocab is not None:
+        mapper = runner.model.weights_mapper
+        vocab.load_weights(((name, tensor) for wanted in vocab.checkpoint_names(tensor_names(model_path), mapper)
+                            for name, tensor in iterate_weights(model_path, device="cpu", prefix=wanted)
+                            if name == wanted), mapper)
+        vocab.eval()
     proposer = MTPProposer(runner, head)
-    logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers, proposer.weights_bytes() / 2**20)
+    if vocab is None:
+        logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers, proposer.weights_bytes() / 2**20)
+    else:
+        logger.info("MTP head: %d layer(s), %.0f MiB of weights on rank 0, of which %.0f MiB are its own full "
+                    "copies of the embedding and LM head (the target's are sharded over %d ranks)", num_layers,
+                    proposer.weights_bytes() / 2**20, vocab.weights_bytes() / 2**20, get_tp_size())
     return proposer
 
 

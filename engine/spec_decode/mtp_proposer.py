@@ -15,8 +15,10 @@ as one-hot at the draft (accept with p(d)), which keeps the output distribution 
 The KV lives in its own tensor addressed by the target's block ids (group 0, full attention) and gets the
 same copy-on-write copies. Positions it has no hidden state for — a prefix-cache hit's cached blocks, beam
 search sequences, the last prompt position under a child forked by n > 1 — keep whatever the head wrote
-there before: only the drafts' quality depends on them, never the output. The head runs with
-tensor_parallel_size 1 only (engine/spec_decode/loading.check_mtp refuses more).
+there before: only the drafts' quality depends on them, never the output. Under tensor parallel the head
+runs whole on rank 0 (`single_rank`), on rank 0's hidden states (replicated after the target's final norm), with
+its own full embedding and LM head (engine/spec_decode/loading.load_mtp); the workers see only its drafts, in
+the verify step's input ids.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from engine.distributed import single_rank
 from engine.input_batch import to_device
 from engine.spec_decode.feeds import feed_metadata
 
@@ -61,7 +64,10 @@ class MTPProposer:
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])
 
     def weights_bytes(self) -> int:
-        return sum(p.numel() * p.element_size() for p in self.head.parameters())  # the shared ones are not its own
+        """The head's mtp.* tensors, plus its own full embedding and LM head under tensor parallel (with one
+        rank it shares the target's, which are not counted here)."""
+        own = sum(p.numel() * p.element_size() for p in self.head.parameters())
+        return own + (0 if self.head.vocab is None else self.head.vocab.weights_bytes())
 
     def kv_cache_bytes(self) -> int:
         return 0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size()
@@ -80,11 +86,14 @@ class MTPProposer:
             return None
         return pending.token
 
-    @torch.inference_mode()
     def catch_up(self, steps: list[tuple[object, int, int]]) -> None:
         """After a target step: `steps` holds, per sequence of the step in batch order, (sequence, its
         num_computed_tokens before the step, its first row in the step's hidden states). Feeds the head every
         position the step computed and kept, and makes the first draft of each sequence that decodes next."""
+        with single_rank(), torch.inference_mode():  # the head is whole on rank 0: no collectives
+            self._catch_up(steps)
+
+    def _catch_up(self, steps: list[tuple[object, int, int]]) -> None:
         hidden = self.runner.last_hidden
         self.runner.last_hidden = None  # the next forward's; nothing else holds the step's hidden states
         feeds = []
@@ -123,10 +132,13 @@ class MTPProposer:
         self.pending = {sid: p for sid, p in self.pending.items()
                         if not p.seq.is_finished and p.num_tokens == p.seq.num_tokens}
 
-    @torch.inference_mode()
     def propose(self, requests: list[tuple[object, int]]) -> list[list[int]]:
         """After scheduling: each (sequence, drafts it got slots for) -> its drafts, the first from `pending`
         and the rest from the head applied again, one position further each time."""
+        with single_rank(), torch.inference_mode():
+            return self._propose(requests)
+
+    def _propose(self, requests: list[tuple[object, int]]) -> list[list[int]]:
         drafts = [[self.pending[seq.seq_id].token] for seq, _ in requests]
         active = [i for i, (_, n) in enumerate(requests) if n > 1]
         if not active:
