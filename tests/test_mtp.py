@@ -368,7 +368,32 @@ def test_mtp_under_tensor_parallel_2(tiny_model_dir, tmp_path):
         assert weights - mtp_footprint(cfg, 4, 4, mtp.block_size)[0] == vocab_bytes
         assert page == mtp.bytes_per_block(4)
         assert abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
+        from engine.sizing import GIB, plan_capacity
+        planned = plan_capacity(cfg, [GIB] * 2, 0.9, dtype="float32", tensor_parallel_size=2, mtp=True,
+                                block_size=mtp.block_size, num_speculative_tokens=3)
+        assert planned.draft_weights_bytes == weights  # the planner counts the copies on the first card
         assert not mtp.pending and llm.engine.kv.pool.num_free_blocks == llm.engine.kv.pool.num_blocks
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3_5-vl"])
+def test_full_vocab_copy_reads_the_targets_names(tiny_model_dir, arch):
+    """The full embedding / LM head copy the head takes under tensor parallel, read through the target's weights
+    mapper: a tied one (Qwen2) is one tensor, a VL checkpoint's sits under its language model's names; both
+    equal the target's own (loaded at one rank, unsharded)."""
+    from engine.models.qwen3_next_mtp import FullVocab
+    from engine.spec_decode.loading import load_full_vocab
+    path = tiny_model_dir(arch)
+    cfg = ModelConfig.from_folder(path)
+    target = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch").model
+    vocab = FullVocab(cfg)
+    load_full_vocab(vocab, path, target.weights_mapper)  # every tensor it expects, or it raises
+    copies = 1 if cfg.tie_word_embeddings else 2
+    assert copies == (1 if arch == "qwen2" else 2)
+    assert vocab.weights_bytes() == copies * cfg.vocab_size * cfg.hidden_size * 4
+    ids = torch.tensor([1, 7, cfg.vocab_size - 1])
+    torch.testing.assert_close(vocab.model.embed_tokens(ids), target.model.embed_tokens(ids))
+    hidden = torch.randn(2, cfg.hidden_size)
+    torch.testing.assert_close(vocab.compute_logits(hidden), target.compute_logits(hidden))

@@ -74,7 +74,7 @@ class FullVocab(nn.Module):
         wanted = {"model.embed_tokens.weight"} | (set() if self.tied else {"lm_head.weight"})
         found = [n for n in names if mapper.map(n) in wanted]
         quantized = [n for n in names if (mapper.map(n) or "").startswith(("lm_head.", "model.embed_tokens."))
-                     and n not in found]
+                     and mapper.map(n) not in ("lm_head.weight", "model.embed_tokens.weight")]  # a tied copy: skipped
         if quantized:
             raise ValueError(f"speculative_config.method \"mtp\" under tensor_parallel_size > 1: the checkpoint's "
                              f"embedding or LM head is stored as {quantized[0]!r}; the head's own full copy needs "

@@ -117,11 +117,7 @@ def load_mtp(num_layers: int, runner, model_path, backend: str):
     head.load_weights(iterate_weights(model_path, device="cpu", prefix="mtp."))
     head.eval()
     if vocab is not None:
-        mapper = runner.model.weights_mapper
-        vocab.load_weights(((name, tensor) for wanted in vocab.checkpoint_names(tensor_names(model_path), mapper)
-                            for name, tensor in iterate_weights(model_path, device="cpu", prefix=wanted)
-                            if name == wanted), mapper)
-        vocab.eval()
+        load_full_vocab(vocab, model_path, runner.model.weights_mapper)
     proposer = MTPProposer(runner, head)
     if vocab is None:
         logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers, proposer.weights_bytes() / 2**20)
@@ -130,6 +126,15 @@ def load_mtp(num_layers: int, runner, model_path, backend: str):
                     "copies of the embedding and LM head (the target's are sharded over %d ranks)", num_layers,
                     proposer.weights_bytes() / 2**20, vocab.weights_bytes() / 2**20, get_tp_size())
     return proposer
+
+
+def load_full_vocab(vocab, model_path, mapper) -> None:
+    """Fill a FullVocab from the target checkpoint's embedding / LM head tensors (only those are read)."""
+    names = vocab.checkpoint_names(tensor_names(model_path), mapper)
+    vocab.load_weights(((name, tensor) for wanted in names
+                        for name, tensor in iterate_weights(model_path, device="cpu", prefix=wanted)
+                        if name == wanted), mapper)  # a prefix read of exactly that name
+    vocab.eval()
 
 
 def share_blocks_with_mtp(num_blocks: int, config, target_config: ModelConfig, mtp, kv_dtype: torch.dtype) -> int:
