@@ -19,8 +19,9 @@ from engine.config import DEFAULT_CPU_KV_CACHE_GIB
 from engine.kv_cache_interface import model_kv_layout
 from engine.model_config import DTYPE_BYTES, ModelConfig
 from engine.router.specs import ModelSpec
+from engine.model_footprint import rope_table_bytes, weights_bytes_per_card
 from engine.sizing import GIB, MIB, estimate_activation_bytes, estimate_cuda_graph_bytes, kv_bytes_per_token, \
-    plan_cpu, resolve_dtype, rope_table_bytes, weights_bytes_per_card
+    plan_cpu, resolve_dtype
 
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context, cuBLAS workspace: memory no estimate of tensors counts
 HOST = -1  # the "card" index of the host on CPU
