@@ -157,6 +157,16 @@ def estimate_cuda_graph_bytes(cfg: ModelConfig, max_num_seqs: int, max_num_batch
     return total + model_kv_layout(cfg, 16, dtype_bytes, tp, act_dtype_bytes=dtype_bytes).state_bytes_per_seq
 
 
+def estimate_verify_graph_bytes(cfg: ModelConfig, max_num_seqs: int, dtype_bytes: int, tp: int,
+                                num_speculative_tokens: int) -> int:
+    """Speculative verify steps' graphs, (batch, 1 + k) up to VERIFY_GRAPH_MAX_BATCH rows; none without
+    speculation, and none for hybrid models (which verify through the piecewise graphs)."""
+    if not num_speculative_tokens or getattr(cfg, "linear_attention", None) is not None:
+        return 0
+    return estimate_graph_bytes(cfg, min(max_num_seqs, VERIFY_GRAPH_MAX_BATCH), dtype_bytes, tp,
+                                1 + num_speculative_tokens)
+
+
 @dataclass
 class CapacityPlan:
     card_bytes: int  # total memory of the card this plan is for (the KV budget on CPU)
@@ -352,9 +362,8 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
     graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp,
                                        cuda_graph_mode) if cuda_graphs else 0
-    if cuda_graphs and num_speculative_tokens and getattr(cfg, "linear_attention", None) is None:
-        graphs += estimate_graph_bytes(cfg, min(max_num_seqs, VERIFY_GRAPH_MAX_BATCH), dtype_bytes, tp,
-                                       1 + num_speculative_tokens)
+    if cuda_graphs:
+        graphs += estimate_verify_graph_bytes(cfg, max_num_seqs, dtype_bytes, tp, num_speculative_tokens)
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
 
 
