@@ -107,12 +107,13 @@ def test_ngram_under_tensor_parallel_2(tiny_model_dir, expected):
     """TP=2 over gloo: each rank keeps half the DeltaNet heads with their states and verify scratch; the
     replay of the accepted tokens travels in the step inputs, so both ranks roll back alike."""
     import torch.distributed as dist
+    want = expected("qwen3_5")  # before the group exists: a one-rank engine built inside it would be sharded
     llm = LLM(str(tiny_model_dir("qwen3_5")), device="cpu", tensor_parallel_size=2, max_num_seqs=4,
               speculative_config=ngram_config())
     try:
         got, _ = run(llm)
         stats = llm.engine.spec.stats
-        assert got == expected("qwen3_5") and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
+        assert got == want and 0 < stats.num_accepted_tokens < stats.num_draft_tokens
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()
