@@ -21,7 +21,8 @@ target rarely agrees with: rejected drafts roll the DeltaNet states back; the lo
 copy of the target made a bigram model (its layers' output projections zeroed, so they compute as much as
 before) with a head that computes the target's next hidden state exactly, accepted on every draft: the upper
 bound on what an MTP head buys at this k. Its "vs off" and "same output" are against speculation off on that
-same copy, run beside it.
+same copy, run beside it. With `--model`, `--family qwen3_5` benchmarks a real checkpoint's own MTP head
+(methods off, ngram, mtp).
 """
 from __future__ import annotations
 
@@ -127,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--family", choices=("llama", "qwen3_5"), default="llama",
                     help="the random target: a llama, or a hybrid Qwen3.5 with an MTP head (methods off, ngram, "
                          "mtp, mtp=exact)")
-    ap.add_argument("--model", help="target folder (default: the bench's random llama)")
+    ap.add_argument("--model", help="target folder (default: the family's random model; with --family qwen3_5 a "
+                                    "checkpoint with MTP weights)")
     ap.add_argument("--draft", help="draft folder (default: a layer-skip copy of the target)")
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
@@ -148,8 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         # one thread like its workers (two threads per rank on a loaded box spin in barriers, not compute).
         torch.set_num_threads(1)
     hybrid = args.family == "qwen3_5"
-    if hybrid and (args.model or args.draft):
-        ap.error("--family qwen3_5 makes its own target and MTP head: drop --model / --draft")
+    if hybrid and args.draft:
+        ap.error("--family qwen3_5 speculates with the target's MTP head: drop --draft")
     k = args.num_speculative_tokens
     ngram = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
     known = ("off", "ngram", "mtp", "mtp=exact") if hybrid else ("off", "ngram", "draft", "draft=target")
@@ -157,17 +159,19 @@ def main(argv: list[str] | None = None) -> None:
     unknown = sorted(set(chosen) - set(known))
     if unknown or chosen[0] != "off":
         ap.error(f"--methods: {unknown or chosen} — pick from {list(known)}, \"off\" first")
+    if hybrid and args.model and "mtp=exact" in chosen:
+        ap.error("--methods mtp=exact is the random target's bigram copy: with --model pick off, ngram, mtp")
     tmp = Path(tempfile.mkdtemp(prefix="pagedesk-bench-spec-"))
     # method -> (target folder, speculative_config); a method on another target than "off"'s names its own
     # baseline run on that target.
     if hybrid:
-        target = make_random_qwen3_5(tmp / "target")
+        target = Path(args.model) if args.model else make_random_qwen3_5(tmp / "target")
         mtp = {"method": "mtp", "num_speculative_tokens": k}
         methods = {"off": (target, None), "ngram": (target, ngram), "mtp": (target, mtp)}
         if "mtp=exact" in chosen:
             exact = bigram_with_exact_head(target, tmp / "exact")
             methods["mtp=exact"] = (exact, mtp)
-        described = f"target {target} (random Qwen3.5 with a random MTP head)"
+        described = f"target {target}" + ("" if args.model else " (random Qwen3.5 with a random MTP head)")
     else:
         target = Path(args.model) if args.model else make_random_llama(tmp / "target")
         draft = Path(args.draft) if args.draft else make_layer_skip_draft(target, tmp / "draft", args.draft_layers)
