@@ -23,7 +23,7 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.kv_cache_sizing import choose_num_blocks
 from engine.loader import resolve_model_path
 from engine.model_config import ModelConfig
-from engine.model_runner import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from engine.devices import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.pooler_config import pooler_for_task, task_mismatch
 from engine.pooling import PoolingParams, RequestPooling
 from engine.output_processor import OutputProcessor, StepOutcome, StepPlan

@@ -3,7 +3,7 @@
 `prepare` turns a scheduled batch into flat arrays (input_ids, positions, slot_mapping, seq_lens,
 query_start_loc, logits rows, block copies) as plain numpy, and brings the persistent input batch's block
 tables up to date (engine/input_batch.py), keeping the diff, so rank 0 can ship the same small `StepInputs` to
-tensor-parallel workers; `run` applies copy-on-write block copies, issues every host -> device copy of the
+tensor-parallel workers (engine/step_inputs.py); `run` applies copy-on-write block copies, issues every host -> device copy of the
 step (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over
 all of it, computes logits only for the last position of each sequence that samples this step and samples
 them on the device (as nano-vllm does), returning token ids and the logprobs asked for. It never talks to
@@ -12,7 +12,7 @@ other processes itself.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import chain
 
 import numpy as np
@@ -20,142 +20,31 @@ import torch
 
 from engine.cuda_graphs import DecodeGraphs, triton_split_key
 from engine.piecewise_graphs import PiecewiseGraphs
+from engine.devices import indexed_device
 from engine.distributed import get_tp_rank, get_tp_size
 from engine.gpu_baseline import free_bytes_at_start
-from engine.input_batch import BatchDiff, InputBatch, to_device
+from engine.step_inputs import ModelRunnerOutput, StepInputs, logits_rows, query_tokens
+from engine.input_batch import InputBatch, to_device
 from engine.kv_cache_interface import cdiv, model_kv_layout
 from engine.layers.attention import AttentionMetadata
 from engine.layers.fused_moe.expert_load import ExpertLoad
 from engine.loader import iterate_weights
 from engine.model_config import ModelConfig
 from engine.models.registry import model_class
-from engine.pooling import PooledOutput, drop_lm_head, embedding_weights, pool_hidden, pooling_spans
-from engine.prompt_logprobs import PromptLogprobsOutput, compute_prompt_logprobs, prompt_positions
-from engine.sampler import SamplerOutput, beam_top_logprobs, sample_on_device
+from engine.pooling import drop_lm_head, embedding_weights, pool_hidden, pooling_spans
+from engine.prompt_logprobs import compute_prompt_logprobs, prompt_positions
+from engine.sampler import beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata
 from engine.sampling_state import FIRST_ROWS, SamplingState
 from engine.scheduler import ScheduledSeq
-from engine.spec_decode.rejection_sampler import SpecSampleOutput, prepare_verify, verify_drafts
+from engine.spec_decode.rejection_sampler import prepare_verify, verify_drafts
 from engine.spec_decode.state_rollback import StateReplay, VerifyStates
 from engine.profiling import profile_batch, profile_sampling_batch
 from engine.sizing import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.warm_up import warm_up_kernels
 
-KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 logger = logging.getLogger("pagedesk.engine")
 WARM_UP_MAX_BATCH = 256  # without graphs, warm up decode batches up to this (covers every split count)
-TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
-                "half": torch.float16, "bfloat16": torch.bfloat16}
-
-
-def resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda was requested but no CUDA device is available; use --device cpu")
-    return indexed_device(torch.device(device))
-
-
-def indexed_device(device: torch.device) -> torch.device:
-    """A bare "cuda" as "cuda:N", the current card. Tensors made on "cuda" report cuda:N, but a generator
-    made on it keeps no index, and the sampler refuses a generator whose device differs from the logits'."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def resolve_dtype(dtype: str, model_dtype: str, device: torch.device) -> torch.dtype:
-    if dtype != "auto":
-        return TORCH_DTYPES[dtype]
-    if device.type == "cpu":
-        return torch.float32
-    if model_dtype in ("float16", "bfloat16"):
-        return TORCH_DTYPES[model_dtype]
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-
-
-def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
-    return KV_CACHE_DTYPES.get(kv_cache_dtype, dtype)
-
-
-@dataclass(slots=True)
-class StepInputs:
-    """One step's flat model inputs, device-free and picklable (what rank 0 sends each worker).
-
-    The block tables travel as a diff of the persistent input batch (engine/input_batch.py): `table_diff`
-    brings each rank's copy up to date and `rows` picks this step's sequences from it. Callers that hold a
-    whole table instead (tests, tools) pass `block_tables` and leave the rest None."""
-
-    input_ids: np.ndarray  # [num_tokens] int64
-    positions: np.ndarray  # [num_tokens] int64
-    slot_mapping: np.ndarray  # [num_tokens] int64
-    seq_lens: np.ndarray  # [num_seqs] int32
-    query_start_loc: np.ndarray  # [num_seqs + 1] int32
-    logits_rows: list[int]  # token row of each sampling sequence's last position
-    max_query_len: int
-    max_seq_len: int
-    block_copies: list[tuple[int, int]]  # copy-on-write (src, dst) block ids, applied before the forward
-    prompt_logits_rows: list[int] = field(default_factory=list)  # token rows whose next prompt token is scored
-    prompt_targets: list[int] = field(default_factory=list)  # that next prompt token, per row
-    prompt_logprobs_k: int = 0  # top-k width asked by the step's prompt-logprobs requests
-    group_slot_mappings: np.ndarray | None = None  # [num_groups - 1, num_tokens] int64 (sliding-window models)
-    rows: np.ndarray | None = None  # [num_seqs] int64: each sequence's row of the input batch
-    table_width: int = 0  # block-table columns this step reads (the longest table)
-    table_diff: BatchDiff | None = None
-    # Whole tables, without an input batch: [num_seqs, max_blocks] and [num_groups - 1, num_seqs, max_blocks].
-    block_tables: np.ndarray | None = None
-    group_block_tables: np.ndarray | None = None
-
-    @property
-    def width(self) -> int:
-        return self.block_tables.shape[1] if self.block_tables is not None else self.table_width
-    # Hybrid models (linear-attention layers): each sequence's state slot, whether it continues a state (some
-    # tokens already computed: a later prompt chunk, a decode, a prefix hit), and state copies applied first.
-    state_indices: np.ndarray | None = None  # [num_seqs] int32
-    has_initial_state: np.ndarray | None = None  # [num_seqs] bool
-    state_copies: list[tuple[int, int]] = field(default_factory=list)  # (src slot, dst slot), in order
-    # Speculative verify rows of a hybrid model (engine/spec_decode/state_rollback.py): the previous verify
-    # step's accepted tokens, replayed into their slots first; this step's read-only rows and their tokens.
-    state_replay: StateReplay | None = None
-    state_read_only: np.ndarray | None = None  # [num_seqs] bool
-    verify_token_rows: np.ndarray | None = None  # [num_verify_tokens] int64
-    # Embedding requests (engine/pooling.py): batch index and token rows [a, b) of each pooled sequence.
-    pool_owners: list[int] = field(default_factory=list)
-    pool_spans: list[tuple[int, int]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class ModelRunnerOutput:
-    """What a step hands back to the engine: host-side and small, never `[batch, vocab]` logits."""
-
-    sampled: SamplerOutput | None = None  # one entry per SamplingBatch row
-    beam_logprobs: list[list[float]] | None = None  # per beam row: its top next-token log-probs, best first
-    beam_ids: list[list[int]] | None = None  # and their token ids
-    prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
-    spec: SpecSampleOutput | None = None  # speculative verify rows: per sequence, the tokens it emits
-    pooled: PooledOutput | None = None  # embedding requests' pooled hidden states (engine/pooling.py)
-
-
-def query_tokens(item: ScheduledSeq) -> list[int]:
-    """The token ids a scheduled sequence feeds this step: its next chunk, or its last token and drafts."""
-    seq, start = item.seq, item.seq.num_computed_tokens
-    if item.num_draft_tokens:
-        return seq.token_ids[start:] + seq.spec_token_ids
-    return seq.token_ids[start:start + item.num_new_tokens]
-
-
-def logits_rows(batch: list[ScheduledSeq], query_start: np.ndarray, samples: np.ndarray) -> list[int]:
-    """Token rows whose logits the step needs: each sampling sequence's last, and with drafts all 1 + k."""
-    ends = query_start[1:]
-    if not any(item.num_draft_tokens for item in batch):
-        return (ends[samples] - 1).tolist()
-    rows = []
-    for i, item in enumerate(batch):
-        if samples[i]:
-            rows += range(int(ends[i]) - 1 - item.num_draft_tokens, int(ends[i]))
-    return rows
-
-
 @dataclass(slots=True)
 class PreparedSampling:
     """A SamplingBatch's device tensors, made before the forward."""

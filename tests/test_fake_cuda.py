@@ -23,7 +23,8 @@ from torch.utils._pytree import tree_flatten
 
 from engine.beam_search import BeamGroup, BeamSearchParams
 from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner, StepInputs
+from engine.model_runner import ModelRunner
+from engine.step_inputs import StepInputs
 from engine.sampler import beam_top_logprobs, sample_on_device
 from engine.sampling_metadata import SamplingBatch, SamplingMetadata, SamplingRow
 from engine.sampling_params import SamplingParams

@@ -42,7 +42,7 @@ def on_one_card(monkeypatch, resolve, *args):
 
 @pytest.mark.parametrize("flag", ["auto", "cuda"])
 def test_the_device_flag_gives_generators_on_the_logits_card(fake_cuda, monkeypatch, flag):
-    from engine.model_runner import resolve_device
+    from engine.devices import resolve_device
     from engine.profiling import profile_sampler
     from engine.sampler import sample_on_device
     from engine.sampling_metadata import SamplingMetadata, SamplingRow, make_generator
@@ -59,7 +59,7 @@ def test_the_device_flag_gives_generators_on_the_logits_card(fake_cuda, monkeypa
 
 
 def test_a_bare_cuda_device_gets_the_current_cards_index(monkeypatch):
-    from engine.model_runner import indexed_device
+    from engine.devices import indexed_device
     assert on_one_card(monkeypatch, indexed_device, torch.device("cuda")) == CUDA
     assert indexed_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
     assert indexed_device(torch.device("cpu")) == torch.device("cpu")

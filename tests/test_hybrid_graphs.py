@@ -18,7 +18,8 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.piecewise_graphs import PiecewiseGraphs, TapeGraphBackend, token_buckets
 from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner, StepInputs
+from engine.model_runner import ModelRunner
+from engine.step_inputs import StepInputs
 from hf_reference import hf_greedy, make_prompts
 from test_fake_cuda import CUDA, Recorder, _as_if_on_cpu, fake_cuda  # noqa: F401 (fixture)
 

@@ -25,7 +25,7 @@ from engine.bench.mtp_heads import add_mtp_head, bigram_with_exact_head
 from engine.model_runner import ModelRunner
 from engine.model_config import ModelConfig
 from engine.serve import main as serve_main
-from engine.sizing import mtp_footprint
+from engine.model_footprint import mtp_footprint
 from engine.spec_decode.config import parse_speculative_config
 from engine.spec_decode.loading import check_mtp, load_mtp
 from hf_reference import make_prompts

@@ -9,7 +9,8 @@ import httpx
 
 from app.model_info import read_model_info
 from engine.model_config import ModelConfig
-from engine.sizing import GIB, plan_capacity, weights_bytes_per_card
+from engine.model_footprint import weights_bytes_per_card
+from engine.sizing import GIB, plan_capacity
 from quant_packers import make_quantized
 from server_harness import start_server
 

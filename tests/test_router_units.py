@@ -212,6 +212,28 @@ def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
     assert both.overhead_bytes == decode.overhead_bytes + pieces
 
 
+def test_placement_counts_the_draft_model_and_the_verify_graphs(llama_dir):
+    """A replica speculating with a draft model holds the draft's weights beside its own and the verify steps'
+    graphs beside the decode graphs; n-gram only the graphs."""
+    import json
+
+    from engine.model_footprint import draft_footprint
+    from engine.sizing import estimate_verify_graph_bytes
+    card = Card(0, "cuda:0", 64 * GIB)
+    flags = {"max_model_len": 256, "max_num_seqs": 2}
+    plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
+    draft = {"model": str(llama_dir), "num_speculative_tokens": 3}
+    drafted = replica_need(ModelSpec("d", str(llama_dir), {**flags, "speculative_config": json.dumps(draft)}),
+                           card, None)
+    ngram = replica_need(ModelSpec("n", str(llama_dir), {**flags, "speculative_config": json.dumps(
+        {"method": "ngram", "num_speculative_tokens": 3})}), card, None)
+    cfg = ModelConfig.from_folder(llama_dir).with_max_model_len(256)
+    verify = estimate_verify_graph_bytes(cfg, 2, 2, 1, 3)
+    assert drafted.weights_bytes == plain.weights_bytes + draft_footprint(cfg, 2, 2, 16)[0]
+    assert ngram.weights_bytes == plain.weights_bytes and verify > 0
+    assert ngram.overhead_bytes == drafted.overhead_bytes == plain.overhead_bytes + verify
+
+
 def test_response_directory_is_bounded_and_reads_ids_from_replies():
     import asyncio
 

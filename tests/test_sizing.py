@@ -235,7 +235,8 @@ LLAMA_32_1B = ModelConfig.from_hf_config({  # Llama-3.2-1B: Llama 3's tokenizer,
 
 
 def test_a_draft_model_counts_its_weights_on_rank_0_and_its_kv_per_block():
-    from engine.sizing import draft_footprint, plan_cpu, weights_bytes_per_card
+    from engine.model_footprint import draft_footprint, weights_bytes_per_card
+    from engine.sizing import plan_cpu
 
     draft = LLAMA_32_1B.with_max_model_len(8192)
     # Draft weights: per layer qkv 2048·(2048 + 2·512) + o 2048·2048 = 10,485,760, MLP 3·2048·8192 = 50,331,648

@@ -3,7 +3,8 @@
 A card's budget is `--memory-budget` GiB, or what the engine itself would use (total × gpu_memory_utilization
 minus what other programs held at start); on CPU the host is one "card" whose budget is `--memory-budget` or
 the available RAM. A replica needs, per card, its weights, its activation peak and overhead (engine/sizing.py,
-the planner's estimates) plus an absolute KV budget: the model's `kv-cache-memory` if given, else on CUDA the
+the planner's estimates; a speculative draft model or MTP head in its weights, verify graphs in its overhead)
+plus an absolute KV budget: the model's `kv-cache-memory` if given, else on CUDA the
 card's budget divided by `--max-loaded-models` (all of it when unset), capped at max_num_seqs full sequences,
 and on CPU the engine's own default. `place` picks cards for every replica of a model (replicas of one model
 on different cards where it can), evicting idle models least recently used first, or says in GiB what is
@@ -19,8 +20,10 @@ from engine.config import DEFAULT_CPU_KV_CACHE_GIB
 from engine.kv_cache_interface import model_kv_layout
 from engine.model_config import DTYPE_BYTES, ModelConfig
 from engine.router.specs import ModelSpec
-from engine.sizing import GIB, MIB, estimate_activation_bytes, estimate_cuda_graph_bytes, kv_bytes_per_token, \
-    plan_cpu, resolve_dtype, rope_table_bytes, weights_bytes_per_card
+from engine.model_footprint import draft_footprint, mtp_footprint, rope_table_bytes, weights_bytes_per_card
+from engine.sizing import GIB, MIB, estimate_activation_bytes, estimate_cuda_graph_bytes, estimate_verify_graph_bytes, \
+    kv_bytes_per_token, plan_cpu, resolve_dtype
+from engine.spec_decode.config import parse_speculative_config
 
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context, cuBLAS workspace: memory no estimate of tensors counts
 HOST = -1  # the "card" index of the host on CPU
@@ -123,16 +126,31 @@ def _nvml_cards(memory_budget_gib: float | None, utilization: float) -> list[Car
 def model_folder(spec: ModelSpec) -> Path:
     """The folder with the model's config.json: the path itself, or (a hub repo id) the cached config's folder,
     fetched alone when it is not cached (the engine downloads the weights when it loads)."""
-    path = Path(spec.path)
+    return config_folder(spec.path, spec.engine_flags.get("revision"), f"model {spec.name}")
+
+
+def config_folder(path_or_repo: str, revision: str | None, what: str) -> Path:
+    path = Path(path_or_repo)
     if path.is_dir():
         return path
     try:
         from huggingface_hub import hf_hub_download
-        revision = spec.engine_flags.get("revision")
-        return Path(hf_hub_download(spec.path, "config.json", revision=revision)).parent
+        return Path(hf_hub_download(path_or_repo, "config.json", revision=revision)).parent
     except Exception as exc:  # noqa: BLE001 - not a folder, not a repo, or offline: one sentence
-        raise ValueError(f"model {spec.name}: {spec.path} is not a model folder, and its config.json could not "
+        raise ValueError(f"{what}: {path_or_repo} is not a model folder, and its config.json could not "
                          f"be read from the Hugging Face hub ({type(exc).__name__})") from None
+
+
+def speculation_weights_bytes(config, cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int) -> int:
+    """A replica's speculative draft model or MTP head (on its first card; their KV pages share the replica's KV
+    budget, as in the engine); 0 without one or for n-gram."""
+    spec = parse_speculative_config(config.speculative_config)
+    if spec is None or spec.method == "ngram":
+        return 0
+    if spec.method == "mtp":
+        return mtp_footprint(cfg, dtype_bytes, kv_dtype_bytes, config.block_size)[0]
+    draft = ModelConfig.from_folder(config_folder(spec.model, None, "speculative_config.model"))
+    return draft_footprint(draft, dtype_bytes, kv_dtype_bytes, config.block_size)[0]
 
 
 def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> ReplicaNeed:
@@ -145,13 +163,16 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
     kv_dtype_bytes = dtype_bytes if config.kv_cache_dtype == "auto" else DTYPE_BYTES[config.kv_cache_dtype]
     tp = config.tensor_parallel_size
     per_token = kv_bytes_per_token(cfg, kv_dtype_bytes, tp)
-    weights = weights_bytes_per_card(cfg, dtype_bytes, tp) + rope_table_bytes(cfg)
+    weights = weights_bytes_per_card(cfg, dtype_bytes, tp) + rope_table_bytes(cfg) + \
+        speculation_weights_bytes(config, cfg, dtype_bytes, kv_dtype_bytes)
     step_tokens = config.resolve_max_num_batched_tokens(cfg.max_model_len)
     activations = estimate_activation_bytes(cfg, step_tokens, dtype_bytes, tp, config.max_num_seqs)
     overhead = 0
     if on_gpu:
+        k = getattr(parse_speculative_config(config.speculative_config), "num_speculative_tokens", 0)
         overhead = CUDA_CONTEXT_BYTES + (0 if config.enforce_eager else estimate_cuda_graph_bytes(
-            cfg, config.max_num_seqs, step_tokens, dtype_bytes, tp, config.cuda_graph_mode))
+            cfg, config.max_num_seqs, step_tokens, dtype_bytes, tp, config.cuda_graph_mode)
+            + estimate_verify_graph_bytes(cfg, config.max_num_seqs, dtype_bytes, tp, k))
     fixed = weights + activations + overhead
     # Blocks a full-length sequence holds over every KV cache group (a window group's too), as the pool counts them.
     layout = model_kv_layout(cfg, config.block_size, kv_dtype_bytes, tp)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.gpu
 
 
 def test_bare_cuda_flag_gives_generators_on_the_logits_card():
-    from engine.model_runner import resolve_device
+    from engine.devices import resolve_device
     from engine.profiling import profile_sampler
     from engine.sampling_metadata import make_generator
     device = resolve_device("cuda")
