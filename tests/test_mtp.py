@@ -19,9 +19,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
 from engine import LLM, SamplingParams
+from engine.bench.mtp_heads import add_mtp_head, bigram_with_exact_head
 from engine.model_runner import ModelRunner
 from engine.model_config import ModelConfig
 from engine.serve import main as serve_main
@@ -35,41 +35,6 @@ pytestmark = pytest.mark.timeout(300)
 BLOCK = 4
 
 
-def add_mtp_head(path, seed: int = 1) -> None:
-    """Write an MTP head into the checkpoint folder as the published ones are named: its decoder layer is the
-    model's first full-attention layer (the same module kind) with perturbed weights, saved the way HF saves that
-    layer, under mtp.layers.0. The perturbed layer itself (HF's module state) goes beside the folder for the
-    reference."""
-    import tempfile
-
-    from safetensors import safe_open
-    hf = hf_model(path)
-    top = json.loads((path / "config.json").read_text())
-    cfg = top.get("text_config", top)  # a VL checkpoint: its text model's
-    decoder = getattr(hf.model, "language_model", hf.model)
-    layer = cfg["layer_types"].index("full_attention")
-    gen = torch.Generator().manual_seed(seed)
-    head_layer = copy.deepcopy(decoder.layers[layer])
-    with torch.no_grad():
-        for p in head_layer.parameters():
-            p.add_(0.1 * torch.randn(p.shape, generator=gen))
-    torch.save(head_layer.state_dict(), path.parent / "mtp_layer_reference.pt")
-    decoder.layers[layer] = head_layer
-    h = cfg["hidden_size"]
-    tensors, prefixes = {}, (f"model.layers.{layer}.", f"model.language_model.layers.{layer}.")
-    with tempfile.TemporaryDirectory() as tmp:
-        hf.save_pretrained(tmp, safe_serialization=True)
-        with safe_open(f"{tmp}/model.safetensors", framework="pt") as f:
-            for name in f.keys():
-                for prefix in prefixes:
-                    if name.startswith(prefix):
-                        tensors["mtp.layers.0." + name[len(prefix):]] = f.get_tensor(name)
-    tensors["mtp.fc.weight"] = torch.randn(h, 2 * h, generator=gen) / (2 * h) ** 0.5
-    for norm in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-        tensors[f"mtp.{norm}.weight"] = 0.1 * torch.randn(h, generator=gen)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "mtp.safetensors"))
-
-
 @pytest.fixture(scope="module")
 def mtp_dir(tiny_model_dir, tmp_path_factory):
     """The session's tiny hybrid checkpoint, copied, with an MTP head added."""
@@ -77,7 +42,7 @@ def mtp_dir(tiny_model_dir, tmp_path_factory):
     def get(arch):
         path = tmp_path_factory.mktemp(arch) / "with-mtp"
         shutil.copytree(tiny_model_dir(arch), path)
-        add_mtp_head(path)
+        add_mtp_head(path, reference_layer=path.parent / "mtp_layer_reference.pt")
         return path
     return get
 
@@ -245,31 +210,6 @@ def test_other_heads_load(mtp_dir, arch):
     weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
     assert page == mtp.bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
     assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
-
-
-def bigram_with_exact_head(src, dst):
-    """A copy of the tiny Qwen3.5 whose layers add nothing to the residual stream (token mixers and MLPs write
-    zeros), so its greedy next token is a function of the last token alone — and an MTP head that computes
-    exactly the target's next hidden state (fc takes the embedding half, its layer adds nothing, mtp.norm is the
-    final norm): every draft is the target's own next token."""
-    from safetensors import safe_open
-    shutil.copytree(src, dst)
-    with safe_open(str(dst / "model.safetensors"), framework="pt") as f:
-        tensors = {name: f.get_tensor(name) for name in f.keys()}
-    for name in tensors:
-        if name.endswith(("out_proj.weight", "o_proj.weight", "down_proj.weight")):
-            tensors[name] = torch.zeros_like(tensors[name])
-    save_file(tensors, str(dst / "model.safetensors"))
-    h = tensors["model.norm.weight"].shape[0]
-    layer = f"model.layers.{json.loads((dst / 'config.json').read_text())['layer_types'].index('full_attention')}."
-    head = {"mtp.layers.0." + k[len(layer):]: v for k, v in tensors.items() if k.startswith(layer)}
-    head["mtp.fc.weight"] = torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1)
-    head["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(h)
-    head["mtp.pre_fc_norm_hidden.weight"] = torch.zeros(h)
-    head["mtp.norm.weight"] = tensors["model.norm.weight"].clone()
-    save_file(head, str(dst / "mtp.safetensors"))
-    return dst
-
 
 
 def greedy_ids(llm: LLM, prompts, max_tokens) -> list[list[int]]:

@@ -87,7 +87,7 @@ class FakeEngine:
         self.config, self.requests, self.aborted, self.fail_on_step = config, {}, [], None
         self.steps = 0
 
-    def add_request(self, request_id, prompt, params, arrival_time=None, cache_salt=None, priority=0):
+    def add_request(self, request_id, prompt, params, arrival_time=None, cache_salt=None, priority=0, pooling=None):
         if not prompt:
             raise ValueError("prompt is empty")
         self.requests[request_id] = (prompt, params, [])

@@ -13,6 +13,16 @@ per request (EOS ignored). On CPU the clock is the process's CPU time on one thr
 as `pagedesk-bench itl` does), so a shared, busy machine does not move the figures; `--clock wall` for an
 idle machine. `--tensor-parallel-size 2` runs the target over two ranks (the draft whole on rank 0); the
 CPU clock would count rank 0's process only, so it takes `--clock wall`. `--methods` picks a subset.
+
+`--family qwen3_5` makes the target a random hybrid Qwen3.5 instead (Gated DeltaNet layers, 3 of every 4, with
+gated full attention; the shape of `pagedesk-bench hybrid --cpu`) with a random MTP head written under the
+published names (engine/bench/mtp_heads.py), and its methods are off, ngram, "mtp" (the random head, which the
+target rarely agrees with: rejected drafts roll the DeltaNet states back; the lower bound) and "mtp=exact": a
+copy of the target made a bigram model (its layers' output projections zeroed, so they compute as much as
+before) with a head that computes the target's next hidden state exactly, accepted on every draft: the upper
+bound on what an MTP head buys at this k. Its "vs off" and "same output" are against speculation off on that
+same copy, run beside it. With `--model`, `--family qwen3_5` benchmarks a real checkpoint's own MTP head
+(methods off, ngram, mtp).
 """
 from __future__ import annotations
 
@@ -24,7 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from engine.bench.workload import make_random_llama
+from engine.bench.mtp_heads import bigram_with_exact_head
+from engine.bench.workload import make_random_llama, make_random_model
 
 
 def make_layer_skip_draft(target: Path, out: Path, num_layers: int) -> Path:
@@ -46,6 +57,15 @@ def make_layer_skip_draft(target: Path, out: Path, num_layers: int) -> Path:
         if f.name.startswith(("tokenizer", "special_tokens", "generation_config")):
             shutil.copy(f, out / f.name)
     return out
+
+
+def make_random_qwen3_5(path: Path) -> Path:
+    """The bench's random hybrid Qwen3.5 (the shape `pagedesk-bench hybrid --cpu` serves) with a random MTP head."""
+    from engine.bench.hybrid import CPU_LINEAR, CPU_SHAPE
+    from engine.bench.mtp_heads import add_mtp_head
+
+    make_random_model(path, "Qwen3_5TextConfig", "Qwen3_5ForCausalLM", {**CPU_SHAPE, **CPU_LINEAR})
+    return add_mtp_head(path)
 
 
 def workloads(vocab: int, prompt_len: int, batch: int, seed: int = 0) -> dict[str, list[list[int]]]:
@@ -95,9 +115,21 @@ def run(path: Path, prompts: list[list[int]], output_len: int, spec: dict | None
     return result
 
 
+def row(workload: str, batch: int, method: str, r: dict, base: dict) -> str:
+    stats = r.get("stats")
+    acc = f"{100 * stats['acceptance_rate']:.0f}%" if stats else "-"
+    mal = f"{stats['mean_acceptance_length']:.2f}" if stats else "-"
+    return (f"| {workload} | {batch} | {method} | {r['tok_s']:.1f} | {r['tok_s'] / base['tok_s']:.2f}x | "
+            f"{acc} | {mal} | {'yes' if r['ids'] == base['ids'] else 'NO'} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="pagedesk-bench spec", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", help="target folder (default: the bench's random llama)")
+    ap.add_argument("--family", choices=("llama", "qwen3_5"), default="llama",
+                    help="the random target: a llama, or a hybrid Qwen3.5 with an MTP head (methods off, ngram, "
+                         "mtp, mtp=exact)")
+    ap.add_argument("--model", help="target folder (default: the family's random model; with --family qwen3_5 a "
+                                    "checkpoint with MTP weights)")
     ap.add_argument("--draft", help="draft folder (default: a layer-skip copy of the target)")
     ap.add_argument("--draft-layers", type=int, default=2)
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=3)
@@ -106,8 +138,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
-    ap.add_argument("--methods", default="off,ngram,draft,draft=target",
-                    help="comma-separated subset of off, ngram, draft, draft=target (off first: the baseline)")
+    ap.add_argument("--methods", help="comma-separated subset of off, ngram, draft, draft=target, or for "
+                    "--family qwen3_5 of off, ngram, mtp, mtp=exact (off first: the baseline; default: all)")
     args = ap.parse_args(argv)
     tp = args.tensor_parallel_size
     if tp > 1 and args.clock == "cpu":
@@ -117,38 +149,54 @@ def main(argv: list[str] | None = None) -> None:
         # CPU time then counts work, not threads spinning while descheduled; under tensor parallel rank 0 runs
         # one thread like its workers (two threads per rank on a loaded box spin in barriers, not compute).
         torch.set_num_threads(1)
-    tmp = Path(tempfile.mkdtemp(prefix="pagedesk-bench-spec-"))
-    target = Path(args.model) if args.model else make_random_llama(tmp / "target")
-    draft = Path(args.draft) if args.draft else make_layer_skip_draft(target, tmp / "draft", args.draft_layers)
-    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
+    hybrid = args.family == "qwen3_5"
+    if hybrid and args.draft:
+        ap.error("--family qwen3_5 speculates with the target's MTP head: drop --draft")
     k = args.num_speculative_tokens
-    methods = {"off": None,
-               "ngram": {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3},
-               "draft": {"model": str(draft), "num_speculative_tokens": k},
-               # The target as its own draft: every draft accepted, at the price of a second target per token;
-               # the bound on what a draft buys at this k, and what verifying costs.
-               "draft=target": {"model": str(target), "num_speculative_tokens": k}}
-    chosen = args.methods.split(",")
-    unknown = sorted(set(chosen) - set(methods))
+    ngram = {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
+    known = ("off", "ngram", "mtp", "mtp=exact") if hybrid else ("off", "ngram", "draft", "draft=target")
+    chosen = (args.methods or ",".join(known)).split(",")
+    unknown = sorted(set(chosen) - set(known))
     if unknown or chosen[0] != "off":
-        ap.error(f"--methods: {unknown or chosen} — pick from {list(methods)}, \"off\" first")
+        ap.error(f"--methods: {unknown or chosen} — pick from {list(known)}, \"off\" first")
+    if hybrid and args.model and "mtp=exact" in chosen:
+        ap.error("--methods mtp=exact is the random target's bigram copy: with --model pick off, ngram, mtp")
+    tmp = Path(tempfile.mkdtemp(prefix="pagedesk-bench-spec-"))
+    # method -> (target folder, speculative_config); a method on another target than "off"'s names its own
+    # baseline run on that target.
+    if hybrid:
+        target = Path(args.model) if args.model else make_random_qwen3_5(tmp / "target")
+        mtp = {"method": "mtp", "num_speculative_tokens": k}
+        methods = {"off": (target, None), "ngram": (target, ngram), "mtp": (target, mtp)}
+        if "mtp=exact" in chosen:
+            exact = bigram_with_exact_head(target, tmp / "exact")
+            methods["mtp=exact"] = (exact, mtp)
+        described = f"target {target}" + ("" if args.model else " (random Qwen3.5 with a random MTP head)")
+    else:
+        target = Path(args.model) if args.model else make_random_llama(tmp / "target")
+        draft = Path(args.draft) if args.draft else make_layer_skip_draft(target, tmp / "draft", args.draft_layers)
+        methods = {"off": (target, None), "ngram": (target, ngram),
+                   "draft": (target, {"model": str(draft), "num_speculative_tokens": k}),
+                   # The target as its own draft: every draft accepted, at the price of a second target per
+                   # token; the bound on what a draft buys at this k, and what verifying costs.
+                   "draft=target": (target, {"model": str(target), "num_speculative_tokens": k})}
+        described = f"target {target}, draft {draft} ({args.draft_layers} layers)"
     methods = {m: methods[m] for m in chosen}
+    vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     max_len = args.prompt_len + args.output_len + 16
-    print(f"target {target}, draft {draft} ({args.draft_layers} layers), k={k}, prompt {args.prompt_len}, "
+    print(f"{described}, k={k}, prompt {args.prompt_len}, "
           f"output {args.output_len} tokens, greedy, CPU, {args.clock} clock, tensor_parallel_size {tp}")
     print("| workload | batch | method | decode tok/s | vs off | acceptance | mean accepted length | same output |")
     print("|---|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):
         for name, prompts in workloads(vocab, args.prompt_len, batch).items():
-            base = None
-            for method, spec in methods.items():
-                r = run(target, prompts, args.output_len, spec, max_len, CLOCKS[args.clock], tp)
-                base = base or r
-                stats = r.get("stats")
-                acc = f"{100 * stats['acceptance_rate']:.0f}%" if stats else "-"
-                mal = f"{stats['mean_acceptance_length']:.2f}" if stats else "-"
-                print(f"| {name} | {batch} | {method} | {r['tok_s']:.1f} | {r['tok_s'] / base['tok_s']:.2f}x | "
-                      f"{acc} | {mal} | {'yes' if r['ids'] == base['ids'] else 'NO'} |", flush=True)
+            bases = {}
+            for method, (path, spec) in methods.items():
+                if path not in bases and method != "off":  # speculation off on this method's own target
+                    bases[path] = run(path, prompts, args.output_len, None, max_len, CLOCKS[args.clock], tp)
+                    print(row(name, batch, f"off ({method}'s target)", bases[path], bases[path]), flush=True)
+                r = run(path, prompts, args.output_len, spec, max_len, CLOCKS[args.clock], tp)
+                print(row(name, batch, method, r, bases.setdefault(path, r)), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
 
 
