@@ -29,10 +29,10 @@ class SpecRateTracker:
         now = (int(spec_decode.get("num_drafts", 0)), int(spec_decode.get("num_draft_tokens", 0)),
                int(spec_decode.get("num_accepted_tokens", 0)))
         last, self._last = self._last, now
-        if last is None or any(n < b for n, b in zip(now, last)):
-            last = (0, 0, 0) if last is not None else None  # a restart counts from zero; the first sample has no base
-        if last is None:
+        if last is None:  # the first sample is only the next interval's base
             return None
+        if any(n < b for n, b in zip(now, last)):  # the engine restarted: its counters count from zero
+            last = (0, 0, 0)
         drafts, proposed, accepted = (n - b for n, b in zip(now, last))
         if drafts <= 0 or proposed <= 0:
             return None

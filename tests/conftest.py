@@ -50,6 +50,23 @@ def reference(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def hybrid_reference(tiny_model_dir):
+    """hybrid_reference(arch) -> (path, four prompts, HF greedy continuations of HYBRID_MAX_TOKENS), once per
+    session for the hybrid family and graph tests."""
+    from hf_reference import HYBRID_MAX_TOKENS, HYBRID_PICKS, hf_greedy, make_prompts
+    cache = {}
+
+    def get(arch):
+        if arch not in cache:
+            path = tiny_model_dir(arch)
+            prompts = [make_prompts(400)[i] for i in HYBRID_PICKS]
+            cache[arch] = (path, prompts, hf_greedy(path, prompts, HYBRID_MAX_TOKENS))
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def agent_api_server(tiny_model_dir):
     """One server for the Responses and Anthropic Messages tests (they share it to start one engine, not two): a
     tiny qwen2 with a hermes-style tool template, 1024 tokens of context, the qwen3 reasoning parser, an API key.

@@ -12,6 +12,9 @@ PROMPT_LENS = [1, 3, 15, 16, 17, 40, 120, 230]
 MAX_TOKENS = [64, 8, 33, 20, 64, 16, 40, 12]
 
 
+HYBRID_PICKS, HYBRID_MAX_TOKENS = [1, 3, 4, 6], [10, 12, 6, 8]  # conftest.hybrid_reference: prompts of 3, 16, 17, 120 tokens
+
+
 def make_prompts(vocab: int, seed: int = 0) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(5, vocab) for _ in range(n)] for n in PROMPT_LENS]

@@ -11,7 +11,6 @@ shared system prompt reports cached tokens), and after every run only the snapsh
 """
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 
@@ -20,22 +19,11 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.beam_search import BeamSearchParams
-from hf_reference import hf_greedy, make_prompts
+from hf_reference import HYBRID_MAX_TOKENS as MAX_TOKENS, hf_greedy
 from tiny_models import HYBRID_ARCHS, HYBRID_VL_ARCHS, hf_model
 
 pytestmark = pytest.mark.timeout(300)
-PICKS, MAX_TOKENS = [1, 3, 4, 6], [10, 12, 6, 8]  # prompts of 3, 16, 17 and 120 tokens
 ALL_ARCHS = list(HYBRID_ARCHS) + list(HYBRID_VL_ARCHS)
-
-
-@pytest.fixture(scope="module")
-def hybrid_reference(tiny_model_dir):
-    @functools.cache
-    def get(arch):
-        path = tiny_model_dir(arch)
-        prompts = [make_prompts(400)[i] for i in PICKS]
-        return path, prompts, hf_greedy(path, prompts, MAX_TOKENS)
-    return get
 
 
 def greedy(llm: LLM, prompts, n: int = 1):

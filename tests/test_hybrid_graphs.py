@@ -7,7 +7,6 @@ tensors (tests/test_fake_cuda.py) a padded decode step keeps every buffer on the
 DeltaNet decode kernels and copies nothing to the host: nothing a captured graph could not replay."""
 from __future__ import annotations
 
-import functools
 
 import numpy as np
 import pytest
@@ -20,22 +19,11 @@ from engine.piecewise_graphs import PiecewiseGraphs, TapeGraphBackend, token_buc
 from engine.model_config import ModelConfig
 from engine.model_runner import ModelRunner
 from engine.step_inputs import StepInputs
-from hf_reference import hf_greedy, make_prompts
+from hf_reference import HYBRID_MAX_TOKENS as MAX_TOKENS, hf_greedy, make_prompts
 from test_fake_cuda import CUDA, Recorder, _as_if_on_cpu, fake_cuda  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.timeout(300)
-PICKS, MAX_TOKENS = [1, 3, 4, 6], [10, 12, 6, 8]  # prompts of 3, 16, 17 and 120 tokens
 BUDGET = 32  # piecewise: prompts arrive in 32-token chunks beside running decodes
-
-
-@pytest.fixture(scope="module")
-def hybrid_reference(tiny_model_dir):
-    @functools.cache
-    def get(arch):
-        path = tiny_model_dir(arch)
-        prompts = [make_prompts(400)[i] for i in PICKS]
-        return path, prompts, hf_greedy(path, prompts, MAX_TOKENS)
-    return get
 
 
 def greedy(llm: LLM, prompts) -> list[list[int]]:
