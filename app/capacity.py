@@ -1,6 +1,6 @@
 """The capacity planner line: weights per card, KV bytes per token, tokens and full-length sequences.
 
-All arithmetic is the engine's own (`engine.sizing`, torch-free, which reads the model through the
+All arithmetic is the engine's own (`engine.planning.sizing`, torch-free, which reads the model through the
 same ModelConfig the engine loads with): this module only gathers inputs — the model's config.json,
 the settings form's values, each card's memory from NVML — and returns the plan's summary, or a
 plain sentence saying why nothing fits. On CUDA it calls `sizing.plan_capacity` (estimated profiles
@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine import sizing
-from engine.config import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
-from engine.sizing import resolve_dtype
-from engine.spec_decode.config import parse_speculative_config
+from engine.planning import sizing
+from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
+from engine.planning.sizing import resolve_dtype
+from engine.config.speculative import parse_speculative_config
 
 
 def _shape(hf_config: dict):

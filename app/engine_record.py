@@ -4,7 +4,7 @@ The supervisor writes `engine.json` when its engine process starts and removes i
 ends. A record still present at the next launch means the last app ended without taking its engine
 along (the parent watch was off, or the app died where it could not act). `find_leftover` trusts a
 record only when it still describes a live engine: the pid exists, its command line is a PagedDesk
-server (`engine.serve` / `pagedesk-serve`), and its /health answers; anything else is stale and the
+server (`engine.entrypoints.serve` / `pagedesk-serve`), and its /health answers; anything else is stale and the
 file is removed. The window then offers "Take over" or "Stop it" instead of a port clash.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from app.paths import data_dir
 
 RECORD_NAME = "engine.json"
-SERVER_MARKERS = ("engine.serve", "pagedesk-serve", "qt_fake_serve")  # the last: the test suite's stand-in
+SERVER_MARKERS = ("engine.entrypoints.serve", "pagedesk-serve", "qt_fake_serve")  # the last: the test suite's stand-in
 HEALTH_TIMEOUT_S = 1.0
 
 

@@ -1,6 +1,6 @@
 """Models in the local Hugging Face hub cache, and downloading one by repo id off the GUI thread.
 
-`cached_models()` (engine.model_discovery, shared with the router) lists model repos with their size and
+`cached_models()` (engine.config.model_discovery, shared with the router) lists model repos with their size and
 the newest snapshot folder that has a config.json. `DownloadWorker.run` calls `snapshot_download` (on
 a background thread of the caller's choosing) with a tqdm class that turns progress into signals
 and raises when cancelled, so a cancel stops the download at its next progress update. A failure is
@@ -15,7 +15,7 @@ import os
 from PySide6.QtCore import QObject, Signal
 from tqdm.auto import tqdm
 
-from engine.model_discovery import CachedModel, cached_models  # noqa: F401 - the app's names for them
+from engine.config.model_discovery import CachedModel, cached_models  # noqa: F401 - the app's names for them
 
 
 class DownloadCancelled(Exception):

@@ -99,7 +99,7 @@ def read_model_info(folder: str | Path) -> ModelInfo:
 def active_parameters(config: dict) -> int | None:
     """Active parameters of an MoE model, from the engine's torch-free config arithmetic; None when dense or
     when the engine cannot read the config."""
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     try:
         cfg = ModelConfig.from_hf_config(config)
     except (ValueError, KeyError, TypeError):

@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QP
 from app.capacity import cannot_plan, describe, plan_for
 from app.hf_cache import cached_models
 from app.model_info import ModelInfo, format_count, read_model_info
-from engine.model_discovery import model_folders
+from engine.config.model_discovery import model_folders
 from widgets.gpu_panel import format_bytes
 
 COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine",

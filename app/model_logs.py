@@ -1,6 +1,6 @@
 """Each served model's own log, split out of the router's output.
 
-The router prints every engine's lines as "[NAME#i] line" (engine/router/backend.py), so the app's one
+The router prints every engine's lines as "[NAME#i] line" (engine/entrypoints/router/backend.py), so the app's one
 log stream carries them all; `ModelLogs.feed` sorts them into a bounded list per model (the replica index
 kept in the line), and lines that belong to no model (the router's own) are kept as "router".
 """

@@ -2,7 +2,7 @@
 
 Tests and portable installs point PAGEDESK_DATA_DIR at their own folder; everyone else gets
 platformdirs' per-user data directory for "PagedDesk". The repository root is also where
-`python -m engine.serve` must be importable from, so the supervisor asks this module for it.
+`python -m engine.entrypoints.serve` must be importable from, so the supervisor asks this module for it.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 the idle time after which a model is unloaded, and one copy per card.
 
 Stored in QSettings under "serve/". With nothing alongside and one copy, `router_argv` adds nothing and the
-app runs today's single `pagedesk-serve` engine; otherwise it adds the router's flags (engine/router): each
+app runs today's single `pagedesk-serve` engine; otherwise it adds the router's flags (engine/entrypoints/router): each
 model as `--model NAME=PATH` (NAME its folder's name, made unique), `--model-ttl SECONDS`, and
 `--data-parallel-size N` with one card per copy. The chosen model keeps the name it has alone (its served
 name, else its path), so clients and the chat do not see it renamed when a second model joins. Tray and

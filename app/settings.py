@@ -1,4 +1,4 @@
-"""Engine settings: the GUI-visible flags of engine/config.py, their values and their persistence.
+"""Engine settings: the GUI-visible flags of engine/config/flags.py, their values and their persistence.
 
 Declared once: the list of settings is `FLAGS` filtered by `gui=True`, defaults are the flags'
 defaults (tensor-parallel size defaults to the number of NVIDIA GPUs NVML finds, 1 without any), and
@@ -11,7 +11,7 @@ from typing import Any
 
 from PySide6.QtCore import QSettings
 
-from engine.config import FLAGS, Flag, flags_to_argv
+from engine.config.flags import FLAGS, Flag, flags_to_argv
 
 GROUP = "engine"
 
@@ -61,5 +61,5 @@ def save_values(settings: QSettings, values: dict[str, Any]) -> None:
 
 
 def serve_argv(model: str, values: dict[str, Any], extra: list[str] | None = None) -> list[str]:
-    """Arguments after `python -m engine.serve`: the model, every non-default flag, then `extra`."""
+    """Arguments after `python -m engine.entrypoints.serve`: the model, every non-default flag, then `extra`."""
     return ["--model", model, *flags_to_argv(values), *(extra or [])]

@@ -19,7 +19,7 @@ from PySide6.QtCore import QEvent, QObject, Qt, Signal
 from PySide6.QtWidgets import (QCheckBox, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout, QLabel,
                                QLineEdit, QSpinBox, QVBoxLayout, QWidget)
 
-from engine.config import (DEFAULT_CPU_KV_CACHE_GIB, OFFLINE_MAX_NUM_BATCHED_TOKENS, SERVING_MAX_BATCH_PREFILL_TOKENS,
+from engine.config.flags import (DEFAULT_CPU_KV_CACHE_GIB, OFFLINE_MAX_NUM_BATCHED_TOKENS, SERVING_MAX_BATCH_PREFILL_TOKENS,
                            SERVING_MAX_NUM_BATCHED_TOKENS, Flag)
 
 GROUP_TITLES = {"engine": "Engine", "cache": "KV cache", "scheduler": "Scheduler", "parallel": "Parallelism",
@@ -316,7 +316,7 @@ class SettingsForm(QWidget):
 
     def auto_hints(self) -> dict[str, tuple[str, float | None]]:
         """{flag: (text, value)} of what each "auto" number resolves to on this machine with these settings, the
-        way engine/config.py resolves it for a server."""
+        way engine/config/flags.py resolves it for a server."""
         values, cuda = self.values(), self.num_gpus > 0
         context = values.get("max_model_len") or self.model_context
         chunked = values.get("enable_chunked_prefill", True)

@@ -1,6 +1,6 @@
 """The settings form's editor for `--speculative-config`: a method, its token count, and a draft from the library.
 
-The flag takes vLLM's JSON (engine/spec_decode/config.py); a user should not have to write it. This editor
+The flag takes vLLM's JSON (engine/config/speculative.py); a user should not have to write it. This editor
 offers the methods by name — off, n-gram (prompt lookup), a draft model picked from the model library (or
 typed as a folder / hub repo id), or the MTP head that Qwen3.5/3.6 checkpoints carry — with the number of
 speculative tokens and, for n-gram, the longest lookup, and turns them into the JSON the engine parses (and
@@ -16,8 +16,8 @@ from typing import Any
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
-from engine.config import Flag
-from engine.spec_decode.config import MAX_SPECULATIVE_TOKENS, parse_speculative_config
+from engine.config.flags import Flag
+from engine.config.speculative import MAX_SPECULATIVE_TOKENS, parse_speculative_config
 
 OFF, NGRAM, DRAFT, MTP = "off", "ngram", "draft_model", "mtp"
 METHOD_LABELS = {OFF: "Off", NGRAM: "N-gram (prompt lookup)", DRAFT: "Draft model", MTP: "MTP head (Qwen3.5/3.6)"}

@@ -35,9 +35,9 @@ from app.port_check import next_free_port, port_is_free, port_owner
 from app.settings import serve_argv
 
 STOPPED, STARTING, READY, STOPPING, CRASHED = "STOPPED", "STARTING", "READY", "STOPPING", "CRASHED"
-CONFIG_EXIT_CODE = 2  # engine/serve.py's EXIT_CONFIG_ERROR (serve.py is not one of the
+CONFIG_EXIT_CODE = 2  # engine/entrypoints/serve.py's EXIT_CONFIG_ERROR (serve.py is not one of the
 #                      torch-free modules the app may import, so the numbers are repeated here)
-OOM_EXIT_CODE = 3  # engine/serve.py's EXIT_OUT_OF_MEMORY
+OOM_EXIT_CODE = 3  # engine/entrypoints/serve.py's EXIT_OUT_OF_MEMORY
 OOM_TEXT = "out of memory"
 POSIX = os.name == "posix"
 SIGTERM, SIGKILL = signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)
@@ -46,7 +46,7 @@ SIGTERM, SIGKILL = signal.SIGTERM, getattr(signal, "SIGKILL", signal.SIGTERM)
 def serve_command() -> list[str]:
     """The `pagedesk-serve` console script installed beside this Python, else the module it runs."""
     script = Path(sys.executable).with_name("pagedesk-serve.exe" if os.name == "nt" else "pagedesk-serve")
-    return [str(script)] if script.is_file() else [sys.executable, "-m", "engine.serve"]
+    return [str(script)] if script.is_file() else [sys.executable, "-m", "engine.entrypoints.serve"]
 
 
 def masked_argv(argv: list[str]) -> list[str]:

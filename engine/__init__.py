@@ -1,6 +1,6 @@
 """The serving engine: paged KV cache, continuous batching, sampling, offline `LLM` API. No Qt anywhere.
 
-Names are exported lazily so that torch-free modules (engine.config, engine.sizing) can be imported by
+Names are exported lazily so that torch-free modules (engine.config.flags, engine.planning.sizing) can be imported by
 the GUI without pulling in torch.
 """
 from __future__ import annotations
@@ -13,9 +13,9 @@ import os
 os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 _EXPORTS = {
-    "LLM": "engine.llm", "LLMEngine": "engine.llm_engine", "SamplingParams": "engine.sampling_params",
-    "EngineConfig": "engine.config", "RequestOutput": "engine.outputs", "CompletionOutput": "engine.outputs",
-    "BeamSearchParams": "engine.beam_search",
+    "LLM": "engine.entrypoints.llm", "LLMEngine": "engine.core.llm_engine", "SamplingParams": "engine.sample.sampling_params",
+    "EngineConfig": "engine.config.flags", "RequestOutput": "engine.core.outputs", "CompletionOutput": "engine.core.outputs",
+    "BeamSearchParams": "engine.core.beam_search",
 }
 __all__ = list(_EXPORTS)
 

@@ -1,4 +1,4 @@
-"""A stand-in for `python -m engine.serve` used by the supervisor and client tests (stdlib only).
+"""A stand-in for `python -m engine.entrypoints.serve` used by the supervisor and client tests (stdlib only).
 
 Serves /health, a short streamed chat completion and the engine-state stream with synthetic blocks,
 so the GUI's process handling and HTTP clients can be tested in seconds without torch. Behaviour is
@@ -7,7 +7,7 @@ chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term
 FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
 tensor-parallel worker). POST /tokenize counts a chat as words (FAKE_SERVE_MAX_MODEL_LEN,
 default 4096, is its context; a chat completion that would not fit is refused with 400 as the real
-server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). `--exit-with-parent PID` arms engine/parent_watch.py exactly as the real server
+server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). `--exit-with-parent PID` arms engine/distributed/parent_watch.py exactly as the real server
 does. Other engine flags are accepted and ignored.
 """
 from __future__ import annotations
@@ -150,7 +150,7 @@ def main() -> None:
     parser.add_argument("--exit-with-parent", type=int)
     args, _unknown = parser.parse_known_args()
     if args.exit_with_parent:
-        from engine.parent_watch import die_with_parent  # stdlib only; PYTHONPATH has the repository
+        from engine.distributed.parent_watch import die_with_parent  # stdlib only; PYTHONPATH has the repository
 
         die_with_parent(args.exit_with_parent)
     mode = os.environ.get("FAKE_SERVE_MODE", "ok")

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from engine.server import create_app
+from engine.entrypoints.async_engine import AsyncEngine
+from engine.config.flags import EngineConfig
+from engine.entrypoints.openai.app import create_app
 
 MODEL_NAME = "tiny"
 AGENT_API_KEY = "sk-local"  # conftest's agent_api_server (Responses and Messages tests)

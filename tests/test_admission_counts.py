@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from engine.beam_search import BeamSearchParams
-from engine.sampling_params import SamplingParams
+from engine.core.beam_search import BeamSearchParams
+from engine.sample.sampling_params import SamplingParams
 
 PROMPTS = [[1, 5, 9, 13, 2, 7], [3, 4, 8], [11, 12, 6, 10, 14], [2, 3]]
 

@@ -14,9 +14,9 @@ import httpx
 import openai
 import pytest
 
-from engine.server.prompts import render_chat, template_kwargs
-from engine.server.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
-from engine.server.refusals import BY_FIELD, REFUSALS
+from engine.entrypoints.openai.prompts import render_chat, template_kwargs
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, StreamOptions
+from engine.entrypoints.openai.refusals import BY_FIELD, REFUSALS
 from server_harness import MODEL_NAME, start_server
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "server.md"

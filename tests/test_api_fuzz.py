@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.server.protocol import ChatCompletionRequest, CompletionRequest
+from engine.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from server_harness import start_server
 
 COMBINED_CASES = 30

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from engine.reasoning import get_reasoning_parser
-from engine.server.chat_outputs import ChatOutputPlan, ChoiceView
+from engine.entrypoints.openai.chat_outputs import ChatOutputPlan, ChoiceView
 from engine.tool_parsers import detect_tool_parser, get_tool_parser
 
 WEATHER = {"city": "Paris", "unit": "c"}

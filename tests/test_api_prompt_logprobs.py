@@ -9,9 +9,9 @@ import httpx
 import pytest
 import torch
 
-from engine import prompt_logprobs
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
+from engine.sample import prompt_logprobs
+from engine.entrypoints.llm import LLM
+from engine.sample.sampling_params import SamplingParams
 from server_harness import MODEL_NAME, start_server
 from tiny_models import hf_model
 

@@ -208,7 +208,7 @@ def test_harmony_reply_on_the_server_path(server, client, monkeypatch):
 
 
 def test_response_store_is_bounded_lru():
-    from engine.server.responses_store import ResponseStore, StoredResponse
+    from engine.entrypoints.openai.responses_store import ResponseStore, StoredResponse
 
     store = ResponseStore(capacity=2)
     for name in ("a", "b"):

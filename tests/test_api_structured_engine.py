@@ -7,9 +7,9 @@ import pytest
 import torch
 from pydantic import BaseModel, Field
 
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
-from engine.sampler import apply_token_bitmask
+from engine.entrypoints.llm import LLM
+from engine.sample.sampling_params import SamplingParams
+from engine.sample.sampler import apply_token_bitmask
 from engine.structured_output.bitmask import allocate_bitmask
 from engine.structured_output.params import StructuredOutputsParams
 

@@ -1,5 +1,5 @@
 """The engine never outlives the app that started it: the app (a Qt harness subprocess, tests/qt_app_harness.py)
-is SIGKILLed and its engine — the fake one, then the real `python -m engine.serve` on a tiny model — is gone
+is SIGKILLed and its engine — the fake one, then the real `python -m engine.entrypoints.serve` on a tiny model — is gone
 within a bounded wait. Also: `--exit-with-parent` is parsed strictly, and a server started by hand never arms it."""
 import qt_helpers as helpers
 
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.parent_watch import split_parent_flag
-from engine.serve import EXIT_CONFIG_ERROR, main as serve_main
+from engine.distributed.parent_watch import split_parent_flag
+from engine.entrypoints.serve import EXIT_CONFIG_ERROR, main as serve_main
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent watch is tested on Linux")
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,7 +63,7 @@ def test_sigkilled_app_takes_the_fake_engine_with_it(tmp_path):
 
 def test_sigkilled_app_takes_the_real_engine_with_it(tmp_path, tiny_model_dir):
     model = tiny_model_dir("llama")
-    kill_app_then_engine_is_gone(tmp_path, [sys.executable, "-m", "engine.serve"], str(model),
+    kill_app_then_engine_is_gone(tmp_path, [sys.executable, "-m", "engine.entrypoints.serve"], str(model),
                                  ["--device", "cpu", "--num-gpu-blocks-override", "64"], 180)
 
 

@@ -1,4 +1,4 @@
-"""The whole window against the real `python -m engine.serve` with a tiny random-weight model:
+"""The whole window against the real `python -m engine.entrypoints.serve` with a tiny random-weight model:
 start → READY, a streamed chat reply, the block map and plots updating from the state stream,
 an outside SIGKILL → CRASHED within 2 s → automatic restart → READY, and quit leaving no process
 of the engine's group behind. Also the window's NVML-absent state (this machine has no GPU)."""

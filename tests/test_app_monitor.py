@@ -128,7 +128,7 @@ def test_model_specific_views_appear_only_for_their_models(qtbot):
     dense = demo_states(num_samples=1)[0][1]
     monitor.on_state(dense, now=11.0)
     assert monitor.state_slots.isHidden() and monitor.expert_heatmap.isHidden() and monitor.acceptance_plot.isHidden()
-    # the wire format: what engine/server/engine_state.py sends parses back to the same pictures
+    # the wire format: what engine/entrypoints/openai/engine_state.py sends parses back to the same pictures
     wire = {"num_slots": 3, "kind": [1, 0, 2], "owner": [2, 0, 0], "max_snapshots": 4, "slot_bytes": 8}
     parsed = parse_state_slots(wire, ["a", "b"])
     assert parsed.kind.tolist() == [1, 0, 2] and parsed.owners[parsed.owner[0] - 1] == "b"

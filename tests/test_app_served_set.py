@@ -16,8 +16,8 @@ from app.stats_client import StatsWorker
 
 
 def test_the_set_becomes_router_flags_the_router_accepts(tmp_path):
-    from engine.router.specs import build_specs
-    from engine.serve import build_parser, split_model_flags
+    from engine.entrypoints.router.specs import build_specs
+    from engine.entrypoints.serve import build_parser, split_model_flags
 
     assert ServedSet().router_argv("/models/a", 2) == []  # alone: today's single engine
     served = ServedSet(["/models/coder/", "/other/coder", "/models/small"], model_ttl_minutes=30,

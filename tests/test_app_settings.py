@@ -1,5 +1,5 @@
 """Settings: the form has exactly one editor per GUI flag, values round-trip through the form and
-QSettings, the command line comes from flags_to_argv, and the capacity line uses engine.sizing."""
+QSettings, the command line comes from flags_to_argv, and the capacity line uses engine.planning.sizing."""
 import qt_helpers  # noqa: F401  (offscreen Qt, private data dir)
 
 from PySide6.QtCore import QSettings
@@ -7,7 +7,7 @@ from PySide6.QtCore import QSettings
 from app.capacity import capacity_line
 from app.settings import default_values, gui_flags, load_values, save_values, serve_argv
 from app.settings_form import SettingsForm
-from engine.config import FLAGS
+from engine.config.flags import FLAGS
 
 LLAMA_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
             "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,

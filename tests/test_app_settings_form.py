@@ -163,7 +163,7 @@ def test_speculative_decoding_is_chosen_by_name_and_becomes_the_flags_json(qtbot
     from PySide6.QtCore import QSettings
 
     from app.settings import load_values, save_values, serve_argv
-    from engine.spec_decode.config import parse_speculative_config
+    from engine.config.speculative import parse_speculative_config
     f = form(qtbot)
     editor = f.editors["speculative_config"]
     assert f.values()["speculative_config"] is None and "--speculative-config" not in serve_argv("/m", f.values())

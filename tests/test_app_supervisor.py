@@ -186,7 +186,7 @@ def test_default_command_is_the_console_script(monkeypatch, tmp_path):
     monkeypatch.setattr("sys.executable", str(tmp_path / "python"))
     assert serve_command() == [str(tmp_path / "pagedesk-serve")]
     (tmp_path / "pagedesk-serve").unlink()
-    assert serve_command()[1:] == ["-m", "engine.serve"]
+    assert serve_command()[1:] == ["-m", "engine.entrypoints.serve"]
 
 
 def test_argv_is_built_from_flags(supervisor):

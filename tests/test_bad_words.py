@@ -10,7 +10,8 @@ import torch
 from transformers import AutoTokenizer
 
 from engine import LLM, SamplingParams
-from engine.sampling_metadata import SamplingMetadata, SamplingRow
+from engine.sample.metadata import SamplingRow
+from engine.sample.state import SamplingMetadata
 from hf_reference import MAX_TOKENS
 from server_harness import MODEL_NAME, start_server
 from tiny_models import hf_model

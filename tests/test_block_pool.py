@@ -6,11 +6,11 @@ from types import SimpleNamespace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_pool import NULL_BLOCK, BlockPool
-from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-from engine.kv_cache_manager import KVCacheManager
-from engine.sequence import Sequence
-from engine.sampling_params import SamplingParams
+from engine.kv.block_pool import NULL_BLOCK, BlockPool
+from engine.kv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.core.sequence import Sequence
+from engine.sample.sampling_params import SamplingParams
 
 
 def free_ids(pool: BlockPool) -> list[int]:

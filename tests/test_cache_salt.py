@@ -6,7 +6,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from engine.block_pool import hash_block
+from engine.kv.block_pool import hash_block
 from server_harness import MODEL_NAME, start_server
 
 PROMPT = " ".join(f"w{i}" for i in range(30))  # several full 16-token blocks, under the 256-token context

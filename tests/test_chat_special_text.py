@@ -9,10 +9,10 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from engine.server.errors import OpenAIError
-from engine.server.prompts import chat_token_ids
-from engine.server.protocol import ChatMessage
-from engine.server.served_model import ServedModel, plain_text_tokenizer, special_texts
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.prompts import chat_token_ids
+from engine.entrypoints.openai.protocol import ChatMessage
+from engine.entrypoints.openai.served_model import ServedModel, plain_text_tokenizer, special_texts
 from tiny_models import TOOL_CHAT_TEMPLATE
 
 NAMED_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}{% if m.get('name') %} ({{ m['name'] }})"

@@ -1,4 +1,4 @@
-"""pagedesk-serve / python -m engine.serve: vLLM's flags parse, config errors exit 2 with one line, an
+"""pagedesk-serve / python -m engine.entrypoints.serve: vLLM's flags parse, config errors exit 2 with one line, an
 out-of-memory load exits 3, and a real start prints the URL and serves /health."""
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine import serve
-from engine.config import FLAGS
+from engine.entrypoints import serve
+from engine.config.flags import FLAGS
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_FLAGS = ["--model", "--served-model-name", "--host", "--port", "--api-key", "--tensor-parallel-size",
@@ -25,7 +25,7 @@ VLLM_FLAGS = ["--model", "--served-model-name", "--host", "--port", "--api-key",
 
 def run_serve(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "engine.serve", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "engine.entrypoints.serve", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, env=env)
 
 
@@ -91,22 +91,22 @@ def test_missing_model_folder_exits_2(tmp_path, capsys):
 
 
 def test_out_of_memory_at_load_exits_3(monkeypatch, capsys, llama_dir):
-    import engine.llm_engine
+    import engine.core.llm_engine
 
     class OutOfMemoryEngine:
         def __init__(self, config):
             raise MemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(engine.llm_engine, "LLMEngine", OutOfMemoryEngine)
+    monkeypatch.setattr(engine.core.llm_engine, "LLMEngine", OutOfMemoryEngine)
     code = serve.main(["--model", str(llama_dir), "--device", "cpu", "--port", str(free_port())])
     assert code == serve.EXIT_OUT_OF_MEMORY == 3
     assert "out of memory" in capsys.readouterr().err
 
 
 def start_serve(model_dir, port: int, *flags: str) -> subprocess.Popen:
-    """`python -m engine.serve` on the tiny model in a subprocess, stdout and stderr merged."""
+    """`python -m engine.entrypoints.serve` on the tiny model in a subprocess, stdout and stderr merged."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
+    argv = [sys.executable, "-m", "engine.entrypoints.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
             "--max-model-len", "128", "--num-gpu-blocks-override", "64", *flags]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
 

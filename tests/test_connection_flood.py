@@ -16,10 +16,10 @@ import httpx
 import pytest
 import uvicorn
 
-from engine.async_engine import AsyncEngine
-from engine.serve import max_connections_for, raise_open_file_limit, uvicorn_config
-from engine.server import create_app
-from engine.server.connection_guard import ConnectionGuard
+from engine.entrypoints.async_engine import AsyncEngine
+from engine.entrypoints.serve import max_connections_for, raise_open_file_limit, uvicorn_config
+from engine.entrypoints.openai.app import create_app
+from engine.entrypoints.openai.connection_guard import ConnectionGuard
 from server_harness import MODEL_NAME, tiny_config
 
 CAP, RESERVED = 40, 8

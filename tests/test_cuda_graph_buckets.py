@@ -7,8 +7,8 @@ import logging
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import DecodeGraphs, context_buckets
-from engine.sizing import context_length_ladder
+from engine.worker.graphs.decode import DecodeGraphs, context_buckets
+from engine.planning.sizing import context_length_ladder
 from hf_reference import MAX_TOKENS
 from kernels.triton_attention import choose_tiles
 
@@ -73,7 +73,7 @@ class RecordingGraph:
 def test_every_rank_falls_back_when_another_rank_cannot_capture(llama_dir, monkeypatch, caplog):
     import contextlib
 
-    from engine import cuda_graphs
+    from engine.worker.graphs import decode as cuda_graphs
     runner = LLM(str(llama_dir), device="cpu").engine.runner
     graphs = DecodeGraphs(runner.model, 4, 64, 16, runner.device, capture=False)
     graphs.capture_graphs = True

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from engine import LLM, SamplingParams
-from engine.cuda_graphs import batch_size_ladder
+from engine.worker.graphs.decode import batch_size_ladder
 from hf_reference import MAX_TOKENS
 
 
@@ -56,7 +56,7 @@ def test_padded_verify_path_matches_hf(reference):
 def test_a_verify_graph_takes_only_steps_whose_every_row_is_full():
     from types import SimpleNamespace
 
-    from engine.cuda_graphs import DecodeGraphs, context_buckets
+    from engine.worker.graphs.decode import DecodeGraphs, context_buckets
 
     graphs = DecodeGraphs(None, 4, 64, 16, torch.device("cpu"), capture=False, query_len=3)
     step = lambda tokens, seqs, q: SimpleNamespace(input_ids=[0] * tokens, seq_lens=[5] * seqs,  # noqa: E731
@@ -78,8 +78,8 @@ def test_verify_graphs_capture_every_batch_with_its_token_rows(llama_dir, monkey
 
     import numpy as np
 
-    from engine import cuda_graphs
-    from engine.cuda_graphs import DecodeGraphs
+    from engine.worker.graphs import decode as cuda_graphs
+    from engine.worker.graphs.decode import DecodeGraphs
 
     class StandInGraph:
         def replay(self):

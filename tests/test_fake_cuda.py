@@ -21,13 +21,14 @@ import torch._subclasses.fake_tensor as fake_tensor
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.utils._pytree import tree_flatten
 
-from engine.beam_search import BeamGroup, BeamSearchParams
-from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
-from engine.step_inputs import StepInputs
-from engine.sampler import beam_top_logprobs, sample_on_device
-from engine.sampling_metadata import SamplingBatch, SamplingMetadata, SamplingRow
-from engine.sampling_params import SamplingParams
+from engine.core.beam_search import BeamGroup, BeamSearchParams
+from engine.config.model import ModelConfig
+from engine.worker.model_runner import ModelRunner
+from engine.worker.step_inputs import StepInputs
+from engine.sample.sampler import beam_top_logprobs, sample_on_device
+from engine.sample.metadata import SamplingBatch, SamplingRow
+from engine.sample.state import SamplingMetadata
+from engine.sample.sampling_params import SamplingParams
 
 pytestmark = pytest.mark.fake_cuda
 
@@ -150,8 +151,8 @@ def test_a_host_generator_for_cuda_logits_is_refused(fake_cuda):
 
 
 def test_seeded_generators_are_made_on_the_sampling_device(monkeypatch):
-    import engine.sampling_metadata as sm
-    from engine.sequence import Request
+    import engine.sample.metadata as sm
+    from engine.core.sequence import Request
     made, generator = [], torch.Generator
     monkeypatch.setattr(sm.torch, "Generator", lambda device: made.append(device) or generator())
     request = Request("r", None, [1, 2], SamplingParams(temperature=1.0, seed=5), None, 0.0)
@@ -196,16 +197,16 @@ class Recorder:
 @pytest.fixture(scope="module")
 def tiny_weights(llama_dir):
     """The tiny model's real tensors, read before fake mode starts (safetensors cannot load into it)."""
-    from engine.loader import iterate_weights
+    from engine.worker.loader import iterate_weights
     return llama_dir, list(iterate_weights(llama_dir, device="cpu"))
 
 
 def fake_runner(monkeypatch, state: FakeCuda, tiny_weights, kv_dtype: torch.dtype) -> ModelRunner:
-    import engine.model_runner
+    import engine.worker.model_runner
     import kernels.triton_attention as ta
     import kernels.triton_write_kv as tw
     model_dir, weights = tiny_weights
-    monkeypatch.setattr(engine.model_runner, "iterate_weights", lambda path, device: iter(weights))
+    monkeypatch.setattr(engine.worker.model_runner, "iterate_weights", lambda path, device: iter(weights))
     monkeypatch.setattr(ta, "_device_facts", lambda device: (8, 8))  # a pretend 8-SM Ampere
     monkeypatch.setattr(ta, "paged_attention_kernel", Recorder("paged_attention", state))
     monkeypatch.setattr(ta, "reduce_splits_kernel", Recorder("reduce_splits", state))

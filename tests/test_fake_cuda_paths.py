@@ -15,7 +15,7 @@ import contextlib
 import pytest
 import torch
 
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from test_fake_cuda import CUDA, VOCAB, fake_cuda  # noqa: F401 - the fixture
 
 pytestmark = pytest.mark.fake_cuda
@@ -42,12 +42,13 @@ def on_one_card(monkeypatch, resolve, *args):
 
 @pytest.mark.parametrize("flag", ["auto", "cuda"])
 def test_the_device_flag_gives_generators_on_the_logits_card(fake_cuda, monkeypatch, flag):
-    from engine.devices import resolve_device
-    from engine.profiling import profile_sampler
-    from engine.sampler import sample_on_device
-    from engine.sampling_metadata import SamplingMetadata, SamplingRow, make_generator
-    from engine.sampling_params import SamplingParams
-    from engine.sequence import Request
+    from engine.platform.devices import resolve_device
+    from engine.worker.profiling import profile_sampler
+    from engine.sample.sampler import sample_on_device
+    from engine.sample.metadata import SamplingRow, make_generator
+    from engine.sample.state import SamplingMetadata
+    from engine.sample.sampling_params import SamplingParams
+    from engine.core.sequence import Request
     monkeypatch.setattr(torch, "Generator", BareCudaGenerator)
     device = on_one_card(monkeypatch, resolve_device, flag)
     profile_sampler(4, VOCAB, device)  # the KV sizing's sampler step, with the engine's generator on `device`
@@ -59,7 +60,7 @@ def test_the_device_flag_gives_generators_on_the_logits_card(fake_cuda, monkeypa
 
 
 def test_a_bare_cuda_device_gets_the_current_cards_index(monkeypatch):
-    from engine.devices import indexed_device
+    from engine.platform.devices import indexed_device
     assert on_one_card(monkeypatch, indexed_device, torch.device("cuda")) == CUDA
     assert indexed_device(torch.device("cuda", 1)) == torch.device("cuda", 1)
     assert indexed_device(torch.device("cpu")) == torch.device("cpu")
@@ -68,7 +69,7 @@ def test_a_bare_cuda_device_gets_the_current_cards_index(monkeypatch):
 @pytest.fixture(scope="module")
 def act_order_weights(tiny_model_dir, tmp_path_factory):
     """A GPTQ 4-bit act-order folder (g_idx per input row) and its tensors, read before fake mode starts."""
-    from engine.loader import iterate_weights
+    from engine.worker.loader import iterate_weights
     from quant_packers import make_quantized
     src = tiny_model_dir("llama", hidden_size=128, intermediate_size=256)
     path = make_quantized(src, tmp_path_factory.mktemp("gptq") / "q", "gptq", 4, 64, False, True)

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 import engine.layers.embedding as embedding
-from engine.sampling_metadata import SamplingBatch
-from engine.sampling_params import SamplingParams
+from engine.sample.metadata import SamplingBatch
+from engine.sample.sampling_params import SamplingParams
 from engine.structured_output.bitmask import grammar_bitmask
 from test_fake_cuda import (CUDA, cuda_generator, fake_cuda, fake_runner, rows_for,  # noqa: F401 (fixtures)
                             step_inputs, tiny_weights)

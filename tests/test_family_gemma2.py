@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from hf_reference import MAX_TOKENS, engine_greedy, hf_greedy
 from tiny_models import hf_model
 

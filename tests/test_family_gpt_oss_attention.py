@@ -14,7 +14,7 @@ from torch import nn
 
 from engine.layers.attention import AttentionMetadata
 from engine.layers.rotary import rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models import registry
 from engine.models.gpt_oss import GptOssAttention
 from engine.models.weights import PACKED_QKV_GATE_UP, load_weights

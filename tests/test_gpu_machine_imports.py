@@ -23,7 +23,7 @@ ABSENT = ("fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core", "PySid
           "pytestqt", "pytest_timeout", "schemathesis", "instructor", "langchain_openai", "lm_eval")
 # Modules that need an absent package by design and that nothing on the GPU path imports: the HTTP server
 # (the GPU suite drives LLM directly) and the numba CPU decode kernel (kernels/__init__.py falls back).
-SERVER_OR_CPU_ONLY = {"engine.server", "kernels.attention_cpu", "kernels.bench_cpu_attention"}
+SERVER_OR_CPU_ONLY = {"engine.entrypoints.openai", "kernels.attention_cpu", "kernels.bench_cpu_attention"}
 
 BLOCKER = f"""
 import sys
@@ -81,9 +81,9 @@ def test_every_engine_and_kernels_module_imports_without_the_desktop_stack(bare_
         print(json.dumps(failed))
     """)
     failed = json.loads(run_bare(bare_env, "-c", walk).stdout.strip().splitlines()[-1])
-    # engine.server imports its app lazily, so each web-stack module of the server and the router fails alone
-    web_stack = {name for name in failed if name.startswith(("engine.server.", "engine.router."))}
-    assert "engine.server.app" in failed and set(failed) - web_stack <= SERVER_OR_CPU_ONLY, failed
+    # engine.entrypoints.openai imports its app lazily, so each web-stack module of the server and the router fails alone
+    web_stack = {name for name in failed if name.startswith(("engine.entrypoints.openai.", "engine.entrypoints.router."))}
+    assert "engine.entrypoints.openai.app" in failed and set(failed) - web_stack <= SERVER_OR_CPU_ONLY, failed
 
 
 def test_the_doctor_runs_without_the_desktop_stack(bare_env):
@@ -103,7 +103,7 @@ def test_an_engine_samples_and_beam_searches_without_the_desktop_stack(bare_env,
     # (sampler, prompt_logprobs, output processor, detokenizer), and beam search; lazy imports included.
     script = textwrap.dedent(f"""
         from engine import LLM, SamplingParams
-        from engine.beam_search import BeamSearchParams
+        from engine.core.beam_search import BeamSearchParams
         llm = LLM({str(llama_dir)!r}, device="cpu")
         params = SamplingParams(temperature=0.8, top_p=0.9, top_k=20, seed=7, max_tokens=4, logprobs=2,
                                 prompt_logprobs=1, ignore_eos=True)

@@ -12,9 +12,9 @@ import threading
 import httpx
 import pytest
 
-from engine.llm import LLM
-from engine.sampling_params import SamplingParams
-from engine.server import structured
+from engine.entrypoints.llm import LLM
+from engine.sample.sampling_params import SamplingParams
+from engine.entrypoints.openai import structured
 from engine.structured_output import compiler as compiler_module
 from engine.structured_output.compiler import (MAX_SCHEMA_DEPTH, MAX_SCHEMA_NODES, GrammarCompiler,
                                                GrammarCompilerBusy, GrammarTooComplex)

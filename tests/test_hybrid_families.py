@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.beam_search import BeamSearchParams
+from engine.core.beam_search import BeamSearchParams
 from hf_reference import HYBRID_MAX_TOKENS as MAX_TOKENS, hf_greedy
 from tiny_models import HYBRID_ARCHS, HYBRID_VL_ARCHS, hf_model
 
@@ -113,8 +113,8 @@ def test_mtp_weights_are_skipped_and_the_vision_tower_never_loads(hybrid_referen
 def test_planner_counts_the_state_pool_and_the_weights(hybrid_reference):
     """What the engine holds is what the torch-free arithmetic says: parameters, KV blocks plus one state
     slot per seat (max_num_seqs), conv state in the model dtype and the recurrent state in float32."""
-    from engine.kv_cache_interface import model_kv_layout
-    from engine.model_config import ModelConfig
+    from engine.kv.kv_cache_interface import model_kv_layout
+    from engine.config.model import ModelConfig
     path, _, _ = hybrid_reference("qwen3_5_moe")
     cfg = ModelConfig.from_folder(path)
     assert cfg.layer_types == ["linear_attention", "full_attention"] * 2 and cfg.attention_layer_ids == [1, 3]
@@ -130,7 +130,7 @@ def test_planner_counts_the_state_pool_and_the_weights(hybrid_reference):
     assert layout.state_pool_bytes(5, True) == (5 + 4) * 2 * layout.state.spec.slot_bytes  # 4 snapshots
     assert all(ssm.dtype == torch.float32 for _, ssm in runner.state_cache)
     # speculating, the verify scratch (rollback of rejected drafts) is planned as the engine reserves it
-    from engine.sizing import plan_cpu, verify_scratch_tokens
+    from engine.planning.sizing import plan_cpu, verify_scratch_tokens
     plain = plan_cpu(cfg, 0.01, max_num_seqs=5)
     spec = plan_cpu(cfg, 0.01, max_num_seqs=5, num_speculative_tokens=3)
     assert verify_scratch_tokens(5, 3, 8192) == 20 and verify_scratch_tokens(5, 0, 8192) == 0

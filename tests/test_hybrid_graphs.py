@@ -15,10 +15,10 @@ import torch
 from engine import LLM, SamplingParams
 from engine.layers.attention import AttentionMetadata
 from engine.layers.gated_deltanet import GatedDeltaNet
-from engine.piecewise_graphs import PiecewiseGraphs, TapeGraphBackend, token_buckets
-from engine.model_config import ModelConfig
-from engine.model_runner import ModelRunner
-from engine.step_inputs import StepInputs
+from engine.worker.graphs.piecewise import PiecewiseGraphs, TapeGraphBackend, token_buckets
+from engine.config.model import ModelConfig
+from engine.worker.model_runner import ModelRunner
+from engine.worker.step_inputs import StepInputs
 from hf_reference import HYBRID_MAX_TOKENS as MAX_TOKENS, hf_greedy, make_prompts
 from test_fake_cuda import CUDA, Recorder, _as_if_on_cpu, fake_cuda  # noqa: F401 (fixture)
 
@@ -117,20 +117,20 @@ def test_piecewise_replay_of_a_hybrid_matches_hf(hybrid_reference, arch):
 
 @pytest.fixture(scope="module")
 def hybrid_weights(tiny_model_dir):
-    from engine.loader import iterate_weights
+    from engine.worker.loader import iterate_weights
     path = tiny_model_dir("qwen3_5")
     return path, list(iterate_weights(path, device="cpu"))
 
 
 @pytest.mark.fake_cuda
 def test_a_padded_hybrid_decode_step_on_cuda_is_graph_safe(hybrid_weights, fake_cuda, monkeypatch):  # noqa: F811
-    import engine.model_runner
+    import engine.worker.model_runner
     import kernels.triton_attention as ta
     import kernels.triton_causal_conv1d as tc
     import kernels.triton_gated_delta as tg
     import kernels.triton_write_kv as tw
     path, weights = hybrid_weights
-    monkeypatch.setattr(engine.model_runner, "iterate_weights", lambda p, device: iter(weights))
+    monkeypatch.setattr(engine.worker.model_runner, "iterate_weights", lambda p, device: iter(weights))
     monkeypatch.setattr(ta, "_device_facts", lambda device: (8, 8))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (20 * 2**30, 24 * 2**30))
     # More entry points that insist on a CUDA device guard in a CPU-only build (the fixture patches the common ones)

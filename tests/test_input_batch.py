@@ -1,4 +1,4 @@
-"""The persistent input batch (engine/input_batch.py): a step writes only what changed, the tables always equal
+"""The persistent input batch (engine/worker/input_batch.py): a step writes only what changed, the tables always equal
 the ones rebuilt from the sequences (over random join / grow / leave / preempt / fork / prefix-hit runs of the
 real KV manager, full and sliding-window groups), a tensor-parallel mirror that applies the diffs holds the
 same tables, and on a (fake) card the host makes no sync between the forward's launch and the sampler's one
@@ -16,14 +16,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.block_pool import Block
-from engine.input_batch import InputBatch
-from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_metadata import SamplingBatch
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
-from engine.sequence import Sequence
+from engine.kv.block_pool import Block
+from engine.worker.input_batch import InputBatch
+from engine.kv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.sample.metadata import SamplingBatch
+from engine.sample.sampling_params import SamplingParams
+from engine.core.scheduler import ScheduledSeq
+from engine.core.sequence import Sequence
 from test_fake_cuda import CUDA, cuda_generator, fake_cuda, fake_runner, rows_for, tiny_weights  # noqa: F401
 
 BS = 4
@@ -171,7 +171,7 @@ def test_a_table_longer_than_the_columns_is_a_clear_error():
 
 @pytest.mark.fake_cuda
 def test_no_host_sync_between_the_forward_launch_and_the_sampler(tiny_weights, fake_cuda, monkeypatch):  # noqa: F811
-    import engine.sampler as sampler
+    import engine.sample.sampler as sampler
     runner = fake_runner(monkeypatch, fake_cuda, tiny_weights, torch.float16)
     state = {"phase": "prepare", "syncs": []}
 

@@ -10,12 +10,12 @@ from types import SimpleNamespace
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.block_pool import NULL_BLOCK
-from engine.kv_cache_interface import (FullAttentionSpec, SlidingWindowSpec, build_layout, group_size, layer_specs,
+from engine.kv.block_pool import NULL_BLOCK
+from engine.kv.kv_cache_interface import (FullAttentionSpec, SlidingWindowSpec, build_layout, group_size, layer_specs,
                                        model_kv_layout)
-from engine.kv_cache_manager import KVCacheManager
-from engine.sequence import Sequence
-from engine.model_config import ModelConfig
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.core.sequence import Sequence
+from engine.config.model import ModelConfig
 from hf_reference import hf_greedy
 from tiny_models import make_tiny_model
 
@@ -84,7 +84,7 @@ def test_window_bound_is_window_plus_chunk():
 
 def test_planner_arithmetic_for_gemma3_27b_by_hand():
     from engine.bench.kv_groups import gemma3_27b
-    from engine.sizing import GIB, plan_capacity
+    from engine.planning.sizing import GIB, plan_capacity
     cfg = gemma3_27b()
     kwargs = dict(dtype="bfloat16", quantization="awq", max_num_batched_tokens=2048)
     on = plan_capacity(cfg, [24 * GIB], 0.9, **kwargs)
@@ -101,7 +101,7 @@ def test_planner_arithmetic_for_gemma3_27b_by_hand():
 
 
 def test_cpu_plan_caps_the_pool_at_max_num_seqs_peaks():
-    from engine.sizing import plan_cpu
+    from engine.planning.sizing import plan_cpu
     cfg = ModelConfig(architecture="MistralForCausalLM", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=16, intermediate_size=128, vocab_size=100, max_position_embeddings=512,
                       sliding_windows=[48, 48], max_model_len=512)
@@ -313,7 +313,7 @@ def test_long_sequence_fits_only_because_window_blocks_are_freed(gemma_like):
 
 def test_snapshot_state_and_block_map_show_the_groups(gemma_like, qtbot):
     from app.engine_state import parse_state
-    from engine.server.engine_state import build_state, collect_raw
+    from engine.entrypoints.openai.engine_state import build_state, collect_raw
     from widgets.block_map import BlockMapWidget
 
     llm = LLM(str(gemma_like[0]), device="cpu", num_gpu_blocks_override=64, max_num_batched_tokens=64)

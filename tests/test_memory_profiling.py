@@ -15,11 +15,11 @@ import pytest
 import torch
 
 from engine import LLM
-from engine.config import EngineConfig
-from engine.kv_cache_sizing import choose_num_blocks, measure_memory
-from engine.model_config import ModelConfig
-from engine.profiling import profile_batch
-from engine.sizing import (GIB, MIB, estimate_activation_bytes, kv_bytes_per_token, plan_capacity, plan_cpu,
+from engine.config.flags import EngineConfig
+from engine.worker.kv_cache_sizing import choose_num_blocks, measure_memory
+from engine.config.model import ModelConfig
+from engine.worker.profiling import profile_batch
+from engine.planning.sizing import (GIB, MIB, estimate_activation_bytes, kv_bytes_per_token, plan_capacity, plan_cpu,
                            rope_table_bytes, weights_bytes_per_card)
 
 LLAMA_8B = ModelConfig.from_hf_config({
@@ -229,7 +229,7 @@ def test_profiling_step_holds_what_a_full_sampling_step_holds(tiny_model_dir):
     vocabulary big enough for the sampler to be the peak, the profiling step must peak at least as high as a
     real prefill step whose every row has a bitmask (allowed_token_ids), penalties, filters and logprobs."""
     from live_bytes import LiveBytes
-    from engine.sampling_params import MAX_LOGPROBS, SamplingParams
+    from engine.sample.sampling_params import MAX_LOGPROBS, SamplingParams
     rows, prompt_len = 8, 6
     llm = LLM(str(tiny_model_dir("llama", vocab_size=16384)), device="cpu", max_num_seqs=rows)
     params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
@@ -276,7 +276,7 @@ def test_own_cuda_context_is_not_counted_as_other_programs(cards, monkeypatch, c
     """Issue 19 item 10: cudaMemGetInfo makes the process's CUDA context before it answers, so its ~500 MiB
     read as "other programs" and every start warned. NVML reads the card without a context, before and after."""
     import sys
-    from engine import gpu_baseline
+    from engine.worker import gpu_baseline
     context = 500 * MIB
     cards.append(SimulatedCard("NVIDIA GeForce RTX 4090", 24 * GIB, 0))
     made = []
@@ -306,7 +306,7 @@ def test_own_cuda_context_is_not_counted_as_other_programs(cards, monkeypatch, c
 
 def test_recorded_baseline_is_taken_once(cards, monkeypatch):
     """A tensor-parallel rank records before set_device; its ModelRunner takes that reading, a later one reads anew."""
-    from engine import gpu_baseline
+    from engine.worker import gpu_baseline
     cards.append(SimulatedCard("card", 24 * GIB, 0))
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: cards[0].mem_get_info())
     gpu_baseline.record(0)

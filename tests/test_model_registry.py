@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.registry import ARCHITECTURES, SUPPORTED_ARCHITECTURES, model_class
 
 BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "num_attention_heads": 4,
@@ -16,7 +16,7 @@ BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "nu
 
 
 def test_names_and_config_reading_import_no_torch():
-    code = ("import sys, engine.model_config, engine.models.registry, engine.sizing\n"
+    code = ("import sys, engine.config.model, engine.models.registry, engine.planning.sizing\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
             "print(len(engine.models.registry.SUPPORTED_ARCHITECTURES))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
@@ -85,7 +85,7 @@ def test_rope_parameters_both_spellings_and_per_layer_type():
 
 
 def test_text_config_is_merged_over_the_top_level():
-    from engine.model_config import text_config
+    from engine.config.model import text_config
     hf = {"architectures": ["X"], "eos_token_id": 3, "vision_config": {"hidden_size": 9},
           "text_config": {**BASE, "eos_token_id": [1, 2]}, "quantization_config": {"quant_method": "awq"}}
     text = text_config(hf, {"vocab_size": 7, "rms_norm_eps": 1e-5})

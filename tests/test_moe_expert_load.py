@@ -14,9 +14,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
-from engine.outputs import BlockPoolSnapshot, EngineStats
-from engine.piecewise_graphs import PiecewiseGraphs, TapeGraphBackend
-from engine.server.engine_state import ExpertLoadInterval, RawState, build_state
+from engine.core.outputs import BlockPoolSnapshot, EngineStats
+from engine.worker.graphs.piecewise import PiecewiseGraphs, TapeGraphBackend
+from engine.entrypoints.openai.engine_state import ExpertLoadInterval, RawState, build_state
 from hf_reference import make_prompts
 from server_harness import MODEL_NAME, start_server
 from test_fake_cuda import CUDA, Recorder, fake_cuda  # noqa: F401 (the fixture)

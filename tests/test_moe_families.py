@@ -53,7 +53,7 @@ def test_moe_family_matches_hf_in_every_mode(moe_reference, arch):
 
 
 def test_moe_model_holds_what_the_planner_counts(tiny_model_dir):
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     for arch in ("qwen3_moe", "glm4_moe"):
         cfg = ModelConfig.from_folder(tiny_model_dir(arch))
         llm = LLM(str(tiny_model_dir(arch)), device="cpu")
@@ -78,7 +78,7 @@ def test_moe_tensor_parallel_2_matches_hf(moe_reference, arch):
 def test_model_info_shows_total_and_active_parameters(tiny_model_dir):
     """The GUI's model info line: "… · 203.78K total, 105.47K active parameters · …" for a tiny MoE."""
     from app.model_info import format_count, read_model_info
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     path = tiny_model_dir("qwen3_moe")
     info = read_model_info(path)
     cfg = ModelConfig.from_folder(path)

@@ -11,7 +11,7 @@ import pytest
 import torch
 import transformers
 
-from engine.distributed import init_tensor_parallel
+from engine.distributed.parallel_state import init_tensor_parallel
 from engine.layers.fused_moe import RouterSpec, SparseMoeBlock, select_experts
 from engine.layers.fused_moe import block as block_module
 from engine.layers.fused_moe.weights import split_interleaved_gate_up

@@ -84,7 +84,7 @@ def test_act_order_experts_split_across_ranks(tiny_model_dir, tmp_path, fmt):
     is `weight_g_idx`): each rank keeps every group's scales and zeros and its rows of down's g_idx, the two
     ranks' partial sums equal the unsplit layer, and that equals the float experts the test's own reader
     dequantizes. Only layer 0's FusedMoE is built and loaded, from the checkpoint's own tensors."""
-    from engine.distributed import init_tensor_parallel
+    from engine.distributed.parallel_state import init_tensor_parallel
     packed = make_quantized(tiny_model_dir("qwen3_moe"), tmp_path / "act", fmt, bits=4, group=16, act_order=True,
                             sym=fmt == "ct")
     g_idx = "w2_g_idx" if fmt == "gptq" else "w2_weight_g_idx"
@@ -125,7 +125,7 @@ def _layer0_float_experts(path):
 def _layer0_experts(path):
     from engine.layers.fused_moe import FusedMoE
     from engine.layers.fused_moe.weights import expert_shard
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     from engine.quantization.methods import skipped_tensor
     cfg = ModelConfig.from_folder(path)
     prefix = "model.layers.0.mlp.experts"
@@ -146,10 +146,10 @@ def test_planner_counts_exactly_the_packed_experts_loaded(tiny_model_dir, tmp_pa
     """The planner's bytes equal the loaded parameters and buffers: experts stay packed in memory (int32 words,
     float16 scales and a byte per 4-bit zero point, int16 per 8-bit; compressed-tensors' float32 scales and its
     implied zero points; MXFP4 bytes and E8M0 scales), attention and routers as the checkpoint keeps them."""
-    from engine.loader import iterate_weights
-    from engine.model_config import ModelConfig
+    from engine.worker.loader import iterate_weights
+    from engine.config.model import ModelConfig
     from engine.models.registry import model_class
-    from engine.model_footprint import weights_bytes_per_card
+    from engine.planning.model_footprint import weights_bytes_per_card
     from quant_packers import make_mxfp4_gpt_oss
     if fmt == "mxfp4":
         path = make_mxfp4_gpt_oss(tiny_model_dir("gpt_oss"), tmp_path / fmt)

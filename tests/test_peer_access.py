@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import peer_access
-from engine.peer_access import copy_arrives_intact, nccl_environment, peer_copy_works
+from engine.distributed import peer_access
+from engine.distributed.peer_access import copy_arrives_intact, nccl_environment, peer_copy_works
 
 
 def test_copy_check_compares_what_arrived():
@@ -54,7 +54,7 @@ def hanging_probe_target(pairs):
 
 def test_probe_runs_in_a_throwaway_process(tmp_path, monkeypatch):
     import os
-    from engine.peer_access import probe_in_child
+    from engine.distributed.peer_access import probe_in_child
     mark = tmp_path / "probe.pid"
     monkeypatch.setenv("PEER_PROBE_MARK", str(mark))
     assert probe_in_child([(0, 1), (1, 0)], fake_probe_target) == {(0, 1): True, (1, 0): False}
@@ -66,14 +66,14 @@ def test_probe_runs_in_a_throwaway_process(tmp_path, monkeypatch):
 @pytest.mark.parametrize("target,timeout_s,says", [(failing_probe_target, 60, "illegal memory access"),
                                                     (hanging_probe_target, 3, "no answer in 3 s")])
 def test_a_failed_or_hung_probe_means_no_p2p(target, timeout_s, says, caplog):
-    from engine.peer_access import probe_in_child
+    from engine.distributed.peer_access import probe_in_child
     with caplog.at_level("WARNING", logger="pagedesk.engine"):
         assert probe_in_child([(0, 1), (1, 0)], target, timeout_s=timeout_s) == {(0, 1): False, (1, 0): False}
     assert says in caplog.text
 
 
 def test_answers_are_cached_per_driver_and_card(tmp_path):
-    from engine.peer_access import PeerAccessCache
+    from engine.distributed.peer_access import PeerAccessCache
     path, probed = tmp_path / "cache" / "peer_access.json", []
     identity = {"driver": "550.54", "uuids": ["GPU-a", "GPU-b", "GPU-c"]}
 
@@ -100,7 +100,7 @@ def test_answers_are_cached_per_driver_and_card(tmp_path):
 
 def test_executor_never_probes_on_the_engine_process(monkeypatch):
     """The executor asks the cache (a probe process), never peer_copy_works in its own process."""
-    from engine import executor
+    from engine.executor import tp_executor as executor
     monkeypatch.setattr(peer_access, "peer_copy_works", lambda a, b: 1 / 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)

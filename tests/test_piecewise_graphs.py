@@ -14,9 +14,9 @@ from torch import nn
 
 from engine import LLM, SamplingParams
 from engine.layers.attention import PagedAttention
-from engine.model_config import ModelConfig
-from engine.piecewise_graphs import PieceCaptureError, PiecewiseGraphs, TapeGraphBackend, eager_points, token_buckets
-from engine.sizing import estimate_activation_bytes, estimate_piecewise_graph_bytes, piecewise_bucket_count
+from engine.config.model import ModelConfig
+from engine.worker.graphs.piecewise import PieceCaptureError, PiecewiseGraphs, TapeGraphBackend, eager_points, token_buckets
+from engine.planning.sizing import estimate_activation_bytes, estimate_piecewise_graph_bytes, piecewise_bucket_count
 from hf_reference import make_prompts
 
 BUDGET = 32  # tokens per step: prompts of up to 120 tokens arrive in chunks beside running decodes
@@ -135,7 +135,7 @@ def test_toy_replay_recomputes_from_the_static_buffers():
 
 def test_cuda_backend_keeps_tensors_without_owning_them():
     """keep() aliases the memory (later writes show through) and holds no reference to the storage's owner."""
-    from engine.piecewise_graphs import CudaGraphBackend
+    from engine.worker.graphs.piecewise import CudaGraphBackend
     base = torch.arange(12.0)
     view = base[2:8].view(2, 3)
     kept = CudaGraphBackend.keep(view)

@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from engine.llm import LLM
-from engine.pooler_config import read_pooler_config, resolve_task
-from engine.pooling import PoolingParams
+from engine.entrypoints.llm import LLM
+from engine.config.pooler import read_pooler_config, resolve_task
+from engine.sample.pooling import PoolingParams
 from tiny_embedders import hf_embeddings, make_tiny_embedder
 
 PROMPTS = [list(range(5, 45)), list(range(7, 12)), list(range(9, 30))]

@@ -7,13 +7,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine import LLM, SamplingParams
-from engine import serve
-from engine.config import EngineConfig
-from engine.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams as Params
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.entrypoints import serve
+from engine.config.flags import EngineConfig
+from engine.kv.kv_cache_interface import FullAttentionSpec, SlidingWindowSpec
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.sample.sampling_params import SamplingParams as Params
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Sequence, SequenceStatus
 from hf_reference import MAX_TOKENS, engine_greedy
 
 

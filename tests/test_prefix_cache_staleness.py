@@ -3,10 +3,10 @@ preempted in the very step that scheduled the fill (issue 10 §3)."""
 from __future__ import annotations
 
 from engine import LLM, SamplingParams
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams as Params
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.sample.sampling_params import SamplingParams as Params
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Sequence, SequenceStatus
 from hf_reference import hf_greedy
 
 

@@ -7,10 +7,10 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams as Params
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.sample.sampling_params import SamplingParams as Params
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Sequence, SequenceStatus
 from hf_reference import MAX_TOKENS
 from server_harness import MODEL_NAME, start_server
 

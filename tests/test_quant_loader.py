@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine.distributed import init_tensor_parallel
-from engine.loader import iterate_weights
-from engine.model_config import ModelConfig
+from engine.distributed.parallel_state import init_tensor_parallel
+from engine.worker.loader import iterate_weights
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.quantization.config import parse_quantization_config
 from quant_packers import dequantize_module, make_quantized

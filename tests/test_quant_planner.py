@@ -8,9 +8,9 @@ from __future__ import annotations
 import httpx
 
 from app.model_info import read_model_info
-from engine.model_config import ModelConfig
-from engine.model_footprint import weights_bytes_per_card
-from engine.sizing import GIB, plan_capacity
+from engine.config.model import ModelConfig
+from engine.planning.model_footprint import weights_bytes_per_card
+from engine.planning.sizing import GIB, plan_capacity
 from quant_packers import make_quantized
 from server_harness import start_server
 

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.model_config import ModelConfig, text_module_patterns
+from engine.config.model import ModelConfig, text_module_patterns
 from hf_reference import hf_greedy, make_prompts
 from quant_packers import dequantized_folder, make_quantized
 

@@ -1,4 +1,4 @@
-"""The rejection sampler alone (engine/spec_decode/rejection_sampler.py): its output distribution equals the
+"""The rejection sampler alone (engine/sample/rejection_sampler.py): its output distribution equals the
 target's (seeded chi-square over many draws on a six-token vocabulary, for a draft model's q and for
 deterministic n-gram drafts), greedy rows accept exactly while the draft is the argmax, and a draft equal
 to the target is always accepted."""
@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import torch
 
-from engine.sampling_metadata import SamplingMetadata, SamplingRow
-from engine.sampling_params import SamplingParams
-from engine.spec_decode.ngram_proposer import NgramProposer
-from engine.spec_decode.rejection_sampler import rejection_sample
+from engine.sample.metadata import SamplingRow
+
+from engine.sample.state import SamplingMetadata
+from engine.sample.sampling_params import SamplingParams
+from engine.spec_decode.proposers.ngram import NgramProposer
+from engine.sample.rejection_sampler import rejection_sample
 
 VOCAB = 6
 DRAWS = 6000

@@ -7,10 +7,10 @@ import httpx
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.beam_search import BeamGroup, BeamSearchParams, length_normalized
-from engine.detokenizer import IncrementalDetokenizer
-from engine.llm_engine import LLMEngine
-from engine.output_processor import OutputProcessor
+from engine.core.beam_search import BeamGroup, BeamSearchParams, length_normalized
+from engine.core.detokenizer import IncrementalDetokenizer
+from engine.core.llm_engine import LLMEngine
+from engine.core.output_processor import OutputProcessor
 from hf_reference import MAX_TOKENS
 from server_harness import start_server
 

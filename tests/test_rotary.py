@@ -8,7 +8,7 @@ from transformers import AutoConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from engine.layers.rotary import get_rope, rope_inv_freq, rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 
 SHAPE = dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, head_dim=64, intermediate_size=64,
              num_hidden_layers=1, vocab_size=32, max_position_embeddings=1024)

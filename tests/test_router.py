@@ -1,4 +1,4 @@
-"""The router end to end: a real `python -m engine.serve` router process with several models behind it, each
+"""The router end to end: a real `python -m engine.entrypoints.serve` router process with several models behind it, each
 engine a real subprocess, driven through httpx and the real openai SDK.
 
 One router serves every test of this module (engine start-ups are slow on shared cores, so each test reuses
@@ -76,7 +76,7 @@ max-model-len = 128
 """)
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "engine.serve", "--model", f"a={models['a']}", "--model", f"b={models['b']}",
+    argv = [sys.executable, "-m", "engine.entrypoints.serve", "--model", f"a={models['a']}", "--model", f"b={models['b']}",
             "--models-config", str(config), "--device", "cpu", "--port", str(port), "--api-key", KEY,
             "--num-gpu-blocks-override", "300"]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from engine import serve
-from engine.config import EngineConfig
-from engine.model_config import ModelConfig
-from engine.router.balancer import BALANCE_TOKENS, ReplicaLoad, choose_replica, prefix_chain, prompt_text
-from engine.router.metrics_merge import merge_metrics
-from engine.router.placement import HOST, Card, Holder, NoRoom, place, replica_need
-from engine.router.specs import ModelSpec, build_specs, split_model_arg, wants_router
-from engine.sizing import GIB, MIB, MemoryProfile
+from engine.entrypoints import serve
+from engine.config.flags import EngineConfig
+from engine.config.model import ModelConfig
+from engine.entrypoints.router.balancer import BALANCE_TOKENS, ReplicaLoad, choose_replica, prefix_chain, prompt_text
+from engine.entrypoints.router.metrics_merge import merge_metrics
+from engine.entrypoints.router.placement import HOST, Card, Holder, NoRoom, place, replica_need
+from engine.entrypoints.router.specs import ModelSpec, build_specs, split_model_arg, wants_router
+from engine.planning.sizing import GIB, MIB, MemoryProfile
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,7 +71,7 @@ def test_models_dir_serves_every_folder_by_name(tmp_path, llama_dir, tiny_model_
     (root / "unsupported" / "config.json").write_text('{"architectures": ["GPT2LMHeadModel"]}')
     config = build_specs(*args_of("--models-dir", str(root)))
     assert sorted(config.models) == ["llama", "qwen", "unsupported"] and config.models["qwen"].discovered
-    from engine.router.main import check_models
+    from engine.entrypoints.router.main import check_models
     check_models(config)  # a folder it cannot serve is left out, not fatal
     assert sorted(config.models) == ["llama", "qwen"]
 
@@ -153,7 +153,7 @@ def test_metrics_merge_labels_every_engine():
 def test_absolute_kv_budget_ignores_a_sibling_engine(llama_dir):
     """Two engines on one 24 GiB card: the second starts with 10 GiB held by the first. With
     --gpu-memory-utilization that is "other programs"; with --kv-cache-memory the budget stands."""
-    from engine.kv_cache_sizing import smallest_plan
+    from engine.worker.kv_cache_sizing import smallest_plan
     cfg = ModelConfig.from_folder(llama_dir).with_max_model_len(256)
     profile = MemoryProfile("cuda:0", 24 * GIB, 14 * GIB, GIB // 2, GIB // 4, GIB // 4)
     shared = smallest_plan(EngineConfig(model=str(llama_dir), gpu_memory_utilization=0.5), cfg, [profile], 1024)
@@ -169,7 +169,7 @@ def test_the_router_imports_no_torch():
     import subprocess
     import sys
     from pathlib import Path
-    code = ("import sys, engine.router.app, engine.router.main, engine.serve; "
+    code = ("import sys, engine.entrypoints.router.app, engine.entrypoints.router.main, engine.entrypoints.serve; "
             "assert 'torch' not in sys.modules, 'the router imported torch'")
     root = str(Path(__file__).resolve().parents[1])
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root,
@@ -180,13 +180,13 @@ def test_the_router_imports_no_torch():
 def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
     """A sliding-window model's sequence holds blocks in its window group as well as its full group: the
     placement's "most useful" KV cache counts them all, as the engine's pool does (it once counted one group)."""
-    from engine.kv_cache_interface import model_kv_layout
+    from engine.kv.kv_cache_interface import model_kv_layout
 
     folder = tiny_model_dir("gemma2")
     s = ModelSpec("g", str(folder), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2})
     need = replica_need(s, Card(0, "cuda:0", 64 * GIB), None)
     config = s.engine_config()
-    from engine.sizing import DTYPE_BYTES, resolve_dtype
+    from engine.planning.sizing import DTYPE_BYTES, resolve_dtype
     cfg = ModelConfig.from_folder(folder).with_max_model_len(256)
     layout = model_kv_layout(cfg, config.block_size, DTYPE_BYTES[resolve_dtype(config.dtype, cfg.torch_dtype, True)])
     assert layout.has_sliding_window
@@ -198,8 +198,8 @@ def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
 def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
     """On a card the overhead holds the decode graphs, and with full_and_piecewise (the default) the piecewise
     pieces up to the step budget too, as the engine's sizing counts them; --enforce-eager: neither."""
-    from engine.router.placement import CUDA_CONTEXT_BYTES
-    from engine.sizing import estimate_piecewise_graph_bytes
+    from engine.entrypoints.router.placement import CUDA_CONTEXT_BYTES
+    from engine.planning.sizing import estimate_piecewise_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     both = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -217,8 +217,8 @@ def test_placement_counts_the_draft_model_and_the_verify_graphs(llama_dir):
     graphs beside the decode graphs; n-gram only the graphs."""
     import json
 
-    from engine.model_footprint import draft_footprint
-    from engine.sizing import estimate_verify_graph_bytes
+    from engine.planning.model_footprint import draft_footprint
+    from engine.planning.sizing import estimate_verify_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -237,9 +237,9 @@ def test_placement_counts_the_draft_model_and_the_verify_graphs(llama_dir):
 def test_response_directory_is_bounded_and_reads_ids_from_replies():
     import asyncio
 
-    from engine.router.app import chained_replica
-    from engine.router.response_directory import ResponseDirectory, ResponseOwner
-    from engine.server.errors import OpenAIError
+    from engine.entrypoints.router.app import chained_replica
+    from engine.entrypoints.router.response_directory import ResponseDirectory, ResponseOwner
+    from engine.entrypoints.openai.errors import OpenAIError
 
     directory = ResponseDirectory(capacity=2)
     a0, dp1 = ResponseOwner("a", 0), ResponseOwner("dp", 1)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.sampler import SamplingRow, apply_penalties, sample
+from engine.sample.sampler import SamplingRow, apply_penalties, sample
 
 
 def row(**kw) -> SamplingRow:
@@ -53,7 +53,7 @@ def test_logit_bias_and_min_tokens_mask():
 
 
 def test_bitmask_allows_only_its_tokens():
-    from engine.sampling_metadata import SamplingMetadata
+    from engine.sample.state import SamplingMetadata
     logits = torch.randn(2, 70) * 3
     rows = [row(temperature=0), row(temperature=1.0)]
     meta = SamplingMetadata.build(rows, 70, logits.device)
@@ -148,7 +148,7 @@ def test_utf8_split_across_tokens_never_leaves_replacement_char(llm):
     text = "Emoji: 🚀🔥✨ 👍 Ça coûte"
     ids = tok.encode(text)
     assert any("\ufffd" in tok.decode([i]) for i in ids)  # the test really splits characters
-    from engine.detokenizer import IncrementalDetokenizer
+    from engine.core.detokenizer import IncrementalDetokenizer
     detok = IncrementalDetokenizer(tok, SamplingParams(), 0)
     pieces = [detok.add_token(i) for i in ids]
     detok.flush()

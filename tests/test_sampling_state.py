@@ -1,4 +1,4 @@
-"""The persistent sampling state (engine/sampling_state.py): a step with no joins or leaves writes only its new
+"""The persistent sampling state (engine/sample/state.py): a step with no joins or leaves writes only its new
 tokens' counts, the buffers always equal counts rebuilt from the rows over a random join / grow / leave run,
 the sampler's output is the same as from metadata built from the rows alone (seeded rows included), and a
 pinned host buffer is only rewritten after the copy issued from it (CopyFence)."""
@@ -9,12 +9,15 @@ import random
 import numpy as np
 import torch
 
-from engine.input_batch import CopyFence, InputBatch
-from engine.sampler import sample_on_device
-from engine.sampling_metadata import SamplingMetadata, SamplingRow
-from engine.sampling_params import SamplingParams
-from engine.sampling_state import SamplingState
-from engine.scheduler import ScheduledSeq
+from engine.worker.input_batch import InputBatch
+
+from engine.platform.host_copies import CopyFence
+from engine.sample.sampler import sample_on_device
+from engine.sample.metadata import SamplingRow
+from engine.sample.state import SamplingMetadata
+from engine.sample.sampling_params import SamplingParams
+from engine.sample.state import SamplingState
+from engine.core.scheduler import ScheduledSeq
 from test_input_batch import fake_seq
 
 VOCAB = 40
@@ -113,7 +116,7 @@ def test_a_pinned_host_table_is_rewritten_only_after_its_copy_ran(monkeypatch):
     ib.fence = CopyFence(True)  # as on a card: the host tables are pinned, the copies asynchronous
     write = ib._apply_write
     monkeypatch.setattr(ib, "_apply_write", lambda w: log.append("write") or write(w))
-    from engine.block_pool import Block
+    from engine.kv.block_pool import Block
     seq = fake_seq([1, 2, 3], [[Block(1)]])
     ib.update([ScheduledSeq(seq, 3)])
     ib.commit()

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from server_harness import MODEL_NAME, start_server
-from engine.server.engine_state import unpack_blocks
+from engine.entrypoints.openai.engine_state import unpack_blocks
 
 GREEDY = dict(temperature=0.0, max_tokens=12, extra_body={"ignore_eos": True})
 

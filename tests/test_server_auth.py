@@ -51,7 +51,7 @@ def test_key_is_checked_before_the_body_is_parsed(server):
 
 
 def test_metrics_label_a_folder_model_by_name_not_path(llama_dir):
-    from engine.server.app import metrics_model_name
+    from engine.entrypoints.openai.app import metrics_model_name
     assert metrics_model_name(str(llama_dir)) == llama_dir.name and str(llama_dir.parent) not in llama_dir.name
     assert metrics_model_name("Qwen/Qwen2.5-7B-Instruct") == "Qwen/Qwen2.5-7B-Instruct"  # hub id: no folder
 

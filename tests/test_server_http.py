@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from engine.server.cors import allowed_origin_list
+from engine.entrypoints.openai.cors import allowed_origin_list
 from server_harness import MODEL_NAME, start_server
 
 UI = "http://ui.test:3000"

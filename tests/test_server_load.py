@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from server_harness import MODEL_NAME, start_server
-from engine.llm_engine import LLMEngine
-from engine.server.engine_state import unpack_blocks
+from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.openai.engine_state import unpack_blocks
 
 NUM_CLIENTS = 100
 

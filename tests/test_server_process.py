@@ -1,5 +1,5 @@
 """The server process under stress: SIGTERM mid-stream, a stopped tensor-parallel worker, leftovers of a
-SIGKILL. Real `python -m engine.serve` subprocesses; each stream is long by construction (4,000 tokens)
+SIGKILL. Real `python -m engine.entrypoints.serve` subprocesses; each stream is long by construction (4,000 tokens)
 and each wait is bounded; nothing asserts wall time."""
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from engine.serve import EXIT_ENGINE_DIED
+from engine.entrypoints.serve import EXIT_ENGINE_DIED
 from test_cli import free_port
 from test_tensor_parallel import descendants
 
@@ -31,7 +31,7 @@ def long_llama(tiny_model_dir):
 
 def start_serve(model_dir, port: int, *flags: str) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
+    argv = [sys.executable, "-m", "engine.entrypoints.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
             "--num-gpu-blocks-override", "300", "--served-model-name", "tiny", *flags]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env)
 
@@ -141,7 +141,7 @@ def test_stopped_tensor_parallel_worker_trips_the_step_watchdog(long_llama):
 # ---- item 12: no rendezvous folder outlives a SIGKILLed server ---------------------------------------------------
 
 def test_stale_rendezvous_folders_of_dead_processes_are_removed(tmp_path):
-    from engine.executor import STORE_PREFIX, remove_stale_store_dirs
+    from engine.executor.tp_executor import STORE_PREFIX, remove_stale_store_dirs
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / f"{STORE_PREFIX}{dead.pid}-abc").mkdir()

@@ -13,13 +13,13 @@ import weakref
 import httpx
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineDeadError, RequestStream
-from engine.step_watchdog import FIRST_STEP_TIMEOUT_S, StepWatchdog, resolve_step_timeout
-from engine.config import EngineConfig
-from engine.outputs import CompletionOutput, RequestOutput
-from engine.server.hosts import allowed_host_names, host_name
-from engine.server.prompts import MAX_CHARS_PER_TOKEN
-from engine.server.state_hub import MAX_EVENTS_PER_S, SnapshotHub
+from engine.entrypoints.async_engine import AsyncEngine, EngineDeadError, RequestStream
+from engine.core.step_watchdog import FIRST_STEP_TIMEOUT_S, StepWatchdog, resolve_step_timeout
+from engine.config.flags import EngineConfig
+from engine.core.outputs import CompletionOutput, RequestOutput
+from engine.entrypoints.openai.hosts import allowed_host_names, host_name
+from engine.entrypoints.openai.prompts import MAX_CHARS_PER_TOKEN
+from engine.entrypoints.openai.state_hub import MAX_EVENTS_PER_S, SnapshotHub
 from server_harness import start_server
 
 
@@ -278,7 +278,7 @@ def test_slow_reader_gets_the_newest_output_and_close_releases_it():
 
 
 def stream_accepted():
-    from engine.async_engine import _ACCEPTED
+    from engine.entrypoints.async_engine import _ACCEPTED
     return _ACCEPTED
 
 

@@ -11,11 +11,11 @@ import threading
 import numpy as np
 import pytest
 
-from engine.async_engine import AsyncEngine, EngineDeadError
-from engine.config import EngineConfig
-from engine.outputs import BlockPoolSnapshot, CompletionOutput, EngineStats, RequestOutput, RequestState
-from engine.sampling_params import SamplingParams
-from engine.server.engine_state import RawState, build_state, unpack_blocks
+from engine.entrypoints.async_engine import AsyncEngine, EngineDeadError
+from engine.config.flags import EngineConfig
+from engine.core.outputs import BlockPoolSnapshot, CompletionOutput, EngineStats, RequestOutput, RequestState
+from engine.sample.sampling_params import SamplingParams
+from engine.entrypoints.openai.engine_state import RawState, build_state, unpack_blocks
 
 
 def realistic_snapshot(num_blocks: int, num_requests: int, seed: int = 0) -> BlockPoolSnapshot:

@@ -2,8 +2,8 @@
 test_prefill_cap.py), offline LLM keeps 8192, and an explicit --max-num-batched-tokens always wins."""
 from __future__ import annotations
 
-from engine import serve
-from engine.config import EngineConfig
+from engine.entrypoints import serve
+from engine.config.flags import EngineConfig
 
 
 def test_serving_budget_is_2048_and_offline_keeps_8192():

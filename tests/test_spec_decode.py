@@ -10,9 +10,9 @@ import pytest
 from pydantic import BaseModel, Field
 
 from engine import LLM, SamplingParams
-from engine.block_pool import hash_block
-from engine.serve import main as serve_main
-from engine.spec_decode.config import parse_speculative_config
+from engine.kv.block_pool import hash_block
+from engine.entrypoints.serve import main as serve_main
+from engine.config.speculative import parse_speculative_config
 from engine.structured_output.params import StructuredOutputsParams
 from hf_reference import make_prompts
 
@@ -216,8 +216,8 @@ def test_logprobs_per_emitted_token_match(engines):
 
 
 def test_config_as_dict_round_trips_through_the_command_line():
-    from engine.config import flags_to_argv
-    from engine.serve import parse_config
+    from engine.config.flags import flags_to_argv
+    from engine.entrypoints.serve import parse_config
 
     spec = ngram_config()
     argv = flags_to_argv({"speculative_config": spec})
@@ -245,7 +245,7 @@ def test_planner_counts_the_draft_as_the_engine_does(engines, llama_dir):
     import json
 
     from app.capacity import capacity_line, plan_for
-    from engine.model_footprint import rope_table_bytes
+    from engine.planning.model_footprint import rope_table_bytes
 
     config = json.loads((llama_dir / "config.json").read_text())
     values = {"max_num_seqs": 256, "speculative_config": json.dumps({"model": str(llama_dir),

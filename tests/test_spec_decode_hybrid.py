@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.kv_cache_interface import model_kv_layout
+from engine.kv.kv_cache_interface import model_kv_layout
 from hf_reference import make_prompts
 
 pytestmark = pytest.mark.timeout(300)

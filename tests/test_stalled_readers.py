@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine.async_engine import MAX_UNREAD_OUTPUTS, AsyncEngine, StreamIdleTimeout
-from engine.sampling_params import SamplingParams
+from engine.entrypoints.async_engine import MAX_UNREAD_OUTPUTS, AsyncEngine, StreamIdleTimeout
+from engine.sample.sampling_params import SamplingParams
 from server_harness import tiny_config
 
 STALLED = 6

@@ -1,4 +1,4 @@
-"""The hybrid models' state pool (engine/state_pool.py) behind KVCacheManager: exact behaviour of admission,
+"""The hybrid models' state pool (engine/kv/state_pool.py) behind KVCacheManager: exact behaviour of admission,
 forks and frees, and under random operations no slot leaked and no slot shared without a copy.
 
 The hypothesis test models what each slot holds as the tokens its state summarises: a forward checks that a
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.kv_cache_manager import KVCacheManager
-from engine.state_pool import StatePool
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.kv.state_pool import StatePool
 from test_block_pool import fake_seq
 
 

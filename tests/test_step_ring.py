@@ -1,4 +1,4 @@
-"""The tensor-parallel step ring (engine/step_ring.py) and the worker loop on it (engine/tp_worker.serve): steps
+"""The tensor-parallel step ring (engine/distributed/step_ring.py) and the worker loop on it (engine/tp_worker.serve): steps
 are read in order with no answer, a command runs only after the steps published before it, a step too large
 for a slot travels over the pipe in its place, and rank 0 waits for a slot (watching the workers) only while
 a worker has not read the step it holds. In one process: the loop runs in a thread against a recording runner."""
@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.step_ring import StepRing
-from engine.tp_worker import serve
+from engine.distributed.step_ring import StepRing
+from engine.executor.tp_worker import serve
 
 CTX = mp.get_context("spawn")
 

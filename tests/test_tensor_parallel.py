@@ -19,9 +19,9 @@ import pytest
 import torch.distributed as dist
 
 from engine import LLM, SamplingParams
-from engine.executor import check_tensor_parallel
-from engine.model_config import ModelConfig
-from engine.peer_access import nccl_environment
+from engine.executor.tp_executor import check_tensor_parallel
+from engine.config.model import ModelConfig
+from engine.distributed.peer_access import nccl_environment
 from hf_reference import hf_greedy, make_prompts
 from tiny_models import ARCHS
 

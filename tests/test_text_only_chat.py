@@ -8,10 +8,10 @@ import time
 import pytest
 from transformers import AutoTokenizer
 
-from engine.server.errors import OpenAIError
-from engine.server.prompts import chat_prompt
-from engine.server.protocol import ChatMessage
-from engine.server.served_model import ServedModel, plain_text_tokenizer, special_texts
+from engine.entrypoints.openai.errors import OpenAIError
+from engine.entrypoints.openai.prompts import chat_prompt
+from engine.entrypoints.openai.protocol import ChatMessage
+from engine.entrypoints.openai.served_model import ServedModel, plain_text_tokenizer, special_texts
 
 # The shape of Gemma 3's template: no system turn (it becomes the first user turn's prefix), "model" for the
 # assistant, and an exception when the roles do not alternate.

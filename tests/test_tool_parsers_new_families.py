@@ -9,8 +9,8 @@ import json
 import pytest
 
 from engine.reasoning import detect_reasoning_parser, get_reasoning_parser
-from engine.server.chat_outputs import ChatOutputPlan, ChoiceView
-from engine.server.protocol import ToolDefinition
+from engine.entrypoints.openai.chat_outputs import ChatOutputPlan, ChoiceView
+from engine.entrypoints.openai.protocol import ToolDefinition
 from engine.tool_parsers import detect_tool_parser, get_tool_parser
 from test_api_parsers import _calls, _stream
 

@@ -2,7 +2,7 @@
 sends) ends every stream in-band even while a step is held up, and lets rank 0 drain and end its worker with a
 "shutdown" command; a stopped worker (SIGSTOP) is found by
 its heartbeat, apart from step progress, so /health turns 503 within seconds even with the CPU's 600 s step
-timeout. Real `python -m engine.serve` subprocesses over 2 gloo ranks; every wait is bounded."""
+timeout. Real `python -m engine.entrypoints.serve` subprocesses over 2 gloo ranks; every wait is bounded."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from engine.serve import EXIT_ENGINE_DIED
+from engine.entrypoints.serve import EXIT_ENGINE_DIED
 from test_cli import free_port
 from test_server_process import ROOT, kill, open_long_stream, read_events, wait_serving, worker_pid
 
@@ -28,7 +28,7 @@ def long_llama(tiny_model_dir):
 def start_tp_serve(model_dir, port: int) -> subprocess.Popen:
     """Two ranks on CPU in a process group of their own, like the GUI's supervisor starts them."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "-m", "engine.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
+    argv = [sys.executable, "-m", "engine.entrypoints.serve", "--model", str(model_dir), "--device", "cpu", "--port", str(port),
             "--num-gpu-blocks-override", "300", "--served-model-name", "tiny", "--tensor-parallel-size", "2"]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                             start_new_session=True)

@@ -4,7 +4,7 @@ Triton compiles one variant per cache key: the constexprs plus, for each int arg
 the value is 1 or divisible by 16 (and pointer alignment). A subprocess runs the engine's Triton backend under
 the interpreter, records every launch's arguments, and computes the key the compiled JIT would use for sm_86
 (Triton's own binder, `create_function_from_signature`, with a CUDA backend object; no GPU needed). After the
-engine's warm-up (engine/warm_up.py) a run with varied batch sizes, prompt lengths and contexts must meet no
+engine's warm-up (engine/worker/warm_up.py) a run with varied batch sizes, prompt lengths and contexts must meet no
 new key; the same keys computed as if nothing were marked `do_not_specialize` must grow, which shows the
 workload varies what the marks cover. The quantized linears (CUDA-only in the engine) are driven directly at
 the token counts of the warm-up shapes, then at every row count. To keep the interpreter fast the model is
@@ -45,7 +45,7 @@ SCRIPT = textwrap.dedent("""
     InterpretedFunction.run = recording_run
 
     from engine import LLM, SamplingParams
-    from engine.warm_up import kernel_shapes, triton_tiles_for, warm_up_kernels
+    from engine.worker.warm_up import kernel_shapes, triton_tiles_for, warm_up_kernels
     from kernels.quant_torch import pack_int32
     from kernels.triton_quant_linear import quant_linear_triton
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from engine import LLM
-from engine.cuda_graphs import context_buckets
-from engine.model_runner import every_shape
-from engine.warm_up import kernel_shapes, warm_up_kernels
+from engine.worker.graphs.decode import context_buckets
+from engine.worker.model_runner import every_shape
+from engine.worker.warm_up import kernel_shapes, warm_up_kernels
 
 
 def test_one_shape_per_kernel_configuration():

@@ -165,7 +165,7 @@ def sigterm(proc, base: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench attacks", description=__doc__)
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2],
-                        help="checkout whose engine.serve runs the server (default: this one)")
+                        help="checkout whose engine.entrypoints.serve runs the server (default: this one)")
     parser.add_argument("--schemas", type=int, default=8)
     parser.add_argument("--stalled", type=int, default=50)
     parser.add_argument("--window", type=float, default=30.0, help="seconds the stalled readers are watched")

@@ -14,10 +14,10 @@ import argparse
 from dataclasses import dataclass
 
 from engine.bench.workload import BenchRequest, sharegpt_like
-from engine.kv_cache_manager import KVCacheManager
-from engine.sampling_params import SamplingParams
-from engine.scheduler import Scheduler
-from engine.sequence import Request, Sequence, SequenceStatus
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.sample.sampling_params import SamplingParams
+from engine.core.scheduler import Scheduler
+from engine.core.sequence import Request, Sequence, SequenceStatus
 
 NUM_BLOCKS = 3584  # ~7 GiB of KV at 128 KiB per token (Llama-3-8B, bf16) in 16-token blocks: a 24 GB card
 

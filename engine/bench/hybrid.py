@@ -66,8 +66,8 @@ SEATS = (4, 16)  # max_num_seqs: the state pool holds one slot per seat
 
 def plan(hf: dict, tp: int, max_num_seqs: int):
     """The plan at CONTEXT tokens, AWQ weights, FP8 KV on `tp` 24 GiB cards at 0.9."""
-    from engine.model_config import ModelConfig
-    from engine.sizing import GIB, plan_capacity
+    from engine.config.model import ModelConfig
+    from engine.planning.sizing import GIB, plan_capacity
     hf = {**hf, "quantization_config": AWQ_G128}
     cfg = ModelConfig.from_hf_config(hf)
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, CONTEXT)  # dense ones: planned as if extended
@@ -76,7 +76,7 @@ def plan(hf: dict, tp: int, max_num_seqs: int):
 
 
 def verdict_rows() -> list[str]:
-    from engine.sizing import GIB, MIB
+    from engine.planning.sizing import GIB, MIB
     rows = []
     for name, hf in HYBRID_CASES + DENSE_CASES:
         for tp in (1, 2):
@@ -107,7 +107,7 @@ def cpu_throughput(num_prompts: int, max_model_len: int) -> None:
 
     from engine import LLM, SamplingParams
     from engine.bench.workload import make_random_model, sharegpt_like
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     requests = sharegpt_like(num_prompts, CPU_SHAPE["vocab_size"], max_model_len, 0, prompt_mean=64, output_mean=64)
     out_tokens = sum(r.output_len for r in requests)
     print(f"\n{num_prompts} requests, {out_tokens} output tokens; torch {torch.__version__}, "

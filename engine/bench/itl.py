@@ -33,8 +33,8 @@ def replay(path: Path, requests, offsets: np.ndarray, max_model_len: int, device
     time for a GPU, whose work CPU time does not see; a step ends with its sampled ids on the host, so
     its GPU work is done) and the makespan."""
     from engine import SamplingParams
-    from engine.config import EngineConfig
-    from engine.llm_engine import LLMEngine
+    from engine.config.flags import EngineConfig
+    from engine.core.llm_engine import LLMEngine
 
     now = CLOCKS[clock_name]
     engine = LLMEngine(EngineConfig.from_kwargs(model=str(path), device=device, max_model_len=max_model_len,

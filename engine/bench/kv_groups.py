@@ -1,6 +1,6 @@
 """`pagedesk-bench kv-groups`: what freeing sliding-window blocks buys, from the planner's own arithmetic.
 
-Gemma-3-27B's published text config (written out below, nothing downloaded) through `engine.sizing.plan_capacity`
+Gemma-3-27B's published text config (written out below, nothing downloaded) through `engine.planning.sizing.plan_capacity`
 with window freeing on (KV cache groups: 10 full-attention layers, 52 window layers of 1,024 tokens) and off
 (every layer keeps every block), on one and two 24 GiB cards, bf16 and 4-bit (AWQ/GPTQ) weights, bf16 and FP8 KV.
 """
@@ -22,7 +22,7 @@ GEMMA3_27B_TEXT = {
 def gemma3_27b():
     """The ModelConfig of GEMMA3_27B_TEXT, built field by field (the registry of model families reads the same
     dict through ModelConfig.from_hf_config once Gemma 3 is a supported architecture)."""
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     hf = GEMMA3_27B_TEXT
     return ModelConfig(
         architecture=hf["architectures"][0], hidden_size=hf["hidden_size"], num_layers=hf["num_hidden_layers"],
@@ -35,7 +35,7 @@ def gemma3_27b():
 
 
 def rows(max_num_batched_tokens: int) -> list[str]:
-    from engine.sizing import GIB, plan_capacity
+    from engine.planning.sizing import GIB, plan_capacity
     cfg = gemma3_27b()
     out = []
     for tp in (1, 2):

@@ -17,8 +17,8 @@ SMALL = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key
 
 
 def engine(path: Path, **kwargs):
-    from engine.llm_engine import LLMEngine
-    from engine.config import EngineConfig
+    from engine.core.llm_engine import LLMEngine
+    from engine.config.flags import EngineConfig
     return LLMEngine(EngineConfig.from_kwargs(model=str(path), device="cpu", **kwargs))
 
 
@@ -155,7 +155,7 @@ def scheduler_step_time(path: Path, num_seqs: int = 256, steps: int = 200) -> fl
 
 _SAMPLER_CHILD = """
 import resource, sys, torch
-from engine.profiling import profile_sampler
+from engine.worker.profiling import profile_sampler
 rows, vocab = int(sys.argv[1]), int(sys.argv[2])
 torch.set_num_threads(1)
 profile_sampler(2, vocab, torch.device("cpu"))  # warm: libraries and the allocator's first pages
@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
         cold, warm = ttft(big)
         on, off, hashing_share = caching_cost(small, min(args.num_prompts, 64))
         step = scheduler_step_time(small)
-    from engine.sizing import SAMPLER_BYTES_PER_LOGIT
+    from engine.planning.sizing import SAMPLER_BYTES_PER_LOGIT
     per_logit = sampler_bytes_per_logit()
     rows = [
         ("KV waste, paged (allocated − used) / allocated", f"{waste['paged']:.1%}", "≤ 4%"),

@@ -23,8 +23,8 @@ MOE = dict(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=384, int
 
 
 def planner_verdicts() -> None:
-    from engine.model_config import ModelConfig
-    from engine.sizing import GIB, plan_capacity
+    from engine.config.model import ModelConfig
+    from engine.planning.sizing import GIB, plan_capacity
     print("\n| model | params (total / active) | cards | weights/card | KV tokens that fit | verdict at the "
           "model's context |")
     print("|---|---|---|---:|---:|---|")
@@ -51,7 +51,7 @@ def throughput(num_prompts: int, max_model_len: int) -> None:
 
     from engine import LLM, SamplingParams
     from engine.bench.workload import make_random_model, sharegpt_like
-    from engine.model_config import ModelConfig
+    from engine.config.model import ModelConfig
     requests = sharegpt_like(num_prompts, SHAPE["vocab_size"], max_model_len, 0, prompt_mean=64, output_mean=64)
     out_tokens = sum(r.output_len for r in requests)
     print(f"\n{num_prompts} requests, {out_tokens} output tokens; torch {torch.__version__}, "

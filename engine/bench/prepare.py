@@ -20,11 +20,11 @@ from types import SimpleNamespace
 
 import torch
 
-from engine.block_pool import Block
-from engine.kv_cache_interface import FullAttentionSpec, KVCacheGroup, KVCacheLayout
-from engine.model_runner import ModelRunner
-from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledSeq
+from engine.kv.block_pool import Block
+from engine.kv.kv_cache_interface import FullAttentionSpec, KVCacheGroup, KVCacheLayout
+from engine.worker.model_runner import ModelRunner
+from engine.sample.sampling_params import SamplingParams
+from engine.core.scheduler import ScheduledSeq
 
 
 def make_runner(block_size: int, max_model_len: int) -> ModelRunner:
@@ -33,7 +33,7 @@ def make_runner(block_size: int, max_model_len: int) -> ModelRunner:
     runner.block_size, runner.device = block_size, torch.device("cpu")
     runner.kv_layout = KVCacheLayout((KVCacheGroup(FullAttentionSpec(block_size, 1, 1, 1), (0,)),), 1)
     try:
-        from engine.input_batch import InputBatch
+        from engine.worker.input_batch import InputBatch
     except ImportError:  # a tree from before the input batch
         return runner
     runner.input_batch = InputBatch(1, -(-max_model_len // block_size), runner.device)
@@ -76,7 +76,7 @@ VOCAB = 32_000
 def sampling_rows(seqs, penalized_every: int) -> list:
     """One row per sequence, keyed by its id where the tree's SamplingRow has keys; every `penalized_every`-th
     with penalties (0: none)."""
-    from engine.sampling_metadata import SamplingRow
+    from engine.sample.metadata import SamplingRow
     rows = []
     for i, seq in enumerate(seqs):
         pen = penalized_every and i % penalized_every == penalized_every - 1
@@ -90,7 +90,7 @@ def sampling_rows(seqs, penalized_every: int) -> list:
 
 
 def sampling_metadata(rows, state):
-    from engine.sampling_metadata import SamplingMetadata
+    from engine.sample.state import SamplingMetadata
     if state is None:
         return SamplingMetadata.build(rows, VOCAB, torch.device("cpu"))
     return state.metadata(rows)
@@ -104,7 +104,7 @@ def measure(num_seqs: int, num_blocks: int, block_size: int, steps: int, penaliz
     fresh = [10 ** 7]
     rows = sampling_rows(seqs, penalized_every)
     try:
-        from engine.sampling_state import SamplingState
+        from engine.sample.state import SamplingState
         state = SamplingState(VOCAB, torch.device("cpu"), num_seqs)
     except ImportError:
         state = None

@@ -104,8 +104,8 @@ def forward_times(configs: list[tuple[str, Path, bool]], token_counts: tuple[int
     other load on the machine hits every config alike."""
     import statistics
 
-    from engine.loader import iterate_weights
-    from engine.model_config import ModelConfig
+    from engine.worker.loader import iterate_weights
+    from engine.config.model import ModelConfig
     from engine.models.registry import model_class
 
     models = []
@@ -132,8 +132,8 @@ def forward_times(configs: list[tuple[str, Path, bool]], token_counts: tuple[int
 
 
 def planner_verdicts() -> None:
-    from engine.model_config import ModelConfig
-    from engine.sizing import GIB, plan_capacity
+    from engine.config.model import ModelConfig
+    from engine.planning.sizing import GIB, plan_capacity
     print("\n| model | cards | weights/card | KV tokens that fit | verdict at the model's context |")
     print("|---|---|---:|---:|---|")
     for name, (hf, tp) in PUBLISHED.items():

@@ -40,7 +40,7 @@ def _rss_mb(pid: int, field: str) -> float:
 def start_server(model: Path, repo: Path) -> tuple[subprocess.Popen, str]:
     port = _free_port()
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    proc = subprocess.Popen([sys.executable, "-m", "engine.serve", "--model", str(model), "--device", "cpu",
+    proc = subprocess.Popen([sys.executable, "-m", "engine.entrypoints.serve", "--model", str(model), "--device", "cpu",
                              "--port", str(port), "--served-model-name", "bench", "--num-gpu-blocks-override", "512"],
                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
@@ -94,7 +94,7 @@ async def snapshot_storm(base: str, subscribers: int, tokens: int) -> dict:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench reliability", description=__doc__)
     parser.add_argument("--repo", type=Path, default=Path(__file__).resolve().parents[2],
-                        help="checkout whose engine.serve runs the server (default: this one)")
+                        help="checkout whose engine.entrypoints.serve runs the server (default: this one)")
     parser.add_argument("--huge-prompts", type=int, default=8)
     parser.add_argument("--subscribers", type=int, default=50)
     parser.add_argument("--tokens", type=int, default=300)

@@ -39,7 +39,7 @@ def start(argv: list[str], port: int, pin: str | None = None, threads: int | Non
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     prefix = ["taskset", "-c", pin] if pin else []
-    proc = subprocess.Popen([*prefix, sys.executable, "-m", "engine.serve", *argv, "--port", str(port)],
+    proc = subprocess.Popen([*prefix, sys.executable, "-m", "engine.entrypoints.serve", *argv, "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, cwd=ROOT)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:

@@ -73,7 +73,7 @@ def _parity_row(device: str, dtype, cache_dtype, name: str | None = None) -> Row
 
 def _peer_row(a: int, b: int) -> Row:
     from engine.doctor.kernel_checks import copy_bandwidth
-    from engine.peer_access import peer_copy_works
+    from engine.distributed.peer_access import peer_copy_works
     gbps = copy_bandwidth(f"cuda:{a}", f"cuda:{b}")
     if peer_copy_works(a, b):
         return Row(f"P2P cuda:{a}->cuda:{b}", "pass", f"peer copy intact, {gbps:.1f} GB/s")
@@ -84,7 +84,7 @@ def _peer_row(a: int, b: int) -> Row:
 
 def _allreduce_row(count: int) -> Row:
     from engine.doctor.allreduce import allreduce_bus_bandwidth
-    from engine.peer_access import nccl_environment, peer_copy_works
+    from engine.distributed.peer_access import nccl_environment, peer_copy_works
     env = nccl_environment(count, peer_copy_works, os.environ)
     gbps = allreduce_bus_bandwidth(count, "nccl", env=env)
     how = " with NCCL_P2P_DISABLE=1" if env else ""

@@ -12,7 +12,7 @@ import time
 import torch
 
 from engine.layers.attention import AttentionMetadata
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 
 PARITY_LIMIT = 2e-2  # bf16/fp16 outputs of two correct kernels differ by rounding only
 # A tiny Llama: 4 layers, GQA 8/2, head_dim 64; big enough to launch every kernel of a decode step.

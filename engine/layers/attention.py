@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from engine.distributed import get_tp_rank, get_tp_size
+from engine.distributed.parallel_state import get_tp_rank, get_tp_size
 from kernels import get_attention_backend
 from kernels.attention_torch import check_variants
 
@@ -62,7 +62,7 @@ class PagedAttention(nn.Module):
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
         self.k_scale = self.v_scale = None
-        self.kv_group = 0  # which KV cache group's block table this layer reads (engine/kv_cache_interface.py)
+        self.kv_group = 0  # which KV cache group's block table this layer reads (engine/kv/kv_cache_interface.py)
 
     def load_sinks(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         """The checkpoint holds every head's sink; this rank keeps those of its own heads."""

@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
+from engine.distributed.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import divide, get_tp_rank, get_tp_size
+from engine.distributed.parallel_state import divide, get_tp_rank, get_tp_size
 from engine.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from engine.layers.norm import GatedRMSNorm
-from engine.model_config import LinearAttentionConfig
+from engine.config.model import LinearAttentionConfig
 from engine.quantization.config import QuantConfig
 
 logger = logging.getLogger("pagedesk.engine")

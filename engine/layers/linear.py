@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.distributed import all_reduce, divide, get_tp_rank, get_tp_size
+from engine.distributed.parallel_state import all_reduce, divide, get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import linear_method
 

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from engine.model_config import ROPE_TYPES, ModelConfig
+from engine.config.model import ROPE_TYPES, ModelConfig
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:

@@ -19,7 +19,7 @@ from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.weights import (VL_TEXT_MAPPER, checkpoint_modules)
 

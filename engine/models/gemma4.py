@@ -27,13 +27,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import get_tp_size
-from engine.kv_cache_interface import kv_head_replicas
+from engine.distributed.parallel_state import get_tp_size
+from engine.kv.kv_cache_interface import kv_head_replicas
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM, Gemma3MLP
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.models.weights import WeightsMapper, checkpoint_modules

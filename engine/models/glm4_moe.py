@@ -8,7 +8,7 @@ choice, a routed scaling factor and `n_shared_experts` shared experts. The publi
 """
 from __future__ import annotations
 
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3_moe import moe_block
 from engine.models.weights import WeightsMapper

@@ -25,7 +25,7 @@ from engine.layers.fused_moe.weights import split_interleaved_gate_up
 from engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM, LlamaModel
 from engine.models.qwen3_moe import moe_block
 from engine.models.weights import WeightsMapper, checkpoint_modules

@@ -18,7 +18,7 @@ from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.weights import (PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMapper, checkpoint_modules,
                                    load_weights)
 

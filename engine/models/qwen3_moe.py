@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import nn
 
 from engine.layers.fused_moe import RouterSpec, SparseMoeBlock
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM, LlamaMLP
 from engine.models.weights import WeightsMapper
 

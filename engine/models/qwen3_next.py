@@ -22,7 +22,7 @@ from engine.layers.linear import QKVParallelLinear, RowParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.layers.embedding import VocabParallelEmbedding
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM, LlamaMLP
 from engine.models.weights import WeightsMapper, checkpoint_modules
 
@@ -130,7 +130,7 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
     weights_mapper = WeightsMapper(skipped_prefixes=(MTP_PREFIX,), renamed_infixes=SHARED_EXPERT_INFIXES)
 
     def attention_layers(self) -> list[PagedAttention]:
-        """The full-attention layers, in order: the KV cache groups number these (engine/kv_cache_interface.py)."""
+        """The full-attention layers, in order: the KV cache groups number these (engine/kv/kv_cache_interface.py)."""
         return [layer.self_attn.attn for layer in self.model.layers if not layer.is_linear]
 
     def state_layers(self) -> list[GatedDeltaNet]:

@@ -14,7 +14,7 @@ With one rank the embedding and the LM head are the target's own modules, held b
 twice. Under tensor parallel the target's are vocab-sharded, so the head, which runs whole on rank 0, gets its
 own unsharded copies (`FullVocab`, read from the target's checkpoint names): 2 × vocab × hidden × dtype bytes
 on rank 0 (one copy with tied embeddings). The layer's KV cache is its own tensor, bound like a draft model's
-(engine/spec_decode/mtp_proposer.py).
+(engine/spec_decode/proposers/mtp.py).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import ColumnParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import rotary_embeddings
-from engine.model_config import ModelConfig
+from engine.config.model import ModelConfig
 from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, HybridDecoderLayer
 from engine.models.weights import PACKED_QKV_GATE_UP, WeightsMapper, load_weights
 
@@ -53,7 +53,7 @@ def mtp_num_layers(cfg: ModelConfig, names: Iterable[str]) -> int:
 
 class FullVocab(nn.Module):
     """Unsharded copies of the target's embedding and LM head for the head on rank 0 under tensor parallel
-    (build it inside engine.distributed.single_rank, so the vocab-parallel layers take every row and make no
+    (build it inside engine.distributed.parallel_state.single_rank, so the vocab-parallel layers take every row and make no
     collective). Named like the target's own (model.embed_tokens, lm_head), so the target's weights mapper reads
     the checkpoint's names for it; an LM head tied to the embedding is one tensor, as in the target."""
 

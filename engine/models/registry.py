@@ -1,6 +1,6 @@
 """The model registry: each Hugging Face architecture name -> the family module and class that implement it.
 
-The name table is plain data and this module imports nothing of torch, so `engine.model_config` (and through it
+The name table is plain data and this module imports nothing of torch, so `engine.config.model` (and through it
 the GUI's planner) can say which architectures exist without loading any model code; `model_class` imports a
 family module only when an engine actually builds that model. A new family is one file in engine/models/ and
 one line here. `text_defaults` are the family's config defaults for fields a published config.json may leave

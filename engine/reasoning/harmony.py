@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.reasoning import ReasoningParser, held_back
+from engine.reasoning.base import ReasoningParser, held_back
 
 START, CHANNEL, MESSAGE, CONSTRAIN = "<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"

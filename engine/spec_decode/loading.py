@@ -3,7 +3,7 @@ device; the KV pool is split so that both caches (same block ids, one tensor eac
 engine/kv_cache_sizing.choose_num_blocks (engine/sizing.blocks_with_draft, which the planner shares).
 
 Under tensor parallel the draft lives on rank 0 only, whole (not sharded): it is built and run inside
-`engine.distributed.single_rank`, so its layers take every head and make no collective; its proposals then
+`engine.distributed.parallel_state.single_rank`, so its layers take every head and make no collective; its proposals then
 reach the other ranks as the verify step's input ids, exactly like n-gram drafts. A small draft gains
 little from sharding, and this keeps the workers unaware of it (draft_tensor_parallel_size is 1).
 
@@ -21,12 +21,12 @@ import logging
 
 import torch
 
-from engine.distributed import single_rank
-from engine.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
-from engine.loader import iterate_weights, resolve_model_path, tensor_names
-from engine.model_config import ModelConfig
-from engine.sizing import blocks_with_draft
-from engine.spec_decode.config import SpeculativeConfig, check_draft_vocab
+from engine.distributed.parallel_state import single_rank
+from engine.kv.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
+from engine.worker.loader import iterate_weights, resolve_model_path, tensor_names
+from engine.config.model import ModelConfig
+from engine.planning.sizing import blocks_with_draft
+from engine.config.speculative import SpeculativeConfig, check_draft_vocab
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -36,7 +36,7 @@ def check_draft(spec: SpeculativeConfig | None, config, target_config: ModelConf
     a draft model. ValueErrors name speculative_config.model."""
     if spec is None or spec.method != "draft_model":
         return None
-    from engine.tokenizer import load_tokenizer
+    from engine.core.tokenizer import load_tokenizer
 
     try:
         path = resolve_model_path(spec.model, None)
@@ -68,7 +68,7 @@ def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backen
     """The draft's ModelRunner (its weights on the target's device), from `check_draft`'s answer, or None."""
     if checked is None:
         return None
-    from engine.model_runner import ModelRunner  # the draft is built the way the target is
+    from engine.worker.model_runner import ModelRunner  # the draft is built the way the target is
 
     path, draft_config = checked
     with single_rank():  # whole on rank 0, also under tensor parallel
@@ -100,9 +100,9 @@ def load_mtp(num_layers: int, runner, model_path, backend: str):
     mtp.* weights loaded, or None."""
     if not num_layers:
         return None
-    from engine.distributed import get_tp_size
+    from engine.distributed.parallel_state import get_tp_size
     from engine.models.qwen3_next_mtp import FullVocab, Qwen3NextMTP
-    from engine.spec_decode.mtp_proposer import MTPProposer
+    from engine.spec_decode.proposers.mtp import MTPProposer
 
     runner = getattr(runner, "runner", runner)  # a TensorParallelExecutor drives rank 0's ModelRunner
     cfg = runner.config

@@ -11,7 +11,7 @@
    so penalties, bad_words and min_tokens see them), and the grammar bitmask per position (the matcher
    advanced through the drafts, then rolled back).
 4. `after_step`: acceptance counted in `SpecDecodeStats`, the draft's valid KV length updated, and the
-   MTP head fed the positions the step computed (engine/spec_decode/mtp_proposer.py).
+   MTP head fed the positions the step computed (engine/spec_decode/proposers/mtp.py).
 
 Requests with beam search or prompt logprobs never speculate (one log line per request).
 """
@@ -21,12 +21,12 @@ import logging
 
 import torch
 
-from engine.sampling_metadata import SamplingRow
-from engine.spec_decode.config import SpeculativeConfig
-from engine.spec_decode.draft_proposer import DraftProposer, DraftRequest
+from engine.sample.metadata import SamplingRow
+from engine.config.speculative import SpeculativeConfig
+from engine.spec_decode.proposers.draft import DraftProposer, DraftRequest
 from engine.spec_decode.metrics import SpecDecodeStats
-from engine.spec_decode.mtp_proposer import MTPProposer
-from engine.spec_decode.ngram_proposer import NgramProposer
+from engine.spec_decode.proposers.mtp import MTPProposer
+from engine.spec_decode.proposers.ngram import NgramProposer
 from engine.structured_output.bitmask import allocate_bitmask, ids_bitmask
 
 logger = logging.getLogger("pagedesk.engine")

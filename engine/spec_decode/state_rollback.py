@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from engine.sequence import SequenceStatus
+from engine.core.sequence import SequenceStatus
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 The mask is int32 `[rows, ceil(vocab / 32)]` (bit j of word w allows token 32 w + j, xgrammar's layout),
 all ones for rows without a grammar. It is filled on the host by the matchers (microseconds per row);
-the sampler applies it on the logits' device (`engine.sampler.apply_token_bitmask`).
+the sampler applies it on the logits' device (`engine.sample.sampler.apply_token_bitmask`).
 """
 from __future__ import annotations
 

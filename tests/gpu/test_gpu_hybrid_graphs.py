@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.piecewise_graphs import token_buckets
+from engine.worker.graphs.piecewise import token_buckets
 
 pytestmark = pytest.mark.gpu
 BUDGET = 128

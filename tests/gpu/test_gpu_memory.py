@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.sizing import GIB
+from engine.planning.sizing import GIB
 
 pytestmark = pytest.mark.gpu
 

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.gpu
 
 
 def test_bare_cuda_flag_gives_generators_on_the_logits_card():
-    from engine.devices import resolve_device
-    from engine.profiling import profile_sampler
-    from engine.sampling_metadata import make_generator
+    from engine.platform.devices import resolve_device
+    from engine.worker.profiling import profile_sampler
+    from engine.sample.metadata import make_generator
     device = resolve_device("cuda")
     logits = torch.randn(4, 64, device=device)
     assert make_generator(0, device).device == logits.device

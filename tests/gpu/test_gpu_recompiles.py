@@ -1,7 +1,7 @@
 """Zero Triton compilations while serving after the engine's warm-up, counted in the JIT caches on the card.
 
 A GPTQ 4-bit engine (so the quantized GEMV/GEMM run too) with the Triton backend starts (graphs captured,
-then engine/warm_up.py), then serves prompts of varied lengths at varied batch sizes, eager steps included
+then engine/worker/warm_up.py), then serves prompts of varied lengths at varied batch sizes, eager steps included
 (`enforce_eager` engine too); every kernel's compiled-variant cache must not grow. CPU counterpart:
 tests/test_triton_recompiles.py (the same keys computed from interpreted launches)."""
 from __future__ import annotations

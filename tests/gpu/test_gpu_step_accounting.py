@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.beam_search import BeamSearchParams
+from engine.core.beam_search import BeamSearchParams
 
 pytestmark = pytest.mark.gpu
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -98,7 +98,7 @@ two_cards = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.devic
 
 @two_cards
 def test_peer_probe_leaves_no_context_on_card_1(tmp_path):
-    code = ("import os, pynvml; from engine.peer_access import PeerAccessCache; "
+    code = ("import os, pynvml; from engine.distributed.peer_access import PeerAccessCache; "
             "c = PeerAccessCache(2); pynvml.nvmlInit(); import torch; "
             "h = pynvml.nvmlDeviceGetHandleByUUID('GPU-' + str(torch.cuda.get_device_properties(1).uuid).removeprefix('GPU-')); "
             "print(c(0, 1), c(1, 0), os.getpid() in [p.pid for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)])")

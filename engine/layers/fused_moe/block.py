@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.distributed import all_reduce
+from engine.distributed.parallel_state import all_reduce
 from engine.layers.fused_moe.expert_load import ExpertLoad, decoder_layer_index
 from engine.layers.fused_moe.layer import FusedMoE
 from engine.layers.fused_moe.router import RouterSpec, select_experts

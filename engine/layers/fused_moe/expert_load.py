@@ -44,9 +44,10 @@ class ExpertLoad:
 
     @classmethod
     def bind(cls, model: nn.Module, device: torch.device) -> "ExpertLoad | None":
-        """An ExpertLoad over the model's decoder MoE blocks, or None for a model without any."""
-        from engine.layers.fused_moe.block import SparseMoeBlock
-        blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock) and m.layer_index is not None]
+        """An ExpertLoad over the model's decoder MoE blocks (SparseMoeBlock: the modules with an `expert_load`
+        slot), or None for a model without any."""
+        blocks = [m for m in model.modules()
+                  if hasattr(m, "expert_load") and getattr(m, "layer_index", None) is not None]
         if not blocks:
             return None
         load = cls(blocks, device)

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.distributed import get_tp_rank, get_tp_size
+from engine.distributed.parallel_state import get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import IntLinearMethod, expand_block_scales, fp8_scale_name
 from kernels.moe_torch import ACTIVATIONS, PackedExperts, fused_moe_torch

@@ -1,0 +1,414 @@
+"""LLMEngine: requests in, one scheduled forward per `step()`, cumulative RequestOutputs out.
+
+It owns the tokenizer, the scheduler with its KV-cache manager, the model runner and the output
+processor; it validates requests on the way in, plans each step's sampling (the n outputs of a request
+fork off its prompt once the prompt is computed: their rows share its logits), hands the runner's sampled
+tokens to the output processor (append, stop rules, RequestOutputs) and what that changed to
+`Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
+GUI. Not thread-safe: one caller.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, wait
+
+import torch
+
+from engine.core.beam_search import BeamGroup, BeamSearchParams
+from engine.config.flags import EngineConfig
+from engine.executor.tp_executor import create_executor
+from engine.kv.kv_cache_interface import model_kv_layout, num_state_snapshots
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.worker.kv_cache_sizing import choose_num_blocks
+from engine.worker.loader import resolve_model_path
+from engine.config.model import ModelConfig
+from engine.platform.devices import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from engine.config.pooler import pooler_for_task, task_mismatch
+from engine.sample.pooling import PoolingParams, RequestPooling
+from engine.core.output_processor import OutputProcessor, StepOutcome, StepPlan
+from engine.core.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
+from engine.sample.metadata import SamplingBatch, SamplingRow, make_generator
+from engine.sample.state import SamplingMetadata
+from engine.sample.sampling_params import SamplingParams
+from engine.core.request_faults import RequestFaults
+from engine.core.scheduler import ScheduledSeq, Scheduler
+from engine.core.sequence import Request, Sequence
+from engine.planning.sizing import verify_scratch_tokens
+from engine.config.speculative import parse_speculative_config
+from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
+                                        share_blocks_with_mtp)
+from engine.spec_decode.speculator import SpecBatch, Speculator
+from engine.structured_output.bitmask import grammar_bitmask
+from engine.structured_output.compiler import GrammarCompiler
+from engine.structured_output.params import StructuredOutputsParams
+from engine.structured_output.state import GrammarState
+from engine.core.tokenizer import load_tokenizer
+
+logger = logging.getLogger("pagedesk.engine")
+COMPILE_POLL_S = 0.005  # an engine with only compiling requests checks on them this often
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        config.validate()
+        self.config = config
+        self.model_path = resolve_model_path(config.model, config.revision)
+        self.model_config = ModelConfig.from_folder(self.model_path, config.quantization) \
+            .with_max_model_len(config.max_model_len)
+        self.model_config.pooler = pooler_for_task(config.task, self.model_path, self.model_config.hf_text_config,
+                                                   config.speculative_config is not None)
+        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, config.trust_remote_code)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
+        backend = config.attention_backend
+        if backend == "auto":
+            backend = "triton" if self.device.type == "cuda" else "torch"
+        torch.manual_seed(config.seed)
+        self.spec_config = parse_speculative_config(config.speculative_config)
+        mtp_layers = check_mtp(self.spec_config, config, self.model_config, self.model_path)  # before any load
+        if self.spec_config is not None:
+            check_rollback(model_kv_layout(self.model_config, config.block_size))
+        draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
+        # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
+        self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
+                                      config.block_size, backend, config.tensor_parallel_size)
+        try:
+            max_len = self.model_config.max_model_len
+            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
+            kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
+            self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
+            if self.spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
+                self.runner.reserve_verify_tokens(verify_scratch_tokens(
+                    config.max_num_seqs, self.spec_config.num_speculative_tokens, self.max_num_batched_tokens))
+            if self.device.type == "cuda" and not config.enforce_eager:
+                piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
+                # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
+                verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
+                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
+            self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
+            self.mtp = load_mtp(mtp_layers, self.runner, self.model_path, backend)
+            # The draft's KV shares the block ids: the budget covers both tensors.
+            num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
+                                           self.max_num_batched_tokens, self.draft_runner)
+            if self.draft_runner is not None:
+                self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
+            if self.mtp is not None:  # the head's KV pages share the block ids too
+                num_blocks = share_blocks_with_mtp(num_blocks, config, self.model_config, self.mtp, kv_dtype)
+                self.mtp.allocate_kv_cache(num_blocks, kv_dtype)
+            state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
+            snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
+                                            config.enable_prefix_caching)
+            self.runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
+            self.runner.capture_decode_graphs()
+        except BaseException:
+            self.runner.shutdown()  # no worker outlives a failed start
+            raise
+        self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
+        if snapshots:
+            logger.info("prefix caching for %s keeps %d linear-attention state snapshots at block boundaries of "
+                        "prompts; a hit restores one (docs/kv-cache-groups.md)", self.model_config.architecture,
+                        snapshots)
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
+                                 [group.spec for group in self.kv_layout.groups], state_slots, snapshots)
+        self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
+                                   config.enable_chunked_prefill,
+                                   config.resolve_max_batch_prefill_tokens(self.device.type),
+                                   config.scheduling_policy)
+        self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
+        self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
+        # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
+        self.grammars.submit(StructuredOutputsParams(json_object=True))
+        self.requests: dict[str, Request] = {}
+        self.compiling: list[tuple[Sequence, Future]] = []  # requests whose grammar is still compiling
+        self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
+        self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
+                                      self.model_config.max_model_len, self.stats, self.faults,
+                                      pooling=self.model_config.pooler is not None)
+        self.spec = None
+        if self.spec_config is not None:
+            self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
+                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner,
+                                   self.mtp)
+            logger.info("speculative decoding: %s", self.spec_config.describe())
+        logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
+                    self.device, self.dtype, num_blocks, config.block_size)
+
+    # ---- requests in -------------------------------------------------------------------------------
+
+    def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
+                    arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
+                    pooling: PoolingParams | None = None) -> None:
+        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused)."""
+        mismatch = task_mismatch(self.model_config.pooler, pooling is not None)
+        if mismatch:
+            raise ValueError(mismatch)
+        if pooling is not None:
+            self.model_config.pooler.check_dimensions(pooling.dimensions, self.model_config.hidden_size)
+            params = SamplingParams(temperature=0.0, max_tokens=None)  # never sampled: the prompt is pooled
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        if priority and self.config.scheduling_policy != "priority":
+            raise ValueError(f"priority must be 0 unless the engine runs with --scheduling-policy priority, "
+                             f"got {priority}")
+        self._check_width("n", params.n)
+        prompt_text, prompt_ids = self._tokenize(prompt)
+        self._validate(prompt_ids, params)
+        if params.bad_words:
+            params.resolve_bad_words(self.tokenizer)
+            outside = [t for ids in params.bad_words_token_ids for t in ids if t >= self.model_config.vocab_size]
+            if outside:
+                raise ValueError(f"bad_words encode to token ids {outside[:5]} outside the model's vocabulary "
+                                 f"[0, {self.model_config.vocab_size})")
+        request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
+                          arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
+        if pooling is not None:
+            request.pooling = RequestPooling(pooling, self.model_config.pooler)
+        seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
+        compiling = None
+        if params.structured_outputs is not None:
+            compiling = self.grammars.submit(params.structured_outputs)  # never compiled on this thread
+            if compiling.done():
+                seq.grammar, compiling = GrammarState(compiling.result()), None
+        request.seqs.append(seq)
+        self.requests[request_id] = request
+        if compiling is None:
+            self.scheduler.add(seq)
+        else:
+            self.compiling.append((seq, compiling))  # scheduled once its grammar is ready
+
+    def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
+                         arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
+        """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
+        self._check_width("beam_width", params.beam_width)
+        sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
+        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority)
+        request = self.requests[request_id]
+        request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
+
+    def _check_width(self, name: str, width: int) -> None:
+        """Every sequence of a request counts against max_num_seqs (the scheduler admits it whole), so a
+        wider request could never run."""
+        if width > self.config.max_num_seqs:
+            raise ValueError(f"{name} ({width}) is more than max_num_seqs ({self.config.max_num_seqs}): every "
+                             f"output of a request runs as its own sequence; lower {name} or raise --max-num-seqs")
+
+    def _tokenize(self, prompt: str | list[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise ValueError("prompt is empty")
+            text, ids = prompt, list(self.tokenizer.encode(prompt))
+        else:
+            text, ids = None, [int(t) for t in prompt]
+        # Text too: a tokenizer with more tokens than the model's embedding would index past it (on CUDA a
+        # device-side assert, which ends the whole engine).
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab})")
+        return text, ids
+
+    def _validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        max_len = self.model_config.max_model_len
+        if not prompt_ids:
+            raise ValueError("prompt is empty (it encodes to zero tokens)")
+        if len(prompt_ids) > max_len:
+            raise ValueError(f"prompt is {len(prompt_ids)} tokens, longer than max_model_len ({max_len})")
+        if params.max_tokens is not None and len(prompt_ids) + params.max_tokens > max_len:
+            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) is more "
+                             f"than max_model_len ({max_len}); lower max_tokens or shorten the prompt")
+        pool_tokens = self.kv.pool.num_blocks * self.kv.block_size
+        if len(prompt_ids) > pool_tokens:
+            raise ValueError(f"prompt is {len(prompt_ids)} tokens but the whole KV cache holds {pool_tokens}")
+        params.validate_token_ids(self.model_config.vocab_size)
+        try:  # the request's sampling tensors, once on the host: a value no tensor holds is refused here
+            SamplingMetadata.build([SamplingRow(params, prompt_ids, len(prompt_ids), None,
+                                                self.model_config.eos_token_ids)],
+                                   self.model_config.vocab_size, torch.device("cpu"))
+        except (ValueError, TypeError, OverflowError, RuntimeError) as exc:
+            raise ValueError(f"sampling parameters cannot be prepared: {exc}") from None
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        if request is None:
+            return
+        request.aborted = True
+        self.scheduler.abort([s for s in request.seqs if not s.is_finished])
+
+    def pause_request(self, request_id: str, paused: bool) -> None:
+        """A paused request keeps its blocks but its running sequences are not scheduled (a stalled reader)."""
+        request = self.requests.get(request_id)
+        if request is not None:
+            request.paused = paused
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    # ---- one step ----------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        self._admit_compiled()
+        if self.spec is not None:
+            self.spec.propose_before_schedule(self.scheduler.running)
+        out = self.scheduler.schedule()
+        if self.spec is not None and out.scheduled:
+            self.spec.fill_drafts(out.scheduled, out.block_copies, self.generator)
+        outcome = StepOutcome()
+        for seq in out.too_long:
+            self.output.finish(seq, "length")
+            outcome.finished.append(seq)
+            outcome.touched[seq.request.request_id] = seq.request
+        if out.scheduled:
+            now = time.time()
+            plan = self._plan_sampling([s for s in out.scheduled if s.samples])
+            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
+            self.output.process(outcome, out.scheduled, plan, result, now)
+            self.stats.num_steps += 1
+        self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
+        if self.spec is not None and out.scheduled:
+            self.spec.after_step(plan.spec_items, result)
+        outputs = []
+        for request in outcome.touched.values():
+            with self.faults.guard(request, "building its output"):
+                if request not in self.faults:
+                    outputs.append(self.output.make_output(request))
+        for output in outputs:
+            if output.finished:
+                self.requests.pop(output.request_id, None)
+        return outputs + self._end_failed()
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar finished compiling join the scheduler (a failed compile fails the request).
+        With nothing else to run, wait a moment for one, rather than spin."""
+        if not self.compiling:
+            return
+        if not self.scheduler.has_work():
+            wait([f for _, f in self.compiling], timeout=COMPILE_POLL_S, return_when=FIRST_COMPLETED)
+        still = []
+        for seq, future in self.compiling:
+            if seq.request.aborted:
+                continue
+            if not future.done():
+                still.append((seq, future))
+                continue
+            with self.faults.guard(seq.request, "compiling its grammar"):
+                seq.grammar = GrammarState(future.result())
+                self.scheduler.add(seq)
+        self.compiling = still
+
+    def _end_failed(self) -> list[RequestOutput]:
+        """Abort the requests that failed this step (their blocks go back) and say why in a final output."""
+        outputs = []
+        for request, message in self.faults.take():
+            self.abort_request(request.request_id)
+            outputs.append(RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, [], True,
+                                         request.metrics, request.num_cached_tokens, error=message))
+        return outputs
+
+    def _plan_sampling(self, sampling: list[ScheduledSeq]) -> StepPlan:
+        """What the runner must draw this step: a row per sequence that samples (a request with n > 1
+        forks its other outputs off the first once its prompt is computed: they all draw their first token
+        from the same logits row), and the top log-probs of every beam row."""
+        plan = StepPlan(SamplingBatch(generator=self.generator))
+        spec = SpecBatch() if any(item.num_draft_tokens for item in sampling) else None
+        row = 0  # logits row: one per sampling sequence, 1 + k for one verifying drafts
+        for item in sampling:
+            with self.faults.guard(item.seq.request, "preparing its sampling rows"):
+                if item.num_draft_tokens:
+                    self.spec.plan_rows(spec, item.seq, row, item.seq.params.allowed_token_ids)
+                    plan.spec_items.append(item)
+                else:
+                    self._plan_row(plan, row, item.seq)
+            row += 1 + item.num_draft_tokens
+        if spec is not None and spec.rows:
+            self.spec.finish_batch(spec)
+            plan.batch.spec = spec
+        try:
+            plan.batch.bitmask = self._bitmask(plan.targets)
+        except Exception:  # noqa: BLE001 - one request's grammar: find it, fail it, mask the others
+            for target in plan.targets:
+                with self.faults.guard(target.request, "filling its grammar bitmask"):
+                    self._bitmask([target])
+            _drop_failed(plan, self.faults)
+            plan.batch.bitmask = self._bitmask(plan.targets)
+        return plan
+
+    def _plan_row(self, plan: StepPlan, row: int, seq: Sequence) -> None:
+        """One scheduled sequence's part of the plan, added only once all of it is made."""
+        request, batch = seq.request, plan.batch
+        if request.beam is not None:
+            beam_topk = max(batch.beam_topk, 2 * request.beam.params.beam_width)
+            plan.beams.append(seq)
+            batch.beam_index.append(row)
+            batch.beam_topk = beam_topk
+            return
+        targets, forks = [seq], []
+        if len(request.seqs) < request.params.n:
+            children = [Sequence(request, index, seq.token_ids, request.make_generator(index, self.runner.device))
+                        for index in range(1, request.params.n)]
+            for child in children:
+                child.grammar = seq.grammar.fork() if seq.grammar is not None else None
+            forks.append((seq, children))
+            targets += children
+        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids,
+                            t.seq_id) for t in targets]
+        plan.forks += forks
+        plan.targets += targets
+        batch.rows += rows
+        batch.logits_index += [row] * len(rows)
+
+    def _bitmask(self, targets: list[Sequence]):
+        return grammar_bitmask([t.grammar for t in targets], self.model_config.vocab_size,
+                               [t.params.allowed_token_ids for t in targets])
+
+    def get_stats(self) -> EngineStats:
+        s = self.stats
+        pool = self.kv.pool
+        s.num_running, s.num_waiting = len(self.scheduler.running), len(self.scheduler.waiting) + len(self.compiling)
+        s.num_used_blocks = pool.num_blocks - pool.num_free_blocks
+        s.num_cached_free_blocks = pool.num_cached_free
+        s.kv_cache_usage = pool.usage()
+        s.prefix_cache_queries, s.prefix_cache_hits = self.kv.prefix_queries, self.kv.prefix_hits
+        s.num_preemptions = self.scheduler.num_preemptions
+        if self.spec is not None:  # a copy made on the engine thread: readers on other threads see one instant
+            s.spec_decode = self.spec.stats.as_dict()
+        s.expert_load = self.runner.expert_load_totals()  # a fresh dict too; between steps, so no stall
+        return s
+
+    def block_pool_snapshot(self) -> BlockPoolSnapshot:
+        from engine.kv.block_snapshot import StateSlots, snapshot_blocks
+        state = None
+        if self.kv.state is not None:
+            state = StateSlots(self.kv.state.pool.num_slots, tuple(self.kv.snapshots.values()),
+                               self.kv.num_snapshot_slots, self.kv_layout.state_bytes_per_seq)
+        return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting),
+                               self.kv_layout.group_names(), state)
+
+    def memory_usage(self) -> dict[str, int]:
+        """The target's weights and caches, with a speculative draft model's or MTP head's beside them."""
+        weights, kv = self.runner.weights_bytes(), self.runner.kv_cache_bytes()
+        for extra in (self.draft_runner, self.mtp):
+            if extra is not None:
+                weights, kv = weights + extra.weights_bytes(), kv + extra.kv_cache_bytes()
+        return {"weights_bytes": weights, "kv_cache_bytes": kv}
+
+    def check_health(self) -> None:
+        """Raise if the engine can no longer run a step (a tensor-parallel worker died while idle)."""
+        self.runner.check_health()
+
+    def shutdown(self) -> None:
+        """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
+        self.requests.clear()
+        self.grammars.shutdown()
+        self.runner.shutdown()
+
+
+def _drop_failed(plan: StepPlan, faults: RequestFaults) -> None:
+    """Take the failed requests' rows and forks out of a step's plan (their logits rows are then unused)."""
+    keep = [i for i, t in enumerate(plan.targets) if t.request not in faults]
+    batch = plan.batch
+    plan.targets = [plan.targets[i] for i in keep]
+    batch.rows = [batch.rows[i] for i in keep]
+    batch.logits_index = [batch.logits_index[i] for i in keep]
+    plan.forks = [(parent, children) for parent, children in plan.forks if parent.request not in faults]

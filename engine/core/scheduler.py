@@ -1,0 +1,339 @@
+"""Scheduler: who runs this step, with one token budget and no separate prefill or decode phases.
+
+Running sequences go first, each taking what it still needs (one token for a decode, the next chunk of
+a prompt); when blocks run out the most recently admitted running sequence is preempted (blocks freed,
+recomputed later from the head of the waiting queue). Waiting sequences are then admitted in order
+while the budget, `max_num_seqs` and free blocks allow, reusing cached prefix blocks. Without chunked
+prefill a prompt is only admitted when it fits the budget whole.
+
+`max_num_seqs` counts every sequence a running request will run, as vLLM does: a request with n outputs
+takes n seats when its prompt is admitted (its other outputs fork off it later), a beam search takes
+beam_width; a request that does not fit waits. So the running list, and the sampler's rows (profiled at
+max_num_seqs), never exceed the cap.
+
+With `max_batch_prefill_tokens`, a step that decodes anything computes at most that many prompt tokens
+(summed over the prompt chunks it schedules): every running stream waits for the whole step, so this
+bounds how much an arriving prompt delays the streams' next token while decodes keep the full budget.
+A step with no decode gives prompts the whole budget (nobody is waiting on a token).
+
+With the "priority" policy (vLLM's), the waiting queue is kept in (priority, arrival) order, lower first,
+and the running sequence preempted when blocks run out is the one latest in that order instead of the
+most recently admitted.
+
+A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
+and resumes when the caller reads again, unless a waiting sequence needs its blocks or its seat (then it
+is preempted to the back of the queue); a paused sequence in the queue is not admitted until it resumes.
+"""
+from __future__ import annotations
+
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.kv.kv_cache_manager import KVCacheManager
+from engine.core.sequence import Sequence, SequenceStatus
+
+logger = logging.getLogger("pagedesk.engine")
+
+
+@dataclass(slots=True)
+class ScheduledSeq:
+    seq: Sequence
+    num_new_tokens: int
+    is_prefill: bool = False  # a prompt (or recompute) chunk, not the one-token step of a decode
+    num_draft_tokens: int = 0  # speculative drafts verified after the decode token (in num_new_tokens)
+    num_accepted: int = 0  # of them, kept this step (set by the output processor)
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the sequence's last known token, so its logits are sampled (never for an
+        embedding request: it is pooled instead)."""
+        if self.seq.request.pooling is not None:
+            return False
+        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSeq] = field(default_factory=list)
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
+    too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 enable_chunked_prefill: bool, max_batch_prefill_tokens: int | None = None,
+                 policy: str = "fcfs") -> None:
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.chunked = enable_chunked_prefill
+        self.max_batch_prefill_tokens = max_batch_prefill_tokens if enable_chunked_prefill else None
+        self.by_priority = policy == "priority"
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        if self.by_priority:
+            self._insert_waiting(seq)
+        else:
+            self.waiting.append(seq)
+
+    @staticmethod
+    def _rank(seq: Sequence) -> tuple[int, float]:
+        return seq.request.priority, seq.request.arrival_time
+
+    def _insert_waiting(self, seq: Sequence) -> None:
+        """Before the first waiting sequence that ranks after it (equal ranks keep arrival order)."""
+        rank = self._rank(seq)
+        index = next((i for i, other in enumerate(self.waiting) if self._rank(other) > rank), len(self.waiting))
+        self.waiting.insert(index, seq)
+
+    def _pop_victim(self) -> Sequence:
+        """The running sequence to preempt: the most recently admitted, or under the priority policy the one
+        ranked last."""
+        if not self.by_priority:
+            return self.running.pop()
+        victim = max(reversed(self.running), key=self._rank)  # reversed: among equals, the latest admitted
+        self.running.remove(victim)
+        return victim
+
+    @staticmethod
+    def _width(seq: Sequence) -> int:
+        """How many sequences the request of `seq` runs at most: its beams, or its n outputs."""
+        request = seq.request
+        return request.beam.params.beam_width if request.beam is not None else request.params.n
+
+    def _num_seats(self) -> tuple[int, set[str]]:
+        """Seats the running sequences hold (each one, plus the sequences its request will still fork into),
+        and the requests already counted."""
+        seats, counted = len(self.running), set()
+        for seq in self.running:
+            request = seq.request
+            if request.request_id not in counted:
+                counted.add(request.request_id)
+                seats += self._unforked(seq)
+        return seats, counted
+
+    def _unforked(self, seq: Sequence) -> int:
+        """Sequences the request of `seq` will still fork into (the sequence itself is one of its own)."""
+        return max(0, self._width(seq) - max(1, len(seq.request.seqs)))
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        preempted = self._schedule_running(out, self.max_num_batched_tokens)
+        if not preempted:
+            self._schedule_waiting(out, self.max_num_batched_tokens - out.num_tokens, self._prefill_left(out))
+        out.block_copies = self.kv.take_copies()
+        if out.scheduled:  # a step that runs nothing applies no copy: they wait for the next forward
+            out.state_copies = self.kv.take_state_copies()
+        return out
+
+    def _prefill_left(self, out: SchedulerOutput) -> int | None:
+        """Prompt tokens this step may still take, or None for no cap: capped once a decode is in the step."""
+        if self.max_batch_prefill_tokens is None or all(item.is_prefill for item in out.scheduled):
+            return None
+        return self.max_batch_prefill_tokens - sum(i.num_new_tokens for i in out.scheduled if i.is_prefill)
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> bool:
+        """Decodes first, then prompt chunks of running sequences; preempt from the tail when out of blocks."""
+        preempted = False
+        picked: dict[int, ScheduledSeq] = {}
+        decodes, chunks = [], []
+        for s in self.running:
+            left = len(s.token_ids) - s.num_computed_tokens
+            if left and not s.request.paused:  # paused: its caller is not reading; it keeps its blocks
+                (decodes if left == 1 else chunks).append((s, left))
+        prefill_left = None
+        for i, (seq, left) in enumerate(decodes + chunks):
+            if i == len(decodes):
+                prefill_left = self._prefill_left(out)
+            if budget <= 0 or prefill_left is not None and prefill_left <= 0:
+                break
+            if seq.status is not SequenceStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
+            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens, num_new)
+            drafts = 0
+            if left == 1 and seq.spec_token_ids:  # a decode with speculative drafts: 1 + k query tokens
+                drafts = min(len(seq.spec_token_ids), budget - 1)
+                del seq.spec_token_ids[drafts:]
+                num_new += drafts
+            while not self.kv.allocate_slots(seq, num_new - drafts, num_lookahead_tokens=drafts):
+                if drafts:  # out of blocks: the drafts go before anyone is preempted
+                    num_new, drafts, seq.spec_token_ids = num_new - drafts, 0, []
+                    continue
+                preempted = True
+                victim = self._pop_victim()
+                if victim.seq_id in picked:  # scheduled earlier this step: give its tokens back
+                    undone = picked.pop(victim.seq_id)
+                    out.scheduled.remove(undone)
+                    budget += undone.num_new_tokens
+                    if undone.is_prefill and prefill_left is not None:
+                        prefill_left += undone.num_new_tokens
+                if victim is seq and not self.running:  # alone and still no room: it can never fit the pool
+                    self._warn_too_long(seq, seq.num_computed_tokens, num_new)
+                    self.kv.free(seq)
+                    seq.status = SequenceStatus.FINISHED
+                    out.too_long.append(seq)
+                    break
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            else:
+                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts)
+                out.scheduled.append(picked[seq.seq_id])
+                budget -= num_new
+                if prefill_left is not None and left > 1:
+                    prefill_left -= num_new
+        return preempted
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int, prefill_left: int | None) -> None:
+        if prefill_left is not None:
+            budget = min(budget, prefill_left)
+        seats, counted = self._num_seats()
+        rotated = 0
+        while self.waiting and budget > 0:
+            seq = self.waiting[0]
+            if seq.request.paused:  # preempted while its caller was not reading: it waits until it reads
+                if rotated >= len(self.waiting):
+                    break
+                self.waiting.rotate(-1)
+                rotated += 1
+                continue
+            request_id = seq.request.request_id
+            need = 1 if request_id in counted else 1 + self._unforked(seq)
+            if seats + need > self.max_num_seqs:
+                if self._preempt_paused(out):  # a stalled reader's seat goes to one that reads
+                    seats, counted = self._num_seats()
+                    continue
+                break
+            computed = self.kv.get_computed_blocks(seq)
+            num_new = seq.num_tokens - seq.num_computed_tokens - len(computed) * self.kv.block_size
+            if num_new > budget:
+                if not self.chunked:
+                    break
+                num_new = budget
+            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size,
+                                             num_new)
+            if not self.kv.allocate_slots(seq, num_new, computed):
+                if self._preempt_paused(out):
+                    seats, counted = self._num_seats()
+                    continue  # a stalled reader's blocks go to one that reads
+                if self.running or out.scheduled:
+                    break
+                self.waiting.popleft()  # the whole pool is free and it still does not fit
+                self._warn_too_long(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size, num_new)
+                seq.status = SequenceStatus.FINISHED
+                out.too_long.append(seq)
+                continue
+            self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            self.running.append(seq)
+            seats += need
+            counted.add(request_id)
+            out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
+            budget -= num_new
+
+    def _snapshot_aligned(self, seq: Sequence, start: int, num_new: int) -> int:
+        """A hybrid model with prefix caching keeps state snapshots only where a step ends on a block boundary:
+        a prompt chunk that would end past one stops at the last boundary inside the prompt (its tail runs in
+        the next step), so the prompt's last full block gets a snapshot."""
+        if not self.kv.num_snapshot_slots:
+            return num_new
+        bs = self.kv.block_size
+        aligned = min(start + num_new, seq.num_prompt_tokens) // bs * bs
+        return aligned - start if start < aligned < start + num_new else num_new
+
+    def _warn_too_long(self, seq: Sequence, num_computed: int, num_new: int) -> None:
+        """A sequence that ends as "length" before max_tokens or max_model_len says why, with the numbers."""
+        logger.warning("request %s stops at %d tokens with finish_reason 'length': %s", seq.request.request_id,
+                       seq.num_tokens, self.kv.explain_misfit(num_computed, num_new))
+
+    def _preempt(self, seq: Sequence, to_back: bool = False) -> None:
+        self.kv.free(seq)
+        seq.spec_token_ids, seq.num_draft_computed = [], 0  # recomputed later: no drafts, no draft KV
+        seq.status = SequenceStatus.WAITING
+        if to_back:
+            self.waiting.append(seq)
+        elif self.by_priority:
+            self._insert_waiting(seq)
+        else:
+            self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def _preempt_paused(self, out: SchedulerOutput) -> bool:
+        """Free the latest-admitted paused running sequence (its caller is not reading) for a waiting one;
+        it goes to the back of the queue and is recomputed when its turn comes."""
+        scheduled = {id(item.seq) for item in out.scheduled}
+        victim = next((s for s in reversed(self.running) if s.request.paused and id(s) not in scheduled), None)
+        if victim is None:
+            return False
+        self.running.remove(victim)
+        self._preempt(victim, to_back=True)
+        return True
+
+    def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
+                           finished: list[Sequence]) -> None:
+        """After a step: the scheduled tokens are computed; forked sequences take their parent's blocks by
+        reference and join the running list (before any parent that finished frees its own); finished
+        sequences give their blocks back."""
+        for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
+            item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
+        if self.kv.num_snapshot_slots:  # before any fork or finish: the state a chunk left, at a block boundary
+            for item in out.scheduled:
+                self.kv.snapshot_state(item.seq)
+        if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
+            self._fork_states(forks, finished)
+            return
+        for parent, children in forks:
+            for child in children:
+                self.kv.fork(parent, child)
+                if not child.is_finished:
+                    child.status = SequenceStatus.RUNNING
+                self.running.append(child)
+        self.finish([s for s in finished if s.block_table])
+
+    def _fork_states(self, forks: list[tuple[Sequence, list[Sequence]]], finished: list[Sequence]) -> None:
+        """Forks of a hybrid model: finished sequences nobody forks off give their slots back first, and a
+        parent that ends now hands its slot to its last child, so a beam step of k beams never holds more than
+        k state slots (the pool has one per seat)."""
+        forked = {id(seq) for parent, children in forks for seq in (parent, *children)}
+        self.finish([s for s in finished if s.block_table and id(s) not in forked])
+        children_left: dict[int, int] = {}
+        for parent, children in forks:
+            children_left[id(parent)] = children_left.get(id(parent), 0) + len(children)
+        for parent, children in forks:
+            for child in children:
+                children_left[id(parent)] -= 1
+                self.kv.fork(parent, child, take_state=parent.is_finished and not children_left[id(parent)])
+                if not child.is_finished:
+                    child.status = SequenceStatus.RUNNING
+                self.running.append(child)
+        self.finish([s for s in finished if s.block_table and id(s) in forked])
+
+    def abort(self, seqs: list[Sequence]) -> None:
+        """End sequences wherever they are: running ones give their blocks back, waiting ones leave the queue."""
+        was_waiting = any(s.status is SequenceStatus.WAITING for s in seqs)
+        for seq in seqs:
+            seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+        self.finish([s for s in seqs if s.block_table])
+        if was_waiting:
+            self.waiting = deque(s for s in self.waiting if not s.is_finished)
+
+    def finish(self, seqs: list[Sequence]) -> None:
+        """Free finished sequences' blocks and drop them from the running list (one pass per step)."""
+        if not seqs:
+            return
+        for seq in seqs:
+            self.kv.free(seq)
+        self.running = [s for s in self.running if not s.is_finished]

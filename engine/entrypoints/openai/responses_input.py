@@ -1,0 +1,160 @@
+"""A Responses API request as the chat request it runs as: input items → messages, tools, text.format, reasoning.
+
+`instructions` becomes the first system message; `input` (a string, or message / function_call /
+function_call_output / reasoning items) becomes chat messages (consecutive function calls join one
+assistant turn, as chat templates show them); flat function tools become chat tools; `text.format`
+becomes response_format (dropped on a turn whose tool_choice forces a call: that turn writes no text);
+`reasoning.effort` becomes reasoning_effort; `max_output_tokens` becomes
+max_completion_tokens. Reasoning items sent back are accepted and dropped (chat templates drop earlier
+turns' reasoning). Anything the chat path cannot run (hosted tools, images) is a 400 naming the input field.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from engine.entrypoints.openai.chat_request import chat_request
+from engine.entrypoints.openai.errors import bad_request
+from engine.entrypoints.openai.protocol import ChatCompletionRequest
+from engine.entrypoints.openai.protocol_responses import ResponsesRequest
+
+_TEXT_PARTS = ("input_text", "output_text", "text")
+_CHAT_NAMES = {"max_completion_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort",
+               "response_format": "text.format"}
+
+
+def responses_field(chat_field: str | None) -> str | None:
+    """A chat request's field path named as the Responses request names it."""
+    if chat_field is None:
+        return None
+    head, _, rest = chat_field.partition(".")
+    return _CHAT_NAMES.get(head, head) + (f".{rest}" if rest else "")
+
+
+def _text_of(content: Any, where: str) -> str:
+    """A message's content: a string, or text parts (input_text / output_text); refusal parts as their text."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(f"{where} must be a string or a list of content parts", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+            texts.append(part["text"])
+        elif kind == "refusal" and isinstance(part.get("refusal"), str):
+            texts.append(part["refusal"])
+        else:
+            raise bad_request(f"{where}.{j} is a {kind!r} part; this server accepts text parts only "
+                              "(input_text, output_text)", f"{where}.{j}")
+    return "\n".join(texts)
+
+
+def _output_text(output: Any, where: str) -> str:
+    """A function_call_output's output: a string, or text parts."""
+    return output if isinstance(output, str) else _text_of(output, where)
+
+
+def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The `input` as chat message dicts."""
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    messages: list[dict[str, Any]] = []
+    for i, item in enumerate(items):
+        where = f"input.{i}"
+        kind = item.get("type", "message")
+        if kind == "message":
+            role = item.get("role")
+            if role not in ("user", "assistant", "system", "developer"):
+                raise bad_request(f"{where}.role must be user, assistant, system or developer, got {role!r}",
+                                  f"{where}.role")
+            messages.append({"role": role, "content": _text_of(item.get("content", ""), f"{where}.content")})
+        elif kind == "function_call":
+            for key in ("call_id", "name", "arguments"):
+                if not isinstance(item.get(key), str):
+                    raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
+            try:
+                json.loads(item["arguments"] or "{}")
+            except json.JSONDecodeError:
+                raise bad_request(f"{where}.arguments is not valid JSON", f"{where}.arguments") from None
+            call = {"id": item["call_id"], "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":  # one assistant turn: its text, then its calls
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        elif kind == "function_call_output":
+            if not isinstance(item.get("call_id"), str):
+                raise bad_request(f"{where}.call_id must be a string", f"{where}.call_id")
+            messages.append({"role": "tool", "tool_call_id": item["call_id"],
+                             "content": _output_text(item.get("output", ""), f"{where}.output")})
+        elif kind == "reasoning":
+            continue  # earlier reasoning: chat templates leave it out of the prompt
+        else:
+            raise bad_request(f"{where}.type {kind!r} is not supported: input items are message, function_call, "
+                              "function_call_output and reasoning", f"{where}.type")
+    if not messages:
+        raise bad_request("input holds no message", "input")
+    return messages
+
+
+def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Flat function tools `{"type": "function", "name", "parameters"}` as chat's nested ones."""
+    if not tools:
+        return None
+    out = []
+    for i, tool in enumerate(tools):
+        if tool.get("type") != "function":
+            raise bad_request(f"tools.{i}.type {tool.get('type')!r} is not supported: this server runs function "
+                              "tools only (no hosted tools)", f"tools.{i}.type")
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
+        unknown = sorted(set(tool) - {"type", "name", "description", "parameters", "strict", "defer_loading"})
+        if unknown:
+            raise bad_request(f"tools.{i} has unknown fields {unknown}", f"tools.{i}")
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_tool_choice(choice: Any) -> Any:
+    if choice is None or isinstance(choice, str):
+        return choice
+    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise bad_request(f"tool_choice {choice!r} is not supported: send none, auto, required or "
+                      '{"type": "function", "name": ...}', "tool_choice")
+
+
+def response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """text.format as chat's response_format (json_schema's fields sit flat on the Responses side)."""
+    if not text_format or text_format.get("type") in (None, "text"):
+        return None
+    kind = text_format.get("type")
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        schema = {k: text_format[k] for k in ("name", "description", "schema", "strict") if k in text_format}
+        return {"type": "json_schema", "json_schema": schema}
+    raise bad_request(f"text.format.type must be text, json_object or json_schema, got {kind!r}", "text.format.type")
+
+
+def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[ChatCompletionRequest,
+                                                                                   list[dict[str, Any]]]:
+    """The chat request, and the conversation (without instructions) a stored response keeps for chaining."""
+    conversation = history + input_messages(req.input)
+    system = [{"role": "system", "content": req.instructions}] if req.instructions else []
+    # text.format shapes the reply's text; a forced call has none (the agents SDK sends both on a forced turn)
+    forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
+    text_format = req.text.format if req.text and not forced else None
+    payload = {
+        "model": req.model, "messages": system + conversation, "tools": chat_tools(req.tools),
+        "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
+        "response_format": response_format(text_format),
+        "reasoning_effort": req.reasoning.effort if req.reasoning else None,
+        "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+        "top_k": req.top_k, "min_p": req.min_p, "repetition_penalty": req.repetition_penalty, "seed": req.seed,
+        "stop": req.stop, "structured_outputs": req.structured_outputs.model_dump(by_alias=True, exclude_unset=True)
+        if req.structured_outputs else None, "request_id": req.request_id, "priority": req.priority,
+        "cache_salt": req.cache_salt,
+    }
+    return chat_request(payload, responses_field), conversation

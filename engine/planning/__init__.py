@@ -1,0 +1,1 @@
+"""Every byte count the engine and the GUI's capacity planner share; torch-free."""

@@ -1,0 +1,123 @@
+"""What a model's weights take on each card, and what speculative decoding's draft model or MTP head adds.
+
+Torch-free, like engine/planning/sizing.py, which plans with these: the layer matrices split across ranks (packed as
+the folder's quantization_config says, or at a planner's guessed bit width), embeddings and LM head
+vocab-split, norms and routers replicated, the float32 RoPE tables; a draft model's weights and KV page, and
+a Qwen3.5/3.6 or Qwen3-Next MTP head's, both on rank 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from engine.kv.kv_cache_interface import model_kv_layout
+from engine.config.model import ModelConfig
+from engine.quantization.config import QuantConfig
+
+QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
+# The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
+# `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
+
+
+def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
+    """Bytes of `matrix_params` weights as the engine keeps them in memory: codes, plus per group a scale and a
+    zero point in the dtypes engine/quantization/methods.py gives them (AWQ/GPTQ/AutoRound float16 scales,
+    compressed-tensors float32; a byte per 4-bit zero point, int16 for 8-bit, symmetric or not, since the
+    kernels read one), MXFP4's one E8M0 byte per 32, or block-wise FP8's float32 scale per output row and
+    block (methods.expand_block_scales). Per-channel scales and g_idx are one number per row: left out."""
+    codes = matrix_params * quant.bits // 8
+    if quant.group_size == -1:
+        return codes
+    if quant.weight_type == "float":  # block-wise FP8: a float32 scale per output row and block of columns
+        return codes + matrix_params // quant.group_size * 4
+    if quant.weight_type == "mxfp4":
+        return codes + matrix_params // quant.group_size
+    scale_bytes = 4 if quant.method == "compressed-tensors" else 2
+    zero_bytes = 1 if quant.bits <= 4 else 2
+    return codes + matrix_params // quant.group_size * (scale_bytes + zero_bytes)
+
+
+O_PROJ_BIAS = ("GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM",
+               "Gemma4ForConditionalGeneration")
+ATTENTION_SINKS = ("GptOssForCausalLM",)
+
+
+def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
+    """Layer matrices split across ranks — packed as the folder's quantization_config says, or at `quant_bits`
+    with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
+    vocab-split in `dtype`; QKV biases split; norms replicated."""
+    h = cfg.hidden_size
+    attention_params, attention_vectors = cfg.attention_params(tp)  # per-layer shapes (Gemma 4's differ)
+    linear = cfg.linear_attention  # Gated DeltaNet layers: heads (and their conv channels) split across ranks
+    if linear is not None:
+        attention_params += len(linear.layers) * linear.matrix_params(h) // tp
+    mlp_params, _, router_params = cfg.mlp_params()  # every expert is in memory, split by its intermediate dim
+    matrix_params = attention_params + mlp_params // tp
+    vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
+    vector_params += attention_vectors  # QKV biases split, q/k norms replicated
+    num_attention = len(cfg.attention_layer_ids)
+    if cfg.qkv_bias and cfg.architecture in O_PROJ_BIAS:  # their attention_bias covers o_proj too (kept whole)
+        vector_params += num_attention * h
+    if cfg.architecture in ATTENTION_SINKS:  # one learned sink logit per head, split by head
+        vector_params += num_attention * cfg.num_heads // tp
+    if linear is not None:
+        vector_params += len(linear.layers) * linear.vector_params() // tp
+    ple_embedding, ple_rest = cfg.per_layer_input_params()  # Gemma 4: float, embedding vocab-split
+    vector_params += ple_rest + -(-ple_embedding // tp)
+    if quant_bits is not None:
+        matrix_bytes = matrix_params * quant_bits // 8 + matrix_params // 128 * dtype_bytes
+    elif cfg.quantization is not None:
+        # Checkpoints that keep attention in float (gpt-oss's MXFP4 quantizes only the experts) say so by name.
+        float_attention = cfg.quantization.is_ignored("model.layers.0.self_attn.q_proj")
+        quantized = matrix_params - attention_params if float_attention else matrix_params
+        matrix_bytes = packed_matrix_bytes(quantized, cfg.quantization) + (matrix_params - quantized) * dtype_bytes
+    else:
+        matrix_bytes = matrix_params * dtype_bytes
+    embed_rows = -(-cfg.vocab_size // tp)
+    embed_bytes = embed_rows * h * dtype_bytes * (1 if cfg.tie_word_embeddings else 2)
+    return matrix_bytes + embed_bytes + vector_params * dtype_bytes
+
+
+def draft_footprint(draft: ModelConfig | None, dtype_bytes: int, kv_dtype_bytes: int,
+                    block_size: int) -> tuple[int, int]:
+    """A draft model's (weights bytes, KV bytes per block): whole on rank 0's card, in the target's dtypes;
+    (0, 0) without a draft."""
+    if draft is None:
+        return 0, 0
+    weights = weights_bytes_per_card(draft, dtype_bytes) + rope_table_bytes(draft)
+    return weights, model_kv_layout(draft, block_size, kv_dtype_bytes, 1, True, dtype_bytes).bytes_per_block
+
+
+def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block_size: int,
+                  tensor_parallel_size: int = 1) -> tuple[int, int]:
+    """A Qwen3.5/3.6 or Qwen3-Next MTP head's (weights bytes, KV bytes per block) on rank 0, the planner's estimate
+    of what engine/models/qwen3_next_mtp.py loads: per MTP layer one full-attention decoder layer (the target's
+    attention shape, layer 0's MLP or experts) and its KV page, plus `mtp.fc` (2h -> h) and three norms, all in
+    the float dtype (published checkpoints keep mtp.* unquantized). With one rank the embedding and LM head are
+    the target's; under tensor parallel the head runs whole on rank 0 with its own full copies of them
+    (2 × vocab × hidden, one copy when tied), since the target's are vocab shards."""
+    text = cfg.hf_text_config
+    layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers")) or 1)
+    h = cfg.hidden_size
+    full = dataclasses.replace(cfg, layer_types=["full_attention"] * cfg.num_layers, quantization=None)
+    attention = full.attention_params(1)[0] // cfg.num_layers
+    if cfg.moe is not None and 0 in cfg.moe.moe_layers:  # layer 0's MLP kind: every expert and the router
+        experts, _, router = cfg.moe.layer_params(h)
+        mlp = experts + router
+    else:
+        mlp = 3 * h * cfg.layer_intermediate_size(0)
+    per_layer = attention + mlp + 2 * h * h + 4 * h
+    page = model_kv_layout(full, block_size, kv_dtype_bytes, 1, True, dtype_bytes).groups[0].spec.page_size_bytes
+    vocab = 0 if tensor_parallel_size == 1 else (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * h
+    return (layers * per_layer + vocab) * dtype_bytes, layers * page
+
+
+def rope_table_bytes(cfg: ModelConfig) -> int:
+    """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
+    distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
+    types = cfg.layer_types or ["full_attention"] * cfg.num_layers
+    distinct = {}
+    for layer_type, p in cfg.rope_parameters.items():
+        d = cfg.layer_head_dim(types.index(layer_type)) if layer_type in types else cfg.head_dim
+        rotary = d if p.get("rope_type") == "proportional" else int(d * p.get("partial_rotary_factor", 1.0))
+        distinct[repr((d, sorted(p.items())))] = rotary
+    return sum(cfg.max_position_embeddings * rotary * 4 for rotary in (distinct or {"": cfg.head_dim}).values())

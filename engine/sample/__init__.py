@@ -1,0 +1,1 @@
+"""Sampling: parameters, per-step metadata, the device sampler and its state, pooling, rejection sampling."""

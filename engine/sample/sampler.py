@@ -1,0 +1,164 @@
+"""Sampler: the logits of one step's sampling rows -> next tokens, their logprobs and the top-k logprobs.
+
+Order, as in vLLM: logit bias, min_tokens (EOS and stop ids masked), the structured-output bitmask,
+repetition / presence / frequency penalties, then temperature, top-k, top-p, min-p, then a draw. The draw
+is an exponential race (argmax of p / E with E ~ Exp(1)), which is exactly sampling from p; a seeded
+request draws its noise from its own generator, so its output never depends on what else is in the batch.
+Logprobs are those of the model's raw distribution. Everything runs on the logits' device over the whole
+batch (`SamplingMetadata` tensors, one sort for the filters); only the small results cross to the host, in
+one transfer (`SampledTokens.to_host`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from engine.sample.metadata import SamplingRow
+
+from engine.sample.state import SamplingMetadata
+
+__all__ = ["SamplerOutput", "SamplingRow", "apply_penalties", "sample", "sample_on_device", "beam_top_logprobs"]
+
+
+@dataclass(slots=True)
+class SamplerOutput:
+    token_ids: list[int]
+    logprobs: list[float]  # of the chosen token
+    top_ids: list[list[int]] | None  # per row, the top-k ids by logprob (k = max requested)
+    top_logprobs: list[list[float]] | None
+    ranks: list[int] | None  # rank of the chosen token
+
+
+@dataclass(slots=True)
+class SampledTokens:
+    """The sampler's results, still on the device."""
+
+    token_ids: torch.Tensor  # [rows] long
+    logprobs: torch.Tensor  # [rows] float32
+    top_ids: torch.Tensor | None  # [rows, k] long
+    top_logprobs: torch.Tensor | None  # [rows, k] float32
+    ranks: torch.Tensor | None  # [rows] long
+
+    def to_host(self) -> SamplerOutput:
+        """One device -> host copy: every result packed into float64 (token ids < 2**53 stay exact)."""
+        parts = [self.token_ids[:, None], self.logprobs[:, None]]
+        if self.ranks is not None:
+            parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
+        packed = torch.cat([p.double() for p in parts], dim=1).cpu().tolist()
+        out = SamplerOutput([int(r[0]) for r in packed], [r[1] for r in packed], None, None, None)
+        if self.ranks is not None:
+            k = self.top_ids.shape[1]
+            out.ranks = [int(r[2]) for r in packed]
+            out.top_ids = [[int(t) for t in r[3:3 + k]] for r in packed]
+            out.top_logprobs = [r[3 + k:] for r in packed]
+        return out
+
+
+def apply_bias_and_masks(logits: torch.Tensor, meta: SamplingMetadata) -> None:
+    if meta.bias is not None:
+        rows, ids, values = meta.bias
+        logits.index_put_((rows, ids), values, accumulate=True)
+    if meta.masked is not None:
+        rows, ids = meta.masked
+        # torch.full, not torch.tensor(..., device=): a fill kernel, where a pageable host copy would wait
+        logits.index_put_((rows, ids), torch.full((), float("-inf"), device=logits.device))
+    if meta.bitmask is not None:
+        apply_token_bitmask(logits, meta.bitmask)
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """-inf wherever the packed int32 bitmask has a 0 bit (xgrammar's layout)."""
+    # unsqueeze/view/narrow rather than indexing: fake CUDA tensors on a CPU-only torch accept only these.
+    shifts = torch.arange(32, device=logits.device, dtype=torch.int32)
+    bits = (bitmask.unsqueeze(-1) >> shifts) & 1
+    allowed = bits.view(bitmask.shape[0], -1).narrow(1, 0, logits.shape[1])
+    logits.masked_fill_(allowed == 0, float("-inf"))
+
+
+def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[SamplingRow]) -> None:
+    """Repetition penalty on every token seen (prompt or output); presence/frequency on output counts, read
+    from the sampling state's persistent buffers at the penalized rows' slots."""
+    if isinstance(meta, list):
+        meta = SamplingMetadata.build(meta, logits.shape[1], logits.device)
+    if meta.penalty_rows is None:
+        return
+    vocab = logits.shape[1]
+    rows = logits[meta.penalty_rows]
+    counts = meta.output_counts.index_select(0, meta.penalty_slots).narrow(1, 0, vocab)
+    seen = meta.in_prompt.index_select(0, meta.penalty_slots).narrow(1, 0, vocab) | (counts > 0)
+    penalty = meta.repetition_penalty[:, None]
+    rows = torch.where(seen, torch.where(rows > 0, rows / penalty, rows * penalty), rows)
+    counts = counts.float()
+    rows -= meta.frequency_penalty[:, None] * counts + meta.presence_penalty[:, None] * (counts > 0).float()
+    logits.index_copy_(0, meta.penalty_rows, rows)
+
+
+def filter_top_k_top_p_min_p(probs: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
+    """Zero the probabilities each sampled row's top_k / top_p / min_p exclude (the top token always
+    survives); one sort over the rows that ask."""
+    if meta.filter_rows is None:
+        return probs
+    sorted_p, order = probs[meta.filter_rows].sort(dim=-1, descending=True)
+    keep = torch.arange(probs.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
+    keep &= sorted_p.cumsum(dim=-1) - sorted_p < meta.top_p[:, None]  # the mass strictly above each token
+    keep &= sorted_p >= meta.min_p[:, None] * sorted_p[:, :1]
+    keep[:, 0] = True
+    kept = torch.empty_like(sorted_p).scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
+    return probs.index_copy_(0, meta.filter_rows, kept)
+
+
+def draw_noise(probs: torch.Tensor, meta: SamplingMetadata, default_generator: torch.Generator) -> torch.Tensor:
+    """Exp(1) noise for the race over the sampled rows: the engine's generator for the batch, then each
+    seeded row's own (so a seeded row's draw never depends on its neighbours)."""
+    noise = torch.empty_like(probs)
+    _exponential(noise, default_generator)
+    for i, gen in enumerate(meta.generators):
+        if gen is not None:
+            _exponential(noise[i], gen)
+    return noise
+
+
+def _exponential(out: torch.Tensor, generator: torch.Generator) -> None:
+    assert generator.device == out.device, \
+        f"a generator on {generator.device} cannot draw noise for logits on {out.device}"
+    out.exponential_(generator=generator)
+
+
+def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
+                     default_generator: torch.Generator) -> SampledTokens:
+    raw = logits
+    logits = logits.to(torch.float32, copy=True)  # the working copy; `raw` stays as the model gave it
+    apply_bias_and_masks(logits, meta)
+    apply_penalties(logits, meta)
+    chosen = logits.argmax(dim=-1)
+    if meta.sampled_rows is not None:
+        probs = torch.softmax(logits[meta.sampled_rows] / meta.temperature[:, None], dim=-1)
+        del logits  # not needed past here: full-vocabulary temporaries are what the sampler's peak is made of
+        probs = filter_top_k_top_p_min_p(probs, meta)
+        drawn = (probs / draw_noise(probs, meta, default_generator)).argmax(dim=-1)
+        del probs
+        chosen.index_copy_(0, meta.sampled_rows, drawn)
+    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries.
+    raw_logprobs = torch.log_softmax(raw.float(), dim=-1)
+    token_logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
+    out = SampledTokens(chosen, token_logprobs, None, None, None)
+    if meta.max_num_logprobs is not None:
+        top = raw_logprobs.topk(max(meta.max_num_logprobs, 1), dim=-1)
+        out.top_ids, out.top_logprobs = top.indices, top.values
+        out.ranks = (raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1
+    return out
+
+
+def sample(logits: torch.Tensor, rows: list[SamplingRow] | SamplingMetadata,
+           default_generator: torch.Generator) -> SamplerOutput:
+    """Sample every row of `logits`; the results on the host."""
+    meta = rows if isinstance(rows, SamplingMetadata) else SamplingMetadata.build(rows, logits.shape[1],
+                                                                                  logits.device)
+    return sample_on_device(logits, meta, default_generator).to_host()
+
+
+def beam_top_logprobs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each beam row's top-k next-token log-probs and ids, on the device: all a beam-search step needs."""
+    top = torch.log_softmax(logits.float(), dim=-1).topk(min(k, logits.shape[1]), dim=-1)
+    return top.values, top.indices

@@ -1,0 +1,1 @@
+"""Speculative proposers: n-gram, draft model and MTP head."""

@@ -1,0 +1,113 @@
+"""How many KV blocks to allocate: an explicit override, a CPU memory budget, or each card's memory after profiling.
+
+The arithmetic is engine/planning/sizing.py's (shared with the GUI planner); this module only measures. On CUDA
+every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
+loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
+KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, while the step's
+hidden states and logits are still held), memory outside torch's allocator (CUDA context,
+cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool takes the
+smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090,
+the desktop on one of them) are sized by the card with the least room.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
+from engine.kv.kv_cache_interface import model_kv_layout
+from engine.config.model import ModelConfig
+from engine.planning.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, plan_cpu, \
+    plan_from_budget, plan_from_profile
+
+logger = logging.getLogger("pagedesk.engine")
+
+
+def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,
+                      max_num_batched_tokens: int, draft_runner=None) -> int:
+    """`runner` is a ModelRunner or the tensor-parallel executor (anything with .device and .profile_memory);
+    `draft_runner`: speculative decoding's draft model, already loaded on rank 0's card (so its weights are in
+    that card's profile), whose KV takes a page at every block id (an explicit override is kept as given)."""
+    if config.num_gpu_blocks_override is not None:
+        return config.num_gpu_blocks_override
+    draft_per_block = 0 if draft_runner is None else \
+        model_kv_layout(draft_runner.config, config.block_size, kv_dtype.itemsize).bytes_per_block
+    if runner.device.type == "cuda":
+        layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size,
+                                 act_dtype_bytes=getattr(runner, "dtype", torch.bfloat16).itemsize)
+        profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
+        plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
+                             max_num_batched_tokens, draft_per_block)
+    else:
+        plan = plan_cpu(model_config, config.kv_cache_memory if config.kv_cache_memory is not None
+                        else DEFAULT_CPU_KV_CACHE_GIB, kv_cache_dtype=_dtype_name(kv_dtype),
+                        max_num_seqs=config.max_num_seqs, block_size=config.block_size,
+                        weights_bytes=runner.weights_bytes(), max_num_batched_tokens=max_num_batched_tokens,
+                        enable_prefix_caching=config.enable_prefix_caching,
+                        draft=None if draft_runner is None else draft_runner.config,
+                        draft_weights_bytes=None if draft_runner is None else draft_runner.weights_bytes())
+        logger.info("CPU: %s", plan.summary())
+    if not plan.fits:
+        raise ValueError(plan.explain_misfit())
+    if draft_per_block:
+        logger.info("KV pool: %d blocks, each holding the target's and the draft model's KV", plan.num_blocks)
+    return plan.num_blocks
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """sizing.DTYPE_BYTES's name of a torch dtype."""
+    return {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(dtype, str(dtype).split(".")[-1])
+
+
+def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: list[MemoryProfile],
+                  per_token: int, layout=None, max_num_batched_tokens: int = 0,
+                  draft_kv_bytes_per_block: int = 0) -> CapacityPlan:
+    """Plan every card from its measurements and return the plan with the fewest blocks (the MIN over ranks).
+    With --kv-cache-memory the budget is absolute (a sibling engine on the card is not "other programs").
+    `layout` (KV cache groups) makes "tokens that fit" count window groups at their bound."""
+    plans = []
+    for profile in profiles:
+        if config.kv_cache_memory is not None:
+            plan = plan_from_budget(profile, int(config.kv_cache_memory * GIB), per_token, config.block_size,
+                                    model_config.max_model_len, config.tensor_parallel_size, layout,
+                                    max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching,
+                                    draft_kv_bytes_per_block)
+            error = budget_room_error(plan)
+            if error:
+                raise ValueError(error)
+            logger.info("%s: absolute KV budget: %s", profile.card, plan.summary())
+            plans.append(plan)
+            continue
+        note = other_programs_note(profile, config.gpu_memory_utilization)
+        if note:
+            logger.warning(note)
+        plan = plan_from_profile(profile, config.gpu_memory_utilization, per_token, config.block_size,
+                                 model_config.max_model_len, config.tensor_parallel_size, layout,
+                                 max_num_batched_tokens, config.max_num_seqs, config.enable_prefix_caching,
+                                 draft_kv_bytes_per_block)
+        logger.info("%s: %s", profile.card, plan.summary())
+        plans.append(plan)
+    return min(plans, key=lambda p: p.num_blocks)
+
+
+def measure_memory(runner, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> MemoryProfile:
+    """Run the profiling step on this rank's card and measure it. Every rank must call this together."""
+    device = runner.device
+    torch.cuda.synchronize(device)
+    torch.cuda.empty_cache()
+    held_after_loading = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    temporary_kv_bytes = runner.profile_run(num_tokens, max_num_seqs, kv_dtype)
+    torch.cuda.synchronize(device)
+    # The temporary KV cache is part of the peak but the real pool takes its place: not an activation.
+    activations = max(0, torch.cuda.max_memory_allocated(device) - held_after_loading - temporary_kv_bytes)
+    torch.cuda.empty_cache()
+    free_now, total = torch.cuda.mem_get_info(device)
+    # What the process took since start that torch's allocator does not account for (cuBLAS, NCCL).
+    outside_torch = max(0, runner.free_bytes_at_start - free_now - torch.cuda.memory_reserved(device))
+    card = f"{device} ({torch.cuda.get_device_name(device)})"
+    logger.info("%s: holds %.2f GiB after loading, profiling peak %.2f GiB above it, %.2f GiB outside torch",
+                card, held_after_loading / GIB, activations / GIB, outside_torch / GIB)
+    return MemoryProfile(card, total, runner.free_bytes_at_start, held_after_loading, activations,
+                         outside_torch + runner.graph_bytes())

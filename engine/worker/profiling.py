@@ -1,0 +1,79 @@
+"""The dummy step the KV sizing measures: the largest prefill batch the scheduler can form, and sampling.
+
+`profile_batch` lays `max_num_batched_tokens` dummy tokens out as prefill sequences of at most
+max_model_len tokens each (at most max_num_seqs of them), with block tables over a temporary cache just
+big enough for them, so the profiling forward runs the real attention path (K/V writes and the attention
+kernel with their workspaces) rather than skipping it. `profile_sampling_batch` is the sampler's widest
+step: max_num_seqs rows (every sequence of every request counts against it at admission) with every
+full-vocabulary temporary on (penalties, top-k/top-p, logprobs, and a grammar bitmask on every row, whose
+unpacking makes [rows, vocab] int32 temporaries). The runner samples it through the same `sample` a real
+step uses, while the forward's hidden states and logits are still alive, as they are in a real step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from engine.layers.attention import AttentionMetadata
+from engine.sample.metadata import SamplingBatch, SamplingRow, make_generator
+from engine.sample.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.structured_output.bitmask import allocate_bitmask
+
+
+@dataclass(slots=True)
+class ProfileBatch:
+    input_ids: np.ndarray  # [num_tokens] int64, all zero
+    positions: np.ndarray  # [num_tokens] int64
+    slot_mapping: np.ndarray  # [num_tokens] int64
+    block_tables: np.ndarray  # [num_seqs, max_blocks] int32
+    seq_lens: np.ndarray  # [num_seqs] int32
+    num_blocks: int  # blocks the temporary KV cache needs
+
+    def metadata(self, device: torch.device) -> AttentionMetadata:
+        query_start = np.concatenate([[0], np.cumsum(self.seq_lens)]).astype(np.int32)
+        return AttentionMetadata(
+            slot_mapping=torch.from_numpy(self.slot_mapping).to(device),
+            block_tables=torch.from_numpy(self.block_tables).to(device),
+            seq_lens=torch.from_numpy(self.seq_lens).to(device),
+            query_start_loc=torch.from_numpy(query_start).to(device),
+            max_query_len=int(self.seq_lens.max()), max_seq_len=int(self.seq_lens.max()))
+
+
+def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> ProfileBatch:
+    """Prefills that fill the token budget: as few sequences as max_model_len allows, each on its own blocks."""
+    num_tokens = min(num_tokens, max_num_seqs * max_model_len)
+    num_seqs = -(-num_tokens // max_model_len)
+    seq_lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int32)
+    seq_lens[:num_tokens % num_seqs] += 1
+    blocks_per_seq = -(-seq_lens // block_size)
+    first_block = np.concatenate([[0], np.cumsum(blocks_per_seq)[:-1]])
+    tables = np.zeros((num_seqs, int(blocks_per_seq.max())), dtype=np.int32)
+    positions, slots = [], []
+    for i, n in enumerate(seq_lens):
+        tables[i, :blocks_per_seq[i]] = first_block[i] + np.arange(blocks_per_seq[i])
+        pos = np.arange(n, dtype=np.int64)
+        positions.append(pos)
+        slots.append(first_block[i] * block_size + pos)  # the sequence's blocks are consecutive
+    return ProfileBatch(np.zeros(num_tokens, dtype=np.int64), np.concatenate(positions), np.concatenate(slots),
+                        tables, seq_lens, int(blocks_per_seq.sum()))
+
+
+def profile_sampling_batch(num_rows: int, vocab_size: int, device: torch.device) -> SamplingBatch:
+    """`num_rows` sampling rows at the sampler's widest (temperature, top-k/top-p, penalties, logprobs and a
+    grammar bitmask: every full-vocabulary temporary it makes), one per logits row."""
+    params = SamplingParams(temperature=1.0, top_k=50, top_p=0.9, repetition_penalty=1.1, presence_penalty=0.1,
+                            logprobs=MAX_LOGPROBS)
+    batch = SamplingBatch(generator=make_generator(0, device))
+    batch.rows = [SamplingRow(params, [0, 0], 1, None, []) for _ in range(num_rows)]
+    batch.logits_index = list(range(num_rows))
+    batch.bitmask = allocate_bitmask(num_rows, vocab_size)  # all allowed: the cost is the unpacking, not the mask
+    return batch
+
+
+def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
+    """The sampler's widest step alone, over random logits (the memory bench, device-placement tests)."""
+    from engine.worker.model_runner import ModelRunner  # it imports this module
+    logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
+    ModelRunner.sample(logits, profile_sampling_batch(num_seqs, vocab_size, device))
