@@ -371,7 +371,7 @@ class LLMEngine:
         return s
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
-        from engine.kv.block_snapshot import StateSlots, snapshot_blocks
+        from engine.core.block_snapshot import StateSlots, snapshot_blocks
         state = None
         if self.kv.state is not None:
             state = StateSlots(self.kv.state.pool.num_slots, tuple(self.kv.snapshots.values()),
