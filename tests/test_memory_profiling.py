@@ -19,8 +19,11 @@ from engine.config.flags import EngineConfig
 from engine.worker.kv_cache_sizing import choose_num_blocks, measure_memory
 from engine.config.model import ModelConfig
 from engine.worker.profiling import profile_batch
-from engine.planning.sizing import (GIB, MIB, estimate_activation_bytes, kv_bytes_per_token, plan_capacity, plan_cpu,
-                           rope_table_bytes, weights_bytes_per_card)
+from engine.planning.activations import estimate_activation_bytes
+from engine.planning.kv import kv_bytes_per_token
+from engine.planning.planner import plan_capacity, plan_cpu
+from engine.planning.units import GIB, MIB
+from engine.planning.weights import rope_table_bytes, weights_bytes_per_card
 
 LLAMA_8B = ModelConfig.from_hf_config({
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,

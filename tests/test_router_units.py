@@ -11,7 +11,8 @@ from engine.entrypoints.router.balancer import BALANCE_TOKENS, ReplicaLoad, choo
 from engine.entrypoints.router.metrics_merge import merge_metrics
 from engine.entrypoints.router.placement import HOST, Card, Holder, NoRoom, place, replica_need
 from engine.entrypoints.router.specs import ModelSpec, build_specs, split_model_arg, wants_router
-from engine.planning.sizing import GIB, MIB, MemoryProfile
+from engine.planning.capacity import MemoryProfile
+from engine.planning.units import GIB, MIB
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +187,8 @@ def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
     s = ModelSpec("g", str(folder), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2})
     need = replica_need(s, Card(0, "cuda:0", 64 * GIB), None)
     config = s.engine_config()
-    from engine.planning.sizing import DTYPE_BYTES, resolve_dtype
+    from engine.config.model import DTYPE_BYTES
+    from engine.planning.units import resolve_dtype
     cfg = ModelConfig.from_folder(folder).with_max_model_len(256)
     layout = model_kv_layout(cfg, config.block_size, DTYPE_BYTES[resolve_dtype(config.dtype, cfg.torch_dtype, True)])
     assert layout.has_sliding_window
@@ -199,7 +201,7 @@ def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
     """On a card the overhead holds the decode graphs, and with full_and_piecewise (the default) the piecewise
     pieces up to the step budget too, as the engine's sizing counts them; --enforce-eager: neither."""
     from engine.entrypoints.router.placement import CUDA_CONTEXT_BYTES
-    from engine.planning.sizing import estimate_piecewise_graph_bytes
+    from engine.planning.graphs import estimate_piecewise_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     both = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -217,8 +219,8 @@ def test_placement_counts_the_draft_model_and_the_verify_graphs(llama_dir):
     graphs beside the decode graphs; n-gram only the graphs."""
     import json
 
-    from engine.planning.model_footprint import draft_footprint
-    from engine.planning.sizing import estimate_verify_graph_bytes
+    from engine.planning.speculation import draft_footprint
+    from engine.planning.graphs import estimate_verify_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)

@@ -11,8 +11,10 @@ import torch
 from engine.config.flags import EngineConfig
 from engine.worker.kv_cache_sizing import choose_num_blocks
 from engine.config.model import ModelConfig
-from engine.planning.sizing import GIB, MemoryProfile, estimate_piecewise_graph_bytes, other_programs_note, plan_capacity, \
-    plan_from_profile
+from engine.planning.capacity import MemoryProfile, other_programs_note, plan_from_profile
+from engine.planning.graphs import estimate_piecewise_graph_bytes
+from engine.planning.planner import plan_capacity
+from engine.planning.units import GIB
 
 CARD_24G = 24 * GIB
 
@@ -218,7 +220,7 @@ def test_a_hybrid_models_graphs_count_their_padding_state_slot():
     # Qwen3.6-27B's decode graphs point padding rows at one state slot past the pool: 48 DeltaNet layers ×
     # (conv 10,240 channels × 3 taps × 2 B + recurrent 48 × 128 × 128 × 4 B) = 48 × 3,207,168 = 153,944,064 B.
     from engine.bench.hybrid import QWEN3_6_27B
-    from engine.planning.sizing import estimate_cuda_graph_bytes, estimate_graph_bytes
+    from engine.planning.graphs import estimate_cuda_graph_bytes, estimate_graph_bytes
     cfg = ModelConfig.from_hf_config(QWEN3_6_27B)
     graphs = estimate_cuda_graph_bytes(cfg, 4, 8192, 2, 1, "full_decode_only")
     assert graphs - estimate_graph_bytes(cfg, 4, 2, 1) == 153_944_064
@@ -235,8 +237,9 @@ LLAMA_32_1B = ModelConfig.from_hf_config({  # Llama-3.2-1B: Llama 3's tokenizer,
 
 
 def test_a_draft_model_counts_its_weights_on_rank_0_and_its_kv_per_block():
-    from engine.planning.model_footprint import draft_footprint, weights_bytes_per_card
-    from engine.planning.sizing import plan_cpu
+    from engine.planning.speculation import draft_footprint
+    from engine.planning.weights import weights_bytes_per_card
+    from engine.planning.planner import plan_cpu
 
     draft = LLAMA_32_1B.with_max_model_len(8192)
     # Draft weights: per layer qkv 2048·(2048 + 2·512) + o 2048·2048 = 10,485,760, MLP 3·2048·8192 = 50,331,648

@@ -1,6 +1,6 @@
 """Loading the draft model: its folder resolved and checked against the target, its weights on the target's
 device; the KV pool is split so that both caches (same block ids, one tensor each) fit the budget by
-engine/kv_cache_sizing.choose_num_blocks (engine/sizing.blocks_with_draft, which the planner shares).
+engine/worker/kv_cache_sizing.choose_num_blocks (engine/planning/kv.blocks_with_draft, which the planner shares).
 
 Under tensor parallel the draft lives on rank 0 only, whole (not sharded): it is built and run inside
 `engine.distributed.parallel_state.single_rank`, so its layers take every head and make no collective; its proposals then
@@ -12,7 +12,7 @@ beside the target, its KV pages sharing the block ids in the same proportion. Un
 whole on rank 0 (single_rank), reading rank 0's copy of the target's last hidden states (replicated after the
 final norm); since the target's embedding and LM head are vocab-sharded there, the head loads its own full
 copies of them (2 × vocab × hidden × dtype bytes on rank 0, once if tied), which rank 0's memory profile
-measures and the planner counts (engine/sizing.mtp_footprint). The workers never see the head: its drafts reach
+measures and the planner counts (engine/planning/speculation.mtp_footprint). The workers never see the head: its drafts reach
 them as the verify step's input ids. Sharding the head like the target instead would save that memory but put
 the head's forwards into the worker protocol."""
 from __future__ import annotations
@@ -25,7 +25,7 @@ from engine.distributed.parallel_state import single_rank
 from engine.kv.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
 from engine.worker.loader import iterate_weights, resolve_model_path, tensor_names
 from engine.config.model import ModelConfig
-from engine.planning.sizing import blocks_with_draft
+from engine.planning.kv import blocks_with_draft
 from engine.config.speculative import SpeculativeConfig, check_draft_vocab
 
 logger = logging.getLogger("pagedesk.engine")

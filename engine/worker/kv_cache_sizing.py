@@ -1,6 +1,6 @@
 """How many KV blocks to allocate: an explicit override, a CPU memory budget, or each card's memory after profiling.
 
-The arithmetic is engine/planning/sizing.py's (shared with the GUI planner); this module only measures. On CUDA
+The arithmetic is engine/planning/'s (shared with the GUI planner and the router); this module only measures. On CUDA
 every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
 loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
 KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, while the step's
@@ -18,8 +18,10 @@ import torch
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import ModelConfig
-from engine.planning.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, plan_cpu, \
+from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, \
     plan_from_budget, plan_from_profile
+from engine.planning.planner import plan_cpu
+from engine.planning.units import GIB
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -56,7 +58,7 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    """sizing.DTYPE_BYTES's name of a torch dtype."""
+    """engine.config.model.DTYPE_BYTES's name of a torch dtype."""
     return {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(dtype, str(dtype).split(".")[-1])
 
 

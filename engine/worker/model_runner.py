@@ -42,7 +42,7 @@ from engine.core.scheduler import ScheduledSeq
 from engine.sample.rejection_sampler import prepare_verify, verify_drafts
 from engine.spec_decode.state_rollback import StateReplay, VerifyStates
 from engine.worker.profiling import profile_batch, profile_sampling_batch
-from engine.planning.sizing import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
+from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.worker.warm_up import warm_up_kernels
 
 logger = logging.getLogger("pagedesk.engine")

@@ -2,7 +2,7 @@
 
 A card's budget is `--memory-budget` GiB, or what the engine itself would use (total × gpu_memory_utilization
 minus what other programs held at start); on CPU the host is one "card" whose budget is `--memory-budget` or
-the available RAM. A replica needs, per card, its weights, its activation peak and overhead (engine/planning/sizing.py,
+the available RAM. A replica needs, per card, its weights, its activation peak and overhead (engine/planning/,
 the planner's estimates; a speculative draft model or MTP head in its weights, verify graphs in its overhead)
 plus an absolute KV budget: the model's `kv-cache-memory` if given, else on CUDA the
 card's budget divided by `--max-loaded-models` (all of it when unset), capped at max_num_seqs full sequences,
@@ -20,9 +20,13 @@ from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB
 from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import DTYPE_BYTES, ModelConfig
 from engine.entrypoints.router.specs import ModelSpec
-from engine.planning.model_footprint import draft_footprint, mtp_footprint, rope_table_bytes, weights_bytes_per_card
-from engine.planning.sizing import GIB, MIB, estimate_activation_bytes, estimate_cuda_graph_bytes, estimate_verify_graph_bytes, \
-    kv_bytes_per_token, plan_cpu, resolve_dtype
+from engine.planning.activations import estimate_activation_bytes
+from engine.planning.graphs import estimate_cuda_graph_bytes, estimate_verify_graph_bytes
+from engine.planning.kv import kv_bytes_per_token
+from engine.planning.planner import plan_cpu
+from engine.planning.speculation import draft_footprint, mtp_footprint
+from engine.planning.units import GIB, MIB, resolve_dtype
+from engine.planning.weights import rope_table_bytes, weights_bytes_per_card
 from engine.config.speculative import parse_speculative_config
 
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context, cuBLAS workspace: memory no estimate of tensors counts
