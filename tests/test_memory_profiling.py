@@ -251,6 +251,27 @@ def test_profiling_step_holds_what_a_full_sampling_step_holds(tiny_model_dir):
     assert profiled >= 0.99 * step.peak
 
 
+def test_the_profile_and_the_planner_sample_the_same_rows(llama_dir, monkeypatch):
+    """The sampler's rows are one function (engine/planning/activations.sampler_rows) for the profiling step and
+    the planner: max_num_seqs without speculation, also when the step budget has fewer tokens than seats."""
+    from engine.planning.activations import forward_activation_bytes, sampler_bytes, sampler_rows
+    import engine.worker.model_runner as model_runner
+    for tokens, seats in ((8192, 256), (100, 8), (4, 8)):
+        rows = profile_batch(tokens, seats, 40, 16).num_sampler_rows
+        assert rows == sampler_rows(seats, tokens) == seats
+        assert estimate_activation_bytes(LLAMA_8B, tokens, 2, 1, seats) == \
+            forward_activation_bytes(LLAMA_8B, tokens, 2) + sampler_bytes(rows, LLAMA_8B.vocab_size)
+    runner = LLM(str(llama_dir), device="cpu", max_num_seqs=4).engine.runner
+    sampled = []
+    profile = model_runner.profile_sampling_batch
+    monkeypatch.setattr(model_runner, "profile_sampling_batch",
+                        lambda rows, vocab, device: sampled.append(rows) or profile(rows, vocab, device))
+    pool = runner.kv_cache
+    runner.profile_run(3, 8, torch.float32)  # 3 tokens, 8 seats: 8 rows, as the planner counts them
+    runner.allocate_kv_cache(pool.shape[2], pool.dtype)
+    assert sampled == [sampler_rows(8, 3)] == [8]
+
+
 class FakeNvml:
     """pynvml over SimulatedCards, found by UUID: free memory as the driver sees it, contexts included."""
 

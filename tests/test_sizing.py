@@ -279,3 +279,13 @@ def test_a_misfit_with_a_draft_names_it():
     plan = plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9, draft=draft)  # one sequence fits alone, not with the draft
     assert plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9).fits and not plan.fits
     assert "The draft model takes 2.33 GiB of weights and 32.0 KiB/token of KV" in plan.explain_misfit()
+
+
+def test_logits_rows_of_a_step_count_the_verify_rows():
+    """A step has a logits row per sampling sequence and 1 + k per sequence verifying k drafts, never more rows
+    than tokens; the sampler is profiled and planned at no fewer rows than seats (their penalty buffers)."""
+    from engine.planning.activations import max_logits_rows, sampler_rows
+    assert max_logits_rows(256, 8192) == 256 and max_logits_rows(256, 8192, 3) == 1024
+    assert max_logits_rows(256, 512, 3) == 512 and max_logits_rows(256, 128) == 128
+    assert sampler_rows(256, 128) == sampler_rows(256, 8192) == 256  # k = 0: max_num_seqs, as the profile ran
+    assert sampler_rows(4, 8192, 3) == 16 and sampler_rows(0, 8192) == 0  # 0: a graph's forward samples nothing
