@@ -289,3 +289,18 @@ def test_logits_rows_of_a_step_count_the_verify_rows():
     assert max_logits_rows(256, 512, 3) == 512 and max_logits_rows(256, 128) == 128
     assert sampler_rows(256, 128) == sampler_rows(256, 8192) == 256  # k = 0: max_num_seqs, as the profile ran
     assert sampler_rows(4, 8192, 3) == 16 and sampler_rows(0, 8192) == 0  # 0: a graph's forward samples nothing
+
+
+def test_the_cpu_engine_plans_a_hybrid_in_the_dtype_it_runs():
+    """A hybrid model's conv states are in the model's dtype: the CPU engine run in bf16 plans its state pool at
+    2 bytes per conv value, as the planner does for bf16 (it planned float32 whatever the engine ran in)."""
+    from engine.bench.hybrid import QWEN3_6_27B
+    from engine.planning.planner import plan_cpu
+    cfg = ModelConfig.from_hf_config(QWEN3_6_27B).with_max_model_len(4096)
+    runner = type("CpuRunner", (), {"device": torch.device("cpu"), "dtype": torch.bfloat16,
+                                    "weights_bytes": lambda self: 0})()
+    config = EngineConfig(model="m", kv_cache_memory=2.0, max_num_seqs=4)
+    kwargs = dict(kv_cache_dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=2048)
+    bf16, fp32 = (plan_cpu(cfg, 2.0, dtype=dtype, **kwargs) for dtype in ("bfloat16", "float32"))
+    assert choose_num_blocks(config, cfg, runner, torch.bfloat16, 2048) == bf16.num_blocks > fp32.num_blocks
+    assert bf16.state_bytes < fp32.state_bytes and bf16.num_blocks < bf16.max_blocks  # the budget decides

@@ -25,7 +25,7 @@ from engine.distributed.parallel_state import single_rank
 from engine.kv.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_kv_layout
 from engine.worker.loader import iterate_weights, resolve_model_path, tensor_names
 from engine.config.model import ModelConfig
-from engine.planning.kv import blocks_with_draft
+from engine.planning.kv import blocks_with_draft, kv_bytes_per_block
 from engine.config.speculative import SpeculativeConfig, check_draft_vocab
 
 logger = logging.getLogger("pagedesk.engine")
@@ -142,8 +142,7 @@ def share_blocks_with_mtp(num_blocks: int, config, target_config: ModelConfig, m
     shared in proportion (an explicit --num-gpu-blocks-override is kept as given)."""
     if config.num_gpu_blocks_override is not None:
         return num_blocks
-    target = model_kv_layout(target_config, config.block_size, kv_dtype.itemsize,
-                             config.tensor_parallel_size).bytes_per_block
+    target = kv_bytes_per_block(target_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size)
     shared = max(1, blocks_with_draft(num_blocks, target, mtp.bytes_per_block(kv_dtype.itemsize)))
     logger.info("KV pool: %d blocks shared with the MTP head (%d without it)", shared, num_blocks)
     return shared

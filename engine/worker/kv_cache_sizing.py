@@ -16,10 +16,11 @@ import logging
 import torch
 
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
-from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import ModelConfig
+from engine.kv.kv_cache_interface import model_kv_layout
 from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, \
     plan_from_budget, plan_from_profile
+from engine.planning.kv import kv_bytes_per_block
 from engine.planning.planner import plan_cpu
 from engine.planning.units import GIB
 
@@ -33,17 +34,20 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     that card's profile), whose KV takes a page at every block id (an explicit override is kept as given)."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
+    # The model's dtype (a tensor-parallel executor's is its rank-0 runner's): a hybrid's conv states are in it.
+    dtype = getattr(getattr(runner, "runner", runner), "dtype",
+                    torch.bfloat16 if runner.device.type == "cuda" else torch.float32)
     draft_per_block = 0 if draft_runner is None else \
-        model_kv_layout(draft_runner.config, config.block_size, kv_dtype.itemsize).bytes_per_block
+        kv_bytes_per_block(draft_runner.config, config.block_size, kv_dtype.itemsize, act_dtype_bytes=dtype.itemsize)
     if runner.device.type == "cuda":
         layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size,
-                                 act_dtype_bytes=getattr(runner, "dtype", torch.bfloat16).itemsize)
+                                 act_dtype_bytes=dtype.itemsize)
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
         plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
                              max_num_batched_tokens, draft_per_block)
     else:
         plan = plan_cpu(model_config, config.kv_cache_memory if config.kv_cache_memory is not None
-                        else DEFAULT_CPU_KV_CACHE_GIB, kv_cache_dtype=_dtype_name(kv_dtype),
+                        else DEFAULT_CPU_KV_CACHE_GIB, dtype=_dtype_name(dtype), kv_cache_dtype=_dtype_name(kv_dtype),
                         max_num_seqs=config.max_num_seqs, block_size=config.block_size,
                         weights_bytes=runner.weights_bytes(), max_num_batched_tokens=max_num_batched_tokens,
                         enable_prefix_caching=config.enable_prefix_caching,
