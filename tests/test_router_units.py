@@ -270,3 +270,55 @@ def test_response_directory_is_bounded_and_reads_ids_from_replies():
     assert directory.owner("resp_1") is None and directory.owner("resp_2") == dp1
     directory.forget("resp_2")
     assert directory.owner("resp_2") is None
+
+
+def test_a_hybrid_replicas_budget_holds_its_seats_and_its_state_pool(tmp_path):
+    """The engine's absolute KV budget holds a hybrid model's state pool beside its blocks (plan_from_budget), so
+    the budget placement hands it must too: max_num_seqs full-length sequences and their state slots. Speculating,
+    its verify scratch is in the weights, as the planner counts it."""
+    import json
+
+    from engine.bench.hybrid import QWEN3_6_27B
+    from engine.kv.kv_cache_interface import model_kv_layout
+    from engine.planning.capacity import plan_from_budget
+    from engine.planning.kv import verify_scratch_bytes
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_6_27B))
+    flags = {"max_model_len": 4096, "max_num_seqs": 8, "enforce_eager": True}
+    card = Card(0, "cuda:0", 80 * GIB)
+    need = replica_need(ModelSpec("h", str(tmp_path), flags), card, None)
+    cfg = ModelConfig.from_folder(tmp_path).with_max_model_len(4096)
+    layout = model_kv_layout(cfg, 16, 2, act_dtype_bytes=2)
+    assert need.kv_bytes == 8 * 256 * layout.bytes_per_block + layout.state_pool_bytes(8, True)
+    engine = plan_from_budget(MemoryProfile("cuda:0", 80 * GIB, 80 * GIB, 0, 0, 0), need.kv_bytes,
+                              layout.bytes_per_block // 16, 16, 4096, 1, layout, 2048, 8)
+    assert engine.num_full_seqs == 8
+    ngram = {**flags, "speculative_config": json.dumps({"method": "ngram", "num_speculative_tokens": 3})}
+    speculating = replica_need(ModelSpec("n", str(tmp_path), ngram), card, None)
+    assert speculating.weights_bytes - need.weights_bytes == verify_scratch_bytes(layout, 8, 3, 2048) > 0
+
+
+def test_a_drafting_replicas_budget_holds_the_drafts_pages(llama_dir):
+    """A draft model's KV page at every block id shares the budget (blocks_with_draft): the most useful budget
+    holds max_num_seqs full sequences of both; with the target as its own draft, twice the target's."""
+    import json
+    card = Card(0, "cuda:0", 64 * GIB)
+    flags = {"max_model_len": 256, "max_num_seqs": 2, "enforce_eager": True}
+    plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
+    draft = {"model": str(llama_dir), "num_speculative_tokens": 3}
+    drafted = replica_need(ModelSpec("d", str(llama_dir), {**flags, "speculative_config": json.dumps(draft)}),
+                           card, None)
+    assert drafted.kv_bytes == 2 * plain.kv_bytes > 0
+
+
+def test_no_kv_budget_when_the_state_pool_leaves_no_block(tmp_path):
+    """256 seats of Qwen3.6-27B's state (147 MiB each, 37 GiB with the snapshots) do not fit beside its AWQ
+    weights on a 40 GiB card, though ~19 GiB of blocks would: no budget (the replica is not placed) rather than
+    one the engine would refuse at load."""
+    import json
+
+    from engine.bench.hybrid import AWQ_G128, QWEN3_6_27B
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_6_27B, "quantization_config": AWQ_G128}))
+    flags = {"max_model_len": 4096, "enforce_eager": True}
+    assert replica_need(ModelSpec("h", str(tmp_path), flags), Card(0, "cuda:0", 40 * GIB), None).kv_bytes == 0
+    few = replica_need(ModelSpec("h", str(tmp_path), {**flags, "max_num_seqs": 16}), Card(0, "cuda:0", 40 * GIB), None)
+    assert few.kv_bytes > 0

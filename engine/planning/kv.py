@@ -1,6 +1,6 @@
 """KV-cache byte counts: bytes per token and per block id (every cache slot of a model's KV cache groups, on one
 card), the blocks a full-length sequence holds, the pool shared with a draft model's or MTP head's pages, a hybrid
-model's state pool and its speculative verify scratch.
+model's state pool and its speculative verify scratch, and the --kv-cache-memory budget that holds a pool.
 
 The group arithmetic itself is engine/kv/kv_cache_interface.py's (`model_kv_layout`); these are the quantities the
 engine's KV sizing, the GUI's planner and the router's placement read from it, each counted here once. A block id
@@ -48,6 +48,14 @@ def state_pool_bytes(layout: KVCacheLayout | None, max_num_seqs: int, enable_pre
     """A hybrid model's state pool on one card, its prefix-cache snapshots included (0 for attention-only
     models)."""
     return 0 if layout is None else layout.state_pool_bytes(max_num_seqs, enable_prefix_caching)
+
+
+def kv_pool_budget_bytes(layout: KVCacheLayout, num_blocks: int, max_num_seqs: int, enable_prefix_caching: bool = True,
+                         draft_kv_bytes_per_block: int = 0) -> int:
+    """The --kv-cache-memory budget whose pool is `num_blocks` block ids: their pages (a draft's or MTP head's
+    beside the target's) and a hybrid model's state pool, which that budget holds too (`plan_from_budget`)."""
+    return num_blocks * (layout.bytes_per_block + draft_kv_bytes_per_block) + \
+        state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)
 
 
 def verify_scratch_tokens(max_num_seqs: int, num_speculative_tokens: int, max_num_batched_tokens: int) -> int:

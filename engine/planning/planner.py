@@ -19,8 +19,12 @@ from engine.planning.capacity import CapacityPlan, MemoryProfile, plan_from_prof
 from engine.planning.graphs import estimate_cuda_graph_bytes
 from engine.planning.kv import blocks_per_full_seq, state_pool_bytes, verify_scratch_bytes
 from engine.planning.speculation import speculation_footprint
-from engine.planning.units import GIB, kv_dtype_bytes
+from engine.planning.units import GIB, MIB, kv_dtype_bytes
 from engine.planning.weights import QUANT_BITS, loaded_bytes_per_card, weights_bytes_per_card
+
+# The CUDA context and cuBLAS workspace: memory outside torch's allocator, which the engine measures (its
+# profile's overhead) and the router's placement adds to its estimate; `plan_capacity` leaves it out.
+CUDA_CONTEXT_BYTES = 512 * MIB
 
 
 def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, tensor_parallel_size: int,
