@@ -1,6 +1,6 @@
 """The serving engine: paged KV cache, continuous batching, sampling, offline `LLM` API. No Qt anywhere.
 
-Names are exported lazily so that torch-free modules (engine.config.flags, engine.planning.sizing) can be imported by
+Names are exported lazily so that torch-free modules (engine.config.flags, engine.planning) can be imported by
 the GUI without pulling in torch.
 """
 from __future__ import annotations

@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         cold, warm = ttft(big)
         on, off, hashing_share = caching_cost(small, min(args.num_prompts, 64))
         step = scheduler_step_time(small)
-    from engine.planning.sizing import SAMPLER_BYTES_PER_LOGIT
+    from engine.planning.activations import SAMPLER_BYTES_PER_LOGIT
     per_logit = sampler_bytes_per_logit()
     rows = [
         ("KV waste, paged (allocated − used) / allocated", f"{waste['paged']:.1%}", "≤ 4%"),

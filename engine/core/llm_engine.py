@@ -34,7 +34,7 @@ from engine.sample.sampling_params import SamplingParams
 from engine.core.request_faults import RequestFaults
 from engine.core.scheduler import ScheduledSeq, Scheduler
 from engine.core.sequence import Request, Sequence
-from engine.planning.sizing import verify_scratch_tokens
+from engine.planning.kv import verify_scratch_tokens
 from engine.config.speculative import parse_speculative_config
 from engine.spec_decode.loading import check_proposer, check_rollback, load_proposer
 from engine.spec_decode.speculator import SpecBatch, Speculator
