@@ -18,7 +18,7 @@ SMALL = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key
 
 
 def engine(path: Path, **kwargs):
-    from engine.core.llm_engine import LLMEngine
+    from engine.entrypoints.llm_engine import LLMEngine
     from engine.config.flags import EngineConfig
     return LLMEngine(EngineConfig.from_kwargs(model=str(path), device="cpu", **kwargs))
 
