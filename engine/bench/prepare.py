@@ -52,7 +52,7 @@ class BenchSeq(SimpleNamespace):
 
 
 def make_seqs(num_seqs: int, num_blocks: int, block_size: int) -> list[BenchSeq]:
-    request = SimpleNamespace(params=SamplingParams(), cache_salt=None)
+    request = SimpleNamespace(params=SamplingParams(), cache_salt=None, pooling=None)
     seqs, next_block = [], 1
     for i in range(num_seqs):
         tokens = (num_blocks - 1) * block_size + 1  # the last block has room for block_size - 1 more tokens
