@@ -57,7 +57,7 @@ class ModelRunner:
     piecewise = _Kept("dispatch")
     kv_cache = _Kept("pools")
     state_cache = _Kept("pools")
-    verify_states = _Kept("inputs")
+    verify_states = _Kept("input_prep")
     sampling_state = _Kept("sampler")
 
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
@@ -88,8 +88,8 @@ class ModelRunner:
         # (engine/spec_decode/proposers/mtp.py) until it has read them; off otherwise.
         self.keep_hidden, self.last_hidden = False, None
         self.pools = KVPools(self.model, layout, device, dtype, block_size)
-        self.inputs = InputPreparer(layout, block_size, model_config.max_model_len, device,
-                                    pooling=model_config.pooler is not None)
+        self.input_prep = InputPreparer(layout, block_size, model_config.max_model_len, device,
+                                        pooling=model_config.pooler is not None)
         self.dispatch = GraphDispatcher(self.model, model_config, device, dtype, block_size, attention_backend,
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
@@ -117,7 +117,7 @@ class ModelRunner:
 
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
-        self.inputs.input_batch.reserve(max_num_seqs)
+        self.input_prep.input_batch.reserve(max_num_seqs)
         self.sampler.max_rows = max_num_seqs
 
     def reserve_verify_tokens(self, num_tokens: int) -> None:
@@ -160,7 +160,7 @@ class ModelRunner:
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
                 state_copies: list[tuple[int, int]] = ()) -> StepInputs:
         """Flat, device-free inputs for the whole batch (InputPreparer.prepare; rank 0)."""
-        return self.inputs.prepare(batch, block_copies, state_copies)
+        return self.input_prep.prepare(batch, block_copies, state_copies)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
@@ -176,7 +176,7 @@ class ModelRunner:
         # Before the state copies: a fork or snapshot reads the accepted state.
         self.pools.replay_verified(inputs.state_replay)
         self.pools.copy_states(inputs.state_copies)
-        tables = self.inputs.step_tables(inputs)
+        tables = self.input_prep.step_tables(inputs)
         rows = logits_index(inputs, self.device)
         prepared = self.sampler.prepare(inputs, sampling)
         if self.expert_load is not None:
