@@ -8,7 +8,7 @@ step: `sampler_rows` rows (engine/planning/activations.py, which the planner cou
 every sequence of every request counts against it at admission) with every full-vocabulary temporary on
 (penalties, top-k/top-p, logprobs, and a grammar bitmask on every row, whose unpacking makes [rows, vocab]
 int32 temporaries). The runner samples it through the same `sample` a real
-step uses, while the forward's hidden states and logits are still alive, as they are in a real step.
+step uses (engine/worker/sampling.py), while the forward's hidden states and logits are still alive, as they are in a real step.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from engine.planning.activations import sampler_rows
 from engine.sample.metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sample.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.structured_output.bitmask import allocate_bitmask
+from engine.worker.sampling import sample
 
 
 @dataclass(slots=True)
@@ -79,6 +80,5 @@ def profile_sampling_batch(num_rows: int, vocab_size: int, device: torch.device)
 
 def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
     """The sampler's widest step alone, over random logits (the memory bench, device-placement tests)."""
-    from engine.worker.model_runner import ModelRunner  # it imports this module
     logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
-    ModelRunner.sample(logits, profile_sampling_batch(num_seqs, vocab_size, device))
+    sample(logits, profile_sampling_batch(num_seqs, vocab_size, device))
