@@ -37,20 +37,6 @@ MTP_MAPPER = WeightsMapper(renamed_prefixes=((MTP_PREFIX, ""),), renamed_infixes
 QUANTIZED_LEAVES = (".qweight", ".qzeros", ".scales", ".weight_packed", ".weight_scale", ".g_idx")
 
 
-def mtp_num_layers(cfg: ModelConfig, names: Iterable[str]) -> int:
-    """MTP layers in the checkpoint (`mtp.layers.N.*`), which the config states as mtp_num_hidden_layers
-    (Qwen3.5) or num_nextn_predict_layers (vLLM's name for Qwen3-Next); 0 without an MTP head."""
-    indices = set()
-    for name in names:
-        if name.startswith(MTP_PREFIX + "layers."):
-            indices.add(int(name.split(".")[2]))
-    stated = cfg.hf_text_config.get("mtp_num_hidden_layers", cfg.hf_text_config.get("num_nextn_predict_layers"))
-    if indices and stated is not None and len(indices) != int(stated):
-        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint has {len(indices)} MTP layer(s) "
-                         f"(mtp.layers.*), the config states {stated}")
-    return len(indices)
-
-
 class FullVocab(nn.Module):
     """Unsharded copies of the target's embedding and LM head for the head on rank 0 under tensor parallel
     (build it inside engine.distributed.parallel_state.single_rank, so the vocab-parallel layers take every row and make no
@@ -144,9 +130,3 @@ class Qwen3NextMTP(nn.Module):
                                      f"({name}); only a float MTP head is supported")
                 yield name, tensor
         load_weights(self, checked(weights), packed_modules_mapping=PACKED_QKV_GATE_UP, mapper=MTP_MAPPER)
-
-
-# The families whose checkpoints carry this head (engine/models/registry.py names them).
-MTP_ARCHITECTURES = frozenset({
-    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration"})

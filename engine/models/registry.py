@@ -111,6 +111,11 @@ ARCHITECTURES: dict[str, Architecture] = {
                                                        QWEN3_5_MOE_DEFAULTS, multimodal=True, attn_output_gate=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+# The families whose checkpoints may carry a multi-token-prediction head (`mtp.*`) that speculative method "mtp"
+# runs (engine/models/qwen3_next_mtp.py); whether a checkpoint has one is engine/config/speculative.check_mtp_head.
+MTP_ARCHITECTURES = frozenset({
+    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration"})
 
 
 def get_architecture(name: str) -> Architecture:

@@ -26,7 +26,7 @@ from engine.kv.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_k
 from engine.worker.loader import iterate_weights, resolve_model_path, tensor_names
 from engine.config.model import ModelConfig
 from engine.planning.sizing import blocks_with_draft
-from engine.config.speculative import SpeculativeConfig, check_draft_vocab
+from engine.config.speculative import SpeculativeConfig, check_draft_vocab, check_mtp_head
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -80,19 +80,11 @@ def load_draft(checked, config, device: torch.device, dtype: torch.dtype, backen
 
 def check_mtp(spec: SpeculativeConfig | None, config, target_config: ModelConfig, model_path) -> int:
     """The number of MTP layers the target checkpoint carries (0 without method "mtp"), checked before anything
-    loads: a family with an MTP head, mtp.* tensors present. ValueErrors name the field."""
+    loads (engine/config/speculative.check_mtp_head, which the app's settings form calls too)."""
     if spec is None or spec.method != "mtp":
         return 0
-    from engine.models.qwen3_next_mtp import MTP_ARCHITECTURES, mtp_num_layers
-
-    if target_config.architecture not in MTP_ARCHITECTURES:
-        raise ValueError(f"speculative_config.method \"mtp\": {target_config.architecture} has no multi-token-"
-                         f"prediction head this engine can run (built for {', '.join(sorted(MTP_ARCHITECTURES))})")
-    num_layers = mtp_num_layers(target_config, tensor_names(model_path))
-    if not num_layers:
-        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint {model_path} has no MTP weights "
-                         "(no mtp.* tensors); use method \"ngram\" or a draft model")
-    return num_layers
+    return check_mtp_head(target_config.architecture, target_config.hf_text_config, tensor_names(model_path),
+                          f"the checkpoint {model_path}")
 
 
 def load_mtp(num_layers: int, runner, model_path, backend: str):
