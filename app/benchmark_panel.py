@@ -23,7 +23,7 @@ from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QFo
 
 from app.bench_store import BenchStore, StoredRun
 from app.benchmark_worker import BenchmarkResult, BenchmarkRunner, failure_words
-from app.durations import format_ms
+from app.units import format_ms
 from engine.bench.serve_client import RequestOutcome
 from engine.bench.serve_load import ServeLoad
 from engine.bench.serve_prompts import ServedTokenizer, served_requests

@@ -22,7 +22,7 @@ import httpx
 from PySide6.QtCore import QObject, Qt, QThread, Signal
 
 from app.context_fit import ContextFull, Fit, fit_to_context
-from app.durations import format_ms
+from app.units import format_ms
 from app.sse import auth_headers, iter_sse_data
 
 

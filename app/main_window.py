@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (QApplication, QGroupBox, QHBoxLayout, QLabel, QMa
 
 from app.bench_store import BenchStore
 from app.benchmark_panel import BenchmarkPanel
-from app.capacity import capacity_line
+from app.capacity import cannot_plan, capacity_line
 from app.chat_panel import ChatPanel
 from app.autostart import autostart_enabled, set_autostart
 from app.chat_store import ChatStore
@@ -461,7 +461,7 @@ class MainWindow(QMainWindow):
         if info is not None:
             self.qsettings.setValue("model/path", str(info.path))
         self._clear_failure()
-        self.settings_form.set_model_context(info.context_length if info else None)
+        self.settings_form.set_model(info)
         self._update_capacity()
         self._update_endpoint()
         self._on_state(self.supervisor.state)
@@ -476,7 +476,9 @@ class MainWindow(QMainWindow):
     def _update_capacity(self) -> None:
         info = self.model_picker.info
         values = self.settings_form.values()
-        self.capacity.setText(capacity_line(info.config if info else None, values, self.gpu_memory,
+        refused = self.settings_form.field_problems().get("speculative_config")
+        self.capacity.setText(cannot_plan(ValueError(" ".join(refused))) if refused and info else  # no phantom draft
+                              capacity_line(info.config if info else None, values, self.gpu_memory,
                                             self.gpu_used or None))
         self.library.set_machine(values, self.gpu_memory)
 
