@@ -7,11 +7,13 @@ chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term
 FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
 tensor-parallel worker). POST /tokenize counts a chat as words (FAKE_SERVE_MAX_MODEL_LEN,
 default 4096, is its context; a chat completion that would not fit is refused with 400 as the real
-server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). GET /v1/models lists
-every `--model` by the name the router gives it, the first with the router's per-model `state`: "loading" for
-FAKE_SERVE_LOAD_S seconds, then "loaded"; in mode `refuse` "failed" with an engine error, and every completion
-for it is a 503 with that error (a router whose engine for the model cannot load). POST /v1/completions answers
-one token, as the app's readiness probe asks. `--exit-with-parent PID` arms engine/distributed/parent_watch.py
+server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). Started as the router
+would be (several `--model`, or `--model-ttl`), GET /v1/models lists every model by the name the router gives
+it, the first with the router's per-model `state`: "loading" for FAKE_SERVE_LOAD_S seconds, then "loaded"; in
+mode `refuse` "failed" with an engine error. Started as one engine, it lists its one model without a state and
+answers /health 503 "model_loading" for those seconds. In mode `refuse` every completion for the main model is a
+503 with that error (an engine that cannot serve it). POST /v1/completions answers one token, as the app's
+readiness probe asks. `--exit-with-parent PID` arms engine/distributed/parent_watch.py
 exactly as the real server does. Other engine flags are accepted and ignored.
 """
 from __future__ import annotations
@@ -77,6 +79,7 @@ def main_state() -> str:
 class Handler(BaseHTTPRequestHandler):
     api_key: str | None = None
     models: list[str] = ["model"]
+    router = False  # started with the router's flags: per-model states in /v1/models, /health up at once
 
     def log_message(self, fmt, *args):  # noqa: N802 - keep test output quiet but visible in the log tail
         sys.stdout.write("fake-serve: " + fmt % args + "\n")
@@ -102,6 +105,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         url = urlparse(self.path)
         if url.path == "/health":
+            if not self.router and main_state() == "loading":
+                self._json(503, {"error": {"message": "the model is still loading", "code": "model_loading"}})
+                return
             self.send_response(200)
             self.end_headers()
             return
@@ -112,6 +118,7 @@ class Handler(BaseHTTPRequestHandler):
                           "engines": [{"index": 0, "state": state, "error": REFUSED if state == "failed" else None,
                                        "devices": "cpu", "memory_bytes": 1 << 20}]} if i == 0 else
                          {"state": "unloaded", "loaded": False, "engines": []})}
+                     if self.router else {"id": name, "object": "model", "max_model_len": max_model_len()}
                      for i, name in enumerate(self.models)]
             self._json(200, {"object": "list", "data": cards})
             return
@@ -192,6 +199,7 @@ def main() -> None:
     parser.add_argument("--exit-with-parent", type=int)
     parser.add_argument("--model", action="append")
     parser.add_argument("--served-model-name")
+    parser.add_argument("--model-ttl")
     args, _unknown = parser.parse_known_args()
     if args.exit_with_parent:
         from engine.distributed.parent_watch import die_with_parent  # stdlib only; PYTHONPATH has the repository
@@ -219,6 +227,7 @@ def main() -> None:
     time.sleep(float(os.environ.get("FAKE_SERVE_DELAY", "0")))
     Handler.api_key = args.api_key
     Handler.models = model_names(args.model, args.served_model_name)
+    Handler.router = len(Handler.models) > 1 or args.model_ttl is not None
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     print("fake-serve: ready", flush=True)
