@@ -8,10 +8,13 @@ through the engine's `plan_from_profile`); without an NVIDIA GPU `plan_cpu`, the
 `pagedesk-serve --device cpu` sizes its pool with (--kv-cache-memory, capped at max_num_seqs sequences).
 With speculative decoding by a draft model (the form's `speculative_config`), the draft's own config.json
 (its folder, or its snapshot in the Hugging Face cache) adds its weights and its KV page per block, as the
-engine counts them.
+engine counts them. `fits_words` says what a plan means for a user: the longest context one request can
+have and how many such requests run at once (the pool's token total is a cap, not an answer: on CPU it is
+max_num_seqs × the context for every model).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -107,6 +110,17 @@ def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_byt
 
 def describe(where: str, plan: CapacityPlan) -> str:
     return f"{where} — {plan.summary() if plan.fits else plan.explain_misfit()}"
+
+
+def fits_words(plan: sizing.CapacityPlan, max_num_seqs: int) -> str:
+    """"32,768 tokens per request · 3 at once": the longest context one request can have, and how many such
+    requests run together (the batch limit, --max-num-seqs, at most; then how many the memory would hold)."""
+    if not plan.fits:
+        return f"one request of at most {plan.num_tokens:,} tokens, not the full {plan.max_model_len:,}"
+    memory = dataclasses.replace(plan, max_blocks=None).num_full_seqs  # the CPU pool stops at the batch limit
+    at_once = min(memory, max_num_seqs)
+    text = f"{plan.max_model_len:,} tokens per request · {at_once:,} at once"
+    return text + (f" (memory for {memory:,})" if memory > at_once else "")
 
 
 def cannot_plan(error: Exception) -> str:

@@ -6,11 +6,13 @@ Qt alone would not turn into a clean quit). `--serve-at-login` (the XDG autostar
 starts serving the last model at once and stays in the tray, keeping the engine up when the window
 is closed; without a tray it shows the window, since nothing else could bring it back. A second
 `pagedesk` for the same data folder brings the first one's window to the front and exits
-(app/single_instance.py).
+(app/single_instance.py). Where no window can open (no display, or not the X libraries Qt needs) it says
+so and what to do instead (app/display_check.py), and exits 1 before Qt could abort.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 
@@ -18,6 +20,7 @@ from PySide6.QtCore import QTimer
 from PySide6.QtGui import QIcon
 from PySide6.QtWidgets import QApplication
 
+from app.display_check import display_problem
 from app.main_window import MainWindow
 from app.paths import ICON_PATH
 from app.single_instance import SingleInstance
@@ -35,6 +38,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv)
     args = parse_args(argv)
+    problem = None if QApplication.instance() else display_problem(os.environ)
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return 1
     app = QApplication.instance() or QApplication(argv)
     app.setApplicationName("PagedDesk")
     app.setOrganizationName("PagedDesk")
@@ -47,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     guard.listen()
     window = MainWindow()
+    window.open_first_view()
     guard.show_requested.connect(lambda: (print("pagedesk: another start asked for this window", flush=True),
                                           window.tray.open_window()))
     app.aboutToQuit.connect(window.shutdown)

@@ -217,3 +217,39 @@ def test_taken_port_exits_2_before_loading_the_model(llama_dir):
     assert r.returncode == serve.EXIT_CONFIG_ERROR
     assert f"cannot serve on 127.0.0.1:{port}" in r.stderr and "port in use" in r.stderr
     assert "Loading" not in r.stdout and "Traceback" not in r.stderr  # nothing was loaded
+
+
+def test_a_model_is_named_by_its_folder_and_sigterm_ends_the_server_soon(llama_dir):
+    """Issue 38, items 9 and 10: the id is the folder's name (snippets carry no machine path), the router names
+    it the same way, and SIGTERM with a state stream open ends the process well inside a supervisor's 5 s grace
+    (it spent 3-5 s collecting garbage at exit)."""
+    import threading
+
+    from engine.entrypoints.router.specs import build_specs
+
+    assert list(build_specs([str(llama_dir)], vars(serve.build_parser().parse_args([]))).models) == [llama_dir.name]
+    port = free_port()
+    proc = start_serve(llama_dir, port)
+    try:
+        lines = read_until_serving(proc)
+        assert lines and lines[-1] == f"PagedDesk serving {llama_dir.name} at http://127.0.0.1:{port}/v1", lines
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"] == llama_dir.name
+
+        def read_stream() -> None:
+            try:
+                with httpx.stream("GET", f"http://127.0.0.1:{port}/v1/engine/state/stream?hz=4", timeout=30) as r:
+                    for _ in r.iter_lines():
+                        pass
+            except httpx.HTTPError:
+                pass
+        reader = threading.Thread(target=read_stream, daemon=True)
+        reader.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert time.monotonic() - start < 4.0, f"{time.monotonic() - start:.1f} s from SIGTERM to exit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -23,6 +23,7 @@ from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.layers.embedding import VocabParallelEmbedding
 from engine.config.model import ModelConfig
+from engine.config.speculative import MTP_PREFIX  # the head is kept in the checkpoint for speculative decoding
 from engine.models.llama import LlamaForCausalLM, LlamaMLP
 from engine.models.weights import WeightsMapper, checkpoint_modules
 
@@ -31,7 +32,6 @@ logger = logging.getLogger("pagedesk.engine")
 # HF's shared expert and its gate, under our SharedExperts names.
 SHARED_EXPERT_INFIXES = ((".mlp.shared_expert_gate.weight", ".mlp.shared_experts.gate"),
                          (".mlp.shared_expert.", ".mlp.shared_experts."))
-MTP_PREFIX = "mtp."  # the multi-token-prediction head: kept in the checkpoint for speculative decoding
 
 
 class GatedAttention(nn.Module):

@@ -37,20 +37,6 @@ MTP_MAPPER = WeightsMapper(renamed_prefixes=((MTP_PREFIX, ""),), renamed_infixes
 QUANTIZED_LEAVES = (".qweight", ".qzeros", ".scales", ".weight_packed", ".weight_scale", ".g_idx")
 
 
-def mtp_num_layers(cfg: ModelConfig, names: Iterable[str]) -> int:
-    """MTP layers in the checkpoint (`mtp.layers.N.*`), which the config states as mtp_num_hidden_layers
-    (Qwen3.5) or num_nextn_predict_layers (vLLM's name for Qwen3-Next); 0 without an MTP head."""
-    indices = set()
-    for name in names:
-        if name.startswith(MTP_PREFIX + "layers."):
-            indices.add(int(name.split(".")[2]))
-    stated = cfg.hf_text_config.get("mtp_num_hidden_layers", cfg.hf_text_config.get("num_nextn_predict_layers"))
-    if indices and stated is not None and len(indices) != int(stated):
-        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint has {len(indices)} MTP layer(s) "
-                         f"(mtp.layers.*), the config states {stated}")
-    return len(indices)
-
-
 class FullVocab(nn.Module):
     """Unsharded copies of the target's embedding and LM head for the head on rank 0 under tensor parallel
     (build it inside engine.distributed.parallel_state.single_rank, so the vocab-parallel layers take every row and make no
@@ -89,10 +75,7 @@ class FullVocab(nn.Module):
 
 
 class Qwen3NextMTP(nn.Module):
-    # What engine/spec_decode/loading.py asks of a head before building it: its tensors' prefix in the target's
-    # checkpoint, and how many layers the checkpoint holds (the families declaring it: engine/models/registry.py).
-    checkpoint_prefix = MTP_PREFIX
-    checkpoint_layers = staticmethod(mtp_num_layers)
+    checkpoint_prefix = MTP_PREFIX  # its tensors in the target's checkpoint (families declaring it: the registry)
 
     def __init__(self, cfg: ModelConfig, backend: str, target: nn.Module, num_layers: int = 1,
                  vocab: FullVocab | None = None) -> None:

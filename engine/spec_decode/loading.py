@@ -30,7 +30,7 @@ from engine.kv.kv_cache_interface import FULL_ATTENTION, SLIDING_WINDOW, model_k
 from engine.models.registry import mtp_head_class
 from engine.worker.loader import iterate_weights, resolve_model_path, tensor_names
 from engine.config.model import ModelConfig
-from engine.config.speculative import SpeculativeConfig, check_draft_vocab
+from engine.config.speculative import SpeculativeConfig, check_draft_vocab, check_mtp_head
 from engine.spec_decode.proposers.base import Proposer
 from engine.spec_decode.proposers.draft import DraftProposer
 from engine.spec_decode.proposers.mtp import MTPProposer
@@ -113,14 +113,11 @@ def load_draft(checked, runner, model_path, backend: str) -> DraftProposer:
 
 def check_mtp(spec: SpeculativeConfig, config, target_config: ModelConfig, model_path,
               target_tokenizer=None) -> int:
-    """The number of MTP layers the target checkpoint carries, checked before anything loads: a family that
-    declares an MTP head (the registry), the head's tensors present. ValueErrors name the field."""
-    head_class = mtp_head_class(target_config.architecture)
-    num_layers = head_class.checkpoint_layers(target_config, tensor_names(model_path))
-    if not num_layers:
-        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint {model_path} has no MTP weights "
-                         f"(no {head_class.checkpoint_prefix}* tensors); use method \"ngram\" or a draft model")
-    return num_layers
+    """The number of MTP layers the target checkpoint carries, checked before anything loads by the rule the
+    app's settings form runs too (engine/config/speculative.check_mtp_head: a family that declares an MTP head in
+    the registry, the head's tensors present, as many layers as the config states). ValueErrors name the field."""
+    return check_mtp_head(target_config.architecture, target_config.hf_text_config, tensor_names(model_path),
+                          f"the checkpoint {model_path}")
 
 
 def load_mtp(num_layers: int, runner, model_path, backend: str) -> MTPProposer:

@@ -116,7 +116,10 @@ class ModelManager:
             await self._stop_entry(entry)
 
     async def _stop_entry(self, entry: ModelEntry) -> None:
+        stopped = [(r.index, r.pid) for r in entry.replicas]
         await asyncio.gather(*(r.stop() for r in entry.replicas))
+        for index, pid in stopped:  # in the engines' own "[NAME#i]" prefix: the app files it in that model's log
+            log.info("[%s#%d] unloaded (engine pid %s stopped)", entry.spec.name, index, pid)
         entry.replicas = []
 
     async def acquire(self, entry: ModelEntry, body: dict, replica_index: int | None = None
