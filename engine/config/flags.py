@@ -13,7 +13,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
+KV_OFFLOADING_BACKENDS = ("native",)  # vLLM's names; "lmcache" is not built
+MODEL_TTL_ACTIONS = ("unload", "sleep")
+SLEEP_LEVELS = (1, 2)
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
@@ -89,7 +92,14 @@ FLAGS: tuple[Flag, ...] = (
          "cache", minimum=0.0, gui=False),
     Flag("num_gpu_blocks_override", int, None, "Exact number of KV blocks (overrides memory sizing)", "cache",
          minimum=1, gui=False),
-    Flag("kv_cache_dtype", str, "auto", "KV cache storage; fp8 halves its memory", "cache", KV_CACHE_DTYPES),
+    Flag("kv_cache_dtype", str, "auto", "KV cache storage; fp8 and int8 halve its memory, int4 takes about a third "
+         "(integer formats keep a scale per token and head: int8 one per head, int4 one per 32 values)", "cache",
+         KV_CACHE_DTYPES),
+    Flag("kv_offloading_size", float, None, "GiB of CPU RAM (over all tensor-parallel ranks) for the prefix cache's "
+         "second tier: blocks evicted from the GPU's prefix cache are kept there and copied back on a hit instead "
+         "of recomputed (default: off)", "cache", minimum=0.0),
+    Flag("kv_offloading_backend", str, "native", "Where --kv-offloading-size keeps blocks: native (this engine's "
+         "pinned host memory)", "cache", KV_OFFLOADING_BACKENDS, gui=False),
     Flag("enable_prefix_caching", bool, True, "Reuse KV blocks of shared prompt prefixes", "cache",
          negatable=True),
     Flag("max_num_seqs", int, 256, "Most sequences in one step", "scheduler", minimum=1),
@@ -136,6 +146,9 @@ ROUTER_FLAGS: tuple[Flag, ...] = (
          "line's flag names)", "router", gui=False),
     Flag("model_ttl", float, None, "Seconds a model may sit idle before its engine is unloaded (default: never)",
          "router", minimum=0.0, gui=False),
+    Flag("model_ttl_action", str, "unload", "What --model-ttl does to an idle model: unload its engine, or sleep it "
+         "(weights to CPU RAM, KV cache dropped; woken by the next request, faster than a reload)", "router",
+         MODEL_TTL_ACTIONS, gui=False),
     Flag("max_loaded_models", int, None, "Most engines loaded at once; the least recently used idle one makes "
          "room (default: as many as fit)", "router", minimum=1, gui=False),
     Flag("memory_budget", float, None, "GiB the router may place engines in, per card (default: each card's free "
@@ -191,6 +204,8 @@ class EngineConfig:
     kv_cache_memory: float | None = None
     num_gpu_blocks_override: int | None = None
     kv_cache_dtype: str = "auto"
+    kv_offloading_size: float | None = None
+    kv_offloading_backend: str = "native"
     enable_prefix_caching: bool = True
     max_num_seqs: int = 256
     max_num_batched_tokens: int | None = None
@@ -237,6 +252,9 @@ class EngineConfig:
         if self.speculative_config is not None:
             from engine.config.speculative import parse_speculative_config  # torch-free
             parse_speculative_config(self.speculative_config)
+        if self.kv_offloading_size and not self.enable_prefix_caching:
+            raise ValueError("--kv-offloading-size keeps prefix-cache blocks in CPU RAM, but prefix caching is off "
+                             "(--no-enable-prefix-caching); turn it on or leave --kv-offloading-size out")
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 runs one engine per replica behind pagedesk-serve's router; "
                              "one engine (or the offline LLM) serves one replica")

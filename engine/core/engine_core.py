@@ -6,7 +6,9 @@ side of the step never imports the worker, the models or the kernels); it valida
 fork off its prompt once the prompt is computed: their rows share its logits), hands the runner's sampled
 tokens to the output processor (append, stop rules, RequestOutputs) and what that changed to
 `Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
-GUI. Not thread-safe: one caller.
+GUI. With the prefix cache's CPU-RAM tier it owns the tier's connector (engine/kv/offload/), tells it which copy
+batches the runner has finished before each schedule, and hands each step's copies to the runner (with the forward,
+or alone when the step runs none). Not thread-safe: one caller.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 from engine.core.beam_search import BeamGroup, BeamSearchParams
 from engine.config.flags import EngineConfig
 from engine.kv.kv_cache_manager import KVCacheManager
+from engine.kv.offload.connector import OffloadConnector
 from engine.config.pooler import task_mismatch
 from engine.sample.pooling import PoolingParams, RequestPooling
 from engine.core.output_processor import OutputProcessor, StepOutcome, StepPlan
@@ -38,6 +41,7 @@ from engine.structured_output.state import GrammarState
 
 logger = logging.getLogger("pagedesk.engine")
 COMPILE_POLL_S = 0.005  # an engine with only compiling requests checks on them this often
+TIER_WAIT_S = 0.05  # a step that ran nothing waits this long at most for copies from the CPU-RAM tier
 
 
 class EngineCore:
@@ -56,8 +60,12 @@ class EngineCore:
             logger.info("prefix caching for %s keeps %d linear-attention state snapshots at block boundaries of "
                         "prompts; a hit restores one (docs/kv-cache-groups.md)", self.model_config.architecture,
                         snapshots)
+        tier = started.host_tier
+        offload = None if tier is None else OffloadConnector(tier.num_blocks, tier.bytes_per_block,
+                                                             tier.num_state_slots, tier.state_slot_bytes)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots)
+                                 [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots,
+                                 offload)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
@@ -181,6 +189,8 @@ class EngineCore:
             return
         request.aborted = True
         self.scheduler.abort([s for s in request.seqs if not s.is_finished])
+        if self.kv.offload is not None:
+            self._tier_between_steps(True)  # an engine left idle stores what the abort freed now
 
     def pause_request(self, request_id: str, paused: bool) -> None:
         """A paused request keeps its blocks but its running sequences are not scheduled (a stalled reader)."""
@@ -195,6 +205,8 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         self._admit_compiled()
+        if self.kv.offload is not None:
+            self.kv.offload.complete(self.runner.kv_transfers_done())
         if self.spec is not None:
             self.spec.propose_before_schedule(self.scheduler.running)
         out = self.scheduler.schedule()
@@ -208,10 +220,15 @@ class EngineCore:
         if out.scheduled:
             now = time.time()
             plan = self._plan_sampling([s for s in out.scheduled if s.samples])
-            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
+            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies,
+                                         out.kv_transfers)
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
+        elif out.kv_transfers is not None:
+            self.runner.transfer_kv(out.kv_transfers)
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
+        if self.kv.offload is not None:
+            self._tier_between_steps(bool(out.scheduled))
         if self.spec is not None and out.scheduled:
             self.spec.after_step(plan.spec_items, result)
         outputs = []
@@ -223,6 +240,24 @@ class EngineCore:
             if output.finished:
                 self.requests.pop(output.request_id, None)
         return outputs + self._end_failed()
+
+    @property
+    def loading_kv(self) -> bool:
+        """Sequences wait for copies from the CPU-RAM tier (a step that ran nothing is then not idle)."""
+        return bool(self.scheduler.loading)
+
+    def _tier_between_steps(self, ran: bool) -> None:
+        """With nothing left to run, the stores of what just finished go now (the engine may idle a long time); a
+        step that ran nothing because everyone waits for tier copies waits for the oldest, rather than spin."""
+        offload = self.kv.offload
+        if not self.scheduler.has_work():
+            idle = offload.take(forward=False)
+            if idle is not None:
+                self.runner.transfer_kv(idle)
+        elif not ran and self.scheduler.loading:
+            oldest = min(seq.kv_load_batch for seq in self.scheduler.loading)
+            if oldest > offload.completed and self.runner.wait_kv_transfers(oldest, TIER_WAIT_S):
+                offload.complete(self.runner.kv_transfers_done())
 
     def _admit_compiled(self) -> None:
         """Requests whose grammar finished compiling join the scheduler (a failed compile fails the request).
@@ -320,6 +355,9 @@ class EngineCore:
         if self.spec is not None:  # a copy made on the engine thread: readers on other threads see one instant
             s.spec_decode = self.spec.stats.as_dict()
         s.expert_load = self.runner.expert_load_totals()  # a fresh dict too; between steps, so no stall
+        if self.kv.offload is not None:
+            s.kv_offload = self.kv.offload.snapshot_stats().as_dict()
+            s.kv_offload["loads_in_flight"] = len(self.scheduler.loading)
         return s
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:

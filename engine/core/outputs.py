@@ -91,6 +91,8 @@ class EngineStats:
     # MoE models: routed token assignments since start (top-k counted each), {"num_experts": E, "layers": [decoder
     # layer indices], "tokens": [[int] * E per layer]} (engine/layers/fused_moe/expert_load.py); None when dense.
     expert_load: dict | None = None
+    # The prefix cache's CPU-RAM tier since start (TierStats.as_dict, engine/kv/offload/connector.py); None without.
+    kv_offload: dict | None = None
     extra: dict = field(default_factory=dict)
 
 

@@ -20,6 +20,12 @@ With the "priority" policy (vLLM's), the waiting queue is kept in (priority, arr
 and the running sequence preempted when blocks run out is the one latest in that order instead of the
 most recently admitted.
 
+With the prefix cache's CPU-RAM tier, a waiting sequence whose prefix hit is partly in the tier is admitted for
+loading: it takes its blocks (fresh ones for the tier's part, whose copies are queued) and a seat, but no tokens,
+and waits in `loading` until the copies of its batch have run (never scheduled, never preempted: its blocks are
+being written); then it goes back to the head of the queue as a sequence with computed tokens and runs like one.
+A loading sequence that is aborted keeps its blocks until its copies have run.
+
 A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
 and resumes when the caller reads again, unless a waiting sequence needs its blocks or its seat (then it
 is preempted to the back of the queue); a paused sequence in the queue is not admitted until it resumes.
@@ -59,6 +65,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
     too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
+    kv_transfers: object = None  # KVTransfers: the CPU-RAM tier's copies and the forward's fence (None: neither)
 
     @property
     def num_tokens(self) -> int:
@@ -77,6 +84,7 @@ class Scheduler:
         self.by_priority = policy == "priority"
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.loading: list[Sequence] = []  # waiting for their prefix's copies from the CPU-RAM tier
         self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -113,8 +121,8 @@ class Scheduler:
     def _num_seats(self) -> tuple[int, set[str]]:
         """Seats the running sequences hold (each one, plus the sequences its request will still fork into),
         and the requests already counted."""
-        seats, counted = len(self.running), set()
-        for seq in self.running:
+        seats, counted = len(self.running) + len(self.loading), set()
+        for seq in self.running + self.loading:
             request = seq.request
             if request.request_id not in counted:
                 counted.add(request.request_id)
@@ -126,17 +134,40 @@ class Scheduler:
         return max(0, self._width(seq) - max(1, len(seq.request.seqs)))
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
+        if self.loading:
+            self._finish_loads()
         preempted = self._schedule_running(out, self.max_num_batched_tokens)
         if not preempted:
             self._schedule_waiting(out, self.max_num_batched_tokens - out.num_tokens, self._prefill_left(out))
         out.block_copies = self.kv.take_copies()
         if out.scheduled:  # a step that runs nothing applies no copy: they wait for the next forward
             out.state_copies = self.kv.take_state_copies()
+        if self.kv.offload is not None:
+            out.kv_transfers = self.kv.offload.take(forward=bool(out.scheduled))
         return out
+
+    def _finish_loads(self) -> None:
+        """Loading sequences whose copies have run go back to the head of the queue (their blocks now findable, the
+        coming forward fenced on their batch on every rank); aborted ones give their blocks back."""
+        done = self.kv.offload.completed
+        ready = [s for s in self.loading if s.kv_load_batch <= done]
+        if not ready:
+            return
+        self.loading = [s for s in self.loading if s.kv_load_batch > done]
+        for seq in reversed(ready):  # appendleft: the first ready ends up first
+            self.kv.offload.require(seq.kv_load_batch)
+            if seq.is_finished:
+                self.kv.free(seq)
+                continue
+            self.kv.finish_load(seq)
+            if self.by_priority:
+                self._insert_waiting(seq)
+            else:
+                self.waiting.appendleft(seq)
 
     def _prefill_left(self, out: SchedulerOutput) -> int | None:
         """Prompt tokens this step may still take, or None for no cap: capped once a decode is in the step."""
@@ -218,6 +249,14 @@ class Scheduler:
                     continue
                 break
             computed = self.kv.get_computed_blocks(seq)
+            if computed and computed.needs_copies:
+                if self.kv.allocate_slots(seq, 0, computed):  # its tier blocks are copied in; it waits for them
+                    self.waiting.popleft()
+                    self.loading.append(seq)
+                    seats += need
+                    counted.add(request_id)
+                    continue
+                computed = self.kv.get_computed_blocks(seq, use_tier=False)  # no room for the copies: compute
             num_new = seq.num_tokens - seq.num_computed_tokens - len(computed) * self.kv.block_size
             if num_new > budget:
                 if not self.chunked:
@@ -229,7 +268,7 @@ class Scheduler:
                 if self._preempt_paused(out):
                     seats, counted = self._num_seats()
                     continue  # a stalled reader's blocks go to one that reads
-                if self.running or out.scheduled:
+                if self.running or out.scheduled or self.loading:
                     break
                 self.waiting.popleft()  # the whole pool is free and it still does not fit
                 self._warn_too_long(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size, num_new)
@@ -326,7 +365,8 @@ class Scheduler:
         was_waiting = any(s.status is SequenceStatus.WAITING for s in seqs)
         for seq in seqs:
             seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
-        self.finish([s for s in seqs if s.block_table])
+        # A loading sequence's blocks are being written by its copies: `_finish_loads` frees them once they ran.
+        self.finish([s for s in seqs if s.block_table and not s.kv_load_batch])
         if was_waiting:
             self.waiting = deque(s for s in self.waiting if not s.is_finished)
 

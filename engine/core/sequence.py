@@ -41,6 +41,7 @@ class Sequence:
         self.block_hashes: list[bytes] = []  # hash of each full block of token_ids, chained
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
         self.state_slot: int | None = None  # hybrid models: its slot of the linear-attention state pool
+        self.kv_load_batch = 0  # the CPU-RAM tier's copy batch its prefix hit waits for (0: none)
         # Per group, the first table entry rewritten in place since the input batch last read the tables
         # (engine/worker/input_batch.py); appends need no mark.
         self.table_edits: dict[int, int] = {}

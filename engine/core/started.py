@@ -13,6 +13,7 @@ import torch
 from engine.config.model import ModelConfig
 from engine.config.speculative import SpeculativeConfig
 from engine.kv.kv_cache_interface import KVCacheLayout
+from engine.planning.offload import HostTierPlan
 
 
 @dataclass
@@ -30,3 +31,4 @@ class StartedEngine:
     num_state_snapshots: int  # prefix-cache state snapshots after them
     spec_config: SpeculativeConfig | None = None
     proposer: Any = None  # engine/spec_decode/proposers/base.Proposer, when speculating
+    host_tier: HostTierPlan | None = None  # the prefix cache's CPU-RAM tier, allocated on every rank

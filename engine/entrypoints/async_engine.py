@@ -316,7 +316,8 @@ class AsyncEngine:
                     self.watchdog.step_ended()
                     self._dispatch(outputs)
                     idle_step = (not outputs and steps_before is not None and engine.stats.num_steps == steps_before
-                                 and not getattr(engine, "compiling", None))  # compiles: step() polls them
+                                 and not getattr(engine, "compiling", None)  # compiles: step() polls them
+                                 and not getattr(engine, "loading_kv", False))  # tier copies: step() waits for them
                 elif not busy:
                     engine.check_health()  # a worker that died while we sat idle fails now, not at the next request
             except Exception as exc:  # noqa: BLE001

@@ -1,12 +1,15 @@
 """Starting an engine: the checkpoint resolved and read, the executor started (one ModelRunner, or rank 0 of a
 tensor-parallel group and its workers), the KV cache sized from what is left and allocated on every rank, graphs
-planned and captured, and the speculative proposer checked before anything loads and built after the target.
+planned and captured, and the speculative proposer checked before anything loads and built after the target. With
+--kv-offloading-size each rank then allocates its share of the prefix cache's CPU-RAM tier (engine/planning/offload.py).
 
 The order matters: input rows and a hybrid model's verify scratch are reserved before sizing (the pool is what is
 left), a draft model or MTP head loads before sizing (its weights are in the profile and its KV shares the block
 ids), and graphs are captured last, over the allocated cache. A failed start shuts every worker down.
 """
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -19,10 +22,14 @@ from engine.core.tokenizer import load_tokenizer
 from engine.executor.tp_executor import create_executor
 from engine.kv.kv_cache_interface import model_kv_layout, num_state_snapshots
 from engine.planning.kv import verify_scratch_tokens
-from engine.platform.devices import resolve_device, resolve_dtype, resolve_kv_cache_dtype
+from engine.planning.offload import HostTierPlan, check_host_tier, plan_host_tier
+from engine.planning.units import format_bytes
+from engine.platform.devices import kv_storage, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.spec_decode.loading import check_proposer, check_rollback, load_proposer
 from engine.worker.kv_cache_sizing import choose_num_blocks
 from engine.worker.loader import resolve_model_path
+
+logger = logging.getLogger("pagedesk.engine")
 
 
 def start_engine(config: EngineConfig) -> StartedEngine:
@@ -65,9 +72,26 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         state_slots = config.max_num_seqs if model_config.linear_attention is not None else 0
         snapshots = num_state_snapshots(layout, config.enable_prefix_caching)
         runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
+        host_tier = allocate_host_tier(config, model_config, runner, kv_dtype, dtype)
         runner.capture_decode_graphs()
     except BaseException:
         runner.shutdown()  # no worker outlives a failed start
         raise
     return StartedEngine(model_path, model_config, tokenizer, device, dtype, runner, max_num_batched_tokens, layout,
-                         num_blocks, state_slots, snapshots, spec_config, proposer)
+                         num_blocks, state_slots, snapshots, spec_config, proposer, host_tier)
+
+
+def allocate_host_tier(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,
+                       dtype: torch.dtype) -> HostTierPlan | None:
+    """Every rank's share of the CPU-RAM tier (None without --kv-offloading-size), sized from the same layout as
+    its device pool's blocks."""
+    if not config.kv_offloading_size:
+        return None
+    tp = config.tensor_parallel_size
+    layout = model_kv_layout(model_config, config.block_size, kv_storage(kv_dtype), tp, act_dtype_bytes=dtype.itemsize)
+    plan = plan_host_tier(layout, config.kv_offloading_size, tp)
+    check_host_tier(plan, config.kv_offloading_size)
+    held = runner.allocate_kv_offload(plan.num_blocks, plan.num_state_slots)
+    assert held == plan.bytes_per_rank, f"the tier holds {held} bytes per rank, planned {plan.bytes_per_rank}"
+    logger.info("%s (%s per rank)", plan.summary(config.block_size), format_bytes(held))
+    return plan

@@ -51,7 +51,8 @@ FAILURE_GRACE_S = 3.0
 STOP_GRACE_S = 5.0
 ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
             "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
-            "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs"}
+            "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs",
+            "allocate_kv_offload": "allocating its CPU-RAM KV tier", "transfer_kv": "copying KV to or from the tier"}
 
 
 def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
@@ -135,11 +136,27 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=()):
-        """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=(), kv_transfers=None):
+        """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather). The CPU-RAM
+        tier's copies ride in the step's inputs: every rank moves its own shard."""
         self._ensure_usable()
         inputs = self.runner.prepare(batch, block_copies, state_copies)
+        inputs.kv_transfers = kv_transfers
         return self._run_step(inputs, sampling)
+
+    def allocate_kv_offload(self, num_blocks: int, num_state_slots: int = 0) -> int:
+        return self._run_everywhere("allocate_kv_offload", num_blocks, num_state_slots)[0]
+
+    def transfer_kv(self, transfers) -> None:
+        """A batch of tier copies outside a step (every rank queues its own; a worker answers once issued, on a
+        card once the card is idle: rare, only steps that run no forward come here)."""
+        self._run_everywhere("transfer_kv", transfers)
+
+    def kv_transfers_done(self) -> int:
+        return self.runner.kv_transfers_done()  # rank 0's queue; each worker fences on its own before a forward
+
+    def wait_kv_transfers(self, batch: int, timeout: float) -> bool:
+        return self.runner.wait_kv_transfers(batch, timeout)
 
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)

@@ -7,13 +7,15 @@ same prefix can reuse it, until the block is handed out again. Hashes chain (par
 through SHA-256, so a hit is collision-safe. KV cache groups share the pool; a group past the first keys
 its cached blocks by the token hash tagged with the group (`group_key`), so equal tokens in two groups are
 two different cached blocks. `NULL_BLOCK` stands in a sliding-window table for a block freed behind the
-window: never in the pool, never written, its ref count never reaches zero.
+window: never in the pool, never written, its ref count never reaches zero. With a CPU-RAM tier
+(engine/kv/offload/) two hooks tell it what happens: `on_free` when a cached block's last reference drops (a
+store candidate), `on_reuse` when a block is handed out again (its content is about to be overwritten).
 """
 from __future__ import annotations
 
 import hashlib
 from array import array
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 
 class Block:
@@ -92,6 +94,8 @@ class BlockPool:
         self.enable_caching = enable_caching
         self.cached: dict[bytes, Block] = {}
         self.num_cached_free = 0  # free blocks still holding a reusable prefix (kept, not counted, per call)
+        self.on_free: Callable[[Block], None] | None = None  # a cached block's last reference dropped
+        self.on_reuse: Callable[[Block], None] | None = None  # a block is handed out again
 
     @property
     def num_blocks(self) -> int:
@@ -115,6 +119,8 @@ class BlockPool:
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
                 block.block_hash = None
+            if self.on_reuse is not None:
+                self.on_reuse(block)
             block.ref_count = 1
             out.append(block)
         return out
@@ -137,6 +143,8 @@ class BlockPool:
                     block.block_hash = None
                 self.num_cached_free += block.block_hash is not None
                 self.free_queue.append(block)
+                if self.on_free is not None and block.block_hash is not None:
+                    self.on_free(block)
 
     def lookup(self, block_hash: bytes) -> Block | None:
         return self.cached.get(block_hash)

@@ -27,6 +27,28 @@ def cdiv(a: int, b: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class KVQuant:
+    """An integer KV cache (--kv-cache-dtype int8 | int4): `bits` per value (int4 packs two to a byte) and one fp32
+    scale per `group` values of a token's head, written with the values (symmetric: scale = max |x| / qmax).
+    `group` 0 (int8's) means one scale per head of the model's narrowest cache layer (model_kv_layout resolves it;
+    a wider head, Gemma 4's global layers, then has several), so every layer's page keeps the same size."""
+
+    bits: int
+    group: int
+
+    def page_bytes(self, block_size: int, num_kv_heads: int, head_dim: int) -> int:
+        """K or V of one block in one layer: the packed values and their scales."""
+        return block_size * num_kv_heads * (head_dim * self.bits // 8 + head_dim // self.group * 4)
+
+    def resolved(self, head_dim: int) -> "KVQuant":
+        """This format for a model whose narrowest cache head has `head_dim` values."""
+        return KVQuant(self.bits, head_dim if not self.group else min(self.group, head_dim))
+
+
+KV_QUANT = {"int8": KVQuant(8, 0), "int4": KVQuant(4, 32)}
+
+
+@dataclass(frozen=True, slots=True)
 class FullAttentionSpec:
     """A layer that attends to every earlier token: its blocks stay until the sequence ends."""
 
@@ -34,6 +56,7 @@ class FullAttentionSpec:
     num_kv_heads: int  # on one card
     head_dim: int
     dtype_bytes: int
+    quant: KVQuant | None = None  # an integer KV cache (dtype_bytes is then 1: its storage's)
 
     kind = FULL_ATTENTION
     sliding_window = None
@@ -41,7 +64,7 @@ class FullAttentionSpec:
     @property
     def page_size_bytes(self) -> int:
         """K and V of one block in one layer."""
-        return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return page_size_bytes(self)
 
     def max_blocks_per_seq(self, max_model_len: int, max_num_batched_tokens: int) -> int:
         return cdiv(max_model_len, self.block_size)
@@ -57,12 +80,13 @@ class SlidingWindowSpec:
     head_dim: int
     dtype_bytes: int
     sliding_window: int
+    quant: KVQuant | None = None
 
     kind = SLIDING_WINDOW
 
     @property
     def page_size_bytes(self) -> int:
-        return 2 * self.block_size * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return page_size_bytes(self)
 
     @property
     def window_blocks(self) -> int:
@@ -77,6 +101,13 @@ class SlidingWindowSpec:
 
 
 KVSpec = FullAttentionSpec | SlidingWindowSpec
+
+
+def page_size_bytes(spec: KVSpec) -> int:
+    """K and V of one block in one layer: values in the cache dtype, or an integer format's values and scales."""
+    if spec.quant is not None:
+        return 2 * spec.quant.page_bytes(spec.block_size, spec.num_kv_heads, spec.head_dim)
+    return 2 * spec.block_size * spec.num_kv_heads * spec.head_dim * spec.dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,11 +253,14 @@ def num_state_snapshots(layout: "KVCacheLayout", enable_prefix_caching: bool) ->
 
 
 def layer_specs(sliding_windows: list[int | None], block_size: int, num_kv_heads: int, head_dim: int,
-                dtype_bytes: int, window_freeing: bool = True) -> list[KVSpec]:
+                dtype_bytes: int | KVQuant, window_freeing: bool = True) -> list[KVSpec]:
     """One spec per layer from ModelConfig.sliding_windows (None: full attention). Without `window_freeing`
-    every layer is treated as full attention (what the cache costs when no block is ever freed)."""
-    return [SlidingWindowSpec(block_size, num_kv_heads, head_dim, dtype_bytes, w) if w and window_freeing
-            else FullAttentionSpec(block_size, num_kv_heads, head_dim, dtype_bytes) for w in sliding_windows]
+    every layer is treated as full attention (what the cache costs when no block is ever freed). `dtype_bytes`:
+    bytes per K/V value, or an integer KV format (its group resolved)."""
+    quant = dtype_bytes if isinstance(dtype_bytes, KVQuant) else None
+    size = 1 if quant is not None else dtype_bytes
+    return [SlidingWindowSpec(block_size, num_kv_heads, head_dim, size, w, quant) if w and window_freeing
+            else FullAttentionSpec(block_size, num_kv_heads, head_dim, size, quant) for w in sliding_windows]
 
 
 def group_size(counts: list[int]) -> int:
@@ -281,15 +315,18 @@ def kv_head_replicas(cfg, tp: int = 1) -> list[int]:
     return [replicas.get(cfg.kv_source(i), 1) for i in range(cfg.num_layers)]
 
 
-def model_kv_layout(cfg, block_size: int, kv_dtype_bytes: int = 2, tp: int = 1,
+def model_kv_layout(cfg, block_size: int, kv_dtype_bytes: int | KVQuant = 2, tp: int = 1,
                     window_freeing: bool = True, act_dtype_bytes: int = 2) -> KVCacheLayout:
     """The layout of a ModelConfig on one of `tp` cards (KV heads split across ranks, at least one each; a hybrid
     model's DeltaNet heads and conv channels split too). `act_dtype_bytes`: the conv state's dtype (the model's).
+    `kv_dtype_bytes`: bytes per K/V value, or an integer KV format (KV_QUANT).
     Its attention layers are the model's cache layers in order: all attention layers but Gemma 4's KV-sharing
     ones, each with its own heads x head_dim (widened to one page size, kv_head_replicas)."""
     windows = cfg.sliding_windows or [None] * cfg.num_layers
     linear = getattr(cfg, "linear_attention", None)
     replicas = kv_head_replicas(cfg, tp)  # cfg.cache_layers: no linear-attention layer among them
+    if isinstance(kv_dtype_bytes, KVQuant):
+        kv_dtype_bytes = kv_dtype_bytes.resolved(min(cfg.layer_head_dim(i) for i in cfg.cache_layers))
     specs = []
     for i in cfg.cache_layers:
         heads = max(1, cfg.layer_kv_heads(i) // tp) * replicas[i]

@@ -20,14 +20,21 @@ ends on a block boundary (the scheduler cuts prompt chunks there), the sequence'
 snapshot keyed by that block's hash (the least recently used snapshot is evicted); a hit is lowered to the
 latest block that has one, and the snapshot is copied into the new sequence's slot. Without snapshot slots a
 hybrid model's prefix cache is never consulted.
+
+With a CPU-RAM tier (`offload`, engine/kv/offload/connector.py) a lookup that misses the device pool continues in
+the tier, block by block and group by group, and a hybrid hit may end at a state snapshot the tier holds. Such a hit
+is taken whole but its tier blocks get fresh device blocks and queued copies (`seq.kv_load_batch` names their
+batch): the sequence waits until the copies ran (the scheduler's `loading` list), and only `finish_load` makes
+those blocks findable. Freed cached blocks are stored to the tier through the pool's hooks.
 """
 from __future__ import annotations
 
 from collections import OrderedDict
 from typing import Any, Protocol
 
-from engine.kv.block_pool import NULL_BLOCK, Block, BlockPool, hash_block
+from engine.kv.block_pool import NULL_BLOCK, Block, BlockPool, group_key, hash_block
 from engine.kv.kv_cache_interface import FULL_ATTENTION, FullAttentionSpec, KVSpec
+from engine.kv.offload.connector import HostBlock, OffloadConnector
 from engine.kv.single_type_kv_cache_manager import StateManager, make_manager
 from engine.kv.state_pool import StatePool
 
@@ -40,6 +47,7 @@ class Sequence(Protocol):
     block_hashes: list[bytes]
     num_cached_blocks: int
     state_slot: int | None
+    kv_load_batch: int
     num_computed_tokens: int
     num_prompt_tokens: int
     token_ids: list[int]
@@ -57,13 +65,21 @@ class Sequence(Protocol):
 
 class KVCacheBlocks:
     """A prefix hit: per group, the blocks of the first `len(self)` table entries (NULL_BLOCK where a window
-    group does not need one)."""
+    group does not need one; a HostBlock where the CPU-RAM tier holds it)."""
 
-    __slots__ = ("blocks", "state_snapshot")
+    __slots__ = ("blocks", "state_snapshot", "num_loads", "host_state")
 
-    def __init__(self, blocks: tuple[list[Block], ...], state_snapshot: int | None = None) -> None:
+    def __init__(self, blocks: tuple[list[Block], ...], state_snapshot: int | None = None, num_loads: int = 0,
+                 host_state: int | None = None) -> None:
         self.blocks = blocks
         self.state_snapshot = state_snapshot  # hybrid models: the snapshot slot holding the state at the hit's end
+        self.num_loads = num_loads  # entries (over every group) the tier holds: each is a copy to wait for
+        self.host_state = host_state  # or the tier's state slot holding it
+
+    @property
+    def needs_copies(self) -> bool:
+        """Whether taking this hit means waiting for copies from the CPU-RAM tier."""
+        return bool(self.num_loads) or self.host_state is not None
 
     def __len__(self) -> int:
         return len(self.blocks[0])
@@ -72,10 +88,11 @@ class KVCacheBlocks:
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, enable_caching: bool,
                  group_specs: list[KVSpec] | None = None, num_state_slots: int = 0,
-                 num_snapshot_slots: int = 0) -> None:
+                 num_snapshot_slots: int = 0, offload: OffloadConnector | None = None) -> None:
         """`group_specs`: one spec per KV cache group (engine/kv/kv_cache_interface.py); default one full group.
         `num_state_slots`: a hybrid model's state pool (max_num_seqs); 0 without linear-attention layers.
-        `num_snapshot_slots`: its prefix-cache state snapshots, in the same pool after the seats' slots."""
+        `num_snapshot_slots`: its prefix-cache state snapshots, in the same pool after the seats' slots.
+        `offload`: the CPU-RAM tier's connector (only with prefix caching)."""
         self.block_size = block_size
         self.state = StateManager(StatePool(num_state_slots + num_snapshot_slots)) if num_state_slots else None
         self.num_snapshot_slots = num_snapshot_slots if self.state is not None and enable_caching else 0
@@ -84,6 +101,9 @@ class KVCacheManager:
             enable_caching = False  # a hit could not restore the recurrent state
         self.enable_caching = enable_caching
         self.pool = BlockPool(num_blocks, enable_caching)
+        self.offload = offload if enable_caching else None
+        if self.offload is not None:
+            self.pool.on_free, self.pool.on_reuse = self.offload.block_freed, self.offload.block_reused
         specs = group_specs or [FullAttentionSpec(block_size, 1, 1, 1)]
         assert all(s.block_size == block_size for s in specs), "every group uses the pool's block size"
         self.managers = [make_manager(self.pool, spec, g) for g, spec in enumerate(specs)]
@@ -101,8 +121,9 @@ class KVCacheManager:
         """A fresh sequence's (empty) block table per group."""
         return [[] for _ in range(self.num_groups)]
 
-    def get_computed_blocks(self, seq: Sequence) -> KVCacheBlocks | list:
-        """Longest prefix of full blocks cached in every group for a fresh sequence (never its last token)."""
+    def get_computed_blocks(self, seq: Sequence, use_tier: bool = True) -> KVCacheBlocks | list:
+        """Longest prefix of full blocks cached in every group for a fresh sequence (never its last token), in the
+        device pool or, with `use_tier`, the CPU-RAM tier."""
         if not self.enable_caching or seq.num_computed_tokens or seq.block_table:
             return []
         if seq.params.prompt_logprobs is not None:  # cached blocks never had their logits computed
@@ -112,27 +133,37 @@ class KVCacheManager:
         self._hash_full_blocks(seq, seq.num_tokens)
         hashes = seq.block_hashes
         hit = (seq.num_tokens - 1) // self.block_size
+        tier = self.offload if use_tier else None
+        lookup = self._device_or_tier if tier is not None else None
         found: list[list[Block] | None] = [None] * self.num_groups
         for g, manager in enumerate(self.managers):  # full groups come first in the layout
             if manager.spec.kind == FULL_ATTENTION:
-                found[g] = manager.find_longest_cache_hit(hashes, hit)
+                found[g] = manager.find_longest_cache_hit(hashes, hit, lookup)
                 hit = len(found[g])
         while self.window_managers and hit:  # each window group may lower the hit; stop when all agree
             lowered = hit
             for manager in self.window_managers:
-                found[manager.group] = manager.find_longest_cache_hit(hashes, lowered)
+                found[manager.group] = manager.find_longest_cache_hit(hashes, lowered, lookup)
                 lowered = len(found[manager.group])
             if lowered == hit:
                 break
             hit = lowered
-        snapshot = None
-        if self.state is not None:  # the hit ends where a state snapshot was kept
+        snapshot = host_state = None
+        if self.state is not None:  # the hit ends where a state snapshot was kept (on the device or in the tier)
             while hit and hashes[hit - 1] not in self.snapshots:
+                host_state = None if tier is None else tier.find_state(hashes[hit - 1])
+                if host_state is not None:
+                    break
                 hit -= 1
-            snapshot = self.snapshots[hashes[hit - 1]] if hit else None
+            snapshot = self.snapshots.get(hashes[hit - 1]) if hit else None
         if not hit:
             return []
-        return KVCacheBlocks(tuple(blocks[:hit] for blocks in found), snapshot)
+        blocks = tuple(blocks[:hit] for blocks in found)
+        loads = 0 if tier is None else sum(1 for group in blocks for b in group if b.__class__ is HostBlock)
+        return KVCacheBlocks(blocks, snapshot, loads, host_state)
+
+    def _device_or_tier(self, key: bytes) -> Block | HostBlock | None:
+        return self.pool.lookup(key) or self.offload.find(key)
 
     def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed: KVCacheBlocks | list = (),
                        num_lookahead_tokens: int = 0) -> bool:
@@ -168,9 +199,12 @@ class KVCacheManager:
             manager.remove_skipped_blocks(seq, seq.num_computed_tokens)
         num_new_blocks = self.blocks_needed(total + num_lookahead_tokens) - len(tables[0]) - num_hit
         cows = [m.needs_copy(seq, num_computed) for m in self.managers]
-        # Cached free blocks of a hit leave the free queue; NULL_BLOCK never counts (never at zero).
-        revived = sum(1 for blocks in hits for b in blocks if b.ref_count == 0) if num_hit else 0
-        if max(0, num_new_blocks) * self.num_groups + sum(cows) + revived > self.pool.num_free_blocks:
+        # Cached free blocks of a hit leave the free queue; NULL_BLOCK never counts (never at zero). Entries the
+        # tier holds each take a fresh block.
+        loads = computed.num_loads if num_hit else 0
+        revived = sum(1 for blocks in hits for b in blocks if b.__class__ is Block and b.ref_count == 0) \
+            if num_hit else 0
+        if max(0, num_new_blocks) * self.num_groups + sum(cows) + revived + loads > self.pool.num_free_blocks:
             return False
         if self.state is not None and self.state.needs_slot(seq):  # a fresh admission: its state slot
             if self.state.pool.num_free <= self.num_snapshot_slots - len(self.snapshots):
@@ -179,18 +213,42 @@ class KVCacheManager:
             if num_hit and computed.state_snapshot is not None:  # continue from the state at the hit's end
                 self.pending_state_copies.append((computed.state_snapshot, seq.state_slot))
                 self.snapshots.move_to_end(seq.block_hashes[num_hit - 1])
+            elif num_hit and computed.host_state is not None:  # from the tier's copy of it
+                seq.kv_load_batch = self.offload.load_state(seq.block_hashes[num_hit - 1], computed.host_state,
+                                                            seq.state_slot)
         if self.enable_caching and not tables[0]:  # a fresh admission: count its prefix lookup
+            device_hits = num_hit - sum(1 for b in hits[0] if b.__class__ is HostBlock) if loads else num_hit
             self.prefix_queries += seq.num_tokens
-            self.prefix_hits += num_hit * bs
+            self.prefix_hits += device_hits * bs
+            if self.offload is not None:
+                self.offload.count_lookup(seq.num_tokens - device_hits * bs, (num_hit - device_hits) * bs)
         if num_hit:
             for manager, hit in zip(self.managers, hits):
                 manager.take_hit(seq, hit)
+            if loads:
+                self._begin_loads(seq)
         for manager, cow in zip(self.managers, cows):
             manager.allocate(seq, num_computed, cow, num_new_blocks, self.pending_copies)
         seq.num_computed_tokens = num_computed
-        if self.enable_caching:
+        if self.enable_caching and not loads:  # loaded blocks become findable once their copies ran
             self._cache_full_blocks(seq, total)
         return True
+
+    def _begin_loads(self, seq: Sequence) -> None:
+        """Give each tier entry of a hit just taken a fresh device block and queue its copy (after every group took
+        its device blocks, so no allocation here evicts one of them)."""
+        for g, table in enumerate(seq.block_tables):
+            for i, block in enumerate(table):
+                if block.__class__ is HostBlock:
+                    fresh = self.pool.get_new_blocks(1)[0]
+                    seq.kv_load_batch = self.offload.load(group_key(seq.block_hashes[i], g), block.slot,
+                                                          fresh.block_id)
+                    table[i] = fresh
+
+    def finish_load(self, seq: Sequence) -> None:
+        """The copies of a sequence's tier blocks have run: its blocks become findable like computed ones."""
+        seq.kv_load_batch = 0
+        self._cache_full_blocks(seq, seq.num_computed_tokens)
 
     def free(self, seq: Sequence) -> None:
         """Release a sequence's blocks, last block first, so its tail is evicted before its shared prefix.
@@ -250,7 +308,9 @@ class KVCacheManager:
             self.snapshots.move_to_end(key)
             return
         if len(self.snapshots) >= self.num_snapshot_slots:
-            _, slot = self.snapshots.popitem(last=False)  # the least recently used snapshot makes room
+            old, slot = self.snapshots.popitem(last=False)  # the least recently used snapshot makes room
+            if self.offload is not None:  # to the tier first (the copy into its slot waits for that store)
+                self.offload.store_state(old, slot)
         else:
             slot = self.state.pool.allocate()
         self.snapshots[key] = slot

@@ -13,6 +13,8 @@ The coordinator (engine/kv/kv_cache_manager.py) decides how many tokens a step a
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from engine.kv.block_pool import NULL_BLOCK, Block, BlockPool, group_key
 from engine.kv.kv_cache_interface import KVSpec, SlidingWindowSpec, StateSpec
 from engine.kv.state_pool import StatePool
@@ -23,11 +25,14 @@ class FullAttentionManager:
         self.pool, self.spec, self.group = pool, spec, group
         self.block_size = spec.block_size
 
-    def find_longest_cache_hit(self, block_hashes: list[bytes], max_blocks: int) -> list[Block]:
-        """The leading run of cached blocks (any shorter prefix of it is a hit too)."""
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_blocks: int,
+                               lookup: Callable[[bytes], object] | None = None) -> list[Block]:
+        """The leading run of cached blocks (any shorter prefix of it is a hit too). `lookup`: where a key is
+        found, the device pool by default (with a CPU-RAM tier: the pool, else the tier's HostBlock)."""
+        lookup = lookup or self.pool.lookup
         hits: list[Block] = []
         for block_hash in block_hashes[:max_blocks]:
-            block = self.pool.lookup(group_key(block_hash, self.group))
+            block = lookup(group_key(block_hash, self.group))
             if block is None:
                 break
             hits.append(block)
@@ -51,8 +56,9 @@ class FullAttentionManager:
 
     def take_hit(self, seq, hit: list[Block]) -> None:
         """A prefix hit's blocks join the table. Every group takes its hit before any group allocates: a cached
-        free block of one group's hit must leave the free queue before another group's allocation evicts it."""
-        self.pool.touch(hit)
+        free block of one group's hit must leave the free queue before another group's allocation evicts it.
+        Entries found in the CPU-RAM tier join as they are (the coordinator gives them device blocks next)."""
+        self.pool.touch(b for b in hit if b.__class__ is Block)
         seq.block_tables[self.group].extend(hit)
 
     def allocate(self, seq, num_computed: int, cow: bool, num_new_blocks: int,
@@ -90,10 +96,11 @@ class FullAttentionManager:
 class SlidingWindowManager(FullAttentionManager):
     spec: SlidingWindowSpec
 
-    def find_longest_cache_hit(self, block_hashes: list[bytes], max_blocks: int) -> list[Block]:
+    def find_longest_cache_hit(self, block_hashes: list[bytes], max_blocks: int,
+                               lookup: Callable[[bytes], object] | None = None) -> list[Block]:
         """The hit ending latest (at most `max_blocks`) whose last `window_blocks` blocks are all cached; entries
         before them are NULL_BLOCK. A cached run that reaches the very first block counts at any length."""
-        need, lookup = self.spec.window_blocks, self.pool.lookup
+        need, lookup = self.spec.window_blocks, lookup or self.pool.lookup
         run: list[Block] = []
         for i in range(min(max_blocks, len(block_hashes)) - 1, -1, -1):
             block = lookup(group_key(block_hashes[i], self.group))

@@ -1,10 +1,11 @@
 """Byte units and the dtypes a plan counts in: GiB and MiB, `format_bytes` for people, `resolve_dtype` (what
 --dtype auto becomes where the engine runs) and `kv_dtype_bytes` (--kv-cache-dtype auto follows the model's
-dtype). Torch-free, like all of engine/planning/: the GUI imports it.
+dtype; int8/int4 are formats with scales). Torch-free, like all of engine/planning/: the GUI imports it.
 """
 from __future__ import annotations
 
 from engine.config.model import DTYPE_BYTES
+from engine.kv.kv_cache_interface import KV_QUANT, KVQuant
 
 GIB = 1024 ** 3
 MIB = 1024 ** 2
@@ -19,8 +20,11 @@ def resolve_dtype(requested: str | None, model_dtype: str, on_gpu: bool) -> str:
     return model_dtype if model_dtype in ("float16", "bfloat16") else "bfloat16"
 
 
-def kv_dtype_bytes(kv_cache_dtype: str, dtype_bytes: int) -> int:
-    """Bytes of one K or V element: --kv-cache-dtype auto stores the cache in the model's dtype."""
+def kv_dtype_bytes(kv_cache_dtype: str, dtype_bytes: int) -> int | KVQuant:
+    """Bytes of one K or V element: --kv-cache-dtype auto stores the cache in the model's dtype; int8 and int4 are
+    integer formats with scales (kv_cache_interface.KVQuant), which the KV layout counts."""
+    if kv_cache_dtype in KV_QUANT:
+        return KV_QUANT[kv_cache_dtype]
     return dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
 
 

@@ -1,11 +1,17 @@
 """Where and in which dtypes the engine runs: the device a --device names, the compute dtype for --dtype, the
 KV cache dtype for --kv-cache-dtype. Resolved once at start (engine/executor/startup.py) and used by every rank.
+Integer KV caches are stored as int8 (int8) or uint8 holding two 4-bit values (int4), beside their scales;
+`kv_storage` turns such a torch dtype back into what the KV layout counts.
 """
 from __future__ import annotations
 
 import torch
 
-KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+from engine.kv.kv_cache_interface import KV_QUANT, KVQuant
+
+KV_CACHE_DTYPES = {"fp8": torch.float8_e4m3fn, "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+                   "int8": torch.int8, "int4": torch.uint8}
+INTEGER_KV = {torch.int8: KV_QUANT["int8"], torch.uint8: KV_QUANT["int4"]}
 TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16,
                 "half": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -38,3 +44,8 @@ def resolve_dtype(dtype: str, model_dtype: str, device: torch.device) -> torch.d
 
 def resolve_kv_cache_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
     return KV_CACHE_DTYPES.get(kv_cache_dtype, dtype)
+
+
+def kv_storage(kv_dtype: torch.dtype) -> int | KVQuant:
+    """What the KV layout counts for a cache of `kv_dtype`: its bytes per value, or its integer format."""
+    return INTEGER_KV.get(kv_dtype, kv_dtype.itemsize)

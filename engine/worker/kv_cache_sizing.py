@@ -23,6 +23,7 @@ from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_er
 from engine.planning.kv import kv_bytes_per_block
 from engine.planning.planner import plan_cpu
 from engine.planning.units import GIB
+from engine.platform.devices import kv_storage
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -38,9 +39,9 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     # The model's dtype (a tensor-parallel executor's is its rank-0 runner's): a hybrid's conv states are in it.
     dtype = getattr(getattr(runner, "runner", runner), "dtype",
                     torch.bfloat16 if runner.device.type == "cuda" else torch.float32)
-    proposer_per_block = 0 if proposer is None else proposer.kv_bytes_per_block(kv_dtype.itemsize)
+    proposer_per_block = 0 if proposer is None else proposer.kv_bytes_per_block(kv_storage(kv_dtype))
     if runner.device.type == "cuda":
-        layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size,
+        layout = model_kv_layout(model_config, config.block_size, kv_storage(kv_dtype), config.tensor_parallel_size,
                                  act_dtype_bytes=dtype.itemsize)
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
         plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
@@ -63,7 +64,8 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
 
 def _dtype_name(dtype: torch.dtype) -> str:
     """engine.config.model.DTYPE_BYTES's name of a torch dtype."""
-    return {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(dtype, str(dtype).split(".")[-1])
+    return {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2", torch.int8: "int8",
+            torch.uint8: "int4"}.get(dtype, str(dtype).split(".")[-1])
 
 
 def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: list[MemoryProfile],

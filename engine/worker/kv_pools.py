@@ -63,6 +63,10 @@ class KVPools:
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
+    def block_tensors(self) -> list[torch.Tensor]:
+        """Every tensor indexed by block id at dim 2 (`[num_slots, 2, num_blocks, ...]`): what a block's copy moves."""
+        return [] if self.kv_cache is None else [self.kv_cache]
+
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: each (src, dst) block's pages in every cache slot."""
         if copies and self.kv_cache is not None:

@@ -4,7 +4,8 @@ It is the orchestrator of four parts, each in its own module: input preparation 
 the scheduled batch as flat numpy `StepInputs`, which rank 0 ships to tensor-parallel workers, and their device
 tensors), the KV and state pools (engine/worker/kv_pools.py), graph dispatch (engine/worker/graphs/dispatch.py:
 decode graph, piecewise or eager, and the graphs' planning and capture) and device sampling
-(engine/worker/sampling.py). `run` applies the step's pool edits, issues every host -> device copy of the step
+(engine/worker/sampling.py), with the prefix cache's CPU-RAM tier beside the pools (engine/worker/kv_offload.py,
+when --kv-offloading-size asks for one). `run` issues the step's tier copies first, applies the step's pool edits, issues every host -> device copy of the step
 (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over all of
 it through the path dispatch picks, then computes logits only where they are needed and samples them on the
 device (as nano-vllm does), returning token ids and the logprobs asked for. `profile_run` is the KV sizing's
@@ -26,7 +27,9 @@ from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
 from engine.worker.gpu_baseline import free_bytes_at_start
 from engine.worker.graphs.dispatch import GraphDispatcher
 from engine.worker.input_prep import InputPreparer, logits_index
+from engine.kv.offload.transfers import KVTransfers
 from engine.worker.kv_cache_sizing import measure_memory
+from engine.worker.kv_offload import HostKVTier
 from engine.worker.kv_pools import KVPools
 from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch
@@ -94,6 +97,7 @@ class ModelRunner:
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
         self.sampler = DeviceSampler(self.model, model_config.vocab_size, device)
+        self.offload: HostKVTier | None = None  # the prefix cache's CPU-RAM tier, once allocated
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -147,6 +151,12 @@ class ModelRunner:
         if self.graphs is not None:
             self.graphs.bind_state_padding(num_slots)
 
+    def allocate_kv_offload(self, num_blocks: int, num_state_slots: int = 0) -> int:
+        """The CPU-RAM tier's host copies of `num_blocks` block ids (and a hybrid model's `num_state_slots` state
+        snapshots), after the KV cache; returns their bytes on this rank."""
+        self.offload = HostKVTier(self.pools, num_blocks, num_state_slots, self.device)
+        return self.offload.host_bytes()
+
     def capture_decode_graphs(self) -> None:
         """After the KV cache exists: capture the planned graphs and compile the Triton variants
         (GraphDispatcher.capture)."""
@@ -156,6 +166,18 @@ class ModelRunner:
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         self.pools.copy_blocks(copies)
+
+    def transfer_kv(self, transfers: KVTransfers) -> None:
+        """Issue a batch of tier copies without a forward (a step that runs nothing, or an idle engine's stores)."""
+        self.offload.submit(transfers)
+
+    def kv_transfers_done(self) -> int:
+        """The last tier copy batch this rank has finished (0 without a tier)."""
+        return 0 if self.offload is None else self.offload.completed()
+
+    def wait_kv_transfers(self, batch: int, timeout: float) -> bool:
+        """Block until the tier copy batch `batch` has run here, or `timeout` seconds passed."""
+        return self.offload is None or self.offload.wait(batch, timeout)
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
                 state_copies: list[tuple[int, int]] = ()) -> StepInputs:
@@ -172,6 +194,8 @@ class ModelRunner:
 
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
         head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
+        if inputs.kv_transfers is not None:  # first: stores read blocks this step may overwrite (then it waits)
+            self.offload.submit(inputs.kv_transfers)
         self.pools.copy_blocks(inputs.block_copies)
         # Before the state copies: a fork or snapshot reads the accepted state.
         self.pools.replay_verified(inputs.state_replay)
@@ -189,10 +213,12 @@ class ModelRunner:
         return self.sampler.finish(hidden, inputs, rows, prepared, sampling)
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
-                sampling: SamplingBatch | None = None,
-                state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
+                sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
+                kv_transfers: KVTransfers | None = None) -> ModelRunnerOutput | None:
         """Run the batch and sample what `sampling` asks for."""
-        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
+        inputs = self.prepare(batch, block_copies, state_copies)
+        inputs.kv_transfers = kv_transfers
+        return self.run(inputs, sampling)
 
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 
@@ -229,4 +255,6 @@ class ModelRunner:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""
 
     def shutdown(self) -> None:
-        """Nothing to stop on one device: the model and KV cache go with this object."""
+        """Only the tier's copy queue to stop on one device: the model and KV cache go with this object."""
+        if self.offload is not None:
+            self.offload.close()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from engine.kv.offload.transfers import KVTransfers
 from engine.worker.input_batch import BatchDiff
 from engine.sample.pooling import PooledOutput
 from engine.sample.prompt_logprobs import PromptLogprobsOutput
@@ -61,6 +62,8 @@ class StepInputs:
     # Embedding requests (engine/sample/pooling.py): batch index and token rows [a, b) of each pooled sequence.
     pool_owners: list[int] = field(default_factory=list)
     pool_spans: list[tuple[int, int]] = field(default_factory=list)
+    # The CPU-RAM tier (engine/kv/offload/): this step's copies, issued first, and the batch the forward waits for.
+    kv_transfers: KVTransfers | None = None
 
 
 @dataclass(slots=True)
