@@ -243,3 +243,24 @@ def test_stats_reach_the_engine_stats(tiny_model_dir):
     assert tier["hit_tokens"] == 48 and tier["blocks_held"] > 0 and tier["bytes_loaded"] == 3 * 8192
     assert tier["capacity_bytes"] == tier["num_blocks"] * 8192
 
+
+
+def test_the_server_reports_the_tier_in_metrics_and_engine_state(tiny_model_dir):
+    import httpx
+
+    from server_harness import MODEL_NAME, start_server
+    srv = start_server(tiny_model_dir("llama"), num_gpu_blocks_override=10, max_num_seqs=2, max_num_batched_tokens=32,
+                       kv_offloading_size=0.01)
+    try:
+        body = dict(model=MODEL_NAME, max_tokens=8, temperature=0, ignore_eos=True)
+        first = httpx.post(srv.base_url + "/completions", json=dict(body, prompt=CONTEXT + [7, 8, 9])).json()
+        httpx.post(srv.base_url + "/completions", json=dict(body, prompt=OTHERS[0])).raise_for_status()
+        again = httpx.post(srv.base_url + "/completions", json=dict(body, prompt=CONTEXT + [1, 2, 3])).json()
+        assert first["choices"][0]["text"] is not None and again["usage"]["prompt_tokens_details"]["cached_tokens"] == 96
+        tier = httpx.get(srv.base_url + "/engine/state").json()["kv_offload"]
+        assert tier["hit_tokens"] == 48 and tier["blocks_held"] > 0 and tier["bytes_loaded"] > 0
+        metrics = httpx.get(srv.url + "/metrics").text
+        assert f'pagedesk:kv_offload_hit_tokens_total{{model_name="{MODEL_NAME}"}} 48.0' in metrics
+        assert "pagedesk:kv_offload_usage_perc" in metrics and "pagedesk:kv_offload_loaded_bytes_total" in metrics
+    finally:
+        srv.stop()

@@ -138,9 +138,10 @@ class HostKVTier:
         self.pools, self.device = pools, device
         pin = device.type == "cuda"
         # (device tensor with the block index at dim 2, host tensor with the slot first): the pages and any scales.
-        self.pages = [(t, torch.zeros((num_blocks, *t.shape[:2], *t.shape[3:]), dtype=t.dtype, pin_memory=pin))
+        # Uninitialised: a slot is only read after a store wrote it (and zeroing tens of GiB takes seconds).
+        self.pages = [(t, torch.empty((num_blocks, *t.shape[:2], *t.shape[3:]), dtype=t.dtype, pin_memory=pin))
                       for t in pools.block_tensors()]
-        self.states = [(t, torch.zeros((num_state_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin))
+        self.states = [(t, torch.empty((num_state_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin))
                        for pair in pools.state_cache for t in pair] if num_state_slots else []
         self.block_bytes = sum(host[0].numel() * host.element_size() for _, host in self.pages)
         self.queue = StreamCopyQueue(device) if device.type == "cuda" else ThreadCopyQueue()

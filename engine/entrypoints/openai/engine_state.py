@@ -6,7 +6,8 @@ packed as base64(zlib(state | ref_count | owner)): one byte of state and one of 
 per block, then a little-endian uint16 owner index (0 none, k → requests[k-1]). A model with several KV
 cache groups adds `kv_groups` (their names) and `block_groups`: base64(zlib(uint8 per block: 0 none,
 g → kv_groups[g-1])). An MoE model adds `expert_load`: the tokens routed to each expert of each MoE layer
-since the previous document (`ExpertLoadInterval` diffs the engine's cumulative counts).
+since the previous document (`ExpertLoadInterval` diffs the engine's cumulative counts). An engine with the prefix
+cache's CPU-RAM tier adds `kv_offload`: its size, what it holds and its counters since start.
 """
 from __future__ import annotations
 
@@ -106,6 +107,7 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float],
                    "kv_cache_bytes": int(raw.memory.get("kv_cache_bytes", 0))},
         **({"spec_decode": s.spec_decode} if s.spec_decode is not None else {}),
         **({"expert_load": load} if load is not None else {}),
+        **({"kv_offload": s.kv_offload} if s.kv_offload is not None else {}),
         **({"state_slots": raw.snapshot.state_slots} if raw.snapshot.state_slots is not None else {}),
         **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
            if raw.snapshot.group is not None else {}),

@@ -65,6 +65,7 @@ class _EngineCollector(Collector):
             for position, value in enumerate(spec["accepted_per_pos"]):
                 c.add_metric([self.model_name, str(position)], float(value))
             yield c
+        yield from _tier_metrics(s.kv_offload, self.model_name)
         load = s.expert_load
         if load is not None:  # MoE models: one series per (decoder layer, expert)
             c = CounterMetricFamily(PREFIX + "moe_expert_tokens", "Tokens routed to each expert of each MoE layer "
@@ -74,6 +75,31 @@ class _EngineCollector(Collector):
                 for expert, value in enumerate(row):
                     c.add_metric([self.model_name, str(layer), str(expert)], float(value))
             yield c
+
+
+def _tier_metrics(tier: dict | None, model_name: str) -> Iterator[Metric]:
+    """The prefix cache's CPU-RAM tier (--kv-offloading-size): nothing without one. Bytes are rank 0's shard."""
+    if tier is None:
+        return
+    gauges = (("kv_offload_blocks", "Blocks the CPU-RAM tier holds", tier["blocks_held"]),
+              ("kv_offload_usage_perc", "CPU-RAM tier usage, 0..1", tier["blocks_held"] / max(1, tier["num_blocks"])),
+              ("kv_offload_capacity_bytes", "Host bytes of the CPU-RAM tier (one rank)", tier["capacity_bytes"]),
+              ("kv_offload_loads_in_flight", "Sequences waiting for copies from the CPU-RAM tier",
+               tier["loads_in_flight"]))
+    counters = (("kv_offload_hit_tokens", "Prompt tokens the GPU prefix cache missed and the CPU-RAM tier restored",
+                 tier["hit_tokens"]),
+                ("kv_offload_miss_tokens", "Prompt tokens neither the GPU prefix cache nor the CPU-RAM tier held",
+                 tier["miss_tokens"]),
+                ("kv_offload_stored_bytes", "Bytes copied from the GPU to the CPU-RAM tier", tier["bytes_stored"]),
+                ("kv_offload_loaded_bytes", "Bytes copied from the CPU-RAM tier back to the GPU", tier["bytes_loaded"]))
+    for name, doc, value in gauges:
+        g = GaugeMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        g.add_metric([model_name], float(value))
+        yield g
+    for name, doc, value in counters:
+        c = CounterMetricFamily(PREFIX + name, doc, labels=["model_name"])
+        c.add_metric([model_name], float(value))
+        yield c
 
 
 class ServerMetrics:
