@@ -3,8 +3,9 @@ sequences × KV heads): no per-step gather of every sequence's context, no paddi
 
 Same signature and results (to float tolerance) as `kernels.attention_torch.paged_attention_torch`, which
 stays the oracle. One-token queries (decodes) run here; prefill chunks keep the torch path (one SDPA call
-per chunk, where the gather is paid once per chunk). Caches numba cannot read (FP8, bfloat16) and
-non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
+per chunk, where the gather is paid once per chunk). Integer caches (int8, packed int4) are read in place too, each
+value times its group's scale (`_kv`, resolved per cache dtype when numba compiles, so the float32 path carries
+none of it). Caches numba cannot read (FP8, bfloat16) and non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
 (BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change.
 Imports nothing of ours outside kernels/.
 """
@@ -16,8 +17,10 @@ import os
 import numba
 import numpy as np
 import torch
+from numba.extending import overload
 
 from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
+from kernels.kv_int_torch import is_int_kv
 
 if "NUMBA_THREADING_LAYER" not in os.environ:
     # numba's own thread pool: its OpenMP layer would start a second libgomp runtime beside torch's, and
@@ -25,16 +28,41 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
 
 
+def _kv(cache, scales, blk, off, head, d):  # pragma: no cover - only ever compiled, through the overload below
+    """Value d of (block, offset, head) of a cache as float32."""
+    raise NotImplementedError
+
+
+@overload(_kv, inline="always")
+def _kv_for(cache, scales, blk, off, head, d):
+    """float32: the value; int8: times its group's scale; uint8 (packed int4): its nibble, sign-extended, times it."""
+    if cache.dtype == numba.types.int8:
+        def int8_value(cache, scales, blk, off, head, d):
+            return np.float32(cache[blk, off, head, d]) * scales[blk, off, head, d // (cache.shape[3] // scales.shape[3])]
+        return int8_value
+    if cache.dtype == numba.types.uint8:
+        def int4_value(cache, scales, blk, off, head, d):
+            nibble = (np.int32(cache[blk, off, head, d >> 1]) >> ((d & 1) * 4)) & 15
+            group = 2 * cache.shape[3] // scales.shape[3]
+            return np.float32((nibble ^ 8) - 8) * scales[blk, off, head, d // group]
+        return int4_value
+
+    def float_value(cache, scales, blk, off, head, d):
+        return cache[blk, off, head, d]
+    return float_value
+
+
 @numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale, window, soft_cap, sinks,
-                   out):  # pragma: no cover
+def _decode_kernel(query, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, rows, scale, window,
+                   soft_cap, sinks, out):  # pragma: no cover
     """out[rows[s], h] = softmax(q·Kᵀ·scale) V over the last min(seq_len, window) tokens of sequence s.
 
     Two passes per (sequence, KV head): scores for the whole group of query heads sharing the KV head
     (each K row is read once for the group), then the weighted sum of V rows. soft_cap 0 means none;
-    an empty `sinks` means none, else sinks[h] is one more logit of head h in the denominator."""
+    an empty `sinks` means none, else sinks[h] is one more logit of head h in the denominator. `k_scales` and
+    `v_scales`: an integer cache's scales (unused for a float32 cache)."""
     num_seqs = rows.shape[0]
-    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], query.shape[2]
     group = query.shape[1] // num_kv_heads
     for work in numba.prange(num_seqs * num_kv_heads):
         s, kvh = work // num_kv_heads, work % num_kv_heads
@@ -48,7 +76,7 @@ def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale,
             for g in range(group):
                 acc = np.float32(0.0)
                 for d in range(head_dim):
-                    acc += query[row, kvh * group + g, d] * k_cache[blk, off, kvh, d]
+                    acc += query[row, kvh * group + g, d] * _kv(k_cache, k_scales, blk, off, kvh, d)
                 score = acc * scale
                 if soft_cap > 0:
                     score = np.float32(np.tanh(score / soft_cap)) * soft_cap
@@ -74,17 +102,23 @@ def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale,
             for g in range(group):
                 p = scores[g, t]
                 for d in range(head_dim):
-                    acc_out[g, d] += p * v_cache[blk, off, kvh, d]
+                    acc_out[g, d] += p * _kv(v_cache, v_scales, blk, off, kvh, d)
         for g in range(group):
             for d in range(head_dim):
                 out[row, kvh * group + g, d] = acc_out[g, d]
 
 
 _NO_SINKS = np.empty(0, dtype=np.float32)
+_NO_SCALES = np.ones((1, 1, 1, 1), dtype=np.float32)
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    return query.device.type == "cpu" and query.dtype == torch.float32 and k_cache.dtype == torch.float32
+    return query.device.type == "cpu" and query.dtype == torch.float32 and \
+        (k_cache.dtype == torch.float32 or is_int_kv(k_cache.dtype))
+
+
+def _scales(cache: torch.Tensor, scale) -> np.ndarray:
+    return scale.numpy() if is_int_kv(cache.dtype) else _NO_SCALES
 
 
 def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -101,8 +135,8 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decode = np.flatnonzero(query_lens == 1)
     if decode.size:
         window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
-        _decode_kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(),
-                       block_tables.numpy()[decode], seq_lens.numpy()[decode].astype(np.int64),
+        _decode_kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(), _scales(k_cache, k_scale),
+                       _scales(v_cache, v_scale), block_tables.numpy()[decode], seq_lens.numpy()[decode].astype(np.int64),
                        starts_np[decode].astype(np.int64), np.float32(scale), window, np.float32(soft_cap or 0.0),
                        _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out.numpy())
     if decode.size < len(query_lens):

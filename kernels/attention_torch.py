@@ -2,7 +2,9 @@
 
 Layout shared by every backend:
 - K/V cache of one layer: ``[num_blocks, block_size, num_kv_heads, head_dim]``, in the compute dtype or
-  an 8-bit float type (then values are stored divided by a per-tensor scale).
+  an 8-bit float type (then values are stored divided by a per-tensor scale), or an integer format
+  (kernels/kv_int_torch.py: int8 or packed int4, then `k_scale`/`v_scale` are the per-token-head-group scale
+  tensors ``[num_blocks, block_size, num_kv_heads, head_dim / group]`` the write fills and every read uses).
 - ``slot_mapping[t] = block_id * block_size + offset`` for each new token; a negative slot is skipped.
 - A flat batch of ``num_seqs`` sequences: ``query_start_loc`` (``[num_seqs + 1]``, cumulative counts of
   new tokens), ``seq_lens`` (context + new tokens of each sequence) and ``block_tables``
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 import torch
 
+from kernels.kv_int_torch import dequantize_int, group_size, is_int_kv, quantize_int
+
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 DECODE_GROUP = 8  # decodes per padded attention call
 
@@ -35,9 +39,18 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor | float, dtype: torch.dtyp
 
 
 def dequantize(cache: torch.Tensor, scale: torch.Tensor | float | None, dtype: torch.dtype) -> torch.Tensor:
+    """Cache rows in `dtype`; an integer cache's `scale` is the rows' own scales (read alongside, `read_kv`)."""
+    if is_int_kv(cache.dtype):
+        return dequantize_int(cache, scale, dtype)
     if not is_fp8(cache.dtype):
         return cache.to(dtype)
     return (cache.float() * (1.0 if scale is None else scale)).to(dtype)
+
+
+def read_kv(cache: torch.Tensor, scale, take, dtype: torch.dtype) -> torch.Tensor:
+    """`take` (an indexing of a cache-shaped tensor) applied to the cache, dequantized in `dtype`: an integer cache's
+    scale tensor is taken the same way, a per-tensor FP8 scale is used as is."""
+    return dequantize(take(cache), take(scale) if is_int_kv(cache.dtype) else scale, dtype)
 
 
 def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -51,7 +64,11 @@ def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.
     num_blocks, block_size, heads, dim = k_cache.shape
     for src, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
         flat = cache.view(num_blocks * block_size, heads, dim)
-        if is_fp8(cache.dtype):
+        if is_int_kv(cache.dtype):  # the values and their scales, at the same slots
+            values, scales = quantize_int(src, cache.dtype, group_size(cache, scale))
+            flat.index_copy_(0, slot_mapping, values)
+            scale.view(num_blocks * block_size, heads, -1).index_copy_(0, slot_mapping, scales)
+        elif is_fp8(cache.dtype):
             # index_copy_ has no fp8 kernel on CPU; copy the bytes through a uint8 view instead.
             data = quantize_fp8(src, 1.0 if scale is None else scale, cache.dtype)
             flat.view(torch.uint8).index_copy_(0, slot_mapping, data.view(torch.uint8))
@@ -138,8 +155,10 @@ def prefill_attention_torch(query, k_cache, v_cache, block_tables, lens: list[in
         if q_len <= 1:
             continue
         first_block = 0 if sliding_window is None else max(0, seq_len - q_len - sliding_window + 1) // block_size
-        k = dequantize(gather_kv(k_cache, block_tables[i], seq_len, first_block), k_scale, query.dtype)
-        v = dequantize(gather_kv(v_cache, block_tables[i], seq_len, first_block), v_scale, query.dtype)
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            return gather_kv(t, block_tables[i], seq_len, first_block)
+        k, v = read_kv(k_cache, k_scale, take, query.dtype), read_kv(v_cache, v_scale, take, query.dtype)
         q = query[start:start + q_len]
         mask = _causal_mask(q_len, seq_len, sliding_window, first_block * block_size, query.device)
         o = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, soft_cap, sinks)
@@ -182,9 +201,11 @@ def _decode_group(query, k_cache, v_cache, block_tables, lens, starts, rows_of, 
     table = block_tables[rows_of].long()
     slots = table.gather(1, own // block_size) * block_size + own % block_size  # [B, L]
     flat = slots.flatten()  # index_select on flat slots: faster on CPU than advanced indexing
-    k = dequantize(k_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat), k_scale, query.dtype)
-    v = dequantize(v_cache.view(-1, num_kv_heads, head_dim).index_select(0, flat), v_scale, query.dtype)
-    k, v = k.view(*slots.shape, num_kv_heads, head_dim), v.view(*slots.shape, num_kv_heads, head_dim)
+
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t.view(-1, *t.shape[2:]).index_select(0, flat)
+    k, v = read_kv(k_cache, k_scale, take, query.dtype), read_kv(v_cache, v_scale, take, query.dtype)
+    k, v = k.view(*slots.shape, num_kv_heads, -1), v.view(*slots.shape, num_kv_heads, -1)
     valid = pos < seq_lens[:, None]
     rows = torch.tensor([starts[i] for i in rows_of], device=device)
     o = attend(query[rows][:, :, None], k.transpose(1, 2), v.transpose(1, 2), valid[:, None, None, :], scale,

@@ -3,8 +3,8 @@
 ``python -m kernels.compile_check [--arch 86 90]`` runs Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX,
 cubin with the bundled ptxas) for the kernel variants the backend launches, so code that only the
 interpreter accepts is caught before it meets a GPU. The quantized-linear GEMV/GEMM variants are compiled too. It also reads the PTX: FP8 caches and FP8 weights must compile to
-integer bit manipulation with no FP8 conversion instructions (sm_86 has none), and the FP8 KV write must
-use IEEE division (``div.rn.f32``) to round exactly like torch. Must run with TRITON_INTERPRET unset.
+integer bit manipulation with no FP8 conversion instructions (sm_86 has none), and the FP8 and integer KV writes
+must use IEEE division (``div.rn.f32``) to round exactly like torch. Must run with TRITON_INTERPRET unset.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 TRITON_TYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.uint8: "u8",
-                torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
+                torch.int8: "i8", torch.int16: "i16", torch.int32: "i32", torch.int64: "i64"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,16 +36,23 @@ class Variant:
 
 
 def _ptr(dtype: torch.dtype) -> str:
-    return "*" + TRITON_TYPES[torch.uint8 if dtype.itemsize == 1 else dtype]
+    """FP8 caches are passed as uint8 views; int8 and uint8 (packed int4) caches as themselves."""
+    return "*" + TRITON_TYPES[dtype if dtype in TRITON_TYPES else torch.uint8]
+
+
+def _int_group(cache_dtype: torch.dtype, head_dim: int) -> int:
+    """The engine's scale groups: one per head for int8, 32 values for int4."""
+    return {torch.int8: head_dim, torch.uint8: 32}.get(cache_dtype, 1)
 
 
 def write_variant(dtype: torch.dtype, cache_dtype: torch.dtype) -> Variant:
     from kernels.triton_write_kv import write_kv_constexprs, write_kv_kernel
-    fp8 = cache_dtype.itemsize == 1
+    fp8 = cache_dtype.itemsize == 1 and cache_dtype not in (torch.int8, torch.uint8)
     pointers = dict(key_ptr=_ptr(dtype), value_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype),
                     v_cache_ptr=_ptr(cache_dtype), slot_mapping_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
     return Variant(f"write_kv {dtype} -> {cache_dtype}", write_kv_kernel, pointers,
-                   write_kv_constexprs(cache_dtype, 8, 128, 16), fp8=fp8, needs_div_rn=fp8)
+                   write_kv_constexprs(cache_dtype, 8, 128, 16, _int_group(cache_dtype, 128)), fp8=fp8,
+                   needs_div_rn=cache_dtype.itemsize == 1)
 
 
 def attention_variant(dtype, cache_dtype, group: int, head_dim: int, tiles: tuple, window: bool = False,
@@ -56,14 +63,15 @@ def attention_variant(dtype, cache_dtype, group: int, head_dim: int, tiles: tupl
     pointers = dict(out_ptr=_ptr(dtype), part_max_ptr="*fp32", part_sum_ptr="*fp32", part_acc_ptr="*fp32",
                     query_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype), v_cache_ptr=_ptr(cache_dtype),
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
-                    k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32")
+                    k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32", k_scales_ptr="*fp32",
+                    v_scales_ptr="*fp32")
     constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool,
-                                      soft_cap, sinks)
+                                      soft_cap, sinks, _int_group(cache_dtype, head_dim))
     name = f"attention {dtype}/{cache_dtype} group {group} d{head_dim} {tiles}{' window' if window else ''}"
     name += " int64 offsets" if large_pool else ""
     name += (" soft-cap" if soft_cap else "") + (" sinks" if sinks else "")
-    return Variant(name, paged_attention_kernel, pointers, constexprs, fp8=cache_dtype.itemsize == 1,
-                   num_warps=tiles.num_warps)
+    fp8 = cache_dtype.itemsize == 1 and cache_dtype not in (torch.int8, torch.uint8)
+    return Variant(name, paged_attention_kernel, pointers, constexprs, fp8=fp8, num_warps=tiles.num_warps)
 
 
 def reduce_variant(dtype: torch.dtype, head_dim: int, num_splits: int) -> Variant:
@@ -197,6 +205,9 @@ def variants() -> list[Variant]:
         attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
         attention_variant(f16, e4m3, 4, 128, DECODE, large_pool=True),
         attention_variant(bf16, e5m2, 4, 128, PREFILL),
+        write_variant(bf16, torch.int8), write_variant(bf16, torch.uint8),  # integer KV caches
+        attention_variant(bf16, torch.int8, 4, 128, DECODE_SPLIT), attention_variant(bf16, torch.int8, 4, 128, PREFILL),
+        attention_variant(bf16, torch.uint8, 4, 128, DECODE), attention_variant(bf16, torch.uint8, 2, 256, (32, 16, 16, 1, 8, 2)),
         attention_variant(f32, f32, 2, 64, (64, 32, 32, 1, 8, 1)),
         attention_variant(f16, f16, 7, 64, DECODE),  # Qwen2.5-0.5B
         attention_variant(f16, f16, 7, 64, (64, 9, 32, 2, 8, 2)),
@@ -223,6 +234,7 @@ def quick_variants() -> list[Variant]:
     """The FP8 paths plus one mixed-batch and one reduce variant: what CI compiles on every run."""
     f16, e4m3 = torch.float16, torch.float8_e4m3fn
     return [write_variant(f16, e4m3), attention_variant(f16, e4m3, 4, 128, DECODE_SPLIT),
+            write_variant(f16, torch.uint8), attention_variant(f16, torch.uint8, 4, 128, DECODE_SPLIT),
             attention_variant(f16, f16, 7, 64, (64, 9, 32, 1, 8, 1), window=True), reduce_variant(f16, 128, 8),
             attention_variant(f16, f16, 2, 64, DECODE_SPLIT, window=True, soft_cap=True, sinks=True),
             quant_linear_variant(f16, 4, 128, False, 1), quant_linear_variant(f16, 4, 128, False, 16),
@@ -273,7 +285,7 @@ def check_ptx(variant: Variant, ptx: str) -> list[str]:
     if variant.fp8 and any(word in ptx for word in ("e4m3", "e5m2")):
         problems.append("uses an FP8 conversion instruction")
     if variant.needs_div_rn and "div.rn.f32" not in ptx:
-        problems.append("FP8 write does not use IEEE division div.rn.f32")
+        problems.append("FP8/integer KV write does not use IEEE division div.rn.f32")
     return problems
 
 

@@ -18,7 +18,9 @@ import torch
 import triton
 
 from kernels.attention_torch import check_variants, is_fp8
+from kernels.kv_int_torch import is_int_kv
 from kernels.triton_fp8 import fp8_format_code
+from kernels.triton_kv_int import int_kv_constexprs, int_kv_group, scale_strides
 from kernels.triton_paged_attention import paged_attention_kernel, reduce_splits_kernel
 from kernels.triton_scales import scale_tensor
 from kernels.triton_write_kv import write_kv_cache_triton
@@ -89,7 +91,8 @@ def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, quer
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     assert num_heads % num_kv_heads == 0, f"{num_heads} query heads not a multiple of {num_kv_heads} KV heads"
-    assert k_cache.shape == v_cache.shape and k_cache.shape[3] == head_dim, (k_cache.shape, query.shape)
+    per_byte = 2 if k_cache.dtype == torch.uint8 else 1
+    assert k_cache.shape == v_cache.shape and k_cache.shape[3] * per_byte == head_dim, (k_cache.shape, query.shape)
     assert k_cache.dtype == v_cache.dtype, (k_cache.dtype, v_cache.dtype)
     assert query.stride(2) == 1, "head_dim must be contiguous in query"
     check_variants(num_heads, sliding_window, soft_cap, sinks)
@@ -98,22 +101,28 @@ def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, quer
     num_seqs = seq_lens.shape[0]
     if num_tokens == 0 or num_seqs == 0:
         return out
-    cache_dtype = k_cache.dtype
+    cache_dtype, int_group = k_cache.dtype, int_kv_group(k_cache, k_scale)
     if is_fp8(k_cache.dtype):
         k_cache, v_cache = k_cache.view(torch.uint8), v_cache.view(torch.uint8)
     constexprs = attention_constexprs(query.dtype, cache_dtype, num_heads, num_kv_heads, head_dim,
                                       k_cache.shape[1], tiles, bool(sliding_window),
                                       large_pool=max(k_cache.numel(), v_cache.numel()) >= 2**31,
-                                      soft_cap=soft_cap is not None, sinks=sinks is not None)
+                                      soft_cap=soft_cap is not None, sinks=sinks is not None,
+                                      int_group=int_group)
     num_q_blocks = num_tokens if tiles.block_q == 1 else num_tokens // tiles.block_q + num_seqs
     partials = _split_buffers(num_tokens, num_heads, tiles.num_splits, constexprs["BLOCK_D"], query.device)
+    k_scales, v_scales = (k_scale, v_scale) if is_int_kv(cache_dtype) else (None, None)
+    if k_scales is not None:  # an integer cache's values carry their own scales: the per-tensor ones are 1
+        k_scale = v_scale = None
     k_scale_t, v_scale_t = scale_tensor(k_scale, query.device), scale_tensor(v_scale, query.device)
     paged_attention_kernel[(num_q_blocks, num_kv_heads, tiles.num_splits)](
         out, *partials, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
-        k_scale_t, v_scale_t, k_scale_t if sinks is None else sinks, float(scale), float(soft_cap or 1.0), num_seqs,
-        num_heads, int(sliding_window or 0),
+        k_scale_t, v_scale_t, k_scale_t if sinks is None else sinks,
+        k_scale_t if k_scales is None else k_scales, v_scale_t if v_scales is None else v_scales,
+        float(scale), float(soft_cap or 1.0), num_seqs, num_heads, int(sliding_window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        *k_cache.stride()[:3], *v_cache.stride()[:3], **constexprs, num_warps=tiles.num_warps)
+        *k_cache.stride()[:3], *v_cache.stride()[:3], *scale_strides(k_scales), *scale_strides(v_scales),
+        **constexprs, num_warps=tiles.num_warps)
     if tiles.num_splits > 1:
         reduce_splits_kernel[(num_tokens, num_heads)](
             out, *partials, v_scale_t, num_heads, out.stride(0), out.stride(1),
@@ -123,8 +132,10 @@ def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, quer
 
 def attention_constexprs(query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: int, num_kv_heads: int,
                          head_dim: int, block_size: int, tiles: AttentionTiles, use_window: bool,
-                         large_pool: bool = False, soft_cap: bool = False, sinks: bool = False) -> dict:
-    """Compile-time parameters of paged_attention_kernel (also used by kernels/compile_check.py)."""
+                         large_pool: bool = False, soft_cap: bool = False, sinks: bool = False,
+                         int_group: int = 1) -> dict:
+    """Compile-time parameters of paged_attention_kernel (also used by kernels/compile_check.py); `int_group`:
+    values per scale of an integer cache."""
     group = num_heads // num_kv_heads
     assert tiles.block_q * group <= tiles.block_m, f"{tiles} cannot hold a GQA group of {group}"
     return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # dot: K >= 16
@@ -132,7 +143,7 @@ def attention_constexprs(query_dtype: torch.dtype, cache_dtype: torch.dtype, num
                 NUM_SPLITS=tiles.num_splits, USE_WINDOW=use_window, SOFT_CAP=soft_cap, USE_SINKS=sinks,
                 FP8_FORMAT=fp8_format_code(cache_dtype),
                 IEEE=query_dtype == torch.float32, NUM_STAGES=tiles.num_stages,
-                LARGE_POOL=large_pool)
+                LARGE_POOL=large_pool, **int_kv_constexprs(cache_dtype, int_group))
 
 
 def reduce_constexprs(head_dim: int, num_splits: int) -> dict:

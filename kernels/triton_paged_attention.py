@@ -9,7 +9,8 @@ and sliding-window masks and an online softmax in fp32. With ``num_splits > 1`` 
 program is cut into equal pieces whose partial (max, sum, accumulator) go to scratch buffers that
 ``reduce_splits_kernel`` combines (flash-decoding, for batches too small to fill the GPU). FP8 caches
 are read as bytes and decoded in registers (kernels/triton_fp8.py); the per-tensor k_scale is folded
-into the softmax scale and v_scale is applied once to the output. Variants are constexpr flags, so the
+into the softmax scale and v_scale is applied once to the output. Integer caches (INT_BITS 8 or 4) read each value
+times its group's scale from the scale tensors (kernels/triton_kv_int.py); their per-tensor scales are 1. Variants are constexpr flags, so the
 plain kernel carries none of their code: USE_WINDOW (sliding window), SOFT_CAP (``cap * tanh(s / cap)``
 on the scaled scores, Gemma 2) and USE_SINKS (a learned per-head logit that starts split 0's running max
 and sum, so it joins the softmax denominator with no value, gpt-oss).
@@ -20,6 +21,7 @@ import triton
 import triton.language as tl
 
 from kernels.triton_fp8 import fp8_to_float
+from kernels.triton_kv_int import load_int_kv
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -63,10 +65,15 @@ def _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q: tl.
 
 
 @triton.jit
-def _load_kv(cache_ptr, offsets, mask, FP8_FORMAT: tl.constexpr, COMPUTE_DTYPE: tl.constexpr):
-    x = tl.load(cache_ptr + offsets, mask=mask, other=0)
-    if FP8_FORMAT != 0:
-        x = fp8_to_float(x, FP8_FORMAT)
+def _load_kv(cache_ptr, scales_ptr, rows, scale_rows, dims, mask, FP8_FORMAT: tl.constexpr,
+             COMPUTE_DTYPE: tl.constexpr, INT_BITS: tl.constexpr, INT_GROUP: tl.constexpr):
+    """The values at `rows + dims` (broadcast together) in the compute dtype."""
+    if INT_BITS != 0:
+        x = load_int_kv(cache_ptr, scales_ptr, rows, scale_rows, dims, mask, INT_BITS, INT_GROUP)
+    else:
+        x = tl.load(cache_ptr + rows + dims, mask=mask, other=0)
+        if FP8_FORMAT != 0:
+            x = fp8_to_float(x, FP8_FORMAT)
     return x.to(COMPUTE_DTYPE)
 
 
@@ -91,13 +98,15 @@ def _dot(a, b, IEEE: tl.constexpr):
 def paged_attention_kernel(
         out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
         query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-        k_scale_ptr, v_scale_ptr, sinks_ptr, softmax_scale, soft_cap, num_seqs, num_heads, sliding_window,
-        stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_seq,
+        k_scale_ptr, v_scale_ptr, sinks_ptr, k_scales_ptr, v_scales_ptr, softmax_scale, soft_cap, num_seqs, num_heads,
+        sliding_window, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_seq,
         stride_kc_block, stride_kc_tok, stride_kc_head, stride_vc_block, stride_vc_tok, stride_vc_head,
+        stride_ks_block, stride_ks_tok, stride_ks_head, stride_vs_block, stride_vs_tok, stride_vs_head,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, FP8_FORMAT: tl.constexpr,
-        IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, LARGE_POOL: tl.constexpr):
+        IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, LARGE_POOL: tl.constexpr, INT_BITS: tl.constexpr,
+        INT_GROUP: tl.constexpr):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -148,8 +157,10 @@ def paged_attention_kernel(
         if LARGE_POOL:  # int32 offsets need fewer registers; pools of 2^31+ elements need int64
             block_id = block_id.to(tl.int64)
         k_offsets = block_id * stride_kc_block + (pos % BLOCK_SIZE) * stride_kc_tok + kv_head * stride_kc_head
-        k = _load_kv(k_cache_ptr, k_offsets[None, :] + dims[:, None], in_range[None, :] & dim_valid[:, None],
-                     FP8_FORMAT, query_ptr.dtype.element_ty)
+        ks_offsets = block_id * stride_ks_block + (pos % BLOCK_SIZE) * stride_ks_tok + kv_head * stride_ks_head
+        k = _load_kv(k_cache_ptr, k_scales_ptr, k_offsets[None, :], ks_offsets[None, :], dims[:, None],
+                     in_range[None, :] & dim_valid[:, None], FP8_FORMAT, query_ptr.dtype.element_ty, INT_BITS,
+                     INT_GROUP)
         scores = _dot(q, k, IEEE) * qk_scale
         if SOFT_CAP:
             scores = _tanh(scores) * cap_scale
@@ -163,8 +174,10 @@ def paged_attention_kernel(
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         v_offsets = block_id * stride_vc_block + (pos % BLOCK_SIZE) * stride_vc_tok + kv_head * stride_vc_head
-        v = _load_kv(v_cache_ptr, v_offsets[:, None] + dims[None, :], in_range[:, None] & dim_valid[None, :],
-                     FP8_FORMAT, query_ptr.dtype.element_ty)
+        vs_offsets = block_id * stride_vs_block + (pos % BLOCK_SIZE) * stride_vs_tok + kv_head * stride_vs_head
+        v = _load_kv(v_cache_ptr, v_scales_ptr, v_offsets[:, None], vs_offsets[:, None], dims[None, :],
+                     in_range[:, None] & dim_valid[None, :], FP8_FORMAT, query_ptr.dtype.element_ty, INT_BITS,
+                     INT_GROUP)
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE)
         m_i = m_new
 

@@ -119,17 +119,18 @@ def session(llm: LLM, others: list[list[int]]) -> tuple[list[list[int]], int]:
     return outs + [second.outputs[0].token_ids], second.num_cached_tokens
 
 
-CASES = {  # arch: (device blocks, the other prompts): a pool too small for the context and another prompt
-    "llama": (10, OTHERS[:1]),
-    "gemma3": (16, OTHERS[:1]),  # a full group and two 8-token window groups share the pool
-    "qwen3_5": (10, OTHERS),  # two others push the context's state snapshots out to the tier too
+CASES = {  # case: (arch, device blocks, the other prompts, engine flags): a pool too small for context and other
+    "llama": ("llama", 10, OTHERS[:1], {}),
+    "gemma3": ("gemma3", 16, OTHERS[:1], {}),  # a full group and two 8-token window groups share the pool
+    "qwen3_5": ("qwen3_5", 10, OTHERS, {}),  # two others push the context's state snapshots out to the tier too
+    "llama-int4": ("llama", 10, OTHERS[:1], {"kv_cache_dtype": "int4"}),  # the scales travel with the values
 }
 
 
-@pytest.mark.parametrize("arch", list(CASES))
-def test_greedy_ids_identical_with_the_tier_on_and_off(tiny_model_dir, arch):
-    blocks, others = CASES[arch]
-    engine = dict(device="cpu", num_gpu_blocks_override=blocks, max_num_seqs=2, max_num_batched_tokens=32)
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_ids_identical_with_the_tier_on_and_off(tiny_model_dir, case):
+    arch, blocks, others, flags = CASES[case]
+    engine = dict(device="cpu", num_gpu_blocks_override=blocks, max_num_seqs=2, max_num_batched_tokens=32, **flags)
     path = tiny_model_dir(arch)
     off, cached_off = session(LLM(str(path), **engine), others)
     llm = LLM(str(path), kv_offloading_size=0.01, **engine)

@@ -251,7 +251,11 @@ class EngineConfig:
             check_folder_quantization(self.model, self.quantization)
         if self.speculative_config is not None:
             from engine.config.speculative import parse_speculative_config  # torch-free
-            parse_speculative_config(self.speculative_config)
+            spec = parse_speculative_config(self.speculative_config)
+            if spec.method != "ngram" and self.kv_cache_dtype in ("int8", "int4"):
+                raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype} with a draft model or MTP head is not "
+                                 "supported yet (their KV caches have no integer format); use n-gram speculation, "
+                                 "or --kv-cache-dtype auto or fp8")
         if self.kv_offloading_size and not self.enable_prefix_caching:
             raise ValueError("--kv-offloading-size keeps prefix-cache blocks in CPU RAM, but prefix caching is off "
                              "(--no-enable-prefix-caching); turn it on or leave --kv-offloading-size out")

@@ -72,12 +72,17 @@ class PagedAttention(nn.Module):
                              f"({total},) (one per query head)")
         param.data.copy_(loaded[start:start + self.num_heads])
 
-    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float = 1.0,
-                   v_scale: float = 1.0) -> None:
+    def bind_cache(self, k_cache: torch.Tensor, v_cache: torch.Tensor, k_scale: float | torch.Tensor = 1.0,
+                   v_scale: float | torch.Tensor = 1.0) -> None:
         """Per-tensor FP8 scales live on the device as 1-element tensors: kernels read them without a host
         sync and CUDA graphs capture them. 1.0 by default (FP8's relative precision does not depend on a
-        scale; it only matters for values beyond ±448, which K/V activations do not reach)."""
+        scale; it only matters for values beyond ±448, which K/V activations do not reach). An integer cache
+        (int8, packed int4) passes its scale tensors ``[num_blocks, block_size, num_kv_heads, head_dim / group]``
+        instead: the KV write fills them with the values, every read multiplies by them."""
         self.k_cache, self.v_cache = k_cache, v_cache
+        if isinstance(k_scale, torch.Tensor):
+            self.k_scale, self.v_scale = k_scale, v_scale
+            return
         self.k_scale = torch.full((1,), k_scale, dtype=torch.float32, device=k_cache.device)
         self.v_scale = torch.full((1,), v_scale, dtype=torch.float32, device=k_cache.device)
 

@@ -2,7 +2,9 @@
 
 The KV cache is one tensor of `[num_slots, 2, num_blocks, block_size, kv_heads, head_dim]`: one cache slot per
 layer that keeps its own K/V (engine/kv/kv_cache_interface.py), each layer viewing its slot's pages its way and
-reading them through its group's block table. A hybrid model's linear-attention layers also get per-layer conv
+reading them through its group's block table. An integer KV cache (int8; int4 as uint8, head_dim / 2 bytes) has a
+second tensor beside it, `kv_scales` `[num_slots, 2, num_blocks, block_size, kv_heads * head_dim / group]` in fp32,
+viewed per layer like the pages and copied with them. A hybrid model's linear-attention layers also get per-layer conv
 and recurrent states, one slot per sequence, read and written in place through the sequences' slot indices.
 Before each forward the step's in-place edits land here, in order: copy-on-write block copies, the previous
 verify step's accepted tokens replayed into their state slots, then state copies (forks, prefix-cache
@@ -13,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from engine.kv.kv_cache_interface import KVCacheLayout
+from engine.platform.devices import INTEGER_KV
 from engine.platform.host_copies import to_device
 from engine.spec_decode.state_rollback import StateReplay
 
@@ -22,18 +25,28 @@ class KVPools:
                  block_size: int) -> None:
         self.model, self.layout, self.device, self.dtype, self.block_size = model, layout, device, dtype, block_size
         self.kv_cache: torch.Tensor | None = None
+        self.kv_scales: torch.Tensor | None = None  # an integer KV cache's scales
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         """One tensor per cache slot; without sliding windows that is one slot per layer and a single group."""
         attn = self.model.attention_layers()
         layout = self.layout
-        shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
+        per_byte = 2 if kv_dtype == torch.uint8 else 1  # int4: two values a byte
+        width = attn[0].num_kv_heads * attn[0].head_dim
+        shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim // per_byte)
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
+        self.kv_scales = None
+        quant = INTEGER_KV.get(kv_dtype)
+        if quant is not None:  # the layout's group: per head of the narrowest layer (int8), 32 values (int4)
+            group = quant.resolved(min(layer.head_dim for layer in attn)).group
+            self.kv_scales = torch.zeros((*shape[:4], width // group), dtype=torch.float32, device=self.device)
         for layer, slot, group in zip(attn, layout.layer_slots, layout.layer_groups):
             # Layers may differ in heads x head_dim (Gemma 4), never in page size: each views its slot its way.
-            page = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim)
-            layer.bind_cache(self.kv_cache[slot, 0].view(page), self.kv_cache[slot, 1].view(page))
+            page = (num_blocks, self.block_size, layer.num_kv_heads, layer.head_dim // per_byte)
+            scales = () if self.kv_scales is None else \
+                tuple(self.kv_scales[slot, i].view(num_blocks, self.block_size, layer.num_kv_heads, -1) for i in (0, 1))
+            layer.bind_cache(self.kv_cache[slot, 0].view(page), self.kv_cache[slot, 1].view(page), *scales)
             layer.kv_group = group
 
     def allocate_state_cache(self, num_slots: int, padding_slot: bool = False) -> None:
@@ -59,21 +72,22 @@ class KVPools:
 
     def release_kv_cache(self) -> None:
         """Drop the cache (the profiling run's temporary one); layers then skip attention until rebound."""
-        self.kv_cache = None
+        self.kv_cache = self.kv_scales = None
         for layer in self.model.attention_layers():
             layer.bind_cache(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
 
     def block_tensors(self) -> list[torch.Tensor]:
         """Every tensor indexed by block id at dim 2 (`[num_slots, 2, num_blocks, ...]`): what a block's copy moves."""
-        return [] if self.kv_cache is None else [self.kv_cache]
+        return [t for t in (self.kv_cache, self.kv_scales) if t is not None]
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         """Copy-on-write: each (src, dst) block's pages in every cache slot."""
         if copies and self.kv_cache is not None:
             pairs = to_device(torch.tensor(copies, dtype=torch.long), self.device)
             src, dst = pairs[:, 0], pairs[:, 1]
-            cache = self.kv_cache.view(torch.uint8) if self.kv_cache.element_size() == 1 else self.kv_cache
-            cache[:, :, dst] = cache[:, :, src]
+            for tensor in self.block_tensors():  # the pages and an integer cache's scales
+                cache = tensor.view(torch.uint8) if tensor.element_size() == 1 else tensor
+                cache[:, :, dst] = cache[:, :, src]
 
     def replay_verified(self, replay: StateReplay | None) -> None:
         """The previous verify step's accepted tokens folded into their state slots (before any state copy
@@ -108,4 +122,4 @@ class KVPools:
     def kv_cache_bytes(self) -> int:
         """The paged KV cache and a hybrid model's state pool."""
         states = sum(t.numel() * t.element_size() for pair in self.state_cache for t in pair)
-        return states + (0 if self.kv_cache is None else self.kv_cache.numel() * self.kv_cache.element_size())
+        return states + sum(t.numel() * t.element_size() for t in self.block_tensors())

@@ -141,4 +141,4 @@ def _default(name: str) -> Any:
 def wants_router(model_args: list[str], args: dict[str, Any]) -> bool:
     """More than one model or replica, or a router feature: the router; else today's single engine."""
     return (len(model_args) > 1 or (args.get("data_parallel_size") or 1) > 1
-            or any(args.get(f.name) is not None for f in ROUTER_FLAGS))
+            or any(args.get(f.name) not in (None, f.default) for f in ROUTER_FLAGS))
