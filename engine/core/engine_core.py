@@ -8,7 +8,9 @@ tokens to the output processor (append, stop rules, RequestOutputs) and what tha
 `Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
 GUI. With the prefix cache's CPU-RAM tier it owns the tier's connector (engine/kv/offload/), tells it which copy
 batches the runner has finished before each schedule, and hands each step's copies to the runner (with the forward,
-or alone when the step runs none). Not thread-safe: one caller.
+or alone when the step runs none). Sleep mode (`sleep`, `wake_up`, vLLM's levels) preempts every sequence, stores
+what the tier can keep and has the runner free the device; requests that arrive meanwhile wait until it wakes.
+Not thread-safe: one caller.
 """
 from __future__ import annotations
 
@@ -77,6 +79,7 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.compiling: list[tuple[Sequence, Future]] = []  # requests whose grammar is still compiling
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.sleep_level = 0  # sleep mode: 0 awake, else the level it sleeps at
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
                                       self.model_config.max_model_len, self.stats, self.faults,
@@ -205,6 +208,8 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         self._admit_compiled()
+        if self.sleep_level:  # requests wait until the engine wakes (vLLM's behaviour)
+            return []
         if self.kv.offload is not None:
             self.kv.offload.complete(self.runner.kv_transfers_done())
         if self.spec is not None:
@@ -240,6 +245,46 @@ class EngineCore:
             if output.finished:
                 self.requests.pop(output.request_id, None)
         return outputs + self._end_failed()
+
+    # ---- sleep mode ----------------------------------------------------------------------------------------------
+
+    def sleep(self, level: int = 1) -> dict[str, int]:
+        """Free the device (vLLM's levels: 1 keeps the weights in host RAM, 2 drops them and reloads them on wake;
+        both drop the KV cache). Every sequence is preempted (recomputed after wake, its prefix from the CPU-RAM tier
+        when there is one: what it holds survives, and the freed blocks are stored to it first). Returns the device
+        bytes freed on rank 0, by kind; a sleeping engine sleeps on."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (weights to CPU RAM) or 2 (weights dropped), got {level}")
+        if self.sleep_level:
+            return {"kv_cache_bytes": 0, "weights_bytes": 0}
+        offload = self.kv.offload
+        if offload is not None:  # copies in flight run first: their sequences then hold computed blocks
+            self.runner.wait_kv_transfers(offload.next_batch - 1, None)
+            offload.complete(self.runner.kv_transfers_done())
+        self.scheduler.release_all()
+        self.kv.drop_device_cache()
+        if offload is not None:
+            stores = offload.take(forward=False)
+            if stores is not None:
+                self.runner.transfer_kv(stores)  # the runner waits for them before it drops the pool
+        freed = self.runner.sleep(level)
+        self.sleep_level = level
+        logger.info("sleeping at level %d: %.2f GiB of KV cache and %.2f GiB of weights freed on the device", level,
+                    freed["kv_cache_bytes"] / 2**30, freed["weights_bytes"] / 2**30)
+        return freed
+
+    def wake_up(self) -> None:
+        """Back to serving: weights on the device (reloaded after level 2), an empty KV cache; waiting requests
+        run from the next step."""
+        if not self.sleep_level:
+            return
+        self.runner.wake_up()
+        self.sleep_level = 0
+        logger.info("awake")
+
+    @property
+    def is_sleeping(self) -> bool:
+        return bool(self.sleep_level)
 
     @property
     def loading_kv(self) -> bool:
@@ -352,6 +397,7 @@ class EngineCore:
         s.kv_cache_usage = pool.usage()
         s.prefix_cache_queries, s.prefix_cache_hits = self.kv.prefix_queries, self.kv.prefix_hits
         s.num_preemptions = self.scheduler.num_preemptions
+        s.sleep_level = self.sleep_level
         if self.spec is not None:  # a copy made on the engine thread: readers on other threads see one instant
             s.spec_decode = self.spec.stats.as_dict()
         s.expert_load = self.runner.expert_load_totals()  # a fresh dict too; between steps, so no stall

@@ -93,6 +93,7 @@ class EngineStats:
     expert_load: dict | None = None
     # The prefix cache's CPU-RAM tier since start (TierStats.as_dict, engine/kv/offload/connector.py); None without.
     kv_offload: dict | None = None
+    sleep_level: int = 0  # sleep mode: 0 awake, 1 weights in host RAM, 2 weights dropped (KV cache dropped either way)
     extra: dict = field(default_factory=dict)
 
 

@@ -153,7 +153,7 @@ class Scheduler:
     def _finish_loads(self) -> None:
         """Loading sequences whose copies have run go back to the head of the queue (their blocks now findable, the
         coming forward fenced on their batch on every rank); aborted ones give their blocks back."""
-        done = self.kv.offload.completed
+        done = self.kv.offload.completed if self.kv.offload is not None else 0
         ready = [s for s in self.loading if s.kv_load_batch <= done]
         if not ready:
             return
@@ -309,6 +309,19 @@ class Scheduler:
         else:
             self.waiting.appendleft(seq)
         self.num_preemptions += 1
+
+    def release_all(self) -> None:
+        """Every sequence gives its blocks back and waits (sleep mode drops the KV cache): running ones are
+        preempted in order to the head of the queue, loading ones join them (the caller waited for their copies,
+        so `_finish_loads` takes them all), and waiting ones holding blocks free them."""
+        self._finish_loads()
+        assert not self.loading, "release_all waits for the tier's copies first"
+        for seq in reversed(self.running):
+            self._preempt(seq)
+        self.running = []
+        for seq in self.waiting:
+            if seq.block_table:
+                self.kv.free(seq)
 
     def _preempt_paused(self, out: SchedulerOutput) -> bool:
         """Free the latest-admitted paused running sequence (its caller is not reading) for a waiting one;

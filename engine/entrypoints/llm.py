@@ -33,6 +33,14 @@ class LLM:
     def get_tokenizer(self):
         return self.engine.tokenizer
 
+    def sleep(self, level: int = 1) -> dict[str, int]:
+        """Free the device between bursts of work (vLLM's levels): 1 keeps the weights in host RAM, 2 drops them;
+        the KV cache goes either way. Returns the device bytes freed, by kind."""
+        return self.engine.sleep(level)
+
+    def wake_up(self) -> None:
+        self.engine.wake_up()
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = True) -> list[RequestOutput]:

@@ -52,7 +52,8 @@ STOP_GRACE_S = 5.0
 ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
             "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
             "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs",
-            "allocate_kv_offload": "allocating its CPU-RAM KV tier", "transfer_kv": "copying KV to or from the tier"}
+            "allocate_kv_offload": "allocating its CPU-RAM KV tier", "transfer_kv": "copying KV to or from the tier",
+            "sleep": "going to sleep", "wake_up": "waking up"}
 
 
 def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
@@ -157,6 +158,12 @@ class TensorParallelExecutor:
 
     def wait_kv_transfers(self, batch: int, timeout: float) -> bool:
         return self.runner.wait_kv_transfers(batch, timeout)
+
+    def sleep(self, level: int) -> dict[str, int]:
+        return self._run_everywhere("sleep", level)[0]  # rank 0's bytes; every rank frees its own shard
+
+    def wake_up(self) -> None:
+        self._run_everywhere("wake_up")  # every rank captures its graphs again: their all-reduces pair up
 
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)

@@ -292,6 +292,20 @@ class KVCacheManager:
         return (f"{total} tokens need {need} KV blocks of {self.block_size} tokens ({' + '.join(parts)}), "
                 f"more than the pool's {self.pool.num_blocks}")
 
+    def drop_device_cache(self) -> None:
+        """The device pool's bytes are about to go (sleep mode), every block free: its prefix hashes are forgotten,
+        its state snapshots stored to the CPU-RAM tier (when there is one, which keeps its blocks) and their slots
+        freed, and pending copies dropped."""
+        assert self.pool.num_free_blocks == self.pool.num_blocks, "every sequence must free its blocks first"
+        for key, slot in self.snapshots.items():
+            if self.offload is not None:
+                self.offload.store_state(key, slot)
+            self.state.pool.free(slot)
+        self.snapshots.clear()
+        self.pending_copies.clear()
+        self.pending_state_copies.clear()
+        self.pool.reset_prefix_cache()
+
     def take_copies(self) -> list[tuple[int, int]]:
         copies, self.pending_copies = self.pending_copies, []
         return copies

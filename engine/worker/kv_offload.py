@@ -138,22 +138,35 @@ class HostKVTier:
         self.pools, self.device = pools, device
         pin = device.type == "cuda"
         # (device tensor with the block index at dim 2, host tensor with the slot first): the pages and any scales.
-        # Uninitialised: a slot is only read after a store wrote it (and zeroing tens of GiB takes seconds).
-        self.pages = [(t, torch.empty((num_blocks, *t.shape[:2], *t.shape[3:]), dtype=t.dtype, pin_memory=pin))
-                      for t in pools.block_tensors()]
-        self.states = [(t, torch.empty((num_state_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin))
-                       for pair in pools.state_cache for t in pair] if num_state_slots else []
-        self.block_bytes = sum(host[0].numel() * host.element_size() for _, host in self.pages)
+        # Uninitialised: a slot is only read after a store wrote it (and zeroing tens of GiB takes seconds). Only the
+        # host side is kept: the device tensors are the pools' at copy time (sleep mode allocates them anew).
+        self.host_pages = [torch.empty((num_blocks, *t.shape[:2], *t.shape[3:]), dtype=t.dtype, pin_memory=pin)
+                           for t in pools.block_tensors()]
+        self.host_states = [torch.empty((num_state_slots, *t.shape[1:]), dtype=t.dtype, pin_memory=pin)
+                            for pair in pools.state_cache for t in pair] if num_state_slots else []
+        self.block_bytes = sum(host[0].numel() * host.element_size() for host in self.host_pages)
+        self.last_batch = 0  # the last batch submitted
         self.queue = StreamCopyQueue(device) if device.type == "cuda" else ThreadCopyQueue()
         weakref.finalize(self, self.queue.close)
 
     def host_bytes(self) -> int:
-        return sum(host.numel() * host.element_size() for _, host in self.pages + self.states)
+        return sum(host.numel() * host.element_size() for host in self.host_pages + self.host_states)
+
+    @property
+    def pages(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(device tensor with the block index at dim 2, host tensor with the slot first): the pages, any scales."""
+        return list(zip(self.pools.block_tensors(), self.host_pages))
+
+    @property
+    def states(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(device, host) state tensors of every linear-attention layer: conv, then recurrent, layer by layer."""
+        return list(zip([t for pair in self.pools.state_cache for t in pair], self.host_states))
 
     def submit(self, transfers: KVTransfers) -> None:
         """Queue the batch's copies, then make the coming forward wait for its fence."""
         if transfers.has_copies:
             self.queue.submit(transfers.batch, lambda: self.copy(transfers))
+            self.last_batch = transfers.batch
         if transfers.fence:
             self.queue.fence(transfers.fence)
 
@@ -163,23 +176,29 @@ class HostKVTier:
     def wait(self, batch: int, timeout: float | None = None) -> bool:
         return self.queue.wait(batch, timeout)
 
+    def drain(self) -> None:
+        """Wait for every batch submitted so far (sleep mode: nothing may read or write the pool after)."""
+        self.queue.wait(self.last_batch)
+
     def copy(self, transfers: KVTransfers) -> None:
         """One batch, on the copy queue: stores before loads (a load may read a slot this batch stores)."""
         if transfers.stores:
             self._store_blocks(*zip(*transfers.stores))
+        states = self.states if transfers.state_stores or transfers.state_loads else []
         for src, dst in transfers.state_stores:
-            for device_state, host_state in self.states:
+            for device_state, host_state in states:
                 host_state[dst].copy_(device_state[src], non_blocking=True)
         if transfers.loads:
             self._load_blocks(*zip(*transfers.loads))
         for src, dst in transfers.state_loads:
-            for device_state, host_state in self.states:
+            for device_state, host_state in states:
                 device_state[dst].copy_(host_state[src], non_blocking=True)
 
     def _store_blocks(self, blocks: tuple[int, ...], slots: tuple[int, ...]) -> None:
+        pages = self.pages
         for lo, hi in self._chunks(len(blocks)):
             index = to_device(torch.tensor(blocks[lo:hi]), self.device)
-            for device_pages, host_pages in self.pages:
+            for device_pages, host_pages in pages:
                 gathered = device_pages.index_select(2, index).movedim(2, 0)  # [n, num_slots, 2, ...]
                 if self.device.type == "cpu":
                     host_pages.index_copy_(0, torch.tensor(slots[lo:hi]), gathered)
@@ -189,9 +208,10 @@ class HostKVTier:
                     host_pages[slot:slot + end - start].copy_(gathered[start:end], non_blocking=True)
 
     def _load_blocks(self, slots: tuple[int, ...], blocks: tuple[int, ...]) -> None:
+        pages = self.pages
         for lo, hi in self._chunks(len(blocks)):
             index = to_device(torch.tensor(blocks[lo:hi]), self.device)
-            for device_pages, host_pages in self.pages:
+            for device_pages, host_pages in pages:
                 if self.device.type == "cpu":
                     staged = host_pages.index_select(0, torch.tensor(slots[lo:hi]))
                 else:

@@ -65,6 +65,14 @@ class KVPools:
             layer.bind_state(conv, ssm)
             self.state_cache.append((conv, ssm))
 
+    def release_state_cache(self) -> None:
+        """Drop the state pool (sleep mode); `allocate_state_cache` makes it again, zeroed."""
+        if not self.state_cache:
+            return
+        self.state_cache = []
+        for layer in self.model.state_layers():
+            layer.bind_state(torch.empty(0, device=self.device), torch.empty(0, device=self.device))
+
     def reserve_verify_tokens(self, num_tokens: int) -> None:
         """Every linear-attention layer's verify scratch for `num_tokens` speculative verify tokens a step."""
         for layer in self.model.state_layers():

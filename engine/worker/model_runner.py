@@ -30,6 +30,7 @@ from engine.worker.input_prep import InputPreparer, logits_index
 from engine.kv.offload.transfers import KVTransfers
 from engine.worker.kv_cache_sizing import measure_memory
 from engine.worker.kv_offload import HostKVTier
+from engine.worker.sleep import SleepingWeights
 from engine.worker.kv_pools import KVPools
 from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch
@@ -78,11 +79,10 @@ class ModelRunner:
                 self.model = model_class(model_config.architecture)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
-        weights = iterate_weights(model_path, device="cpu")
+        self.model_path = model_path
         if model_config.pooler is not None:  # an embedding engine: no LM head (engine/sample/pooling.py)
             drop_lm_head(self.model)
-            weights = embedding_weights(weights, self.model)
-        self.model.load_weights(weights)
+        self.model.load_weights(self.checkpoint_weights())
         self.model.eval()
         # Routed tokens per (MoE layer, expert), on the device; every rank routes alike, rank 0 counts.
         self.expert_load = ExpertLoad.bind(self.model, device) if get_tp_rank() == 0 else None
@@ -98,6 +98,13 @@ class ModelRunner:
                                         padding_slot_bytes=self.pools.state_slot_bytes())
         self.sampler = DeviceSampler(self.model, model_config.vocab_size, device)
         self.offload: HostKVTier | None = None  # the prefix cache's CPU-RAM tier, once allocated
+        self.kv_allocation: tuple | None = None  # allocate_kv_cache's arguments, to allocate again after sleep
+        self.sleeping: SleepingWeights | None = None
+
+    def checkpoint_weights(self):
+        """The checkpoint's (name, tensor) pairs this model loads (an embedding engine's without the LM head)."""
+        weights = iterate_weights(self.model_path, device="cpu")
+        return weights if self.config.pooler is None else embedding_weights(weights, self.model)
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -143,6 +150,7 @@ class ModelRunner:
         if self.kv_layout.state is not None and num_state_slots:  # not the profiling run's temporary cache
             self.allocate_state_cache(num_state_slots)
         self.pools.allocate_kv_cache(num_blocks, kv_dtype)
+        self.kv_allocation = (num_blocks, kv_dtype, num_state_slots)
 
     def allocate_state_cache(self, num_slots: int) -> None:
         """The state pool; with decode graphs one more slot, `num_slots`, is the graphs' padding slot: padding
@@ -219,6 +227,34 @@ class ModelRunner:
         inputs = self.prepare(batch, block_copies, state_copies)
         inputs.kv_transfers = kv_transfers
         return self.run(inputs, sampling)
+
+    # ---- sleep mode ---------------------------------------------------------------------------------------------
+
+    def sleep(self, level: int) -> dict[str, int]:
+        """Give this rank's device memory back (engine/worker/sleep.py): level 1 keeps the weights in host RAM,
+        level 2 drops them; both drop the KV cache, the state pool and the CUDA graphs (the CPU-RAM tier's host
+        copies stay). Returns the bytes freed on the device, by kind."""
+        if self.offload is not None:
+            self.offload.drain()  # no copy may still read or write the pool
+        freed = {"kv_cache_bytes": self.kv_cache_bytes(), "weights_bytes": 0}
+        self.dispatch.release()
+        self.pools.release_kv_cache()
+        self.pools.release_state_cache()
+        self.sleeping = SleepingWeights(self.model, level, self.device)
+        if self.device.type == "cuda" or level == 2:
+            freed["weights_bytes"] = self.sleeping.device_bytes
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.empty_cache()
+        return freed
+
+    def wake_up(self) -> None:
+        """Weights back on the device (reloaded from the checkpoint after level 2), the KV cache and state pool
+        allocated again, empty, and the CUDA graphs captured again over them."""
+        self.sleeping.wake(lambda: self.model.load_weights(self.checkpoint_weights()))
+        self.sleeping = None
+        self.allocate_kv_cache(*self.kv_allocation)
+        self.dispatch.capture()
 
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 

@@ -97,6 +97,16 @@ class GraphDispatcher:
             warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
                             every_shape if get_tp_size() > 1 else None)
 
+    def release(self) -> None:
+        """Drop every captured graph and its memory pool (sleep mode: the weights and the KV cache they point at
+        leave the card); `capture` records them again over the new tensors."""
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None:
+                graphs.graphs.clear()
+                graphs.outputs.clear()
+        if self.piecewise is not None:
+            self.piecewise.captured.clear()
+
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
         total, tp = 0, get_tp_size()
