@@ -268,3 +268,33 @@ def test_response_directory_is_bounded_and_reads_ids_from_replies():
     assert directory.owner("resp_1") is None and directory.owner("resp_2") == dp1
     directory.forget("resp_2")
     assert directory.owner("resp_2") is None
+
+
+def test_generated_values_are_never_read_as_options(llama_dir, monkeypatch):
+    """A key from secrets.token_urlsafe starts with '-' one time in 64: it reaches the engine as `--api-key=KEY`
+    (argparse once read `--api-key -abc` as an unknown option and the engine exited 2), and so do the router's
+    other values and any flag value that starts with '-'."""
+    from engine.config.flags import flags_to_argv
+    from engine.entrypoints import router_engine
+    from engine.entrypoints.router.backend import EngineProcess
+    from engine.entrypoints.router.placement import ReplicaNeed, ReplicaPlacement
+    from engine.entrypoints.serving_process import ENGINE_API_KEY_ENV
+
+    parser = serve.build_parser()
+    seen = {}
+    monkeypatch.setattr(router_engine, "serve_main", lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setenv(ENGINE_API_KEY_ENV, "-abc_DEF")
+    router_engine.main(["--model", str(llama_dir), "--port", "1"])
+    models, rest = serve.split_model_flags(seen["argv"])
+    assert vars(parser.parse_args(rest))["api_key"] == "-abc_DEF" and models == [str(llama_dir)]
+
+    engine = EngineProcess(ModelSpec("-chat", "-models/m", {"tokenizer": "-tok"}), 0,
+                           ReplicaPlacement((HOST,), ReplicaNeed(0, 0, 0, 1)))
+    engine.port = 8123
+    models, rest = serve.split_model_flags(engine.argv()[3:])
+    from engine.distributed.parent_watch import split_parent_flag
+    parent, rest = split_parent_flag(rest)
+    args = vars(parser.parse_args(rest))
+    assert models == ["-models/m"] and parent is not None
+    assert (args["served_model_name"], args["tokenizer"], args["port"]) == ("-chat", "-tok", 8123)
+    assert vars(parser.parse_args(flags_to_argv({"api_key": "-k", "served_model_name": "-n"})))["api_key"] == "-k"

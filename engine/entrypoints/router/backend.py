@@ -32,6 +32,7 @@ log = logging.getLogger("pagedesk.router")
 ROOT = Path(__file__).resolve().parents[3]
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 10.0
+ENGINE_MODULE = "engine.entrypoints.router_engine"  # pagedesk-serve with its key from the environment
 
 
 class LoadFailed(Exception):
@@ -78,10 +79,10 @@ class EngineProcess:
         on_gpu = self.placement.cards != (HOST,)
         if on_gpu and flags.get("num_gpu_blocks_override") is None:
             flags["kv_cache_memory"] = round(self.placement.kv_cache_gib, 4)
-        # router_engine is pagedesk-serve taking its key from env(); the router names it and never imports it
-        return [sys.executable, "-m", "engine.entrypoints.router_engine", "--exit-with-parent", str(os.getpid()),
-                "--model", self.spec.path, "--served-model-name", self.spec.name, "--host", "127.0.0.1",
-                "--port", str(self.port), *flags_to_argv(flags)]
+        # Each value joined to its flag (`--flag=value`): a path or a name may start with '-'.
+        return [sys.executable, "-m", ENGINE_MODULE, f"--exit-with-parent={os.getpid()}", f"--model={self.spec.path}",
+                f"--served-model-name={self.spec.name}", "--host=127.0.0.1", f"--port={self.port}",
+                *flags_to_argv(flags)]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
