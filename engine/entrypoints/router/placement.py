@@ -3,8 +3,9 @@
 A card's budget is `--memory-budget` GiB, or what the engine itself would use (total × gpu_memory_utilization
 minus what other programs held at start); on CPU the host is one "card" whose budget is `--memory-budget` or
 the available RAM. A replica needs, per card, its weights, its activation peak and overhead (engine/planning/sizing.py,
-the planner's estimates; a speculative draft model or MTP head in its weights, verify graphs in its overhead)
-plus an absolute KV budget: the model's `kv-cache-memory` if given, else on CUDA the
+the planner's estimates; a speculative draft model or MTP head in its weights, verify graphs in its overhead;
+on a card the CUDA context, on the host each process's own baseline: the interpreter, torch and the server,
+measured by the manager from the engines it runs, CPU_PROCESS_BYTES until it has one) plus an absolute KV budget: the model's `kv-cache-memory` if given, else on CUDA the
 card's budget divided by `--max-loaded-models` (all of it when unset), capped at max_num_seqs full sequences,
 and on CPU the engine's own default. `place` picks cards for every replica of a model (replicas of one model
 on different cards where it can), evicting idle models least recently used first, or says in GiB what is
@@ -26,6 +27,9 @@ from engine.planning.sizing import GIB, MIB, estimate_activation_bytes, estimate
 from engine.config.speculative import parse_speculative_config
 
 CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context, cuBLAS workspace: memory no estimate of tensors counts
+# An engine process on the host before any tensor: Python, torch, transformers, the HTTP server (a tiny
+# model's engine holds about 550 MiB resident). The manager replaces it with what its engines measure.
+CPU_PROCESS_BYTES = 512 * MIB
 HOST = -1  # the "card" index of the host on CPU
 
 
@@ -153,8 +157,10 @@ def speculation_weights_bytes(config, cfg: ModelConfig, dtype_bytes: int, kv_dty
     return draft_footprint(draft, dtype_bytes, kv_dtype_bytes, config.block_size)[0]
 
 
-def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> ReplicaNeed:
-    """One replica's bytes per card, from the model's config.json and its flags (no weights read)."""
+def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
+                 process_bytes: int = CPU_PROCESS_BYTES) -> ReplicaNeed:
+    """One replica's bytes per card, from the model's config.json and its flags (no weights read);
+    `process_bytes`: one engine process's baseline on the host (each tensor-parallel rank is a process)."""
     config = spec.engine_config()
     on_gpu = card.index != HOST
     cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(config.max_model_len)
@@ -167,7 +173,7 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
         speculation_weights_bytes(config, cfg, dtype_bytes, kv_dtype_bytes)
     step_tokens = config.resolve_max_num_batched_tokens(cfg.max_model_len)
     activations = estimate_activation_bytes(cfg, step_tokens, dtype_bytes, tp, config.max_num_seqs)
-    overhead = 0
+    overhead = 0 if on_gpu else process_bytes * tp
     if on_gpu:
         k = getattr(parse_speculative_config(config.speculative_config), "num_speculative_tokens", 0)
         overhead = CUDA_CONTEXT_BYTES + (0 if config.enforce_eager else estimate_cuda_graph_bytes(
@@ -193,10 +199,10 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
     return ReplicaNeed(weights, activations, overhead, max(0, kv), tp)
 
 
-def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_models: int | None
-          ) -> tuple[list[ReplicaPlacement], list[str]]:
+def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_models: int | None,
+          process_bytes: int = CPU_PROCESS_BYTES) -> tuple[list[ReplicaPlacement], list[str]]:
     """Cards for each of the model's replicas and the idle models to unload first (LRU), or NoRoom saying
-    what is missing. `holders`: every loaded model but this one."""
+    what is missing. `holders`: every loaded model but this one; `process_bytes`: see replica_need."""
     evictable = sorted((h for h in holders if h.idle), key=lambda h: h.last_used)
     evict: list[str] = []
     loaded = len(holders)
@@ -204,15 +210,16 @@ def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_
         free = {c.index: c.budget_bytes - sum(h.held.get(c.index, 0) for h in holders if h.name not in evict)
                 for c in cards}
         over_count = max_loaded_models is not None and loaded - len(evict) >= max_loaded_models
-        placements = None if over_count else _fit(spec, cards, free, max_loaded_models)
+        placements = None if over_count else _fit(spec, cards, free, max_loaded_models, process_bytes)
         if placements is not None:
             return placements, evict
         if len(evict) == len(evictable):
-            raise NoRoom(_no_room_message(spec, cards, free, holders, evict, max_loaded_models, over_count))
+            raise NoRoom(_no_room_message(spec, cards, free, holders, evict, max_loaded_models, over_count,
+                                          process_bytes))
         evict.append(evictable[len(evict)].name)
 
 
-def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: int | None
+def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: int | None, process_bytes: int
          ) -> list[ReplicaPlacement] | None:
     """Every replica placed on the cards with the most room (replicas apart where possible), or None."""
     free = dict(free)
@@ -221,7 +228,7 @@ def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: i
     used: set[int] = set()
     cores = _core_groups(spec.data_parallel_size) if cards[0].index == HOST else None
     for replica in range(spec.data_parallel_size):
-        need = replica_need(spec, cards[0], max_loaded)
+        need = replica_need(spec, cards[0], max_loaded, process_bytes)
         tp = need.tensor_parallel_size
         if cards[0].index == HOST:
             chosen = [HOST] if free[HOST] >= need.total_bytes else None
@@ -253,13 +260,13 @@ def _core_groups(num_replicas: int) -> list[tuple[int, ...]] | None:
 
 
 def _no_room_message(spec: ModelSpec, cards: list[Card], free: dict[int, int], holders: list[Holder],
-                     evicted: list[str], max_loaded: int | None, over_count: bool) -> str:
+                     evicted: list[str], max_loaded: int | None, over_count: bool, process_bytes: int) -> str:
     busy = sorted(h.name for h in holders if not h.idle)
     busy_text = f"; busy, so not unloaded: {', '.join(busy)}" if busy else ""
     if over_count:
         return (f"cannot load {spec.name}: --max-loaded-models {max_loaded} models are loaded and none is idle"
                 f"{busy_text}; wait for them to finish or unload one (POST /v1/models/NAME/unload)")
-    need = replica_need(spec, cards[0], max_loaded)
+    need = replica_need(spec, cards[0], max_loaded, process_bytes)
     most = max(free.values())
     total_need = need.total_bytes * spec.data_parallel_size
     replicas = f" × {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else ""
