@@ -1,10 +1,11 @@
 """create_router_app: the public endpoint in front of the engines: the same middlewares, errors and routes.
 
-Auth (API key), the Host check and the body limit are the single-engine server's own middlewares
-(engine/entrypoints/openai/auth.py, hosts.py, limits.py), and errors have OpenAI's shape (errors.py). Routes:
+Auth (API key), the Host check and the body limits (size and JSON shape) are the single-engine server's own
+middlewares (engine/entrypoints/openai/auth.py, hosts.py, limits.py), and errors have OpenAI's shape (errors.py). Routes:
 GET /health (the router is up), GET /metrics (every engine's, merged with an `engine` label),
-GET /v1/models (every servable model: loaded or not, its context and quantization, its engines),
-POST /v1/models/{name}/load and /unload (guarded by the key like every /v1 route), and every other route
+GET /v1/models (every servable model: loaded or not, failed with its error, its context and quantization, its
+engines), POST /v1/models/{name}/load (a retry for a failed model too) and /unload (once the requests in flight
+are done, bounded; guarded by the key like every /v1 route), and every other route
 relayed to an engine of the model the request names: POSTs by the body's `model` (JIT-loading it), GETs
 (the engine-state routes) by `?model=NAME&engine=i`, to a model already loaded. /v1/embeddings goes by its
 body's model like any POST. Responses live in the engine that made them: GET and DELETE /v1/responses/{id} and a
