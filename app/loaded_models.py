@@ -5,7 +5,9 @@ router's fields) every few seconds and after each action, off the GUI thread: a 
 and hands rows back through a queued signal. `model_rows` turns the JSON into plain rows (tested without Qt
 widgets). Load and unload are `POST /v1/models/NAME/load|unload` with the endpoint's key; a load can take as
 long as the engine takes to start, so it runs on its own thread and the row says "loading" meanwhile.
-`models_listed` tells the Chat tab's picker which models there are and which are loaded. Under the list,
+`models_listed` tells the Chat tab's picker which models there are and which are loaded. A failed model
+(its folder cannot be served) is named with its error, and "Remove from served set" (`remove_requested`) drops
+it from the models served alongside. Under the list,
 the selected model's own log (app/model_logs.py sorts the router's output per model) and, when the main
 window adds it, the served-set settings (app/served_set_panel.py).
 """
@@ -63,7 +65,7 @@ def model_rows(payload: dict) -> list[ModelRow]:
         rows.append(ModelRow(str(m.get("id")), state, " | ".join(places),
                              sum(int(e.get("memory_bytes") or 0) for e in engines),
                              m.get("max_model_len"), m.get("quantization") or "none",
-                             errors[0] if errors else m.get("config_error", ""), "loaded" in m))
+                             errors[0] if errors else m.get("error") or m.get("config_error", ""), "loaded" in m))
     return rows
 
 
@@ -77,6 +79,7 @@ class _Relay(QObject):
 
 class LoadedModelsPanel(QWidget):
     models_listed = Signal(object)  # list[ModelRow]
+    remove_requested = Signal(str)  # a failed model's name: take it out of the served set
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -97,9 +100,11 @@ class LoadedModelsPanel(QWidget):
         self.load_button = QPushButton("Load", clicked=lambda: self.act("load"))
         self.unload_button = QPushButton("Unload", clicked=lambda: self.act("unload"))
         self.refresh_button = QPushButton("Refresh", clicked=self.refresh)
+        self.remove_button = QPushButton("Remove from served set", visible=False,
+                                         clicked=lambda: self.selected() and self.remove_requested.emit(self.selected()))
         self.status = QLabel(wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.unload_button, self.refresh_button):
+        for b in (self.load_button, self.unload_button, self.refresh_button, self.remove_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         self.logs = ModelLogs()
@@ -107,6 +112,7 @@ class LoadedModelsPanel(QWidget):
         self.log_view = QPlainTextEdit(readOnly=True, maximumBlockCount=MAX_LINES)
         self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.table.itemSelectionChanged.connect(self._show_log)
+        self.table.itemSelectionChanged.connect(self._offer_removal)
         layout = self.layout_ = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
         layout.addLayout(buttons)
@@ -193,6 +199,15 @@ class LoadedModelsPanel(QWidget):
         threading.Thread(target=post, name=f"models-{action}", daemon=True).start()
         self._show(self.rows)
 
+    def _offer_removal(self) -> None:
+        """A failed model, selected: say why it failed and offer to stop serving it."""
+        row = next((r for r in self.rows if r.name == self.selected()), None)
+        failed = row is not None and row.managed and row.state == "failed"
+        self.remove_button.setVisible(failed)
+        if failed:
+            self.status.setText(f"{row.name} failed: {row.error or 'no reason given'}. Fix its folder, or remove "
+                                "it from the served set.")
+
     def _on_failed(self, text: str) -> None:
         self.status.setText(text)
 
@@ -219,6 +234,7 @@ class LoadedModelsPanel(QWidget):
         managed = any(r.managed for r in self.rows)  # a one-engine server has no load/unload routes
         self.load_button.setEnabled(managed)
         self.unload_button.setEnabled(managed)
+        self._offer_removal()
         self.models_listed.emit(self.rows)
 
 
