@@ -114,6 +114,8 @@ async def relay(client: httpx.AsyncClient, request: Request, url: str, body: byt
         raise OpenAIError(503, f"the engine of {engine_label} is not reachable: {type(exc).__name__}: {exc}",
                           code="engine_dead") from None
     handle.sending, handle.upstream = None, upstream
+    if handle.reason is not None:  # cut between the headers' arrival and now: the reads below end at once
+        await upstream.aclose()
     out_headers = {k: upstream.headers[k] for k in KEPT_RESPONSE_HEADERS if k in upstream.headers}
     out_headers["x-pagedesk-engine"] = engine_label
     if upstream.headers.get("content-type", "").startswith("text/event-stream"):
