@@ -327,6 +327,9 @@ def test_json_shape_is_counted_without_parsing():
     # Braces, brackets, colons and escaped quotes inside strings are text, not structure.
     text = 'a:{[ \\" "x": ' * 20_000
     assert json_shape_problem(json.dumps({"prompt": text, "stop": ["]}:"]}).encode()) is None
+    spaced = json.dumps({"metadata": {f"k{i}": 1 for i in range(MAX_JSON_NODES)}}, separators=(",", " : "))
+    assert f"more than {MAX_JSON_NODES}" in json_shape_problem(spaced.encode())  # no '":' in it: scanned
+    assert json_shape_problem(json.dumps({"stop": [f":{i}" for i in range(MAX_JSON_NODES)]}).encode()) is None
     deep = b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1)
     assert f"deeper than {MAX_JSON_DEPTH}" in json_shape_problem(deep)
     assert json_shape_problem(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH) is None

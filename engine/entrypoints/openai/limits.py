@@ -5,10 +5,11 @@ A declared Content-Length over the size limit is refused before reading, a body 
 is read (chunked) as soon as it does: a 413. A body may then hold at most MAX_JSON_NODES objects, arrays and
 keys together and nest at most MAX_JSON_DEPTH deep, else it is a 400 naming the limit, before a JSON parser
 builds a single object: a 4 MiB body of 330k tiny keys once held the event loop for over a second (parsing,
-then validating), delaying every other client. The shape is read from the raw bytes: first C-speed upper
-bounds (the counts of '{', '[' and ':'), and only a body past them is scanned token by token (each string
-skipped by one regular expression), a large one in a worker thread of its own, where the scan, being Python,
-lets the event loop run every few milliseconds. What passes costs a bounded time to parse and validate; that
+then validating), delaying every other client. The shape is read from the raw bytes: first C-speed bounds
+(the counts of '{', '[' and ':' bound it from above; the '":' that end keys bound the keys from below, which
+refuses the usual flood of keys at once), and only a body between them is scanned token by token (each
+string skipped by one regular expression), a large one in a worker thread of its own, where the scan, being
+Python, lets the event loop run every few milliseconds. What passes costs a bounded time to parse and validate; that
 work stays on the event loop, since the C JSON parser and pydantic hold the interpreter lock and a thread
 would not free the loop while they run. Refusals have the route's error shape (Anthropic's under /v1/messages).
 """
@@ -38,6 +39,8 @@ def json_shape_problem(raw: bytes) -> str | None:
     opens = raw.count(b"{") + raw.count(b"[")
     if opens + raw.count(b":") <= MAX_JSON_NODES and opens <= MAX_JSON_DEPTH:
         return None  # upper bounds: the bytes inside strings are counted too
+    if _keys_at_least(raw) > MAX_JSON_NODES:
+        return _too_many_nodes()
     nodes = depth = 0
     for match in _TOKEN.finditer(raw):
         byte = raw[match.start()]
@@ -52,9 +55,19 @@ def json_shape_problem(raw: bytes) -> str | None:
             continue
         nodes += 1
         if nodes > MAX_JSON_NODES:
-            return (f"request body holds more than {MAX_JSON_NODES} JSON objects, arrays and keys (the limit); "
-                    "send fewer")
+            return _too_many_nodes()
     return None
+
+
+def _keys_at_least(raw: bytes) -> int:
+    """A lower bound on the keys: '":' whose quote ends a key. A quote inside a string is escaped (after a
+    backslash) and an opening quote follows '{', '[', ',', ':' or whitespace; a '":' after none of these ends a
+    key (a key that itself ends in one of them is missed: a bound from below)."""
+    return raw.count(b'":') - sum(raw.count(bytes([before]) + b'":') for before in b'\\{[,: \t\r\n')
+
+
+def _too_many_nodes() -> str:
+    return f"request body holds more than {MAX_JSON_NODES} JSON objects, arrays and keys (the limit); send fewer"
 
 
 class BodyLimitMiddleware:
