@@ -220,6 +220,8 @@ class MainWindow(QMainWindow):
         sup.progress.connect(self._on_progress)
         self.loaded_models.log_line.connect(sup.log)  # loads and unloads asked here go into the logs too
         self.served_panel.changed.connect(self._on_served_set_changed)
+        self.loaded_models.remove_requested.connect(
+            lambda name: self.served_panel.remove_named(name, self._served_model_name()))
         self.monitor.model_selected.connect(self._watch_model)
         sup.ready.connect(self._on_ready)
         sup.crashed.connect(self._on_crashed)

@@ -163,7 +163,9 @@ def flags_to_argv(values: dict[str, Any]) -> list[str]:
         if f.type is bool:
             argv.append(f.cli if value else "--no-" + f.cli[2:])
         else:  # a dict (speculative_config) travels as the JSON the flag takes
-            argv += [f.cli, json.dumps(value) if isinstance(value, dict) else str(value)]
+            text = json.dumps(value) if isinstance(value, dict) else str(value)
+            # argparse reads a separate value starting with '-' (a key, a name) as an option: join those
+            argv += [f"{f.cli}={text}"] if text.startswith("-") else [f.cli, text]
     return argv
 
 

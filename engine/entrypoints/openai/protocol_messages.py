@@ -59,7 +59,7 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(..., ge=1, lt=INT64_LIMIT)
     stop_sequences: Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: Annotated[bool, null_is(False)] = False
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=1)  # Anthropic's range
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, lt=INT64_LIMIT)
     metadata: dict[str, Any] | None = None

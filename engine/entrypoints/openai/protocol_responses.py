@@ -15,7 +15,8 @@ from pydantic import Field
 
 from engine.sample.sampling_params import INT64_LIMIT, MAX_STOP_STRINGS
 from engine.entrypoints.openai.errors import bad_request
-from engine.entrypoints.openai.protocol import StopText, StreamOptions, StructuredOutputsField, Text, _Request, null_is
+from engine.entrypoints.openai.protocol import (MAX_TEMPERATURE, Metadata, StopText, StreamOptions,
+                                               StructuredOutputsField, Text, _Request, null_is)
 
 
 class ReasoningConfig(_Request):
@@ -40,14 +41,14 @@ class ResponsesRequest(_Request):
     reasoning: ReasoningConfig | None = None
     max_output_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT)
     max_tool_calls: int | None = Field(None, ge=1, lt=INT64_LIMIT)
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0, le=1)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: Annotated[bool, null_is(False)] = False
     stream_options: StreamOptions | None = None
     store: bool | None = None  # default true: kept in the server's bounded in-memory store (responses_store.py)
     previous_response_id: Text | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None  # kept with a stored response: OpenAI's limits keep it small
     user: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None

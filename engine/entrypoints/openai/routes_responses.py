@@ -59,8 +59,8 @@ async def create_response(req: ResponsesRequest, request: Request,
         stored = ctx.responses.get(req.previous_response_id)
         if stored is None:
             raise bad_request(f"previous_response_id {req.previous_response_id!r} names no stored response: the "
-                              f"server keeps the last {ctx.responses.capacity} responses created without "
-                              "store=false, in memory, until it restarts", "previous_response_id")
+                              f"server keeps {ctx.responses.describe()} created without store=false, in memory, "
+                              "until it restarts", "previous_response_id")
         history = stored.conversation
     chat, conversation = to_chat_request(req, history)
     try:
@@ -126,8 +126,8 @@ async def _stream(req: ResponsesRequest, ctx: ServerContext, run: ChatRun,
 def _stored(ctx: ServerContext, response_id: str) -> StoredResponse:
     stored = ctx.responses.get(response_id)
     if stored is None:
-        raise OpenAIError(404, f"No response with id {response_id!r} is stored (the server keeps the last "
-                               f"{ctx.responses.capacity} in memory)", "response_id", "response_not_found")
+        raise OpenAIError(404, f"No response with id {response_id!r} is stored (the server keeps "
+                               f"{ctx.responses.describe()} in memory)", "response_id", "response_not_found")
     return stored
 
 
