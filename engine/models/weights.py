@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.layers.fused_moe.weights import expert_shard
+from engine.layers.linear import checkpoint_modules  # noqa: F401 - the families still import it from here
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import skipped_tensor
@@ -26,12 +27,6 @@ PACKED_QKV_GATE_UP = {
     "qkv_proj": (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v")),
     "gate_up_proj": (("gate_proj", 0), ("up_proj", 1)),
 }
-
-
-def checkpoint_modules(packed_modules_mapping: dict, stacked: str) -> tuple[str, ...]:
-    """The checkpoint's module names behind our stacked module: its parts, or itself when stored fused."""
-    parts = packed_modules_mapping.get(stacked)
-    return tuple(part for part, _ in parts) if parts else (stacked,)
 
 
 @dataclass(frozen=True)
