@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from engine.layers.fused_moe.weights import expert_shard
-from engine.layers.linear import checkpoint_modules  # noqa: F401 - the families still import it from here
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import skipped_tensor
