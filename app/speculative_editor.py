@@ -2,9 +2,10 @@
 
 The flag takes vLLM's JSON (engine/config/speculative.py); a user should not have to write it. This editor
 offers the methods by name — off, n-gram (prompt lookup), a draft model picked from the model library (or
-typed as a folder / hub repo id), or the MTP head that Qwen3.5/3.6 checkpoints carry — with the number of
-speculative tokens and, for n-gram, the longest lookup, and turns them into the JSON the engine parses (and
-back). It speaks the form's editor interface (`value`, `set_value`, `connect_changed`, `problem`, `row`), so
+typed as a folder / hub repo id), or the MTP head the model's checkpoint carries (Qwen3.5/3.6, Qwen3-Next: the
+families engine/models/registry.py declares one for; the capacity line says when the model has none) — with
+the number of speculative tokens and, for n-gram, the longest lookup, and turns them into the JSON the engine
+parses (and back). It speaks the form's editor interface (`value`, `set_value`, `connect_changed`, `problem`, `row`), so
 the form treats it like any flag's editor. Whether a draft fits the target (same vocabulary) is checked by
 the engine at start, which reports it by name.
 """
@@ -20,7 +21,7 @@ from engine.config.flags import Flag
 from engine.config.speculative import MAX_SPECULATIVE_TOKENS, parse_speculative_config
 
 OFF, NGRAM, DRAFT, MTP = "off", "ngram", "draft_model", "mtp"
-METHOD_LABELS = {OFF: "Off", NGRAM: "N-gram (prompt lookup)", DRAFT: "Draft model", MTP: "MTP head (Qwen3.5/3.6)"}
+METHOD_LABELS = {OFF: "Off", NGRAM: "N-gram (prompt lookup)", DRAFT: "Draft model", MTP: "MTP head (the model's own)"}
 DEFAULT_K = 3
 
 

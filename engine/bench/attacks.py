@@ -23,8 +23,8 @@ from pathlib import Path
 
 import httpx
 
+from engine.bench.random_model import make_random_llama
 from engine.bench.reliability import SMALL, _rss_mb, start_server
-from engine.bench.workload import make_random_llama
 
 CHAT = {"prompt": "w5 w6 w7", "max_tokens": 8}  # a completion: the random model has no chat template
 KILLERS = [("/v1/completions", {**CHAT, "top_k": 2**64}),

@@ -106,7 +106,8 @@ def cpu_throughput(num_prompts: int, max_model_len: int) -> None:
     import torch
 
     from engine import LLM, SamplingParams
-    from engine.bench.workload import make_random_model, sharegpt_like
+    from engine.bench.random_model import make_random_model
+    from engine.bench.workload import sharegpt_like
     from engine.config.model import ModelConfig
     requests = sharegpt_like(num_prompts, CPU_SHAPE["vocab_size"], max_model_len, 0, prompt_mean=64, output_mean=64)
     out_tokens = sum(r.output_len for r in requests)

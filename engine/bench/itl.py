@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.bench.random_model import make_random_llama
 from engine.bench.serve_dataset import synthetic_requests
 from engine.bench.serve_load import arrival_times
-from engine.bench.workload import make_random_llama
 
 
 CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}

@@ -10,7 +10,8 @@ import time
 from pathlib import Path
 from statistics import median
 
-from engine.bench.workload import make_random_llama, sharegpt_like
+from engine.bench.random_model import make_random_llama
+from engine.bench.workload import sharegpt_like
 
 SMALL = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=128)

@@ -1,6 +1,6 @@
 """`pagedesk-bench quant`: quantized vs float weights on CPU, and the planner's verdicts for 4-bit models.
 
-The bench Llama (engine/bench/workload.py) is written three ways — float32, GPTQ 4-bit group 128 (random
+The bench Llama (engine/bench/random_model.py) is written three ways — float32, GPTQ 4-bit group 128 (random
 codes, symmetric, v1 zero convention) and FP8 per-channel — and each serves the same ShareGPT-like
 requests. The GPTQ engine runs twice: as shipped (weights stay packed, each linear dequantizes its matrix on
 every call) and with every layer's dequantized matrix cached once (float memory again), to show what
@@ -21,7 +21,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from engine.bench.workload import make_random_llama, sharegpt_like
+from engine.bench.random_model import make_random_llama
+from engine.bench.workload import sharegpt_like
 
 AWQ_G128 = {"bits": 4, "group_size": 128, "modules_to_not_convert": None, "quant_method": "awq", "version": "gemm",
             "zero_point": True}

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from engine.bench.workload import make_random_llama
+from engine.bench.random_model import make_random_llama
 
 SMALL = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
              intermediate_size=256, vocab_size=2048, max_position_embeddings=2048)

@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         folder = args.model
         if folder is None:
-            from engine.bench.workload import make_random_llama
+            from engine.bench.random_model import make_random_llama
             folder = make_random_llama(Path(tmp) / "llama", hidden_size=256, num_hidden_layers=4,
                                        intermediate_size=768)
         (overhead if args.what == "overhead" else data_parallel)(folder, args)

@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 from engine.bench.mtp_heads import bigram_with_exact_head
-from engine.bench.workload import make_random_llama, make_random_model
+from engine.bench.random_model import make_random_llama, make_random_model
 
 
 def make_layer_skip_draft(target: Path, out: Path, num_layers: int) -> Path:

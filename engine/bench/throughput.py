@@ -16,7 +16,8 @@ from statistics import median
 
 import torch
 
-from engine.bench.workload import BenchRequest, make_random_llama, sharegpt_like
+from engine.bench.random_model import make_random_llama
+from engine.bench.workload import BenchRequest, sharegpt_like
 
 
 def run_engine(path: Path, requests: list[BenchRequest], max_model_len: int,

@@ -36,8 +36,7 @@ from engine.core.scheduler import ScheduledSeq, Scheduler
 from engine.core.sequence import Request, Sequence
 from engine.planning.sizing import verify_scratch_tokens
 from engine.config.speculative import parse_speculative_config
-from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
-                                        share_blocks_with_mtp)
+from engine.spec_decode.loading import check_proposer, check_rollback, load_proposer
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -66,10 +65,10 @@ class LLMEngine:
             backend = "triton" if self.device.type == "cuda" else "torch"
         torch.manual_seed(config.seed)
         self.spec_config = parse_speculative_config(config.speculative_config)
-        mtp_layers = check_mtp(self.spec_config, config, self.model_config, self.model_path)  # before any load
+        proposal = check_proposer(self.spec_config, config, self.model_config, self.model_path,
+                                  self.tokenizer)  # before anything loads
         if self.spec_config is not None:
             check_rollback(model_kv_layout(self.model_config, config.block_size))
-        draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
         # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
         self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
                                       config.block_size, backend, config.tensor_parallel_size)
@@ -86,16 +85,12 @@ class LLMEngine:
                 # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
                 verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
                 self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
-            self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
-            self.mtp = load_mtp(mtp_layers, self.runner, self.model_path, backend)
-            # The draft's KV shares the block ids: the budget covers both tensors.
+            proposer = load_proposer(self.spec_config, proposal, self.runner, self.model_path, backend)
+            # A draft model's or MTP head's KV shares the block ids: the budget covers both tensors.
             num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
-                                           self.max_num_batched_tokens, self.draft_runner)
-            if self.draft_runner is not None:
-                self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
-            if self.mtp is not None:  # the head's KV pages share the block ids too
-                num_blocks = share_blocks_with_mtp(num_blocks, config, self.model_config, self.mtp, kv_dtype)
-                self.mtp.allocate_kv_cache(num_blocks, kv_dtype)
+                                           self.max_num_batched_tokens, proposer)
+            if proposer is not None:
+                proposer.allocate_kv_cache(num_blocks, kv_dtype)
             state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
             snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
                                             config.enable_prefix_caching)
@@ -129,8 +124,7 @@ class LLMEngine:
         self.spec = None
         if self.spec_config is not None:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
-                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner,
-                                   self.mtp)
+                                   self.model_config.eos_token_ids, self.model_config.vocab_size, proposer)
             logger.info("speculative decoding: %s", self.spec_config.describe())
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
@@ -386,11 +380,11 @@ class LLMEngine:
                                self.kv_layout.group_names(), state)
 
     def memory_usage(self) -> dict[str, int]:
-        """The target's weights and caches, with a speculative draft model's or MTP head's beside them."""
+        """The target's weights and caches, with a speculative proposer's (a draft model's, an MTP head's) beside."""
         weights, kv = self.runner.weights_bytes(), self.runner.kv_cache_bytes()
-        for extra in (self.draft_runner, self.mtp):
-            if extra is not None:
-                weights, kv = weights + extra.weights_bytes(), kv + extra.kv_cache_bytes()
+        if self.spec is not None:
+            proposer = self.spec.proposer
+            weights, kv = weights + proposer.weights_bytes(), kv + proposer.kv_cache_bytes()
         return {"weights_bytes": weights, "kv_cache_bytes": kv}
 
     def check_health(self) -> None:

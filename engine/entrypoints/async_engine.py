@@ -31,6 +31,7 @@ from engine.config.flags import EngineConfig
 from engine.core.outputs import EngineStats, RequestOutput
 from engine.sample.sampling_params import SamplingParams
 from engine.core.step_watchdog import StepWatchdog, resolve_step_timeout
+from engine.entrypoints.exceptions import EngineDeadError, EngineNotReadyError, RequestFailedError, StreamIdleTimeout
 
 if TYPE_CHECKING:
     from engine.sample.pooling import PoolingParams
@@ -43,22 +44,6 @@ STATS_EVERY_S = 0.1
 # request is paused until it reads.
 MAX_UNREAD_OUTPUTS = 4
 RATE_WINDOW_S = 2.0
-
-
-class EngineNotReadyError(RuntimeError):
-    """The model is still loading."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine failed (at load or in a step) and serves nothing more."""
-
-
-class RequestFailedError(RuntimeError):
-    """The engine failed one request (its blocks are freed); it goes on serving the others."""
-
-
-class StreamIdleTimeout(RuntimeError):
-    """The caller left the request's output unread for --stream-idle-timeout seconds: it was aborted."""
 
 
 _ACCEPTED = object()  # handed to a request's stream once the engine took it

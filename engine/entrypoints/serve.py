@@ -25,17 +25,14 @@ import logging
 import os
 import resource
 import signal
-import socket
 import sys
 import threading
 import time
 
 from engine.config.flags import ROUTER_FLAGS, ROUTER_FLAGS_BY_NAME, EngineConfig, add_flags
+from engine.entrypoints.serving_process import (EXIT_CONFIG_ERROR, EXIT_ENGINE_DIED, EXIT_LOAD_FAILED, EXIT_OUT_OF_MEMORY,
+                                                bind_socket_or_say, stop_quietly)
 
-EXIT_CONFIG_ERROR = 2
-EXIT_OUT_OF_MEMORY = 3
-EXIT_LOAD_FAILED = 1
-EXIT_ENGINE_DIED = 4
 DEAD_GRACE_S = 2.0  # /health answers 503 this long before the process exits
 FD_MARGIN = 128  # file descriptors kept for model files, pipes and workers below the connection cap
 MAX_CONNECTIONS = 8192
@@ -128,35 +125,6 @@ def _watch(server, async_engine, config: EngineConfig, name: str, outcome: dict)
         print(outcome["message"], file=sys.stderr, flush=True)
         time.sleep(DEAD_GRACE_S)
         server.should_exit = True
-
-
-def _stop_quietly(signum: int, frame: object) -> None:
-    """Handler uvicorn restores and re-raises after its graceful shutdown: a requested stop exits 0."""
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the model loads; OSError (e.g. address in use) says why not."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(2048)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def bind_socket_or_say(host: str, port: int) -> socket.socket | None:
-    """bind_socket, or None after telling the user why the port cannot be had (a configuration error)."""
-    try:
-        return bind_socket(host, port)
-    except OSError as exc:
-        print(f"error: cannot serve on {host}:{port}: {exc.strerror or exc} (is the port in use? "
-              "choose another with --port)", file=sys.stderr, flush=True)
-        return None
 
 
 def raise_open_file_limit() -> int:
@@ -253,7 +221,7 @@ def serve(config: EngineConfig) -> int:
     async_engine.start()
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _stop_quietly) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, stop_quietly) for sig in (signal.SIGINT, signal.SIGTERM)}
     threading.Thread(target=_watch, args=(server, async_engine, config, name, outcome), daemon=True).start()
     try:
         server.run(sockets=[sock])

@@ -91,6 +91,11 @@ class FullVocab(nn.Module):
 
 
 class Qwen3NextMTP(nn.Module):
+    # What engine/spec_decode/loading.py asks of a head before building it: its tensors' prefix in the target's
+    # checkpoint, and how many layers the checkpoint holds (the families declaring it: engine/models/registry.py).
+    checkpoint_prefix = MTP_PREFIX
+    checkpoint_layers = staticmethod(mtp_num_layers)
+
     def __init__(self, cfg: ModelConfig, backend: str, target: nn.Module, num_layers: int = 1,
                  vocab: FullVocab | None = None) -> None:
         """`target`: the loaded Qwen3NextForCausalLM (or a Qwen3.5 one) whose embedding and LM head are shared;
@@ -150,9 +155,3 @@ class Qwen3NextMTP(nn.Module):
                                      f"({name}); only a float MTP head is supported")
                 yield name, tensor
         load_weights(self, checked(weights), packed_modules_mapping=PACKED_QKV_GATE_UP, mapper=MTP_MAPPER)
-
-
-# The families whose checkpoints carry this head (engine/models/registry.py names them).
-MTP_ARCHITECTURES = frozenset({
-    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration"})

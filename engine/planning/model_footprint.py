@@ -3,7 +3,7 @@
 Torch-free, like engine/planning/sizing.py, which plans with these: the layer matrices split across ranks (packed as
 the folder's quantization_config says, or at a planner's guessed bit width), embeddings and LM head
 vocab-split, norms and routers replicated, the float32 RoPE tables; a draft model's weights and KV page, and
-a Qwen3.5/3.6 or Qwen3-Next MTP head's, both on rank 0.
+an MTP head's (for the families engine/models/registry.py declares one for), both on rank 0.
 """
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import dataclasses
 
 from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import ModelConfig
+from engine.models.registry import mtp_head
 from engine.quantization.config import QuantConfig
 
 QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
@@ -89,12 +90,15 @@ def draft_footprint(draft: ModelConfig | None, dtype_bytes: int, kv_dtype_bytes:
 
 def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block_size: int,
                   tensor_parallel_size: int = 1) -> tuple[int, int]:
-    """A Qwen3.5/3.6 or Qwen3-Next MTP head's (weights bytes, KV bytes per block) on rank 0, the planner's estimate
-    of what engine/models/qwen3_next_mtp.py loads: per MTP layer one full-attention decoder layer (the target's
-    attention shape, layer 0's MLP or experts) and its KV page, plus `mtp.fc` (2h -> h) and three norms, all in
-    the float dtype (published checkpoints keep mtp.* unquantized). With one rank the embedding and LM head are
-    the target's; under tensor parallel the head runs whole on rank 0 with its own full copies of them
-    (2 × vocab × hidden, one copy when tied), since the target's are vocab shards."""
+    """The MTP head's (weights bytes, KV bytes per block) on rank 0; a ValueError naming speculative_config.method
+    when the family declares no head (engine/models/registry.mtp_head, the engine's own check). The planner's
+    estimate of what engine/models/qwen3_next_mtp.py (Qwen3.5/3.6, Qwen3-Next) loads: per MTP layer one
+    full-attention decoder layer (the target's attention shape, layer 0's MLP or experts) and its KV page, plus
+    `mtp.fc` (2h -> h) and three norms, all in the float dtype (published checkpoints keep mtp.* unquantized).
+    With one rank the embedding and LM head are the target's; under tensor parallel the head runs whole on rank 0
+    with its own full copies of them (2 × vocab × hidden, one copy when tied), since the target's are vocab
+    shards."""
+    mtp_head(cfg.architecture)
     text = cfg.hf_text_config
     layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers")) or 1)
     h = cfg.hidden_size

@@ -22,8 +22,8 @@ window plus one step's chunk. So "tokens that fit" is the longest single context
 "full-length sequences" divides the pool by one sequence's peak over all groups. `window_freeing=False`
 plans the same model as if no block were ever freed (every layer full attention), for comparison.
 
-Speculative decoding with a draft model adds the draft's weights (on rank 0's card: it runs there whole) and a
-page of the draft's KV at every block id (its cache is addressed by the target's block ids): the budget is
+Speculative decoding with a draft model or an MTP head adds its weights (on rank 0's card: it runs there whole)
+and a page of its KV at every block id (its cache is addressed by the target's block ids): the budget is
 shared in proportion, `blocks_with_draft`, for the engine and the planner alike.
 
 Hybrid models (Qwen3.5, Qwen3-Next: Gated DeltaNet layers beside full attention) hold a fixed-size state per
@@ -87,8 +87,9 @@ def kv_bytes_per_token(cfg: ModelConfig, kv_dtype_bytes: int, tp: int = 1, block
 
 
 def blocks_with_draft(num_blocks: int, target_bytes_per_block: int, draft_bytes_per_block: int) -> int:
-    """Blocks when every block id also holds a page of the draft model's KV: the pool sized for the target's
-    pages alone, shared between both caches in proportion to their bytes per block."""
+    """Blocks when every block id also holds a page of a speculative proposer's KV (a draft model's or an MTP
+    head's): the pool sized for the target's pages alone, shared between both caches in proportion to their
+    bytes per block."""
     if not draft_bytes_per_block:
         return num_blocks
     return num_blocks * target_bytes_per_block // (target_bytes_per_block + draft_bytes_per_block)
@@ -419,10 +420,12 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
              weights_bytes: int | None = None, max_num_batched_tokens: int = 8192,
              window_freeing: bool = True, enable_prefix_caching: bool = True,
              draft: ModelConfig | None = None, draft_weights_bytes: int | None = None,
-             num_speculative_tokens: int = 0, mtp: bool = False) -> CapacityPlan:
+             num_speculative_tokens: int = 0, mtp: bool = False,
+             draft_kv_bytes_per_block: int | None = None) -> CapacityPlan:
     """The CPU engine's pool: --kv-cache-memory bytes of blocks, capped at max_num_seqs full sequences, shared
-    with a `draft` model's KV when speculation uses one (`draft_weights_bytes`: measured, else estimated); a
-    hybrid model's verify scratch under speculation sits beside the weights, outside the KV budget."""
+    with the KV of a `draft` model or the `mtp` head when speculation uses one (estimated from the config; the
+    engine passes what its loaded proposer measures instead: `draft_weights_bytes`, `draft_kv_bytes_per_block`);
+    a hybrid model's verify scratch under speculation sits beside the weights, outside the KV budget."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = dtype_bytes if kv_cache_dtype == "auto" else DTYPE_BYTES[kv_cache_dtype]
     max_len = max_model_len or cfg.max_model_len
@@ -434,8 +437,10 @@ def plan_cpu(cfg: ModelConfig, kv_cache_gib: float, *, dtype: str = "float32", k
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds a hybrid's states too
     draft_weights, draft_per_block = mtp_footprint(cfg, dtype_bytes, kv_bytes, block_size) if mtp else \
         draft_footprint(draft, dtype_bytes, kv_bytes, block_size)
-    if draft_weights_bytes is not None and draft is not None:
+    if draft_weights_bytes is not None:
         draft_weights = draft_weights_bytes
+    if draft_kv_bytes_per_block is not None:
+        draft_per_block = draft_kv_bytes_per_block
     scratch = layout.verify_scratch_bytes(verify_scratch_tokens(max_num_seqs, num_speculative_tokens,
                                                                 max_num_batched_tokens))
     return CapacityPlan(budget, budget, weights + draft_weights + scratch, 0, layout.bytes_per_block // block_size,

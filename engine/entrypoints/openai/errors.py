@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
+from engine.entrypoints.exceptions import EngineDeadError, EngineNotReadyError, RequestFailedError, StreamIdleTimeout
 from engine.entrypoints.openai.sse import sse_event
 
 log = logging.getLogger("pagedesk.server")
@@ -73,9 +74,6 @@ def error_response_for(path: str, status: int, message: str, param: str | None =
 
 def engine_error(exc: BaseException) -> OpenAIError:
     """Map what the engine raised to the error the client sees."""
-    from engine.entrypoints.async_engine import (  # here: the router imports this torch-free
-        EngineDeadError, EngineNotReadyError, RequestFailedError, StreamIdleTimeout)
-
     if isinstance(exc, OpenAIError):
         return exc
     if isinstance(exc, ValueError):

@@ -4,10 +4,10 @@ It listens on a free loopback port with a random API key of its own (other local
 around the router's key), on the cards its placement names (CUDA_VISIBLE_DEVICES; on CPU data parallel, its
 own cores through the affinity mask), with an absolute KV budget (--kv-cache-memory) so siblings on the
 card do not shrink it. Start-up is ready when the engine prints its "PagedDesk serving" line; an exit
-before that is a load failure carrying the engine's last log lines. Exit codes follow engine/entrypoints/serve.py: a
-configuration error (2) or out of memory at load (3) is not retried; anything else may be, after a
-backoff that doubles. Each engine runs in its own session, so stopping it (SIGTERM to its group, then
-SIGKILL after a grace period) takes its tensor-parallel workers along.
+before that is a load failure carrying the engine's last log lines. Exit codes follow
+engine/entrypoints/serving_process.py: a configuration error (2) or out of memory at load (3) is not retried;
+anything else may be, after a backoff that doubles. Each engine runs in its own session, so stopping it
+(SIGTERM to its group, then SIGKILL after a grace period) takes its tensor-parallel workers along.
 """
 from __future__ import annotations
 
@@ -24,13 +24,12 @@ from pathlib import Path
 
 from engine.config.flags import flags_to_argv
 from engine.entrypoints.router.balancer import ReplicaLoad
-from engine.entrypoints.router.engine_main import KEY_ENV
 from engine.entrypoints.router.placement import HOST, ReplicaPlacement
 from engine.entrypoints.router.specs import ModelSpec
+from engine.entrypoints.serving_process import ENGINE_API_KEY_ENV, EXIT_CONFIG_ERROR, EXIT_OUT_OF_MEMORY
 
 log = logging.getLogger("pagedesk.router")
 ROOT = Path(__file__).resolve().parents[3]
-EXIT_CONFIG_ERROR, EXIT_OUT_OF_MEMORY = 2, 3
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 10.0
 
@@ -79,15 +78,16 @@ class EngineProcess:
         on_gpu = self.placement.cards != (HOST,)
         if on_gpu and flags.get("num_gpu_blocks_override") is None:
             flags["kv_cache_memory"] = round(self.placement.kv_cache_gib, 4)
-        return [sys.executable, "-m", "engine.entrypoints.router.engine_main", str(os.getpid()), "--model", self.spec.path,
-                "--served-model-name", self.spec.name, "--host", "127.0.0.1", "--port", str(self.port),
-                *flags_to_argv(flags)]
+        # router_engine is pagedesk-serve taking its key from env(); the router names it and never imports it
+        return [sys.executable, "-m", "engine.entrypoints.router_engine", "--exit-with-parent", str(os.getpid()),
+                "--model", self.spec.path, "--served-model-name", self.spec.name, "--host", "127.0.0.1",
+                "--port", str(self.port), *flags_to_argv(flags)]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
-        env[KEY_ENV] = self.api_key
+        env[ENGINE_API_KEY_ENV] = self.api_key
         if self.placement.cards != (HOST,):
             env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's numbering, which placement used
             env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in self.placement.cards)

@@ -16,8 +16,7 @@ import threading
 import time
 
 from engine.entrypoints.router.specs import RouterConfig
-
-EXIT_CONFIG_ERROR = 2
+from engine.entrypoints.serving_process import EXIT_CONFIG_ERROR, bind_socket_or_say, stop_quietly
 
 
 def check_models(config: RouterConfig) -> None:
@@ -69,7 +68,6 @@ def serve_router(config: RouterConfig) -> int:
     from engine.entrypoints.router.app import create_router_app
     from engine.entrypoints.router.manager import ModelManager
     from engine.entrypoints.router.placement import detect_cards
-    from engine.entrypoints.serve import _stop_quietly, bind_socket_or_say
 
     try:
         check_models(config)
@@ -99,7 +97,7 @@ def serve_router(config: RouterConfig) -> int:
     threading.Thread(target=announce, daemon=True).start()
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {sig: signal.signal(sig, _stop_quietly) for sig in (signal.SIGINT, signal.SIGTERM)}
+        previous = {sig: signal.signal(sig, stop_quietly) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         server.run(sockets=[sock])
     finally:

@@ -1,0 +1,39 @@
+"""The benchmark model: a random-weight folder of any transformers architecture, written on the fly.
+
+The benchmarks' Llama shape (`BENCH_LLAMA`: hidden 512, 8 layers), or any other family's config and shape;
+float32 weights and a word-level tokenizer, so nothing is downloaded. Needs torch and transformers (imported
+when a folder is written); the request mix beside it (workload.py) stays torch-free.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+BENCH_LLAMA = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                   intermediate_size=1536, vocab_size=8192, max_position_embeddings=2048)
+
+
+def make_random_llama(path: Path, seed: int = 0, **overrides) -> Path:
+    """Write a random-weight LlamaForCausalLM folder (bf16-free float32 weights) with a word-level tokenizer."""
+    return make_random_model(path, "LlamaConfig", "LlamaForCausalLM", {**BENCH_LLAMA, **overrides}, seed)
+
+
+def make_random_model(path: Path, config_name: str, model_name: str, shape: dict, seed: int = 0) -> Path:
+    """Write a random-weight folder of any transformers architecture, float32, with a word-level tokenizer."""
+    import torch
+    import transformers
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    config = getattr(transformers, config_name)(**shape, bos_token_id=0, eos_token_id=1, pad_token_id=2,
+                                                dtype="float32")
+    config.architectures = [model_name]
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(config)
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    vocab = {"<s>": 0, "</s>": 1, "<pad>": 2, "<unk>": 3} | {f"w{i}": i for i in range(4, shape["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
+                            unk_token="<unk>").save_pretrained(path)
+    return path
