@@ -21,7 +21,7 @@ are skipped on purpose.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +31,7 @@ from engine.distributed.parallel_state import get_tp_size
 from engine.kv.kv_cache_interface import kv_head_replicas
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.attention_block import AttentionSwitches
-from engine.layers.decoder import DecoderLayer, DecoderModel, DecoderSwitches, GatedMLP
+from engine.layers.decoder import DecoderLayer, DecoderModel, DecoderSwitches
 from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear, checkpoint_modules
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
@@ -169,8 +169,8 @@ class Gemma4DecoderLayer(DecoderLayer):
     the per-layer input's gated residual branch after the MLP."""
 
     def __init__(self, cfg: ModelConfig, layer: int, switches: DecoderSwitches, attention: Gemma4Attention,
-                 packed: dict) -> None:
-        super().__init__(cfg, switches, attention, GatedMLP(cfg, layer, packed))  # double-wide on KV-sharing layers
+                 mlp: nn.Module) -> None:
+        super().__init__(cfg, switches, attention, mlp)
         h, p = cfg.hidden_size, cfg.per_layer_input_size
         if p:
             self.per_layer_input_gate = ReplicatedLinear(h, p, False, cfg.quantization, f"model.layers.{layer}",
@@ -190,7 +190,7 @@ class Gemma4DecoderLayer(DecoderLayer):
 
 
 class Gemma4Model(DecoderModel):
-    def __init__(self, cfg: ModelConfig, switches: DecoderSwitches, layers) -> None:
+    def __init__(self, cfg: ModelConfig, switches: DecoderSwitches, layers: Iterable[nn.Module]) -> None:
         super().__init__(cfg, switches, layers)
         h, p, n = cfg.hidden_size, cfg.per_layer_input_size, cfg.num_layers
         self.per_layer_input_size = p
@@ -231,13 +231,14 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         check_supported(cfg)
         super().__init__(cfg, backend)
 
-    def decoder_layers(self, cfg: ModelConfig, backend: str):
+    def decoder_layers(self, cfg: ModelConfig, backend: str) -> Iterator[nn.Module]:
         ropes = rotary_embeddings(cfg)
         sources: dict[int, PagedAttention] = {}  # cache-owning layers' attention, for the KV-sharing ones
         for i in range(cfg.num_layers):
             attention = Gemma4Attention(cfg, i, self.switches.attention, ropes[cfg.layer_types[i]], backend,
                                         self.packed_modules_mapping, sources)
-            yield Gemma4DecoderLayer(cfg, i, self.switches, attention, self.packed_modules_mapping)
+            mlp = type(self).mlp_factory(cfg, i, self.packed_modules_mapping)  # double-wide on KV-sharing layers
+            yield Gemma4DecoderLayer(cfg, i, self.switches, attention, mlp)
 
     def attention_layers(self) -> list[PagedAttention]:
         """The cache-owning layers' attention, in order: what the KV cache layout's layers are."""
