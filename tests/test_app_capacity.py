@@ -28,7 +28,7 @@ def test_cpu_line_for_a_tiny_model_reads_in_mib_not_zero_gib(llama_dir):
     line = capacity_line(config, {**default_values(0), "max_num_seqs": 4}, [])
     # The line names the pool the engine allocates (the Monitor's "KV cache" figure), then the budget it is under.
     from app.capacity import plan_for
-    from engine.planning.sizing import format_bytes
+    from engine.planning.units import format_bytes
     _where, plan = plan_for(config, {**default_values(0), "max_num_seqs": 4}, [])
     pool = format_bytes(plan.num_blocks * plan.kv_bytes_per_token * plan.block_size)
     assert line.startswith(f"CPU, no NVIDIA GPU: KV cache {pool} (of a 1 GiB budget: 4 full sequences need no more)"

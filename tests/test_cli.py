@@ -91,13 +91,13 @@ def test_missing_model_folder_exits_2(tmp_path, capsys):
 
 
 def test_out_of_memory_at_load_exits_3(monkeypatch, capsys, llama_dir):
-    import engine.core.llm_engine
+    import engine.entrypoints.llm_engine
 
     class OutOfMemoryEngine:
         def __init__(self, config):
             raise MemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(engine.core.llm_engine, "LLMEngine", OutOfMemoryEngine)
+    monkeypatch.setattr(engine.entrypoints.llm_engine, "LLMEngine", OutOfMemoryEngine)
     code = serve.main(["--model", str(llama_dir), "--device", "cpu", "--port", str(free_port())])
     assert code == serve.EXIT_OUT_OF_MEMORY == 3
     assert "out of memory" in capsys.readouterr().err

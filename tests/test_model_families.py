@@ -11,7 +11,7 @@ from engine import LLM, SamplingParams
 from engine.worker.loader import iterate_weights
 from engine.config.model import ModelConfig
 from engine.models.registry import model_class
-from engine.planning.model_footprint import weights_bytes_per_card
+from engine.planning.weights import weights_bytes_per_card
 from hf_reference import MAX_TOKENS, engine_greedy, hf_greedy
 from test_scheduler_features import assert_pool_empty, prefix_prompts
 

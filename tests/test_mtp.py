@@ -25,7 +25,7 @@ from engine.bench.mtp_heads import add_mtp_head, bigram_with_exact_head
 from engine.worker.model_runner import ModelRunner
 from engine.config.model import ModelConfig
 from engine.entrypoints.serve import main as serve_main
-from engine.planning.model_footprint import mtp_footprint
+from engine.planning.speculation import mtp_footprint
 from engine.config.speculative import parse_speculative_config
 from engine.spec_decode.loading import check_mtp, load_mtp
 from hf_reference import make_prompts
@@ -126,7 +126,7 @@ def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir):
     assert runner.keep_hidden and mtp.kv_bytes_per_block(4) == 2 * BLOCK * cfg.num_kv_heads * cfg.head_dim * 4
     weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
     assert page == mtp.kv_bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
-    from engine.planning.sizing import plan_cpu
+    from engine.planning.planner import plan_cpu
     planned = plan_cpu(cfg, 0.01, block_size=BLOCK, mtp=True, num_speculative_tokens=3)
     assert planned.draft_weights_bytes == weights and planned.draft_kv_bytes_per_block == page
     from safetensors.torch import load_file
@@ -308,7 +308,8 @@ def test_mtp_under_tensor_parallel_2(tiny_model_dir, tmp_path):
         assert weights - mtp_footprint(cfg, 4, 4, mtp.block_size)[0] == vocab_bytes
         assert page == mtp.kv_bytes_per_block(4)
         assert abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
-        from engine.planning.sizing import GIB, plan_capacity
+        from engine.planning.planner import plan_capacity
+        from engine.planning.units import GIB
         planned = plan_capacity(cfg, [GIB] * 2, 0.9, dtype="float32", tensor_parallel_size=2, mtp=True,
                                 block_size=mtp.block_size, num_speculative_tokens=3)
         assert planned.draft_weights_bytes == weights  # the planner counts the copies on the first card

@@ -11,7 +11,8 @@ from engine.entrypoints.router.balancer import BALANCE_TOKENS, ReplicaLoad, choo
 from engine.entrypoints.router.metrics_merge import merge_metrics
 from engine.entrypoints.router.placement import HOST, Card, Holder, NoRoom, place, replica_need
 from engine.entrypoints.router.specs import ModelSpec, build_specs, split_model_arg, wants_router
-from engine.planning.sizing import GIB, MIB, MemoryProfile
+from engine.planning.capacity import MemoryProfile
+from engine.planning.units import GIB, MIB
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +187,8 @@ def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
     s = ModelSpec("g", str(folder), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2})
     need = replica_need(s, Card(0, "cuda:0", 64 * GIB), None)
     config = s.engine_config()
-    from engine.planning.sizing import DTYPE_BYTES, resolve_dtype
+    from engine.config.model import DTYPE_BYTES
+    from engine.planning.units import resolve_dtype
     cfg = ModelConfig.from_folder(folder).with_max_model_len(256)
     layout = model_kv_layout(cfg, config.block_size, DTYPE_BYTES[resolve_dtype(config.dtype, cfg.torch_dtype, True)])
     assert layout.has_sliding_window
@@ -199,7 +201,7 @@ def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
     """On a card the overhead holds the decode graphs, and with full_and_piecewise (the default) the piecewise
     pieces up to the step budget too, as the engine's sizing counts them; --enforce-eager: neither."""
     from engine.entrypoints.router.placement import CUDA_CONTEXT_BYTES
-    from engine.planning.sizing import estimate_piecewise_graph_bytes
+    from engine.planning.graphs import estimate_piecewise_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     both = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -217,8 +219,8 @@ def test_placement_counts_the_draft_model_and_the_verify_graphs(llama_dir):
     graphs beside the decode graphs; n-gram only the graphs."""
     import json
 
-    from engine.planning.model_footprint import draft_footprint
-    from engine.planning.sizing import estimate_verify_graph_bytes
+    from engine.planning.speculation import draft_footprint
+    from engine.planning.graphs import estimate_verify_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -268,3 +270,55 @@ def test_response_directory_is_bounded_and_reads_ids_from_replies():
     assert directory.owner("resp_1") is None and directory.owner("resp_2") == dp1
     directory.forget("resp_2")
     assert directory.owner("resp_2") is None
+
+
+def test_a_hybrid_replicas_budget_holds_its_seats_and_its_state_pool(tmp_path):
+    """The engine's absolute KV budget holds a hybrid model's state pool beside its blocks (plan_from_budget), so
+    the budget placement hands it must too: max_num_seqs full-length sequences and their state slots. Speculating,
+    its verify scratch is in the weights, as the planner counts it."""
+    import json
+
+    from engine.bench.hybrid import QWEN3_6_27B
+    from engine.kv.kv_cache_interface import model_kv_layout
+    from engine.planning.capacity import plan_from_budget
+    from engine.planning.kv import verify_scratch_bytes
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_6_27B))
+    flags = {"max_model_len": 4096, "max_num_seqs": 8, "enforce_eager": True}
+    card = Card(0, "cuda:0", 80 * GIB)
+    need = replica_need(ModelSpec("h", str(tmp_path), flags), card, None)
+    cfg = ModelConfig.from_folder(tmp_path).with_max_model_len(4096)
+    layout = model_kv_layout(cfg, 16, 2, act_dtype_bytes=2)
+    assert need.kv_bytes == 8 * 256 * layout.bytes_per_block + layout.state_pool_bytes(8, True)
+    engine = plan_from_budget(MemoryProfile("cuda:0", 80 * GIB, 80 * GIB, 0, 0, 0), need.kv_bytes,
+                              layout.bytes_per_block // 16, 16, 4096, 1, layout, 2048, 8)
+    assert engine.num_full_seqs == 8
+    ngram = {**flags, "speculative_config": json.dumps({"method": "ngram", "num_speculative_tokens": 3})}
+    speculating = replica_need(ModelSpec("n", str(tmp_path), ngram), card, None)
+    assert speculating.weights_bytes - need.weights_bytes == verify_scratch_bytes(layout, 8, 3, 2048) > 0
+
+
+def test_a_drafting_replicas_budget_holds_the_drafts_pages(llama_dir):
+    """A draft model's KV page at every block id shares the budget (blocks_with_draft): the most useful budget
+    holds max_num_seqs full sequences of both; with the target as its own draft, twice the target's."""
+    import json
+    card = Card(0, "cuda:0", 64 * GIB)
+    flags = {"max_model_len": 256, "max_num_seqs": 2, "enforce_eager": True}
+    plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
+    draft = {"model": str(llama_dir), "num_speculative_tokens": 3}
+    drafted = replica_need(ModelSpec("d", str(llama_dir), {**flags, "speculative_config": json.dumps(draft)}),
+                           card, None)
+    assert drafted.kv_bytes == 2 * plain.kv_bytes > 0
+
+
+def test_no_kv_budget_when_the_state_pool_leaves_no_block(tmp_path):
+    """256 seats of Qwen3.6-27B's state (147 MiB each, 37 GiB with the snapshots) do not fit beside its AWQ
+    weights on a 40 GiB card, though ~19 GiB of blocks would: no budget (the replica is not placed) rather than
+    one the engine would refuse at load."""
+    import json
+
+    from engine.bench.hybrid import AWQ_G128, QWEN3_6_27B
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_6_27B, "quantization_config": AWQ_G128}))
+    flags = {"max_model_len": 4096, "enforce_eager": True}
+    assert replica_need(ModelSpec("h", str(tmp_path), flags), Card(0, "cuda:0", 40 * GIB), None).kv_bytes == 0
+    few = replica_need(ModelSpec("h", str(tmp_path), {**flags, "max_num_seqs": 16}), Card(0, "cuda:0", 40 * GIB), None)
+    assert few.kv_bytes > 0

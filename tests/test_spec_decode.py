@@ -245,7 +245,7 @@ def test_planner_counts_the_draft_as_the_engine_does(engines, llama_dir):
     import json
 
     from app.capacity import capacity_line, plan_for
-    from engine.planning.model_footprint import rope_table_bytes
+    from engine.planning.weights import rope_table_bytes
 
     config = json.loads((llama_dir / "config.json").read_text())
     values = {"max_num_seqs": 256, "speculative_config": json.dumps({"model": str(llama_dir),

@@ -16,8 +16,8 @@ from engine.config.flags import EngineConfig
 from engine.config.model import ModelConfig
 from engine.config.speculative import parse_speculative_config
 from engine.models import registry
-from engine.planning.model_footprint import mtp_footprint
-from engine.planning.sizing import blocks_with_draft
+from engine.planning.speculation import mtp_footprint
+from engine.planning.kv import blocks_with_draft
 from engine.sample.sampling_params import SamplingParams
 from engine.spec_decode.proposers.base import Proposer
 from engine.spec_decode.proposers.ngram import NgramProposer

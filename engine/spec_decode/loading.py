@@ -1,7 +1,7 @@
 """Building the one proposer a speculative method needs, keyed by method (`METHODS`): `check_proposer` before
 anything loads (ValueErrors name the speculative_config field), `load_proposer` once the target is loaded. The
 engine sizes every proposer's KV the same way (engine/worker/kv_cache_sizing.choose_num_blocks: the proposer's
-page at every block id shares the budget, engine/planning/sizing.blocks_with_draft, which the planner shares).
+page at every block id shares the budget, engine/planning/kv.blocks_with_draft, which the planner shares).
 
 A draft model: its folder resolved and checked against the target, its weights on the target's device, its KV
 one tensor over the target's block ids. Under tensor parallel the draft lives on rank 0 only, whole (not
@@ -15,7 +15,7 @@ the target checkpoint checked before anything loads, then loaded beside the targ
 block ids. Under tensor parallel it too runs whole on rank 0 (single_rank), reading rank 0's copy of the
 target's last hidden states (replicated after the final norm); since the target's embedding and LM head are
 vocab-sharded there, the head loads its own full copies of them (2 × vocab × hidden × dtype bytes on rank 0,
-once if tied), which rank 0's memory profile measures and the planner counts (engine/planning/model_footprint
+once if tied), which rank 0's memory profile measures and the planner counts (engine/planning/speculation
 .mtp_footprint). The workers never see the head: its drafts reach them as the verify step's input ids.
 Sharding the head like the target instead would save that memory but put the head's forwards into the worker
 protocol."""

@@ -42,7 +42,7 @@ from engine.core.scheduler import ScheduledSeq
 from engine.sample.rejection_sampler import prepare_verify, verify_drafts
 from engine.spec_decode.state_rollback import StateReplay, VerifyStates
 from engine.worker.profiling import profile_batch, profile_sampling_batch
-from engine.planning.sizing import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
+from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.worker.warm_up import warm_up_kernels
 
 logger = logging.getLogger("pagedesk.engine")
@@ -465,7 +465,7 @@ class ModelRunner:
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
-        path against a temporary KV cache, logits for max_num_seqs rows, then `sample` over them at the
+        path against a temporary KV cache, logits for the batch's sampler rows, then `sample` over them at the
         sampler's widest, with the hidden states and logits still held as `run` holds them. Returns the
         temporary cache's bytes (the real pool replaces them)."""
         batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
@@ -474,13 +474,14 @@ class ModelRunner:
         try:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
                                 torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
-            rows = torch.arange(len(hidden) - max_num_seqs, len(hidden), device=self.device).clamp_(min=0)
+            num_rows = batch.num_sampler_rows
+            rows = torch.arange(len(hidden) - num_rows, len(hidden), device=self.device).clamp_(min=0)
             if self.config.pooler is not None:  # an embedding engine pools: no logits, no sampler
                 pool_hidden(hidden, list(range(len(rows))), [(int(r), int(r) + 1) for r in rows])
                 del hidden
                 return temporary_kv_bytes
             logits = self.model.compute_logits(hidden[rows])
-            self.sample(logits, profile_sampling_batch(max_num_seqs, logits.shape[1], self.device))
+            self.sample(logits, profile_sampling_batch(num_rows, logits.shape[1], self.device))
             del hidden, logits  # only now: a real step holds both until sampling is done
         finally:
             self.release_kv_cache()
