@@ -70,6 +70,11 @@ ARCHS = {
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
                          "partial_rotary_factor": 0.75, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                          "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+    # A NoPE layer between two RoPE ones (no_rope_layers), biases on q/k/v and o; weights ten times HF's init, so
+    # attention depends on positions (at HF's init it is nearly uniform and rotary on the NoPE layer would not show).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        num_hidden_layers=3, no_rope_layers=[1, 0, 1], attention_bias=True, initializer_range=0.2,
+        tie_word_embeddings=True)),
     # Alternating 20-token window / global layers (the window is not a multiple of the block size); weights
     # ten times HF's init so attention scores reach the soft cap's bend, caps small enough to matter.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
