@@ -5,18 +5,21 @@ client gets a 400 naming the field; SamplingParams checks them again for the off
 is bounded to int64 and every list the engine walks per step is bounded in length, so no value can overflow
 a tensor or stall a step after admission. Every text
 field rejects lone UTF-16 surrogates, and floats reject NaN and infinity, so nothing malformed
-reaches the tokenizer or the sampler. A field outside both APIs is a 400 naming it (as OpenAI does);
+reaches the tokenizer or the sampler. A field outside both APIs, at any depth, is accepted and ignored (as
+vLLM does; ignored_fields.py names it in a response header, and --strict-request-fields makes it a 400);
 fields of the APIs we do not implement are declared from `refusals.REFUSALS` and refused by value.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, create_model
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, create_model,
+                      model_validator)
 
 from engine.sample.sampling_params import (INT64_LIMIT, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS,
                                     MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS,
                                     MAX_STOP_TOKEN_IDS)
+from engine.entrypoints.openai.ignored_fields import report_unknown
 from engine.entrypoints.openai.refusals import REFUSALS
 
 
@@ -45,7 +48,17 @@ def null_is(default: Any) -> BeforeValidator:
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow")
+    report_extra: ClassVar[bool] = True  # unknown keys are ignored fields (not a content part's payload)
+
+
+class RequestBody(_Request):
+    """A route's whole body: once validated, its unknown fields at every depth are reported and dropped."""
+
+    @model_validator(mode="after")
+    def _report_unknown_fields(self) -> "RequestBody":
+        report_unknown(self)
+        return self
 
 
 class StreamOptions(_Request):
@@ -92,7 +105,7 @@ class StructuredOutputsField(_Request):
     model_config = ConfigDict(populate_by_name=True)
 
 
-RefusableFields = create_model("RefusableFields", __base__=_Request,
+RefusableFields = create_model("RefusableFields", __base__=RequestBody,
                                **{r.field: (Any, r.default) for r in REFUSALS if "." not in r.field})
 
 
@@ -150,6 +163,8 @@ class SamplingFields(RefusableFields):
                                                               "cached prompt prefixes")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=INT64_LIMIT,
                                                description="Keep the last k prompt tokens; -1: max_model_len")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="vLLM: with truncate_prompt_tokens, cut the prompt's start (left, default) or end (right)")
 
 
 class CompletionRequest(SamplingFields):
@@ -187,6 +202,7 @@ class NamedToolChoice(_Request):
 
 class TextPart(_Request):
     model_config = ConfigDict(extra="allow")
+    report_extra: ClassVar[bool] = False  # image_url, input_audio ...: the part's payload, refused by its type
     type: Literal["text", "image_url", "input_audio", "video_url", "audio_url", "file", "refusal"]
     text: Text | None = None
 
@@ -227,7 +243,7 @@ class ChatCompletionRequest(SamplingFields):
         None, description="Passed to the chat template as reasoning_effort / enable_thinking where it reads them")
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestBody):
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
@@ -239,6 +255,6 @@ class TokenizeRequest(_Request):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestBody):
     model: Text | None = None
     tokens: list[TokenId]
