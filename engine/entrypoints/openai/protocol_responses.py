@@ -16,8 +16,8 @@ from pydantic import Field
 from engine.sample.sampling_params import INT64_LIMIT, MAX_STOP_STRINGS
 from engine.entrypoints.openai.errors import bad_request
 from engine.entrypoints.openai.refusals import check_stream_options
-from engine.entrypoints.openai.protocol import (RequestBody, StopText, StreamOptions, StructuredOutputsField, Text, _Request,
-                                              null_is)
+from engine.entrypoints.openai.protocol import (RequestBody, StopText, StreamOptions, StructuredOutputsField, Text,
+                                                _Request, null_is)
 
 
 class ReasoningConfig(_Request):

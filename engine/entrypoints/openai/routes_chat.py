@@ -158,7 +158,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         if echo:
             message.content = echo + (message.content or "")
         choices.append(ChatChoice(index=o.index, message=message, logprobs=_logprobs(req, model, o, 0),
-                                  finish_reason=finish_reason(o.finish_reason, view), stop_reason=api_stop_reason(o.stop_reason, req.stop_token_ids),
+                                  finish_reason=finish_reason(o.finish_reason, view),
+                                  stop_reason=api_stop_reason(o.stop_reason, req.stop_token_ids),
                                   token_ids=o.token_ids if req.return_token_ids else None))
     prompt_logprobs = None if final.prompt_logprobs is None else \
         vllm_prompt_logprobs(final.prompt_logprobs, token_names(req, model.tokenizer))

@@ -65,7 +65,8 @@ async def create_completion(req: CompletionRequest, request: Request,
     structured, source = structured_outputs_for(req)
     await compile_or_400(model, structured, source)
     prompts = await off_loop(prompt_chars(req.prompt), completion_prompts, model, req.prompt, req.add_special_tokens)
-    prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len, req.truncation_side) for p in prompts]
+    prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len, req.truncation_side)
+               for p in prompts]
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
     max_tokens = 1 if _scoring_only(req) else req.max_tokens
