@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,8 +53,9 @@ def binary(agent: str) -> str:
         pytest.skip(f"node is not installed; then: {install}")
     if not path.exists():
         pytest.skip(f"{package}@{version} is not installed; run: {install}")
-    shown = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60,
-                           env=_base_env(Path.cwd())).stdout
+    with tempfile.TemporaryDirectory() as home:  # a CLI may write its home folder even for --version
+        shown = subprocess.run([str(path), "--version"], capture_output=True, text=True, timeout=60, cwd=home,
+                               env=_base_env(Path(home))).stdout
     if version not in shown:
         pytest.skip(f"{package} at .work/agents is {shown.strip()!r}, not the pinned {version}; run: {install}")
     return str(path)
