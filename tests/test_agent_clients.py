@@ -86,11 +86,12 @@ def endpoint(server) -> Endpoint:
     return Endpoint(server.url, None, MODEL_NAME, 32768)
 
 
-def test_claude_code_print_mode(scripted_api_server, tmp_path):
+@pytest.mark.parametrize("output", [[], ["--output-format", "stream-json", "--verbose"]], ids=["text", "stream-json"])
+def test_claude_code_print_mode(scripted_api_server, tmp_path, output):
     claude = binary("claude")
     wired = wiring("claude", endpoint(scripted_api_server))
     run_agent(scripted_api_server, tmp_path, [claude, *wired.args, "-p", "hello", "--system-prompt", SHORT_PROMPT,
-                                              "--tools", "Read"], wired.env, "/v1/messages")
+                                              "--tools", "Read", *output], wired.env, "/v1/messages")
 
 
 def test_codex_exec(scripted_api_server, tmp_path):

@@ -197,3 +197,25 @@ def test_chat_stop_reason_is_null_for_eos(scripted_api_server):
     choice = r.choices[0]
     assert choice.message.content == "Hello from PagedDesk." and choice.finish_reason == "stop"
     assert choice.model_extra["stop_reason"] is None
+
+
+def test_unknown_fields_are_ignored_and_named_on_messages_and_responses(agent_api_server):
+    body = {"model": MODEL_NAME, "max_tokens": 2, "messages": USER, "bogus": 1,
+            "thinking": {"type": "adaptive", "future_knob": True}}
+    r = httpx.post(agent_api_server.url + "/v1/messages", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-pagedesk-ignored-fields"] == "bogus, thinking.future_knob"
+    body = {"model": MODEL_NAME, "max_output_tokens": 2, "input": "hi", "frobnicate": {"x": 1},
+            "reasoning": {"effort": "low", "mode": "deep"}, "tools": [{**EXEC, "eager": True}]}
+    r = httpx.post(agent_api_server.base_url + "/responses", json=body, headers=AUTH, timeout=120)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-pagedesk-ignored-fields"] == "frobnicate, reasoning.mode, tools.0.eager"
+    assert r.json()["reasoning"] == {"effort": "low", "summary": None}
+
+
+def test_ignored_field_names_are_made_header_safe():
+    from engine.entrypoints.openai.ignored_fields import MAX_HEADER_FIELDS, header_value
+    assert header_value(["a\r\nSet-Cookie: x", "é", "", "messages.0.mood"]) == \
+        '"a\\r\\nSet-Cookie: x", "\\u00e9", "", messages.0.mood'
+    long = header_value([f"f{i}" for i in range(MAX_HEADER_FIELDS + 5)] + ["x" * 500])
+    assert long.endswith(", ... (6 more)") and len(long) < 400

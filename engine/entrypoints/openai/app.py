@@ -22,7 +22,7 @@ from engine.entrypoints.openai.context import ServerContext
 from engine.entrypoints.openai.cors import CORSMiddleware, allowed_origin_list
 from engine.entrypoints.openai.errors import install_error_handlers
 from engine.entrypoints.openai.hosts import TrustedHostMiddleware, allowed_host_names
-from engine.entrypoints.openai.ignored_fields import RequestFieldsMiddleware
+from engine.entrypoints.openai.ignored_fields import HEADER as IGNORED_FIELDS_HEADER, RequestFieldsMiddleware
 from engine.entrypoints.openai.limits import DEFAULT_MAX_BODY_BYTES, BodyLimitMiddleware
 from engine.entrypoints.openai.metrics import ServerMetrics
 from engine.entrypoints.openai.responses import ErrorResponse
@@ -47,7 +47,8 @@ def create_app(async_engine: AsyncEngine, served_name: str, api_key: str | None 
     config = async_engine.config
     origins = allowed_origin_list(config.allowed_origins)
     if origins:  # outside the key check: a browser's preflight carries no Authorization header
-        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"])
+        app.add_middleware(CORSMiddleware, allow_origins=origins, allow_methods=["*"], allow_headers=["*"],
+                           expose_headers=[IGNORED_FIELDS_HEADER])
     app.add_middleware(TrustedHostMiddleware, allowed=allowed_host_names(config.host, config.allowed_hosts))
     app.add_middleware(RequestFieldsMiddleware, strict=config.strict_request_fields)
     app.include_router(routes_models.open_router, responses={503: {"model": ErrorResponse}})

@@ -12,6 +12,7 @@ Hand-read parts of a body (Responses tools) call `ignore` directly.
 from __future__ import annotations
 
 import contextvars
+import json
 import logging
 import re
 import threading
@@ -26,6 +27,9 @@ log = logging.getLogger("pagedesk.server")
 
 HEADER = "x-pagedesk-ignored-fields"
 MAX_HEADER_FIELDS = 32  # a body of a thousand unknown keys must not make a header of megabytes
+MAX_NAME_CHARS = 100
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_$*.-]+")
+MAX_LOGGED_NAMES = 1000  # names are the client's: a fuzzer's endless new ones must not grow memory (or the log)
 
 
 @dataclass
@@ -58,8 +62,9 @@ def ignore(path: str, why: str | None = None) -> None:
         report.ignored.append(path)
     name = re.sub(r"\.\d+(?=\.|$)", ".*", path)  # messages.3.mood and messages.7.mood are one name
     with _logged_lock:
-        first = (name, why) not in _logged
-        _logged.add((name, why))
+        first = (name, why) not in _logged and len(_logged) < MAX_LOGGED_NAMES
+        if first:
+            _logged.add((name, why))
     if first:
         log.warning("ignoring request field %r on %s%s (logged once per field name)", name, report.path or "?",
                     f": {why}" if why else "")
@@ -86,7 +91,14 @@ def _walk(value: Any, prefix: str) -> None:
 
 
 def header_value(ignored: list[str]) -> str:
-    shown = ignored[:MAX_HEADER_FIELDS]
+    """The header's text: a field name is the client's and may be empty or hold a newline or a character no header
+    can carry, so any name other than plain identifiers and dots is written as a JSON string (ASCII escapes),
+    each cut at MAX_NAME_CHARS, at most MAX_HEADER_FIELDS names."""
+    def safe(path: str) -> str:
+        path = path if len(path) <= MAX_NAME_CHARS else path[:MAX_NAME_CHARS - 3] + "..."
+        return path if _PLAIN_NAME.fullmatch(path) else json.dumps(path)
+
+    shown = [safe(p) for p in ignored[:MAX_HEADER_FIELDS]]
     more = len(ignored) - len(shown)
     return ", ".join(shown) + (f", ... ({more} more)" if more else "")
 
@@ -106,7 +118,7 @@ class RequestFieldsMiddleware:
         async def send_with_header(message: dict) -> None:
             if message["type"] == "http.response.start" and report.ignored:
                 headers = list(message.get("headers", []))
-                headers.append((HEADER.encode(), header_value(report.ignored).encode("latin-1", "replace")))
+                headers.append((HEADER.encode(), header_value(report.ignored).encode("ascii")))
                 message = {**message, "headers": headers}
             await send(message)
 

@@ -102,7 +102,9 @@ class StructuredOutputsField(_Request):
     disable_any_whitespace: bool = False  # JSON is generated compact either way
     disable_fallback: bool = False  # one grammar engine: nothing to fall back to
     disable_additional_properties: bool = False  # xgrammar's strict mode already forbids them
-    model_config = ConfigDict(populate_by_name=True)
+    # An option of an output constraint we do not know would change the output if dropped: a 400, as vLLM's
+    # StructuredOutputsParams (a dataclass) refuses it, whatever --strict-request-fields says.
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
 RefusableFields = create_model("RefusableFields", __base__=RequestBody,
