@@ -45,7 +45,11 @@ def find_endpoint(url: str, api_key: str | None, model: str | None) -> Endpoint 
     """The endpoint at `url` if a server answers there (and serves `model`, when given)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        cards = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=3).raise_for_status().json()["data"]
+        answer = httpx.get(url.rstrip("/") + "/v1/models", headers=headers, timeout=3)
+        if answer.status_code == 401:
+            raise SystemExit(f"pagedesk launch: the server at {url} needs its API key: pass --api-key or set "
+                             f"{KEY_ENV}")
+        cards = answer.raise_for_status().json()["data"]
     except (httpx.HTTPError, KeyError, ValueError):
         return None
     card = next((c for c in cards if model in (None, c["id"])), None)

@@ -140,6 +140,13 @@ def test_pagedesk_launch_without_a_server_says_what_to_do(capsys):
         launch(["codex"]) if _nothing_on_8000() else pytest.skip("a server answers on 127.0.0.1:8000")
 
 
+def test_pagedesk_launch_asks_for_the_key(agent_api_server, monkeypatch):
+    from app.launch import main as launch
+    monkeypatch.delenv("PAGEDESK_API_KEY", raising=False)
+    with pytest.raises(SystemExit, match="needs its API key"):
+        launch(["claude", "--url", agent_api_server.url, "--print-env"])
+
+
 def _nothing_on_8000() -> bool:
     from app.launch import DEFAULT_URL, find_endpoint
     return find_endpoint(DEFAULT_URL, None, None) is None
