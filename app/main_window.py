@@ -494,7 +494,8 @@ class MainWindow(QMainWindow):
         running = self.supervisor.state == READY if running is None else running
         base = (self.supervisor.base_url if running and self.supervisor.base_url else
                 f"http://{connect_host(values.get('host') or '127.0.0.1')}:{values.get('port') or 8000}")
-        self.endpoint.set_endpoint(base, values.get("api_key"), self._served_model_name(), running)
+        self.endpoint.set_endpoint(base, values.get("api_key"), self._served_model_name(), running,
+                                   values.get("max_model_len"))
 
     # ---- shutdown -----------------------------------------------------------------------------------------
     def open_first_view(self) -> None:

@@ -133,8 +133,7 @@ def test_previous_response_id_chains_and_store_false_is_not_kept(client):
 
 
 def test_refusals_name_the_field(client):
-    cases = [(dict(input="x", tools=[{"type": "web_search"}]), "tools.0.type"),
-             (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+    cases = [(dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
               "input.0.content.0"),
              (dict(input="x", background=True), "background"),
              (dict(input="x", max_output_tokens=10**6), "max_output_tokens")]

@@ -122,6 +122,9 @@ FLAGS: tuple[Flag, ...] = (
          "server", TOOL_CALL_PARSERS, gui=False),
     Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
          REASONING_PARSERS, gui=False),
+    Flag("strict_request_fields", bool, False, "Refuse request fields outside the API with a 400 naming them "
+         "(default: they are ignored, logged once and named in the x-pagedesk-ignored-fields response header)",
+         "server", gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -210,6 +213,7 @@ class EngineConfig:
     stream_idle_timeout: float = 60.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    strict_request_fields: bool = False
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
     extra: dict[str, Any] = field(default_factory=dict)
 

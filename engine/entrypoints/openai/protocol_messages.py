@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from engine.sample.sampling_params import INT64_LIMIT, MAX_STOP_STRINGS
-from engine.entrypoints.openai.protocol import StopText, StructuredOutputsField, Text, _Request, null_is
+from engine.entrypoints.openai.protocol import RequestBody, StopText, StructuredOutputsField, Text, _Request, null_is
 
 
 class AnthropicMessage(_Request):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system turns anywhere (Claude Code sends them mid-conversation)
     content: Text | list[dict[str, Any]]
 
 
@@ -37,7 +37,7 @@ class OutputConfig(_Request):
     format: OutputFormat | None = None
 
 
-class CountTokensRequest(_Request):
+class CountTokensRequest(RequestBody):
     model: Text | None = None
     messages: list[AnthropicMessage] = Field(..., min_length=1)
     system: Text | list[dict[str, Any]] | None = None
