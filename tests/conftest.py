@@ -11,6 +11,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import torch  # noqa: E402
+
+# Triton picks compiled or interpreted when it is first imported (tests/interpreted.py). Without a CUDA device
+# nothing can run it compiled, so the whole session interprets: the Triton test modules then run in this
+# process, test by test, instead of each module again in a fresh one (a second torch, triton and pytest start-up).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
 from tiny_models import make_tiny_model  # noqa: E402
 
 
