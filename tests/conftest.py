@@ -10,6 +10,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One intra-op thread, here and in every engine, server and worker the tests start (they inherit it): the tiny
+# models' ops are too small to split, and a second OpenMP thread spinning after each of them takes the core
+# that the other process of a test (a tensor-parallel rank, a server, the router's engines) needs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
