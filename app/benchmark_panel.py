@@ -1,10 +1,13 @@
 """The Benchmark tab: run a serving benchmark against the running engine and compare it with past runs.
 
 Pick the load (rate or concurrency, request count, prompt/output lengths, share of long prompts), press
-Run: `BenchmarkRunner` drives it off the GUI thread while two live plots show throughput (over the last
-few seconds) and TTFT/ITL percentiles (over the requests finished so far); the Monitor tab keeps its own
-stream. Each finished run lands in SQLite (app/bench_store.py) and in the table of past runs; selecting
-one or two rows overlays their latency percentile curves.
+Run: the prompts are built to those token counts by the served model's own tokenizer and capped by its
+context (engine/bench/serve_prompts.py), so no request is one the server must refuse; then
+`BenchmarkRunner` drives the load off the GUI thread while two live plots show throughput (over the last
+few seconds) and TTFT/ITL percentiles (over the requests finished so far), and a bar counts "n of N". A
+failed request is told in the server's words. Each finished run lands in SQLite (app/bench_store.py) and in
+the table of past runs (latencies in ms or s, whichever reads); selecting one or two rows overlays their
+latency percentile curves.
 """
 from __future__ import annotations
 
@@ -15,14 +18,15 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (QAbstractItemView, QComboBox, QDoubleSpinBox, QFormLayout, QGroupBox, QHBoxLayout,
-                               QHeaderView, QLabel, QLineEdit, QPushButton, QSpinBox, QSplitter, QTableWidget, QTableWidgetItem,
-                               QVBoxLayout, QWidget)
+                               QHeaderView, QLabel, QLineEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QTableWidget, QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.bench_store import BenchStore, StoredRun
-from app.benchmark_worker import BenchmarkResult, BenchmarkRunner
+from app.benchmark_worker import BenchmarkResult, BenchmarkRunner, failure_words
+from app.units import format_ms
 from engine.bench.serve_client import RequestOutcome
-from engine.bench.serve_dataset import synthetic_requests
 from engine.bench.serve_load import ServeLoad
+from engine.bench.serve_prompts import ServedTokenizer, served_requests
 from widgets.time_plot import TimePlot, palette_colors
 
 RATE_WINDOW_S = 5.0  # live throughput is averaged over this many seconds of finished requests
@@ -40,11 +44,13 @@ class BenchmarkPanel(QWidget):
         self.base_url: str | None = None
         self.api_key: str | None = None
         self.max_model_len = 2048
+        self.model: str | None = None  # whose tokenizer builds the prompts and who answers (None: the first listed)
         self._outcomes: list[RequestOutcome] = []
         self._done_at: list[float] = []
         self._started = 0.0
         self._config: dict = {}
         self._build()
+        self.runner.preparing.connect(self._on_preparing)
         self.runner.outcome.connect(self._on_outcome)
         self.runner.finished.connect(self._on_finished)
         self.runner.failed.connect(self._on_failed)
@@ -63,7 +69,8 @@ class BenchmarkPanel(QWidget):
         self.prompt_mean = QSpinBox(minimum=4, maximum=100000, value=160)
         self.output_len = QSpinBox(minimum=1, maximum=100000, value=64)
         self.long_percent = QSpinBox(minimum=0, maximum=100, value=0, suffix=" %")
-        self.label = QLineEdit(placeholderText="optional name for this run")
+        self.label = QLineEdit(placeholderText="optional", minimumWidth=140)
+        self.label.setToolTip("A name for this run in the table of past runs (default: the time it ran)")
         form_box = QGroupBox("Load")
         form = QFormLayout(form_box)
         for name, widget in (("Endpoint", self.endpoint_kind), ("Requests", self.num_requests),
@@ -73,11 +80,16 @@ class BenchmarkPanel(QWidget):
             form.addRow(name, widget)
         self.run_button = QPushButton("Run", clicked=self.start_run)
         self.stop_button = QPushButton("Stop", clicked=self.runner.stop, enabled=False)
+        self.progress = QProgressBar(visible=False)
         self.status = QLabel(wordWrap=True)
+        # Room for three lines whatever it says, so a long error never pushes the form about.
+        self.status.setMinimumHeight(3 * self.status.fontMetrics().lineSpacing())
+        self.status.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
         buttons = QHBoxLayout()
         buttons.addWidget(self.run_button)
         buttons.addWidget(self.stop_button)
         form.addRow(buttons)
+        form.addRow(self.progress)
         form.addRow(self.status)
         self.throughput_plot = TimePlot("Throughput (live)", [("req/s", "#a3be8c"), ("output tok/s ÷ 10", "#d08770")],
                                         window_s=None)  # the axes follow the run, however short
@@ -111,8 +123,9 @@ class BenchmarkPanel(QWidget):
         QVBoxLayout(self).addWidget(splitter)
 
     # ---- engine --------------------------------------------------------------------------------------
-    def set_endpoint(self, base_url: str | None, api_key: str | None = None, max_model_len: int | None = None) -> None:
-        self.base_url, self.api_key = base_url, api_key
+    def set_endpoint(self, base_url: str | None, api_key: str | None = None, max_model_len: int | None = None,
+                     model: str | None = None) -> None:
+        self.base_url, self.api_key, self.model = base_url, api_key, model
         self.max_model_len = max_model_len or self.max_model_len
         self.run_button.setEnabled(base_url is not None and not self.runner.is_running())
         if base_url is None and not self.runner.is_running():
@@ -127,19 +140,15 @@ class BenchmarkPanel(QWidget):
         rate = self.rate.value() or math.inf
         output_len = self.output_len.value()
         try:
-            longest = max(2, self.max_model_len - output_len - 16)
-            requests = synthetic_requests(
-                self.num_requests.value(), 1000, self.max_model_len, seed=int(time.time()) % 100000,
-                prompt_mean=self.prompt_mean.value(), long_fraction=self.long_percent.value() / 100,
-                long_range=(min(1024, longest // 2), min(2048, longest)), fixed_output_len=output_len,
-                tokenizer="words")
-            load = ServeLoad(self.base_url, endpoint=self.endpoint_kind.currentText(), request_rate=rate,
-                             max_concurrency=self.concurrency.value() or None, api_key=self.api_key)
+            load = ServeLoad(self.base_url, model=self.model, endpoint=self.endpoint_kind.currentText(),
+                             request_rate=rate, max_concurrency=self.concurrency.value() or None,
+                             api_key=self.api_key)
         except ValueError as exc:
             self.status.setText(f"Cannot run: {exc}")
             return
+        build = self._prompt_builder(load, self.num_requests.value(), output_len)
         self._config = {"endpoint": load.endpoint, "request_rate": "inf" if math.isinf(rate) else rate,
-                        "max_concurrency": load.max_concurrency, "num_prompts": len(requests),
+                        "max_concurrency": load.max_concurrency, "num_prompts": self.num_requests.value(),
                         "prompt_mean": self.prompt_mean.value(), "output_len": output_len,
                         "long_prompt_fraction": self.long_percent.value() / 100, "base_url": self.base_url}
         self._outcomes, self._done_at = [], []
@@ -148,8 +157,35 @@ class BenchmarkPanel(QWidget):
         self.latency_plot.clear_data()
         self.run_button.setEnabled(False)
         self.stop_button.setEnabled(True)
-        self.status.setText(f"Running {len(requests)} requests against {self.base_url} …")
-        self.runner.start(load, requests)
+        self.progress.setRange(0, self.num_requests.value())
+        self.progress.setValue(0)
+        self.progress.setVisible(True)
+        self.status.setText(f"Preparing {self.num_requests.value()} prompts with the served model's tokenizer …")
+        self.runner.start(load, build)
+
+    def _prompt_builder(self, load: ServeLoad, num_requests: int, output_len: int):
+        """What the worker thread runs first: prompts to token counts, counted by the server (network work)."""
+        endpoint, seed = load.endpoint, int(time.time()) % 100000
+        prompt_mean, long_fraction = self.prompt_mean.value(), self.long_percent.value() / 100
+        base_url, model, api_key = self.base_url, self.model, self.api_key
+
+        def build(progress):
+            tokenizer = ServedTokenizer(base_url, model, api_key)
+            try:
+                return served_requests(tokenizer, num_requests, endpoint, seed, prompt_mean,
+                                       long_fraction=long_fraction, long_range=(1024, 2048),
+                                       fixed_output_len=output_len, on_progress=progress)
+            finally:
+                tokenizer.close()
+        return build
+
+    def _on_preparing(self, done: int, total: int) -> None:
+        self.progress.setFormat("prompts %v of %m")
+        self.progress.setValue(done)
+        if done == total:
+            self.progress.setFormat("%v of %m requests done")
+            self.progress.setValue(0)
+            self.status.setText(f"Running {total} requests against {self.base_url} …")
 
     def _on_outcome(self, outcome: RequestOutcome) -> None:
         now = time.monotonic()
@@ -165,16 +201,23 @@ class BenchmarkPanel(QWidget):
             itl = np.percentile(np.asarray(itls) * 1e3, (50, 99)) if itls else (0.0, 0.0)
             self.latency_plot.append(now, (ttft[0], ttft[1], itl[0], itl[1]))
         errors = len(self._outcomes) - len(ok)
-        self.status.setText(f"{len(self._outcomes)} finished ({errors} errors) …")
+        self.progress.setValue(len(self._outcomes))
+        self.status.setText(f"{len(self._outcomes)} of {self.progress.maximum()} finished" +
+                            (f", {errors} failed: {failure_words(self._first_error())}" if errors else "") + " …")
+
+    def _first_error(self) -> str:
+        return next((o.error or "no text came back" for o in self._outcomes if not o.ok), "")
 
     def _on_finished(self, result: BenchmarkResult) -> None:
         s = result.summary
         label = self.label.text().strip() or time.strftime("%H:%M:%S")
         self.store.save(label, self._config, s.to_dict(), result.curves)
-        how = "stopped early" if result.stopped_early else "done"
-        errors = f"; first error: {s.first_errors[0]}" if s.first_errors else ""
-        self.status.setText(f"{how}: {s.completed} requests in {s.duration_s:.1f} s, {s.request_throughput:.2f} req/s, "
-                            f"{s.output_throughput:.1f} output tok/s, {s.errors} errors{errors}")
+        how = "Stopped early" if result.stopped_early else "Done"
+        asked = self._config.get("num_prompts", s.completed + s.errors)
+        failed = (f" {s.errors} failed: {failure_words(s.first_errors[0])}" if s.errors and s.first_errors else
+                  f" {s.errors} failed." if s.errors else "")
+        self.status.setText(f"{how}: {s.completed} of {asked} requests completed in {s.duration_s:.1f} s, "
+                            f"{s.request_throughput:.2f} req/s, {s.output_throughput:.1f} output tok/s.{failed}")
         self._end_run()
         self.refresh_runs()
 
@@ -184,6 +227,7 @@ class BenchmarkPanel(QWidget):
 
     def _end_run(self) -> None:
         self.stop_button.setEnabled(False)  # Run comes back with the runner's `idle`, once its thread has ended
+        self.progress.setVisible(False)
 
     # ---- past runs -------------------------------------------------------------------------------------
     def refresh_runs(self) -> None:
@@ -213,6 +257,6 @@ class BenchmarkPanel(QWidget):
 def _row(run: StoredRun) -> list[str]:
     s, c = run.summary, run.config
     return [run.label, f"{s['output_throughput']:.1f}", f"{s['request_throughput']:.2f}",
-            f"{s['ttft']['p50_ms']:.0f}", f"{s['ttft']['p99_ms']:.0f}", f"{s['itl']['p50_ms']:.1f}",
-            f"{s['itl']['p99_ms']:.1f}", str(s["errors"]), str(s["completed"]), str(c.get("request_rate")),
+            format_ms(s['ttft']['p50_ms']), format_ms(s['ttft']['p99_ms']), format_ms(s['itl']['p50_ms']),
+            format_ms(s['itl']['p99_ms']), str(s["errors"]), str(s["completed"]), str(c.get("request_rate")),
             str(c.get("max_concurrency") or "-"), str(run.id)]

@@ -1,30 +1,30 @@
 """The capacity planner line: weights per card, KV bytes per token, tokens and full-length sequences.
 
-All arithmetic is the engine's own (`engine.planning.sizing`, torch-free, which reads the model through the
+All arithmetic is the engine's own (`engine.planning`, torch-free, which reads the model through the
 same ModelConfig the engine loads with): this module only gathers inputs — the model's config.json,
 the settings form's values, each card's memory from NVML — and returns the plan's summary, or a
-plain sentence saying why nothing fits. On CUDA it calls `sizing.plan_capacity` (estimated profiles
-through the engine's `plan_from_profile`); without an NVIDIA GPU `sizing.plan_cpu`, the very function
+plain sentence saying why nothing fits. On CUDA it calls `plan_capacity` (estimated profiles
+through the engine's `plan_from_profile`); without an NVIDIA GPU `plan_cpu`, the very function
 `pagedesk-serve --device cpu` sizes its pool with (--kv-cache-memory, capped at max_num_seqs sequences).
 With speculative decoding by a draft model (the form's `speculative_config`), the draft's own config.json
 (its folder, or its snapshot in the Hugging Face cache) adds its weights and its KV page per block, as the
-engine counts them.
+engine counts them. `fits_words` says what a plan means for a user: the longest context one request can
+have and how many such requests run at once (the pool's token total is a cap, not an answer: on CPU it is
+max_num_seqs × the context for every model).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
 
-from engine.planning import sizing
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
-from engine.planning.sizing import resolve_dtype
+from engine.config.model import ModelConfig
 from engine.config.speculative import parse_speculative_config
-
-
-def _shape(hf_config: dict):
-    shape_cls = getattr(sizing, "ModelShape", None) or sizing.ModelConfig
-    return shape_cls.from_hf_config(hf_config)
+from engine.planning.capacity import CapacityPlan
+from engine.planning.planner import plan_capacity, plan_cpu
+from engine.planning.units import GIB, format_bytes, resolve_dtype
 
 
 def draft_hf_config(spec) -> dict | None:
@@ -48,17 +48,17 @@ def draft_hf_config(spec) -> dict | None:
 
 
 def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int],
-             gpu_used_bytes: list[int] | None = None) -> tuple[str, sizing.CapacityPlan]:
+             gpu_used_bytes: list[int] | None = None) -> tuple[str, CapacityPlan]:
     """(where it runs, the engine's plan) for these settings; ValueError/KeyError/TypeError when the model's
     config cannot be planned. `gpu_used_bytes`: what other programs hold on each card now (NVML), which the
     engine will subtract too."""
-    cfg = _shape(hf_config).with_max_model_len(values.get("max_model_len"))
+    cfg = ModelConfig.from_hf_config(hf_config).with_max_model_len(values.get("max_model_len"))
     spec = parse_speculative_config(values.get("speculative_config"))
     draft_config = draft_hf_config(spec)
     draft = None
     if draft_config is not None:
         try:
-            draft = _shape(draft_config).with_max_model_len(cfg.max_model_len)
+            draft = ModelConfig.from_hf_config(draft_config).with_max_model_len(cfg.max_model_len)
         except ValueError as exc:  # the engine refuses a draft with a shorter context the same way
             raise ValueError(f"speculative_config.model: {exc}") from None
     on_gpu = bool(gpu_memory_bytes)
@@ -71,29 +71,29 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
                   max_num_seqs=int(values.get("max_num_seqs") or 256), draft=draft,
                   mtp=spec is not None and spec.method == "mtp")
     if on_gpu:
-        plan = sizing.plan_capacity(
+        plan = plan_capacity(
             cfg, gpu_memory_bytes, float(values.get("gpu_memory_utilization") or 0.9),
             tensor_parallel_size=int(values.get("tensor_parallel_size") or 1),
             max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"),
             cuda_graph_mode=values.get("cuda_graph_mode") or "full_and_piecewise",
             num_speculative_tokens=spec.k if spec is not None else 0, **common)
-        return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / sizing.GIB:.1f} GiB", plan
+        return f"{len(gpu_memory_bytes)} GPU(s), smallest {min(gpu_memory_bytes) / GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
-    plan = sizing.plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(
+    plan = plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(
         cfg.max_model_len), num_speculative_tokens=spec.k if spec is not None else 0, **common)
     return cpu_where(plan, float(budget), common["max_num_seqs"]), plan
 
 
-def cpu_where(plan: sizing.CapacityPlan, budget_gib: float, max_num_seqs: int) -> str:
+def cpu_where(plan: CapacityPlan, budget_gib: float, max_num_seqs: int) -> str:
     """The CPU line names the KV cache the engine will allocate — the Monitor's "KV cache" figure — and the
     budget beside it when the pool is smaller (no more than max_num_seqs full sequences are worth holding)."""
-    pool = plan.num_blocks * plan.kv_bytes_per_token * plan.block_size
-    budget = int(budget_gib * sizing.GIB)
+    pool = plan.kv_cache_bytes
+    budget = int(budget_gib * GIB)
     if plan.max_blocks is not None and pool < budget and plan.num_blocks == plan.max_blocks:
-        return (f"CPU, no NVIDIA GPU: KV cache {sizing.format_bytes(pool)} (of a {budget_gib:g} GiB budget: "
+        return (f"CPU, no NVIDIA GPU: KV cache {format_bytes(pool)} (of a {budget_gib:g} GiB budget: "
                 f"{max_num_seqs} full sequences need no more)")
-    return f"CPU, no NVIDIA GPU: KV cache {sizing.format_bytes(pool)} (--kv-cache-memory {budget_gib:g} GiB)"
+    return f"CPU, no NVIDIA GPU: KV cache {format_bytes(pool)} (--kv-cache-memory {budget_gib:g} GiB)"
 
 
 def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_bytes: list[int],
@@ -108,8 +108,19 @@ def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_byt
     return describe(where, plan)
 
 
-def describe(where: str, plan: sizing.CapacityPlan) -> str:
+def describe(where: str, plan: CapacityPlan) -> str:
     return f"{where} — {plan.summary() if plan.fits else plan.explain_misfit()}"
+
+
+def fits_words(plan: sizing.CapacityPlan, max_num_seqs: int) -> str:
+    """"32,768 tokens per request · 3 at once": the longest context one request can have, and how many such
+    requests run together (the batch limit, --max-num-seqs, at most; then how many the memory would hold)."""
+    if not plan.fits:
+        return f"one request of at most {plan.num_tokens:,} tokens, not the full {plan.max_model_len:,}"
+    memory = dataclasses.replace(plan, max_blocks=None).num_full_seqs  # the CPU pool stops at the batch limit
+    at_once = min(memory, max_num_seqs)
+    text = f"{plan.max_model_len:,} tokens per request · {at_once:,} at once"
+    return text + (f" (memory for {memory:,})" if memory > at_once else "")
 
 
 def cannot_plan(error: Exception) -> str:

@@ -22,6 +22,7 @@ import httpx
 from PySide6.QtCore import QObject, Qt, QThread, Signal
 
 from app.context_fit import ContextFull, Fit, fit_to_context
+from app.units import format_ms
 from app.sse import auth_headers, iter_sse_data
 
 
@@ -55,6 +56,7 @@ class ChatResult:
     finish_reason: str | None = None
     usage: dict = field(default_factory=dict)
     max_model_len: int = 0  # from the context fit (0: not counted)
+    model: str = ""  # the model that wrote it, as the server's chunks name it
 
     @property
     def tokens_per_s(self) -> float | None:
@@ -65,7 +67,7 @@ class ChatResult:
         return (self.completion_tokens - 1) / decode_s if decode_s > 0 else None
 
     def summary(self) -> str:
-        parts = [f"TTFT {1000 * self.ttft_s:.0f} ms" if self.ttft_s is not None else "no tokens"]
+        parts = [f"TTFT {format_ms(1000 * self.ttft_s)}" if self.ttft_s is not None else "no tokens"]
         if self.tokens_per_s is not None:
             parts.append(f"{self.tokens_per_s:.1f} tokens/s")
         parts.append(f"{self.completion_tokens} tokens")
@@ -155,6 +157,7 @@ class ChatWorker(QObject):
                     if result.finish_reason is None:  # the stream ended without [DONE] or a finish reason
                         raise ReplyError(STOPPED_WHILE_ANSWERING)
         result.elapsed_s = time.perf_counter() - start
+        result.model = result.model or r.model
         if result.usage.get("completion_tokens"):
             result.completion_tokens = int(result.usage["completion_tokens"])
         if result.max_model_len and result.usage.get("total_tokens"):
@@ -184,6 +187,8 @@ class ChatWorker(QObject):
             raise ReplyError(f"The engine failed while answering: {chunk['error'].get('message', chunk['error'])}")
         if chunk.get("usage"):
             result.usage = chunk["usage"]
+        if chunk.get("model") and not result.model:
+            result.model = str(chunk["model"])
         for choice in chunk.get("choices") or []:
             delta = choice.get("delta") or {}
             reasoning = delta.get("reasoning_content") or delta.get("reasoning")

@@ -1,11 +1,14 @@
 """The Chat tab: conversations list, editable system prompt, sampling settings, transcript and input.
 
 Sending stores the user turn in the `ChatStore`, streams the reply through `ChatClient` (a worker
-thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s line. A failed reply
+thread) into the `ChatView`, and stores the reply with its TTFT and tokens/s line and the model that wrote
+it, which its title names. The model is the one picked above the chat (every model the endpoint serves that
+is loaded or can load); a new chat keeps it. A failed reply
 is stored too (any partial text, then the error), so a reopened chat reads as it happened; turns
 left unanswered are not sent again as history, so the model never sees two user turns in a row.
 A request changed to fit the model's context (Max tokens lowered, oldest turns left out: app/context_fit.py)
-gets a note in the chat, stored with it; a meter shows the tokens the chat holds out of the model's context. Stop ends the stream; Regenerate drops the last reply and asks again. Deleting a chat can be undone
+gets a note in the chat, stored with it; a meter shows the tokens the chat holds out of the model's context. Stop ends the stream; Regenerate (once the chat has a message) drops the last reply, and the notes
+made for it, and asks again. Deleting a chat can be undone
 until the next deletion. New chats start from the default system prompt; sampling settings persist
 in QSettings. The endpoint (base URL, key, served model name) is set by the main window. When the store
 cannot write (a full disk), the chat says "chat history could not be saved: disk full", keeps the unsaved
@@ -89,10 +92,15 @@ class ChatPanel(QWidget):
             params.addWidget(QLabel(label))
             params.addWidget(widget)
         params.addStretch(1)
-        self.context_meter = QProgressBar(textVisible=True, minimumWidth=240, maximumWidth=320, visible=False)
-        self.context_meter.setToolTip("Tokens this chat holds (system prompt, history and the last reply) out of "
-                                      "the model's context (max_model_len), as the engine counts them")
+        # A thin bar with its words beside it: text drawn over the fill splits into two colours.
+        self.context_meter = QProgressBar(textVisible=False, minimumWidth=120, maximumWidth=200, maximumHeight=10,
+                                          visible=False)
+        self.context_text = QLabel(visible=False)
+        for w in (self.context_meter, self.context_text):
+            w.setToolTip("Tokens this chat holds (system prompt, history and the last reply) out of the model's "
+                         "context (max_model_len), as the engine counts them")
         params.addWidget(self.context_meter)
+        params.addWidget(self.context_text)
         self.view = ChatView()
         self.input = QPlainTextEdit(placeholderText="Message the model… (Ctrl+Enter to send)")
         self.input.setMaximumHeight(90)
@@ -102,9 +110,10 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate", clicked=self.regenerate)
         self.status = QLabel("")
         self.save_notice = QLabel("")  # says so while the history cannot be written (a full disk)
-        # Messages the store refused (conversation id -> (role, content, stats) in order): kept in memory, shown
-        # and sent as history, and written before the next message of that conversation.
-        self._unsaved: dict[int, list[tuple[str, str, str]]] = {}
+        # Messages the store refused (conversation id -> (role, content, stats, model) in order): kept in memory,
+        # shown and sent as history, and written before the next message of that conversation.
+        self._unsaved: dict[int, list[tuple[str, str, str, str]]] = {}
+        self._reply_model = ""  # the model asked for the reply being written
         actions = QVBoxLayout()
         for b in (self.send_button, self.stop_button, self.regenerate_button):
             actions.addWidget(b)
@@ -134,10 +143,12 @@ class ChatPanel(QWidget):
 
     # ---- endpoint -------------------------------------------------------------------------------------
     def set_endpoint(self, base_url: str | None, api_key: str | None = None, model: str | None = None) -> None:
-        """base_url None means the engine is not running."""
+        """base_url None means the engine is not running; `model` is the main model, asked unless another is
+        picked above the chat."""
         self.base_url, self.api_key = base_url, api_key
-        if model:
+        if model and not self.model_choice.current():
             self.model = model
+        self._update_buttons()
 
     def set_models(self, rows) -> None:
         """Every servable model (app.loaded_models.ModelRow): the picker offers them all."""
@@ -171,25 +182,27 @@ class ChatPanel(QWidget):
         if conversation_id == self.conversation_id and self.view.messages:
             return
         self.conversation_id = conversation_id
-        self.context_meter.setVisible(False)  # counted again with this chat's next message
+        for w in (self.context_meter, self.context_text):
+            w.setVisible(False)  # counted again with this chat's next message
         conversation = self.store.conversation(conversation_id)
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(conversation.system_prompt if conversation else "")
         self.system_prompt.blockSignals(False)
-        self.view.set_messages([ChatMessage(*m) for m in self._transcript(conversation_id)])
+        self.view.set_messages([_message(*m) for m in self._transcript(conversation_id)])
+        self._update_buttons()
 
-    def _transcript(self, conversation_id: int) -> list[tuple[str, str, str]]:
-        """(role, content, stats) of the stored messages, then those not saved yet."""
-        stored = [(m.role, m.content, m.stats) for m in self.store.messages(conversation_id)]
+    def _transcript(self, conversation_id: int) -> list[tuple[str, str, str, str]]:
+        """(role, content, stats, model) of the stored messages, then those not saved yet."""
+        stored = [(m.role, m.content, m.stats, m.model) for m in self.store.messages(conversation_id)]
         return stored + self._unsaved.get(conversation_id, [])
 
-    def _save(self, role: str, content: str, stats: str = "") -> None:
+    def _save(self, role: str, content: str, stats: str = "", model: str = "") -> None:
         """Store a message of the open chat; when the store refuses (a full disk), keep it in memory, say so,
         and try again with the next message."""
         if self.conversation_id is None:
             return
         pending = self._unsaved.setdefault(self.conversation_id, [])
-        pending.append((role, content, stats))
+        pending.append((role, content, stats, model))
         try:
             while pending:
                 self.store.add_message(self.conversation_id, *pending[0])  # one transaction each: all or nothing
@@ -229,7 +242,7 @@ class ChatPanel(QWidget):
         self.undo_button.setVisible(False)
         self.conversation_id = self.store.restore_conversation(
             conversation.title, conversation.system_prompt, conversation.updated,
-            [(m.role, m.content, m.stats) for m in messages])
+            [(m.role, m.content, m.stats, m.model) for m in messages])
         self.view.set_messages([])
         self._load_conversations()
 
@@ -260,14 +273,20 @@ class ChatPanel(QWidget):
         self._ask()
 
     def regenerate(self) -> None:
+        """Drop the last reply and the notes made for it (its context fit), then ask again."""
         if self.generating or self.conversation_id is None:
             return
         stored = self.store.messages(self.conversation_id)
-        if not stored or self.base_url is None:
+        if not any(m.role == "user" for m in stored) or self.base_url is None:
             return
+        keep = len(stored)
         if stored[-1].role == "assistant":
-            self.store.delete_message(stored[-1].id)
-            self.view.set_messages([ChatMessage(m.role, m.content, m.stats) for m in stored[:-1]])
+            keep -= 1
+            while keep and stored[keep - 1].role == "note":
+                keep -= 1
+            for m in stored[keep:]:
+                self.store.delete_message(m.id)
+            self.view.set_messages([_message(m.role, m.content, m.stats, m.model) for m in stored[:keep]])
         self._ask()
 
     def stop(self) -> None:
@@ -278,7 +297,7 @@ class ChatPanel(QWidget):
         messages = [{"role": "system", "content": self.system_prompt.toPlainText()}]
         if not messages[0]["content"].strip():
             messages = []
-        turns = [(role, content) for role, content, _ in self._transcript(self.conversation_id)
+        turns = [(role, content) for role, content, *_ in self._transcript(self.conversation_id)
                  if role in ("user", "assistant")]
         # A user turn whose reply failed is followed by another user turn: leave it out of the history.
         messages += [{"role": role, "content": content} for i, (role, content) in enumerate(turns)
@@ -288,7 +307,8 @@ class ChatPanel(QWidget):
     def _ask(self) -> None:
         request = ChatRequest(self.base_url or "", self.model, self._history(), self.api_key,
                               self.temperature.value(), self.top_p.value(), self.max_tokens.value())
-        self.view.add_message(ChatMessage("assistant", ""))
+        self._reply_model = self.model
+        self.view.add_message(ChatMessage("assistant", "", model=self.model, pending=True))
         self._set_generating(True)
         self.client.send(request)
 
@@ -309,7 +329,9 @@ class ChatPanel(QWidget):
         meter.setValue(min(used, max_model_len))
         meter.setFormat(f"Context {used:,} / {max_model_len:,} tokens")
         meter.setStyleSheet("QProgressBar::chunk { background: #bf616a; }" if used >= 0.9 * max_model_len else "")
+        self.context_text.setText(meter.format())
         meter.setVisible(True)
+        self.context_text.setVisible(True)
 
     def _on_delta(self, text: str) -> None:
         self.view.append_to_last(text)
@@ -320,7 +342,10 @@ class ChatPanel(QWidget):
     def _on_finished(self, result: ChatResult) -> None:
         self._set_generating(False)
         stats = result.summary()
-        self._save("assistant", result.text, stats)
+        model = result.model or self._reply_model
+        self._save("assistant", result.text, stats, model)
+        if self.view.messages and self.view.messages[-1].role == "assistant":
+            self.view.messages[-1].model, self.view.messages[-1].pending = model, False
         self.view.set_last_stats(stats)
         self.reply_finished.emit(result)
 
@@ -330,7 +355,8 @@ class ChatPanel(QWidget):
         if last is not None and last.role == "assistant" and not last.text:
             self.view.messages.pop()
         elif last is not None and last.role == "assistant":
-            self._save("assistant", last.text, "incomplete")
+            last.pending = False
+            self._save("assistant", last.text, "incomplete", self._reply_model)
         self._save("error", message)
         self.view.add_message(ChatMessage("error", message))
         self.reply_failed.emit(message)
@@ -338,11 +364,17 @@ class ChatPanel(QWidget):
     def _set_generating(self, on: bool) -> None:
         self.generating = on
         self.send_button.setEnabled(not on)
-        self.regenerate_button.setEnabled(not on)
         self.stop_button.setEnabled(on)
         for button in (self.new_button, self.delete_button, self.undo_button):
             button.setEnabled(not on)
         self.status.setText(self.model_choice.progress_line() if on else "")
+        self._update_buttons()
+
+    def _update_buttons(self) -> None:
+        """Regenerate needs a running engine and a message of yours in this chat to answer again."""
+        asked = self.conversation_id is not None and any(
+            role == "user" for role, *_ in self._transcript(self.conversation_id))
+        self.regenerate_button.setEnabled(not self.generating and self.base_url is not None and asked)
 
     def _restore_sampling(self) -> None:
         if self.settings is None:
@@ -369,3 +401,7 @@ class ChatPanel(QWidget):
         item = self.conversation_list.currentItem()
         if item is not None:
             item.setText(title)
+
+
+def _message(role: str, content: str, stats: str = "", model: str = "") -> ChatMessage:
+    return ChatMessage(role, content, stats, model=model)

@@ -1,7 +1,8 @@
 """Conversations kept in SQLite under the user's data directory (app.paths.data_dir()).
 
 Two tables: conversations (title, system prompt, sampling settings, times) and messages (role,
-content, a stats line such as "TTFT 120 ms · 35 tokens/s"). Small synchronous queries on a local
+content, a stats line such as "TTFT 120 ms · 35 tokens/s", and for a reply the model that wrote it; a
+file from before that column gets it, empty, when opened). Small synchronous queries on a local
 file; the GUI calls them directly, as they take well under a millisecond.
 """
 from __future__ import annotations
@@ -17,7 +18,8 @@ CREATE TABLE IF NOT EXISTS conversations (
     created REAL NOT NULL, updated REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    role TEXT NOT NULL, content TEXT NOT NULL, stats TEXT NOT NULL DEFAULT '', created REAL NOT NULL);
+    role TEXT NOT NULL, content TEXT NOT NULL, stats TEXT NOT NULL DEFAULT '', created REAL NOT NULL,
+    model TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
 
@@ -36,6 +38,7 @@ class StoredMessage:
     role: str
     content: str
     stats: str
+    model: str = ""  # the model that wrote a reply
 
 
 class ChatStore:
@@ -44,6 +47,9 @@ class ChatStore:
         self._db = sqlite3.connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(SCHEMA)
+        if "model" not in {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}:
+            with self._db:
+                self._db.execute("ALTER TABLE messages ADD COLUMN model TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         self._db.close()
@@ -78,29 +84,30 @@ class ChatStore:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self._db.execute("SELECT id, role, content, stats FROM messages WHERE conversation_id = ? "
+        rows = self._db.execute("SELECT id, role, content, stats, model FROM messages WHERE conversation_id = ? "
                                 "ORDER BY id", (conversation_id,))
         return [StoredMessage(*row) for row in rows]
 
-    def add_message(self, conversation_id: int, role: str, content: str, stats: str = "") -> int:
+    def add_message(self, conversation_id: int, role: str, content: str, stats: str = "", model: str = "") -> int:
         now = time.time()
         with self._db:
-            cur = self._db.execute("INSERT INTO messages (conversation_id, role, content, stats, created) "
-                                   "VALUES (?, ?, ?, ?, ?)", (conversation_id, role, content, stats, now))
+            cur = self._db.execute("INSERT INTO messages (conversation_id, role, content, stats, model, created) "
+                                   "VALUES (?, ?, ?, ?, ?, ?)", (conversation_id, role, content, stats, model, now))
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return int(cur.lastrowid)
 
     def restore_conversation(self, title: str, system_prompt: str, updated: float,
-                             messages: list[tuple[str, str, str]]) -> int:
-        """A deleted conversation back with its messages (role, content, stats) and its old `updated` time, so
+                             messages: list[tuple[str, ...]]) -> int:
+        """A deleted conversation back with its messages (role, content, stats[, model]) and its old `updated` time, so
         it returns to its place in the list (the list is newest first); one transaction."""
         now = time.time()
         with self._db:
             cur = self._db.execute("INSERT INTO conversations (title, system_prompt, created, updated) "
                                    "VALUES (?, ?, ?, ?)", (title, system_prompt, now, updated))
             conversation_id = int(cur.lastrowid)
-            self._db.executemany("INSERT INTO messages (conversation_id, role, content, stats, created) "
-                                 "VALUES (?, ?, ?, ?, ?)", [(conversation_id, *m, now) for m in messages])
+            self._db.executemany("INSERT INTO messages (conversation_id, role, content, stats, model, created) "
+                                 "VALUES (?, ?, ?, ?, ?, ?)",
+                                 [(conversation_id, *m[:3], m[3] if len(m) > 3 else "", now) for m in messages])
         return conversation_id
 
     def delete_message(self, message_id: int) -> None:

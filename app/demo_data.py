@@ -62,8 +62,10 @@ def demo_grouped_blocks(num_blocks: int = 4096, seed: int = 0) -> BlockSnapshot:
 def demo_states(num_samples: int = 480, hz: float = 4.0, num_blocks: int = 4096) -> list[tuple[float, EngineState]]:
     """Two minutes of a burst: load ramps up, a prefill spike, steady decode, the start of draining.
 
-    The last sample's KV usage matches the block map's in-use fraction, so the views agree."""
-    blocks = demo_blocks(num_blocks)
+    The last sample's KV usage matches the block map's in-use fraction, and its running requests are the ones
+    holding blocks, so the views agree."""
+    num_requests = 12
+    blocks = demo_blocks(num_blocks, num_requests)
     in_use = float(np.mean(blocks.state == STATE_IN_USE))
     final_load = math.sin(math.pi * 0.75) ** 0.7
     out = []
@@ -71,10 +73,11 @@ def demo_states(num_samples: int = 480, hz: float = 4.0, num_blocks: int = 4096)
         t = i / hz
         phase = 0.75 * (i + 1) / num_samples
         load = math.sin(math.pi * phase) ** 0.7
-        running = int(round(12 * load))
+        busy = int(round(num_requests * load))  # how hard the engine works
+        running = min(num_requests, int(round(num_requests * load / final_load)))  # at the end: all holding blocks
         waiting = max(0, int(round(8 * math.sin(2.5 * math.pi * phase) * load)))
         prompt_rate = 2500 * math.exp(-((phase - 0.3) / 0.05) ** 2) + 300 * load + 80 * ((i * 7919) % 13) / 13
-        gen_rate = 38 * running * (1 - 0.02 * running) + 5 * ((i * 104729) % 7) / 7
+        gen_rate = 38 * busy * (1 - 0.02 * busy) + 5 * ((i * 104729) % 7) / 7
         usage = in_use * load / final_load
         state = EngineState(
             time=t, model="Qwen/Qwen2.5-7B-Instruct", device="cuda", block_size=16, num_blocks=num_blocks,

@@ -13,6 +13,7 @@ from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (QAbstractItemView, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
+from app.units import plural
 from engine.doctor.report import Row, rows_from_json
 
 DOCTOR_COMMAND = [sys.executable, "-m", "engine.doctor", "--json"]
@@ -74,7 +75,7 @@ class DoctorPanel(QWidget):
             self._done([], f"The doctor stopped without a report: {tail}")
             return
         counts = {s: sum(r.status == s for r in rows) for s in STATUS_COLORS}
-        self._done(rows, f"{counts['pass']} passed, {counts['warn']} warnings, {counts['fail']} failed")
+        self._done(rows, f"{counts['pass']} passed, {plural(counts['warn'], 'warning')}, {counts['fail']} failed")
 
     def _done(self, rows: list[Row], message: str) -> None:
         self.process.deleteLater()

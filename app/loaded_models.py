@@ -5,9 +5,12 @@ router's fields) every few seconds and after each action, off the GUI thread: a 
 and hands rows back through a queued signal. `model_rows` turns the JSON into plain rows (tested without Qt
 widgets). Load and unload are `POST /v1/models/NAME/load|unload` with the endpoint's key; a load can take as
 long as the engine takes to start, so it runs on its own thread and the row says "loading" meanwhile.
-`models_listed` tells the Chat tab's picker which models there are and which are loaded. Under the list,
-the selected model's own log (app/model_logs.py sorts the router's output per model) and, when the main
-window adds it, the served-set settings (app/served_set_panel.py).
+`models_listed` tells the Chat tab's picker which models there are and which are loaded. A model that
+failed says so with its engine's error in the row, and "Remove from served set" (`remove_requested`) drops it from
+the models served alongside. Load is offered for a model that is not loaded, Unload for one that is; each load and
+unload asked here is written to the logs (`log_line`). Under the list, the selected model's own log
+(app/model_logs.py sorts the router's output per model; it follows new lines, and a new run starts it empty) and,
+when the main window adds it, the served-set settings (app/served_set_panel.py).
 """
 from __future__ import annotations
 
@@ -17,14 +20,14 @@ from urllib.parse import quote
 
 import httpx
 from PySide6.QtCore import QObject, QTimer, Signal
-from PySide6.QtGui import QFontDatabase
+from PySide6.QtGui import QColor, QFontDatabase
 from PySide6.QtWidgets import (QHBoxLayout, QHeaderView, QLabel, QPlainTextEdit, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
 from app.model_logs import MAX_LINES, ROUTER, ModelLogs
 from widgets.gpu_panel import format_bytes
 
-COLUMNS = ("Model", "State", "Where", "Memory", "Context", "Quantization")
+COLUMNS = ("Model", "State", "Where", "Memory", "Context", "Quantization", "Error")
 POLL_MS = 3000
 LOAD_TIMEOUT_S = 900.0
 
@@ -39,10 +42,15 @@ class ModelRow:
     quantization: str
     error: str = ""
     managed: bool = True  # served by the router (load/unload work); False for a one-engine server
+    loadable: bool = True  # loaded, or can be: its load has not failed and its config.json reads
 
     @property
     def loaded(self) -> bool:
         return self.state == "loaded"
+
+    @property
+    def failed(self) -> bool:
+        return self.state in ("failed", "dead")
 
 
 def model_rows(payload: dict) -> list[ModelRow]:
@@ -63,7 +71,8 @@ def model_rows(payload: dict) -> list[ModelRow]:
         rows.append(ModelRow(str(m.get("id")), state, " | ".join(places),
                              sum(int(e.get("memory_bytes") or 0) for e in engines),
                              m.get("max_model_len"), m.get("quantization") or "none",
-                             errors[0] if errors else m.get("config_error", ""), "loaded" in m))
+                             errors[0] if errors else m.get("error") or m.get("config_error", ""), "loaded" in m,
+                             state != "failed" and not m.get("config_error")))
     return rows
 
 
@@ -77,6 +86,8 @@ class _Relay(QObject):
 
 class LoadedModelsPanel(QWidget):
     models_listed = Signal(object)  # list[ModelRow]
+    log_line = Signal(str)  # "[pagedesk] NAME: unloaded\n": what was asked here, for the logs
+    remove_requested = Signal(str)  # a failed model's name: take it out of the served set
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -97,9 +108,11 @@ class LoadedModelsPanel(QWidget):
         self.load_button = QPushButton("Load", clicked=lambda: self.act("load"))
         self.unload_button = QPushButton("Unload", clicked=lambda: self.act("unload"))
         self.refresh_button = QPushButton("Refresh", clicked=self.refresh)
+        self.remove_button = QPushButton("Remove from served set", visible=False,
+                                         clicked=lambda: self.selected() and self.remove_requested.emit(self.selected()))
         self.status = QLabel(wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.unload_button, self.refresh_button):
+        for b in (self.load_button, self.unload_button, self.refresh_button, self.remove_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         self.logs = ModelLogs()
@@ -107,6 +120,8 @@ class LoadedModelsPanel(QWidget):
         self.log_view = QPlainTextEdit(readOnly=True, maximumBlockCount=MAX_LINES)
         self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.table.itemSelectionChanged.connect(self._show_log)
+        self.table.itemSelectionChanged.connect(self._update_buttons)
+        self.table.itemSelectionChanged.connect(self._offer_removal)
         layout = self.layout_ = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
         layout.addLayout(buttons)
@@ -125,6 +140,12 @@ class LoadedModelsPanel(QWidget):
         if self._log_key(self.selected()) in touched:
             self._show_log()
 
+    def new_run(self) -> None:
+        """The engine starts again: the previous run's logs and rows go."""
+        self.logs.clear()
+        self.log_view.clear()
+        self._show([])
+
     def _log_key(self, name: str | None) -> str | None:
         """Whose lines a model's log is: its own under the router; everything a one-engine server prints."""
         single = len(self.rows) == 1 and not self.rows[0].managed
@@ -136,8 +157,12 @@ class LoadedModelsPanel(QWidget):
             return
         lines = self.logs.lines(self._log_key(name))
         self.log_title.setText(f"Log of {name}" + ("" if lines else " (nothing yet: it has not been loaded)"))
+        bar = self.log_view.verticalScrollBar()
+        following = bar.value() >= bar.maximum() - 2 or self.log_title.property("model") != name
+        self.log_title.setProperty("model", name)
+        kept = bar.value()
         self.log_view.setPlainText("\n".join(lines))
-        self.log_view.verticalScrollBar().setValue(self.log_view.verticalScrollBar().maximum())
+        bar.setValue(bar.maximum() if following else kept)  # new lines follow, unless the reader scrolled up
 
     def set_endpoint(self, base_url: str | None, api_key: str | None = None) -> None:
         """base_url None: nothing is served; the list empties and polling stops."""
@@ -193,12 +218,23 @@ class LoadedModelsPanel(QWidget):
         threading.Thread(target=post, name=f"models-{action}", daemon=True).start()
         self._show(self.rows)
 
+    def _offer_removal(self) -> None:
+        """A failed model, selected: say why it failed and offer to stop serving it."""
+        row = next((r for r in self.rows if r.name == self.selected()), None)
+        failed = row is not None and row.managed and row.state == "failed"
+        self.remove_button.setVisible(failed)
+        if failed:
+            self.status.setText(f"{row.name} failed: {row.error or 'no reason given'}. Fix its folder, or remove "
+                                "it from the served set.")
+
     def _on_failed(self, text: str) -> None:
         self.status.setText(text)
 
     def _on_acted(self, name: str, action: str, ok: bool, message: str) -> None:
         self.pending.pop(name, None)
-        self.status.setText(f"{name}: {action}ed" if ok else f"{name}: {action} failed: {message}")
+        text = f"{name}: {action}ed" if ok else f"{name}: {action} failed: {message}"
+        self.status.setText(text)
+        self.log_line.emit(f"[pagedesk] {text}\n")
         self.refresh()
 
     def _show(self, rows: list[ModelRow]) -> None:
@@ -208,22 +244,32 @@ class LoadedModelsPanel(QWidget):
         for i, r in enumerate(self.rows):
             state = {"load": "loading…", "unload": "unloading…"}.get(self.pending.get(r.name, ""), r.state)
             cells = (r.name, state, r.where, format_bytes(r.memory_bytes) if r.memory_bytes else "",
-                     f"{r.context:,}" if r.context else "", r.quantization)
+                     f"{r.context:,}" if r.context else "", r.quantization, r.error)
             for j, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 if r.error:
                     item.setToolTip(r.error)
                 self.table.setItem(i, j, item)
-            if r.name == selected:
+                if r.failed:
+                    item.setForeground(QColor("#bf616a"))
+            if r.name == (selected or self.rows[0].name):  # nothing chosen yet: the main model, listed first
                 self.table.selectRow(i)
-        managed = any(r.managed for r in self.rows)  # a one-engine server has no load/unload routes
-        self.load_button.setEnabled(managed)
-        self.unload_button.setEnabled(managed)
+        self._update_buttons()
+        self._offer_removal()
         self.models_listed.emit(self.rows)
+
+    def _update_buttons(self) -> None:
+        """Load for a model that is not loaded, Unload for one that is; neither while either is under way, nor on
+        a one-engine server (it has no load/unload routes)."""
+        row = next((r for r in self.rows if r.name == self.selected()), None)
+        busy = row is None or not row.managed or row.name in self.pending or row.state == "loading"
+        self.load_button.setEnabled(not busy and not row.loaded)
+        self.unload_button.setEnabled(not busy and row.loaded)
 
 
 class ChatModelChoice(QWidget):
-    """The Chat tab's model picker: every servable model, loaded ones marked; `model_picked` on a change."""
+    """The Chat tab's model picker: the models that are loaded or can load (a failed one is left out), the
+    others marked; `model_picked` on a change. The pick stays while it is listed (a new chat keeps it)."""
 
     model_picked = Signal(str)
 
@@ -239,11 +285,12 @@ class ChatModelChoice(QWidget):
 
     def set_rows(self, rows: list[ModelRow]) -> None:
         current = self.current()
-        self.rows = list(rows)
+        self.rows = [r for r in rows if r.loadable]
         self.combo.blockSignals(True)
         self.combo.clear()
         for r in self.rows:
-            self.combo.addItem(r.name if r.loaded else f"{r.name} (loads on send)", r.name)
+            note = "" if r.loaded else " (loading…)" if r.state == "loading" else " (loads on send)"
+            self.combo.addItem(r.name + note, r.name)
         names = [r.name for r in self.rows]
         self.combo.setCurrentIndex(names.index(current) if current in names else 0 if names else -1)
         self.combo.blockSignals(False)

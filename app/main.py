@@ -1,4 +1,5 @@
-"""Entry point of the `pagedesk` console script (and `python -m app`): QApplication + MainWindow.
+"""Entry point of the `pagedesk` console script (and `python -m app`): QApplication + MainWindow, or, for
+`pagedesk launch ...`, the agent launcher (app/launch.py), which runs without Qt.
 
 Quitting always runs the window's shutdown, so the engine's process group is stopped even when the
 application is ended from outside the window (Ctrl+C in the terminal or SIGTERM at logout, which
@@ -6,22 +7,15 @@ Qt alone would not turn into a clean quit). `--serve-at-login` (the XDG autostar
 starts serving the last model at once and stays in the tray, keeping the engine up when the window
 is closed; without a tray it shows the window, since nothing else could bring it back. A second
 `pagedesk` for the same data folder brings the first one's window to the front and exits
-(app/single_instance.py).
+(app/single_instance.py). Where no window can open (no display, or not the X libraries Qt needs) it says
+so and what to do instead (app/display_check.py), and exits 1 before Qt could abort.
 """
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
-
-from PySide6.QtCore import QTimer
-from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QApplication
-
-from app.main_window import MainWindow
-from app.paths import ICON_PATH
-from app.single_instance import SingleInstance
-from app.theme import follow_system_theme
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -34,7 +28,28 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv)
+    if len(argv) > 1 and argv[1] == "launch":  # a terminal command: no Qt is imported for it
+        from app.launch import main as launch
+        return launch(argv[2:])
+    return run_gui(argv)
+
+
+def run_gui(argv: list[str]) -> int:
+    from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from app.display_check import display_problem
+    from app.main_window import MainWindow
+    from app.paths import ICON_PATH
+    from app.single_instance import SingleInstance
+    from app.theme import follow_system_theme
+
     args = parse_args(argv)
+    problem = None if QApplication.instance() else display_problem(os.environ)
+    if problem:
+        print(problem, file=sys.stderr, flush=True)
+        return 1
     app = QApplication.instance() or QApplication(argv)
     app.setApplicationName("PagedDesk")
     app.setOrganizationName("PagedDesk")
@@ -47,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     guard.listen()
     window = MainWindow()
+    window.open_first_view()
     guard.show_requested.connect(lambda: (print("pagedesk: another start asked for this window", flush=True),
                                           window.tray.open_window()))
     app.aboutToQuit.connect(window.shutdown)

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import time
 
-from PySide6.QtCore import QSettings, Qt, QTimer
+from PySide6.QtCore import QCoreApplication, QSettings, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QFontDatabase, QIcon
 from PySide6.QtWidgets import (QApplication, QGroupBox, QHBoxLayout, QLabel, QMainWindow, QPlainTextEdit,
                                QScrollArea, QSplitter, QTabWidget, QVBoxLayout, QWidget)
 
 from app.bench_store import BenchStore
 from app.benchmark_panel import BenchmarkPanel
-from app.capacity import capacity_line
+from app.capacity import cannot_plan, capacity_line
 from app.chat_panel import ChatPanel
 from app.autostart import autostart_enabled, set_autostart
 from app.chat_store import ChatStore
@@ -44,9 +44,10 @@ from app.settings import gui_flags, load_values, save_values
 from app.settings_form import SettingsForm
 from app.stats_client import StatsClient
 from app.status_chip import StatusChip, status_text
-from app.supervisor import CRASHED, READY, STARTING, STOPPED, STOPPING, EngineSupervisor, connect_host
+from app.supervisor import CRASHED, FAILED, READY, STARTING, STOPPED, STOPPING, EngineSupervisor, connect_host
 from app.theme import is_dark
 from app.tray import Tray
+from engine.config.model_discovery import default_model_name
 from widgets.gpu_panel import GpuReading
 
 KEEP_SERVING_KEY = "app/keep_serving"
@@ -75,7 +76,9 @@ class MainWindow(QMainWindow):
         self.stats_hz = STATS_HZ
         self._closed = False
         self.keep_serving_for_session = False
-        self.serving_together = False  # the last start ran the router (models served together)  # `pagedesk --serve-at-login`: the tray is the way back
+        self.serving_together = False  # the last start ran the router (models served together)
+        self.model_rows: list = []  # each served model's state (app.loaded_models.ModelRow), for the chip
+        self.progress_text = ""  # what STARTING waits for
         if num_gpus is None:
             from app.nvml_sampler import count_nvidia_gpus
             num_gpus = count_nvidia_gpus()
@@ -88,6 +91,8 @@ class MainWindow(QMainWindow):
         self.capacity = QLabel(wordWrap=True, textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
         self.log_view = QPlainTextEdit(readOnly=True, maximumBlockCount=LOG_LINES)
         self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
+        self.log_view.setPlaceholderText("The engine's output appears here once it starts. No model yet? Pick one "
+                                         "in the Models tab, or choose a folder or a hub repo id above.")
         self.crash_box = QLabel(wordWrap=True, visible=False,
                                 textInteractionFlags=Qt.TextInteractionFlag.TextSelectableByMouse)
         self.crash_box.setStyleSheet("background: #3b2a2e; color: #f0d0d0; padding: 6px; font-family: monospace;"
@@ -102,6 +107,7 @@ class MainWindow(QMainWindow):
         self.loaded_models = LoadedModelsPanel()  # what the endpoint serves: every model, load/unload
         self.loaded_models.models_listed.connect(self.chat.set_models)
         self.loaded_models.models_listed.connect(self.monitor.set_models)
+        self.loaded_models.models_listed.connect(self._on_models_listed)
         self.served = load_served_set(self.qsettings)
         self.served_panel = ServedSetPanel(self.served)
         self.served_panel.set_num_gpus(num_gpus)
@@ -206,9 +212,16 @@ class MainWindow(QMainWindow):
     def _connect(self) -> None:
         sup = self.supervisor
         sup.state_changed.connect(self._on_state)
+        sup.state_changed.connect(self._on_new_run)
         sup.log.connect(self._append_log)
         sup.log.connect(self.loaded_models.feed_log)
+        sup.endpoint_up.connect(self._on_endpoint_up)
+        sup.failed.connect(self._on_model_failed)
+        sup.progress.connect(self._on_progress)
+        self.loaded_models.log_line.connect(sup.log)  # loads and unloads asked here go into the logs too
         self.served_panel.changed.connect(self._on_served_set_changed)
+        self.loaded_models.remove_requested.connect(
+            lambda name: self.served_panel.remove_named(name, self._served_model_name()))
         self.monitor.model_selected.connect(self._watch_model)
         sup.ready.connect(self._on_ready)
         sup.crashed.connect(self._on_crashed)
@@ -243,7 +256,6 @@ class MainWindow(QMainWindow):
             return False
         values = self.settings_form.values()
         save_values(self.qsettings, values)
-        self.loaded_models.logs.clear()
         together = self.served.router_argv(self._served_model_name(), self.num_gpus)
         self.serving_together = bool(together)  # what this start serves, whatever the panel says later
         return self.supervisor.start(str(info.path), values, [*self.extra_engine_args, *together])
@@ -278,7 +290,7 @@ class MainWindow(QMainWindow):
         info = self.model_picker.info
         if record.model and (info is None or str(info.path) != record.model):
             self.model_picker.set_model_path(record.model)
-        self.supervisor.adopt(record)
+        self.supervisor.adopt(record, self.settings_form.values().get("api_key"))
 
     def stop_leftover_engine(self, record: EngineRecord) -> None:
         if self.supervisor.adopt(record):
@@ -339,7 +351,7 @@ class MainWindow(QMainWindow):
     def _update_actions(self) -> None:
         """Start and Restart need a model and settings without errors (each error is shown at its field)."""
         state, sup = self.supervisor.state, self.supervisor
-        running = state in (READY, STARTING, STOPPING)
+        running = state in (READY, STARTING, STOPPING, FAILED)
         startable = self.model_picker.info is not None and not self.settings_form.problems()
         self.start_action.setEnabled(not running and not sup.running and startable)
         self.start_action.setToolTip("Fix the settings marked in red first" if self.model_picker.info is not None
@@ -352,32 +364,64 @@ class MainWindow(QMainWindow):
         if state != READY:
             self.stats.stop()
             self.chat.set_endpoint(None)
-            self.loaded_models.set_endpoint(None)
             self.benchmark.set_endpoint(None)
             self.monitor.on_engine_stopped()
             self._update_endpoint()
+        if state not in (READY, FAILED):  # FAILED: the router still lists every model's state and error
+            self.loaded_models.set_endpoint(None)
         self._show_status()
 
+    def _on_new_run(self, state: str) -> None:
+        """A new run (Start, Restart, an automatic restart): its logs and model states start empty."""
+        if state == STARTING:
+            self.loaded_models.new_run()
+            self.model_rows, self.progress_text = [], ""
+
     def _show_status(self) -> None:
-        """Chip, title and tray all say the same: state, model, and the URL actually served (if any)."""
+        """Chip, title and tray all say the same: state, model, and the URL actually served (if any); with several
+        models the chip counts the loaded ones and its tooltip gives each one's state."""
         state = self.supervisor.state
-        url = f"{self.supervisor.base_url}/v1" if state in (READY, STARTING, STOPPING) and self.supervisor.base_url else ""
+        serving = state in (READY, STARTING, STOPPING, FAILED)
+        url = f"{self.supervisor.base_url}/v1" if serving and self.supervisor.base_url else ""
         info = self.model_picker.info
         model = self._served_model_name() if info is not None else ""
         model = model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", "~", ".")) else model
-        self.state_label.set_status(state, model, url)
+        label = f"{model} ({self.progress_text})" if state == STARTING and self.progress_text and model else model
+        rows = self.model_rows if serving else []
+        loaded = f"{sum(r.loaded for r in rows)} of {len(rows)} models loaded" if len(rows) > 1 else ""
+        details = [f"{r.name}: {r.state}" + (f" — {r.error}" if r.error else "") for r in rows]
+        if state == FAILED and self.supervisor.failure and len(rows) <= 1:
+            details.append(self.supervisor.failure)
+        self.state_label.set_status(state, " · ".join(p for p in (label, loaded) if p), url, details)
         self.setWindowTitle(" — ".join(p for p in ("PagedDesk", model, url) if p))
         self.tray.set_status(status_text(state, model, url), state, url)
+
+    def _on_models_listed(self, rows) -> None:
+        self.model_rows = list(rows)
+        self._show_status()
+
+    def _on_progress(self, text: str) -> None:
+        self.progress_text = text
+        self._show_status()
+
+    def _on_endpoint_up(self, base_url: str) -> None:
+        """Something answers at the URL (the router, before the main model is loaded): list every model's state."""
+        self.loaded_models.set_endpoint(base_url, self.settings_form.values().get("api_key"))
+
+    def _on_model_failed(self, message: str) -> None:
+        model = self.supervisor.main_model or self._served_model_name()
+        self.crash_box.setText(f"The endpoint is up, but {model} cannot serve:\n{message}")
+        self.crash_box.setVisible(True)
+        self._show_status()
 
     def _on_ready(self, base_url: str) -> None:
         api_key = self.settings_form.values().get("api_key")
         together = self.serving_together and self.supervisor.adopted is None
         self.stats.start(base_url, api_key, self.stats_hz, model=self._served_model_name() if together else None)
         self.chat.set_endpoint(base_url, api_key, self._served_model_name())
-        self.loaded_models.set_endpoint(base_url, api_key)
-        if together:  # the router loads on first use: load the chosen model now, as a one-model start does
-            self.loaded_models.act("load", self._served_model_name())
-        self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"))
+        self.loaded_models.set_endpoint(base_url, api_key)  # the readiness probe has loaded the chosen model
+        self.benchmark.set_endpoint(base_url, api_key, self.settings_form.values().get("max_model_len"),
+                                    self.supervisor.main_model or None)
         self._update_endpoint(running=True)
         self.crash_box.setVisible(False)  # the previous failure is over
         self._show_status()
@@ -392,12 +436,15 @@ class MainWindow(QMainWindow):
         self._append_log(f"[pagedesk] {text}\n")
 
     def _append_log(self, text: str) -> None:
+        """New lines follow at the bottom unless the reader scrolled up (trimming old lines must not stop that)."""
+        bar = self.log_view.verticalScrollBar()
+        following = bar.value() >= bar.maximum() - 2
         self.log_view.appendPlainText(text.rstrip("\n"))
+        if following:
+            bar.setValue(bar.maximum())
 
     def _on_engine_state(self, state: EngineState) -> None:
-        self.monitor.on_state(state)
-        if state.model and state.model != self.chat.model:
-            self.chat.set_endpoint(self.chat.base_url, self.chat.api_key, state.model)
+        self.monitor.on_state(state)  # whose engine the Monitor shows; the chat keeps the model picked there
 
     def _on_gpu_readings(self, readings: list[GpuReading]) -> None:
         totals = [r.memory_total for r in readings]
@@ -416,7 +463,7 @@ class MainWindow(QMainWindow):
         if info is not None:
             self.qsettings.setValue("model/path", str(info.path))
         self._clear_failure()
-        self.settings_form.set_model_context(info.context_length if info else None)
+        self.settings_form.set_model(info)
         self._update_capacity()
         self._update_endpoint()
         self._on_state(self.supervisor.state)
@@ -431,31 +478,46 @@ class MainWindow(QMainWindow):
     def _update_capacity(self) -> None:
         info = self.model_picker.info
         values = self.settings_form.values()
-        self.capacity.setText(capacity_line(info.config if info else None, values, self.gpu_memory,
+        refused = self.settings_form.field_problems().get("speculative_config")
+        self.capacity.setText(cannot_plan(ValueError(" ".join(refused))) if refused and info else  # no phantom draft
+                              capacity_line(info.config if info else None, values, self.gpu_memory,
                                             self.gpu_used or None))
         self.library.set_machine(values, self.gpu_memory)
 
     def _served_model_name(self) -> str:
         values = self.settings_form.values()
         info = self.model_picker.info
-        return values.get("served_model_name") or (str(info.path) if info else "model")
+        return values.get("served_model_name") or (default_model_name(str(info.path)) if info else "model")
 
     def _update_endpoint(self, running: bool | None = None) -> None:
         values = self.settings_form.values()
         running = self.supervisor.state == READY if running is None else running
         base = (self.supervisor.base_url if running and self.supervisor.base_url else
                 f"http://{connect_host(values.get('host') or '127.0.0.1')}:{values.get('port') or 8000}")
-        self.endpoint.set_endpoint(base, values.get("api_key"), self._served_model_name(), running)
+        self.endpoint.set_endpoint(base, values.get("api_key"), self._served_model_name(), running,
+                                   values.get("max_model_len"))
 
     # ---- shutdown -----------------------------------------------------------------------------------------
+    def open_first_view(self) -> None:
+        """At launch: the Models tab while no model is chosen (that is the first thing to do), else the Engine tab."""
+        if self.model_picker.info is None:
+            self.tabs.setCurrentWidget(self.library)
+
     def shutdown(self) -> None:
-        """Stop everything this window started; safe to call twice (closeEvent and aboutToQuit)."""
+        """Stop everything this window started; safe to call twice (closeEvent and aboutToQuit). While the engine
+        stops (about a second) the chip and the status bar say so, and that its endpoint goes away."""
         if self._closed:
             return
         self._closed = True
         self._drain_timer.stop()
         save_values(self.qsettings, self.settings_form.values())
         self._close_streams()
+        if self.supervisor.running:
+            url = f"{self.supervisor.base_url}/v1"
+            self.state_label.set_status(STOPPING, self.supervisor.main_model, url)
+            self.statusBar().showMessage(f"Stopping the engine: {url} stops serving…")
+            print(f"pagedesk: stopping the engine; {url} stops serving", flush=True)
+            QCoreApplication.processEvents()  # paint that before the wait
         self.supervisor.shutdown()
         self.stats.wait_stopped()
         self.chat.client.wait_idle()

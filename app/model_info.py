@@ -1,8 +1,10 @@
 """What a local Hugging Face model folder holds, read without loading weights.
 
-Architecture, context length, dtype and quantization (method, bits, group size) come from config.json; the parameter count comes from the
-safetensors headers (8-byte length + JSON of dtype/shape per tensor) of each shard listed in
-model.safetensors.index.json, or of every *.safetensors file. Only headers are read, never tensors.
+Architecture, context length, dtype (`torch_dtype`, or `dtype` as transformers 5 writes it) and quantization
+(method, bits, group size) come from config.json; the parameter count and the tensor names (which say, e.g.,
+whether an MTP head is there) come from the safetensors headers (8-byte length + JSON of dtype/shape per
+tensor) of each shard listed in model.safetensors.index.json, or of every *.safetensors file. Only headers are
+read, never tensors.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class ModelInfo:
     config: dict = field(default_factory=dict)
     quantization: str | None = None  # e.g. "awq 4-bit g128 asym", from quantization_config
     active_parameters: int | None = None  # mixture-of-experts models: what one token goes through
+    tensor_names: frozenset[str] = frozenset()  # every tensor in the checkpoint, from the headers
 
     def describe(self) -> str:
         params = format_count(self.num_parameters) if self.num_parameters else "unknown"
@@ -54,10 +57,8 @@ QUANT_METADATA = ("qzeros", "scales", "g_idx", "weight_scale", "weight_scale_inv
                   "weight_g_idx", "input_scale")
 
 
-def count_parameters(folder: Path, codes_per_word: int = 1) -> int | None:
-    """Sum of tensor element counts over the folder's safetensors shards, or None without any. In a
-    quantized folder each packed int32 word holds `codes_per_word` weights, and scales, zero points and
-    g_idx are not parameters."""
+def checkpoint_headers(folder: Path) -> dict[str, dict] | None:
+    """{tensor name: {dtype, shape, ...}} over the folder's safetensors shards, or None without any."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -66,13 +67,23 @@ def count_parameters(folder: Path, codes_per_word: int = 1) -> int | None:
         files = sorted(folder.glob("*.safetensors"))
     if not files:
         return None
+    return {name: entry for file in files for name, entry in safetensors_header(file).items()
+            if name != "__metadata__"}
+
+
+def count_parameters(folder: Path, codes_per_word: int = 1, headers: dict[str, dict] | None = None) -> int | None:
+    """Sum of tensor element counts over the folder's safetensors shards, or None without any. In a
+    quantized folder each packed int32 word holds `codes_per_word` weights, and scales, zero points and
+    g_idx are not parameters."""
+    headers = checkpoint_headers(folder) if headers is None else headers
+    if headers is None:
+        return None
     total = 0
-    for file in files:
-        for name, entry in safetensors_header(file).items():
-            if name == "__metadata__" or (codes_per_word > 1 and name.rsplit(".", 1)[-1] in QUANT_METADATA):
-                continue
-            packed = entry["dtype"] == "I32" and name.endswith(("qweight", "weight_packed"))
-            total += math.prod(entry["shape"]) * (codes_per_word if packed else 1)
+    for name, entry in headers.items():
+        if codes_per_word > 1 and name.rsplit(".", 1)[-1] in QUANT_METADATA:
+            continue
+        packed = entry["dtype"] == "I32" and name.endswith(("qweight", "weight_packed"))
+        total += math.prod(entry["shape"]) * (codes_per_word if packed else 1)
     return total
 
 
@@ -90,10 +101,12 @@ def read_model_info(folder: str | Path) -> ModelInfo:
     text = text_config(config)
     architecture = (config.get("architectures") or [config.get("model_type", "unknown")])[0]
     context = next((text[k] for k in CONTEXT_KEYS if isinstance(text.get(k), int)), None)
-    dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or "unknown")
+    dtype = str(config.get("torch_dtype") or config.get("dtype") or text.get("torch_dtype") or text.get("dtype")
+                or "unknown")
     quant, codes_per_word = quantization(config)
-    return ModelInfo(folder, architecture, count_parameters(folder, codes_per_word), context, dtype, config, quant,
-                     active_parameters(config))
+    headers = checkpoint_headers(folder)
+    return ModelInfo(folder, architecture, count_parameters(folder, codes_per_word, headers), context, dtype, config,
+                     quant, active_parameters(config), frozenset(headers or ()))
 
 
 def active_parameters(config: dict) -> int | None:

@@ -3,10 +3,12 @@
 Rows come from local folders (the roots the user added, default ~/models; a root that is itself a
 model folder counts too) and the Hugging Face cache (`app.hf_cache`), each described from its
 config.json and safetensors headers only (`app.model_info`): size on disk, architecture, parameters,
-quantization, context. The verdict asks the capacity planner (`app.capacity.plan_for`, the
-engine's own arithmetic) about the model's full context for a few layouts in order of preference —
-one card, all cards (tensor parallel), then each with an FP8 KV cache — and names the first that
-fits with its token capacity; the planner's full sentence is the cell's tooltip. Downloads in
+quantization, context (an MoE model's parameters with the active share). The verdict asks the capacity
+planner (`app.capacity.plan_for`, the engine's own arithmetic) about the model's full context for a few
+layouts in order of preference — one card, all cards (tensor parallel), then each with an FP8 KV cache;
+on a machine without cards, the CPU — and names the first that fits with what fits in words
+(`app.capacity.fits_words`: the longest context one request can have, and how many at once); the planner's
+full sentence is the cell's tooltip. Downloads in
 progress (started in the Engine tab) are rows too, and the list rescans when one ends. Double-click
 (or "Use this model", enabled only with a usable row selected) hands the folder to the Engine tab.
 Every row shows its folder, and a folder reached twice (an added root inside another, a symlink) is
@@ -25,9 +27,10 @@ from PySide6.QtCore import QSettings, Qt, Signal
 from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QPushButton, QTableWidget,
                                QTableWidgetItem, QVBoxLayout, QWidget)
 
-from app.capacity import cannot_plan, describe, plan_for
+from app.capacity import cannot_plan, describe, fits_words, plan_for
 from app.hf_cache import cached_models
 from app.model_info import ModelInfo, format_count, read_model_info
+from app.units import plural
 from engine.config.model_discovery import model_folders
 from widgets.gpu_panel import format_bytes
 
@@ -53,16 +56,32 @@ class LibraryEntry:
 @dataclass(frozen=True)
 class Verdict:
     fits: bool
-    short: str  # for the cell, e.g. "✔ one card · 412,000 tokens"
+    short: str  # the layout and the tokens its KV pool holds, e.g. "✔ one card · 412,000 tokens"
     detail: str  # the planner's sentence for the chosen layout
+    plan: Any = None  # the chosen layout's CapacityPlan, which the cell puts in words
+
+    def cell(self, max_num_seqs: int) -> str:
+        """What the table says: the layout, then what fits in words (or why nothing does)."""
+        if self.plan is None or not self.fits:
+            return self.short
+        return f"{self.short.split(' · ')[0]} · {fits_words(self.plan, max_num_seqs)}"
 
 
-def quantization_of(config: dict) -> str:
+def quantization_of(config: dict, dtype: str | None = None) -> str:
+    """"awq 4-bit", or "none (bfloat16)" with the float dtype (`dtype`: ModelInfo's, which reads both spellings)."""
     quant = config.get("quantization_config")
     if isinstance(quant, dict):
         bits = quant.get("bits") or quant.get("weight_bits")
         return f"{quant.get('quant_method', 'quantized')}" + (f" {bits}-bit" if bits else "")
-    return f"none ({config.get('torch_dtype', 'unknown')})"
+    return f"none ({dtype or config.get('torch_dtype') or config.get('dtype') or 'unknown'})"
+
+
+def parameters_text(info: ModelInfo) -> str:
+    """"7.62B", or an MoE model's "30.53B (3.34B active)"."""
+    if not info.num_parameters:
+        return "?"
+    active = f" ({format_count(info.active_parameters)} active)" if info.active_parameters else ""
+    return format_count(info.num_parameters) + active
 
 
 def folder_size(folder: Path) -> int:
@@ -134,7 +153,7 @@ def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             return Verdict(False, "? cannot plan", cannot_plan(e))
         line = describe(where, plan)
         if plan.fits:
-            return Verdict(True, f"✔ {name} · {plan.num_tokens:,} tokens", line)
+            return Verdict(True, f"✔ {name} · {plan.num_tokens:,} tokens", line, plan)
     return Verdict(False, "✘ full context does not fit", line)
 
 
@@ -201,11 +220,13 @@ class ModelLibrary(QWidget):
         self.refresh()
 
     def _fill(self) -> None:
-        where = (f"{len(self.gpu_memory)} NVIDIA GPU(s), smallest {format_bytes(min(self.gpu_memory))}"
+        cards = len(self.gpu_memory)
+        where = (f"{plural(cards, 'NVIDIA GPU')}, smallest {format_bytes(min(self.gpu_memory))}"
                  if self.gpu_memory else "CPU only (no NVIDIA GPU found)")
         unreadable = sum(1 for e in self.entries if e.info is None)
         if self.entries or self.downloads:
-            self.summary.setText(f"{len(self.entries) - unreadable} model(s) found"
+            found = len(self.entries) - unreadable
+            self.summary.setText(f"{plural(found, 'model')} found"
                                  + (f" ({unreadable} more unreadable)" if unreadable else "") +
                                  f" · verdicts for this machine: {where}, each model at its full context length.")
         else:
@@ -225,10 +246,10 @@ class ModelLibrary(QWidget):
                 verdict = (fit_verdict(info.config, self.values, self.gpu_memory) if e.has_weights else
                            Verdict(False, "✘ no weights", f"{e.path} has no *.safetensors weight files: the engine "
                                    "cannot load it. Download the weights into it, or choose another folder."))
-                cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture,
-                         format_count(info.num_parameters) if info.num_parameters else "?",
-                         quantization_of(info.config), f"{info.context_length:,}" if info.context_length else "?",
-                         verdict.short, str(e.path))
+                cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture, parameters_text(info),
+                         quantization_of(info.config, info.dtype),
+                         f"{info.context_length:,}" if info.context_length else "?",
+                         verdict.cell(int(self.values.get("max_num_seqs") or 256)), str(e.path))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setData(Qt.ItemDataRole.UserRole, str(e.path))

@@ -3,10 +3,13 @@
 `on_state(EngineState)` hands the block snapshot to the block map and appends one sample to each
 plot's ring buffer; `on_gpu_readings` / `on_gpu_unavailable` feed the GPU panel and its VRAM plot.
 Nothing here draws per event: the widgets redraw on their own timers. When the engine stops, each
-plot gets a gap so its lines break instead of bridging the downtime; without NVML the VRAM plot
-has no series (no "GPU 0" legend under "no NVIDIA GPU"). With several models behind the endpoint, a
-selector above the block map says whose engine it shows (`model_selected`: the main window re-points the
-engine-state stream); the plots start afresh for the new model. What only some models have appears only for
+plot gets a gap so its lines break instead of bridging the downtime; without NVML there is no VRAM plot
+at all (no empty quarter of the plots, no "GPU 0" legend under "no NVIDIA GPU"). Each count is said once:
+running and waiting in the Requests plot's title (the scheduler's), the requests holding blocks under the
+block map (from the blocks, which a cell of the map groups when there are more than fit readably). With
+several models behind the endpoint, a selector above the block map says whose engine it shows
+(`model_selected`: the main window re-points the engine-state stream); the plots start afresh for the new
+model and the block map forgets what the pointer named. What only some models have appears only for
 them: a hybrid model's state slots beside the block map, speculative decoding's acceptance rate and mean
 accepted length per interval (app/spec_rates.py), and a mixture-of-experts model's expert-load heat map.
 """
@@ -19,7 +22,7 @@ from PySide6.QtWidgets import QComboBox, QGridLayout, QHBoxLayout, QLabel, QSpli
 
 from app.engine_state import EngineState
 from app.spec_rates import SpecRateTracker
-from widgets.block_map import BlockMapWidget
+from widgets.block_map import MIN_CELL_PX, BlockMapWidget
 from widgets.expert_heatmap import ExpertHeatmap
 from widgets.gpu_panel import GIB, GpuPanel, GpuReading
 from widgets.state_slots import StateSlotsWidget
@@ -36,7 +39,7 @@ class MonitorPanel(QWidget):
         self.model_selector = QComboBox(visible=False)
         self.model_selector.setToolTip("Whose engine the block map and plots show")
         self.model_selector.currentIndexChanged.connect(self._on_model_picked)
-        self.block_map = BlockMapWidget()
+        self.block_map = BlockMapWidget(min_cell_px=MIN_CELL_PX)
         self.kv_plot = TimePlot("KV cache usage", [("KV used %", "#88c0d0"), ("prefix hit %", "#a3be8c")],
                                 unit="%", y_range=(0, 100))
         self.queue_plot = TimePlot("Requests", [("running", "#a3be8c"), ("waiting", "#ebcb8b")])
@@ -49,7 +52,7 @@ class MonitorPanel(QWidget):
                                              [("mean accepted length", "#ebcb8b")], unit="tokens")
         self.spec_rates = SpecRateTracker()
         self.state_slots = StateSlotsWidget()
-        self.state_slots.setMaximumWidth(220)
+        self.state_slots.setMaximumWidth(280)
         self.expert_heatmap = ExpertHeatmap()
         for widget in (self.state_slots, self.expert_heatmap):
             widget.setVisible(False)  # shown for the models that have them
@@ -62,6 +65,8 @@ class MonitorPanel(QWidget):
         for row in (0, 1):
             self._grid.setRowStretch(row, 1)
         self._speculating: bool | None = None
+        self._placed_gpu: bool | None = None
+        self._has_gpu = True  # until NVML says otherwise: then no VRAM plot
         self._place_plots(False)
         top = QWidget()
         top_layout = QVBoxLayout(top)
@@ -88,29 +93,33 @@ class MonitorPanel(QWidget):
         self.block_map.set_blocks(state.blocks)
         self.kv_plot.append(now, (100 * state.kv_cache_usage, 100 * state.prefix_cache_hit_rate))
         self.queue_plot.append(now, (state.num_running, state.num_waiting))
+        self.queue_plot.set_title(f"Requests: {state.num_running} running, {state.num_waiting} waiting")
         self.tokens_plot.append(now, (state.prompt_tokens_per_s, state.generation_tokens_per_s))
         self.gpu_panel.set_engine_memory(state.weights_bytes, state.kv_cache_bytes, state.device)
         self._show_model_specifics(state, now)
         self.headline.setText(
             f"<b>{state.model}</b> on {state.device} · {state.num_blocks:,} blocks × {state.block_size} tokens · "
-            f"running {state.num_running} · waiting {state.num_waiting} · preemptions {state.num_preemptions} · "
+            f"preemptions {state.num_preemptions} · "
             f"{state.prompt_tokens_total:,} prompt / {state.generation_tokens_total:,} generated tokens")
 
     def _place_plots(self, speculating: bool) -> None:
-        """Two rows either way: 2 × 2 plots, or 3 × 2 with the two speculative-decoding plots."""
-        if speculating == self._speculating:
+        """2 × 2 plots (three in a row without a GPU: no VRAM plot), or two rows of three with the two
+        speculative-decoding plots."""
+        if (speculating, self._has_gpu) == (self._speculating, self._placed_gpu):
             return
-        self._speculating = speculating
-        plots = [self.kv_plot, self.queue_plot, self.tokens_plot, self.vram_plot]
+        self._speculating, self._placed_gpu = speculating, self._has_gpu
+        plots = [self.kv_plot, self.queue_plot, self.tokens_plot] + ([self.vram_plot] if self._has_gpu else [])
         spec = [self.acceptance_plot, self.accepted_length_plot]
-        for plot in plots + spec:
+        for plot in plots + spec + [self.vram_plot]:
             self._grid.removeWidget(plot)
         shown = plots + spec if speculating else plots
-        columns = 3 if speculating else 2
+        columns = 2 if len(shown) == 4 else 3
         for i, plot in enumerate(shown):
             self._grid.addWidget(plot, i // columns, i % columns)
+        self._grid.setRowStretch(1, 1 if len(shown) > columns else 0)  # one row of three: no empty second row
         for plot in spec:
             plot.setVisible(speculating)
+        self.vram_plot.setVisible(self._has_gpu)
 
     def _show_model_specifics(self, state: EngineState, now: float) -> None:
         self.state_slots.setVisible(state.state_slots is not None)
@@ -131,6 +140,10 @@ class MonitorPanel(QWidget):
 
     def on_gpu_readings(self, readings: list[GpuReading], now: float | None = None) -> None:
         self.gpu_panel.set_readings(readings)
+        if not self._has_gpu:  # a card appeared after all
+            self._has_gpu = True
+            self.vram_plot.set_title("VRAM used")
+            self._place_plots(bool(self._speculating))
         if len(readings) != len(self.vram_plot.curves):
             self.vram_plot.set_series([(f"GPU {r.index}", GPU_COLORS[i % len(GPU_COLORS)])
                                        for i, r in enumerate(readings)])
@@ -140,12 +153,15 @@ class MonitorPanel(QWidget):
         self.gpu_panel.set_unavailable(reason)
         self.vram_plot.set_series([])
         self.vram_plot.set_title("VRAM used (no NVIDIA GPU detected)")
+        self._has_gpu = False
+        self._place_plots(bool(self._speculating))
 
     def on_engine_stopped(self, now: float | None = None) -> None:
         now = time.monotonic() if now is None else now
         for plot in (self.kv_plot, self.queue_plot, self.tokens_plot, self.acceptance_plot, self.accepted_length_plot):
             plot.append_gap(now)
         self.spec_rates.reset()
+        self.block_map.clear_hover()
         self.headline.setText("Engine not running.")
         self.gpu_panel.set_engine_memory(None, None)
 
@@ -169,4 +185,5 @@ class MonitorPanel(QWidget):
                 plot.clear_data()
             self.spec_rates.reset()
             self.expert_heatmap.clear()
+            self.block_map.clear_hover()
             self.model_selected.emit(name)

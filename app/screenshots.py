@@ -46,7 +46,6 @@ def build_window():
     from app.demo_data import demo_gpu_readings, demo_model_folder, demo_states
     from app.main_window import MainWindow
     from app.supervisor import READY
-    from widgets.chat_view import ChatMessage
 
     data = Path(os.environ["PAGEDESK_DATA_DIR"])
     settings = QSettings(str(data / "settings.ini"), QSettings.Format.IniFormat)
@@ -69,12 +68,16 @@ def build_window():
     win.supervisor.state = READY  # as if the engine were up: the status chip and title show the live URL
     win._on_state(READY)
     win._update_endpoint(running=True)
-    win.chat.view.set_messages([
-        ChatMessage("user", "Explain paged attention in two sentences, with a tiny code example."),
-        ChatMessage("assistant", ANSWER, "TTFT 142 ms · 61.3 tokens/s · 118 tokens · finish: stop")])
-    win.chat.conversation_list.item(0).setText("Paged attention in two sentences")
     from app.loaded_models import ModelRow
     win.chat.set_models([ModelRow("Qwen/Qwen2.5-7B-Instruct", "loaded", "cuda:0 + cuda:1", 0, 16384, "none")])
+    win.chat.set_endpoint(win.supervisor.base_url, "sk-local-demo", "Qwen/Qwen2.5-7B-Instruct")
+    chat = win.chat.conversation_id
+    win.chat.store.update_conversation(chat, title="Paged attention in two sentences")
+    win.chat.store.add_message(chat, "user", "Explain paged attention in two sentences, with a tiny code example.")
+    win.chat.store.add_message(chat, "assistant", ANSWER, "TTFT 142 ms · 61.3 tokens/s · 118 tokens · finish: stop",
+                               "Qwen/Qwen2.5-7B-Instruct")
+    win.chat.conversation_id = None
+    win.chat._load_conversations()
     win.chat._on_context_used(161, 16384)  # the context meter after that reply
     return win
 

@@ -8,7 +8,7 @@ model's context, the serving step budget, ...), never a meaningless minimum. Bas
 length, KV cache precision, port, "use all GPUs") sit on top; everything else is under Advanced, grouped by `Flag.group`, with the help text as tooltip.
 Spin boxes and combo boxes ignore the mouse wheel unless focused, so scrolling the form never edits
 it. Out-of-range numbers stay as typed and are reported by `problems()` instead of snapping back
-silently: each in red right under its own field (a summary under the form names the fields, since some
+silently: each in red right under its own field (a speculative method the chosen model lacks, too) (a summary under the form names the fields, since some
 sit under the closed Advanced section), and `focus_first_problem()` opens and focuses the first. `values()` / `set_values()` speak {flag name: value}.
 """
 from __future__ import annotations
@@ -97,7 +97,8 @@ class FlagEditor:
             spin.setRange(0.0, f.maximum if f.maximum is not None else 1e9)
             return self._maybe_auto(spin)
         edit = QLineEdit(placeholderText=AUTO if f.default is None else "")
-        if "key" in f.name:
+        if "key" in f.name:  # empty is no key at all, which "auto" would not say
+            edit.setPlaceholderText("none: the endpoint is open")
             edit.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
         return edit
 
@@ -279,6 +280,14 @@ class SettingsForm(QWidget):
     def set_model_context(self, max_position_embeddings: int | None) -> None:
         self.model_context = max_position_embeddings
         self._show_problems()
+
+    def set_model(self, info) -> None:
+        """The chosen model (app.model_info.ModelInfo, or None): its context, and what the speculative-decoding
+        editor checks against it (an MTP head only where the checkpoint has one)."""
+        editor = self.editors.get("speculative_config")
+        if editor is not None:
+            editor.set_model(info)
+        self.set_model_context(info.context_length if info else None)
 
     def problems(self) -> list[str]:
         """What the engine would refuse, in words; empty when the settings can start."""

@@ -2,11 +2,13 @@
 
 The flag takes vLLM's JSON (engine/config/speculative.py); a user should not have to write it. This editor
 offers the methods by name — off, n-gram (prompt lookup), a draft model picked from the model library (or
-typed as a folder / hub repo id), or the MTP head that Qwen3.5/3.6 checkpoints carry — with the number of
-speculative tokens and, for n-gram, the longest lookup, and turns them into the JSON the engine parses (and
-back). It speaks the form's editor interface (`value`, `set_value`, `connect_changed`, `problem`, `row`), so
-the form treats it like any flag's editor. Whether a draft fits the target (same vocabulary) is checked by
-the engine at start, which reports it by name.
+typed as a folder / hub repo id), or the MTP head the model's checkpoint carries (the families
+engine/models/registry.py declares one for) — with the number of speculative tokens and, for n-gram, the longest
+lookup, and turns them into the JSON the engine parses (and back). It speaks the form's editor interface
+(`value`, `set_value`, `connect_changed`, `problem`, `row`), so the form treats it like any flag's editor. The MTP
+head is refused here as the engine refuses it, by the engine's own check (engine/config/speculative.check_mtp_head:
+a family that declares one, mtp.* tensors in the checkpoint's headers) on the chosen model (`set_model`). Whether
+a draft fits the target (same vocabulary) is checked by the engine at start, which reports it by name.
 """
 from __future__ import annotations
 
@@ -17,10 +19,11 @@ from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QComboBox, QFormLayout, QLabel, QSpinBox, QVBoxLayout, QWidget
 
 from engine.config.flags import Flag
-from engine.config.speculative import MAX_SPECULATIVE_TOKENS, parse_speculative_config
+from engine.config.model import ModelConfig
+from engine.config.speculative import MAX_SPECULATIVE_TOKENS, check_mtp_head, parse_speculative_config
 
 OFF, NGRAM, DRAFT, MTP = "off", "ngram", "draft_model", "mtp"
-METHOD_LABELS = {OFF: "Off", NGRAM: "N-gram (prompt lookup)", DRAFT: "Draft model", MTP: "MTP head (Qwen3.5/3.6)"}
+METHOD_LABELS = {OFF: "Off", NGRAM: "N-gram (prompt lookup)", DRAFT: "Draft model", MTP: "MTP head (the model's own)"}
 DEFAULT_K = 3
 
 
@@ -42,6 +45,7 @@ class SpeculativeEditor:
                                "step, and the output stays exactly the model's. It pays at batch 1–8; off is the "
                                "default.")
         self.input = self.method  # what the form focuses
+        self.target: tuple | None = None  # (architecture, text config, tensor names, where) of the chosen model
         self.widget = QWidget()
         form = QFormLayout(self.widget)
         form.setContentsMargins(0, 0, 0, 0)
@@ -65,6 +69,16 @@ class SpeculativeEditor:
         self._form.setRowVisible(self.k, method != OFF)
         self._form.setRowVisible(self.lookup_max, method == NGRAM)
         self._form.setRowVisible(self.draft, method == DRAFT)
+
+    def set_model(self, info) -> None:
+        """The chosen model (app.model_info.ModelInfo, or None), read as the engine reads it, for the MTP check."""
+        self.target = None
+        if info is not None:
+            try:
+                cfg = ModelConfig.from_hf_config(info.config)
+            except (ValueError, KeyError, TypeError):  # the planner says why it cannot read the config
+                return
+            self.target = (cfg.architecture, cfg.hf_text_config, info.tensor_names, f"the checkpoint {info.path}")
 
     def set_draft_models(self, models: list[tuple[str, str]]) -> None:
         """The library's models as (name, folder); the typed or chosen draft is kept."""
@@ -131,6 +145,8 @@ class SpeculativeEditor:
             return "Speculative decoding with a draft model needs the draft: pick one from the library or type a folder."
         try:
             parse_speculative_config(value)
+            if self.method.currentData() == MTP and self.target is not None:
+                check_mtp_head(*self.target)
         except ValueError as exc:
             return f"Speculative decoding: {exc}"
         return None

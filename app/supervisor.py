@@ -3,8 +3,11 @@
 Start checks the configured port with a bind like the server's own; when another process really
 holds it, start refuses and emits `port_busy` (who holds it, and the next free port to offer) rather
 than moving the endpoint behind the user's back. It launches the engine in a new session so the
-whole group (engine plus tensor-parallel workers) can be signalled at once, and polls /health until
-READY while the process's `finished` signal reports an early exit at once. Output (stdout and stderr
+whole group (engine plus tensor-parallel workers) can be signalled at once, while the process's
+`finished` signal reports an early exit at once. READY comes from the served model answering
+(app/readiness_probe.py: /health, the model's state in /v1/models, a one-token completion), never from
+a port being open; with several models behind the router, a main model that cannot load leaves the
+endpoint up but FAILED with the router's error (`failed`) until it loads. Output (stdout and stderr
 merged) goes to the `log` signal and to a bounded tail holding only the current run. A crash reports
 the exit code and that run's last lines and restarts with exponential backoff up to a cap; a
 configuration error (exit 2) or an out-of-memory at load (exit 3, or "out of memory" in the log) is
@@ -13,7 +16,7 @@ it ends when the app dies by any means, SIGKILL included (while the window only 
 app process lives on, and so does its engine). Stop and quit pass through STOPPING: SIGTERM to
 the group, then SIGKILL after a grace period, and any member left behind by a dead leader is killed.
 The running engine is recorded in the data folder (app/engine_record.py); an engine a previous app left
-running can be adopted (`adopt`): it is then watched by pid and /health, and stopped through its group.
+running can be adopted (`adopt`): it is then watched by pid and the same probe, and stopped through its group.
 """
 from __future__ import annotations
 
@@ -29,12 +32,14 @@ from typing import Any
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, QTimer, Signal
 
 from app.engine_record import EngineRecord, clear_record, new_record, pid_alive, write_record
-from app.health_probe import HealthProbe
+from app.readiness_probe import ReadinessProbe
 from app.paths import REPO_ROOT
 from app.port_check import next_free_port, port_is_free, port_owner
 from app.settings import serve_argv
+from engine.config.model_discovery import default_model_name
 
 STOPPED, STARTING, READY, STOPPING, CRASHED = "STOPPED", "STARTING", "READY", "STOPPING", "CRASHED"
+FAILED = "FAILED"  # the endpoint runs, but its main model cannot serve (the router's engine for it failed)
 CONFIG_EXIT_CODE = 2  # engine/entrypoints/serve.py's EXIT_CONFIG_ERROR (serve.py is not one of the
 #                      torch-free modules the app may import, so the numbers are repeated here)
 OOM_EXIT_CODE = 3  # engine/entrypoints/serve.py's EXIT_OUT_OF_MEMORY
@@ -66,6 +71,9 @@ class EngineSupervisor(QObject):
     ready = Signal(str)  # base URL
     crashed = Signal(int, str)  # exit code (-1: killed by a signal), last log lines
     message = Signal(str)  # something the user should read: restart scheduled, OOM, configuration error
+    endpoint_up = Signal(str)  # base URL: something listens there and answers /health (the router, before READY)
+    failed = Signal(str)  # the main model cannot serve, in the server's words (state FAILED)
+    progress = Signal(str)  # what STARTING waits for ("loading the model")
     port_busy = Signal(str, int, str, int)  # host, port, who holds it ("" if unknown), next free port (0: none)
 
     def __init__(self, command: list[str] | None = None, max_restarts: int = 3, backoff_s: float = 1.0,
@@ -87,8 +95,12 @@ class EngineSupervisor(QObject):
         self._partial = ""
         self._stopping = False
         self._launch: tuple[str, dict[str, Any], list[str]] | None = None
-        self._probe = HealthProbe(parent=self)
-        self._probe.healthy.connect(self._on_healthy)
+        self._probe = ReadinessProbe(parent=self)
+        self._probe.answered.connect(self._on_answered)
+        self._probe.failed.connect(self._on_model_failed)
+        self._probe.endpoint_up.connect(lambda: self.endpoint_up.emit(self.base_url))
+        self._probe.progress.connect(self.progress)
+        self.failure = ""  # why the main model does not serve, while FAILED
         self._restart_timer = QTimer(self, singleShot=True, timeout=self._restart_now)
         self._kill_timer = QTimer(self, singleShot=True, timeout=lambda: self._signal_group(SIGKILL))
         self._stable_timer = QTimer(self, singleShot=True, interval=60_000, timeout=self._reset_restarts)
@@ -197,22 +209,22 @@ class EngineSupervisor(QObject):
         """An engine process is ours to mind: one we launched, or one we took over."""
         return self.process is not None or self.adopted is not None
 
-    def adopt(self, record: EngineRecord) -> bool:
-        """Take over an engine a previous app left running: STARTING until its /health answers, then READY
+    def adopt(self, record: EngineRecord, api_key: str | None = None) -> bool:
+        """Take over an engine a previous app left running: STARTING until its model answers, then READY
         at its URL; Stop and quit signal its process group. False when an engine is already ours."""
         if self.running:
             return False
         self._restart_timer.stop()
         self.adopted, self._pgid = record, record.pgid
-        self._launch, self.restarts, self._stopping = None, 0, False
+        self._launch, self.restarts, self._stopping, self.failure = None, 0, False, ""
         self.tail.clear()
         self.base_url = record.base_url
         write_record(replace(record, app_pid=os.getpid()))
+        self._set_state(STARTING)
         self._append_log(f"[pagedesk] Took over the engine left running: pid {record.pid}, {record.model}, "
                          f"{record.base_url}.\n")
-        self._set_state(STARTING)
         self._adopted_watch.start()
-        self._probe.start(self.base_url)
+        self._probe.start(self.base_url, None, api_key)
         return True
 
     def argv(self) -> list[str]:
@@ -241,9 +253,10 @@ class EngineSupervisor(QObject):
         self._stopping = False
         self._partial = ""
         self.tail.clear()  # a crash report shows this run's lines, never an earlier run's
+        self.failure = ""
         self.base_url = f"http://{connect_host(values.get('host') or '127.0.0.1')}:{values['port']}"
+        self._set_state(STARTING)  # first: a new run's logs start empty, with this command as their first line
         self._append_log(f"$ {' '.join(masked_argv(argv))}\n")
-        self._set_state(STARTING)
         process.started.connect(self._on_started)
         process.start(argv[0], argv[1:])
 
@@ -266,7 +279,7 @@ class EngineSupervisor(QObject):
                 write_record(new_record(self._recorded_pid, self.base_url, int(values["port"]), model))
             except OSError as exc:  # a full or read-only data folder must not stop the engine
                 self._append_log(f"[pagedesk] could not record the engine in the data folder: {exc}\n")
-            self._probe.start(self.base_url)
+            self._probe.start(self.base_url, self.served_name, values.get("api_key"))
 
     @staticmethod
     def _environment() -> QProcessEnvironment:
@@ -286,11 +299,37 @@ class EngineSupervisor(QObject):
         self.tail.extend(text.splitlines())
         self.log.emit(text)
 
-    def _on_healthy(self) -> None:
-        if self.state == STARTING and self.running:
+    @property
+    def served_name(self) -> str | None:
+        """The main model's id on the endpoint: --served-model-name, else what the engine names it by default."""
+        if self._launch is None:
+            return None
+        model, values, _extra = self._launch
+        return values.get("served_model_name") or default_model_name(model)
+
+    @property
+    def main_model(self) -> str:
+        """The main model's id as the endpoint lists it (what the readiness probe asked), "" before it is known."""
+        return self._probe.model or self.served_name or ""
+
+    def _on_answered(self) -> None:
+        if self.state in (STARTING, FAILED) and self.running:
+            if self.failure:
+                self._append_log(f"[pagedesk] {self.main_model} answers now.\n")
+            self.failure = ""
             self._set_state(READY)
             self._stable_timer.start()
             self.ready.emit(self.base_url)
+
+    def _on_model_failed(self, message: str) -> None:
+        """The endpoint is up but its main model cannot serve: FAILED, in the server's words, until it loads."""
+        if self.state in (STARTING, FAILED, READY) and self.running:
+            self.failure = message
+            self._append_log(f"[pagedesk] {self.main_model or 'the model'} cannot serve: {message}\n")
+            self._set_state(FAILED)
+            self.failed.emit(message)
+            self.message.emit(f"The endpoint is up, but {self.main_model or 'the model'} cannot serve: {message}. "
+                              "Fix the model or settings, then Restart (or Load it in the Loaded models tab).")
 
     def _on_error(self, process: QProcess, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and process is self.process:

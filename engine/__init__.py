@@ -1,7 +1,7 @@
 """The serving engine: paged KV cache, continuous batching, sampling, offline `LLM` API. No Qt anywhere.
 
-Names are exported lazily so that torch-free modules (engine.config.flags, engine.planning.sizing) can be imported by
-the GUI without pulling in torch.
+Names are exported lazily so that torch-free modules (engine.config, engine.planning) can be imported by the GUI
+without pulling in torch. The map of the package: docs/architecture.md.
 """
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ import os
 os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
 _EXPORTS = {
-    "LLM": "engine.entrypoints.llm", "LLMEngine": "engine.core.llm_engine", "SamplingParams": "engine.sample.sampling_params",
-    "EngineConfig": "engine.config.flags", "RequestOutput": "engine.core.outputs", "CompletionOutput": "engine.core.outputs",
+    "LLM": "engine.entrypoints.llm", "LLMEngine": "engine.entrypoints.llm_engine",
+    "SamplingParams": "engine.sample.sampling_params", "EngineConfig": "engine.config.flags",
+    "RequestOutput": "engine.core.outputs", "CompletionOutput": "engine.core.outputs",
     "BeamSearchParams": "engine.core.beam_search",
 }
 __all__ = list(_EXPORTS)

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# Set-up from nothing: a virtual environment in .venv with PagedDesk and its test tools.
+# Set-up from nothing: a virtual environment in .venv with PagedDesk (the app, the engine, the server).
 # torch is installed first and pinned: the CUDA build when an NVIDIA driver answers (`nvidia-smi`), the CPU
 # build otherwise, so a new 3090 owner gets a GPU engine and a CPU-only machine no multi-GB download.
 # Both come from PyTorch's own wheel indexes (PyPI's plain `torch` is the CUDA build, 500+ MB of nvidia-*
 # packages), with PyPI as an extra index for torch's dependencies; torch's version and its CUDA wheel tags
 # are in installer/torch-wheels.txt.
+# The test tools (pytest, the API clients the compatibility tests drive, lm-eval: ~0.8 GB) are for a developer,
+# not for a user: only --dev installs them, with Xvfb for the real-window test and the agent CLIs the tests run
+# (README's test command).
 # Usage: installer/setup.sh [--cpu] [--dev]   --cpu forces the CPU build of torch; --dev see below.
 # TORCH_INDEX_URL overrides the wheel index of the CUDA build (default: the newest CUDA the driver supports).
 set -euo pipefail
@@ -15,10 +18,11 @@ read -r -a CUDA_TAGS <<<"$(awk '$1 == "torch" { $1 = $2 = ""; print; exit }' "$W
 WHEEL_INDEX=https://download.pytorch.org/whl
 PYPI=https://pypi.org/simple
 FORCE_CPU=0
+DEV=0
 for arg in "$@"; do
     case "$arg" in
         --cpu) FORCE_CPU=1 ;;
-        --dev) ;;
+        --dev) DEV=1 ;;
         *) echo "unknown option $arg (usage: installer/setup.sh [--cpu] [--dev])" >&2; exit 2 ;;
     esac
 done
@@ -72,9 +76,13 @@ else
     # The CPU index's X.Y.Z+cpu outranks PyPI's CUDA X.Y.Z; PyPI serves the dependencies.
     TORCH_ARGS=("torch==$TORCH_VERSION" --index-url "$WHEEL_INDEX/cpu" --extra-index-url "$PYPI")
 fi
+PACKAGE=.  # the app and its engine; --dev adds the test tools
+[ "$DEV" = 0 ] || PACKAGE=".[dev]"
 [ -z "$TORCH_NOTE" ] || echo "$TORCH_NOTE"
 if [ -n "${PAGEDESK_SETUP_DRY_RUN:-}" ]; then  # tests: say what would be installed, touch nothing
-    echo "would install the $TORCH_BUILD: pip install ${TORCH_ARGS[*]}"; exit 0
+    echo "would install the $TORCH_BUILD: pip install ${TORCH_ARGS[*]}"
+    [ "$DEV" = 0 ] || echo "would install the test tools: pip install -e $PACKAGE, and Xvfb for the real-window test"
+    exit 0
 fi
 
 python3 -m venv .venv
@@ -93,13 +101,13 @@ else
     fi
     python -m pip install -q "${TORCH_ARGS[@]}"
 fi
-python -m pip install -q -e ".[dev]"
+python -m pip install -q -e "$PACKAGE"
 python -c 'import torch; print("torch", torch.__version__, "- CUDA available:", torch.cuda.is_available())'
 echo "PagedDesk installed in $(pwd)/.venv"
 
 # --dev: Xvfb and the X libraries Qt's xcb platform plugin loads, for the real-window test
 # (tests/test_app_xvfb.py, skipped without them). Debian/Ubuntu only; needs root or sudo.
-if [[ " $* " == *" --dev "* ]]; then
+if [ "$DEV" = 1 ]; then
     XVFB_PACKAGES="xvfb xauth libxcb-cursor0 libxcb-icccm4 libxcb-image0 libxcb-keysyms1 libxcb-randr0
         libxcb-render-util0 libxcb-shape0 libxcb-xinerama0 libxcb-xkb1 libxkbcommon-x11-0 libegl1 libgl1
         libfontconfig1 libdbus-1-3"
@@ -111,5 +119,23 @@ if [[ " $* " == *" --dev "* ]]; then
             || echo "Xvfb could not be installed: the real-window test will be skipped"
     else
         echo "--dev: no apt-get with root/sudo here; install Xvfb yourself or the real-window test is skipped"
+    fi
+fi
+
+# --dev: the agent CLIs the tests run against a real server (tests/test_agent_clients.py), at the versions pinned in
+# installer/agent-clients.txt, installed with npm into .work/agents (project-local; Debian's nodejs and npm first
+# when missing). Without them those tests skip, naming this install.
+if [[ " $* " == *" --dev "* ]]; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && SUDO="sudo -n"
+    if ! command -v npm >/dev/null && command -v apt-get >/dev/null && { [[ $(id -u) -eq 0 ]] || [[ -n $SUDO ]]; }; then
+        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            nodejs npm >/dev/null || true
+    fi
+    AGENT_SPECS=$(awk '!/^#/ && NF == 3 { printf "%s@%s ", $2, $3 }' installer/agent-clients.txt)
+    if command -v npm >/dev/null && npm install --prefix .work/agents --no-audit --no-fund --loglevel=error \
+            $AGENT_SPECS >/dev/null; then
+        echo "agent CLIs installed in .work/agents: $AGENT_SPECS"
+    else
+        echo "the agent CLIs could not be installed (npm install --prefix .work/agents $AGENT_SPECS): their tests skip"
     fi
 fi

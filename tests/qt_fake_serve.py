@@ -2,13 +2,19 @@
 
 Serves /health, a short streamed chat completion and the engine-state stream with synthetic blocks,
 so the GUI's process handling and HTTP clients can be tested in seconds without torch. Behaviour is
-chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term, FAKE_SERVE_DELAY
+chosen by environment variables: FAKE_SERVE_MODE=ok|oom|config|exit1|ignore_term|refuse, FAKE_SERVE_DELAY
 (seconds before listening), FAKE_SERVE_TOKEN_DELAY (seconds between streamed words),
 FAKE_SERVE_CHILD_PID_FILE (spawn a child in the same process group and write its pid there, like a
 tensor-parallel worker). POST /tokenize counts a chat as words (FAKE_SERVE_MAX_MODEL_LEN,
 default 4096, is its context; a chat completion that would not fit is refused with 400 as the real
-server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). `--exit-with-parent PID` arms engine/distributed/parent_watch.py exactly as the real server
-does. Other engine flags are accepted and ignored.
+server does; FAKE_SERVE_REQUEST_LOG appends each chat request's body as a JSON line). Started as the router
+would be (several `--model`, or `--model-ttl`), GET /v1/models lists every model by the name the router gives
+it, the first with the router's per-model `state`: "loading" for FAKE_SERVE_LOAD_S seconds, then "loaded"; in
+mode `refuse` "failed" with an engine error. Started as one engine, it lists its one model without a state and
+answers /health 503 "model_loading" for those seconds. In mode `refuse` every completion for the main model is a
+503 with that error (an engine that cannot serve it). POST /v1/completions answers one token, as the app's
+readiness probe asks. `--exit-with-parent PID` arms engine/distributed/parent_watch.py
+exactly as the real server does. Other engine flags are accepted and ignored.
 """
 from __future__ import annotations
 
@@ -25,6 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
 NUM_BLOCKS = 256
+REFUSED = "engine exited with code 2: speculative_config.method \"mtp\": the checkpoint has no MTP weights"
+STARTED = time.monotonic()
 
 
 def state_payload(tick: int) -> dict:
@@ -51,8 +59,27 @@ def max_model_len() -> int:
     return int(os.environ.get("FAKE_SERVE_MAX_MODEL_LEN", "4096"))
 
 
+def model_names(models: list[str], served_name: str | None) -> list[str]:
+    """Names as the router gives them: NAME=PATH by NAME, the main model by --served-model-name or its folder."""
+    from engine.config.model_discovery import default_model_name  # stdlib only; PYTHONPATH has the repository
+
+    names = [m.split("=", 1)[0] if "=" in m and "/" not in m.split("=", 1)[0] else default_model_name(m)
+             for m in models or ["model"]]
+    if served_name:
+        names[0] = served_name
+    return names
+
+
+def main_state() -> str:
+    if os.environ.get("FAKE_SERVE_MODE") == "refuse":
+        return "failed"
+    return "loading" if time.monotonic() - STARTED < float(os.environ.get("FAKE_SERVE_LOAD_S", "0")) else "loaded"
+
+
 class Handler(BaseHTTPRequestHandler):
     api_key: str | None = None
+    models: list[str] = ["model"]
+    router = False  # started with the router's flags: per-model states in /v1/models, /health up at once
 
     def log_message(self, fmt, *args):  # noqa: N802 - keep test output quiet but visible in the log tail
         sys.stdout.write("fake-serve: " + fmt % args + "\n")
@@ -78,8 +105,22 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):  # noqa: N802
         url = urlparse(self.path)
         if url.path == "/health":
+            if not self.router and main_state() == "loading":
+                self._json(503, {"error": {"message": "the model is still loading", "code": "model_loading"}})
+                return
             self.send_response(200)
             self.end_headers()
+            return
+        if url.path == "/v1/models" and self._authorized():
+            state = main_state()
+            cards = [{"id": name, "object": "model", "max_model_len": max_model_len(),
+                      **({"state": state, "loaded": state == "loaded",
+                          "engines": [{"index": 0, "state": state, "error": REFUSED if state == "failed" else None,
+                                       "devices": "cpu", "memory_bytes": 1 << 20}]} if i == 0 else
+                         {"state": "unloaded", "loaded": False, "engines": []})}
+                     if self.router else {"id": name, "object": "model", "max_model_len": max_model_len()}
+                     for i, name in enumerate(self.models)]
+            self._json(200, {"object": "list", "data": cards})
             return
         if url.path == "/v1/engine/state/stream" and self._authorized():
             hz = float(parse_qs(url.query).get("hz", ["4"])[0])
@@ -101,9 +142,17 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         path = urlparse(self.path).path
-        if path not in ("/v1/chat/completions", "/tokenize") or not self._authorized():
+        if path not in ("/v1/chat/completions", "/tokenize", "/v1/completions") or not self._authorized():
             return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if body.get("model") == self.models[0] and main_state() == "failed":
+            self._json(503, {"error": {"message": REFUSED, "type": "ServiceUnavailableError", "code": "engine_dead"}})
+            return
+        if path == "/v1/completions":
+            self._json(200, {"id": "cmpl-probe", "object": "text_completion", "model": body.get("model"),
+                             "choices": [{"index": 0, "text": " hi", "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}})
+            return
         if path == "/tokenize":
             self._json(200, {"count": fake_token_count(body.get("messages") or []), "max_model_len": max_model_len(),
                              "tokens": []})
@@ -148,6 +197,9 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--api-key")
     parser.add_argument("--exit-with-parent", type=int)
+    parser.add_argument("--model", action="append")
+    parser.add_argument("--served-model-name")
+    parser.add_argument("--model-ttl")
     args, _unknown = parser.parse_known_args()
     if args.exit_with_parent:
         from engine.distributed.parent_watch import die_with_parent  # stdlib only; PYTHONPATH has the repository
@@ -174,6 +226,8 @@ def main() -> None:
             f.write(str(child.pid))
     time.sleep(float(os.environ.get("FAKE_SERVE_DELAY", "0")))
     Handler.api_key = args.api_key
+    Handler.models = model_names(args.model, args.served_model_name)
+    Handler.router = len(Handler.models) > 1 or args.model_ttl is not None
     server = ThreadingHTTPServer((args.host, args.port), Handler)
     server.daemon_threads = True
     print("fake-serve: ready", flush=True)

@@ -3,6 +3,8 @@ last token, none for a reply of a few tokens), the context meter, stop and regen
 in its place, and a clear message when the engine is not running."""
 import qt_helpers as helpers
 
+import json
+
 import pytest
 
 from app.chat_panel import NOT_RUNNING, ChatPanel
@@ -125,3 +127,67 @@ def test_undo_delete_puts_the_chat_back_where_it_was(panel):
     assert titles.index("middle") == titles.index("newest") + 1 == titles.index("oldest") - 1
     assert [m.content for m in store.messages(panel.conversation_id)] == ["hi middle"]
     assert panel.conversation_list.parentWidget().width() == width
+
+
+def test_a_reply_names_its_model_and_a_new_chat_keeps_the_pick(panel, qtbot, tmp_path, monkeypatch):
+    """Issue 38, item 3: each reply says which model wrote it (stored with it), "New chat" keeps the model picked
+    above the chat, and the picker leaves out a model whose load failed."""
+    from app.loaded_models import ModelRow
+
+    log = tmp_path / "requests.jsonl"
+    monkeypatch.setenv("FAKE_SERVE_REQUEST_LOG", str(log))
+    sup = EngineSupervisor(command=helpers.FAKE_SERVE_COMMAND, grace_s=1.0)
+    try:
+        with qtbot.waitSignal(sup.ready, timeout=10_000):
+            sup.start("/m/chat", {"host": "127.0.0.1", "port": helpers.free_port()})
+        panel.set_endpoint(sup.base_url, None, "chat")
+        panel.set_models([ModelRow("chat", "loaded", "CPU", 1, 64, "none"),
+                          ModelRow("coder", "unloaded", "", 0, 64, "none"),
+                          ModelRow("broken", "failed", "", 0, 64, "none", "engine exited with code 2", True, False)])
+        combo = panel.model_choice.combo
+        assert [combo.itemText(i) for i in range(combo.count())] == ["chat", "coder (loads on send)"]
+        combo.setCurrentIndex(1)
+        panel.new_button.click()
+        assert panel.model == "coder" and panel.model_choice.current() == "coder"
+        assert not panel.regenerate_button.isEnabled()  # an empty chat has nothing to answer again
+        panel.input.setPlainText("Say hello")
+        with qtbot.waitSignal(panel.reply_finished, timeout=10_000) as done:
+            panel.send_button.click()
+        assert done.args[0].model == "coder" and json.loads(log.read_text().splitlines()[-1])["model"] == "coder"
+        assert "Assistant · coder" in panel.view.toPlainText()
+        assert panel.store.messages(panel.conversation_id)[-1].model == "coder"
+        assert panel.regenerate_button.isEnabled()
+        panel.conversation_id = None
+        panel._load_conversations()  # reopened: the label comes back from the store
+        assert "Assistant · coder" in panel.view.toPlainText()
+    finally:
+        sup.shutdown()
+
+
+def test_regenerate_replaces_the_reply_and_its_note_once(panel, qtbot, monkeypatch):
+    monkeypatch.setenv("FAKE_SERVE_MAX_MODEL_LEN", "60")  # Max tokens 512 is lowered: a note before each reply
+    sup = EngineSupervisor(command=helpers.FAKE_SERVE_COMMAND, grace_s=1.0)
+    try:
+        with qtbot.waitSignal(sup.ready, timeout=10_000):
+            sup.start("/m", {"host": "127.0.0.1", "port": helpers.free_port()})
+        panel.set_endpoint(sup.base_url, None, "fake-model")
+        panel.input.setPlainText("Say hello")
+        with qtbot.waitSignal(panel.reply_finished, timeout=10_000):
+            panel.send_button.click()
+        with qtbot.waitSignal(panel.reply_finished, timeout=10_000):
+            panel.regenerate_button.click()
+        assert [m.role for m in panel.store.messages(panel.conversation_id)] == ["user", "note", "assistant"]
+        assert panel.view.toPlainText().count("Max tokens lowered") == 1
+    finally:
+        sup.shutdown()
+
+
+def test_only_a_reply_being_written_shows_an_ellipsis(qtbot):
+    from widgets.chat_view import ChatMessage, ChatView
+
+    view = ChatView()
+    qtbot.addWidget(view)
+    view.set_messages([ChatMessage("assistant", "", "no tokens · finish: stopped", model="m")])
+    assert "…" not in view.toPlainText() and "(no text)" in view.toPlainText()
+    view.add_message(ChatMessage("assistant", "", pending=True))
+    assert view.toPlainText().rstrip().endswith("…")

@@ -137,3 +137,67 @@ def test_model_specific_views_appear_only_for_their_models(qtbot):
     import pytest
     with pytest.raises(ValueError, match="expert_load"):
         parse_expert_load({"num_experts": 3, "layers": [0], "tokens": [[1, 2]]})
+
+
+def test_a_big_pool_is_drawn_in_readable_cells(qtbot):
+    """Issue 38, item 7: 16k blocks were a 1-2 px strip; now a cell stands for a few neighbouring blocks when
+    there are more than fit at MIN_CELL_PX, and says so; hovering names the blocks it holds."""
+    from widgets.block_map import MIN_CELL_PX
+    monitor = MonitorPanel()
+    qtbot.addWidget(monitor)
+    monitor.resize(1000, 700)
+    monitor.show()
+    qtbot.waitExposed(monitor)
+    _, state = demo_states(num_samples=1, num_blocks=16384)[0]
+    block_map = monitor.block_map
+    block_map.set_blocks(state.blocks)
+    block_map.redraw()
+    k = block_map.blocks_per_cell
+    rows, columns = block_map.image_array().shape[:2]
+    view = block_map._view.size()
+    assert k > 1 and f"one cell = {k} neighbouring blocks" in block_map.summary.text()
+    assert min(view.width() / columns, view.height() / rows) >= MIN_CELL_PX * 0.9
+    assert rows * columns >= 16384 / k
+    assert block_map.cell_blocks(0.5, 0.5) == list(range(k))
+    assert block_map.cell_info(block_map.cell_blocks(0.5, 0.5)).startswith(f"blocks 0–{k - 1}: ")
+    block_map.used_only.setChecked(True)  # a few cells: large enough for borders between them
+    xs, _ys = block_map._borders.getData()
+    assert xs is not None and len(xs) > 0
+
+
+def test_each_count_is_said_once_and_views_fit_the_machine(qtbot):
+    from app.loaded_models import ModelRow
+    monitor = MonitorPanel()
+    qtbot.addWidget(monitor)
+    _, state = demo_states(num_samples=1)[0]
+    monitor.on_state(state, now=1.0)
+    holders = len(set(state.blocks.owner[(state.blocks.state == 1) & (state.blocks.owner > 0)].tolist()))
+    assert "running" not in monitor.headline.text()
+    assert monitor.queue_plot.title == f"Requests: {state.num_running} running, {state.num_waiting} waiting"
+    monitor.block_map.redraw()
+    assert f"held by {holders} requests" in monitor.block_map.summary.text()
+    monitor.on_gpu_unavailable("NVML not found")  # CPU: no empty VRAM plot, three plots in one row
+    assert monitor.vram_plot.isHidden() and monitor._grid.getItemPosition(
+        monitor._grid.indexOf(monitor.tokens_plot))[:2] == (0, 2)
+    monitor.on_gpu_readings(demo_gpu_readings(), now=2.0)
+    assert not monitor.vram_plot.isHidden()
+    monitor.block_map.hover_label.setText("block 7 · in use · owner chatcmpl-3e8 · ref count 1")
+    monitor.set_models([ModelRow("a", "loaded", "CPU", 1, 64, "none"), ModelRow("b", "loaded", "CPU", 1, 64, "none")])
+    monitor.model_selector.setCurrentIndex(1)
+    assert monitor.block_map.hover_label.text().strip() == ""  # the other model's block is not this one's
+
+
+def test_the_expert_heat_map_reads_with_centred_cells_and_a_colour_scale(qtbot):
+    from app.demo_data import demo_hybrid_moe_states
+    monitor = MonitorPanel()
+    qtbot.addWidget(monitor)
+    t, state = demo_hybrid_moe_states(num_samples=2)[-1]
+    monitor.on_state(state, now=t)
+    heatmap = monitor.expert_heatmap
+    heatmap.redraw()
+    rect = heatmap.image.mapRectToParent(heatmap.image.boundingRect())
+    assert (rect.left(), rect.top()) == (-0.5, -0.5) and (rect.width(), rect.height()) == (256, 40)
+    low, high = heatmap.color_bar.levels()
+    assert low == 0 and high == 100 * 3 / 256  # percent of the layer's tokens, an even router mid-scale
+    ticks = heatmap.plot.getAxis("left")._tickLevels[0]
+    assert all(float(value).is_integer() for value, _ in ticks) and ticks[1][1] == str(state.expert_load.layers[ticks[1][0]])

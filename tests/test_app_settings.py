@@ -1,5 +1,5 @@
 """Settings: the form has exactly one editor per GUI flag, values round-trip through the form and
-QSettings, the command line comes from flags_to_argv, and the capacity line uses engine.planning.sizing."""
+QSettings, the command line comes from flags_to_argv, and the capacity line uses engine.planning."""
 import qt_helpers  # noqa: F401  (offscreen Qt, private data dir)
 
 from PySide6.QtCore import QSettings

@@ -118,3 +118,28 @@ def test_itl_replay_times_every_token_gap(llama_dir):
                max_num_batched_tokens=16)
     assert len(r["ttft"]) == 3 and len(r["itl"]) == 3 * 3
     assert (r["itl"] > 0).all() and (r["ttft"] > 0).all() and r["makespan"] >= r["ttft"].max()
+
+
+def test_served_prompts_are_built_to_token_counts_within_the_context(server):
+    """The app's Benchmark prompts: the server's own tokenizer counts them (issue 38: words sized by word count
+    ran to 1,539 tokens against a 1,024 context and came back 400). Each prompt is near its drawn length, none
+    with its reply passes the context (256 here, long prompts asked for 1k-2k), and every request completes."""
+    from engine.bench.serve_prompts import ServedTokenizer, served_requests
+
+    tokenizer = ServedTokenizer(server.base_url, "tiny")
+    progress = []
+    try:
+        requests = served_requests(tokenizer, 8, "completions", prompt_mean=40, long_fraction=0.5,
+                                   fixed_output_len=8, on_progress=lambda done, total: progress.append((done, total)))
+        chat = served_requests(tokenizer, 3, "chat", prompt_mean=30, fixed_output_len=4)
+        counted = [tokenizer.count(r.prompt, "completions") for r in requests]
+    finally:
+        tokenizer.close()
+    assert progress[-1] == (8, 8) and len(progress) == 8
+    assert [r.prompt_len for r in requests] == counted  # the lengths are the server's counts
+    assert all(r.prompt_len + r.output_len <= 256 for r in requests + chat)
+    assert max(r.prompt_len for r in requests) > 150  # the long ones were narrowed to the context, not dropped
+    assert len({r.prompt[:40] for r in requests}) == len(requests)  # no shared prefix for the cache to serve
+    for endpoint, batch in (("completions", requests), ("chat", chat)):
+        summary = run_benchmark(ServeLoad(server.url, endpoint=endpoint), batch)
+        assert summary.errors == 0 and summary.completed == len(batch), summary.first_errors

@@ -91,13 +91,13 @@ def test_missing_model_folder_exits_2(tmp_path, capsys):
 
 
 def test_out_of_memory_at_load_exits_3(monkeypatch, capsys, llama_dir):
-    import engine.core.llm_engine
+    import engine.entrypoints.llm_engine
 
     class OutOfMemoryEngine:
         def __init__(self, config):
             raise MemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    monkeypatch.setattr(engine.core.llm_engine, "LLMEngine", OutOfMemoryEngine)
+    monkeypatch.setattr(engine.entrypoints.llm_engine, "LLMEngine", OutOfMemoryEngine)
     code = serve.main(["--model", str(llama_dir), "--device", "cpu", "--port", str(free_port())])
     assert code == serve.EXIT_OUT_OF_MEMORY == 3
     assert "out of memory" in capsys.readouterr().err
@@ -217,3 +217,52 @@ def test_taken_port_exits_2_before_loading_the_model(llama_dir):
     assert r.returncode == serve.EXIT_CONFIG_ERROR
     assert f"cannot serve on 127.0.0.1:{port}" in r.stderr and "port in use" in r.stderr
     assert "Loading" not in r.stdout and "Traceback" not in r.stderr  # nothing was loaded
+
+
+def test_a_model_is_named_by_its_folder_and_sigterm_ends_the_server_soon(llama_dir):
+    """Issue 38, items 9 and 10: the id is the folder's name (snippets carry no machine path), the router names
+    it the same way, and SIGTERM with a state stream open ends the process well inside a supervisor's 5 s grace
+    (it spent 3-5 s collecting garbage at exit)."""
+    import threading
+
+    from engine.entrypoints.router.specs import build_specs
+
+    assert list(build_specs([str(llama_dir)], vars(serve.build_parser().parse_args([]))).models) == [llama_dir.name]
+    port = free_port()
+    proc = start_serve(llama_dir, port)
+    try:
+        lines = read_until_serving(proc)
+        assert lines and lines[-1] == f"PagedDesk serving {llama_dir.name} at http://127.0.0.1:{port}/v1", lines
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/models").json()["data"][0]["id"] == llama_dir.name
+
+        def read_stream() -> None:
+            try:
+                with httpx.stream("GET", f"http://127.0.0.1:{port}/v1/engine/state/stream?hz=4", timeout=30) as r:
+                    for _ in r.iter_lines():
+                        pass
+            except httpx.HTTPError:
+                pass
+        reader = threading.Thread(target=read_stream, daemon=True)
+        reader.start()
+        time.sleep(1.0)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert time.monotonic() - start < 4.0, f"{time.monotonic() - start:.1f} s from SIGTERM to exit"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_vllms_module_path_runs_the_same_server(tmp_path):
+    """The seed articles' launch command, `python -m vllm.entrypoints.openai.api_server --model M
+    --tensor-parallel-size 1 --gpu-memory-utilization 0.90 --max-num-batched-tokens 8192 --quantization awq`, with our
+    package name: the same program as pagedesk-serve, so a config error (no such folder) is its exit 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "engine.entrypoints.openai.api_server", "--model", str(tmp_path / "missing"),
+            "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.90", "--max-num-batched-tokens", "8192",
+            "--quantization", "awq", "--device", "cpu"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "missing" in done.stderr

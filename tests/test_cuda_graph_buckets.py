@@ -8,7 +8,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.worker.graphs.decode import DecodeGraphs, context_buckets
-from engine.planning.sizing import context_length_ladder
+from engine.planning.graphs import context_length_ladder
 from hf_reference import MAX_TOKENS
 from kernels.triton_attention import choose_tiles
 

@@ -20,7 +20,7 @@ from engine.layers.rotary import rope_inv_freq
 from engine.worker.loader import iterate_weights
 from engine.config.model import ModelConfig
 from engine.models.registry import model_class
-from engine.planning.model_footprint import weights_bytes_per_card
+from engine.planning.weights import weights_bytes_per_card
 from hf_reference import MAX_TOKENS, engine_greedy, hf_greedy
 from test_scheduler_features import assert_pool_empty
 from tiny_models import hf_model

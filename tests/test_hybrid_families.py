@@ -130,7 +130,8 @@ def test_planner_counts_the_state_pool_and_the_weights(hybrid_reference):
     assert layout.state_pool_bytes(5, True) == (5 + 4) * 2 * layout.state.spec.slot_bytes  # 4 snapshots
     assert all(ssm.dtype == torch.float32 for _, ssm in runner.state_cache)
     # speculating, the verify scratch (rollback of rejected drafts) is planned as the engine reserves it
-    from engine.planning.sizing import plan_cpu, verify_scratch_tokens
+    from engine.planning.kv import verify_scratch_tokens
+    from engine.planning.planner import plan_cpu
     plain = plan_cpu(cfg, 0.01, max_num_seqs=5)
     spec = plan_cpu(cfg, 0.01, max_num_seqs=5, num_speculative_tokens=3)
     assert verify_scratch_tokens(5, 3, 8192) == 20 and verify_scratch_tokens(5, 0, 8192) == 0

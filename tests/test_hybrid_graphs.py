@@ -15,7 +15,8 @@ import torch
 from engine import LLM, SamplingParams
 from engine.layers.attention import AttentionMetadata
 from engine.layers.gated_deltanet import GatedDeltaNet
-from engine.worker.graphs.piecewise import PiecewiseGraphs, TapeGraphBackend, token_buckets
+from engine.worker.graphs.piecewise import PiecewiseGraphs, token_buckets
+from graph_tape import TapeGraphBackend
 from engine.config.model import ModelConfig
 from engine.worker.model_runner import ModelRunner
 from engine.worker.step_inputs import StepInputs

@@ -9,15 +9,11 @@ contract speaks of packages, and a cycle between two modules of one package brea
 from __future__ import annotations
 
 import ast
-import warnings
 from collections import deque
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("engine", "kernels", "app", "widgets")
-# Known on the day this test landed, and removed by the worker split (wip/worker): the profiling pass builds a
-# ModelRunner inside a function while model_runner imports profiling. Delete the entry once the cycle is gone.
-KNOWN_CYCLES = {frozenset({"engine.worker.model_runner", "engine.worker.profiling"})}
 
 
 def module_files(root: Path, packages: tuple[str, ...]) -> dict[str, Path]:
@@ -126,12 +122,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles():
     graph = import_graph(ROOT, PACKAGES)
     cycles = import_cycles(graph)
-    for gone in KNOWN_CYCLES - {frozenset(c) for c in cycles}:
-        warnings.warn(f"the known cycle {' <-> '.join(sorted(gone))} is gone: delete it from KNOWN_CYCLES")
-    new = [c for c in cycles if frozenset(c) not in KNOWN_CYCLES]
-    assert not new, f"{len(new)} import cycle(s) (function-level imports count):\n" + "\n".join(
+    assert not cycles, f"{len(new)} import cycle(s) (function-level imports count):\n" + "\n".join(
         f"  {' -> '.join(shortest_loop(c, graph))}" + (f"\n    (all of: {', '.join(c)})" if len(c) > 2 else "")
-        for c in new)
+        for c in cycles)
 
 
 def test_engine_holds_only_packages_at_its_top():

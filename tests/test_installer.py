@@ -77,3 +77,29 @@ def test_wheel_table_is_the_one_place(tmp_path):
     for tag in torch_rows[0][2:]:
         assert f"{tag[2:-1]}.{tag[-1]}" in drivers, tag
     assert "12.0" in drivers  # the floor of minor-version compatibility for the 12.x wheels
+
+
+README = Path(__file__).parents[1] / "README.md"
+CI = Path(__file__).parents[1] / ".ci" / "run"
+
+
+def readme_block(title: str) -> str:
+    """The bash block under the README's `## title` heading."""
+    section = README.read_text().split(f"## {title}\n", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+
+
+def test_the_users_set_up_leaves_the_test_tools_out(tmp_path):
+    """Issue 38, item 12: the app's set-up installs the app; --dev (the test command's) adds the test tools."""
+    assert "test tools" not in dry_run(tmp_path) and ".[dev]" not in dry_run(tmp_path)
+    dev = dry_run(tmp_path, "--dev").splitlines()
+    assert dev[-1] == "would install the test tools: pip install -e .[dev], and Xvfb for the real-window test"
+    script = SETUP.read_text()
+    assert 'pip install -q -e "$PACKAGE"' in script and 'PACKAGE=".[dev]"' in script
+
+
+def test_the_readme_has_two_commands_and_ci_runs_the_test_one():
+    run, test = readme_block("Set up and run"), readme_block("Test")
+    assert run == "bash installer/setup.sh && .venv/bin/pagedesk" and "\n" not in test
+    assert test.startswith("bash installer/setup.sh --dev && ") and test.endswith("-m pytest -q --durations=25")
+    assert test in CI.read_text().splitlines()  # CI installs from nothing with exactly the README's command

@@ -84,7 +84,8 @@ def test_window_bound_is_window_plus_chunk():
 
 def test_planner_arithmetic_for_gemma3_27b_by_hand():
     from engine.bench.kv_groups import gemma3_27b
-    from engine.planning.sizing import GIB, plan_capacity
+    from engine.planning.planner import plan_capacity
+    from engine.planning.units import GIB
     cfg = gemma3_27b()
     kwargs = dict(dtype="bfloat16", quantization="awq", max_num_batched_tokens=2048)
     on = plan_capacity(cfg, [24 * GIB], 0.9, **kwargs)
@@ -101,7 +102,7 @@ def test_planner_arithmetic_for_gemma3_27b_by_hand():
 
 
 def test_cpu_plan_caps_the_pool_at_max_num_seqs_peaks():
-    from engine.planning.sizing import plan_cpu
+    from engine.planning.planner import plan_cpu
     cfg = ModelConfig(architecture="MistralForCausalLM", hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                       head_dim=16, intermediate_size=128, vocab_size=100, max_position_embeddings=512,
                       sliding_windows=[48, 48], max_model_len=512)

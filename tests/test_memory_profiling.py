@@ -19,8 +19,11 @@ from engine.config.flags import EngineConfig
 from engine.worker.kv_cache_sizing import choose_num_blocks, measure_memory
 from engine.config.model import ModelConfig
 from engine.worker.profiling import profile_batch
-from engine.planning.sizing import (GIB, MIB, estimate_activation_bytes, kv_bytes_per_token, plan_capacity, plan_cpu,
-                           rope_table_bytes, weights_bytes_per_card)
+from engine.planning.activations import estimate_activation_bytes
+from engine.planning.kv import kv_bytes_per_token
+from engine.planning.planner import plan_capacity, plan_cpu
+from engine.planning.units import GIB, MIB
+from engine.planning.weights import rope_table_bytes, weights_bytes_per_card
 
 LLAMA_8B = ModelConfig.from_hf_config({
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
@@ -246,6 +249,27 @@ def test_profiling_step_holds_what_a_full_sampling_step_holds(tiny_model_dir):
           f"({profiled / (rows * 16384):.1f} B per logit)")
     # Equal up to the rows' small per-token tensors (the profile's rows have 2 tokens); without the fix 12% short.
     assert profiled >= 0.99 * step.peak
+
+
+def test_the_profile_and_the_planner_sample_the_same_rows(llama_dir, monkeypatch):
+    """The sampler's rows are one function (engine/planning/activations.sampler_rows) for the profiling step and
+    the planner: max_num_seqs without speculation, also when the step budget has fewer tokens than seats."""
+    from engine.planning.activations import forward_activation_bytes, sampler_bytes, sampler_rows
+    import engine.worker.model_runner as model_runner
+    for tokens, seats in ((8192, 256), (100, 8), (4, 8)):
+        rows = profile_batch(tokens, seats, 40, 16).num_sampler_rows
+        assert rows == sampler_rows(seats, tokens) == seats
+        assert estimate_activation_bytes(LLAMA_8B, tokens, 2, 1, seats) == \
+            forward_activation_bytes(LLAMA_8B, tokens, 2) + sampler_bytes(rows, LLAMA_8B.vocab_size)
+    runner = LLM(str(llama_dir), device="cpu", max_num_seqs=4).engine.runner
+    sampled = []
+    profile = model_runner.profile_sampling_batch
+    monkeypatch.setattr(model_runner, "profile_sampling_batch",
+                        lambda rows, vocab, device: sampled.append(rows) or profile(rows, vocab, device))
+    pool = runner.kv_cache
+    runner.profile_run(3, 8, torch.float32)  # 3 tokens, 8 seats: 8 rows, as the planner counts them
+    runner.allocate_kv_cache(pool.shape[2], pool.dtype)
+    assert sampled == [sampler_rows(8, 3)] == [8]
 
 
 class FakeNvml:

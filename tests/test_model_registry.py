@@ -16,7 +16,7 @@ BASE = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 6, "nu
 
 
 def test_names_and_config_reading_import_no_torch():
-    code = ("import sys, engine.config.model, engine.models.registry, engine.planning.sizing\n"
+    code = ("import sys, engine.config.model, engine.models.registry, engine.planning.planner\n"
             "assert 'torch' not in sys.modules, 'torch was imported'\n"
             "print(len(engine.models.registry.SUPPORTED_ARCHITECTURES))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -15,7 +15,8 @@ from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
 from engine.core.outputs import BlockPoolSnapshot, EngineStats
-from engine.worker.graphs.piecewise import PiecewiseGraphs, TapeGraphBackend
+from engine.worker.graphs.piecewise import PiecewiseGraphs
+from graph_tape import TapeGraphBackend
 from engine.entrypoints.openai.engine_state import ExpertLoadInterval, RawState, build_state
 from hf_reference import make_prompts
 from server_harness import MODEL_NAME, start_server

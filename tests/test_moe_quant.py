@@ -149,7 +149,7 @@ def test_planner_counts_exactly_the_packed_experts_loaded(tiny_model_dir, tmp_pa
     from engine.worker.loader import iterate_weights
     from engine.config.model import ModelConfig
     from engine.models.registry import model_class
-    from engine.planning.model_footprint import weights_bytes_per_card
+    from engine.planning.weights import weights_bytes_per_card
     from quant_packers import make_mxfp4_gpt_oss
     if fmt == "mxfp4":
         path = make_mxfp4_gpt_oss(tiny_model_dir("gpt_oss"), tmp_path / fmt)

@@ -1,6 +1,6 @@
 """MoE arithmetic of the planner from published configs: total vs active parameters, every expert in memory.
 
-Torch-free paths only (engine/config/moe.py, engine/config/model.py, engine/planning/sizing.py).
+Torch-free paths only (engine/config/moe.py, engine/config/model.py, engine/planning/).
 """
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import pytest
 from engine.bench.moe_configs import AWQ_G128, GLM_45_AIR, MIXTRAL_8X7B, QWEN3_30B_A3B
 from engine.config.model import ModelConfig
 from engine.quantization.config import parse_quantization_config
-from engine.planning.sizing import GIB, plan_capacity
+from engine.planning.planner import plan_capacity
+from engine.planning.units import GIB
 
 
 @pytest.mark.parametrize("hf,total,active", [(QWEN3_30B_A3B, 30.5, 3.3), (MIXTRAL_8X7B, 46.7, 12.9),

@@ -25,7 +25,7 @@ from engine.bench.mtp_heads import add_mtp_head, bigram_with_exact_head
 from engine.worker.model_runner import ModelRunner
 from engine.config.model import ModelConfig
 from engine.entrypoints.serve import main as serve_main
-from engine.planning.model_footprint import mtp_footprint
+from engine.planning.speculation import mtp_footprint
 from engine.config.speculative import parse_speculative_config
 from engine.spec_decode.loading import check_mtp, load_mtp
 from hf_reference import make_prompts
@@ -123,10 +123,10 @@ def test_head_loads_the_published_names_and_drafts_like_the_reference(mtp_dir):
     assert layers == 1
     runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
     mtp = load_mtp(layers, runner, path, "torch")  # every mtp.* tensor loaded exactly once, or it raises
-    assert runner.keep_hidden and mtp.bytes_per_block(4) == 2 * BLOCK * cfg.num_kv_heads * cfg.head_dim * 4
+    assert runner.keep_hidden and mtp.kv_bytes_per_block(4) == 2 * BLOCK * cfg.num_kv_heads * cfg.head_dim * 4
     weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
-    assert page == mtp.bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
-    from engine.planning.sizing import plan_cpu
+    assert page == mtp.kv_bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
+    from engine.planning.planner import plan_cpu
     planned = plan_cpu(cfg, 0.01, block_size=BLOCK, mtp=True, num_speculative_tokens=3)
     assert planned.draft_weights_bytes == weights and planned.draft_kv_bytes_per_block == page
     from safetensors.torch import load_file
@@ -208,7 +208,7 @@ def test_other_heads_load(mtp_dir, arch):
                              SimpleNamespace(tensor_parallel_size=1), cfg, path), runner, path, "torch")
     assert type(mtp.head.layers[0].mlp).__name__ == ("LlamaMLP" if arch == "qwen3_5-vl" else "SparseMoeBlock")
     weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
-    assert page == mtp.bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
+    assert page == mtp.kv_bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
     assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
 
 
@@ -229,7 +229,7 @@ def test_greedy_with_mtp_is_identical_to_no_speculation(mtp_dir):
     assert greedy_ids(llm, prompts, max_tokens) == want
     stats, kv = llm.engine.spec.stats, llm.engine.kv
     assert stats.num_drafts > 0 and stats.num_draft_tokens > stats.num_drafts  # k = 2 drafts were verified
-    assert kv.pool.num_free_blocks == kv.pool.num_blocks and not llm.engine.spec.mtp.pending
+    assert kv.pool.num_free_blocks == kv.pool.num_blocks and not llm.engine.spec.proposer.pending
     # The drafts the engine verified, made from the runner's kept hidden states over a chunked prompt and
     # verify steps, are the reference's drafts from HF's hidden states over the same tokens.
     engine = llm.engine
@@ -296,7 +296,7 @@ def test_mtp_under_tensor_parallel_2(tiny_model_dir, tmp_path):
     try:
         got = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         assert got == want
-        stats, mtp = llm.engine.spec.stats, llm.engine.mtp
+        stats, mtp = llm.engine.spec.stats, llm.engine.spec.proposer
         assert 0.5 * stats.num_draft_tokens <= stats.num_accepted_tokens < stats.num_draft_tokens
         assert stats.num_draft_tokens > stats.num_drafts > 0 and stats.mean_acceptance_length > 2
         # Its own full vocabulary tensors (untied here: two), counted by the planner's footprint at TP=2.
@@ -306,9 +306,10 @@ def test_mtp_under_tensor_parallel_2(tiny_model_dir, tmp_path):
         assert mtp.head.vocab.model.embed_tokens.weight.shape[0] == cfg.vocab_size
         weights, page = mtp_footprint(cfg, 4, 4, mtp.block_size, tensor_parallel_size=2)
         assert weights - mtp_footprint(cfg, 4, 4, mtp.block_size)[0] == vocab_bytes
-        assert page == mtp.bytes_per_block(4)
+        assert page == mtp.kv_bytes_per_block(4)
         assert abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
-        from engine.planning.sizing import GIB, plan_capacity
+        from engine.planning.planner import plan_capacity
+        from engine.planning.units import GIB
         planned = plan_capacity(cfg, [GIB] * 2, 0.9, dtype="float32", tensor_parallel_size=2, mtp=True,
                                 block_size=mtp.block_size, num_speculative_tokens=3)
         assert planned.draft_weights_bytes == weights  # the planner counts the copies on the first card

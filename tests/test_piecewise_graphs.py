@@ -15,8 +15,10 @@ from torch import nn
 from engine import LLM, SamplingParams
 from engine.layers.attention import PagedAttention
 from engine.config.model import ModelConfig
-from engine.worker.graphs.piecewise import PieceCaptureError, PiecewiseGraphs, TapeGraphBackend, eager_points, token_buckets
-from engine.planning.sizing import estimate_activation_bytes, estimate_piecewise_graph_bytes, piecewise_bucket_count
+from engine.worker.graphs.piecewise import PiecewiseGraphs, eager_points, token_buckets
+from graph_tape import PieceCaptureError, TapeGraphBackend
+from engine.planning.activations import estimate_activation_bytes
+from engine.planning.graphs import estimate_piecewise_graph_bytes, piecewise_bucket_count
 from hf_reference import make_prompts
 
 BUDGET = 32  # tokens per step: prompts of up to 120 tokens arrive in chunks beside running decodes

@@ -9,8 +9,9 @@ import httpx
 
 from app.model_info import read_model_info
 from engine.config.model import ModelConfig
-from engine.planning.model_footprint import weights_bytes_per_card
-from engine.planning.sizing import GIB, plan_capacity
+from engine.planning.weights import weights_bytes_per_card
+from engine.planning.planner import plan_capacity
+from engine.planning.units import GIB
 from quant_packers import make_quantized
 from server_harness import start_server
 

@@ -9,7 +9,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.core.beam_search import BeamGroup, BeamSearchParams, length_normalized
 from engine.core.detokenizer import IncrementalDetokenizer
-from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.llm_engine import LLMEngine
 from engine.core.output_processor import OutputProcessor
 from hf_reference import MAX_TOKENS
 from server_harness import start_server

@@ -11,7 +11,8 @@ from engine.entrypoints.router.balancer import BALANCE_TOKENS, ReplicaLoad, choo
 from engine.entrypoints.router.metrics_merge import merge_metrics
 from engine.entrypoints.router.placement import HOST, Card, Holder, NoRoom, place, replica_need
 from engine.entrypoints.router.specs import ModelSpec, build_specs, split_model_arg, wants_router
-from engine.planning.sizing import GIB, MIB, MemoryProfile
+from engine.planning.capacity import MemoryProfile
+from engine.planning.units import GIB, MIB
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -186,7 +187,8 @@ def test_a_window_models_most_useful_cache_counts_every_group(tiny_model_dir):
     s = ModelSpec("g", str(folder), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2})
     need = replica_need(s, Card(0, "cuda:0", 64 * GIB), None)
     config = s.engine_config()
-    from engine.planning.sizing import DTYPE_BYTES, resolve_dtype
+    from engine.config.model import DTYPE_BYTES
+    from engine.planning.units import resolve_dtype
     cfg = ModelConfig.from_folder(folder).with_max_model_len(256)
     layout = model_kv_layout(cfg, config.block_size, DTYPE_BYTES[resolve_dtype(config.dtype, cfg.torch_dtype, True)])
     assert layout.has_sliding_window
@@ -199,7 +201,7 @@ def test_placement_counts_the_graphs_of_the_cuda_graph_mode(llama_dir):
     """On a card the overhead holds the decode graphs, and with full_and_piecewise (the default) the piecewise
     pieces up to the step budget too, as the engine's sizing counts them; --enforce-eager: neither."""
     from engine.entrypoints.router.placement import CUDA_CONTEXT_BYTES
-    from engine.planning.sizing import estimate_piecewise_graph_bytes
+    from engine.planning.graphs import estimate_piecewise_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     both = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -217,8 +219,8 @@ def test_placement_counts_the_draft_model_and_the_verify_graphs(llama_dir):
     graphs beside the decode graphs; n-gram only the graphs."""
     import json
 
-    from engine.planning.model_footprint import draft_footprint
-    from engine.planning.sizing import estimate_verify_graph_bytes
+    from engine.planning.speculation import draft_footprint
+    from engine.planning.graphs import estimate_verify_graph_bytes
     card = Card(0, "cuda:0", 64 * GIB)
     flags = {"max_model_len": 256, "max_num_seqs": 2}
     plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
@@ -268,3 +270,129 @@ def test_response_directory_is_bounded_and_reads_ids_from_replies():
     assert directory.owner("resp_1") is None and directory.owner("resp_2") == dp1
     directory.forget("resp_2")
     assert directory.owner("resp_2") is None
+
+
+def test_a_hybrid_replicas_budget_holds_its_seats_and_its_state_pool(tmp_path):
+    """The engine's absolute KV budget holds a hybrid model's state pool beside its blocks (plan_from_budget), so
+    the budget placement hands it must too: max_num_seqs full-length sequences and their state slots. Speculating,
+    its verify scratch is in the weights, as the planner counts it."""
+    import json
+
+    from engine.bench.hybrid import QWEN3_6_27B
+    from engine.kv.kv_cache_interface import model_kv_layout
+    from engine.planning.capacity import plan_from_budget
+    from engine.planning.kv import verify_scratch_bytes
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_6_27B))
+    flags = {"max_model_len": 4096, "max_num_seqs": 8, "enforce_eager": True}
+    card = Card(0, "cuda:0", 80 * GIB)
+    need = replica_need(ModelSpec("h", str(tmp_path), flags), card, None)
+    cfg = ModelConfig.from_folder(tmp_path).with_max_model_len(4096)
+    layout = model_kv_layout(cfg, 16, 2, act_dtype_bytes=2)
+    assert need.kv_bytes == 8 * 256 * layout.bytes_per_block + layout.state_pool_bytes(8, True)
+    engine = plan_from_budget(MemoryProfile("cuda:0", 80 * GIB, 80 * GIB, 0, 0, 0), need.kv_bytes,
+                              layout.bytes_per_block // 16, 16, 4096, 1, layout, 2048, 8)
+    assert engine.num_full_seqs == 8
+    ngram = {**flags, "speculative_config": json.dumps({"method": "ngram", "num_speculative_tokens": 3})}
+    speculating = replica_need(ModelSpec("n", str(tmp_path), ngram), card, None)
+    assert speculating.weights_bytes - need.weights_bytes == verify_scratch_bytes(layout, 8, 3, 2048) > 0
+
+
+def test_a_drafting_replicas_budget_holds_the_drafts_pages(llama_dir):
+    """A draft model's KV page at every block id shares the budget (blocks_with_draft): the most useful budget
+    holds max_num_seqs full sequences of both; with the target as its own draft, twice the target's."""
+    import json
+    card = Card(0, "cuda:0", 64 * GIB)
+    flags = {"max_model_len": 256, "max_num_seqs": 2, "enforce_eager": True}
+    plain = replica_need(ModelSpec("a", str(llama_dir), flags), card, None)
+    draft = {"model": str(llama_dir), "num_speculative_tokens": 3}
+    drafted = replica_need(ModelSpec("d", str(llama_dir), {**flags, "speculative_config": json.dumps(draft)}),
+                           card, None)
+    assert drafted.kv_bytes == 2 * plain.kv_bytes > 0
+
+
+def test_no_kv_budget_when_the_state_pool_leaves_no_block(tmp_path):
+    """256 seats of Qwen3.6-27B's state (147 MiB each, 37 GiB with the snapshots) do not fit beside its AWQ
+    weights on a 40 GiB card, though ~19 GiB of blocks would: no budget (the replica is not placed) rather than
+    one the engine would refuse at load."""
+    import json
+
+    from engine.bench.hybrid import AWQ_G128, QWEN3_6_27B
+    (tmp_path / "config.json").write_text(json.dumps({**QWEN3_6_27B, "quantization_config": AWQ_G128}))
+    flags = {"max_model_len": 4096, "enforce_eager": True}
+    assert replica_need(ModelSpec("h", str(tmp_path), flags), Card(0, "cuda:0", 40 * GIB), None).kv_bytes == 0
+    few = replica_need(ModelSpec("h", str(tmp_path), {**flags, "max_num_seqs": 16}), Card(0, "cuda:0", 40 * GIB), None)
+    assert few.kv_bytes > 0
+
+
+def test_generated_values_are_never_read_as_options(llama_dir, monkeypatch):
+    """A key from secrets.token_urlsafe starts with '-' one time in 64: it reaches the engine as `--api-key=KEY`
+    (argparse once read `--api-key -abc` as an unknown option and the engine exited 2), and so do the router's
+    other values and any flag value that starts with '-'."""
+    from engine.config.flags import flags_to_argv
+    from engine.entrypoints import router_engine
+    from engine.entrypoints.router.backend import EngineProcess
+    from engine.entrypoints.router.placement import ReplicaNeed, ReplicaPlacement
+    from engine.entrypoints.serving_process import ENGINE_API_KEY_ENV
+
+    parser = serve.build_parser()
+    seen = {}
+    monkeypatch.setattr(router_engine, "serve_main", lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setenv(ENGINE_API_KEY_ENV, "-abc_DEF")
+    router_engine.main(["--model", str(llama_dir), "--port", "1"])
+    models, rest = serve.split_model_flags(seen["argv"])
+    assert vars(parser.parse_args(rest))["api_key"] == "-abc_DEF" and models == [str(llama_dir)]
+
+    engine = EngineProcess(ModelSpec("-chat", "-models/m", {"tokenizer": "-tok"}), 0,
+                           ReplicaPlacement((HOST,), ReplicaNeed(0, 0, 0, 1)))
+    engine.port = 8123
+    models, rest = serve.split_model_flags(engine.argv()[3:])
+    from engine.distributed.parent_watch import split_parent_flag
+    parent, rest = split_parent_flag(rest)
+    args = vars(parser.parse_args(rest))
+    assert models == ["-models/m"] and parent is not None
+    assert (args["served_model_name"], args["tokenizer"], args["port"]) == ("-chat", "-tok", 8123)
+    assert vars(parser.parse_args(flags_to_argv({"api_key": "-k", "served_model_name": "-n"})))["api_key"] == "-k"
+
+
+def test_a_cpu_replica_counts_its_process_baseline(llama_dir):
+    """--memory-budget on CPU: each engine process holds Python, torch and the server before any tensor (five tiny
+    engines once counted 704 MiB and used 2,884): placement counts a baseline per process, as the CUDA context
+    is counted on a card; the manager replaces the default with what its engines measure."""
+    from engine.entrypoints.router.placement import CPU_PROCESS_BYTES
+    host = Card(HOST, "CPU", 0)
+    need = replica_need(spec(llama_dir), host, None)
+    assert need.overhead_bytes == CPU_PROCESS_BYTES > 0
+    assert replica_need(spec(llama_dir), host, None, process_bytes=300 * MIB).overhead_bytes == 300 * MIB
+    budget = Card(HOST, "CPU", int(2.5 * need.total_bytes))
+    holders = [Holder(f"m{i}", {HOST: need.total_bytes}, idle=False) for i in range(2)]
+    with pytest.raises(NoRoom):  # two engines fill 2.5 of them: a third does not fit
+        place(spec(llama_dir), [budget], holders, None)
+    assert place(spec(llama_dir), [budget], holders[:1], None)[0]
+
+
+def test_a_failed_load_holds_until_the_folder_changes_or_the_backoff_expires(tmp_path):
+    from engine.entrypoints.router.load_failures import RETRY_AFTER_S, LoadFailure, folder_fingerprint
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    before = folder_fingerprint(str(tmp_path))
+    failure = LoadFailure.after(None, "corrupt", before, now=100.0)
+    assert failure.holds(folder_fingerprint(str(tmp_path)), 100.0 + RETRY_AFTER_S[0] - 1)
+    assert not failure.holds(before, 100.0 + RETRY_AFTER_S[0])  # the backoff expired
+    (tmp_path / "model.safetensors").write_bytes(b"xy")  # rewritten: another size
+    assert not failure.holds(folder_fingerprint(str(tmp_path)), 101.0)
+    again = LoadFailure.after(failure, "corrupt", before, now=200.0)
+    assert again.count == 2 and again.retry_at == 200.0 + RETRY_AFTER_S[1]
+    assert folder_fingerprint(str(tmp_path / "nowhere")) is None  # a hub id: only the backoff retries it
+
+
+def test_check_models_serves_a_broken_folder_as_failed_unless_none_is_left(tmp_path, llama_dir):
+    import shutil
+
+    from engine.entrypoints.router.main import check_models
+    broken = shutil.copytree(llama_dir, tmp_path / "broken")
+    (broken / "config.json").write_text('{"architectures": ')
+    config = build_specs(*args_of("--model", f"ok={llama_dir}", "--model", f"bad={broken}", "--device", "cpu"))
+    failures = check_models(config)
+    assert list(failures) == ["bad"] and "model bad" in failures["bad"] and sorted(config.models) == ["bad", "ok"]
+    alone = build_specs(*args_of("--model", f"bad={broken}", "--model", f"bad2={broken}", "--device", "cpu"))
+    with pytest.raises(ValueError, match="model bad"):
+        check_models(alone)

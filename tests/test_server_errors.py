@@ -147,7 +147,7 @@ def test_loading_engine_answers_503(llama_dir):
     release = threading.Event()
 
     def slow_factory(config):
-        from engine.core.llm_engine import LLMEngine
+        from engine.entrypoints.llm_engine import LLMEngine
         release.wait(30)
         return LLMEngine(config)
 
@@ -169,7 +169,7 @@ def test_dead_engine_answers_503_and_fails_in_flight_requests(llama_dir):
     armed = threading.Event()
 
     def fragile_factory(config):
-        from engine.core.llm_engine import LLMEngine
+        from engine.entrypoints.llm_engine import LLMEngine
         engine = LLMEngine(config)
         real_step = engine.step
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from server_harness import MODEL_NAME, start_server
-from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.llm_engine import LLMEngine
 from engine.entrypoints.openai.engine_state import unpack_blocks
 
 NUM_CLIENTS = 100

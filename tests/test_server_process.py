@@ -141,7 +141,7 @@ def test_stopped_tensor_parallel_worker_trips_the_step_watchdog(long_llama):
 # ---- item 12: no rendezvous folder outlives a SIGKILLed server ---------------------------------------------------
 
 def test_stale_rendezvous_folders_of_dead_processes_are_removed(tmp_path):
-    from engine.executor.tp_executor import STORE_PREFIX, remove_stale_store_dirs
+    from engine.executor.worker_processes import STORE_PREFIX, remove_stale_store_dirs
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     (tmp_path / f"{STORE_PREFIX}{dead.pid}-abc").mkdir()

@@ -11,8 +11,10 @@ import torch
 from engine.config.flags import EngineConfig
 from engine.worker.kv_cache_sizing import choose_num_blocks
 from engine.config.model import ModelConfig
-from engine.planning.sizing import GIB, MemoryProfile, estimate_piecewise_graph_bytes, other_programs_note, plan_capacity, \
-    plan_from_profile
+from engine.planning.capacity import MemoryProfile, other_programs_note, plan_from_profile
+from engine.planning.graphs import estimate_piecewise_graph_bytes
+from engine.planning.planner import plan_capacity
+from engine.planning.units import GIB
 
 CARD_24G = 24 * GIB
 
@@ -218,7 +220,7 @@ def test_a_hybrid_models_graphs_count_their_padding_state_slot():
     # Qwen3.6-27B's decode graphs point padding rows at one state slot past the pool: 48 DeltaNet layers ×
     # (conv 10,240 channels × 3 taps × 2 B + recurrent 48 × 128 × 128 × 4 B) = 48 × 3,207,168 = 153,944,064 B.
     from engine.bench.hybrid import QWEN3_6_27B
-    from engine.planning.sizing import estimate_cuda_graph_bytes, estimate_graph_bytes
+    from engine.planning.graphs import estimate_cuda_graph_bytes, estimate_graph_bytes
     cfg = ModelConfig.from_hf_config(QWEN3_6_27B)
     graphs = estimate_cuda_graph_bytes(cfg, 4, 8192, 2, 1, "full_decode_only")
     assert graphs - estimate_graph_bytes(cfg, 4, 2, 1) == 153_944_064
@@ -235,8 +237,9 @@ LLAMA_32_1B = ModelConfig.from_hf_config({  # Llama-3.2-1B: Llama 3's tokenizer,
 
 
 def test_a_draft_model_counts_its_weights_on_rank_0_and_its_kv_per_block():
-    from engine.planning.model_footprint import draft_footprint, weights_bytes_per_card
-    from engine.planning.sizing import plan_cpu
+    from engine.planning.speculation import draft_footprint
+    from engine.planning.weights import weights_bytes_per_card
+    from engine.planning.planner import plan_cpu
 
     draft = LLAMA_32_1B.with_max_model_len(8192)
     # Draft weights: per layer qkv 2048·(2048 + 2·512) + o 2048·2048 = 10,485,760, MLP 3·2048·8192 = 50,331,648
@@ -276,3 +279,28 @@ def test_a_misfit_with_a_draft_names_it():
     plan = plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9, draft=draft)  # one sequence fits alone, not with the draft
     assert plan_capacity(LLAMA_3_8B, [21 * GIB], 0.9).fits and not plan.fits
     assert "The draft model takes 2.33 GiB of weights and 32.0 KiB/token of KV" in plan.explain_misfit()
+
+
+def test_logits_rows_of_a_step_count_the_verify_rows():
+    """A step has a logits row per sampling sequence and 1 + k per sequence verifying k drafts, never more rows
+    than tokens; the sampler is profiled and planned at no fewer rows than seats (their penalty buffers)."""
+    from engine.planning.activations import max_logits_rows, sampler_rows
+    assert max_logits_rows(256, 8192) == 256 and max_logits_rows(256, 8192, 3) == 1024
+    assert max_logits_rows(256, 512, 3) == 512 and max_logits_rows(256, 128) == 128
+    assert sampler_rows(256, 128) == sampler_rows(256, 8192) == 256  # k = 0: max_num_seqs, as the profile ran
+    assert sampler_rows(4, 8192, 3) == 16 and sampler_rows(0, 8192) == 0  # 0: a graph's forward samples nothing
+
+
+def test_the_cpu_engine_plans_a_hybrid_in_the_dtype_it_runs():
+    """A hybrid model's conv states are in the model's dtype: the CPU engine run in bf16 plans its state pool at
+    2 bytes per conv value, as the planner does for bf16 (it planned float32 whatever the engine ran in)."""
+    from engine.bench.hybrid import QWEN3_6_27B
+    from engine.planning.planner import plan_cpu
+    cfg = ModelConfig.from_hf_config(QWEN3_6_27B).with_max_model_len(4096)
+    runner = type("CpuRunner", (), {"device": torch.device("cpu"), "dtype": torch.bfloat16,
+                                    "weights_bytes": lambda self: 0})()
+    config = EngineConfig(model="m", kv_cache_memory=2.0, max_num_seqs=4)
+    kwargs = dict(kv_cache_dtype="bfloat16", max_num_seqs=4, max_num_batched_tokens=2048)
+    bf16, fp32 = (plan_cpu(cfg, 2.0, dtype=dtype, **kwargs) for dtype in ("bfloat16", "float32"))
+    assert choose_num_blocks(config, cfg, runner, torch.bfloat16, 2048) == bf16.num_blocks > fp32.num_blocks
+    assert bf16.state_bytes < fp32.state_bytes and bf16.num_blocks < bf16.max_blocks  # the budget decides

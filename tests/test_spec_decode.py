@@ -195,7 +195,7 @@ def test_draft_model_under_tensor_parallel_matches(llama_dir, engines, expected)
         assert 0 < stats.num_accepted_tokens < stats.num_draft_tokens
         # Whole on rank 0: the weights of the unsharded target, more than rank 0's shard of it.
         whole = engines("base").engine.runner.weights_bytes()
-        assert llm.engine.draft_runner.weights_bytes() == whole > llm.engine.runner.weights_bytes()
+        assert llm.engine.spec.proposer.runner.weights_bytes() == whole > llm.engine.runner.weights_bytes()
     finally:
         llm.engine.shutdown()
 
@@ -245,7 +245,7 @@ def test_planner_counts_the_draft_as_the_engine_does(engines, llama_dir):
     import json
 
     from app.capacity import capacity_line, plan_for
-    from engine.planning.model_footprint import rope_table_bytes
+    from engine.planning.weights import rope_table_bytes
 
     config = json.loads((llama_dir / "config.json").read_text())
     values = {"max_num_seqs": 256, "speculative_config": json.dumps({"model": str(llama_dir),
@@ -255,7 +255,7 @@ def test_planner_counts_the_draft_as_the_engine_does(engines, llama_dir):
     engine = engines("draft").engine
     assert plan.num_blocks == engine.kv.pool.num_blocks == alone.num_blocks // 2  # a copy: half the pages each
     # The draft's parameters as the engine measured them, plus its RoPE table (a buffer, not a parameter).
-    assert plan.weights_bytes == alone.weights_bytes + engine.draft_runner.weights_bytes() + \
-        rope_table_bytes(engine.draft_runner.config)
+    assert plan.weights_bytes == alone.weights_bytes + engine.spec.proposer.runner.weights_bytes() + \
+        rope_table_bytes(engine.spec.proposer.runner.config)
     missing = {**values, "speculative_config": {"model": str(llama_dir / "nowhere"), "num_speculative_tokens": K}}
     assert "speculative_config.model" in capacity_line(config, missing, [])

@@ -7,7 +7,7 @@ import torch
 
 from engine import LLM
 from engine.worker.graphs.decode import context_buckets
-from engine.worker.model_runner import every_shape
+from engine.worker.graphs.dispatch import every_shape
 from engine.worker.warm_up import kernel_shapes, warm_up_kernels
 
 

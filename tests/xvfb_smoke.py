@@ -1,8 +1,9 @@
 """The real-window smoke run that tests/test_app_xvfb.py starts under xvfb-run with Qt's xcb platform.
 
 A new user's path through the real window against the fake server: the window maps on an X screen,
-the Start action serves the chosen model, the status chip and title show the live URL, a chat reply
-streams in, Stop passes through STOPPING to STOPPED, and closing the window leaves no process.
+the Start action serves the chosen model (READY once it answered a request), the status chip and title show
+the live URL, a chat reply streams in under the model's name, Stop passes through STOPPING to STOPPED, and
+closing the window leaves no process.
 Prints one "ok …" line per step; any failure exits non-zero with the reason.
 """
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main() -> None:
     win.chat.send_button.click()
     wait(app, lambda: "fake engine" in win.chat.view.toPlainText() and not win.chat.generating, 10,
          "chat reply streamed")
+    assert "Assistant · Qwen2.5-7B-Instruct" in win.chat.view.toPlainText(), "the reply names its model"
     image = win.grab().toImage()
     assert image.width() > 600 and image.height() > 400
     pid = sup.pid

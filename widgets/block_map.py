@@ -7,10 +7,15 @@ Hovering a cell shows its block id, state, owner and ref count, and its KV cache
 several (sliding-window and full-attention layers share the pool; the summary counts each group's blocks).
 With several groups the in-use blocks are coloured by group kind (groups of one kind, e.g. four
 "window 1024" groups, share a colour) under a legend of the kinds; "Colour by" switches back to one colour per
-request. The wheel zooms and a drag pans
-(16k blocks are a pixel each at full view); "Fit" returns to the whole pool. "Used only" draws just the
-blocks that hold something (in use or cached), packed into their own grid, so a few hundred used blocks of
-16,384 are a readable grid instead of a strip one pixel high; hovering still names the real block. Its background follows
+request. Given `min_cell_px` (the Monitor gives MIN_CELL_PX), the map keeps every cell at least that large on
+screen while shown: when the pool has more
+blocks than that allows (16k blocks in a few hundred pixels), one cell stands for several neighbouring
+blocks, coloured by the most telling of them (in use, else cached, else free) and as strongly as they are
+occupied; the summary says how many blocks a cell holds and hovering a cell names its range and what the
+blocks in it hold. Cells large enough get thin borders, so a run of one request's blocks reads as blocks.
+The wheel zooms and a drag pans; "Fit" returns to the whole pool. "Used only" draws just the blocks that
+hold something (in use or cached), packed into their own grid; hovering still names the real block. The
+summary counts the requests that hold blocks, from the blocks themselves. Its background follows
 the application palette. It never imports app or engine code.
 """
 from __future__ import annotations
@@ -38,6 +43,8 @@ PADDING_RGBA = (0, 0, 0, 0)
 GROUP_RGBA = ((136, 192, 208, 255), (180, 142, 173, 255), (208, 135, 112, 255), (163, 190, 140, 255),
               (191, 97, 106, 255), (143, 188, 187, 255))
 COLOUR_BY_GROUP, COLOUR_BY_REQUEST = "KV cache group", "request"
+MIN_CELL_PX = 6  # below this a cell is no longer a block one can point at: neighbours share a cell
+BORDER_CELL_PX = 9  # from this size on, cells get borders
 
 
 def owner_palette(size: int = 64) -> np.ndarray:
@@ -123,6 +130,27 @@ def to_grid(rgba: np.ndarray, columns: int) -> np.ndarray:
     return image.reshape(rows, columns, 4)
 
 
+def aggregate_cells(rgba: np.ndarray, state: np.ndarray, per_cell: int,
+                    free_rgba: tuple[int, int, int, int] = FREE_RGBA) -> np.ndarray:
+    """(ceil(n / per_cell), 4) colours, one per run of `per_cell` blocks: the first in-use block's colour, else the
+    cached colour, else free; blended toward free by the share of the run's blocks that hold something."""
+    n = state.shape[0]
+    cells = -(-n // per_cell)
+    padded = np.full(cells * per_cell, STATE_FREE, np.uint8)
+    padded[:n] = state
+    runs = padded.reshape(cells, per_cell)
+    in_use, cached = runs == STATE_IN_USE, runs == STATE_CACHED
+    first = np.minimum(np.arange(cells) * per_cell + in_use.argmax(axis=1), n - 1)
+    out = np.empty((cells, 4), np.float64)
+    out[:] = free_rgba
+    out[cached.any(axis=1)] = CACHED_RGBA
+    out[in_use.any(axis=1)] = rgba[first[in_use.any(axis=1)]]
+    held = (in_use | cached).mean(axis=1, keepdims=True)
+    strength = np.where(held > 0, 0.4 + 0.6 * held, 0.0)  # one block of eight still shows
+    free = np.asarray(free_rgba, np.float64)
+    return (free + (out - free) * strength).round().astype(np.uint8)
+
+
 def free_color() -> tuple[int, int, int, int]:
     """Free blocks' colour for the application palette: dark on a dark theme, light on a light one."""
     return FREE_RGBA if pg.mkColor(palette_colors()[0]).lightness() < 128 else FREE_LIGHT_RGBA
@@ -138,12 +166,14 @@ class BlockMapWidget(QWidget):
 
     hovered = Signal(str)
 
-    def __init__(self, parent: QWidget | None = None, redraw_ms: int = 200) -> None:
+    def __init__(self, parent: QWidget | None = None, redraw_ms: int = 200, min_cell_px: int = 0) -> None:
         super().__init__(parent)
+        self.min_cell_px = min_cell_px  # 0: one cell per block, however small
         self._snapshot: BlockSnapshot | None = None
         self._pending = False
         self._columns = 1
         self._shown_ids: np.ndarray | None = None  # block id of each cell while "Used only" is on
+        self.blocks_per_cell = 1  # > 1 while the pool has more blocks than readable cells
         self._free_rgba = free_color()
         self._view = pg.GraphicsLayoutWidget()
         self._view.setBackground(palette_colors()[0])
@@ -151,6 +181,8 @@ class BlockMapWidget(QWidget):
         self._box.setMenuEnabled(False)
         self._image = pg.ImageItem(axisOrder="row-major")
         self._box.addItem(self._image)
+        self._borders = pg.PlotCurveItem(connect="pairs", antialias=False)  # thin lines between large cells
+        self._box.addItem(self._borders)
         self._view.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.summary = QLabel("No engine state yet")
         self.hover_label = QLabel(" ")
@@ -180,6 +212,10 @@ class BlockMapWidget(QWidget):
         layout.addLayout(hover_row)
         self._timer = QTimer(self, interval=redraw_ms, timeout=self.redraw)
         self._timer.start()
+
+    def clear_hover(self) -> None:
+        """Forget what the pointer last named (another model's pool is coming)."""
+        self.hover_label.setText(" ")
 
     def _legend(self) -> QHBoxLayout:
         row = QHBoxLayout()
@@ -275,12 +311,43 @@ class BlockMapWidget(QWidget):
             if self.colouring_by_group(snap) else \
             block_colors(snap.state, snap.ref_count, snap.owner, self._free_rgba)
         self._shown_ids = np.flatnonzero(snap.state != STATE_FREE) if self.used_only.isChecked() else None
+        states = snap.state
         if self._shown_ids is not None:
             colors = colors[self._shown_ids] if len(self._shown_ids) else colors[:0]
+            states = states[self._shown_ids]
         shown = len(colors) if self._shown_ids is not None else snap.num_blocks
-        self._columns = grid_columns(max(shown, 1), self._aspect())
-        self._image.setImage(to_grid(colors, self._columns), autoLevels=False)
-        self.summary.setText(self._summary_text(snap))
+        self.blocks_per_cell = self._blocks_per_cell(shown)
+        if self.blocks_per_cell > 1:
+            colors = aggregate_cells(colors, states, self.blocks_per_cell, self._free_rgba)
+        cells = len(colors) if self.blocks_per_cell > 1 else shown
+        self._columns = grid_columns(max(cells, 1), self._aspect())
+        grid = to_grid(colors, self._columns)
+        self._image.setImage(grid, autoLevels=False)
+        self._draw_borders(grid.shape[0], self._columns)
+        text = self._summary_text(snap)
+        if self.blocks_per_cell > 1:
+            text += f"\none cell = {self.blocks_per_cell} neighbouring blocks (zoom in, or widen the window, for one each)"
+        self.summary.setText(text)
+
+    def _blocks_per_cell(self, num_blocks: int) -> int:
+        """1 while each block can have a cell of `min_cell_px` on screen; else how many share one (only when shown:
+        a hidden map has no size to fit)."""
+        size = self._view.size()
+        if not self.min_cell_px or not self._view.isVisible() or size.height() <= 50:
+            return 1
+        readable = max(1, (size.width() // self.min_cell_px) * (size.height() // self.min_cell_px))
+        return max(1, math.ceil(num_blocks / readable))
+
+    def _draw_borders(self, rows: int, columns: int) -> None:
+        """Grid lines in the background colour when a cell is BORDER_CELL_PX or more on screen at full view."""
+        size = self._view.size()
+        cell_px = min(size.width() / max(columns, 1), size.height() / max(rows, 1))
+        if cell_px < BORDER_CELL_PX or rows * columns > 20_000:
+            self._borders.setData([], [])
+            return
+        xs = [c for x in range(columns + 1) for c in (x, x)] + [c for _ in range(rows + 1) for c in (0, columns)]
+        ys = [c for _ in range(columns + 1) for c in (0, rows)] + [c for y in range(rows + 1) for c in (y, y)]
+        self._borders.setData(xs, ys, pen=pg.mkPen(palette_colors()[0], width=1))
 
     def _aspect(self) -> float:
         """Width/height of the drawing area, so the cells fill it (clamped for tiny or hidden widgets)."""
@@ -297,11 +364,13 @@ class BlockMapWidget(QWidget):
     @staticmethod
     def _summary_text(snap: BlockSnapshot) -> str:
         n = max(snap.num_blocks, 1)
-        used = int(np.count_nonzero(snap.state == STATE_IN_USE))
+        in_use = snap.state == STATE_IN_USE
+        used = int(np.count_nonzero(in_use))
         cached = int(np.count_nonzero(snap.state == STATE_CACHED))
-        shared = int(np.count_nonzero((snap.state == STATE_IN_USE) & (snap.ref_count > 1)))
+        shared = int(np.count_nonzero(in_use & (snap.ref_count > 1)))
+        holders = len(np.unique(snap.owner[in_use & (snap.owner > 0)]))  # what the map shows, not a second count
         text = (f"{snap.num_blocks:,} blocks · {used:,} in use ({100 * used / n:.1f}%) · {cached:,} cached · "
-                f"{shared:,} shared · {len(snap.owners)} requests")
+                f"{shared:,} shared · held by {holders} request{'s' if holders != 1 else ''}")
         if snap.group is not None and snap.group_names:
             counts = np.bincount(snap.group.astype(np.int64), minlength=len(snap.group_names) + 1)
             text += "\nin use by KV cache group: " + " · ".join(
@@ -323,19 +392,41 @@ class BlockMapWidget(QWidget):
             text += f" · group {snap.group_names[group - 1]}"
         return text
 
-    def block_at(self, x: float, y: float) -> int | None:
-        """Block id under image coordinates (x = column, y = row), or None outside the pool."""
+    def cell_blocks(self, x: float, y: float) -> list[int]:
+        """The block ids in the cell under image coordinates (x = column, y = row): one, several while blocks
+        share cells, none outside the pool."""
         if self._snapshot is None or x < 0 or y < 0 or x >= self._columns:
-            return None
+            return []
         cell = int(y) * self._columns + int(x)
+        shown = len(self._shown_ids) if self._shown_ids is not None else self._snapshot.num_blocks
+        positions = range(cell * self.blocks_per_cell, min((cell + 1) * self.blocks_per_cell, shown))
         if self._shown_ids is not None:
-            return int(self._shown_ids[cell]) if cell < len(self._shown_ids) else None
-        return cell if cell < self._snapshot.num_blocks else None
+            return [int(self._shown_ids[p]) for p in positions]
+        return list(positions)
+
+    def block_at(self, x: float, y: float) -> int | None:
+        """Block id under image coordinates (the first of its cell's), or None outside the pool."""
+        blocks = self.cell_blocks(x, y)
+        return blocks[0] if blocks else None
+
+    def cell_info(self, blocks: list[int]) -> str:
+        """One block's text, or for a cell of several: their range and what they hold."""
+        if len(blocks) <= 1:
+            return self.block_info(blocks[0]) if blocks else " "
+        snap = self._snapshot
+        ids = np.asarray(blocks)
+        states = snap.state[ids]
+        owners = sorted({snap.owners[o - 1] for o in snap.owner[ids] if 0 < o <= len(snap.owners)})
+        counts = [f"{int(np.count_nonzero(states == k))} {STATE_NAMES[k].split(' (')[0]}" for k in STATE_NAMES
+                  if np.count_nonzero(states == k)]
+        return (f"blocks {blocks[0]}–{blocks[-1]}: " + ", ".join(counts) +
+                (f" · owners {', '.join(owners[:3])}" + (" …" if len(owners) > 3 else "") if owners else ""))
 
     def _on_mouse_moved(self, scene_pos) -> None:
         point = self._box.mapSceneToView(scene_pos)
-        block_id = self.block_at(point.x(), point.y())
-        text = self.block_info(block_id) if block_id is not None else " "
+        blocks = self.cell_blocks(point.x(), point.y())
+        block_id = blocks[0] if blocks else None
+        text = self.cell_info(blocks)
         self.hover_label.setText(text)
         if block_id is not None:
             QToolTip.showText(self._view.mapToGlobal(self._view.mapFromScene(scene_pos)), text, self)

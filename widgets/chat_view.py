@@ -1,7 +1,8 @@
 """Chat transcript view: messages rendered from Markdown (fenced code included) into a QTextBrowser.
 
 `ChatView` holds a list of `ChatMessage` (role, Markdown text, a stats line) and renders them as
-HTML through python-markdown. Streaming appends to the last message are cheap: they mark the view
+HTML through python-markdown. A reply's title names the model that wrote it ("Assistant · qwen"), and
+only a reply still being written shows "…". Streaming appends to the last message are cheap: they mark the view
 dirty and the HTML is rebuilt on a short timer, never per token. A message's reasoning ("thinking")
 shows as a collapsed block that a click on its header opens or closes. It knows nothing about HTTP.
 """
@@ -54,6 +55,8 @@ class ChatMessage:
     stats: str = ""
     reasoning: str = ""  # the model's thinking, shown collapsed
     reasoning_open: bool = False
+    model: str = ""  # for a reply: the model that wrote it
+    pending: bool = False  # a reply still being written: "…" until its first text
 
 
 class ChatView(QTextBrowser):
@@ -111,7 +114,7 @@ class ChatView(QTextBrowser):
         self._dirty = False
         parts = [STYLE]
         for i, m in enumerate(self.messages):
-            title = self.ROLE_TITLES.get(m.role, m.role)
+            title = self.ROLE_TITLES.get(m.role, m.role) + (f" · {html.escape(m.model)}" if m.model else "")
             parts.append(f'<div class="role {m.role}">{title}</div>')
             if m.reasoning:
                 arrow = "▾" if m.reasoning_open else "▸"
@@ -119,7 +122,8 @@ class ChatView(QTextBrowser):
                              f'({len(m.reasoning)} characters)</a></div>')
                 if m.reasoning_open:
                     parts.append(f'<div class="thinking">{render_markdown(m.reasoning)}</div>')
-            parts.append(render_markdown(m.text) if m.text else "<p>…</p>")
+            parts.append(render_markdown(m.text) if m.text else "<p>…</p>" if m.pending else
+                         '<p class="stats">(no text)</p>')
             if m.stats:
                 parts.append(f'<div class="stats">{html.escape(m.stats)}</div>')
         self.setHtml("".join(parts))

@@ -4,8 +4,10 @@ Gated DeltaNet layers (Qwen3.5/3.6, Qwen3-Next) keep a fixed-size conv + recurre
 instead of K/V per token, so those states live in their own pool beside the block pool. This strip shows
 each slot as a cell: free, held by a running request (in that request's block-map colour, so a request's
 blocks and its state read as one), or a prefix-cache snapshot (the state at a cached block boundary, in the
-cached-block colour). A summary line counts them and their bytes; hovering a cell names its slot and owner.
-Plain data in, pixels out: no app or engine imports.
+cached-block colour). The slots are laid out to fill the strip's shape (a few columns when it is tall, more
+when it is wide), so a pool of twenty slots is a block of readable cells, not a sliver. A summary line counts
+them and their bytes; hovering a cell names its slot and owner. Plain data in, pixels out: no app or engine
+imports.
 """
 from __future__ import annotations
 
@@ -16,11 +18,11 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtWidgets import QLabel, QToolTip, QVBoxLayout, QWidget
 
-from widgets.block_map import CACHED_RGBA, free_color, owner_palette
+from widgets.block_map import CACHED_RGBA, free_color, grid_columns, owner_palette
 from widgets.themed_view import ThemedView
 
 SLOT_FREE, SLOT_SEQUENCE, SLOT_SNAPSHOT = 0, 1, 2
-COLUMNS = 4  # a narrow strip: slots run top to bottom, four abreast
+MIN_WIDTH = 150  # px: beside the block map the strip keeps room for readable cells
 _PALETTE = owner_palette()  # the block map's owner colours, so a request's blocks and state match
 
 
@@ -66,6 +68,8 @@ class StateSlotsWidget(ThemedView):
         super().__init__(parent, redraw_ms)
         self.picture: StateSlotsPicture | None = None
         self._dirty = False
+        self.columns = 4
+        self.setMinimumWidth(MIN_WIDTH)
         self.summary = QLabel("State slots", wordWrap=True)
         self.plot = self.view.addViewBox(lockAspect=True, enableMouse=False, invertY=True)
         self.image = pg.ImageItem(axisOrder="row-major")
@@ -83,6 +87,10 @@ class StateSlotsWidget(ThemedView):
         super().apply_palette()
         self._dirty = self.picture is not None  # free cells take the new theme's colour
 
+    def resizeEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._dirty = self.picture is not None  # lay the slots out for the new shape
+
     def set_slots(self, picture: StateSlotsPicture) -> None:
         self.picture = picture
         self._dirty = True
@@ -91,10 +99,10 @@ class StateSlotsWidget(ThemedView):
         if self.picture is None:
             return None
         rgba = slot_colors(self.picture, free_color())
-        rows = max(1, math.ceil(self.picture.num_slots / COLUMNS))
-        image = np.zeros((rows * COLUMNS, 4), np.uint8)
+        rows = max(1, math.ceil(self.picture.num_slots / self.columns))
+        image = np.zeros((rows * self.columns, 4), np.uint8)
         image[: self.picture.num_slots] = rgba
-        return image.reshape(rows, COLUMNS, 4)
+        return image.reshape(rows, self.columns, 4)
 
     def summary_text(self) -> str:
         p = self.picture
@@ -108,6 +116,10 @@ class StateSlotsWidget(ThemedView):
         if not self._dirty:
             return
         self._dirty = False
+        if self.picture is not None:
+            size = self.view.size()
+            aspect = min(4.0, max(0.25, size.width() / max(size.height(), 1))) if size.height() > 50 else 0.5
+            self.columns = min(grid_columns(self.picture.num_slots, aspect), max(1, self.picture.num_slots))
         image = self.image_array()
         if image is not None:
             self.image.setImage(image, autoLevels=False)
@@ -128,9 +140,9 @@ class StateSlotsWidget(ThemedView):
         return f"state slot {slot}: free"
 
     def slot_at(self, x: float, y: float) -> int | None:
-        if self.picture is None or x < 0 or y < 0 or x >= COLUMNS:
+        if self.picture is None or x < 0 or y < 0 or x >= self.columns:
             return None
-        slot = int(y) * COLUMNS + int(x)
+        slot = int(y) * self.columns + int(x)
         return slot if slot < self.picture.num_slots else None
 
     def _on_mouse_moved(self, scene_pos) -> None:

@@ -67,7 +67,8 @@ SEATS = (4, 16)  # max_num_seqs: the state pool holds one slot per seat
 def plan(hf: dict, tp: int, max_num_seqs: int):
     """The plan at CONTEXT tokens, AWQ weights, FP8 KV on `tp` 24 GiB cards at 0.9."""
     from engine.config.model import ModelConfig
-    from engine.planning.sizing import GIB, plan_capacity
+    from engine.planning.planner import plan_capacity
+    from engine.planning.units import GIB
     hf = {**hf, "quantization_config": AWQ_G128}
     cfg = ModelConfig.from_hf_config(hf)
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, CONTEXT)  # dense ones: planned as if extended
@@ -76,7 +77,7 @@ def plan(hf: dict, tp: int, max_num_seqs: int):
 
 
 def verdict_rows() -> list[str]:
-    from engine.planning.sizing import GIB, MIB
+    from engine.planning.units import GIB, MIB
     rows = []
     for name, hf in HYBRID_CASES + DENSE_CASES:
         for tp in (1, 2):

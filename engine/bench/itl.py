@@ -34,7 +34,7 @@ def replay(path: Path, requests, offsets: np.ndarray, max_model_len: int, device
     its GPU work is done) and the makespan."""
     from engine import SamplingParams
     from engine.config.flags import EngineConfig
-    from engine.core.llm_engine import LLMEngine
+    from engine.entrypoints.llm_engine import LLMEngine
 
     now = CLOCKS[clock_name]
     engine = LLMEngine(EngineConfig.from_kwargs(model=str(path), device=device, max_model_len=max_model_len,

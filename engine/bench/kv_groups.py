@@ -1,8 +1,9 @@
 """`pagedesk-bench kv-groups`: what freeing sliding-window blocks buys, from the planner's own arithmetic.
 
-Gemma-3-27B's published text config (written out below, nothing downloaded) through `engine.planning.sizing.plan_capacity`
-with window freeing on (KV cache groups: 10 full-attention layers, 52 window layers of 1,024 tokens) and off
-(every layer keeps every block), on one and two 24 GiB cards, bf16 and 4-bit (AWQ/GPTQ) weights, bf16 and FP8 KV.
+Gemma-3-27B's published text config (written out below, nothing downloaded) through
+`engine.planning.planner.plan_capacity` with window freeing on (KV cache groups: 10 full-attention layers, 52
+window layers of 1,024 tokens) and off (every layer keeps every block), on one and two 24 GiB cards, bf16 and
+4-bit (AWQ/GPTQ) weights, bf16 and FP8 KV.
 """
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def gemma3_27b():
 
 
 def rows(max_num_batched_tokens: int) -> list[str]:
-    from engine.planning.sizing import GIB, plan_capacity
+    from engine.planning.planner import plan_capacity
+    from engine.planning.units import GIB
     cfg = gemma3_27b()
     out = []
     for tp in (1, 2):

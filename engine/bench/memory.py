@@ -18,7 +18,7 @@ SMALL = dict(hidden_size=64, num_hidden_layers=1, num_attention_heads=4, num_key
 
 
 def engine(path: Path, **kwargs):
-    from engine.core.llm_engine import LLMEngine
+    from engine.entrypoints.llm_engine import LLMEngine
     from engine.config.flags import EngineConfig
     return LLMEngine(EngineConfig.from_kwargs(model=str(path), device="cpu", **kwargs))
 
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> None:
         cold, warm = ttft(big)
         on, off, hashing_share = caching_cost(small, min(args.num_prompts, 64))
         step = scheduler_step_time(small)
-    from engine.planning.sizing import SAMPLER_BYTES_PER_LOGIT
+    from engine.planning.activations import SAMPLER_BYTES_PER_LOGIT
     per_logit = sampler_bytes_per_logit()
     rows = [
         ("KV waste, paged (allocated − used) / allocated", f"{waste['paged']:.1%}", "≤ 4%"),

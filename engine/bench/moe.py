@@ -24,7 +24,8 @@ MOE = dict(num_experts=16, num_experts_per_tok=2, moe_intermediate_size=384, int
 
 def planner_verdicts() -> None:
     from engine.config.model import ModelConfig
-    from engine.planning.sizing import GIB, plan_capacity
+    from engine.planning.planner import plan_capacity
+    from engine.planning.units import GIB
     print("\n| model | params (total / active) | cards | weights/card | KV tokens that fit | verdict at the "
           "model's context |")
     print("|---|---|---|---:|---:|---|")

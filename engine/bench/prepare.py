@@ -1,9 +1,9 @@
 """`pagedesk-bench prepare`: the model runner's own input preparation per decode step, without a model.
 
 S sequences of B blocks each decode one token per step (a new block every block_size steps); the bench times
-`ModelRunner.prepare` (what rank 0 does on the host before every forward), and where the tree has a persistent
-input batch also the host side of getting the step's tables onto the device (`step_tables`: the diff applied,
-the changed cells copied, the rows gathered). It prints the median and the best step (the best is the
+the runner's `prepare` (engine/worker/input_prep.py: what rank 0 does on the host before every forward), and
+where the tree has a persistent input batch also the host side of getting the step's tables onto the device
+(`step_tables`: the diff applied, the changed cells copied, the rows gathered). It prints the median and the best step (the best is the
 fair figure on a loaded machine), the bytes of the pickled
 `StepInputs` a tensor-parallel worker receives, and the sampler's metadata for the same rows (temperature and
 top-p on all, penalties on every other one by default): built from the rows every step (`SamplingMetadata.build`, the only way in
@@ -22,16 +22,21 @@ import torch
 
 from engine.kv.block_pool import Block
 from engine.kv.kv_cache_interface import FullAttentionSpec, KVCacheGroup, KVCacheLayout
-from engine.worker.model_runner import ModelRunner
 from engine.sample.sampling_params import SamplingParams
 from engine.core.scheduler import ScheduledSeq
 
 
-def make_runner(block_size: int, max_model_len: int) -> ModelRunner:
-    """A ModelRunner with only what `prepare` reads (no weights, no cache)."""
+def make_runner(block_size: int, max_model_len: int):
+    """What the runner's `prepare` and `step_tables` run on, without weights or a cache: its InputPreparer, or in
+    a tree from before it a ModelRunner with only what they read."""
+    layout = KVCacheLayout((KVCacheGroup(FullAttentionSpec(block_size, 1, 1, 1), (0,)),), 1)
+    try:
+        from engine.worker.input_prep import InputPreparer
+        return InputPreparer(layout, block_size, max_model_len, torch.device("cpu"))
+    except ImportError:  # a tree from before the runner's split
+        from engine.worker.model_runner import ModelRunner
     runner = ModelRunner.__new__(ModelRunner)
-    runner.block_size, runner.device = block_size, torch.device("cpu")
-    runner.kv_layout = KVCacheLayout((KVCacheGroup(FullAttentionSpec(block_size, 1, 1, 1), (0,)),), 1)
+    runner.block_size, runner.device, runner.kv_layout = block_size, torch.device("cpu"), layout
     try:
         from engine.worker.input_batch import InputBatch
     except ImportError:  # a tree from before the input batch
@@ -47,7 +52,7 @@ class BenchSeq(SimpleNamespace):
 
 
 def make_seqs(num_seqs: int, num_blocks: int, block_size: int) -> list[BenchSeq]:
-    request = SimpleNamespace(params=SamplingParams(), cache_salt=None)
+    request = SimpleNamespace(params=SamplingParams(), cache_salt=None, pooling=None)
     seqs, next_block = [], 1
     for i in range(num_seqs):
         tokens = (num_blocks - 1) * block_size + 1  # the last block has room for block_size - 1 more tokens

@@ -134,7 +134,8 @@ def forward_times(configs: list[tuple[str, Path, bool]], token_counts: tuple[int
 
 def planner_verdicts() -> None:
     from engine.config.model import ModelConfig
-    from engine.planning.sizing import GIB, plan_capacity
+    from engine.planning.planner import plan_capacity
+    from engine.planning.units import GIB
     print("\n| model | cards | weights/card | KV tokens that fit | verdict at the model's context |")
     print("|---|---|---:|---:|---|")
     for name, (hf, tp) in PUBLISHED.items():

@@ -1,7 +1,8 @@
 """`pagedesk-bench serve`: online serving benchmark against any OpenAI-compatible endpoint (ours or another).
 
 Poisson arrivals at a rate, a fixed concurrency, or a sweep of rates (`--request-rate 1,2,4`); synthetic
-ShareGPT-like lengths (optionally a share of long prompts) or a JSONL of prompts; completions or chat;
+ShareGPT-like lengths (optionally a share of long prompts; with `--tokenizer served`, text built to those
+token counts by the endpoint's own /tokenize and capped by its context) or a JSONL of prompts; completions or chat;
 always streaming. Prints a markdown table per run (TTFT/TPOT/ITL/E2E percentiles, throughput, goodput)
 and writes every figure to `--result-json`. Torch-free; never asserted in tests.
 """
@@ -14,9 +15,14 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
+
 from engine.bench.serve_dataset import jsonl_requests, synthetic_requests, write_jsonl
 from engine.bench.serve_load import ServeLoad, run_benchmark
 from engine.bench.serve_metrics import ServeSummary
+from engine.bench.serve_prompts import ServedTokenizer, served_requests
+
+SERVED = "served"  # --tokenizer served: the endpoint counts the tokens
 
 
 def parse_rates(text: str) -> list[float]:
@@ -43,7 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     p.add_argument("--model", help="model name sent in requests (default: the first one /v1/models lists)")
     p.add_argument("--api-key")
-    p.add_argument("--tokenizer", help="tokenizer folder: synthetic prompts become text (needed for chat)")
+    p.add_argument("--tokenizer", help="tokenizer folder: synthetic prompts become text (needed for chat); "
+                   f"{SERVED!r}: the endpoint's own tokenizer (/tokenize, /detokenize) builds them to token counts")
     p.add_argument("--dataset-path", type=Path, help="JSONL of {\"prompt\": ..., \"output_len\": ...} rows")
     p.add_argument("--num-prompts", type=int, default=100)
     p.add_argument("--request-rate", type=parse_rates, default=[math.inf],
@@ -72,6 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def load_requests(args, tokenizer):
+    if args.tokenizer == SERVED and args.dataset_path is None:
+        served = ServedTokenizer(args.base_url, args.model, args.api_key)
+        try:
+            return served_requests(served, args.num_prompts, args.endpoint, args.seed, args.prompt_mean,
+                                   args.output_mean, args.long_prompt_fraction, args.long_prompt_range,
+                                   args.output_len)
+        except httpx.HTTPError as exc:
+            raise RuntimeError(f"cannot build prompts with the served tokenizer at {args.base_url}: {exc}") from None
     if args.dataset_path is not None:
         return jsonl_requests(args.dataset_path, args.num_prompts, args.output_len or 128, tokenizer)
     vocab = args.vocab_size or (len(tokenizer) if tokenizer is not None else None)
@@ -101,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         tokenizer = None
-        if args.tokenizer:
+        if args.tokenizer and args.tokenizer != SERVED:
             from transformers import AutoTokenizer
             tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
         requests = load_requests(args, tokenizer)

@@ -2,7 +2,9 @@
 
 Torch-free and Qt-free: the router (`pagedesk-serve --models-dir`) and the app's Models tab list models with
 the same functions. A folder is a model when it has a config.json; a cached repo is one when a snapshot of it
-has one (the newest such snapshot is served). Nothing here reads weights.
+has one (the newest such snapshot is served). A model is named on the endpoint as it is listed here: a
+folder by its folder name, a hub repo by its id (`default_model_name`, which `pagedesk-serve`, the router and
+the app share, so a copied snippet never carries a machine's path). Nothing here reads weights.
 """
 from __future__ import annotations
 
@@ -15,6 +17,12 @@ class CachedModel:
     repo_id: str
     size_on_disk: int
     snapshot: Path
+
+
+def default_model_name(model: str) -> str:
+    """The name a model is served under when none is given: a local folder's name, a hub repo id as it is."""
+    folder = Path(model).expanduser()
+    return folder.resolve().name if folder.is_dir() else model
 
 
 def model_folders(root: Path) -> list[Path]:

@@ -3,21 +3,25 @@
 Torch-free (the flag definitions import it). Three methods are built: "ngram" (prompt lookup: the tokens
 that followed the latest earlier occurrence of the sequence's last n tokens), "draft_model" (a small
 model with the target's vocabulary, named by "model") and "mtp" (the multi-token-prediction head that
-Qwen3-Next and Qwen3.5/3.6 checkpoints carry under `mtp.*`; whether the checkpoint has one is checked when
-the engine starts). Anything else, or a bad value, is a ValueError naming the field, which the CLI turns
-into exit 2.
+Qwen3-Next and Qwen3.5/3.6 checkpoints carry under `mtp.*`). Anything else, or a bad value, is a ValueError
+naming the field, which the CLI turns into exit 2. Whether the target has an MTP head (`check_mtp_head`: a
+family the registry knows to carry one, and mtp.* tensors in the checkpoint's names) is checked by the
+engine before it loads anything, and by the app's settings form with the same function.
 """
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterable
+
+from engine.models.registry import mtp_head
 
 METHODS = ("ngram", "draft_model", "mtp")
 NOT_BUILT = {"eagle": "EAGLE heads are not built", "eagle3": "EAGLE-3 heads are not built",
              "medusa": "Medusa heads are not built"}
 KNOWN_FIELDS = ("method", "model", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
                 "draft_tensor_parallel_size")
+MTP_PREFIX = "mtp."  # the checkpoint's multi-token-prediction head: mtp.fc, mtp.layers.N.*, mtp.norm, ...
 MAX_SPECULATIVE_TOKENS = 16  # a verify step's rows grow with k; past this acceptance never pays for them
 
 
@@ -122,3 +126,20 @@ def check_draft_vocab(target_vocab: int, draft_vocab: int, target_tokenizer, dra
             raise ValueError("speculative_config.model: the draft's tokenizer maps tokens to other ids than the "
                              "target's; a draft model needs the target's tokenizer")
 
+
+def check_mtp_head(architecture: str, text_config: dict, names: Iterable[str], where: str = "the checkpoint") -> int:
+    """The number of MTP layers (`mtp.layers.N.*`) the target checkpoint carries for method "mtp"; ValueError
+    naming speculative_config.method when its family declares no head (the registry's `mtp_head`), or the checkpoint (`where`)
+    has no mtp.* tensors, or fewer or more layers than its config states (mtp_num_hidden_layers, Qwen3.5's name,
+    or num_nextn_predict_layers, vLLM's for Qwen3-Next)."""
+    field = "speculative_config.method \"mtp\""
+    mtp_head(architecture)  # the family declares a head (engine/models/registry.py), else a ValueError naming it
+    indices = {int(name.split(".")[2]) for name in names if name.startswith(MTP_PREFIX + "layers.")}
+    if not indices:
+        raise ValueError(f"{field}: {where} has no MTP weights (no mtp.* tensors); use method \"ngram\" or a "
+                         "draft model")
+    stated = text_config.get("mtp_num_hidden_layers", text_config.get("num_nextn_predict_layers"))
+    if stated is not None and len(indices) != int(stated):
+        raise ValueError(f"{field}: the checkpoint has {len(indices)} MTP layer(s) (mtp.layers.*), the config "
+                         f"states {stated}")
+    return len(indices)

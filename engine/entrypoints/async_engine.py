@@ -276,7 +276,7 @@ class AsyncEngine:
         try:
             factory = self._engine_factory
             if factory is None:
-                from engine.core.llm_engine import LLMEngine
+                from engine.entrypoints.llm_engine import LLMEngine
                 factory = LLMEngine
             self.engine = factory(self.config)
         except BaseException as exc:  # noqa: BLE001 - reported to serve.main, which exits with a code

@@ -13,7 +13,7 @@ from tqdm.auto import tqdm
 
 from engine.core.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence, length_normalized
 from engine.config.flags import EngineConfig
-from engine.core.llm_engine import LLMEngine
+from engine.entrypoints.llm_engine import LLMEngine
 from engine.core.outputs import PoolingRequestOutput, RequestOutput
 from engine.sample.pooling import PoolingParams
 from engine.sample.sampling_params import SamplingParams

@@ -1,21 +1,20 @@
 """Executors: what LLMEngine calls `self.runner` — one ModelRunner, or rank 0 of a tensor-parallel group.
 
 `create_executor` returns the plain ModelRunner for one device. For tensor_parallel_size N it returns a
-`TensorParallelExecutor`, which owns rank 0's ModelRunner (in this process) and N-1 spawned worker
-processes (engine/executor/tp_worker.py), and offers the ModelRunner methods the engine uses. Each step rank 0
-prepares the flat `StepInputs` once (block tables as a diff of the persistent input batch), publishes them
-in a shared-memory ring (engine/distributed/step_ring.py) and runs its own forward — tensors meet in the layers'
-torch.distributed collectives (gloo on CPU, NCCL on CUDA) — with no acknowledgement from the workers: the
-collectives keep the ranks in step. Control (setup, profiling, graph capture, shutdown) and the workers'
-errors go over two one-way OS pipes per worker (never a network socket), and a command's answer is awaited
-while watching the worker processes, so a dead worker becomes a clear RuntimeError within about a second,
-never a hang (during a step: rank 0's collective fails and the worker's pipe or exit code explains it). Each worker also bumps a shared heartbeat counter from its own thread; the watch thread
-notices a worker whose counter stopped for HEARTBEAT_TIMEOUT_S (SIGSTOP, a hung card) however long the
-step, and `liveness_problem` says so to the server's watchdog, which turns /health 503 and ends the group.
-Shutdown, garbage collection and interpreter exit all end the workers: a "shutdown" command after rank 0's
-last step (workers ignore SIGINT/SIGTERM, so a signal to the process group cannot cut a step short), then
-SIGKILL after a grace period; the workers end themselves if this process dies (engine/distributed/parent_watch.py). The rendezvous store lives in a temp folder
-named after this process's pid; a new group removes the folders of processes that died without cleanup.
+`TensorParallelExecutor`, which owns rank 0's ModelRunner (in this process) and N-1 spawned worker processes
+(engine/executor/tp_worker.py; spawned, watched and ended by engine/executor/worker_processes.py), and offers
+the ModelRunner methods the engine uses. Each step rank 0 prepares the flat `StepInputs` once (block tables as
+a diff of the persistent input batch), publishes them in a shared-memory ring (engine/distributed/step_ring.py)
+and runs its own forward — tensors meet in the layers' torch.distributed collectives (gloo on CPU, NCCL on
+CUDA) — with no acknowledgement from the workers: the collectives keep the ranks in step. Control (setup,
+profiling, graph capture, shutdown) and the workers' errors go over two one-way OS pipes per worker, and a
+command's answer is awaited while watching the worker processes, so a dead worker becomes a clear RuntimeError
+within about a second, never a hang (during a step: rank 0's collective fails and the worker's pipe or exit
+code explains it). A worker whose heartbeat stopped (SIGSTOP, a hung card) is reported by `liveness_problem`
+to the server's watchdog, which turns /health 503 and ends the group. Shutdown, garbage collection and
+interpreter exit all end the workers: a "shutdown" command after rank 0's last step (workers ignore
+SIGINT/SIGTERM, so a signal to the process group cannot cut a step short), then SIGKILL after a grace period;
+the workers end themselves if this process dies (engine/distributed/parent_watch.py).
 """
 from __future__ import annotations
 
@@ -23,66 +22,36 @@ import logging
 import multiprocessing as mp
 import os
 import pickle
-import shutil
 import signal
-import tempfile
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from typing import Any, Callable
 
 import torch
 
-from engine.distributed.parallel_state import destroy_distributed, init_distributed
+from engine.distributed.parallel_state import init_distributed
 from engine.worker import gpu_baseline
 from engine.config.model import ModelConfig
 from engine.worker.model_runner import ModelRunner
 from engine.distributed.peer_access import PeerAccessCache, nccl_environment
 from engine.distributed.step_ring import StepRing
-from engine.executor.tp_worker import WorkerSpec, worker_main
+from engine.executor.tp_worker import WorkerSpec
+from engine.executor.worker_processes import POLL_S, GroupResources, WorkerProcess, describe_failure, \
+    remove_stale_store_dirs, spawn_worker, watch_workers
 
 logger = logging.getLogger("pagedesk.engine")
 
 # Bounds rendezvous and every collective. A dead worker is noticed far sooner (through its process);
 # this only ends waits on a worker that is alive but stuck. Generous: first-step kernel compilation.
 DIST_TIMEOUT_S = 300.0
-POLL_S = 0.25
 # After rank 0's own forward fails, how long to wait for a worker's exit or error report to explain it.
 FAILURE_GRACE_S = 3.0
 STOP_GRACE_S = 5.0
-HEARTBEAT_TIMEOUT_S = 5.0  # no beat for this long: the worker is stopped (its beats come every 0.5 s)
 ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "profile_memory": "profiling memory",
             "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
             "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs"}
-
-
-STORE_PREFIX = "pagedesk-tp-"  # + owner pid + "-": the rendezvous store folder of one engine process
-
-
-def remove_stale_store_dirs(tmp_dir: str | None = None) -> list[str]:
-    """Remove rendezvous folders left by engine processes that no longer run (a SIGKILL skips every cleanup);
-    returns what was removed. Folders of live processes, and names not ours, are left alone."""
-    tmp_dir = tmp_dir or tempfile.gettempdir()
-    removed = []
-    for name in os.listdir(tmp_dir):
-        owner = name[len(STORE_PREFIX):].split("-", 1)[0]
-        if not name.startswith(STORE_PREFIX) or not owner.isdigit() or _pid_alive(int(owner)):
-            continue
-        shutil.rmtree(os.path.join(tmp_dir, name), ignore_errors=True)
-        removed.append(name)
-    return removed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
@@ -107,48 +76,6 @@ def check_tensor_parallel(cfg: ModelConfig, tp: int) -> None:
                          "choose a tensor-parallel size that divides the attention heads")
 
 
-@dataclass
-class _Worker:
-    rank: int
-    process: mp.process.BaseProcess
-    commands: Connection  # rank 0 -> worker: (method, args)
-    results: Connection  # worker -> rank 0: ("ok", result) | ("error", traceback)
-    heartbeat: Any = None  # shared RawValue("Q") the worker's heartbeat thread counts up
-
-
-@dataclass
-class _GroupResources:
-    """What must be released however the executor ends: shutdown, failure, garbage collection or exit."""
-
-    workers: list[_Worker] = field(default_factory=list)
-    store_dir: tempfile.TemporaryDirectory = field(
-        default_factory=lambda: tempfile.TemporaryDirectory(prefix=f"{STORE_PREFIX}{os.getpid()}-"))
-    joined: bool = False  # this process joined torch.distributed for this group
-    watch_stop: Connection | None = None  # closing it wakes the watch thread
-    released: bool = False  # workers ended on purpose: not news for the watch thread
-
-    def release(self, grace_s: float = 0.5, abort: bool = False) -> None:
-        """Join the workers, then SIGTERM, then SIGKILL whatever is left; leave the group; remove the store."""
-        self.released = True
-        deadline = time.monotonic() + grace_s
-        for w in self.workers:
-            w.process.join(timeout=max(0.0, deadline - time.monotonic()))
-        for w in self.workers:
-            if w.process.is_alive():  # workers ignore SIGTERM: only a kill ends one that did not leave
-                w.process.kill()
-                w.process.join(timeout=2.0)
-            logger.info("tensor-parallel worker rank %d (pid %s) ended with exit code %s", w.rank, w.process.pid,
-                        w.process.exitcode)
-            w.commands.close()
-            w.results.close()
-        if self.watch_stop is not None:
-            self.watch_stop.close()
-        self.store_dir.cleanup()
-        if self.joined:
-            self.joined = False
-            destroy_distributed(abort=abort)
-
-
 class TensorParallelExecutor:
     def __init__(self, model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,
                  block_size: int, attention_backend: str, size: int) -> None:
@@ -157,13 +84,13 @@ class TensorParallelExecutor:
             raise RuntimeError("this process already runs a tensor-parallel engine (one per process); shut it "
                                "down first")
         self.size, self.failure, self._closed = size, None, False
-        self._exited: _Worker | None = None  # set by the watch thread the moment a worker process ends
-        self._stalled: str | None = None  # set by the watch thread when a worker's heartbeat stops
+        self.worker_exited: WorkerProcess | None = None  # set by the watch thread the moment a worker process ends
+        self.worker_stalled: str | None = None  # set by the watch thread when a worker's heartbeat stops
         self.dist_backend = "nccl" if device.type == "cuda" else "gloo"
         env = self._prepare_devices(device, size)
         remove_stale_store_dirs()
         self.device = torch.device("cuda", 0) if device.type == "cuda" else device
-        self._resources = _GroupResources()
+        self._resources = GroupResources()
         self.workers = self._resources.workers
         self._finalizer = weakref.finalize(self, self._resources.release)  # garbage collection, interpreter exit
         store_path = os.path.join(self._resources.store_dir.name, "rendezvous")
@@ -172,16 +99,7 @@ class TensorParallelExecutor:
         for rank in range(1, size):
             spec = WorkerSpec(rank, size, self.dist_backend, store_path, DIST_TIMEOUT_S, os.getpid(), model_config,
                               model_path, device.type, dtype, block_size, attention_backend, env)
-            # Two one-way OS pipes (not a socketpair): commands in, results out.
-            command_reader, command_writer = ctx.Pipe(duplex=False)
-            result_reader, result_writer = ctx.Pipe(duplex=False)
-            heartbeat = ctx.RawValue("Q", 0)
-            process = ctx.Process(target=worker_main, name=f"pagedesk-tp-rank{rank}", daemon=True,
-                                  args=(spec, command_reader, result_writer, heartbeat, self.ring.reader(rank - 1)))
-            process.start()
-            command_reader.close()  # the worker's ends: closed here, so its death shows as EOF
-            result_writer.close()
-            self.workers.append(_Worker(rank, process, command_writer, result_reader, heartbeat))
+            self.workers.append(spawn_worker(ctx, spec, self.ring.reader(rank - 1)))
         try:
             self._watch(lambda: init_distributed(0, size, self.dist_backend, store_path, DIST_TIMEOUT_S), "join")
             self._resources.joined = True
@@ -191,7 +109,7 @@ class TensorParallelExecutor:
             self.shutdown()
             raise
         stop_reader, self._resources.watch_stop = ctx.Pipe(duplex=False)
-        threading.Thread(target=_watch_workers, args=(weakref.ref(self), self._resources, stop_reader),
+        threading.Thread(target=watch_workers, args=(weakref.ref(self), self._resources, stop_reader),
                          name="pagedesk-tp-watch", daemon=True).start()
         logger.info("tensor parallel over %d ranks (%s): worker pids %s", size, self.dist_backend, self.worker_pids)
 
@@ -312,19 +230,19 @@ class TensorParallelExecutor:
 
     def check_health(self) -> None:
         """Raise RuntimeError if a worker has died or stopped (even while the engine sat idle)."""
-        if self._stalled is not None and self.failure is None:
-            raise self._fail(self._stalled)
+        if self.worker_stalled is not None and self.failure is None:
+            raise self._fail(self.worker_stalled)
         self._ensure_usable()
 
     def liveness_problem(self) -> str | None:
         """Why the group cannot run a step because a worker stopped beating, or None; safe from any thread and
         answers at once even while a step is stuck in a collective. (A worker that exited fails the engine's
         next call with its exit code.)"""
-        return self._stalled
+        return self.worker_stalled
 
     def _ensure_usable(self) -> None:
-        if self._exited is not None and self.failure is None:
-            raise self._fail(self._describe_failure(self._exited, "waiting for the next step"))
+        if self.worker_exited is not None and self.failure is None:
+            raise self._fail(self._describe_failure(self.worker_exited, "waiting for the next step"))
         if self.failure is not None:
             raise RuntimeError(f"the tensor-parallel group has already failed: {self.failure}")
         if self._closed:
@@ -333,7 +251,7 @@ class TensorParallelExecutor:
     def _gather(self, method: str) -> list[Any]:
         return [self._receive(w, method) for w in self.workers]
 
-    def _receive(self, w: _Worker, method: str) -> Any:
+    def _receive(self, w: WorkerProcess, method: str) -> Any:
         deadline = time.monotonic() + DIST_TIMEOUT_S
         while True:
             ready = wait([w.results, w.process.sentinel], timeout=POLL_S)
@@ -396,26 +314,8 @@ class TensorParallelExecutor:
         self._fail(f"rank 0 failed while {ACTIVITY.get(method, method)}: {exc!r}")
         return exc
 
-    def _describe_failure(self, w: _Worker, method: str) -> str:
-        activity = ACTIVITY.get(method, method)
-        try:
-            if w.results.poll():
-                status, payload = w.results.recv()
-                if status == "error":
-                    return f"tensor-parallel worker rank {w.rank} failed while {activity}:\n{payload}"
-        except (EOFError, OSError):
-            pass
-        w.process.join(timeout=1.0)
-        code = w.process.exitcode
-        if code is None:
-            how = "stopped answering"
-        elif code < 0:
-            how = f"died (killed by {signal.Signals(-code).name})"
-        else:
-            how = f"died (exit code {code})"
-        hint = " — the out-of-memory killer is the usual suspect (see `dmesg`)" if code == -signal.SIGKILL else ""
-        return (f"tensor-parallel worker rank {w.rank} (pid {w.process.pid}) {how} while {activity}{hint}; "
-                "the engine cannot continue without it and has stopped every rank; restart the engine")
+    def _describe_failure(self, w: WorkerProcess, method: str) -> str:
+        return describe_failure(w, ACTIVITY.get(method, method))
 
     def _fail(self, message: str) -> RuntimeError:
         """Record the failure, stop every worker, and return the error for the caller to raise."""
@@ -441,39 +341,3 @@ class TensorParallelExecutor:
         self._finalizer.detach()
         self._resources.release(grace_s=STOP_GRACE_S if self.failure is None else 0.5,
                                 abort=self.failure is not None)
-
-
-def _watch_workers(executor_ref: weakref.ref, resources: _GroupResources, stop: Connection,
-                   timeout_s: float = HEARTBEAT_TIMEOUT_S) -> None:
-    """Log a worker's death the moment it happens, and a worker whose heartbeat stopped for `timeout_s`,
-    even while idle; the executor's next call then fails with the cause. Waits on the sentinels only (reaping
-    and the pipes stay with the engine's thread) and holds no strong reference to the executor, so garbage
-    collection can still end the group."""
-    by_sentinel = {w.process.sentinel: w for w in resources.workers}
-    last = {w.rank: (w.heartbeat.value if w.heartbeat is not None else 0, time.monotonic()) for w in resources.workers}
-    while True:
-        ready = wait([*by_sentinel, stop], timeout=min(POLL_S * 2, timeout_s / 4))
-        if stop in ready or resources.released:
-            return
-        ended = [by_sentinel[s] for s in ready if s in by_sentinel]
-        executor = executor_ref()
-        if executor is None:
-            return
-        if ended:
-            executor._exited = ended[0]
-            logger.error("tensor-parallel worker rank %d (pid %d) exited; the engine fails on its next call",
-                         ended[0].rank, ended[0].process.pid)
-            return
-        now = time.monotonic()
-        for w in resources.workers:
-            if w.heartbeat is None:
-                continue
-            count, since = last[w.rank]
-            if w.heartbeat.value != count:
-                last[w.rank] = (w.heartbeat.value, now)
-            elif now - since > timeout_s and executor._stalled is None:
-                executor._stalled = (f"tensor-parallel worker rank {w.rank} (pid {w.process.pid}) has sent no "
-                                     f"heartbeat for {now - since:.0f} s: it is stopped (SIGSTOP, a debugger) or "
-                                     "its card hangs; the engine cannot run a step without it; restart the engine")
-                logger.error(executor._stalled)
-        del executor

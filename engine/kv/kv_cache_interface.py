@@ -152,7 +152,7 @@ class KVCacheLayout:
 
     def verify_scratch_bytes(self, num_verify_tokens: int) -> int:
         """A hybrid model's verify scratch under speculative decoding, over every linear-attention layer: the
-        tokens a step may verify (engine/core/llm_engine.py reserves min(max_num_seqs * (1 + k), the token
+        tokens a step may verify (engine/executor/startup.py reserves min(max_num_seqs * (1 + k), the token
         budget)); 0 without linear-attention layers."""
         return 0 if self.state is None else len(self.state.layer_ids) * self.state.spec.verify_token_bytes \
             * num_verify_tokens

@@ -24,12 +24,35 @@ hybrid model's prefix cache is never consulted.
 from __future__ import annotations
 
 from collections import OrderedDict
+from typing import Any, Protocol
 
 from engine.kv.block_pool import NULL_BLOCK, Block, BlockPool, hash_block
 from engine.kv.kv_cache_interface import FULL_ATTENTION, FullAttentionSpec, KVSpec
-from engine.core.sequence import Sequence
 from engine.kv.single_type_kv_cache_manager import StateManager, make_manager
 from engine.kv.state_pool import StatePool
+
+
+class Sequence(Protocol):
+    """What the KV cache managers read and write of a sequence (engine/core/sequence.Sequence is the one the
+    scheduler hands them): its block table per group, prefix hashes, state slot and computed tokens."""
+
+    block_tables: list[list[Block]]
+    block_hashes: list[bytes]
+    num_cached_blocks: int
+    state_slot: int | None
+    num_computed_tokens: int
+    num_prompt_tokens: int
+    token_ids: list[int]
+    params: Any  # SamplingParams: prompt_logprobs
+    request: Any  # Request: cache_salt, pooling
+
+    @property
+    def num_tokens(self) -> int: ...
+
+    @property
+    def block_table(self) -> list[Block]: ...
+
+    def mark_table_edit(self, group: int, index: int) -> None: ...
 
 
 class KVCacheBlocks:

@@ -25,30 +25,18 @@ import torch
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.attention_block import SelfAttention
+from engine.layers.decoder import DecoderLayer
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import ColumnParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import rotary_embeddings
 from engine.config.model import ModelConfig
-from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, HybridDecoderLayer
+from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, Qwen3NextForCausalLM, hybrid_mlp
 from engine.models.weights import PACKED_QKV_GATE_UP, WeightsMapper, load_weights
 
 MTP_MAPPER = WeightsMapper(renamed_prefixes=((MTP_PREFIX, ""),), renamed_infixes=SHARED_EXPERT_INFIXES)
 QUANTIZED_LEAVES = (".qweight", ".qzeros", ".scales", ".weight_packed", ".weight_scale", ".g_idx")
-
-
-def mtp_num_layers(cfg: ModelConfig, names: Iterable[str]) -> int:
-    """MTP layers in the checkpoint (`mtp.layers.N.*`), which the config states as mtp_num_hidden_layers
-    (Qwen3.5) or num_nextn_predict_layers (vLLM's name for Qwen3-Next); 0 without an MTP head."""
-    indices = set()
-    for name in names:
-        if name.startswith(MTP_PREFIX + "layers."):
-            indices.add(int(name.split(".")[2]))
-    stated = cfg.hf_text_config.get("mtp_num_hidden_layers", cfg.hf_text_config.get("num_nextn_predict_layers"))
-    if indices and stated is not None and len(indices) != int(stated):
-        raise ValueError(f"speculative_config.method \"mtp\": the checkpoint has {len(indices)} MTP layer(s) "
-                         f"(mtp.layers.*), the config states {stated}")
-    return len(indices)
 
 
 class FullVocab(nn.Module):
@@ -89,6 +77,8 @@ class FullVocab(nn.Module):
 
 
 class Qwen3NextMTP(nn.Module):
+    checkpoint_prefix = MTP_PREFIX  # its tensors in the target's checkpoint (families declaring it: the registry)
+
     def __init__(self, cfg: ModelConfig, backend: str, target: nn.Module, num_layers: int = 1,
                  vocab: FullVocab | None = None) -> None:
         """`target`: the loaded Qwen3NextForCausalLM (or a Qwen3.5 one) whose embedding and LM head are shared;
@@ -105,8 +95,12 @@ class Qwen3NextMTP(nn.Module):
         self.pre_fc_norm_embedding = GemmaRMSNorm(h, cfg.rms_norm_eps)
         self.pre_fc_norm_hidden = GemmaRMSNorm(h, cfg.rms_norm_eps)
         rope = rotary_embeddings(head_cfg)["full_attention"]
-        self.layers = nn.ModuleList(HybridDecoderLayer(head_cfg, i, backend, rope, PACKED_QKV_GATE_UP, False)
-                                    for i in range(num_layers))
+        switches = Qwen3NextForCausalLM.decoder_switches(head_cfg)  # the target's layer kind (Qwen3.5's too)
+        self.layers = nn.ModuleList(
+            DecoderLayer(head_cfg, switches, SelfAttention(head_cfg, i, switches.attention, rope, backend,
+                                                           PACKED_QKV_GATE_UP),
+                         hybrid_mlp(head_cfg, i, PACKED_QKV_GATE_UP))
+            for i in range(num_layers))
         self.norm = GemmaRMSNorm(h, cfg.rms_norm_eps)
         self.config = cfg
         # The target's modules (or rank 0's full copies), outside this module's parameters (loaded on their own).
@@ -144,9 +138,3 @@ class Qwen3NextMTP(nn.Module):
                                      f"({name}); only a float MTP head is supported")
                 yield name, tensor
         load_weights(self, checked(weights), packed_modules_mapping=PACKED_QKV_GATE_UP, mapper=MTP_MAPPER)
-
-
-# The families whose checkpoints carry this head (engine/models/registry.py names them).
-MTP_ARCHITECTURES = frozenset({
-    "Qwen3NextForCausalLM", "Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration"})

@@ -3,8 +3,10 @@
 The name table is plain data and this module imports nothing of torch, so `engine.config.model` (and through it
 the GUI's planner) can say which architectures exist without loading any model code; `model_class` imports a
 family module only when an engine actually builds that model. A new family is one file in engine/models/ and
-one line here. `text_defaults` are the family's config defaults for fields a published config.json may leave
-out (HF fills them from its config class; we do not import transformers to read a config).
+one line here; a family whose checkpoints carry a multi-token-prediction head names the head's class in
+`mtp_head` (speculative method "mtp": the engine loads it, the planner counts it). `text_defaults` are the
+family's config defaults for fields a published config.json may leave out (HF fills them from its config
+class; we do not import transformers to read a config).
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ class Architecture:
     multimodal: bool = False  # a vision-language checkpoint served as text: its text model is under text_config
     norms_per_layer: int = 2  # hidden-size RMSNorms per decoder layer (the planner counts their weights)
     attn_output_gate: bool = False  # q_proj gives [query | gate] per head (Qwen3.5, Qwen3-Next)
+    mtp_head: str | None = None  # "<module>:<class>" in engine/models/ of the MTP head its checkpoints carry
 
 
 # transformers' Gemma3TextConfig defaults: published Gemma 3 configs leave most of these out.
@@ -75,6 +78,8 @@ QWEN3_5_DEFAULTS = {
 QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "num_experts_per_tok": 8, "num_experts": 256, "intermediate_size": 0,
                         "moe_intermediate_size": 512, "shared_expert_intermediate_size": 512}
 
+QWEN3_NEXT_MTP = "qwen3_next_mtp:Qwen3NextMTP"  # Qwen3-Next's and Qwen3.5/3.6's head: mtp.* beside the model
+
 ARCHITECTURES: dict[str, Architecture] = {
     "LlamaForCausalLM": Architecture("llama", "LlamaForCausalLM"),
     "Qwen2ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
@@ -86,6 +91,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen2Model": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
     "Qwen3Model": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
     "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
+    "SmolLM3ForCausalLM": Architecture("smollm3", "SmolLM3ForCausalLM",
+                                       {"rope_theta": 2e6, "tie_word_embeddings": True}),
     "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4),
     "Gemma3ForConditionalGeneration": Architecture("gemma3", "Gemma3ForConditionalGeneration", GEMMA3_TEXT_DEFAULTS,
                                                    multimodal=True, norms_per_layer=4),
@@ -101,14 +108,16 @@ ARCHITECTURES: dict[str, Architecture] = {
     "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}),
     # Hybrid linear attention: Gated DeltaNet layers with a per-sequence state, every fourth layer full attention.
     "Qwen3NextForCausalLM": Architecture("qwen3_next", "Qwen3NextForCausalLM", QWEN3_NEXT_DEFAULTS,
-                                         attn_output_gate=True),
-    "Qwen3_5ForCausalLM": Architecture("qwen3_5", "Qwen3_5ForCausalLM", QWEN3_5_DEFAULTS, attn_output_gate=True),
+                                         attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP),
+    "Qwen3_5ForCausalLM": Architecture("qwen3_5", "Qwen3_5ForCausalLM", QWEN3_5_DEFAULTS, attn_output_gate=True,
+                                       mtp_head=QWEN3_NEXT_MTP),
     "Qwen3_5ForConditionalGeneration": Architecture("qwen3_5", "Qwen3_5ForConditionalGeneration", QWEN3_5_DEFAULTS,
-                                                    multimodal=True, attn_output_gate=True),
+                                                    multimodal=True, attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP),
     "Qwen3_5MoeForCausalLM": Architecture("qwen3_5", "Qwen3_5MoeForCausalLM", QWEN3_5_MOE_DEFAULTS,
-                                          attn_output_gate=True),
+                                          attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP),
     "Qwen3_5MoeForConditionalGeneration": Architecture("qwen3_5", "Qwen3_5MoeForConditionalGeneration",
-                                                       QWEN3_5_MOE_DEFAULTS, multimodal=True, attn_output_gate=True),
+                                                       QWEN3_5_MOE_DEFAULTS, multimodal=True, attn_output_gate=True,
+                                                       mtp_head=QWEN3_NEXT_MTP),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 
@@ -123,4 +132,24 @@ def get_architecture(name: str) -> Architecture:
 def model_class(name: str) -> type:
     """The nn.Module class for architecture `name`, importing its family module now (torch comes with it)."""
     arch = get_architecture(name)
-    return getattr(importlib.import_module(f"engine.models.{arch.module}"), arch.class_name)
+    return _import_class(arch.module, arch.class_name)
+
+
+def mtp_head(name: str) -> str:
+    """The "<module>:<class>" of architecture `name`'s MTP head; a ValueError naming speculative_config.method when
+    the family declares none (the engine's check and the planner's ask the same question here)."""
+    head = get_architecture(name).mtp_head
+    if head is None:
+        with_head = sorted(n for n, arch in ARCHITECTURES.items() if arch.mtp_head is not None)
+        raise ValueError(f"speculative_config.method \"mtp\": {name} has no multi-token-prediction head this "
+                         f"engine can run (built for {', '.join(with_head)})")
+    return head
+
+
+def mtp_head_class(name: str) -> type:
+    """The nn.Module class of architecture `name`'s MTP head, importing its module now."""
+    return _import_class(*mtp_head(name).split(":"))
+
+
+def _import_class(module: str, class_name: str) -> type:
+    return getattr(importlib.import_module(f"engine.models.{module}"), class_name)

@@ -1,5 +1,5 @@
 """Where and in which dtypes the engine runs: the device a --device names, the compute dtype for --dtype, the
-KV cache dtype for --kv-cache-dtype. Resolved once at start (engine/core/llm_engine.py) and used by every rank.
+KV cache dtype for --kv-cache-dtype. Resolved once at start (engine/executor/startup.py) and used by every rank.
 """
 from __future__ import annotations
 

@@ -47,7 +47,8 @@ def skipped_tensor(quant: QuantConfig | None, name: str) -> bool:
 
 
 def int_group_dtypes(quant: QuantConfig) -> tuple[torch.dtype, torch.dtype]:
-    """(scale dtype, zero-point dtype) a packed int weight keeps in memory (engine/planning/sizing.py counts the same)."""
+    """(scale dtype, zero-point dtype) a packed int weight keeps in memory (engine/planning/weights.py counts the
+    same)."""
     scale = torch.float32 if quant.method == "compressed-tensors" else torch.float16
     return scale, torch.uint8 if quant.bits <= 4 else torch.int16
 

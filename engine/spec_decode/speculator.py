@@ -1,19 +1,22 @@
 """Speculator: the engine's one handle on speculative decoding, called at four points of a step.
 
-1. `propose_before_schedule`: each running sequence that decodes next gets its drafts in
-   `seq.spec_token_ids` (n-gram), or k placeholders (draft model; MTP: its first draft, then
-   placeholders), capped so that max_tokens and max_model_len are never passed; the scheduler then
-   schedules 1 + drafts query tokens and reserves their slots as lookahead (never hashed for the prefix
-   cache).
-2. `fill_drafts`: after scheduling, the draft model (or the MTP head) proposes for the sequences that got
-   draft slots; it also notes where each scheduled sequence starts, for the MTP catch-up.
-3. `plan_rows`: one `SamplingRow` per verify position (the sequence's tokens plus the drafts before it,
-   so penalties, bad_words and min_tokens see them), and the grammar bitmask per position (the matcher
-   advanced through the drafts, then rolled back).
-4. `after_step`: acceptance counted in `SpecDecodeStats`, the draft's valid KV length updated, and the
-   MTP head fed the positions the step computed (engine/spec_decode/proposers/mtp.py).
+It holds one proposer (engine/spec_decode/proposers/base.Proposer: n-gram, a draft model or an MTP head, built
+by engine/spec_decode/loading.py) and never asks which: the hooks below do what every method shares and call
+the proposer's hook of the same name for the rest.
 
-Requests with beam search or prompt logprobs never speculate (one log line per request).
+1. `propose_before_schedule`: each running sequence that decodes next gets the proposer's drafts (or
+   placeholders for drafts made after scheduling) in `seq.spec_token_ids`, capped so that max_tokens and
+   max_model_len are never passed; the scheduler then schedules 1 + drafts query tokens and reserves their
+   slots as lookahead (never hashed for the prefix cache).
+2. `fill_drafts`: after scheduling, the proposer fills the drafts of the sequences that got draft slots (and
+   copies its own KV blocks); the draft distribution q it returns is kept for the verify rows.
+3. `plan_rows`: one `SamplingRow` per verify position (the sequence's tokens plus the drafts before it,
+   so penalties, bad_words and min_tokens see them), the grammar bitmask per position (the matcher
+   advanced through the drafts, then rolled back), and the rows of q those drafts were drawn from.
+4. `after_step`: acceptance counted in `SpecDecodeStats`, and the proposer told what the step kept.
+
+Requests with beam search or prompt logprobs never speculate (one log line per request). This module imports
+no proposer: the engine core may import it without the worker or the models.
 """
 from __future__ import annotations
 
@@ -23,10 +26,8 @@ import torch
 
 from engine.sample.metadata import SamplingRow
 from engine.config.speculative import SpeculativeConfig
-from engine.spec_decode.proposers.draft import DraftProposer, DraftRequest
 from engine.spec_decode.metrics import SpecDecodeStats
-from engine.spec_decode.proposers.mtp import MTPProposer
-from engine.spec_decode.proposers.ngram import NgramProposer
+from engine.spec_decode.proposers.base import Proposer
 from engine.structured_output.bitmask import allocate_bitmask, ids_bitmask
 
 logger = logging.getLogger("pagedesk.engine")
@@ -48,14 +49,9 @@ class SpecBatch:
 
 class Speculator:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, eos_ids: list[int], vocab_size: int,
-                 draft_runner=None, mtp: MTPProposer | None = None) -> None:
-        self.config, self.k = config, config.num_speculative_tokens
+                 proposer: Proposer) -> None:
+        self.config, self.k, self.proposer = config, config.num_speculative_tokens, proposer
         self.max_model_len, self.eos_ids, self.vocab_size = max_model_len, eos_ids, vocab_size
-        self.ngram = NgramProposer(config.k, config.prompt_lookup_max, config.prompt_lookup_min) \
-            if config.method == "ngram" else None
-        self.draft = DraftProposer(draft_runner) if draft_runner is not None else None
-        self.mtp = mtp
-        self._step_starts: list[tuple[object, int, int]] = []  # (seq, num_computed before, first hidden row)
         self.stats = SpecDecodeStats(num_speculative_tokens=config.k, method=config.method)
         self._said_off: set[str] = set()
         self._draft_probs: torch.Tensor | None = None  # this step's q, rows in the order drafts were made
@@ -86,47 +82,21 @@ class Speculator:
             if seq.num_tokens - seq.num_computed_tokens != 1 or seq.request.paused or not self.eligible(seq):
                 continue
             cap = self.max_drafts(seq)
-            if cap == 0:
-                continue
-            if self.ngram is not None:
-                seq.spec_token_ids = self.ngram.propose(seq.token_ids, cap)
-            elif self.mtp is not None:  # its first draft came from the last step's catch-up; the rest follow
-                first = self.mtp.draft_for(seq)
-                seq.spec_token_ids = [] if first is None else [first] + [0] * (cap - 1)
-            else:
-                seq.spec_token_ids = [0] * cap  # placeholders: the draft model fills them after scheduling
+            if cap:
+                seq.spec_token_ids = self.proposer.propose_before_schedule(seq, cap)
 
     def fill_drafts(self, scheduled: list, block_copies: list[tuple[int, int]], generator) -> None:
-        """The draft model's proposals for the scheduled sequences with draft slots."""
+        """The proposer's drafts for the scheduled sequences with draft slots, and their q (if sampled)."""
         self._draft_probs, self._q_rows = None, {}
-        if self.mtp is not None:
-            self._fill_mtp(scheduled, block_copies)
+        q = self.proposer.fill_drafts(scheduled, block_copies, generator)
+        if q is None:
             return
-        if self.draft is None:
-            return
-        items = [item for item in scheduled if item.num_draft_tokens]
-        if not items:
-            return
-        drafts, q = self.draft.propose([DraftRequest(i.seq, i.num_draft_tokens) for i in items], generator,
-                                       block_copies)
         start = 0
-        for item, tokens in zip(items, drafts):
-            item.seq.spec_token_ids = tokens
-            self._q_rows[item.seq.seq_id] = start
-            start += len(tokens)
-        self._draft_probs = q
-
-    def _fill_mtp(self, scheduled: list, block_copies: list[tuple[int, int]]) -> None:
-        self.mtp.copy_blocks(list(block_copies))  # every step: a child's copied block carries the head's KV too
-        self._step_starts, row = [], 0
         for item in scheduled:
-            self._step_starts.append((item.seq, item.seq.num_computed_tokens, row))
-            row += item.num_new_tokens
-        items = [item for item in scheduled if item.num_draft_tokens]
-        if items:
-            drafts = self.mtp.propose([(i.seq, i.num_draft_tokens) for i in items])
-            for item, tokens in zip(items, drafts):
-                item.seq.spec_token_ids = tokens
+            if item.num_draft_tokens:
+                self._q_rows[item.seq.seq_id] = start
+                start += item.num_draft_tokens
+        self._draft_probs = q
 
     def plan_rows(self, batch: SpecBatch, seq, first_logits_row: int, allowed_ids: list[int] | None) -> None:
         """Add one sequence's verify rows (1 + drafts, from `first_logits_row`) to the step's SpecBatch."""
@@ -169,7 +139,7 @@ class Speculator:
                 if matcher.is_terminated():
                     break
                 matcher.fill_next_token_bitmask(mask, j)
-                if j == len(drafts) or not matcher.accept_token(drafts[j]):
+                if j == len(drafts) or not grammar.try_accept(drafts[j]):
                     break
                 advanced += 1
             if advanced:
@@ -179,16 +149,10 @@ class Speculator:
         return mask
 
     def after_step(self, items: list, result) -> None:
-        """Count each verified proposal (as the rejection sampler judged it); the draft's KV stays valid up
-        to what the target kept, and the MTP head catches up on what the step computed. Runs after the
-        scheduler advanced num_computed_tokens."""
-        if self.mtp is not None:
-            steps, self._step_starts = self._step_starts, []
-            self.mtp.catch_up(steps)
-        if not items or result is None or result.spec is None:
-            return
-        for item, accepted in zip(items, result.spec.num_accepted):
+        """Count each verified proposal (as the rejection sampler judged it) and let the proposer catch up on
+        what the step kept. Runs after the scheduler advanced num_computed_tokens."""
+        judged = [] if not items or result is None or result.spec is None else \
+            list(zip(items, result.spec.num_accepted))
+        for item, accepted in judged:
             self.stats.observe(item.num_draft_tokens, accepted)
-            seq = item.seq
-            if self.draft is not None:
-                seq.num_draft_computed = min(seq.draft_fed, seq.num_computed_tokens)
+        self.proposer.after_step([item for item, _ in judged])

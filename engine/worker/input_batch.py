@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.platform.host_copies import CopyFence, host_buffer, to_device
+from engine.platform.host_copies import CopyFence, host_buffer
 
 FIRST_ROWS = 16  # rows allocated before the first step; doubled whenever a step needs more
 

@@ -1,6 +1,6 @@
 """How many KV blocks to allocate: an explicit override, a CPU memory budget, or each card's memory after profiling.
 
-The arithmetic is engine/planning/sizing.py's (shared with the GUI planner); this module only measures. On CUDA
+The arithmetic is engine/planning/'s (shared with the GUI planner and the router); this module only measures. On CUDA
 every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
 loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
 KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, while the step's
@@ -16,47 +16,53 @@ import logging
 import torch
 
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
-from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import ModelConfig
-from engine.planning.sizing import GIB, CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, plan_cpu, \
+from engine.kv.kv_cache_interface import model_kv_layout
+from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, \
     plan_from_budget, plan_from_profile
+from engine.planning.kv import kv_bytes_per_block
+from engine.planning.planner import plan_cpu
+from engine.planning.units import GIB
 
 logger = logging.getLogger("pagedesk.engine")
 
 
 def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,
-                      max_num_batched_tokens: int, draft_runner=None) -> int:
+                      max_num_batched_tokens: int, proposer=None) -> int:
     """`runner` is a ModelRunner or the tensor-parallel executor (anything with .device and .profile_memory);
-    `draft_runner`: speculative decoding's draft model, already loaded on rank 0's card (so its weights are in
-    that card's profile), whose KV takes a page at every block id (an explicit override is kept as given)."""
+    `proposer`: speculative decoding's (engine/spec_decode/proposers/base.Proposer), already loaded on rank 0's
+    card (so a draft model's or MTP head's weights are in that card's profile), whose own KV takes a page at
+    every block id (an explicit override is kept as given)."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
-    draft_per_block = 0 if draft_runner is None else \
-        model_kv_layout(draft_runner.config, config.block_size, kv_dtype.itemsize).bytes_per_block
+    # The model's dtype (a tensor-parallel executor's is its rank-0 runner's): a hybrid's conv states are in it.
+    dtype = getattr(getattr(runner, "runner", runner), "dtype",
+                    torch.bfloat16 if runner.device.type == "cuda" else torch.float32)
+    proposer_per_block = 0 if proposer is None else proposer.kv_bytes_per_block(kv_dtype.itemsize)
     if runner.device.type == "cuda":
         layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size,
-                                 act_dtype_bytes=getattr(runner, "dtype", torch.bfloat16).itemsize)
+                                 act_dtype_bytes=dtype.itemsize)
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
         plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
-                             max_num_batched_tokens, draft_per_block)
+                             max_num_batched_tokens, proposer_per_block)
     else:
         plan = plan_cpu(model_config, config.kv_cache_memory if config.kv_cache_memory is not None
-                        else DEFAULT_CPU_KV_CACHE_GIB, kv_cache_dtype=_dtype_name(kv_dtype),
+                        else DEFAULT_CPU_KV_CACHE_GIB, dtype=_dtype_name(dtype), kv_cache_dtype=_dtype_name(kv_dtype),
                         max_num_seqs=config.max_num_seqs, block_size=config.block_size,
                         weights_bytes=runner.weights_bytes(), max_num_batched_tokens=max_num_batched_tokens,
                         enable_prefix_caching=config.enable_prefix_caching,
-                        draft=None if draft_runner is None else draft_runner.config,
-                        draft_weights_bytes=None if draft_runner is None else draft_runner.weights_bytes())
+                        draft_weights_bytes=None if proposer is None else proposer.weights_bytes(),
+                        draft_kv_bytes_per_block=proposer_per_block)
         logger.info("CPU: %s", plan.summary())
     if not plan.fits:
         raise ValueError(plan.explain_misfit())
-    if draft_per_block:
-        logger.info("KV pool: %d blocks, each holding the target's and the draft model's KV", plan.num_blocks)
+    if proposer_per_block:
+        logger.info("KV pool: %d blocks, each holding the target's KV and the %s's", plan.num_blocks, proposer.name)
     return plan.num_blocks
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
-    """sizing.DTYPE_BYTES's name of a torch dtype."""
+    """engine.config.model.DTYPE_BYTES's name of a torch dtype."""
     return {torch.float8_e4m3fn: "fp8_e4m3", torch.float8_e5m2: "fp8_e5m2"}.get(dtype, str(dtype).split(".")[-1])
 
 

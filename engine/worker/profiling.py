@@ -4,10 +4,11 @@
 max_model_len tokens each (at most max_num_seqs of them), with block tables over a temporary cache just
 big enough for them, so the profiling forward runs the real attention path (K/V writes and the attention
 kernel with their workspaces) rather than skipping it. `profile_sampling_batch` is the sampler's widest
-step: max_num_seqs rows (every sequence of every request counts against it at admission) with every
-full-vocabulary temporary on (penalties, top-k/top-p, logprobs, and a grammar bitmask on every row, whose
-unpacking makes [rows, vocab] int32 temporaries). The runner samples it through the same `sample` a real
-step uses, while the forward's hidden states and logits are still alive, as they are in a real step.
+step: `sampler_rows` rows (engine/planning/activations.py, which the planner counts too: max_num_seqs, since
+every sequence of every request counts against it at admission) with every full-vocabulary temporary on
+(penalties, top-k/top-p, logprobs, and a grammar bitmask on every row, whose unpacking makes [rows, vocab]
+int32 temporaries). The runner samples it through the same `sample` a real
+step uses (engine/worker/sampling.py), while the forward's hidden states and logits are still alive, as they are in a real step.
 """
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ import numpy as np
 import torch
 
 from engine.layers.attention import AttentionMetadata
+from engine.planning.activations import sampler_rows
 from engine.sample.metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sample.sampling_params import MAX_LOGPROBS, SamplingParams
 from engine.structured_output.bitmask import allocate_bitmask
+from engine.worker.sampling import sample
 
 
 @dataclass(slots=True)
@@ -30,6 +33,7 @@ class ProfileBatch:
     block_tables: np.ndarray  # [num_seqs, max_blocks] int32
     seq_lens: np.ndarray  # [num_seqs] int32
     num_blocks: int  # blocks the temporary KV cache needs
+    num_sampler_rows: int  # logits rows the step samples at the sampler's widest (the last tokens')
 
     def metadata(self, device: torch.device) -> AttentionMetadata:
         query_start = np.concatenate([[0], np.cumsum(self.seq_lens)]).astype(np.int32)
@@ -42,7 +46,9 @@ class ProfileBatch:
 
 
 def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> ProfileBatch:
-    """Prefills that fill the token budget: as few sequences as max_model_len allows, each on its own blocks."""
+    """Prefills that fill the token budget: as few sequences as max_model_len allows, each on its own blocks,
+    sampled at `sampler_rows` (counted on the budget asked for, as the planner counts it)."""
+    rows = sampler_rows(max_num_seqs, num_tokens)
     num_tokens = min(num_tokens, max_num_seqs * max_model_len)
     num_seqs = -(-num_tokens // max_model_len)
     seq_lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int32)
@@ -57,7 +63,7 @@ def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_
         positions.append(pos)
         slots.append(first_block[i] * block_size + pos)  # the sequence's blocks are consecutive
     return ProfileBatch(np.zeros(num_tokens, dtype=np.int64), np.concatenate(positions), np.concatenate(slots),
-                        tables, seq_lens, int(blocks_per_seq.sum()))
+                        tables, seq_lens, int(blocks_per_seq.sum()), rows)
 
 
 def profile_sampling_batch(num_rows: int, vocab_size: int, device: torch.device) -> SamplingBatch:
@@ -74,6 +80,5 @@ def profile_sampling_batch(num_rows: int, vocab_size: int, device: torch.device)
 
 def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:
     """The sampler's widest step alone, over random logits (the memory bench, device-placement tests)."""
-    from engine.worker.model_runner import ModelRunner  # it imports this module
     logits = torch.randn(num_seqs, vocab_size, dtype=torch.float32, device=device)
-    ModelRunner.sample(logits, profile_sampling_batch(num_seqs, vocab_size, device))
+    sample(logits, profile_sampling_batch(num_seqs, vocab_size, device))

@@ -17,7 +17,7 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.layers.attention import AttentionMetadata
-from engine.planning.sizing import batch_size_ladder, context_length_ladder
+from engine.planning.graphs import batch_size_ladder, context_length_ladder
 
 # New tokens of the warm-up prefills: a short prompt (the first request's usual shape), and the widest row tile
 # of the quantized GEMV (GEMV_MAX_ROWS), which the decode ladder misses when max_num_seqs is below it.

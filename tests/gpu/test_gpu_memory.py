@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import SamplingParams
-from engine.planning.sizing import GIB
+from engine.planning.units import GIB
 
 pytestmark = pytest.mark.gpu
 

@@ -2,13 +2,16 @@
 
 A card's budget is `--memory-budget` GiB, or what the engine itself would use (total × gpu_memory_utilization
 minus what other programs held at start); on CPU the host is one "card" whose budget is `--memory-budget` or
-the available RAM. A replica needs, per card, its weights, its activation peak and overhead (engine/planning/sizing.py,
-the planner's estimates; a speculative draft model or MTP head in its weights, verify graphs in its overhead)
-plus an absolute KV budget: the model's `kv-cache-memory` if given, else on CUDA the
-card's budget divided by `--max-loaded-models` (all of it when unset), capped at max_num_seqs full sequences,
-and on CPU the engine's own default. `place` picks cards for every replica of a model (replicas of one model
-on different cards where it can), evicting idle models least recently used first, or says in GiB what is
-missing. Pure arithmetic: the manager owns the state.
+the available RAM. A replica needs, per card, its weights, its activation peak and overhead (the planner's
+`estimate_profile`, engine/planning/planner.py; a speculative draft model or MTP head and a hybrid model's verify
+scratch in its weights, verify graphs in its overhead; on a card the CUDA context, on the host each process's own
+baseline: the interpreter, torch and the server, measured by the manager from the engines it runs,
+CPU_PROCESS_BYTES until it has one) plus an absolute KV budget: the model's `kv-cache-memory` if given, else on
+CUDA the card's budget divided by `--max-loaded-models` (all of it when unset), capped at max_num_seqs full
+sequences, and on CPU the pool of the engine's own default; a budget that holds a pool holds its draft pages and
+a hybrid model's state pool too (`kv_pool_budget_bytes`). `place` picks cards for every replica of a model
+(replicas of one model on different cards where it can), evicting idle models least recently used first, or says
+in GiB what is missing. Pure arithmetic: the manager owns the state.
 """
 from __future__ import annotations
 
@@ -17,15 +20,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB
-from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import DTYPE_BYTES, ModelConfig
+from engine.config.speculative import SpeculativeConfig, parse_speculative_config
 from engine.entrypoints.router.specs import ModelSpec
-from engine.planning.model_footprint import draft_footprint, mtp_footprint, rope_table_bytes, weights_bytes_per_card
-from engine.planning.sizing import GIB, MIB, estimate_activation_bytes, estimate_cuda_graph_bytes, estimate_verify_graph_bytes, \
-    kv_bytes_per_token, plan_cpu, resolve_dtype
-from engine.config.speculative import parse_speculative_config
+from engine.kv.kv_cache_interface import model_kv_layout
+from engine.planning.kv import blocks_per_full_seq, kv_pool_budget_bytes, verify_scratch_bytes
+from engine.planning.planner import CUDA_CONTEXT_BYTES, estimate_profile, plan_cpu
+from engine.planning.speculation import speculation_footprint
+from engine.planning.units import GIB, MIB, kv_dtype_bytes, resolve_dtype
 
-CUDA_CONTEXT_BYTES = 512 * MIB  # CUDA context, cuBLAS workspace: memory no estimate of tensors counts
+# An engine process on the host before any tensor: Python, torch, transformers, the HTTP server (a tiny
+# model's engine holds about 550 MiB resident). The manager replaces it with what its engines measure.
+CPU_PROCESS_BYTES = 512 * MIB
 HOST = -1  # the "card" index of the host on CPU
 
 
@@ -141,62 +147,61 @@ def config_folder(path_or_repo: str, revision: str | None, what: str) -> Path:
                          f"be read from the Hugging Face hub ({type(exc).__name__})") from None
 
 
-def speculation_weights_bytes(config, cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int) -> int:
-    """A replica's speculative draft model or MTP head (on its first card; their KV pages share the replica's KV
-    budget, as in the engine); 0 without one or for n-gram."""
-    spec = parse_speculative_config(config.speculative_config)
-    if spec is None or spec.method == "ngram":
-        return 0
-    if spec.method == "mtp":
-        return mtp_footprint(cfg, dtype_bytes, kv_dtype_bytes, config.block_size, config.tensor_parallel_size)[0]
-    draft = ModelConfig.from_folder(config_folder(spec.model, None, "speculative_config.model"))
-    return draft_footprint(draft, dtype_bytes, kv_dtype_bytes, config.block_size)[0]
+def speculation_model(spec: SpeculativeConfig | None) -> tuple[ModelConfig | None, bool]:
+    """A replica's speculative draft model (its config.json read) and whether it speculates with its MTP head;
+    (None, False) without speculation or for n-gram."""
+    if spec is None or spec.method in ("ngram", "mtp"):
+        return None, spec is not None and spec.method == "mtp"
+    return ModelConfig.from_folder(config_folder(spec.model, None, "speculative_config.model")), False
 
 
-def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> ReplicaNeed:
-    """One replica's bytes per card, from the model's config.json and its flags (no weights read)."""
+def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
+                 process_bytes: int = CPU_PROCESS_BYTES) -> ReplicaNeed:
+    """One replica's bytes per card, from the model's config.json and its flags (no weights read);
+    `process_bytes`: one engine process's baseline on the host (each tensor-parallel rank is a process)."""
     config = spec.engine_config()
     on_gpu = card.index != HOST
     cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(config.max_model_len)
     dtype = resolve_dtype(config.dtype, cfg.torch_dtype, on_gpu)
     dtype_bytes = DTYPE_BYTES[dtype]
-    kv_dtype_bytes = dtype_bytes if config.kv_cache_dtype == "auto" else DTYPE_BYTES[config.kv_cache_dtype]
-    tp = config.tensor_parallel_size
-    per_token = kv_bytes_per_token(cfg, kv_dtype_bytes, tp)
-    weights = weights_bytes_per_card(cfg, dtype_bytes, tp) + rope_table_bytes(cfg) + \
-        speculation_weights_bytes(config, cfg, dtype_bytes, kv_dtype_bytes)
+    kv_bytes = kv_dtype_bytes(config.kv_cache_dtype, dtype_bytes)
+    tp, seats, block_size = config.tensor_parallel_size, config.max_num_seqs, config.block_size
+    speculative = parse_speculative_config(config.speculative_config)
+    k = speculative.k if speculative is not None else 0
     step_tokens = config.resolve_max_num_batched_tokens(cfg.max_model_len)
-    activations = estimate_activation_bytes(cfg, step_tokens, dtype_bytes, tp, config.max_num_seqs)
-    overhead = 0
-    if on_gpu:
-        k = getattr(parse_speculative_config(config.speculative_config), "num_speculative_tokens", 0)
-        overhead = CUDA_CONTEXT_BYTES + (0 if config.enforce_eager else estimate_cuda_graph_bytes(
-            cfg, config.max_num_seqs, step_tokens, dtype_bytes, tp, config.cuda_graph_mode)
-            + estimate_verify_graph_bytes(cfg, config.max_num_seqs, dtype_bytes, tp, k))
-    fixed = weights + activations + overhead
-    # Blocks a full-length sequence holds over every KV cache group (a window group's too), as the pool counts them.
-    layout = model_kv_layout(cfg, config.block_size, kv_dtype_bytes, tp)
-    blocks_per_seq = layout.blocks_per_seq(cfg.max_model_len, step_tokens) if layout.has_sliding_window else \
-        -(-cfg.max_model_len // config.block_size)
-    most_useful = config.max_num_seqs * blocks_per_seq * config.block_size * per_token
+    profile = estimate_profile(cfg, card.budget_bytes, dtype_bytes=dtype_bytes, tensor_parallel_size=tp,
+                               max_num_batched_tokens=step_tokens, max_num_seqs=seats,
+                               cuda_graphs=on_gpu and not config.enforce_eager,
+                               cuda_graph_mode=config.cuda_graph_mode, num_speculative_tokens=k)
+    layout = model_kv_layout(cfg, block_size, kv_bytes, tp, act_dtype_bytes=dtype_bytes)
+    draft, mtp = speculation_model(speculative)  # on the replica's first card; its KV pages share the budget
+    draft_weights, draft_per_block = speculation_footprint(cfg, dtype_bytes, kv_bytes, block_size, tp, draft, mtp)
+    weights = profile.weights_bytes + draft_weights + verify_scratch_bytes(layout, seats, k, step_tokens)
+    overhead = profile.overhead_bytes + (CUDA_CONTEXT_BYTES if on_gpu else process_bytes * tp)
+    fixed = weights + profile.activation_bytes + overhead
+    caching = config.enable_prefix_caching
     if config.num_gpu_blocks_override is not None:
-        kv = config.num_gpu_blocks_override * config.block_size * per_token
+        kv = kv_pool_budget_bytes(layout, config.num_gpu_blocks_override, seats, caching, draft_per_block)
     elif config.kv_cache_memory is not None:
         kv = int(config.kv_cache_memory * GIB)
     elif not on_gpu:
         plan = plan_cpu(cfg, DEFAULT_CPU_KV_CACHE_GIB, dtype=dtype, kv_cache_dtype=config.kv_cache_dtype,
-                        max_num_seqs=config.max_num_seqs, block_size=config.block_size,
-                        max_num_batched_tokens=step_tokens)
-        kv = plan.num_blocks * config.block_size * per_token
-    else:
-        kv = min(most_useful, card.budget_bytes // (max_loaded_models or 1) - fixed)
-    return ReplicaNeed(weights, activations, overhead, max(0, kv), tp)
+                        max_num_seqs=seats, block_size=block_size, max_num_batched_tokens=step_tokens,
+                        enable_prefix_caching=caching, draft=draft, num_speculative_tokens=k, mtp=mtp)
+        kv = kv_pool_budget_bytes(layout, plan.num_blocks, seats, caching, draft_per_block) if plan.num_blocks else 0
+    else:  # every seat's full-length sequence, and not more
+        most_useful = seats * blocks_per_full_seq(layout, cfg.max_model_len, block_size, step_tokens)
+        kv = min(kv_pool_budget_bytes(layout, most_useful, seats, caching, draft_per_block),
+                 card.budget_bytes // (max_loaded_models or 1) - fixed)
+        if kv < kv_pool_budget_bytes(layout, 1, seats, caching, draft_per_block):
+            kv = 0  # not even one block beside a hybrid model's state pool
+    return ReplicaNeed(weights, profile.activation_bytes, overhead, max(0, kv), tp)
 
 
-def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_models: int | None
-          ) -> tuple[list[ReplicaPlacement], list[str]]:
+def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_models: int | None,
+          process_bytes: int = CPU_PROCESS_BYTES) -> tuple[list[ReplicaPlacement], list[str]]:
     """Cards for each of the model's replicas and the idle models to unload first (LRU), or NoRoom saying
-    what is missing. `holders`: every loaded model but this one."""
+    what is missing. `holders`: every loaded model but this one; `process_bytes`: see replica_need."""
     evictable = sorted((h for h in holders if h.idle), key=lambda h: h.last_used)
     evict: list[str] = []
     loaded = len(holders)
@@ -204,15 +209,16 @@ def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_
         free = {c.index: c.budget_bytes - sum(h.held.get(c.index, 0) for h in holders if h.name not in evict)
                 for c in cards}
         over_count = max_loaded_models is not None and loaded - len(evict) >= max_loaded_models
-        placements = None if over_count else _fit(spec, cards, free, max_loaded_models)
+        placements = None if over_count else _fit(spec, cards, free, max_loaded_models, process_bytes)
         if placements is not None:
             return placements, evict
         if len(evict) == len(evictable):
-            raise NoRoom(_no_room_message(spec, cards, free, holders, evict, max_loaded_models, over_count))
+            raise NoRoom(_no_room_message(spec, cards, free, holders, evict, max_loaded_models, over_count,
+                                          process_bytes))
         evict.append(evictable[len(evict)].name)
 
 
-def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: int | None
+def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: int | None, process_bytes: int
          ) -> list[ReplicaPlacement] | None:
     """Every replica placed on the cards with the most room (replicas apart where possible), or None."""
     free = dict(free)
@@ -221,7 +227,7 @@ def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: i
     used: set[int] = set()
     cores = _core_groups(spec.data_parallel_size) if cards[0].index == HOST else None
     for replica in range(spec.data_parallel_size):
-        need = replica_need(spec, cards[0], max_loaded)
+        need = replica_need(spec, cards[0], max_loaded, process_bytes)
         tp = need.tensor_parallel_size
         if cards[0].index == HOST:
             chosen = [HOST] if free[HOST] >= need.total_bytes else None
@@ -253,13 +259,13 @@ def _core_groups(num_replicas: int) -> list[tuple[int, ...]] | None:
 
 
 def _no_room_message(spec: ModelSpec, cards: list[Card], free: dict[int, int], holders: list[Holder],
-                     evicted: list[str], max_loaded: int | None, over_count: bool) -> str:
+                     evicted: list[str], max_loaded: int | None, over_count: bool, process_bytes: int) -> str:
     busy = sorted(h.name for h in holders if not h.idle)
     busy_text = f"; busy, so not unloaded: {', '.join(busy)}" if busy else ""
     if over_count:
         return (f"cannot load {spec.name}: --max-loaded-models {max_loaded} models are loaded and none is idle"
                 f"{busy_text}; wait for them to finish or unload one (POST /v1/models/NAME/unload)")
-    need = replica_need(spec, cards[0], max_loaded)
+    need = replica_need(spec, cards[0], max_loaded, process_bytes)
     most = max(free.values())
     total_need = need.total_bytes * spec.data_parallel_size
     replicas = f" × {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else ""

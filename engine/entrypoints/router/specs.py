@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.config.flags import FLAGS, FLAGS_BY_NAME, ROUTER_FLAGS, ROUTER_FLAGS_BY_NAME, EngineConfig
-from engine.config.model_discovery import servable_models
+from engine.config.model_discovery import default_model_name, servable_models
 
 # Flags the router sets on each engine itself, or keeps for the endpoint.
 ROUTER_OWNED = ("model", "served_model_name", "host", "port", "api_key", "allowed_hosts", "data_parallel_size")
@@ -98,7 +98,7 @@ def build_specs(model_args: list[str], args: dict[str, Any]) -> RouterConfig:
     paths: dict[str, str] = {}
     for value in model_args:
         name, path = split_model_arg(value)
-        name = name or merged.get("served_model_name") or path
+        name = name or merged.get("served_model_name") or default_model_name(path)
         if name in paths:
             raise ValueError(f"--model: the name {name!r} is given twice; name each model NAME=PATH")
         paths[name] = path

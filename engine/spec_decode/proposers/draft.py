@@ -6,9 +6,11 @@ position the draft writes). Each proposal first catches the draft up on the toke
 (the whole prompt the first time, then the one or two tokens the last verify step added), then runs
 k - 1 one-token steps. Greedy requests take the draft's argmax; sampled ones draw from the draft's
 softmax(logits / temperature), whose rows are kept on the device as q for the rejection sampler.
-A sequence's `num_draft_computed` says how much of its draft KV is valid (reset on preemption).
-Under tensor parallel the draft runs on rank 0 alone (`single_rank`: no collectives; engine/spec_decode/
-loading.py), and its tokens reach the other ranks in the verify step's input ids.
+A sequence's `num_draft_computed` says how much of its draft KV is valid (reset on preemption), updated
+after each verify step to what the target kept. Before scheduling a sequence asks for k placeholders; the
+drafts replace them once the scheduler has given it slots. Under tensor parallel the draft runs on rank 0
+alone (`single_rank`: no collectives; engine/spec_decode/loading.py), and its tokens reach the other ranks in
+the verify step's input ids.
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ import numpy as np
 import torch
 
 from engine.distributed.parallel_state import single_rank
+from engine.kv.kv_cache_interface import model_kv_layout
+from engine.spec_decode.proposers.base import Proposer
 from engine.spec_decode.proposers.feeds import feed_metadata
 
 
@@ -29,22 +33,53 @@ class DraftRequest:
     num_drafts: int
 
 
-class DraftProposer:
+class DraftProposer(Proposer):
+    name = "draft model"
+
     def __init__(self, runner) -> None:
         """`runner`: a ModelRunner holding the draft's weights (its KV cache allocated like the target's)."""
         self.runner = runner  # its layout has one full-attention group (engine/spec_decode/loading.check_draft)
 
+    def propose_before_schedule(self, seq, max_drafts: int) -> list[int]:
+        return [0] * max_drafts  # placeholders: the draft runs once the scheduler has given them slots
+
+    def fill_drafts(self, scheduled: list, block_copies: list[tuple[int, int]],
+                    generator: torch.Generator | None) -> torch.Tensor | None:
+        self.runner.copy_blocks(list(block_copies))  # copy-on-write blocks: the draft's half of every step's copy
+        items = [item for item in scheduled if item.num_draft_tokens]
+        if not items:
+            return None
+        drafts, q = self.propose([DraftRequest(i.seq, i.num_draft_tokens) for i in items], generator)
+        for item, tokens in zip(items, drafts):
+            item.seq.spec_token_ids = tokens
+        return q
+
+    def after_step(self, verified: list) -> None:
+        for item in verified:  # the draft's KV stays valid up to what the target kept
+            item.seq.num_draft_computed = min(item.seq.draft_fed, item.seq.num_computed_tokens)
+
+    def weights_bytes(self) -> int:
+        return self.runner.weights_bytes()
+
+    def kv_bytes_per_block(self, kv_dtype_bytes: int) -> int:
+        return model_kv_layout(self.runner.config, self.runner.block_size, kv_dtype_bytes).bytes_per_block
+
+    def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        self.runner.allocate_kv_cache(num_blocks, kv_dtype)
+
+    def kv_cache_bytes(self) -> int:
+        return self.runner.kv_cache_bytes()
+
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest], generator: torch.Generator | None,
-                block_copies: list[tuple[int, int]] = ()) -> tuple[list[list[int]], torch.Tensor | None]:
+    def propose(self, requests: list[DraftRequest],
+                generator: torch.Generator | None) -> tuple[list[list[int]], torch.Tensor | None]:
         """Drafts per request and q: [sum(num_drafts), vocab] on the device, rows in request order, or None
         when every request is greedy (the rejection sampler then needs no q)."""
         with single_rank():
-            return self._propose(requests, generator, block_copies)
+            return self._propose(requests, generator)
 
-    def _propose(self, requests: list[DraftRequest], generator: torch.Generator | None,
-                 block_copies: list[tuple[int, int]]) -> tuple[list[list[int]], torch.Tensor | None]:
-        self.runner.copy_blocks(list(block_copies))  # copy-on-write blocks: the draft's half of the copy
+    def _propose(self, requests: list[DraftRequest],
+                 generator: torch.Generator | None) -> tuple[list[list[int]], torch.Tensor | None]:
         drafts: list[list[int]] = [[] for _ in requests]
         probs: list[list[torch.Tensor | None]] = [[] for _ in requests]
         any_sampled = any(not r.seq.params.greedy for r in requests)

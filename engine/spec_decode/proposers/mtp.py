@@ -1,5 +1,6 @@
-"""MTP proposer: the target checkpoint's multi-token-prediction head (engine/models/qwen3_next_mtp.py) drafts
-k tokens per sequence from the target's own last hidden states.
+"""MTP proposer: the target checkpoint's multi-token-prediction head (the class its family declares in
+engine/models/registry.py, e.g. engine/models/qwen3_next_mtp.py) drafts k tokens per sequence from the target's
+own last hidden states.
 
 The head's KV at position p holds (the target's hidden state at p, the token at p + 1) — vLLM's layout: the
 target's positions, the input ids shifted left by one. So after every target step the head catches up on
@@ -7,8 +8,9 @@ the positions the step computed and kept (a prompt chunk, a decode, the accepted
 reading their hidden states from the model runner (`ModelRunner.keep_hidden`) before the next forward
 overwrites them; every position's next token is known by then (the next prompt token, or the token just
 sampled). The catch-up's last row of a sequence that decodes next gives its first draft and the head's
-hidden state there (`pending`). The other k - 1 drafts are made after scheduling, when the verify step's
-slots exist: the head is applied again on its own hidden state and the draft before (vLLM's method "mtp").
+hidden state there (`pending`): before scheduling the sequence asks for that draft and k - 1 placeholders. The
+other k - 1 drafts are made after scheduling, when the verify step's slots exist: the head is applied again on
+its own hidden state and the draft before (vLLM's method "mtp").
 Drafts are the head's argmax for every request: for sampled requests the rejection sampler then treats q
 as one-hot at the draft (accept with p(d)), which keeps the output distribution exact.
 
@@ -29,6 +31,7 @@ import torch
 
 from engine.distributed.parallel_state import single_rank
 from engine.platform.host_copies import to_device
+from engine.spec_decode.proposers.base import Proposer
 from engine.spec_decode.proposers.feeds import feed_metadata
 
 
@@ -42,17 +45,43 @@ class PendingDraft:
     hidden: torch.Tensor  # [hidden_size]: the head's output at the sequence's last computed position
 
 
-class MTPProposer:
+class MTPProposer(Proposer):
+    name = "MTP head"
+
     def __init__(self, target_runner, head) -> None:
         """`target_runner`: the target's ModelRunner (its hidden states are kept for the catch-up); `head`: the
-        loaded Qwen3NextMTP, on the same device."""
+        loaded MTP head (e.g. Qwen3NextMTP), on the same device."""
         self.runner, self.head = target_runner, head
         self.device, self.block_size = target_runner.device, target_runner.block_size
         target_runner.keep_hidden = True
         self.kv_cache: torch.Tensor | None = None
         self.pending: dict[int, PendingDraft] = {}  # seq_id -> its first draft
+        self._step_starts: list[tuple[object, int, int]] = []  # this step's (seq, num_computed before, first row)
 
-    def bytes_per_block(self, kv_dtype_bytes: int) -> int:
+    def propose_before_schedule(self, seq, max_drafts: int) -> list[int]:
+        first = self.draft_for(seq)  # made by the last step's catch-up; the rest follow after scheduling
+        return [] if first is None else [first] + [0] * (max_drafts - 1)
+
+    def fill_drafts(self, scheduled: list, block_copies: list[tuple[int, int]],
+                    generator: torch.Generator | None) -> torch.Tensor | None:
+        """Drafts are the head's argmax for every request (q one-hot: None). Notes where each scheduled sequence
+        starts in the step's hidden states, for the catch-up after it."""
+        self.copy_blocks(list(block_copies))  # every step: a child's copied block carries the head's KV too
+        self._step_starts, row = [], 0
+        for item in scheduled:
+            self._step_starts.append((item.seq, item.seq.num_computed_tokens, row))
+            row += item.num_new_tokens
+        items = [item for item in scheduled if item.num_draft_tokens]
+        if items:
+            for item, tokens in zip(items, self.propose([(i.seq, i.num_draft_tokens) for i in items])):
+                item.seq.spec_token_ids = tokens
+        return None
+
+    def after_step(self, verified: list) -> None:
+        steps, self._step_starts = self._step_starts, []
+        self.catch_up(steps)
+
+    def kv_bytes_per_block(self, kv_dtype_bytes: int) -> int:
         attn = self.head.attention_layers()
         return sum(2 * self.block_size * a.num_kv_heads * a.head_dim * kv_dtype_bytes for a in attn)
 

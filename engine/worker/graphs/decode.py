@@ -33,7 +33,7 @@ from tqdm.auto import tqdm
 
 from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata
-from engine.planning.sizing import batch_size_ladder, context_length_ladder
+from engine.planning.graphs import batch_size_ladder, context_length_ladder
 
 __all__ = ["DecodeGraphs", "batch_size_ladder", "context_buckets", "triton_split_key"]
 logger = logging.getLogger("pagedesk.engine")

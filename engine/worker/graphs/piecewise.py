@@ -12,11 +12,11 @@ the next piece. Replay fills the static token buffers (input ids, positions, slo
 no KV write), then replays piece 0, runs eager point 0 on the tensors piece 0 left at fixed addresses with
 this step's real attention metadata, copies its result into the captured output, replays piece 1, and so
 on. Pure-decode steps keep the whole-forward decode graphs (engine/worker/graphs/decode.py: one launch instead of one
-per piece). The graph calls go through a small backend: `CudaGraphBackend` on a card, `TapeGraphBackend` on
-CPU (tests): it records every aten op of a piece and replays them on the same tensors, which gives CUDA
-graphs' semantics (fixed addresses, Python values frozen at capture) and finds what a piece cannot contain
-(a host sync, a read of the attention metadata outside attention) at capture time. A capture that fails
-raises in strict mode (tests) and otherwise logs one line and leaves those steps eager.
+per piece). The graph calls go through a small backend (start, watch_bucket, capturing, begin, end, abort,
+finish, replay, keep): `CudaGraphBackend` on a card; the CPU tests pass a stand-in (tests/graph_tape.py) that
+records each piece's aten ops and replays them on the same tensors, with CUDA graphs' semantics, and finds what a
+piece cannot contain (a host sync, a read of the attention metadata outside attention) at capture time. A
+capture that fails raises in strict mode (tests) and otherwise logs one line and leaves those steps eager.
 """
 from __future__ import annotations
 
@@ -25,22 +25,15 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.gated_deltanet import GatedDeltaNet
 
-__all__ = ["PiecewiseGraphs", "token_buckets", "CudaGraphBackend", "TapeGraphBackend", "PieceCaptureError",
-           "eager_points", "MIN_BUCKET"]
+__all__ = ["PiecewiseGraphs", "token_buckets", "CudaGraphBackend", "eager_points", "MIN_BUCKET"]
 logger = logging.getLogger("pagedesk.engine")
 MIN_BUCKET = 16
 STEPS_PER_OCTAVE = 4  # buckets 1.25x apart at most: padding wastes at most 25 % of a step's non-attention work
-
-
-class PieceCaptureError(RuntimeError):
-    """Something in a piece cannot be captured (a host sync, metadata read outside attention)."""
 
 
 def token_buckets(max_tokens: int, min_bucket: int = MIN_BUCKET) -> list[int]:
@@ -89,6 +82,10 @@ class CudaGraphBackend:
         self.stream = torch.cuda.Stream(self.device)
         self.stream.wait_stream(torch.cuda.current_stream(self.device))
 
+    def watch_bucket(self, meta: AttentionMetadata) -> None:
+        """A CUDA graph cannot watch what its pieces read; a backend that can (the CPU tape in tests) refuses a
+        piece that reads `meta`'s batch layout."""
+
     def capturing(self):
         return torch.cuda.stream(self.stream)
 
@@ -125,92 +122,6 @@ class CudaGraphBackend:
         storage = torch._C._construct_storage_from_data_pointer(
             t.untyped_storage().data_ptr(), t.device, t.untyped_storage().nbytes())
         return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.size(), t.stride())
-
-
-# Ops a captured piece cannot contain: each copies a value to the host (or sizes a tensor by data).
-# bincount is one on CUDA (it sizes its output by the largest value, read on the host) though not on CPU.
-HOST_SYNC_OPS = frozenset({"aten::_local_scalar_dense", "aten::nonzero", "aten::item", "aten::unique_consecutive",
-                           "aten::_unique2", "aten::masked_select", "aten::equal", "aten::is_nonzero",
-                           "aten::bincount", "aten::histc"})
-
-
-class _Tape(TorchDispatchMode):
-    """Records the aten ops of one piece; refuses host syncs and reads of the attention metadata."""
-
-    def __init__(self, forbidden_storages: set[int]) -> None:
-        super().__init__()
-        self.ops: list[tuple] = []
-        self.forbidden = forbidden_storages
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        name = func._schema.name
-        if name in HOST_SYNC_OPS:
-            raise PieceCaptureError(f"{name} in a graph piece: it needs the value on the host (a host sync), "
-                                    "which a CUDA graph cannot replay")
-        inputs = {_storage(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        if inputs & self.forbidden:
-            raise PieceCaptureError(f"{name} in a graph piece reads the attention metadata (block tables, "
-                                    "sequence lengths): only the eager attention may, since a piece keeps "
-                                    "the shapes and values of its capture")
-        out = func(*args, **kwargs)
-        # Whether the result aliases an input is decided on the tensors, not the schema: aten::to and reshape
-        # may return a view or a new tensor, and the schema marks both as possible views.
-        fresh = not any(_storage(t) in inputs for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor))
-        self.ops.append((func, args, kwargs, out, fresh))
-        return out
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage().data_ptr() if t.device.type != "meta" else id(t)
-
-
-def _mutates(func) -> bool:
-    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
-
-
-class TapeGraphBackend:
-    """CPU stand-in for CUDA graphs: a 'graph' is the list of aten ops a piece ran; replay runs them again on
-    the very same tensors and writes each op's result into the tensor it produced at capture."""
-
-    def __init__(self) -> None:
-        self.forbidden: set[int] = set()
-        self.replays = 0  # pieces replayed (tests count them)
-
-    def start(self) -> None:
-        pass
-
-    def capturing(self):
-        return torch.inference_mode()
-
-    def begin(self):
-        tape = _Tape(self.forbidden)
-        tape.__enter__()
-        return tape
-
-    def end(self, tape) -> None:
-        tape.__exit__(None, None, None)
-
-    abort = end
-
-    def finish(self) -> None:
-        pass
-
-    @staticmethod
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        return t  # the tape holds every tensor of its ops anyway; CPU memory is not the question here
-
-    def replay(self, tape) -> None:
-        self.replays += 1
-        for func, args, kwargs, out, fresh in tape.ops:
-            if _mutates(func):  # in-place and out= ops: their effect is the point
-                func(*args, **kwargs)
-            elif fresh:  # a new tensor at capture: recompute, write it where later ops read it
-                result = func(*args, **kwargs)
-                for dst, src in zip(tree_flatten(out)[0], tree_flatten(result)[0]):
-                    if isinstance(dst, torch.Tensor):
-                        dst.copy_(src)
-            # else a view of an input: it already shows the input's new values
 
 
 # ---- capture and replay ---------------------------------------------------------------------------------------
@@ -336,8 +247,7 @@ class PiecewiseGraphs:
 
     def _capture_bucket(self, n: int) -> None:
         meta = self._capture_meta(n)
-        if isinstance(self.backend, TapeGraphBackend):
-            self.backend.forbidden = {_storage(t) for t in (meta.block_tables, meta.seq_lens, meta.query_start_loc)}
+        self.backend.watch_bucket(meta)
         ids, pos = self.input_ids[:n], self.positions[:n]
         self.model(ids, pos, meta)  # warm-up outside any capture (kernels compile, lazy buffers appear)
         if self.device.type == "cuda":

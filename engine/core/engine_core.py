@@ -1,7 +1,8 @@
-"""LLMEngine: requests in, one scheduled forward per `step()`, cumulative RequestOutputs out.
+"""EngineCore: requests in, one scheduled forward per `step()`, cumulative RequestOutputs out.
 
-It owns the tokenizer, the scheduler with its KV-cache manager, the model runner and the output
-processor; it validates requests on the way in, plans each step's sampling (the n outputs of a request
+It owns the scheduler with its KV-cache manager and the output processor, and drives the executor it is given
+(a model runner, or rank 0 of a tensor-parallel group; started by engine/entrypoints/llm_engine.py, so this
+side of the step never imports the worker, the models or the kernels); it validates requests on the way in, plans each step's sampling (the n outputs of a request
 fork off its prompt once the prompt is computed: their rows share its logits), hands the runner's sampled
 tokens to the output processor (append, stop rules, RequestOutputs) and what that changed to
 `Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
@@ -17,14 +18,8 @@ import torch
 
 from engine.core.beam_search import BeamGroup, BeamSearchParams
 from engine.config.flags import EngineConfig
-from engine.executor.tp_executor import create_executor
-from engine.kv.kv_cache_interface import model_kv_layout, num_state_snapshots
 from engine.kv.kv_cache_manager import KVCacheManager
-from engine.worker.kv_cache_sizing import choose_num_blocks
-from engine.worker.loader import resolve_model_path
-from engine.config.model import ModelConfig
-from engine.platform.devices import resolve_device, resolve_dtype, resolve_kv_cache_dtype
-from engine.config.pooler import pooler_for_task, task_mismatch
+from engine.config.pooler import task_mismatch
 from engine.sample.pooling import PoolingParams, RequestPooling
 from engine.core.output_processor import OutputProcessor, StepOutcome, StepPlan
 from engine.core.outputs import BlockPoolSnapshot, EngineStats, RequestOutput
@@ -34,83 +29,35 @@ from engine.sample.sampling_params import SamplingParams
 from engine.core.request_faults import RequestFaults
 from engine.core.scheduler import ScheduledSeq, Scheduler
 from engine.core.sequence import Request, Sequence
-from engine.planning.sizing import verify_scratch_tokens
-from engine.config.speculative import parse_speculative_config
-from engine.spec_decode.loading import (check_draft, check_mtp, check_rollback, load_draft, load_mtp,
-                                        share_blocks_with_mtp)
+from engine.core.started import StartedEngine
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
 from engine.structured_output.params import StructuredOutputsParams
 from engine.structured_output.state import GrammarState
-from engine.core.tokenizer import load_tokenizer
 
 logger = logging.getLogger("pagedesk.engine")
 COMPILE_POLL_S = 0.005  # an engine with only compiling requests checks on them this often
 
 
-class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
-        config.validate()
+class EngineCore:
+    def __init__(self, config: EngineConfig, started: StartedEngine) -> None:
+        """`started`: the executor with the model loaded and the KV cache allocated on every rank, and what was
+        read on the way (engine/entrypoints/llm_engine.py starts it; tests may hand in their own)."""
         self.config = config
-        self.model_path = resolve_model_path(config.model, config.revision)
-        self.model_config = ModelConfig.from_folder(self.model_path, config.quantization) \
-            .with_max_model_len(config.max_model_len)
-        self.model_config.pooler = pooler_for_task(config.task, self.model_path, self.model_config.hf_text_config,
-                                                   config.speculative_config is not None)
-        self.tokenizer = load_tokenizer(config.tokenizer or self.model_path, config.trust_remote_code)
-        self.device = resolve_device(config.device)
-        self.dtype = resolve_dtype(config.dtype, self.model_config.torch_dtype, self.device)
-        backend = config.attention_backend
-        if backend == "auto":
-            backend = "triton" if self.device.type == "cuda" else "torch"
-        torch.manual_seed(config.seed)
-        self.spec_config = parse_speculative_config(config.speculative_config)
-        mtp_layers = check_mtp(self.spec_config, config, self.model_config, self.model_path)  # before any load
-        if self.spec_config is not None:
-            check_rollback(model_kv_layout(self.model_config, config.block_size))
-        draft = check_draft(self.spec_config, config, self.model_config, self.tokenizer)  # before anything loads
-        # A ModelRunner, or rank 0 of a tensor-parallel group that drives its worker processes.
-        self.runner = create_executor(self.model_config, self.model_path, self.device, self.dtype,
-                                      config.block_size, backend, config.tensor_parallel_size)
-        try:
-            max_len = self.model_config.max_model_len
-            self.max_num_batched_tokens = config.resolve_max_num_batched_tokens(max_len)
-            kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, self.dtype)
-            self.runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
-            if self.spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
-                self.runner.reserve_verify_tokens(verify_scratch_tokens(
-                    config.max_num_seqs, self.spec_config.num_speculative_tokens, self.max_num_batched_tokens))
-            if self.device.type == "cuda" and not config.enforce_eager:
-                piecewise_tokens = self.max_num_batched_tokens if config.cuda_graph_mode == "full_and_piecewise" else 0
-                # Their memory (decode graphs, piecewise pieces up to the token budget) is counted in the sizing.
-                verify = 1 + self.spec_config.k if self.spec_config is not None else 0  # verify steps' rows
-                self.runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
-            self.draft_runner = load_draft(draft, config, self.device, self.dtype, backend)
-            self.mtp = load_mtp(mtp_layers, self.runner, self.model_path, backend)
-            # The draft's KV shares the block ids: the budget covers both tensors.
-            num_blocks = choose_num_blocks(config, self.model_config, self.runner, kv_dtype,
-                                           self.max_num_batched_tokens, self.draft_runner)
-            if self.draft_runner is not None:
-                self.draft_runner.allocate_kv_cache(num_blocks, kv_dtype)
-            if self.mtp is not None:  # the head's KV pages share the block ids too
-                num_blocks = share_blocks_with_mtp(num_blocks, config, self.model_config, self.mtp, kv_dtype)
-                self.mtp.allocate_kv_cache(num_blocks, kv_dtype)
-            state_slots = config.max_num_seqs if self.model_config.linear_attention is not None else 0
-            snapshots = num_state_snapshots(model_kv_layout(self.model_config, config.block_size),
-                                            config.enable_prefix_caching)
-            self.runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
-            self.runner.capture_decode_graphs()
-        except BaseException:
-            self.runner.shutdown()  # no worker outlives a failed start
-            raise
-        self.kv_layout = model_kv_layout(self.model_config, config.block_size)  # the runner's cache uses the same
+        self.model_path, self.model_config, self.tokenizer = started.model_path, started.model_config, started.tokenizer
+        self.device, self.dtype = started.device, started.dtype
+        self.runner = started.runner  # a ModelRunner, or rank 0 of a tensor-parallel group driving its workers
+        self.spec_config = started.spec_config
+        self.max_num_batched_tokens = started.max_num_batched_tokens
+        self.kv_layout = started.kv_layout  # the runner's cache uses the same
+        num_blocks, snapshots = started.num_blocks, started.num_state_snapshots
         if snapshots:
             logger.info("prefix caching for %s keeps %d linear-attention state snapshots at block boundaries of "
                         "prompts; a hit restores one (docs/kv-cache-groups.md)", self.model_config.architecture,
                         snapshots)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
-                                 [group.spec for group in self.kv_layout.groups], state_slots, snapshots)
+                                 [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
@@ -129,8 +76,7 @@ class LLMEngine:
         self.spec = None
         if self.spec_config is not None:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
-                                   self.model_config.eos_token_ids, self.model_config.vocab_size, self.draft_runner,
-                                   self.mtp)
+                                   self.model_config.eos_token_ids, self.model_config.vocab_size, started.proposer)
             logger.info("speculative decoding: %s", self.spec_config.describe())
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
@@ -377,7 +323,7 @@ class LLMEngine:
         return s
 
     def block_pool_snapshot(self) -> BlockPoolSnapshot:
-        from engine.kv.block_snapshot import StateSlots, snapshot_blocks
+        from engine.core.block_snapshot import StateSlots, snapshot_blocks
         state = None
         if self.kv.state is not None:
             state = StateSlots(self.kv.state.pool.num_slots, tuple(self.kv.snapshots.values()),
@@ -386,11 +332,11 @@ class LLMEngine:
                                self.kv_layout.group_names(), state)
 
     def memory_usage(self) -> dict[str, int]:
-        """The target's weights and caches, with a speculative draft model's or MTP head's beside them."""
+        """The target's weights and caches, with a speculative proposer's (a draft model's, an MTP head's) beside."""
         weights, kv = self.runner.weights_bytes(), self.runner.kv_cache_bytes()
-        for extra in (self.draft_runner, self.mtp):
-            if extra is not None:
-                weights, kv = weights + extra.weights_bytes(), kv + extra.kv_cache_bytes()
+        if self.spec is not None:
+            proposer = self.spec.proposer
+            weights, kv = weights + proposer.weights_bytes(), kv + proposer.kv_cache_bytes()
         return {"weights_bytes": weights, "kv_cache_bytes": kv}
 
     def check_health(self) -> None:

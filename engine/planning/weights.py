@@ -1,21 +1,16 @@
-"""What a model's weights take on each card, and what speculative decoding's draft model or MTP head adds.
-
-Torch-free, like engine/planning/sizing.py, which plans with these: the layer matrices split across ranks (packed as
-the folder's quantization_config says, or at a planner's guessed bit width), embeddings and LM head
-vocab-split, norms and routers replicated, the float32 RoPE tables; a draft model's weights and KV page, and
-a Qwen3.5/3.6 or Qwen3-Next MTP head's, both on rank 0.
+"""What a model's weights take on each card: the layer matrices split across ranks (packed as the folder's
+quantization_config says, or at a planner's guessed bit width), embeddings and LM head vocab-split, norms and
+routers replicated, and the float32 RoPE tables beside them (`loaded_bytes_per_card`: what a card holds after
+loading, which the engine measures on CUDA and the planner, the router and the CPU plan estimate here).
+Torch-free: the GUI's planner imports it.
 """
 from __future__ import annotations
 
-import dataclasses
-
-from engine.kv.kv_cache_interface import model_kv_layout
 from engine.config.model import ModelConfig
 from engine.quantization.config import QuantConfig
 
+# A planner's guess of the bit width from a --quantization name alone (a folder's quantization_config wins).
 QUANT_BITS = {None: None, "awq": 4, "gptq": 4, "int4": 4, "compressed-tensors": 4, "fp8": 8}
-# The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
-# `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
 
 
 def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
@@ -77,40 +72,6 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     return matrix_bytes + embed_bytes + vector_params * dtype_bytes
 
 
-def draft_footprint(draft: ModelConfig | None, dtype_bytes: int, kv_dtype_bytes: int,
-                    block_size: int) -> tuple[int, int]:
-    """A draft model's (weights bytes, KV bytes per block): whole on rank 0's card, in the target's dtypes;
-    (0, 0) without a draft."""
-    if draft is None:
-        return 0, 0
-    weights = weights_bytes_per_card(draft, dtype_bytes) + rope_table_bytes(draft)
-    return weights, model_kv_layout(draft, block_size, kv_dtype_bytes, 1, True, dtype_bytes).bytes_per_block
-
-
-def mtp_footprint(cfg: ModelConfig, dtype_bytes: int, kv_dtype_bytes: int, block_size: int,
-                  tensor_parallel_size: int = 1) -> tuple[int, int]:
-    """A Qwen3.5/3.6 or Qwen3-Next MTP head's (weights bytes, KV bytes per block) on rank 0, the planner's estimate
-    of what engine/models/qwen3_next_mtp.py loads: per MTP layer one full-attention decoder layer (the target's
-    attention shape, layer 0's MLP or experts) and its KV page, plus `mtp.fc` (2h -> h) and three norms, all in
-    the float dtype (published checkpoints keep mtp.* unquantized). With one rank the embedding and LM head are
-    the target's; under tensor parallel the head runs whole on rank 0 with its own full copies of them
-    (2 × vocab × hidden, one copy when tied), since the target's are vocab shards."""
-    text = cfg.hf_text_config
-    layers = int(text.get("mtp_num_hidden_layers", text.get("num_nextn_predict_layers")) or 1)
-    h = cfg.hidden_size
-    full = dataclasses.replace(cfg, layer_types=["full_attention"] * cfg.num_layers, quantization=None)
-    attention = full.attention_params(1)[0] // cfg.num_layers
-    if cfg.moe is not None and 0 in cfg.moe.moe_layers:  # layer 0's MLP kind: every expert and the router
-        experts, _, router = cfg.moe.layer_params(h)
-        mlp = experts + router
-    else:
-        mlp = 3 * h * cfg.layer_intermediate_size(0)
-    per_layer = attention + mlp + 2 * h * h + 4 * h
-    page = model_kv_layout(full, block_size, kv_dtype_bytes, 1, True, dtype_bytes).groups[0].spec.page_size_bytes
-    vocab = 0 if tensor_parallel_size == 1 else (1 if cfg.tie_word_embeddings else 2) * cfg.vocab_size * h
-    return (layers * per_layer + vocab) * dtype_bytes, layers * page
-
-
 def rope_table_bytes(cfg: ModelConfig) -> int:
     """The float32 cos/sin tables (engine/layers/rotary.py): one [max_position_embeddings, rotary dims] table per
     distinct RoPE parameter set (Gemma 3: local and global), shared by every layer that uses it."""
@@ -121,3 +82,8 @@ def rope_table_bytes(cfg: ModelConfig) -> int:
         rotary = d if p.get("rope_type") == "proportional" else int(d * p.get("partial_rotary_factor", 1.0))
         distinct[repr((d, sorted(p.items())))] = rotary
     return sum(cfg.max_position_embeddings * rotary * 4 for rotary in (distinct or {"": cfg.head_dim}).values())
+
+
+def loaded_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
+    """What one card holds after loading: its share of the weights and the RoPE tables (whole on every card)."""
+    return weights_bytes_per_card(cfg, dtype_bytes, tp, quant_bits) + rope_table_bytes(cfg)

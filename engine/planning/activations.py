@@ -1,0 +1,50 @@
+"""A step's transient memory: the forward's activations over the step's tokens, the logits rows a step can have,
+and the sampler's full-vocabulary temporaries over them.
+
+On CUDA the engine measures this peak with a profiling step (engine/worker/profiling.py), the planner estimates it
+here; both take the sampler's rows from `sampler_rows`, so the two count the same step. A step has a logits row
+per sampling sequence, and under speculative decoding 1 + k per sequence verifying k drafts, never more rows
+than tokens (`max_logits_rows`). Torch-free.
+"""
+from __future__ import annotations
+
+from engine.config.model import ModelConfig
+
+# The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
+# `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
+SAMPLER_BYTES_PER_LOGIT = 36
+
+
+def max_logits_rows(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> int:
+    """The most logits rows one step can have: a row per sampling sequence, 1 + k for each verifying k drafts,
+    and no more than the step's tokens (every row is a token of the step)."""
+    return min(max_num_batched_tokens, max_num_seqs * (1 + num_speculative_tokens))
+
+
+def sampler_rows(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> int:
+    """Rows the sampler's widest step is profiled and planned at: the step's logits rows, and at least one per
+    seat, since the sampling state keeps a row of penalty buffers for every running sequence (engine/sample/
+    state.py) even when a step's token budget schedules fewer of them. Without speculation: max_num_seqs."""
+    return max(max_num_seqs, max_logits_rows(max_num_seqs, max_num_batched_tokens, num_speculative_tokens))
+
+
+def sampler_bytes(num_rows: int, vocab_size: int) -> int:
+    """Peak of sampling `num_rows` rows: float32 logits and the sampler's full-vocabulary temporaries."""
+    return num_rows * vocab_size * SAMPLER_BYTES_PER_LOGIT
+
+
+def forward_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1) -> int:
+    """The forward's transient memory over `num_tokens` tokens on one card (a captured graph's pool too): four
+    hidden-sized buffers, the QKV projection's output and three MLP intermediates per token, heads and
+    intermediates split across ranks."""
+    per_token = (4 * cfg.hidden_size + (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim // tp
+                 + 3 * cfg.intermediate_size // tp) * dtype_bytes
+    return num_tokens * per_token
+
+
+def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1,
+                              max_num_seqs: int = 256) -> int:
+    """Peak transient memory of one step over `num_tokens` tokens (the planner's stand-in for profiling): the
+    forward's activations plus sampling `sampler_rows` rows over the whole vocabulary."""
+    return forward_activation_bytes(cfg, num_tokens, dtype_bytes, tp) + \
+        sampler_bytes(sampler_rows(max_num_seqs, num_tokens), cfg.vocab_size)

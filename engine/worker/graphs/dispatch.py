@@ -1,0 +1,123 @@
+"""Graph dispatch: which path a step's forward takes (a decode or verify CUDA graph, the piecewise graphs, or
+eager), and the planning, capture and memory of those graphs.
+
+`plan` decides before the KV pool is sized which graphs this rank will have (so their memory is counted in the
+sizing): decode graphs up to max_num_seqs (engine/worker/graphs/decode.py), speculative verify graphs of 1 + k
+tokens per row, and piecewise graphs up to the token budget for every other step (engine/worker/graphs/piecewise.py).
+`capture` records them once the KV cache exists, then compiles the Triton kernel variants the eager paths will
+meet (engine/worker/warm_up.py). Per step, `forward` takes the decode (verify) graphs when they can hold the batch,
+else the piecewise pieces when a bucket holds its tokens, else the plain eager forward, the same step the same
+way on every tensor-parallel rank (their collectives must pair up).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from engine.config.model import ModelConfig
+from engine.distributed.parallel_state import get_tp_size
+from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
+from engine.worker.graphs.decode import DecodeGraphs, triton_split_key
+from engine.worker.graphs.piecewise import PiecewiseGraphs
+from engine.worker.input_prep import attention_metadata, token_tensors
+from engine.worker.step_inputs import StepInputs
+from engine.worker.warm_up import warm_up_kernels
+
+logger = logging.getLogger("pagedesk.engine")
+WARM_UP_MAX_BATCH = 256  # without graphs, warm up decode batches up to this (covers every split count)
+
+
+def every_shape(*shape):
+    """A kernel-configuration key that tells every shape apart. Under tensor parallel each rank must capture
+    and warm up the very same shapes, in the same order, or their all-reduces would not pair up; a key
+    from the card's own SM count could differ between a 3090 and a 4090."""
+    return shape
+
+
+class GraphDispatcher:
+    def __init__(self, model, config: ModelConfig, device: torch.device, dtype: torch.dtype, block_size: int,
+                 attention_backend: str, num_kv_groups: int, hybrid: bool, padding_slot_bytes: int = 0) -> None:
+        """`hybrid`: the model has linear-attention layers; `padding_slot_bytes`: their one state slot, which the
+        decode graphs' padding rows get beside the pool."""
+        self.model, self.config, self.device, self.dtype = model, config, device, dtype
+        self.block_size, self.attention_backend, self.num_kv_groups = block_size, attention_backend, num_kv_groups
+        self.hybrid, self.padding_slot_bytes = hybrid, padding_slot_bytes
+        self.graphs: DecodeGraphs | None = None
+        self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps: 1 + k tokens per row
+        self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps
+
+    def plan(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0, verify_query_len: int = 0) -> None:
+        """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
+        exists); `capture=False` runs the same padded path eagerly, which is how CPU tests exercise it. With
+        `piecewise_tokens`, the other steps of up to that many tokens replay piecewise graphs (on a card).
+        With `verify_query_len` (1 + k under speculative decoding), verify steps whose every row has that many
+        tokens replay their own graphs, up to VERIFY_GRAPH_MAX_BATCH sequences. A hybrid model's graphs update
+        its state pool in place through static slot indices (a padding slot beside the pool for padding rows);
+        on a card that needs the Triton DeltaNet kernels (the torch reference reads the batch layout on the
+        host, which a graph cannot replay)."""
+        on_card = capture and self.device.type == "cuda"
+        if self.hybrid and on_card and self.attention_backend != "triton":
+            logger.info("CUDA graphs are off for %s: its linear-attention layers run the torch reference "
+                        "kernels, which sync with the host (use the triton backend)", self.config.architecture)
+            return
+        if piecewise_tokens and on_card:
+            self.piecewise = PiecewiseGraphs(self.model, piecewise_tokens, self.device,
+                                             num_kv_groups=self.num_kv_groups)
+        split_key = triton_split_key(self.model, self.device) if self.attention_backend == "triton" else None
+        if split_key is not None and get_tp_size() > 1:
+            split_key = every_shape  # tile choices follow each card's SM count; the graphs must not differ
+        max_len = self.config.max_model_len
+        self.graphs = DecodeGraphs(self.model, max_batch, max_len, self.block_size, self.device, capture, split_key,
+                                   self.num_kv_groups, has_state=self.hybrid)
+        # Hybrid models' verify steps keep a recurrent state per draft position: not captured here (yet); their
+        # verify rows run eagerly or through the piecewise pieces (engine/spec_decode/state_rollback.py).
+        if verify_query_len > 1 and not self.hybrid:
+            self.verify_graphs = DecodeGraphs(self.model, min(max_batch, VERIFY_GRAPH_MAX_BATCH), max_len,
+                                              self.block_size, self.device, capture, split_key, self.num_kv_groups,
+                                              verify_query_len)
+
+    def capture(self) -> None:
+        """After the KV cache exists: capture the planned graphs, then compile the Triton variants the
+        serving path will meet (engine/worker/warm_up.py), so the first requests do not wait for them."""
+        if self.graphs is not None:
+            planned = self.graph_bytes()  # the estimate the KV pool was sized around
+            self.graphs.capture()
+            if self.verify_graphs is not None:
+                self.verify_graphs.capture()
+            if self.piecewise is not None:
+                self.piecewise.capture()
+            captured = self.graph_bytes()
+            if captured > planned:
+                logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
+                               "--gpu-memory-utilization if the card runs out of memory", captured / 2**20,
+                               (captured - planned) / 2**20)
+        if self.device.type == "cuda" and self.attention_backend == "triton":
+            max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
+            warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
+                            every_shape if get_tp_size() > 1 else None)
+
+    def graph_bytes(self) -> int:
+        """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
+        total, tp = 0, get_tp_size()
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None and graphs.capture_graphs:
+                total += graphs.pool_bytes if graphs.graphs else estimate_graph_bytes(
+                    self.config, graphs.max_batch, self.dtype.itemsize, tp, graphs.query_len)
+        if self.graphs is not None and self.graphs.capture_graphs:
+            total += self.padding_slot_bytes  # a hybrid model's padding slot (0 for the others)
+        if self.piecewise is not None and self.piecewise.enabled:
+            total += self.piecewise.pool_bytes if self.piecewise.captured else \
+                estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize, tp)
+        return total
+
+    def forward(self, inputs: StepInputs, tables: torch.Tensor) -> torch.Tensor:
+        """The step's hidden states through the path that takes it; `tables`: its block tables on the device.
+        A hybrid model's verify rows (read-only states) never take the decode graphs."""
+        graphs = self.graphs if inputs.max_query_len == 1 else self.verify_graphs
+        if graphs is not None and inputs.state_read_only is None and graphs.can_run(inputs):
+            return graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
+        meta = attention_metadata(inputs, tables, self.device)
+        if self.piecewise is not None and self.piecewise.can_run(inputs):
+            return self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
+        return self.model(*token_tensors(inputs, self.device), meta)

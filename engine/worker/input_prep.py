@@ -1,0 +1,139 @@
+"""Input preparation: a scheduled batch turned into flat host arrays, and those arrays into a step's device tensors.
+
+`InputPreparer.prepare` (rank 0) lays the batch out as plain numpy over its tokens (input_ids, positions,
+slot_mapping, seq_lens, query_start_loc, logits rows, prompt-logprobs rows, pooled spans, a hybrid model's state
+slots and verify rows) and brings the persistent input batch's block tables up to date (engine/worker/input_batch.py),
+keeping the diff, so the same small `StepInputs` can go to tensor-parallel workers (engine/worker/step_inputs.py).
+On every rank `step_tables` applies that diff to its own mirror and gathers the step's tables on the device, and
+`attention_metadata` / `token_tensors` / `logits_index` copy the rest host -> device (asynchronously on a card),
+all before the forward. It runs no model and decides nothing about graphs.
+"""
+from __future__ import annotations
+
+from itertools import chain
+
+import numpy as np
+import torch
+
+from engine.core.scheduler import ScheduledSeq
+from engine.kv.kv_cache_interface import KVCacheLayout, cdiv
+from engine.layers.attention import AttentionMetadata
+from engine.platform.host_copies import to_device
+from engine.sample.pooling import pooling_spans
+from engine.sample.prompt_logprobs import prompt_positions
+from engine.spec_decode.state_rollback import VerifyStates
+from engine.worker.input_batch import InputBatch
+from engine.worker.step_inputs import StepInputs, logits_rows, query_tokens
+
+
+class InputPreparer:
+    def __init__(self, layout: KVCacheLayout, block_size: int, max_model_len: int, device: torch.device,
+                 pooling: bool = False) -> None:
+        """`pooling`: an embedding engine (its requests' token spans are pooled, engine/sample/pooling.py)."""
+        self.layout, self.block_size, self.device, self.pooling = layout, block_size, device, pooling
+        # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
+        self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
+        self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
+
+    def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
+                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
+        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
+
+        The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
+        over the batch, the slots read from the input batch's host tables."""
+        bs = self.block_size
+        num_new = np.fromiter((item.num_new_tokens for item in batch), np.int64, len(batch))
+        computed = np.fromiter((item.seq.num_computed_tokens for item in batch), np.int64, len(batch))
+        samples = np.fromiter((item.samples for item in batch), bool, len(batch))
+        rows, diff = self.input_batch.update(batch)
+        width = int(self.input_batch.num_blocks[:, rows].max())
+        query_start = np.zeros(len(batch) + 1, dtype=np.int64)
+        np.cumsum(num_new, out=query_start[1:])
+        num_tokens = int(query_start[-1])
+        owner = np.repeat(np.arange(len(batch)), num_new)  # which sequence each token row belongs to
+        positions = np.arange(num_tokens) - np.repeat(query_start[:-1] - computed, num_new)
+        block_index, offset = positions // bs, positions % bs
+        host, token_rows = self.input_batch.host_np, rows[owner]
+        slots = host[0, token_rows, block_index].astype(np.int64) * bs + offset
+        group_slots = None
+        if len(self.layout.groups) > 1:  # every group's table has the same length: same shapes
+            group_slots = host[1:, token_rows, block_index].astype(np.int64) * bs + offset
+        input_ids = np.fromiter(chain.from_iterable(map(query_tokens, batch)), np.int64, num_tokens)
+        seq_lens = (computed + num_new).astype(np.int32)
+        prompt_rows, prompt_targets, prompt_k = prompt_logits_rows(batch, computed, query_start)
+        pool_owners, pool_spans = pooling_spans(batch, computed, query_start) if self.pooling else ([], [])
+        state_indices = has_initial_state = replay = read_only = verify_rows = None
+        if self.layout.state is not None:
+            state_indices = np.fromiter((item.seq.state_slot for item in batch), np.int32, len(batch))
+            has_initial_state = computed > 0
+            self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
+            replay = self.verify_states.take_replay()  # the last verify step's, now that acceptance is known
+            read_only, verify_rows = self.verify_states.plan(batch, query_start)
+        return StepInputs(
+            input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
+            query_start_loc=query_start.astype(np.int32), logits_rows=logits_rows(batch, query_start, samples),
+            max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
+            prompt_logits_rows=prompt_rows, prompt_targets=prompt_targets, prompt_logprobs_k=prompt_k,
+            group_slot_mappings=group_slots, rows=rows, table_width=width, table_diff=diff,
+            state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies),
+            state_replay=replay, state_read_only=read_only, verify_token_rows=verify_rows,
+            pool_owners=pool_owners, pool_spans=pool_spans)
+
+    def step_tables(self, inputs: StepInputs) -> torch.Tensor:
+        """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
+        diff applied (a worker; rank 0 applied it in `prepare`), the changed cells copied asynchronously and
+        the step's rows gathered on the device."""
+        if inputs.block_tables is not None:
+            tables = inputs.block_tables[None]
+            if inputs.group_block_tables is not None:
+                tables = np.concatenate([tables, inputs.group_block_tables])
+            return to_device(torch.from_numpy(np.ascontiguousarray(tables)), self.device)
+        self.input_batch.apply(inputs.table_diff)
+        self.input_batch.commit()
+        rows = to_device(torch.from_numpy(inputs.rows), self.device)
+        return self.input_batch.gather(rows, inputs.table_width)
+
+
+def prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,
+                       query_start: np.ndarray) -> tuple[list[int], list[int], int]:
+    """Token rows whose logits score the next prompt token (requests with prompt_logprobs), their targets,
+    and the widest top-k asked."""
+    rows, targets, k = [], [], 0
+    for i, item in enumerate(batch):
+        scored = prompt_positions(item.seq, int(computed[i]), item.num_new_tokens)
+        if scored:
+            first_row = int(query_start[i]) - int(computed[i])
+            rows += [first_row + p for p in scored]
+            targets += item.seq.token_ids[scored.start + 1:scored.stop + 1]
+            k = max(k, item.seq.request.params.prompt_logprobs)
+    return rows, targets, k
+
+
+def attention_metadata(inputs: StepInputs, tables: torch.Tensor, dev: torch.device) -> AttentionMetadata:
+    """The step's attention metadata on the device (the eager and piecewise paths; the decode graphs copy
+    the same arrays into their static buffers instead)."""
+    meta = AttentionMetadata(
+        slot_mapping=to_device(torch.from_numpy(inputs.slot_mapping), dev), block_tables=tables[0],
+        seq_lens=to_device(torch.from_numpy(inputs.seq_lens), dev),
+        query_start_loc=to_device(torch.from_numpy(inputs.query_start_loc), dev),
+        max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
+    if inputs.group_slot_mappings is not None:
+        meta.group_block_tables = tables[1:]
+        meta.group_slot_mappings = to_device(torch.from_numpy(inputs.group_slot_mappings), dev)
+    if inputs.state_indices is not None:
+        meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
+        meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
+    if inputs.state_read_only is not None:
+        meta.state_read_only = to_device(torch.from_numpy(inputs.state_read_only), dev)
+        meta.verify_token_rows = to_device(torch.from_numpy(inputs.verify_token_rows), dev)
+    return meta
+
+
+def token_tensors(inputs: StepInputs, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's input ids and positions on the device."""
+    return to_device(torch.from_numpy(inputs.input_ids), dev), to_device(torch.from_numpy(inputs.positions), dev)
+
+
+def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | None:
+    """The token rows whose logits the step needs, on the device; None when no sequence samples."""
+    return to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) if inputs.logits_rows else None
