@@ -127,3 +127,34 @@ def test_tensor_parallel_ranks_sleep_and_wake_together(tiny_model_dir):
         assert greedy(llm) == expected
     finally:
         llm.engine.shutdown()
+
+
+def test_the_server_sleeps_and_wakes_and_holds_requests_meanwhile(tiny_model_dir):
+    import threading
+
+    import httpx
+
+    from server_harness import MODEL_NAME, start_server
+    srv = start_server(tiny_model_dir("llama"), num_gpu_blocks_override=32, max_num_seqs=2)
+    try:
+        body = dict(model=MODEL_NAME, prompt=PROMPTS[0], max_tokens=8, temperature=0, ignore_eos=True)
+        awake = httpx.post(srv.base_url + "/completions", json=body).json()["choices"][0]["text"]
+        slept = httpx.post(srv.url + "/sleep", params={"level": 2}).json()
+        assert slept["is_sleeping"] and slept["level"] == 2 and slept["freed_bytes"]["kv_cache_bytes"] > 0
+        assert httpx.get(srv.url + "/is_sleeping").json() == {"is_sleeping": True}
+        assert httpx.post(srv.url + "/sleep", params={"level": 3}).status_code in (400, 422)
+        answer = {}
+        waiting = threading.Thread(target=lambda: answer.update(
+            httpx.post(srv.base_url + "/completions", json=body, timeout=120).json()))
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive() and not answer  # held while asleep, not refused
+        state = httpx.get(srv.base_url + "/engine/state").json()
+        assert state["sleep_level"] == 2 and state["num_waiting"] == 1 and state["memory"]["kv_cache_bytes"] == 0
+        assert httpx.post(srv.url + "/wake_up").json() == {"is_sleeping": False}
+        waiting.join(60)
+        assert answer["choices"][0]["text"] == awake
+        assert httpx.get(srv.url + "/is_sleeping").json() == {"is_sleeping": False}
+        assert f'pagedesk:engine_sleep_level{{model_name="{MODEL_NAME}"}} 0.0' in httpx.get(srv.url + "/metrics").text
+    finally:
+        srv.stop()

@@ -16,7 +16,8 @@ from fastapi import FastAPI
 
 from engine.entrypoints.async_engine import AsyncEngine
 from engine.entrypoints.openai import (routes_chat, routes_compact, routes_completions, routes_embeddings,
-                                      routes_messages, routes_models, routes_responses, routes_state, routes_tokenize)
+                                      routes_messages, routes_models, routes_responses, routes_sleep, routes_state,
+                                      routes_tokenize)
 from engine.entrypoints.openai.auth import ApiKeyMiddleware
 from engine.entrypoints.openai.context import ServerContext
 from engine.entrypoints.openai.cors import CORSMiddleware, allowed_origin_list
@@ -54,6 +55,6 @@ def create_app(async_engine: AsyncEngine, served_name: str, api_key: str | None 
     app.include_router(routes_models.open_router, responses={503: {"model": ErrorResponse}})
     guarded = dict(responses=ERROR_RESPONSES)  # the key itself is checked by ApiKeyMiddleware
     for module in (routes_models, routes_completions, routes_chat, routes_compact, routes_responses,
-                   routes_messages, routes_embeddings, routes_tokenize, routes_state):
+                   routes_messages, routes_embeddings, routes_tokenize, routes_state, routes_sleep):
         app.include_router(module.router, **guarded)
     return app

@@ -33,7 +33,9 @@ class _EngineCollector(Collector):
         s = self.async_engine.stats
         gauges = (("num_requests_running", "Requests in the running batch", s.num_running),
                   ("num_requests_waiting", "Requests waiting to be scheduled", s.num_waiting),
-                  ("kv_cache_usage_perc", "KV-cache usage, 0..1 (1 = all blocks in use)", s.kv_cache_usage))
+                  ("kv_cache_usage_perc", "KV-cache usage, 0..1 (1 = all blocks in use)", s.kv_cache_usage),
+                  ("engine_sleep_level", "Sleep mode: 0 awake, 1 weights in host RAM, 2 weights dropped",
+                   s.sleep_level))
         counters = (("prefix_cache_queries", "Prompt tokens looked up in the prefix cache", s.prefix_cache_queries),
                     ("prefix_cache_hits", "Prompt tokens found in the prefix cache", s.prefix_cache_hits),
                     ("num_preemptions", "Sequences preempted (freed, to recompute later)", s.num_preemptions),
