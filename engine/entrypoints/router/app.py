@@ -4,8 +4,9 @@ Auth (API key), the Host check and the body limits (size and JSON shape) are the
 middlewares (engine/entrypoints/openai/auth.py, hosts.py, limits.py), and errors have OpenAI's shape (errors.py). Routes:
 GET /health (the router is up), GET /metrics (every engine's, merged with an `engine` label),
 GET /v1/models (every servable model: loaded or not, failed with its error, its context and quantization, its
-engines), POST /v1/models/{name}/load (a retry for a failed model too) and /unload (once the requests in flight
-are done, bounded; guarded by the key like every /v1 route), and every other route
+engines), POST /v1/models/{name}/load (a retry for a failed model too), /unload (once the requests in flight
+are done, bounded; guarded by the key like every /v1 route), /sleep?level=1|2 and /wake_up (sleep mode, the
+state `sleeping`; a request for a sleeping model wakes it), and every other route
 relayed to an engine of the model the request names: POSTs by the body's `model` (JIT-loading it), GETs
 (the engine-state routes) by `?model=NAME&engine=i`, to a model already loaded. /v1/embeddings goes by its
 body's model like any POST. Responses live in the engine that made them: GET and DELETE /v1/responses/{id} and a
@@ -20,7 +21,7 @@ import time
 from contextlib import asynccontextmanager
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -96,6 +97,18 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
     async def unload_model(name: str) -> dict:
         entry = manager.entry(name)
         await manager.unload(entry)
+        return model_card(entry, created)
+
+    @app.post("/v1/models/{name:path}/sleep")
+    async def sleep_model(name: str, level: int = Query(1, ge=1, le=2)) -> dict:
+        entry = manager.entry(name)
+        await manager.sleep(entry, level)
+        return model_card(entry, created)
+
+    @app.post("/v1/models/{name:path}/wake_up")
+    async def wake_model(name: str) -> dict:
+        entry = manager.entry(name)
+        await manager.wake(entry)
         return model_card(entry, created)
 
     @app.api_route("/v1/responses/{response_id}", methods=["GET", "DELETE"])
@@ -196,7 +209,7 @@ def entry_state(entry: ModelEntry) -> str:
     if entry.loading:
         return "loading"
     if entry.loaded:
-        return "loaded"
+        return "sleeping" if entry.asleep else "loaded"
     if entry.failure is not None:
         return "failed"
     if any(r.state in ("dead", "failed") for r in entry.replicas):
@@ -209,13 +222,15 @@ def model_card(entry: ModelEntry, created: int) -> dict:
     card: dict[str, Any] = {"id": spec.name, "object": "model", "created": created, "owned_by": "pagedesk",
                             "root": spec.path, "loaded": entry.loaded, "state": entry_state(entry),
                             "data_parallel_size": spec.data_parallel_size, "model_ttl": spec.model_ttl,
+                            "model_ttl_action": spec.model_ttl_action,
                             "error": entry.failure.message if entry.failure is not None else None}
     card.update(model_facts(entry))
     card["engines"] = [{"index": r.index, "state": r.state, "pid": r.pid if r.alive() else None,
                         "devices": "cpu" if r.placement.cards == (HOST,) else list(r.placement.cards),
                         "cpu_cores": list(r.placement.cpu_cores) if r.placement.cpu_cores else None,
                         "memory_bytes": r.placement.need.total_bytes, "kv_cache_bytes": r.placement.need.kv_bytes,
-                        "outstanding_tokens": r.load.outstanding_tokens, "error": r.error}
+                        "outstanding_tokens": r.load.outstanding_tokens, "sleep_level": r.sleep_level,
+                        "error": r.error}
                        for r in entry.replicas]
     return card
 

@@ -7,7 +7,8 @@ card do not shrink it. Start-up is ready when the engine prints its "PagedDesk s
 before that is a load failure carrying the engine's last log lines. Exit codes follow
 engine/entrypoints/serving_process.py: a configuration error (2) or out of memory at load (3) is not retried;
 anything else may be, after a backoff that doubles. Each engine runs in its own session, so stopping it
-(SIGTERM to its group, then SIGKILL after a grace period) takes its tensor-parallel workers along.
+(SIGTERM to its group, then SIGKILL after a grace period) takes its tensor-parallel workers along. `set_sleep`
+puts a running engine to sleep or wakes it through the engine's own sleep-mode routes (routes_sleep.py).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import time
 from collections import deque
 from pathlib import Path
 
+import httpx
+
 from engine.config.flags import flags_to_argv
 from engine.entrypoints.router.balancer import ReplicaLoad
 from engine.entrypoints.router.placement import HOST, ReplicaPlacement
@@ -33,6 +36,7 @@ log = logging.getLogger("pagedesk.router")
 ROOT = Path(__file__).resolve().parents[3]
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 10.0
+SLEEP_TIMEOUT_S = 900.0  # waking from level 2 reloads the weights: as long as a load may take
 ENGINE_MODULE = "engine.entrypoints.router_engine"  # pagedesk-serve with its key from the environment
 
 
@@ -55,6 +59,7 @@ class EngineProcess:
         self.port = 0
         self.proc: asyncio.subprocess.Process | None = None
         self.state = "stopped"  # stopped | loading | ready | dead | failed
+        self.sleep_level = 0  # its engine sleeps at this level (1 weights in host RAM, 2 dropped); 0 awake
         self.error: str | None = None
         self.log: deque[str] = deque(maxlen=200)
         self.load = ReplicaLoad()
@@ -129,8 +134,18 @@ class EngineProcess:
         self.failures += 1
         self.restart_after = time.monotonic() + BACKOFF_S[min(self.failures, len(BACKOFF_S)) - 1]
 
+    async def set_sleep(self, level: int) -> None:
+        """Put the engine to sleep at `level` (1 or 2), or wake it (0); raises httpx.HTTPError when it does not
+        answer 200."""
+        path, params = ("/wake_up", None) if level == 0 else ("/sleep", {"level": level})
+        async with httpx.AsyncClient(timeout=httpx.Timeout(SLEEP_TIMEOUT_S, connect=10.0)) as client:
+            answer = await client.post(self.url + path, params=params,
+                                       headers={"Authorization": f"Bearer {self.api_key}"})
+            answer.raise_for_status()
+        self.sleep_level = level
+
     async def _start_once(self, timeout_s: float) -> None:
-        self.state, self._ready = "loading", asyncio.Event()
+        self.state, self._ready, self.sleep_level = "loading", asyncio.Event(), 0
         self.log.clear()
         self.proc = await asyncio.create_subprocess_exec(
             *self.argv(), stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
@@ -222,7 +237,7 @@ class EngineProcess:
         _signal_group(proc.pid, signal.SIGKILL)  # a worker left in the group after its engine exited
         if self._reader is not None:
             await asyncio.wait({self._reader}, timeout=2)
-        self.state = "stopped"
+        self.state, self.sleep_level = "stopped", 0
         self.load.outstanding_tokens = 0
 
 

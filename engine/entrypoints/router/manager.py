@@ -9,7 +9,9 @@ failed (load_failures.py) and answered at once until its folder changes or a bac
 still running then ends with "model NAME was unloaded". A replica found dead is restarted on the next request
 for its model, after its backoff; while a sibling replica serves, requests go there. One replica that stops
 answering its liveness probe (liveness.py) is killed, its requests failed in-band, and restarted. The reaper
-task unloads models idle past their TTL and notices engines that died between requests. On the host, what an
+task unloads models idle past their TTL (or, with `--model-ttl-action sleep`, puts their engines to sleep at level
+1: weights in host RAM, the GPU freed, the process kept; the next request wakes them, faster than a reload) and
+notices engines that died between requests. On the host, what an
 engine process holds before any tensor is measured from the engines that run and counted for the next ones.
 """
 from __future__ import annotations
@@ -42,12 +44,17 @@ class ModelEntry:
     last_used: float = field(default_factory=time.monotonic)
     loading: bool = False
     unloading: bool = False  # draining: new requests wait for the unload, then load it again
+    falling_asleep: bool = False  # draining for a sleep: new requests wait for it, then wake the engines
     failure: LoadFailure | None = None  # the last load failed; kept until the folder changes or it expires
     facts: dict | None = None  # max_model_len, quantization (app.model_facts)
 
     @property
     def loaded(self) -> bool:
         return bool(self.replicas) and any(r.state == "ready" for r in self.replicas)
+
+    @property
+    def asleep(self) -> bool:
+        return any(r.sleep_level for r in self.replicas)
 
     @property
     def inflight(self) -> int:
@@ -163,6 +170,53 @@ class ModelManager:
         async with entry.lock:
             await self._drain_and_stop(entry, why)
 
+    async def sleep(self, entry: ModelEntry, level: int = 1, why: str = "POST /v1/models/NAME/sleep") -> None:
+        """Put the model's engines to sleep once the requests in flight are done (at most DRAIN_TIMEOUT_S; any
+        still running then pause until the wake). A model that is not loaded, or sleeps already, stays as it is."""
+        async with entry.lock:
+            ready = [r for r in entry.replicas if r.state == "ready" and not r.sleep_level]
+            if not ready:
+                return
+            entry.falling_asleep = True
+            try:
+                try:
+                    await asyncio.wait_for(asyncio.gather(*(r.relays.requests_done() for r in ready)),
+                                           DRAIN_TIMEOUT_S)
+                except TimeoutError:
+                    pass
+                log.info("putting %s to sleep at level %d (%s)", entry.spec.name, level, why)
+                await self._set_sleep(entry, ready, level)
+            finally:
+                entry.falling_asleep = False
+
+    async def wake(self, entry: ModelEntry) -> None:
+        """Wake the model's sleeping engines (the first request after a sleep waits for it, and one that comes
+        while the engines fall asleep waits for that first)."""
+        if not (entry.asleep or entry.falling_asleep):
+            return
+        async with entry.lock:
+            asleep = [r for r in entry.replicas if r.sleep_level]
+            if asleep:
+                log.info("waking %s", entry.spec.name)
+                await self._set_sleep(entry, asleep, 0)
+                entry.last_used = time.monotonic()
+
+    async def _set_sleep(self, entry: ModelEntry, replicas: list[EngineProcess], level: int) -> None:
+        """Sleep (level 1|2) or wake (0) the replicas. One that cannot sleep goes on serving awake; one that cannot
+        wake is of no use: its group is killed and it restarts like a dead engine (the caller's request waits)."""
+        results = await asyncio.gather(*(r.set_sleep(level) for r in replicas), return_exceptions=True)
+        for r, result in zip(replicas, results):
+            if not isinstance(result, BaseException):
+                continue
+            if level:
+                log.warning("%s#%d did not go to sleep: %s", entry.spec.name, r.index, result)
+                continue
+            message = f"{entry.spec.name}: engine #{r.index} (pid {r.pid}) did not wake up ({result}); restarting it"
+            log.warning(message)
+            r.relays.cut(message, "engine_dead")
+            r.signal(signal.SIGKILL)
+            r.note_hung(message)
+
     async def _drain_and_stop(self, entry: ModelEntry, why: str) -> None:
         """Wait (at most DRAIN_TIMEOUT_S) for the requests in flight, cut the rest with the reason, stop the
         engines. Called with entry.lock held, so no new request starts meanwhile."""
@@ -199,6 +253,7 @@ class ModelManager:
         """A ready replica for this request (loading or restarting as needed), with the tokens it is charged;
         `replica_index` pins it to that replica while it is ready (a chained response lives there)."""
         await self.load(entry)
+        await self.wake(entry)
         self.check_exits()  # a replica that exited since the last reap is dead now, so it is restarted below
         ready = [r for r in entry.replicas if r.state == "ready" and r.alive()]
         dead = [r for r in entry.replicas if r.state == "dead"]
@@ -265,12 +320,15 @@ class ModelManager:
             now = time.monotonic()
             for entry in self.entries.values():
                 ttl = entry.spec.model_ttl
-                if ttl is None or not entry.replicas or entry.loading or entry.inflight:
+                if ttl is None or not entry.replicas or entry.loading or entry.inflight or entry.asleep:
                     continue
                 if now - entry.last_used >= ttl and not entry.lock.locked():
-                    log.info("unloading %s: idle for %.0f s (model TTL %.0f s)", entry.spec.name,
-                             now - entry.last_used, ttl)
-                    await self.unload(entry, f"idle for {now - entry.last_used:.0f} s")
+                    idle = f"idle for {now - entry.last_used:.0f} s (model TTL {ttl:.0f} s)"
+                    if entry.spec.model_ttl_action == "sleep":
+                        await self.sleep(entry, 1, idle)
+                        continue
+                    log.info("unloading %s: %s", entry.spec.name, idle)
+                    await self.unload(entry, idle)
 
     def signal_all(self, sig: int) -> None:
         """Signal every engine's process group now (from a signal handler, or the last sweep at exit)."""

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.config.flags import FLAGS, FLAGS_BY_NAME, ROUTER_FLAGS, ROUTER_FLAGS_BY_NAME, EngineConfig
+from engine.config.flags import (FLAGS, FLAGS_BY_NAME, MODEL_TTL_ACTIONS, ROUTER_FLAGS, ROUTER_FLAGS_BY_NAME,
+                                 EngineConfig)
 from engine.config.model_discovery import default_model_name, servable_models
 
 # Flags the router sets on each engine itself, or keeps for the endpoint.
 ROUTER_OWNED = ("model", "served_model_name", "host", "port", "api_key", "allowed_hosts", "data_parallel_size")
 ENGINE_FLAG_NAMES = tuple(f.name for f in FLAGS if f.name not in ROUTER_OWNED)
-PER_MODEL_ROUTER_FLAGS = ("model_ttl",)
+PER_MODEL_ROUTER_FLAGS = ("model_ttl", "model_ttl_action")
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ModelSpec:
     data_parallel_size: int = 1
     model_ttl: float | None = None  # seconds idle before unload; None: never
     discovered: bool = False  # found under --models-dir (or the HF cache), not named by the user
+    model_ttl_action: str = "unload"  # what the TTL does: unload the engines, or sleep them (level 1)
 
     def engine_config(self) -> EngineConfig:
         """The engine's configuration as one replica would parse it (validated), for planning."""
@@ -124,6 +126,10 @@ def build_specs(model_args: list[str], args: dict[str, Any]) -> RouterConfig:
         flags = {**shared, **{k: v for k, v in table.items() if k in ENGINE_FLAG_NAMES}}
         spec = ModelSpec(name, path, flags, int(table.get("data_parallel_size", merged.get("data_parallel_size") or 1)),
                          table.get("model_ttl", merged.get("model_ttl")), name in discovered)
+        spec.model_ttl_action = table.get("model_ttl_action", merged.get("model_ttl_action")) or "unload"
+        if spec.model_ttl_action not in MODEL_TTL_ACTIONS:
+            raise ValueError(f"{name}: --model-ttl-action must be one of {', '.join(MODEL_TTL_ACTIONS)}, "
+                             f"got {spec.model_ttl_action!r}")
         if spec.data_parallel_size < 1:
             raise ValueError(f"{name}: --data-parallel-size must be >= 1, got {spec.data_parallel_size}")
         specs[name] = spec
