@@ -30,26 +30,29 @@ def _prompt(rng: random.Random, n: int, vocab: int) -> list[int]:
     return [rng.randrange(4, vocab) for _ in range(n)]
 
 
-def tier_section(context: int, question: int) -> None:
+def tier_section(context: int, question: int, model: str | None, device: str, kv_cache_dtype: str) -> None:
+    """`model`: a checkpoint folder to serve instead of the bench Llama (the GPU figure)."""
     from engine import LLM, SamplingParams
     from engine.bench.random_model import BENCH_LLAMA, make_random_llama
+    from engine.config.model import ModelConfig
     from engine.planning.units import GIB
     rng = random.Random(0)
-    vocab, block = BENCH_LLAMA["vocab_size"], 16
+    vocab = ModelConfig.from_folder(model).vocab_size if model else BENCH_LLAMA["vocab_size"]
+    block = 16
     ctx, other = _prompt(rng, context, vocab), _prompt(rng, context, vocab)
     turn1 = ctx + _prompt(rng, question, vocab)
     blocks = -(-(context + 3 * question) // block) + 2  # one context and its turns: the other one evicts it
     first = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
-    print(f"\nbench Llama, shared context {context:,} tokens, device pool {blocks} blocks of {block} "
+    print(f"\n{model or 'bench Llama'} on {device}, shared context {context:,} tokens, device pool {blocks} blocks of {block} "
           f"({blocks * block:,} tokens)\n")
     print("| tier | second-turn TTFT (s) | prompt tokens | recomputed | restored from the tier |")
     print("|---|---:|---:|---:|---:|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        path = make_random_llama(Path(tmp) / "llama", max_position_embeddings=max(2048, context + 4 * question))
+        path = model or make_random_llama(Path(tmp) / "llama", max_position_embeddings=max(2048, context + 4 * question))
         ttft = {}
         for tier in (False, True):
-            args = dict(device="cpu", num_gpu_blocks_override=blocks, max_num_seqs=1, block_size=block,
-                        max_model_len=context + 4 * question)
+            args = dict(device=device, num_gpu_blocks_override=blocks, max_num_seqs=1, block_size=block,
+                        max_model_len=context + 4 * question, kv_cache_dtype=kv_cache_dtype)
             if tier:  # two contexts' blocks
                 args["kv_offloading_size"] = 2 * blocks * block_bytes / GIB
             llm = LLM(str(path), **args)
@@ -142,6 +145,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="what to run (repeatable; default: all)")
     parser.add_argument("--context", type=int, default=4096, help="tier: the shared context's tokens")
     parser.add_argument("--question", type=int, default=32, help="tier: tokens a turn adds")
+    parser.add_argument("--model", help="tier: a model folder to serve instead of the bench Llama")
+    parser.add_argument("--device", default="cpu", help="tier: cpu or cuda")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="tier: the KV cache's dtype")
     parser.add_argument("--sessions", type=int, default=2, help="gate: sessions")
     parser.add_argument("--turns", type=int, default=4, help="gate: turns per session")
     parser.add_argument("--gate-context", type=int, default=256, help="gate: a session's context tokens")
@@ -156,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
         for tier_contexts in args.tier_contexts or [1.5, 8.0]:
             gate_section(args.sessions, args.turns, args.gate_context, args.one_offs, tier_contexts)
     if "tier" in sections:
-        tier_section(args.context, args.question)
+        tier_section(args.context, args.question, args.model, args.device, args.kv_cache_dtype)
 
 
 if __name__ == "__main__":
