@@ -10,7 +10,8 @@ With speculative decoding by a draft model (the form's `speculative_config`), th
 (its folder, or its snapshot in the Hugging Face cache) adds its weights and its KV page per block, as the
 engine counts them. `fits_words` says what a plan means for a user: the longest context one request can
 have and how many such requests run at once (the pool's token total is a cap, not an answer: on CPU it is
-max_num_seqs × the context for every model).
+max_num_seqs × the context for every model). With a CPU-RAM tier (--kv-offloading-size) the line adds the
+blocks and tokens it keeps and the host RAM it takes (`engine.planning.offload`, what the engine allocates).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.config.model import ModelConfig
 from engine.config.speculative import parse_speculative_config
 from engine.planning.capacity import CapacityPlan
+from engine.planning.offload import plan_host_tier
 from engine.planning.planner import plan_capacity, plan_cpu
 from engine.planning.units import GIB, format_bytes, resolve_dtype
 
@@ -106,11 +108,20 @@ def capacity_line(hf_config: dict | None, values: dict[str, Any], gpu_memory_byt
         where, plan = plan_for(hf_config, values, gpu_memory_bytes, gpu_used_bytes)
     except (ValueError, KeyError, TypeError) as e:
         return cannot_plan(e)
-    return describe(where, plan)
+    return describe(where, plan, values.get("kv_offloading_size"))
 
 
-def describe(where: str, plan: CapacityPlan) -> str:
-    return f"{where} — {plan.summary() if plan.fits else plan.explain_misfit()}"
+def describe(where: str, plan: CapacityPlan, tier_gib: float | None = None) -> str:
+    return f"{where} — {plan.summary() if plan.fits else plan.explain_misfit()}{tier_words(plan, tier_gib)}"
+
+
+def tier_words(plan: CapacityPlan, tier_gib: float | None) -> str:
+    """" · CPU-RAM tier 64.0 GiB: 262,144 blocks (4,194,304 tokens) of host RAM", or "" without a tier."""
+    if not tier_gib:
+        return ""
+    if plan.layout is None:
+        return f" · CPU-RAM tier {tier_gib:g} GiB of host RAM"
+    return f" · {plan_host_tier(plan.layout, tier_gib, plan.tensor_parallel_size).summary(plan.block_size)} of host RAM"
 
 
 def fits_words(plan: sizing.CapacityPlan, max_num_seqs: int) -> str:

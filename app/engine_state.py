@@ -3,7 +3,8 @@
 `blocks` is base64(zlib(state | ref_count | owner)): n bytes of state, n bytes of ref count, then n
 little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block. `parse_state` turns one SSE payload
 into an `EngineState` whose `blocks` is the widget-ready `BlockSnapshot`; hybrid models' `state_slots` and
-MoE models' `expert_load` become their widgets' pictures, and `spec_decode` stays the engine's counters. Pure functions, no Qt, no I/O.
+MoE models' `expert_load` and the CPU-RAM tier's `kv_offload` become their widgets' pictures, `spec_decode` stays
+the engine's counters, and `sleep_level` says whether the engine sleeps. Pure functions, no Qt, no I/O.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import numpy as np
 
 from widgets.block_map import BlockSnapshot
 from widgets.expert_heatmap import ExpertLoad
+from widgets.host_tier import TierPicture
 from widgets.state_slots import StateSlotsPicture
 
 
@@ -42,6 +44,8 @@ class EngineState:
     spec_decode: dict | None = None  # cumulative speculative-decoding counters, when speculating
     state_slots: StateSlotsPicture | None = None  # hybrid models' state pool
     expert_load: ExpertLoad | None = None  # MoE models: routed tokens per layer and expert this interval
+    kv_offload: TierPicture | None = None  # the prefix cache's CPU-RAM tier, when the engine has one
+    sleep_level: int = 0  # sleep mode: 0 awake, 1 weights in host RAM, 2 weights dropped
 
 
 def parse_state_slots(data: dict | None, owners: list[str]) -> StateSlotsPicture | None:
@@ -112,4 +116,6 @@ def parse_state(data: dict) -> EngineState:
         generation_tokens_total=int(data.get("generation_tokens_total", 0)),
         weights_bytes=memory.get("weights_bytes"), kv_cache_bytes=memory.get("kv_cache_bytes"), kv_groups=kv_groups,
         spec_decode=data.get("spec_decode") or None, state_slots=parse_state_slots(data.get("state_slots"), owners),
-        expert_load=parse_expert_load(data.get("expert_load")))
+        expert_load=parse_expert_load(data.get("expert_load")),
+        kv_offload=TierPicture.from_dict(data["kv_offload"]) if data.get("kv_offload") else None,
+        sleep_level=int(data.get("sleep_level", 0)))

@@ -7,15 +7,17 @@ widgets). Load and unload are `POST /v1/models/NAME/load|unload` with the endpoi
 long as the engine takes to start, so it runs on its own thread and the row says "loading" meanwhile.
 `models_listed` tells the Chat tab's picker which models there are and which are loaded. A model that
 failed says so with its engine's error in the row, and "Remove from served set" (`remove_requested`) drops it from
-the models served alongside. Load is offered for a model that is not loaded, Unload for one that is; each load and
-unload asked here is written to the logs (`log_line`). Under the list, the selected model's own log
+the models served alongside. Load is offered for a model that is not loaded, Unload for one that is; Sleep for a
+loaded one and Wake for a sleeping one (sleep mode: the router's `POST /v1/models/NAME/sleep|wake_up`, or a one-engine
+server's own `/sleep` and `/wake_up`, whose `/is_sleeping` the list reads); each action asked here is written to the
+logs (`log_line`). Under the list, the selected model's own log
 (app/model_logs.py sorts the router's output per model; it follows new lines, and a new run starts it empty) and,
 when the main window adds it, the served-set settings (app/served_set_panel.py).
 """
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import quote
 
 import httpx
@@ -30,12 +32,15 @@ from widgets.gpu_panel import format_bytes
 COLUMNS = ("Model", "State", "Where", "Memory", "Context", "Quantization", "Error")
 POLL_MS = 3000
 LOAD_TIMEOUT_S = 900.0
+DOING = {"load": "Loading", "unload": "Unloading", "sleep": "Putting to sleep", "wake_up": "Waking"}
+DONE = {"load": "loaded", "unload": "unloaded", "sleep": "asleep", "wake_up": "awake"}
+PENDING = {"load": "loading…", "unload": "unloading…", "sleep": "falling asleep…", "wake_up": "waking…"}
 
 
 @dataclass(frozen=True)
 class ModelRow:
     name: str
-    state: str  # loaded | loading | unloaded | dead | failed
+    state: str  # loaded | sleeping | loading | unloaded | dead | failed
     where: str  # "cuda:0 + cuda:1", "CPU", "" when not loaded
     memory_bytes: int
     context: int | None
@@ -46,7 +51,11 @@ class ModelRow:
 
     @property
     def loaded(self) -> bool:
-        return self.state == "loaded"
+        return self.state in ("loaded", "sleeping")  # a sleeping model's engine runs; a request wakes it
+
+    @property
+    def sleeping(self) -> bool:
+        return self.state == "sleeping"
 
     @property
     def failed(self) -> bool:
@@ -74,6 +83,15 @@ def model_rows(payload: dict) -> list[ModelRow]:
                              errors[0] if errors else m.get("error") or m.get("config_error", ""), "loaded" in m,
                              state != "failed" and not m.get("config_error")))
     return rows
+
+
+def _single_engine_sleeps(root: str, headers: dict) -> bool:
+    """A one-engine server's GET /is_sleeping; an older server without the route is awake."""
+    try:
+        answer = httpx.get(root + "/is_sleeping", headers=headers, timeout=10)
+        return answer.status_code == 200 and answer.json().get("is_sleeping") is True
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return False
 
 
 class _Relay(QObject):
@@ -107,12 +125,17 @@ class LoadedModelsPanel(QWidget):
         self.table.horizontalHeader().setStretchLastSection(True)
         self.load_button = QPushButton("Load", clicked=lambda: self.act("load"))
         self.unload_button = QPushButton("Unload", clicked=lambda: self.act("unload"))
+        self.sleep_button = QPushButton("Sleep", clicked=lambda: self.act("sleep"),
+                                        toolTip="Weights to CPU RAM, KV cache dropped: the GPU is free until Wake "
+                                                "(or the next request)")
+        self.wake_button = QPushButton("Wake", clicked=lambda: self.act("wake_up"))
         self.refresh_button = QPushButton("Refresh", clicked=self.refresh)
         self.remove_button = QPushButton("Remove from served set", visible=False,
                                          clicked=lambda: self.selected() and self.remove_requested.emit(self.selected()))
         self.status = QLabel(wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.unload_button, self.refresh_button, self.remove_button):
+        for b in (self.load_button, self.unload_button, self.sleep_button, self.wake_button, self.refresh_button,
+                  self.remove_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         self.logs = ModelLogs()
@@ -180,13 +203,16 @@ class LoadedModelsPanel(QWidget):
     def refresh(self) -> None:
         if self.base_url is None:
             return
-        url, headers = self.base_url.rstrip("/") + "/v1/models", self._headers()
+        root, headers = self.base_url.rstrip("/"), self._headers()
 
         def fetch() -> None:
             try:
-                response = httpx.get(url, headers=headers, timeout=10)
+                response = httpx.get(root + "/v1/models", headers=headers, timeout=10)
                 response.raise_for_status()
-                self._relay.listed.emit(model_rows(response.json()))
+                rows = model_rows(response.json())
+                if len(rows) == 1 and not rows[0].managed and _single_engine_sleeps(root, headers):
+                    rows = [replace(rows[0], state="sleeping")]
+                self._relay.listed.emit(rows)
             except (httpx.HTTPError, ValueError) as exc:
                 self._relay.failed.emit(f"Cannot list models: {exc}")
 
@@ -197,13 +223,17 @@ class LoadedModelsPanel(QWidget):
         return self.rows[row].name if 0 <= row < len(self.rows) else None
 
     def act(self, action: str, name: str | None = None) -> None:
-        """POST load or unload for `name` (default: the selected row)."""
+        """POST load, unload, sleep or wake_up for `name` (default: the selected row)."""
         name = name or self.selected()
         if name is None or self.base_url is None or name in self.pending:
             return
         self.pending[name] = action
-        self.status.setText(f"{'Loading' if action == 'load' else 'Unloading'} {name}…")
-        url = f"{self.base_url.rstrip('/')}/v1/models/{quote(name, safe='/')}/{action}"
+        self.status.setText(f"{DOING[action]} {name}…")
+        row = next((r for r in self.rows if r.name == name), None)
+        if row is not None and not row.managed:  # a one-engine server: its own sleep-mode routes
+            url = f"{self.base_url.rstrip('/')}/{action}"
+        else:
+            url = f"{self.base_url.rstrip('/')}/v1/models/{quote(name, safe='/')}/{action}"
         headers = self._headers()
 
         def post() -> None:
@@ -232,7 +262,7 @@ class LoadedModelsPanel(QWidget):
 
     def _on_acted(self, name: str, action: str, ok: bool, message: str) -> None:
         self.pending.pop(name, None)
-        text = f"{name}: {action}ed" if ok else f"{name}: {action} failed: {message}"
+        text = f"{name}: {DONE[action]}" if ok else f"{name}: {action.replace('_', ' ')} failed: {message}"
         self.status.setText(text)
         self.log_line.emit(f"[pagedesk] {text}\n")
         self.refresh()
@@ -242,7 +272,7 @@ class LoadedModelsPanel(QWidget):
         self.rows = list(rows)
         self.table.setRowCount(len(self.rows))
         for i, r in enumerate(self.rows):
-            state = {"load": "loading…", "unload": "unloading…"}.get(self.pending.get(r.name, ""), r.state)
+            state = PENDING.get(self.pending.get(r.name, ""), r.state)
             cells = (r.name, state, r.where, format_bytes(r.memory_bytes) if r.memory_bytes else "",
                      f"{r.context:,}" if r.context else "", r.quantization, r.error)
             for j, text in enumerate(cells):
@@ -259,12 +289,16 @@ class LoadedModelsPanel(QWidget):
         self.models_listed.emit(self.rows)
 
     def _update_buttons(self) -> None:
-        """Load for a model that is not loaded, Unload for one that is; neither while either is under way, nor on
-        a one-engine server (it has no load/unload routes)."""
+        """Load for a model that is not loaded, Unload for one that is; neither while an action is under way, nor on
+        a one-engine server (it has no load/unload routes). Sleep for a loaded model, Wake for a sleeping one (a
+        one-engine server too)."""
         row = next((r for r in self.rows if r.name == self.selected()), None)
-        busy = row is None or not row.managed or row.name in self.pending or row.state == "loading"
+        acting = row is None or row.name in self.pending or row.state == "loading"
+        busy = acting or not row.managed
         self.load_button.setEnabled(not busy and not row.loaded)
         self.unload_button.setEnabled(not busy and row.loaded)
+        self.sleep_button.setEnabled(not acting and row.state == "loaded")
+        self.wake_button.setEnabled(not acting and row.sleeping)
 
 
 class ChatModelChoice(QWidget):

@@ -196,6 +196,9 @@ class MainWindow(QMainWindow):
         self.restart_action = QAction("⟳ Restart", self, triggered=self.restart_engine)
         for action in (self.start_action, self.stop_action, self.restart_action):
             bar.addAction(action)
+        # Sleep mode for the main model (the tray offers them while it serves; Loaded models has them per model).
+        self.sleep_action = QAction("Sleep (free the GPU)", self, triggered=lambda: self._sleep_main("sleep"))
+        self.wake_action = QAction("Wake", self, triggered=lambda: self._sleep_main("wake_up"))
 
     def _build_menu(self) -> None:
         menu = self.menuBar().addMenu("&PagedDesk")
@@ -388,6 +391,9 @@ class MainWindow(QMainWindow):
         model = model.rstrip("/").rsplit("/", 1)[-1] if model.startswith(("/", "~", ".")) else model
         label = f"{model} ({self.progress_text})" if state == STARTING and self.progress_text and model else model
         rows = self.model_rows if serving else []
+        main = self._main_row()
+        if main is not None and main.sleeping and state == READY:
+            label = f"{label} (asleep)"
         loaded = f"{sum(r.loaded for r in rows)} of {len(rows)} models loaded" if len(rows) > 1 else ""
         details = [f"{r.name}: {r.state}" + (f" — {r.error}" if r.error else "") for r in rows]
         if state == FAILED and self.supervisor.failure and len(rows) <= 1:
@@ -395,6 +401,21 @@ class MainWindow(QMainWindow):
         self.state_label.set_status(state, " · ".join(p for p in (label, loaded) if p), url, details)
         self.setWindowTitle(" — ".join(p for p in ("PagedDesk", model, url) if p))
         self.tray.set_status(status_text(state, model, url), state, url)
+        awake = main is not None and state == READY and main.state == "loaded"
+        self.sleep_action.setEnabled(awake)
+        self.wake_action.setEnabled(main is not None and state == READY and main.sleeping)
+        self.tray.offer_sleep(main is not None and state == READY)
+
+    def _main_row(self):
+        """The main model's row in Loaded models (the served name's, else the first listed), None before any."""
+        rows = self.model_rows
+        name = self._served_model_name() if self.model_picker.info is not None else ""
+        return next((r for r in rows if r.name == name), rows[0] if rows else None)
+
+    def _sleep_main(self, action: str) -> None:
+        main = self._main_row()
+        if main is not None:
+            self.loaded_models.act(action, main.name)
 
     def _on_models_listed(self, rows) -> None:
         self.model_rows = list(rows)

@@ -151,7 +151,7 @@ def fit_verdict(config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             where, plan = plan_for(config, trial, gpu_memory_bytes)
         except (ValueError, KeyError, TypeError) as e:
             return Verdict(False, "? cannot plan", cannot_plan(e))
-        line = describe(where, plan)
+        line = describe(where, plan, values.get("kv_offloading_size"))
         if plan.fits:
             return Verdict(True, f"✔ {name} · {plan.num_tokens:,} tokens", line, plan)
     return Verdict(False, "✘ full context does not fit", line)

@@ -10,8 +10,9 @@ block map (from the blocks, which a cell of the map groups when there are more t
 several models behind the endpoint, a selector above the block map says whose engine it shows
 (`model_selected`: the main window re-points the engine-state stream); the plots start afresh for the new
 model and the block map forgets what the pointer named. What only some models have appears only for
-them: a hybrid model's state slots beside the block map, speculative decoding's acceptance rate and mean
-accepted length per interval (app/spec_rates.py), and a mixture-of-experts model's expert-load heat map.
+them: a hybrid model's state slots beside the block map, the prefix cache's CPU-RAM tier beside it too (how full,
+what it restored), speculative decoding's acceptance rate and mean accepted length per interval (app/spec_rates.py),
+and a mixture-of-experts model's expert-load heat map. A sleeping engine says so in the headline.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from app.spec_rates import SpecRateTracker
 from widgets.block_map import MIN_CELL_PX, BlockMapWidget
 from widgets.expert_heatmap import ExpertHeatmap
 from widgets.gpu_panel import GIB, GpuPanel, GpuReading
+from widgets.host_tier import HostTierWidget
 from widgets.state_slots import StateSlotsWidget
 from widgets.time_plot import TimePlot
 
@@ -54,7 +56,9 @@ class MonitorPanel(QWidget):
         self.state_slots = StateSlotsWidget()
         self.state_slots.setMaximumWidth(280)
         self.expert_heatmap = ExpertHeatmap()
-        for widget in (self.state_slots, self.expert_heatmap):
+        self.host_tier = HostTierWidget()
+        self.host_tier.setMaximumWidth(280)
+        for widget in (self.state_slots, self.expert_heatmap, self.host_tier):
             widget.setVisible(False)  # shown for the models that have them
         self.gpu_panel = GpuPanel()
         self.headline = QLabel("Waiting for the engine-state stream…")
@@ -79,6 +83,7 @@ class MonitorPanel(QWidget):
         pools.addWidget(self.block_map, 3)
         pools.addWidget(self.expert_heatmap, 2)
         pools.addWidget(self.state_slots)
+        pools.addWidget(self.host_tier)
         top_layout.addLayout(pools, 1)
         splitter = QSplitter(Qt.Orientation.Vertical)
         splitter.addWidget(top)
@@ -97,8 +102,11 @@ class MonitorPanel(QWidget):
         self.tokens_plot.append(now, (state.prompt_tokens_per_s, state.generation_tokens_per_s))
         self.gpu_panel.set_engine_memory(state.weights_bytes, state.kv_cache_bytes, state.device)
         self._show_model_specifics(state, now)
+        asleep = {1: " · <b>asleep</b> (weights in CPU RAM)", 2: " · <b>asleep</b> (weights dropped)"}.get(
+            state.sleep_level, "")
         self.headline.setText(
-            f"<b>{state.model}</b> on {state.device} · {state.num_blocks:,} blocks × {state.block_size} tokens · "
+            f"<b>{state.model}</b> on {state.device}{asleep} · "
+            f"{state.num_blocks:,} blocks × {state.block_size} tokens · "
             f"preemptions {state.num_preemptions} · "
             f"{state.prompt_tokens_total:,} prompt / {state.generation_tokens_total:,} generated tokens")
 
@@ -134,6 +142,9 @@ class MonitorPanel(QWidget):
         elif speculating:  # no verify step this interval: a gap, not a fall to zero
             for plot in (self.acceptance_plot, self.accepted_length_plot):
                 plot.append_gap(now)
+        self.host_tier.setVisible(state.kv_offload is not None)
+        if state.kv_offload is not None:
+            self.host_tier.set_tier(state.kv_offload)
         self.expert_heatmap.setVisible(state.expert_load is not None)
         if state.expert_load is not None:
             self.expert_heatmap.add_interval(state.expert_load, now)

@@ -1,4 +1,5 @@
-"""The system-tray icon: the engine's state and URL, and Start / Stop / Open / Copy URL / Quit.
+"""The system-tray icon: the engine's state and URL, and Start / Stop / Open / Copy URL / Quit; while a model
+serves, Sleep / Wake for it (sleep mode frees the GPU between sessions without a reload).
 
 It calls the main window's own actions (one implementation each), so Quit from the tray runs the
 same shutdown as the window: the engine's process group is stopped cleanly. Where the desktop has
@@ -26,6 +27,8 @@ class Tray(QSystemTrayIcon):
         self.menu.addSeparator()
         for action in (window.start_action, window.stop_action, self.open_action, window.quit_action):
             self.menu.addAction(action)
+        self.sleep_actions = [window.sleep_action, window.wake_action]
+        self.sleep_offered = False
         self.setContextMenu(self.menu)
         self.activated.connect(self._on_activated)
         if self.available():
@@ -40,6 +43,17 @@ class Tray(QSystemTrayIcon):
         self.status_action.setText(text)
         self.copy_action.setEnabled(bool(url))
         self.setToolTip(f"PagedDesk: {text}")
+
+    def offer_sleep(self, offered: bool) -> None:
+        """Sleep and Wake in the menu (before Open) only while a model serves."""
+        if offered == self.sleep_offered:
+            return
+        self.sleep_offered = offered
+        if offered:
+            self.menu.insertActions(self.open_action, self.sleep_actions)
+        else:
+            for action in self.sleep_actions:
+                self.menu.removeAction(action)
 
     def copy_url(self) -> None:
         if self.url:
