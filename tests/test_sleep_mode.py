@@ -158,3 +158,13 @@ def test_the_server_sleeps_and_wakes_and_holds_requests_meanwhile(tiny_model_dir
         assert f'pagedesk:engine_sleep_level{{model_name="{MODEL_NAME}"}} 0.0' in httpx.get(srv.url + "/metrics").text
     finally:
         srv.stop()
+
+
+def test_a_speculating_engine_sleeps_and_wakes(llama_dir):
+    """With a draft model (here the model itself) the target frees its memory; the draft's stays (said in the log)."""
+    spec = {"model": str(llama_dir), "num_speculative_tokens": 2}
+    llm = LLM(str(llama_dir), device="cpu", num_gpu_blocks_override=32, max_num_seqs=2, speculative_config=spec)
+    before = greedy(llm)
+    llm.sleep(2)
+    llm.wake_up()
+    assert greedy(llm) == before

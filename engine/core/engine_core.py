@@ -271,6 +271,9 @@ class EngineCore:
         self.sleep_level = level
         logger.info("sleeping at level %d: %.2f GiB of KV cache and %.2f GiB of weights freed on the device", level,
                     freed["kv_cache_bytes"] / 2**30, freed["weights_bytes"] / 2**30)
+        if self.spec is not None and self.spec.proposer.weights_bytes():  # a draft model sleeps awake (for now)
+            logger.info("the speculative draft's %.2f GiB of weights and its KV pages stay on the device",
+                        self.spec.proposer.weights_bytes() / 2**30)
         return freed
 
     def wake_up(self) -> None:
