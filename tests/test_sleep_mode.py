@@ -1,5 +1,6 @@
 """Sleep mode (`sleep(level)`, `wake_up`, vLLM's levels) on CPU: greedy ids are identical before and after a sleep
-at either level (a dense and a hybrid model, and with the CPU-RAM tier, whose blocks survive the sleep and serve
+at either level (dense, hybrid, sliding-window and MoE models, quantized checkpoints reloaded at level 2, a drafting
+engine, tensor parallel, and with the CPU-RAM tier, whose blocks survive the sleep and serve
 the prefix after it); a request that arrives while the engine sleeps waits and runs after the wake; the KV cache's
 memory leaves the process at sleep (RSS); on a card the weights and the KV cache are counted as freed and the
 weights come back to the device (fake CUDA).
@@ -24,7 +25,8 @@ def greedy(llm: LLM, prompts=PROMPTS) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
 
 
-@pytest.mark.parametrize("arch,level", [("llama", 1), ("llama", 2), ("qwen3_5", 1), ("qwen3_5", 2)])
+@pytest.mark.parametrize("arch,level", [("llama", 1), ("llama", 2), ("qwen3_5", 1), ("qwen3_5", 2), ("gemma3", 2),
+                                        ("qwen3_moe", 2), ("gpt_oss", 2)])
 def test_greedy_ids_identical_after_sleep_and_wake(tiny_model_dir, arch, level):
     llm = LLM(str(tiny_model_dir(arch)), device="cpu", num_gpu_blocks_override=32, max_num_seqs=2)
     before = greedy(llm)
@@ -167,4 +169,21 @@ def test_a_speculating_engine_sleeps_and_wakes(llama_dir):
     before = greedy(llm)
     llm.sleep(2)
     llm.wake_up()
+    assert greedy(llm) == before
+
+
+@pytest.mark.parametrize("variant", [("awq", 4, 64, False, False), ("gptq", 4, 128, True, True),
+                                     ("fp8", 8, -1, True, False)], ids=["awq", "gptq-act-order", "fp8"])
+def test_a_quantized_model_reloads_after_a_level_2_sleep(tiny_model_dir, tmp_path, variant):
+    """Level 2 reloads the checkpoint through the family's load_weights into the emptied parameters: packed
+    weights, scales, zero points and act-order indices come back as they were loaded the first time."""
+    from quant_packers import make_quantized
+    path = make_quantized(tiny_model_dir("llama", hidden_size=128, intermediate_size=256), tmp_path / "q", *variant)
+    llm = LLM(str(path), device="cpu", num_gpu_blocks_override=32, max_num_seqs=2)
+    before = greedy(llm)
+    state = {k: v.clone() for k, v in llm.engine.runner.model.state_dict().items()}
+    llm.sleep(2)
+    llm.wake_up()
+    after = llm.engine.runner.model.state_dict()
+    assert all(torch.equal(after[k], v) for k, v in state.items())
     assert greedy(llm) == before

@@ -13,6 +13,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+# What a parameter's weight loader remembers during one load (engine/layers/linear.py: the stacked shards whose g_idx
+# it compared; engine/layers/fused_moe/layer.py: the experts' g_idx): forgotten before a level-2 reload, which is a
+# first load again.
+LOAD_RECORDS = ("loaded_shards", "loaded_g_idx")
+
 
 @dataclass
 class SleepingTensor:
@@ -51,4 +56,7 @@ class SleepingWeights:
             elif t.tensor.numel() != t.shape.numel():
                 t.tensor.data = torch.empty(t.shape, dtype=t.dtype, device=self.device)
         if self.level == 2:
+            for p in self.params:
+                for record in LOAD_RECORDS:
+                    p.tensor.__dict__.pop(record, None)
             reload()
