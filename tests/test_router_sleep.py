@@ -95,6 +95,7 @@ def test_an_idle_model_sleeps_and_the_next_request_wakes_it(router):
 
 
 def test_sleep_and_wake_by_hand(router):
+    router.manager.entries["a"].spec.model_ttl = None  # no TTL sleep racing the explicit one
     first = complete(router)
     r = httpx.post(router.url + "/v1/models/a/sleep", params={"level": 2}, headers=AUTH, timeout=120)
     assert r.status_code == 200 and r.json()["state"] == "sleeping" and r.json()["engines"][0]["sleep_level"] == 2
