@@ -54,7 +54,7 @@ class SleepingWeights:
             if t.host is not None:
                 t.tensor.data = t.host.to(self.device, non_blocking=True)
             elif t.tensor.numel() != t.shape.numel():
-                t.tensor.data = torch.empty(t.shape, dtype=t.dtype, device=self.device)
+                t.tensor.data = torch.zeros(t.shape, dtype=t.dtype, device=self.device)  # rows no shard fills: 0
         if self.level == 2:
             for p in self.params:
                 for record in LOAD_RECORDS:
