@@ -179,3 +179,48 @@ def test_quantized_moe_layers_stay_inside_the_pieces_on_a_card(awq_moe, fake_cud
     assert experts and all(m.quant is not None and m.graph_safe for m in experts)
     assert runner.piecewise.num_pieces == len(runner.model.attention_layers()) + 1
     assert fake_cuda.launches.count("fused_moe_kernel") > 0 and "quant_gemv_kernel" in fake_cuda.launches
+
+
+SPEC_METHODS = {  # method -> (family, speculative_config without the model folder)
+    "ngram": ("llama", {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3,
+                        "prompt_lookup_min": 1}),
+    "draft": ("llama", {"num_speculative_tokens": 2}),  # the target itself as its draft: drafts get accepted
+    "mtp": ("qwen3_5", {"method": "mtp", "num_speculative_tokens": 2}),
+}
+
+
+@pytest.mark.parametrize("method", list(SPEC_METHODS))
+def test_every_speculative_method_verifies_through_captured_pieces(tiny_model_dir, tmp_path, method):
+    """Real CPU tensors: the target's verify steps (and prompt and mixed steps) of each speculative method replay
+    the piecewise pieces, captured by the strict tape (host data refused too), and give the eager engine's
+    greedy ids."""
+    import shutil
+
+    from engine import LLM, SamplingParams
+    from engine.bench.mtp_heads import add_mtp_head
+    from engine.worker.graphs.piecewise import PiecewiseGraphs
+    from hf_reference import make_prompts
+    arch, spec = SPEC_METHODS[method]
+    path = tiny_model_dir(arch)
+    if method == "mtp":
+        path = shutil.copytree(path, tmp_path / "with-mtp")
+        add_mtp_head(path, reference_layer=tmp_path / "mtp_layer_reference.pt")
+    if method == "draft":
+        spec = dict(spec, model=str(path))
+    prompts = [make_prompts(400)[i] for i in (1, 3, 4)]
+    params = [SamplingParams(temperature=0, max_tokens=m) for m in (6, 8, 6)]
+    want = [o.outputs[0].token_ids for o in LLM(str(path), device="cpu").generate(prompts, params, use_tqdm=False)]
+    llm = LLM(str(path), device="cpu", max_num_batched_tokens=BUDGET, max_num_seqs=4, enable_prefix_caching=False,
+              speculative_config=spec)
+    runner = llm.engine.runner
+    runner.piecewise = PiecewiseGraphs(runner.model, BUDGET, runner.device, TapeGraphBackend(refuse_host_data=True),
+                                       strict=True, num_kv_groups=len(runner.kv_layout.groups))
+    runner.piecewise.capture()
+    verify_steps, run = [], runner.piecewise.run
+
+    def counting(inputs, meta):
+        verify_steps.append(inputs.max_query_len > 1 and len(inputs.input_ids) > len(inputs.seq_lens))
+        return run(inputs, meta)
+    runner.piecewise.run = counting
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
+    assert any(verify_steps) and llm.engine.spec.stats.num_drafts > 0
