@@ -58,7 +58,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
             runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
         proposer = load_proposer(spec_config, proposal, runner, model_path, backend)
         # A draft model's or MTP head's KV shares the block ids: the budget covers both tensors.
-        num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer)
+        num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer,
+                                       spec_config.k if spec_config is not None else 0)
         if proposer is not None:
             proposer.allocate_kv_cache(num_blocks, kv_dtype)
         layout = model_kv_layout(model_config, config.block_size)

@@ -157,4 +157,8 @@ def verify_drafts(logits: torch.Tensor, spec, generator: torch.Generator | None,
                   prepared: tuple[SamplingMetadata, torch.Tensor] | None = None) -> SpecSampleOutput:
     """The model runner's entry: a step's SpecBatch (engine/spec_decode/speculator.py) over its logits."""
     meta, index = prepared or prepare_verify(spec, logits.shape[1], logits.device)
-    return rejection_sample(logits[index], meta, spec.draft_token_ids, generator, spec.draft_probs)
+    # The verify rows first and in order (a step of verify rows only): a view, not another [rows, vocab] copy
+    # beside the step's logits.
+    rows = logits[:len(spec.logits_index)] if spec.logits_index == list(range(len(spec.logits_index))) \
+        else logits[index]
+    return rejection_sample(rows, meta, spec.draft_token_ids, generator, spec.draft_probs)

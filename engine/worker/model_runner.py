@@ -29,7 +29,7 @@ from engine.worker.input_prep import InputPreparer, logits_index
 from engine.worker.kv_cache_sizing import measure_memory
 from engine.worker.kv_pools import KVPools
 from engine.worker.loader import iterate_weights
-from engine.worker.profiling import profile_batch, profile_sampling_batch
+from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
 from engine.worker.step_inputs import ModelRunnerOutput, StepInputs
 
@@ -197,12 +197,15 @@ class ModelRunner:
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                    num_speculative_tokens: int = 0) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
         path against a temporary KV cache, logits for the batch's sampler rows, then `sample` over them at the
-        sampler's widest, with the hidden states and logits still held as `run` holds them. Returns the
+        sampler's widest (with `num_speculative_tokens` k: a verify step, 1 + k rows per sequence through the
+        rejection sampler), with the hidden states and logits still held as `run` holds them. Returns the
         temporary cache's bytes (the real pool replaces them)."""
-        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
+        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size,
+                              num_speculative_tokens)
         self.pools.allocate_kv_cache(batch.num_blocks, kv_dtype)
         temporary_kv_bytes = self.pools.kv_cache_bytes()
         try:
@@ -215,15 +218,18 @@ class ModelRunner:
                 del hidden
                 return temporary_kv_bytes
             logits = self.model.compute_logits(hidden[rows])
-            sample(logits, profile_sampling_batch(num_rows, logits.shape[1], self.device))
+            vocab = logits.shape[1]
+            sample(logits, profile_verify_batch(num_rows, num_speculative_tokens, vocab, self.device)
+                   if num_speculative_tokens else profile_sampling_batch(num_rows, vocab, self.device))
             del hidden, logits  # only now: a real step holds both until sampling is done
         finally:
             self.pools.release_kv_cache()
         return temporary_kv_bytes
 
-    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                       num_speculative_tokens: int = 0) -> list:
         """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
-        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""
