@@ -247,11 +247,12 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             query_start_loc: torch.Tensor, has_initial_state: torch.Tensor,
                             scale: float | None = None, use_qk_l2norm: bool = True,
                             chunk_size: int = 64, read_only_state: torch.Tensor | None = None,
-                            max_query_len: int | None = None) -> torch.Tensor:
+                            max_query_len: int | None = None, chunks=None) -> torch.Tensor:
     """The gated delta rule over a packed batch: q, k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv];
     ssm_states [num_slots, Hv, Dk, Dv] float32 is read and written in place through state_indices (rows
     flagged in `read_only_state` only read theirs). Returns o [T, Hv, Dv] in v.dtype. `max_query_len` (the
-    longest row, known on the host) lets the Triton twin skip its host sync; the reference ignores it."""
+    longest row, known on the host) and `chunks` (the step's chunk table, kernels/gated_delta_chunks.py) let
+    the Triton twin skip its host syncs; the reference ignores both."""
     check_gated_delta_inputs(q, k, v, g, beta, ssm_states)
     starts = _sequence_bounds(query_start_loc, state_indices, has_initial_state, q.shape[0], ssm_states.shape[0])
     slots, fresh = state_indices.tolist(), (~has_initial_state.bool()).tolist()
