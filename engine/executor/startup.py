@@ -49,6 +49,7 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
         runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
         if spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
+            runner.reserve_draft_rows(config.max_num_seqs * spec_config.k)  # expert load: drop rejected drafts
             runner.reserve_verify_tokens(verify_scratch_tokens(
                 config.max_num_seqs, spec_config.num_speculative_tokens, max_num_batched_tokens))
         if device.type == "cuda" and not config.enforce_eager:

@@ -144,6 +144,9 @@ class TensorParallelExecutor:
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)
 
+    def reserve_draft_rows(self, max_drafts: int) -> None:
+        self.runner.reserve_draft_rows(max_drafts)  # rank 0 counts the expert load: every rank routes alike
+
     def reserve_verify_tokens(self, num_tokens: int) -> None:
         self._run_everywhere("reserve_verify_tokens", num_tokens)
 
