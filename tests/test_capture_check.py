@@ -76,12 +76,13 @@ def on_fake_card(monkeypatch, state, weights) -> None:
     monkeypatch.setattr(engine.worker.model_runner, "iterate_weights", lambda path, device: iter(weights))
 
 
-def captured_runner(path, backend: str = "triton", verify_query_len: int = 1 + K) -> ModelRunner:
+def captured_runner(path, backend: str = "triton", verify_query_len: int = 1 + K,
+                    piecewise_tokens: int = BUDGET) -> ModelRunner:
     """A runner on the fake card whose every planned graph set is captured through the strict tape."""
     config = ModelConfig.from_folder(path).with_max_model_len(64)
     runner = ModelRunner(config, path, CUDA, torch.float16, 16, backend)
     runner.dispatch.backend, runner.dispatch.strict = TapeGraphBackend(refuse_host_data=True), True
-    runner.plan_decode_graphs(MAX_BATCH, True, BUDGET, verify_query_len)
+    runner.plan_decode_graphs(MAX_BATCH, True, piecewise_tokens, verify_query_len)
     runner.allocate_kv_cache(16, torch.float16, num_state_slots=MAX_BATCH if runner.kv_layout.state else 0)
     runner.capture_decode_graphs()  # strict: the first refused op raises PieceCaptureError
     return runner
@@ -224,3 +225,28 @@ def test_every_speculative_method_verifies_through_captured_pieces(tiny_model_di
     runner.piecewise.run = counting
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)] == want
     assert any(verify_steps) and llm.engine.spec.stats.num_drafts > 0
+
+
+def test_what_one_decode_graph_holds_per_layer(tiny_model_dir, fake_cuda, monkeypatch):  # noqa: F811
+    """Issue 32 item 4 as far as a CPU can see it: the kernels each captured decode graph launches (the card
+    keeps a node, with its parameters, per kernel) and the bytes its ops allocate, for 2 and 16 layers (an 8B
+    model has 32); tests/gpu/test_gpu_graph_memory.py measures the bytes per graph on a card."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from engine.worker.loader import iterate_weights
+    rows = {}
+    for layers in (2, 16):
+        with unset_fake_temporarily():
+            path = tiny_model_dir("llama", num_hidden_layers=layers)
+            weights = list(iterate_weights(path, device="cpu"))
+        with monkeypatch.context() as m:
+            on_fake_card(m, fake_cuda, weights)
+            runner = captured_runner(path, verify_query_len=0, piecewise_tokens=0)
+        tapes = runner.dispatch.backend.tapes[:len(runner.graphs.graphs)]  # decode graphs come first
+        rows[layers] = ([t.num_kernels for t in tapes], [t.fresh_bytes for t in tapes], runner.graphs.capture_seconds)
+        print(f"{layers} layers: {len(tapes)} decode graphs, kernels per graph {rows[layers][0]}, bytes made per "
+              f"graph {rows[layers][1]}, tape capture {1000 * rows[layers][2] / len(tapes):.0f} ms per graph")
+    per_layer = (rows[16][0][0] - rows[2][0][0]) / 14
+    print(f"{per_layer:.0f} kernels per layer: about {32 * per_layer + rows[2][0][0] - 2 * per_layer:.0f} per decode "
+          "graph of a 32-layer model")
+    assert per_layer >= 8 and rows[16][0][0] == rows[16][0][-1]  # the same kernels whatever the batch
