@@ -15,6 +15,7 @@ here for every family) or, for hybrid models, verify rows through the pieces (te
 from __future__ import annotations
 
 import importlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -61,9 +62,15 @@ def family_weights(tiny_model_dir):
     return get
 
 
+def no_other_rank(flag: torch.Tensor) -> SimpleNamespace:
+    """One rank's all-reduce of its capture-failure flag, read on the host as 0 (a fake tensor has no value)."""
+    return SimpleNamespace(item=lambda: 0)
+
+
 def on_fake_card(monkeypatch, state, weights) -> None:
     """Triton kernels as recorders, a pretend 8-SM Ampere with 24 GiB, the checkpoint from `weights`."""
     import engine.worker.model_runner
+    from engine.worker.graphs import decode, piecewise
     import kernels.triton_attention as ta
     import kernels.triton_moe as tm
     for module, name in TRITON_KERNELS:
@@ -74,6 +81,8 @@ def on_fake_card(monkeypatch, state, weights) -> None:
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.Tensor, "contiguous", _as_if_on_cpu(torch.Tensor.contiguous))
     monkeypatch.setattr(engine.worker.model_runner, "iterate_weights", lambda path, device: iter(weights))
+    for graphs in (decode, piecewise):  # one rank: the ranks' agreement on each capture answers "no failure" on
+        monkeypatch.setattr(graphs, "all_reduce", no_other_rank)  # the host (a fake tensor has no value to read)
 
 
 def captured_runner(path, backend: str = "triton", verify_query_len: int = 1 + K,

@@ -33,7 +33,7 @@ from typing import Callable, Hashable
 import torch
 from tqdm.auto import tqdm
 
-from engine.distributed.parallel_state import all_reduce, get_tp_size
+from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata
 from engine.planning.graphs import batch_size_ladder, context_length_ladder
 from engine.worker.graphs.backend import CudaGraphBackend
@@ -173,7 +173,6 @@ class DecodeGraphs:
         keys = [(b, c) for b in reversed(self.ladder) for c in reversed(self.contexts[b])]
         if self.backend is None:
             self.backend = CudaGraphBackend(self.device)
-        self.backend.start()
         try:
             self._capture_all(keys)
         except Exception as e:  # noqa: BLE001 - any capture error means "run eagerly", never a dead engine
@@ -197,6 +196,7 @@ class DecodeGraphs:
                     self.capture_seconds)
 
     def _capture_all(self, keys: list[tuple[int, int]]) -> None:
+        self.backend.start()  # one memory pool for the set
         for batch, context in tqdm(keys, desc="Capturing CUDA graphs", unit="graph"):
             meta, tokens = self.buffers.meta(batch, context, self.block_size), batch * self.query_len
             self.model(self.buffers.input_ids[:tokens], self.buffers.positions[:tokens], meta)  # warm-up, compiles
@@ -211,12 +211,10 @@ class DecodeGraphs:
             self.capture_seconds += time.perf_counter() - start
             # Under tensor parallel every rank stops at the same graph (a capture only records its all-reduces;
             # this one runs), so the eager forwards that follow keep pairing up across ranks.
-            failed = error is not None
-            if get_tp_size() > 1:
-                failed = bool(all_reduce(torch.tensor([failed], dtype=torch.int32, device=self.device)).item())
+            failed = all_reduce(torch.tensor([error is not None], dtype=torch.int32, device=self.device))
             if error is not None:
                 raise error
-            if failed:
+            if int(failed.item()):
                 raise RuntimeError("another tensor-parallel rank could not capture this graph")
             self.graphs[batch, context] = graph
             self.outputs[batch, context] = out

@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 import torch
 
-from engine.distributed.parallel_state import all_reduce, get_tp_size
+from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.worker.graphs.backend import CudaGraphBackend
@@ -221,12 +221,10 @@ class PiecewiseGraphs:
                     del module.forward
                 else:
                     module.forward = saved[id(module)]
-        failed = error is not None
-        if get_tp_size() > 1:
-            failed = bool(all_reduce(torch.tensor([failed], dtype=torch.int32, device=self.device)).item())
+        failed = all_reduce(torch.tensor([error is not None], dtype=torch.int32, device=self.device))
         if error is not None:
             raise error
-        if failed:
+        if int(failed.item()):
             raise RuntimeError("another tensor-parallel rank could not capture this piecewise graph")
         self.captured[n] = bucket
 
