@@ -1,17 +1,17 @@
 """Torch reference for Gated DeltaNet layers: the short causal conv1d and the gated delta rule over packed
 varlen batches, reading and writing per-sequence state slots in place.
 
-Layout (shared with kernels/triton_gated_delta.py and kernels/triton_causal_conv1d.py): all scheduled tokens
-of all sequences in one flat [T, ...] tensor, `query_start_loc` [B+1] int32 offsets, one state slot per
-sequence (`state_indices` [B]), `has_initial_state` [B] bool (False: the slot is read as zeros, a fresh
-prompt). A CUDA graph's padding rows are empty sequences at the end: the tokens past `query_start_loc[-1]`
-belong to no sequence and come out as zeros, and an empty sequence leaves its slot alone. The recurrent state is float32 whatever the activations' dtype. `read_only_state` [B] bool (optional):
-True rows read their slot but leave it as it was (a speculative verify row, whose 1 + k tokens may be
-rejected: the engine later replays only the accepted ones through these same functions, see
-engine/spec_decode/state_rollback.py). The math is HF's
-(transformers/models/qwen3_next/modeling_qwen3_next.py): prefill rows take the chunked form, vectorised
-over heads and chunks; one-token rows (decode) take the recurrent form, batched over sequences. This is the
-CPU path and the oracle the Triton kernels are tested against; it imports nothing of ours.
+Layout (shared with kernels/triton_gated_delta.py and kernels/triton_causal_conv1d.py): all scheduled tokens of all
+sequences in one flat [T, ...] tensor, `query_start_loc` [B+1] int32 offsets, one state slot per sequence
+(`state_indices` [B]), `has_initial_state` [B] bool (False: the slot is read as zeros, a fresh prompt). A CUDA
+graph's padding rows are empty sequences at the end: the tokens past `query_start_loc[-1]` belong to no sequence and
+come out as zeros, and an empty sequence leaves its slot alone. The recurrent state is float32 whatever the
+activations' dtype. `read_only_state` [B] bool (optional): True rows read their slot but leave it as it was (a
+speculative verify row, whose 1 + k tokens may be rejected: the engine later replays only the accepted ones through
+these same functions, see engine/spec_decode/state_rollback.py). The math is HF's
+(transformers/models/qwen3_next/modeling_qwen3_next.py): prefill rows take the chunked form, vectorised over heads
+and chunks; one-token rows (decode) take the recurrent form, batched over sequences. This is the CPU path and the
+oracle the Triton kernels are tested against; it imports nothing of ours.
 """
 from __future__ import annotations
 

@@ -113,7 +113,8 @@ def test_every_family_captures_on_a_fake_card(family_weights, fake_cuda, monkeyp
         assert runner.verify_graphs is None
     else:
         assert sorted(runner.verify_graphs.graphs) == [(1, 64), (2, 64)]
-        assert {k: o.shape[0] for k, o in runner.verify_graphs.outputs.items()} == {(1, 64): 1 + K, (2, 64): 2 * (1 + K)}
+        rows = {k: o.shape[0] for k, o in runner.verify_graphs.outputs.items()}
+        assert rows == {(1, 64): 1 + K, (2, 64): 2 * (1 + K)}
     assert sorted(runner.piecewise.captured) == [16, 32]
     print(f"{arch}: {len(tapes)} graphs and pieces captured; kernels per decode graph "
           f"{[t.num_kernels for t in tapes[:2]]}, pieces of the largest bucket "
@@ -132,7 +133,8 @@ def host_reading(kernel):
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3_moe", "qwen3_5"])
-def test_the_torch_attention_backend_captures_only_the_pieces(family_weights, fake_cuda, monkeypatch, arch):  # noqa: F811
+def test_the_torch_attention_backend_captures_only_the_pieces(family_weights, fake_cuda, monkeypatch,  # noqa: F811
+                                                              arch):
     """With the torch kernels (which read the batch layout on the host) no whole-forward graph is planned on a
     card; the pieces run attention (and DeltaNet layers) eagerly between them, so they capture."""
     import engine.layers.attention as attention

@@ -62,8 +62,8 @@ def emulated_kernels(q, k, v, g, beta, state, rnd):
         attn = torch.where(causal, attn * torch.exp(torch.where(causal, c[..., :, None] - c[..., None, :], 0.0)), 0.0)
         o = dot(qc * torch.exp(c)[..., None], s) + dot(attn, v_new)
         out[first:first + n] = o[:, :n].transpose(0, 1)
-        s = s * torch.exp(c_last)[:, None, None] + dot((kc * torch.exp(c_last[:, None] - c)[..., None]).transpose(-1, -2),
-                                                       v_new)
+        k_to_end = kc * torch.exp(c_last[:, None] - c)[..., None]
+        s = s * torch.exp(c_last)[:, None, None] + dot(k_to_end.transpose(-1, -2), v_new)
     return out, s
 
 

@@ -42,7 +42,8 @@ def test_the_profile_samples_a_verify_step_of_one_plus_k_rows(llama_dir, monkeyp
     runner.allocate_kv_cache(pool.shape[2], pool.dtype)
     (rows, batch), = seen
     assert rows == sampler_rows(4, 64, 3) == 16 and not batch.rows
-    assert batch.spec.draft_token_ids == [[0] * 3] * 4 and batch.spec.draft_probs.shape == (12, runner.config.vocab_size)
+    assert batch.spec.draft_token_ids == [[0] * 3] * 4
+    assert batch.spec.draft_probs.shape == (12, runner.config.vocab_size)
     runner.profile_run(10, 4, torch.float32, 3)  # a budget of 10 tokens: 10 rows, the last sequence short
     assert seen[-1][0] == 10 and seen[-1][1].spec.draft_token_ids == [[0] * 3, [0] * 3, [0]]
 

@@ -1,13 +1,13 @@
 """How many KV blocks to allocate: an explicit override, a CPU memory budget, or each card's memory after profiling.
 
-The arithmetic is engine/planning/'s (shared with the GUI planner and the router); this module only measures. On CUDA
-every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
-loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
-KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, or under speculative
-decoding a verify step at max_num_seqs × (1 + k) rows, while the step's hidden states and logits are still held), memory outside torch's allocator (CUDA context,
-cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool takes the
-smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090,
-the desktop on one of them) are sized by the card with the least room.
+The arithmetic is engine/planning/'s (shared with the GUI planner and the router); this module only measures. On
+CUDA every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after loading its
+shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary KV cache, then the sampler
+at max_num_seqs × vocab with a grammar bitmask on every row, or under speculative decoding a verify step at
+max_num_seqs × (1 + k) rows, while the step's hidden states and logits are still held), memory outside torch's
+allocator (CUDA context, cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool
+takes the smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090, the
+desktop on one of them) are sized by the card with the least room.
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ def test_memory_and_capture_time_per_decode_graph(tiny_model_dir, make_llm, laye
                           split_key=triton_split_key(runner.model, runner.device))
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
-    free_before, reserved_before, start = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved(), time.perf_counter()
+    free_before, reserved_before = torch.cuda.mem_get_info()[0], torch.cuda.memory_reserved()
+    start = time.perf_counter()
     graphs.capture()
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start

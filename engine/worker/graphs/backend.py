@@ -1,10 +1,10 @@
 """The graph backend: how the decode graphs and the piecewise pieces capture and replay, behind nine small calls.
 
-`start` (once per set: the memory pool), `graph` (a context that captures a whole forward into one graph: the
-decode and verify graphs), `capturing` / `begin` / `end` / `abort` (pieces begun and ended in the middle of a
-forward, on one side stream: the piecewise graphs), `finish` (after the set), `replay`, `keep` (a non-owning view
-of a tensor that crosses pieces) and `watch_bucket` (what a piece may not read). `CudaGraphBackend` is
-torch.cuda.CUDAGraph on a card, every graph of a set in one pool. The CPU tests pass their own backend with the same calls
+`start` (once per set: the memory pool), `graph` (a context that captures a whole forward into one graph: the decode
+and verify graphs), `capturing` / `begin` / `end` / `abort` (pieces begun and ended in the middle of a forward, on
+one side stream: the piecewise graphs), `finish` (after the set), `replay`, `keep` (a non-owning view of a tensor
+that crosses pieces) and `watch_bucket` (what a piece may not read). `CudaGraphBackend` is torch.cuda.CUDAGraph on a
+card, every graph of a set in one pool. The CPU tests pass their own backend with the same calls
 (tests/graph_tape.py: it records each graph's aten ops, replays them on the same tensors, and refuses at capture
 what a card would refuse), so the capture code the engine runs on a card is the code the tests run on CPU. Never
 used without a card in production: with no backend the graphs run their padded buffers eagerly.

@@ -10,18 +10,18 @@ each batch size is captured at the context lengths of a ladder where that choice
 (`split_key`; lengths with the same kernel configuration share one graph), and a step replays the
 narrowest graph that covers its longest sequence. A capture that fails (a driver, NCCL or kernel that
 cannot be captured) logs one line and leaves decode eager. KV cache groups past the first (sliding-window
-models) get their own static block tables and slots, filled the same way. A hybrid model's linear-attention
-layers read and write their state pool in place through a static slot-index buffer (`state_indices`, with
-`has_initial_state`): real rows carry their sequences' slots, padding rows the runner's padding slot, one
-slot past the pool that no sequence ever holds (an index in range; with no tokens they leave it alone), so the
-captured state update needs no gather and padding never touches a real state. On CPU, or to test the padding logic
-without a GPU, `capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except
-the capture call itself.
+models) get their own static block tables and slots, filled the same way. A hybrid model's linear-attention layers
+read and write their state pool in place through a static slot-index buffer (`state_indices`, with
+`has_initial_state`): real rows carry their sequences' slots, padding rows the runner's padding slot, one slot past
+the pool that no sequence ever holds (an index in range; with no tokens they leave it alone), so the captured state
+update needs no gather and padding never touches a real state. On CPU, or to test the padding logic without a GPU,
+`capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except the capture call
+itself.
 
-Speculative verify steps (each sequence feeds its last token and k drafts: 1 + k query tokens) get their own
-set, `query_len=1 + k`, keyed the same way by (batch, context length): every real row holds exactly
-`query_len` tokens (the static query offsets are multiples of it), padding rows none. Only steps whose every row has `query_len` tokens replay them; a step with shorter
-rows (a sequence with fewer drafts) runs like any other mixed step.
+Speculative verify steps (each sequence feeds its last token and k drafts: 1 + k query tokens) get their own set,
+`query_len=1 + k`, keyed the same way by (batch, context length): every real row holds exactly `query_len` tokens
+(the static query offsets are multiples of it), padding rows none. Only steps whose every row has `query_len` tokens
+replay them; a step with shorter rows (a sequence with fewer drafts) runs like any other mixed step.
 """
 from __future__ import annotations
 

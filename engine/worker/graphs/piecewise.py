@@ -1,23 +1,23 @@
 """Piecewise CUDA graphs for steps the decode graphs cannot take (prompt chunks, mixed prefill + decode).
 
-The forward is captured per padded token count (`token_buckets`, up to --max-num-batched-tokens) as a run of
-graph pieces split at every *eager point*: each attention layer (its kernels pick tiles per step from the
-real batch layout, which a graph would freeze), each Gated DeltaNet layer of a hybrid model (its state
-update goes through the step's slot indices, and its prefill kernels read the batch layout on the host; it
-runs on the step's real rows only) and each MoE layer that is not graph-safe (the torch expert loop, off a
-card, asks the host how many tokens each expert got; on a card every weight format, packed ones included, runs
-the Triton kernel, which routes on the device and is captured inside the pieces). While capturing, an eager point's `forward` is swapped for
-`_Capture.boundary`: it allocates the point's output inside the current piece (so it lives in the pieces'
-shared memory pool, reused like any activation), ends that piece, runs the point once eagerly, and begins
-the next piece. Replay fills the static token buffers (input ids, positions, slots; padding rows get slot -1:
-no KV write), then replays piece 0, runs eager point 0 on the tensors piece 0 left at fixed addresses with
-this step's real attention metadata, copies its result into the captured output, replays piece 1, and so
-on. Pure-decode steps keep the whole-forward decode graphs (engine/worker/graphs/decode.py: one launch instead of one
-per piece). The graph calls go through the graph backend (engine/worker/graphs/backend.py): `CudaGraphBackend` on
-a card; the CPU tests pass a stand-in (tests/graph_tape.py) that records each piece's aten ops and replays them
-on the same tensors, with CUDA graphs' semantics, and finds what a piece cannot contain (a host sync, a host
-copy, a read of the attention metadata outside attention) at capture time. A
-capture that fails raises in strict mode (tests) and otherwise logs one line and leaves those steps eager.
+The forward is captured per padded token count (`token_buckets`, up to --max-num-batched-tokens) as a run of graph
+pieces split at every *eager point*: each attention layer (its kernels pick tiles per step from the real batch
+layout, which a graph would freeze), each Gated DeltaNet layer of a hybrid model (its state update goes through the
+step's slot indices, and its prefill kernels take a chunk table built on the host; it runs on the step's real rows
+only) and each MoE layer that is not graph-safe (the torch expert loop, off a card, asks the host how many tokens
+each expert got; on a card every weight format, packed ones included, runs the Triton kernel, which routes on the
+device and is captured inside the pieces). While capturing, an eager point's `forward` is swapped for
+`_Capture.boundary`: it allocates the point's output inside the current piece (so it lives in the pieces' shared
+memory pool, reused like any activation), ends that piece, runs the point once eagerly, and begins the next piece.
+Replay fills the static token buffers (input ids, positions, slots; padding rows get slot -1: no KV write), then
+replays piece 0, runs eager point 0 on the tensors piece 0 left at fixed addresses with this step's real attention
+metadata, copies its result into the captured output, replays piece 1, and so on. Pure-decode steps keep the
+whole-forward decode graphs (engine/worker/graphs/decode.py: one launch instead of one per piece). The graph calls
+go through the graph backend (engine/worker/graphs/backend.py): `CudaGraphBackend` on a card; the CPU tests pass a
+stand-in (tests/graph_tape.py) that records each piece's aten ops and replays them on the same tensors, with CUDA
+graphs' semantics, and finds what a piece cannot contain (a host sync, a host copy, a read of the attention metadata
+outside attention) at capture time. A capture that fails raises in strict mode (tests) and otherwise logs one line
+and leaves those steps eager.
 """
 from __future__ import annotations
 
