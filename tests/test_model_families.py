@@ -124,3 +124,46 @@ def test_gemma3_refuses_what_it_does_not_implement(tiny_model_dir, field, value,
         cfg.hf_text_config = {**cfg.hf_text_config, field: value}
     with pytest.raises(ValueError, match=message):
         model_class(cfg.architecture)(cfg)
+
+
+def test_smollm3_nope_layer_attends_without_rotary_and_matches_hf_in_chunks(reference, tiny_model_dir):
+    """SmolLM3 (the Llama block, rotary off where no_rope_layers says 0, o_proj biased with attention_bias): the
+    layer is built so, and greedy ids equal HF's with prompt chunks of 7 tokens (plain runs: test_engine_parity,
+    TP=2: test_tensor_parallel)."""
+    path, prompts, expected = reference("smollm3")
+    cfg = ModelConfig.from_folder(path)
+    model = model_class(cfg.architecture)(cfg)
+    attention = [layer.self_attn for layer in model.model.layers]
+    assert [a.rotary_emb is None for a in attention] == [False, True, False]
+    assert all(a.o_proj.bias is not None for a in attention) and model.lm_head.weight is model.model.embed_tokens.weight
+    assert engine_greedy(path, prompts, MAX_TOKENS, max_num_batched_tokens=7) == expected
+
+
+def test_the_nope_layer_changes_hf_output(tiny_model_dir):
+    """Guard: HF's output moves when its NoPE layer turns rotary on, so matching it means the engine turns it off."""
+    from tiny_models import hf_model
+    model = hf_model(tiny_model_dir("smollm3"))
+    ids = torch.randint(5, 300, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        nope = model(ids).logits
+        model.model.layers[1].self_attn.use_rope = 1
+        roped = model(ids).logits
+    assert float((nope - roped).abs().max()) > 0.05
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_bias_puts_a_bias_on_o_proj_where_hf_does(tiny_model_dir, arch):
+    """HF's Llama and Qwen3 give o_proj a bias with `attention_bias` (Qwen2 and Mistral do not): the registry's
+    o_proj_bias says which, the model loads the checkpoint's o_proj.bias, output is HF's and the planner counts it."""
+    from hf_reference import hf_greedy, make_prompts
+    path = tiny_model_dir(arch, attention_bias=True)
+    cfg = ModelConfig.from_folder(path)
+    assert cfg.qkv_bias and cfg.o_bias
+    model = model_class(cfg.architecture)(cfg)
+    model.load_weights(iterate_weights(path))  # every tensor, o_proj.bias included, accounted for
+    assert weights_bytes_per_card(cfg, 4) == sum(p.numel() * p.element_size() for p in model.parameters())
+    prompts = make_prompts(400)[:3]
+    want = hf_greedy(path, prompts, [8, 8, 8])
+    got = [o.outputs[0].token_ids for o in LLM(str(path), device="cpu").generate(
+        prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)]
+    assert got == want
