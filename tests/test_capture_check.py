@@ -36,11 +36,6 @@ TRITON_KERNELS = [
     ("kernels.triton_causal_conv1d", "conv_state_update_kernel"),
     ("kernels.triton_quant_linear", "quant_gemv_kernel"), ("kernels.triton_quant_linear", "quant_gemm_kernel")]
 FAMILIES = [*ARCHS, *MOE_ARCHS, *HYBRID_ARCHS, *HYBRID_VL_ARCHS]
-# Issue 32 item 1: Gemma's embedding (and Gemma 4's per-layer-input) scale is built as torch.tensor(<float>,
-# device=x.device) inside the forward, a pageable host -> device copy a capture refuses. Fixed by the branch that
-# unifies the families into one decoder block (engine/models/*); these pass once it merges (then drop the mark).
-GEMMA_SCALE = pytest.mark.xfail(raises=PieceCaptureError, strict=False,
-                                reason="issue 32 item 1: Gemma builds its embedding scale from host data per forward")
 BUDGET, MAX_BATCH, K = 32, 2, 2
 
 
@@ -97,11 +92,7 @@ def captured_runner(path, backend: str = "triton", verify_query_len: int = 1 + K
     return runner
 
 
-def _marks(arch: str):
-    return [GEMMA_SCALE] if arch.startswith("gemma") else []
-
-
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=_marks(a)) for a in FAMILIES])
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_every_family_captures_on_a_fake_card(family_weights, fake_cuda, monkeypatch, arch):  # noqa: F811
     path, weights = family_weights(arch)
     on_fake_card(monkeypatch, fake_cuda, weights)

@@ -1,8 +1,8 @@
 """Issue 32 on the first card: each item the CPU checks (tests/test_capture_check.py and the others named below)
 found or fixed, confirmed where it matters, in one run (`python -m pytest -q -s tests/gpu/test_gpu_issue32.py`).
 
-1. Every family captures its decode graphs and piecewise pieces for real (no fallback to eager): Gemma 2/3/4
-   xfail until the model-family branch builds their scales outside the forward (tests/test_capture_check.py).
+1. Every family captures its decode graphs and piecewise pieces for real (no fallback to eager), Gemma 2/3/4
+   included now that their embedding scales are buffers made at build (tests/test_capture_check.py).
 2. A verify step is in the memory profile: the profile at k = 4 measures more than at k = 0, and the planner's
    estimate of the step covers what the card measured (tests/test_verify_memory.py).
 3. A quantized MoE model's pieces: one per attention layer and one more, greedy ids as eager.
@@ -24,12 +24,9 @@ from tiny_models import ARCHS, HYBRID_ARCHS, MOE_ARCHS
 
 pytestmark = pytest.mark.gpu
 FAMILIES = [a for a in (*ARCHS, *MOE_ARCHS, *HYBRID_ARCHS) if not a.endswith("-vl")]
-GEMMA_SCALE = pytest.mark.xfail(strict=False, reason="issue 32 item 1: Gemma's embedding scale is host data per "
-                                                     "forward (fixed by the model-family branch)")
 
 
-@pytest.mark.parametrize("arch", [pytest.param(a, marks=[GEMMA_SCALE] if a.startswith("gemma") else [])
-                                  for a in FAMILIES])
+@pytest.mark.parametrize("arch", FAMILIES)
 def test_every_family_captures_its_graphs_on_the_card(tiny_model_dir, make_llm, caplog, arch):
     with caplog.at_level(logging.WARNING, logger="pagedesk.engine"):
         llm = make_llm(tiny_model_dir(arch), dtype="bfloat16", max_num_batched_tokens=64, max_num_seqs=8,
