@@ -28,9 +28,13 @@ class KVPools:
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
         """One tensor per cache slot; without sliding windows that is one slot per layer and a single group. Its
         pages are the pool's blocks and page 0, the reserved null block's (engine/kv/block_pool.py)."""
+        self.allocate_pages(kv_pages(num_blocks), kv_dtype)
+
+    def allocate_pages(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        """allocate_kv_cache's tensors at exactly `num_blocks` pages, 0 included (the profiling step's tables
+        name pages 0..n-1 themselves and hand none to the block pool)."""
         attn = self.model.attention_layers()
         layout = self.layout
-        num_blocks = kv_pages(num_blocks)
         shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
         for layer, slot, group in zip(attn, layout.layer_slots, layout.layer_groups):

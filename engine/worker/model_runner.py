@@ -237,7 +237,7 @@ class ModelRunner:
         temporary cache's bytes (the real pool replaces them)."""
         batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size,
                               num_speculative_tokens)
-        self.pools.allocate_kv_cache(batch.num_blocks, kv_dtype)
+        self.pools.allocate_pages(batch.num_blocks, kv_dtype)  # no pool behind it: no null page either
         temporary_kv_bytes = self.pools.kv_cache_bytes()
         try:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
