@@ -13,7 +13,7 @@ from engine.config.model import ModelConfig
 # The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
 # `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
 SAMPLER_BYTES_PER_LOGIT = 36
-# A verify step's rejection sampler at the same parameters: 31 bytes per logit on CPU, 34 with a draft model's
+# A verify step's rejection sampler at the same parameters: 30 bytes per logit on CPU, 33 with a draft model's
 # q, beside the step's fp32 logits (tests/test_verify_memory.py; its penalty buffers are built per step for the
 # verify rows, where the ordinary sampler keeps persistent ones).
 VERIFY_BYTES_PER_LOGIT = 40
