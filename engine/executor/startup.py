@@ -56,6 +56,7 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
         runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
         if spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
+            runner.reserve_draft_rows(config.max_num_seqs * spec_config.k)  # expert load: drop rejected drafts
             runner.reserve_verify_tokens(verify_scratch_tokens(
                 config.max_num_seqs, spec_config.num_speculative_tokens, max_num_batched_tokens))
         if device.type == "cuda" and not config.enforce_eager:
@@ -65,7 +66,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
             runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
         proposer = load_proposer(spec_config, proposal, runner, model_path, backend)
         # A draft model's or MTP head's KV shares the block ids: the budget covers both tensors.
-        num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer)
+        num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer,
+                                       spec_config.k if spec_config is not None else 0)
         if proposer is not None:
             proposer.allocate_kv_cache(num_blocks, kv_dtype)
         layout = model_kv_layout(model_config, config.block_size)

@@ -41,6 +41,9 @@ class AttentionMetadata:
     # and the step's token rows of those sequences (kept in each layer's verify scratch, in order).
     state_read_only: torch.Tensor | None = None  # [num_seqs] bool
     verify_token_rows: torch.Tensor | None = None  # [num_verify_tokens] int64
+    # The Triton chunked DeltaNet kernels' chunk table (kernels/gated_delta_chunks.ChunkTable), built once per step
+    # on the host for every DeltaNet layer; None: a layer that needs one reads query_start_loc itself.
+    deltanet_chunks: object | None = None
 
 
 class PagedAttention(nn.Module):

@@ -86,11 +86,19 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[Sampling
     vocab = logits.shape[1]
     rows = logits[meta.penalty_rows]
     counts = meta.output_counts.index_select(0, meta.penalty_slots).narrow(1, 0, vocab)
-    seen = meta.in_prompt.index_select(0, meta.penalty_slots).narrow(1, 0, vocab) | (counts > 0)
+    # The same values as where(seen, where(rows > 0, rows / p, rows * p), rows) and rows -= f * counts + p * seen,
+    # written into `rows` and dropped once read: these [rows, vocab] temporaries were the sampler's peak (a verify
+    # step's, tests/test_verify_memory.py).
+    present = counts > 0
+    seen = meta.in_prompt.index_select(0, meta.penalty_slots).narrow(1, 0, vocab) | present
     penalty = meta.repetition_penalty[:, None]
-    rows = torch.where(seen, torch.where(rows > 0, rows / penalty, rows * penalty), rows)
-    counts = counts.float()
-    rows -= meta.frequency_penalty[:, None] * counts + meta.presence_penalty[:, None] * (counts > 0).float()
+    positive = rows > 0
+    torch.where(seen & positive, rows / penalty, rows, out=rows)
+    torch.where(seen & positive.logical_not_(), rows * penalty, rows, out=rows)
+    del seen, positive
+    shift = counts.float().mul_(meta.frequency_penalty[:, None])
+    del counts
+    rows -= shift.add_(present.float().mul_(meta.presence_penalty[:, None]))
     logits.index_copy_(0, meta.penalty_rows, rows)
 
 

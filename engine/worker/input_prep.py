@@ -24,6 +24,7 @@ from engine.sample.prompt_logprobs import prompt_positions
 from engine.spec_decode.state_rollback import VerifyStates
 from engine.worker.input_batch import InputBatch
 from engine.worker.step_inputs import StepInputs, logits_rows, query_tokens
+from kernels.gated_delta_chunks import ChunkTable, chunk_arrays
 
 
 class InputPreparer:
@@ -123,6 +124,9 @@ def attention_metadata(inputs: StepInputs, tables: torch.Tensor, dev: torch.devi
     if inputs.state_indices is not None:
         meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
         meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
+        if inputs.max_query_len > 1:  # prefill rows: the DeltaNet layers' chunk table, once for all of them
+            meta.deltanet_chunks = ChunkTable(*(to_device(torch.from_numpy(a), dev)
+                                                for a in chunk_arrays(inputs.query_start_loc)))
     if inputs.state_read_only is not None:
         meta.state_read_only = to_device(torch.from_numpy(inputs.state_read_only), dev)
         meta.verify_token_rows = to_device(torch.from_numpy(inputs.verify_token_rows), dev)

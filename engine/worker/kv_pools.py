@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.block_pool import kv_pages
 from engine.kv.kv_cache_interface import KVCacheLayout
 from engine.platform.devices import INTEGER_KV
 from engine.platform.host_copies import to_device
@@ -29,7 +30,13 @@ class KVPools:
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
-        """One tensor per cache slot; without sliding windows that is one slot per layer and a single group."""
+        """One tensor per cache slot; without sliding windows that is one slot per layer and a single group. Its
+        pages are the pool's blocks and page 0, the reserved null block's (engine/kv/block_pool.py)."""
+        self.allocate_pages(kv_pages(num_blocks), kv_dtype)
+
+    def allocate_pages(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        """allocate_kv_cache's tensors at exactly `num_blocks` pages, 0 included (the profiling step's tables
+        name pages 0..n-1 themselves and hand none to the block pool)."""
         attn = self.model.attention_layers()
         layout = self.layout
         per_byte = 2 if kv_dtype == torch.uint8 else 1  # int4: two values a byte

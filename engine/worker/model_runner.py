@@ -13,6 +13,7 @@ peak step. It never talks to other processes itself.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.config.model import ModelConfig
@@ -22,6 +23,7 @@ from engine.kv.kv_cache_interface import model_kv_layout
 from engine.layers.fused_moe.expert_load import ExpertLoad
 from engine.models.registry import model_class
 from engine.platform.devices import indexed_device
+from engine.platform.host_copies import to_device
 from engine.sample.metadata import SamplingBatch
 from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
 from engine.worker.gpu_baseline import free_bytes_at_start
@@ -33,9 +35,25 @@ from engine.worker.kv_offload import HostKVTier
 from engine.worker.sleep import SleepingWeights
 from engine.worker.kv_pools import KVPools
 from engine.worker.loader import iterate_weights
-from engine.worker.profiling import profile_batch, profile_sampling_batch
+from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
 from engine.worker.step_inputs import ModelRunnerOutput, StepInputs
+
+
+def draft_token_rows(inputs: StepInputs, spec) -> np.ndarray:
+    """The token row of every draft token of a verify step, sequence by sequence: a sequence's verify rows are
+    its last token then its drafts, so draft i sits at the token row of the sequence's verify row i."""
+    rows, first = [], 0
+    for drafts in spec.draft_token_ids:
+        rows += [inputs.logits_rows[spec.logits_index[first + i]] for i in range(1, len(drafts) + 1)]
+        first += len(drafts) + 1
+    return np.asarray(rows, dtype=np.int64)
+
+
+def rejected_drafts(spec, verified) -> np.ndarray:
+    """1 for each draft (in draft_token_rows' order) the rejection sampler turned down, 0 for the accepted."""
+    return np.asarray([int(i >= accepted) for drafts, accepted in zip(spec.draft_token_ids, verified.num_accepted)
+                       for i in range(len(drafts))], dtype=np.int64)
 
 
 class _Kept:
@@ -131,6 +149,12 @@ class ModelRunner:
         self.input_prep.input_batch.reserve(max_num_seqs)
         self.sampler.max_rows = max_num_seqs
 
+    def reserve_draft_rows(self, max_drafts: int) -> None:
+        """Speculative decoding: the expert-load counter's room for a step's `max_drafts` draft rows (max_num_seqs
+        × k), so rejected drafts can be taken back out of the counts (ExpertLoad.drop_rejected)."""
+        if self.expert_load is not None:
+            self.expert_load.reserve_drafts(max_drafts)
+
     def reserve_verify_tokens(self, num_tokens: int) -> None:
         """A hybrid model under speculative decoding: every linear-attention layer's verify scratch for
         `num_tokens` verify tokens a step (max_num_seqs * (1 + k)), before the KV pool is sized."""
@@ -211,14 +235,21 @@ class ModelRunner:
         tables = self.input_prep.step_tables(inputs)
         rows = logits_index(inputs, self.device)
         prepared = self.sampler.prepare(inputs, sampling)
+        drafts = None
         if self.expert_load is not None:
-            self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
+            if sampling is not None and sampling.spec is not None and self.expert_load.draft_rows is not None:
+                drafts = to_device(torch.from_numpy(draft_token_rows(inputs, sampling.spec)), self.device)
+            self.expert_load.begin_step(len(inputs.input_ids), drafts)  # a graph's padding rows do not count
         hidden = self.dispatch.forward(inputs, tables)
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         if self.keep_hidden:
             self.last_hidden = hidden
-        return self.sampler.finish(hidden, inputs, rows, prepared, sampling)
+        out = self.sampler.finish(hidden, inputs, rows, prepared, sampling)
+        if drafts is not None:  # the drafts the rejection sampler turned down were routed, but are no tokens
+            self.expert_load.drop_rejected(to_device(torch.from_numpy(rejected_drafts(sampling.spec, out.spec)),
+                                                     self.device))
+        return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
                 sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
@@ -259,13 +290,16 @@ class ModelRunner:
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                    num_speculative_tokens: int = 0) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
         path against a temporary KV cache, logits for the batch's sampler rows, then `sample` over them at the
-        sampler's widest, with the hidden states and logits still held as `run` holds them. Returns the
+        sampler's widest (with `num_speculative_tokens` k: a verify step, 1 + k rows per sequence through the
+        rejection sampler), with the hidden states and logits still held as `run` holds them. Returns the
         temporary cache's bytes (the real pool replaces them)."""
-        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
-        self.pools.allocate_kv_cache(batch.num_blocks, kv_dtype)
+        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size,
+                              num_speculative_tokens)
+        self.pools.allocate_pages(batch.num_blocks, kv_dtype)  # no pool behind it: no null page either
         temporary_kv_bytes = self.pools.kv_cache_bytes()
         try:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
@@ -277,15 +311,18 @@ class ModelRunner:
                 del hidden
                 return temporary_kv_bytes
             logits = self.model.compute_logits(hidden[rows])
-            sample(logits, profile_sampling_batch(num_rows, logits.shape[1], self.device))
+            vocab = logits.shape[1]
+            sample(logits, profile_verify_batch(num_rows, num_speculative_tokens, vocab, self.device)
+                   if num_speculative_tokens else profile_sampling_batch(num_rows, vocab, self.device))
             del hidden, logits  # only now: a real step holds both until sampling is done
         finally:
             self.pools.release_kv_cache()
         return temporary_kv_bytes
 
-    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                       num_speculative_tokens: int = 0) -> list:
         """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
-        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""

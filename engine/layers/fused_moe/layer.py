@@ -224,6 +224,13 @@ class FusedMoE(nn.Module):
                              f"the parameter slice {tuple(dst.shape)} (per rank)")
         dst.copy_(src)
 
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a CUDA graph can hold this layer's forward: on a card every weight format (float, AWQ/GPTQ,
+        FP8, MXFP4) runs the Triton grouped GEMMs, which route and sort on the device; the torch loop (off a
+        card) reads each expert's token count on the host."""
+        return next(self.parameters()).device.type == "cuda"
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the routed experts' outputs, [T, H] (the block all-reduces it)."""
         if self.quant is not None:  # packed: dequantized inside the kernel, or one routed expert at a time
