@@ -46,13 +46,14 @@ def test_integer_kv_cache_tracks_full_precision(tiny_model_dir, arch):
 
 def test_integer_kv_pages_hold_values_and_scales(tiny_model_dir):
     """The pool's bytes per block are the layout's (values and scales), and a copy-on-write block copies both."""
+    from engine.kv.block_pool import kv_pages
     from engine.kv.kv_cache_interface import model_kv_layout
     from engine.platform.devices import kv_storage
     llm = LLM(str(tiny_model_dir("llama")), device="cpu", kv_cache_dtype="int4", num_gpu_blocks_override=12)
     runner = llm.engine.runner
     layout = model_kv_layout(llm.engine.model_config, 16, kv_storage(torch.uint8))
-    assert runner.kv_cache_bytes() == 12 * layout.bytes_per_block
-    assert runner.pools.kv_scales.shape == (2, 2, 12, 16, 2)  # two layers, K and V, 12 blocks, 16 tokens, 32/16
+    assert runner.kv_cache_bytes() == kv_pages(12) * layout.bytes_per_block  # the pool's 12 and the null page
+    assert runner.pools.kv_scales.shape == (2, 2, 13, 16, 2)  # two layers, K and V, 13 pages, 16 tokens, 32/16
     prompt = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14]  # a partial block the two outputs share until each writes its copy
     alone = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6), use_tqdm=False)[0]
     both = llm.generate([prompt], SamplingParams(n=2, temperature=0, max_tokens=6), use_tqdm=False)[0]
