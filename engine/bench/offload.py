@@ -10,6 +10,9 @@ that holds under two contexts; prompt tokens recomputed and restored from the ti
 (min_uses 1) and when a block is stored only once a second sequence used it (min_uses 2, engine/kv/offload/
 reuse_gate.py). A tiny model: the counts do not depend on the model.
 
+`--section sleep` (wall clock): sleep mode on the same model: the seconds a start, a sleep and a wake take at
+levels 1 and 2, and the device bytes each level frees (on a card, `--model` and `--device cuda`).
+
 `--section planner` (torch-free): the context that fits on one and two 24 GiB cards per KV dtype (bf16, fp8, int8,
 int4) for Qwen3.6-27B and Qwen3.6-35B-A3B (AWQ), Gemma-3-27B (AWQ) and gpt-oss-20b, and the host RAM a 64 GiB tier
 adds in tokens.
@@ -111,6 +114,32 @@ def gate_section(sessions: int, turns: int, context: int, one_offs: int, tier_co
                   flush=True)
 
 
+def sleep_section(model: str | None, device: str) -> None:
+    from engine import LLM, SamplingParams
+    from engine.bench.random_model import make_random_llama
+    from engine.planning.units import GIB
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model or make_random_llama(Path(tmp) / "llama")
+        start = time.perf_counter()
+        llm = LLM(str(path), device=device, max_num_seqs=4)
+        print(f"\n{model or 'bench Llama'} on {device}: started in {time.perf_counter() - start:.1f} s\n")
+        print("| level | sleep (s) | wake (s) | KV cache freed | weights freed | same greedy ids after |")
+        print("|---|---:|---:|---:|---:|---|", flush=True)
+        prompt = list(range(4, 68))
+        before = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+        for level in (1, 2):
+            t0 = time.perf_counter()
+            freed = llm.sleep(level)
+            t1 = time.perf_counter()
+            llm.wake_up()
+            t2 = time.perf_counter()
+            after = llm.generate([prompt], params, use_tqdm=False)[0].outputs[0].token_ids
+            print(f"| {level} | {t1 - t0:.2f} | {t2 - t1:.2f} | {freed['kv_cache_bytes'] / GIB:.2f} GiB | "
+                  f"{freed['weights_bytes'] / GIB:.2f} GiB | {'yes' if after == before else 'NO'} |", flush=True)
+        llm.engine.shutdown()
+
+
 def planner_section() -> None:
     from engine.bench.families import AWQ_G128 as GEMMA_AWQ, GEMMA3_27B_IT
     from engine.bench.hybrid import AWQ_G128 as QWEN_AWQ, QWEN3_6_27B, QWEN3_6_35B_A3B
@@ -141,12 +170,12 @@ def planner_section() -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench offload", description=__doc__.split("\n")[0])
-    parser.add_argument("--section", choices=("tier", "gate", "planner"), action="append",
+    parser.add_argument("--section", choices=("tier", "gate", "planner", "sleep"), action="append",
                         help="what to run (repeatable; default: all)")
     parser.add_argument("--context", type=int, default=4096, help="tier: the shared context's tokens")
     parser.add_argument("--question", type=int, default=32, help="tier: tokens a turn adds")
-    parser.add_argument("--model", help="tier: a model folder to serve instead of the bench Llama")
-    parser.add_argument("--device", default="cpu", help="tier: cpu or cuda")
+    parser.add_argument("--model", help="tier, sleep: a model folder to serve instead of the bench Llama")
+    parser.add_argument("--device", default="cpu", help="tier, sleep: cpu or cuda")
     parser.add_argument("--kv-cache-dtype", default="auto", help="tier: the KV cache's dtype")
     parser.add_argument("--sessions", type=int, default=2, help="gate: sessions")
     parser.add_argument("--turns", type=int, default=4, help="gate: turns per session")
@@ -155,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--tier-contexts", type=float, action="append",
                         help="gate: the tier's size in contexts (repeatable; default 1.5 and 8)")
     args = parser.parse_args(argv)
-    sections = args.section or ["planner", "gate", "tier"]
+    sections = args.section or ["planner", "gate", "tier", "sleep"]
     if "planner" in sections:
         planner_section()
     if "gate" in sections:
@@ -163,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
             gate_section(args.sessions, args.turns, args.gate_context, args.one_offs, tier_contexts)
     if "tier" in sections:
         tier_section(args.context, args.question, args.model, args.device, args.kv_cache_dtype)
+    if "sleep" in sections:
+        sleep_section(args.model, args.device)
 
 
 if __name__ == "__main__":
