@@ -1,6 +1,6 @@
 """Settings of the served set (app/served_set.py) in the Loaded models tab: models served alongside the
 chosen one (add a folder, or "Serve alongside" in the Models tab; remove), the idle time after which a
-model is unloaded, and one copy per card. Changes apply at the next Start, which the panel says."""
+model is unloaded or put to sleep, and one copy per card. Changes apply at the next Start, which the panel says."""
 from __future__ import annotations
 
 from PySide6.QtCore import Signal
@@ -15,12 +15,16 @@ class ServedSetPanel(QGroupBox):
 
     def __init__(self, served: ServedSet, parent: QWidget | None = None) -> None:
         super().__init__("Served together (applies at the next Start)", parent)
-        self.served = ServedSet(list(served.alongside), served.model_ttl_minutes, served.one_copy_per_card)
+        self.served = ServedSet(list(served.alongside), served.model_ttl_minutes, served.one_copy_per_card,
+                                served.ttl_sleeps)
         self.alongside = QListWidget(maximumHeight=90)
         self.add_button = QPushButton("Add folder…", clicked=self._add_folder)
         self.remove_button = QPushButton("Remove", clicked=self._remove)
         self.ttl = QSpinBox(minimum=0, maximum=7 * 24 * 60, suffix=" min", specialValueText="never")
         self.ttl.setToolTip("--model-ttl: a model idle this long is unloaded; the next request for it loads it again")
+        self.ttl_sleeps = QCheckBox("Sleep instead of unloading (weights kept in CPU RAM: a faster wake)")
+        self.ttl_sleeps.setToolTip("--model-ttl-action sleep: the idle model's engine frees the GPU but keeps running; "
+                                   "its next request wakes it")
         self.one_copy = QCheckBox("Keep one copy per card (data parallel)")
         self.one_copy.setToolTip("--data-parallel-size N: the chosen model runs once on each card and requests go "
                                  "to the copy with the least work (or the one that has the conversation cached)")
@@ -31,6 +35,7 @@ class ServedSetPanel(QGroupBox):
         buttons.addStretch(1)
         form = QFormLayout()
         form.addRow("Unload a model idle for", self.ttl)
+        form.addRow(self.ttl_sleeps)
         form.addRow(self.one_copy)
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel("Also serve, beside the model chosen in the Engine tab:"))
@@ -42,6 +47,7 @@ class ServedSetPanel(QGroupBox):
         self._show()
         self.ttl.valueChanged.connect(self._edited)
         self.one_copy.toggled.connect(self._edited)
+        self.ttl_sleeps.toggled.connect(self._edited)
 
     def set_num_gpus(self, num_gpus: int) -> None:
         self.num_gpus = num_gpus
@@ -77,20 +83,24 @@ class ServedSetPanel(QGroupBox):
     def _edited(self, *_args) -> None:
         self.served.model_ttl_minutes = self.ttl.value()
         self.served.one_copy_per_card = self.one_copy.isChecked()
+        self.served.ttl_sleeps = self.ttl_sleeps.isChecked()
         self._show_note()
         self.changed.emit(self.served)
 
     def _show(self) -> None:
         self.alongside.clear()
         self.alongside.addItems(self.served.alongside)
-        for w, value in ((self.ttl, self.served.model_ttl_minutes), (self.one_copy, self.served.one_copy_per_card)):
+        for w, value in ((self.ttl, self.served.model_ttl_minutes), (self.one_copy, self.served.one_copy_per_card),
+                         (self.ttl_sleeps, self.served.ttl_sleeps)):
             w.blockSignals(True)
             w.setValue(value) if isinstance(w, QSpinBox) else w.setChecked(value)
             w.blockSignals(False)
         self.remove_button.setEnabled(bool(self.served.alongside))
+        self.ttl_sleeps.setEnabled(self.served.model_ttl_minutes > 0)
         self._show_note()
 
     def _show_note(self) -> None:
+        self.ttl_sleeps.setEnabled(self.served.model_ttl_minutes > 0)
         if self.served.uses_router(self.num_gpus):
             self.note.setText("One endpoint serves them all: a model loads on its first request; see each one's "
                               "state and log above.")

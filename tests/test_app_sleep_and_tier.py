@@ -129,3 +129,25 @@ def test_the_tray_offers_sleep_and_wake_only_while_a_model_serves(qtbot):
     assert labels()[-4:] == ["Sleep (free the GPU)", "Wake", "Open PagedDesk", "Quit"]
     tray.offer_sleep(False)
     assert "Sleep (free the GPU)" not in labels()
+
+
+def test_the_served_set_may_sleep_idle_models(qtbot, tmp_path):
+    from PySide6.QtCore import QSettings
+
+    from app.served_set import ServedSet, load_served_set, save_served_set
+    from app.served_set_panel import ServedSetPanel
+    served = ServedSet(["/models/coder"], 30, False, True)
+    assert served.router_argv("chat", 0)[-4:] == ["--model-ttl", "1800", "--model-ttl-action", "sleep"]
+    assert "--model-ttl-action" not in ServedSet(["/models/coder"], 30).router_argv("chat", 0)
+    settings = QSettings(str(tmp_path / "settings.ini"), QSettings.Format.IniFormat)  # not the app's own
+    save_served_set(settings, served)
+    assert load_served_set(settings).ttl_sleeps
+    panel = ServedSetPanel(ServedSet(["/models/coder"]))
+    qtbot.addWidget(panel)
+    assert not panel.ttl_sleeps.isEnabled()  # no idle time: nothing to sleep on
+    with qtbot.waitSignal(panel.changed):
+        panel.ttl.setValue(10)
+    assert panel.ttl_sleeps.isEnabled()
+    with qtbot.waitSignal(panel.changed) as changed:
+        panel.ttl_sleeps.setChecked(True)
+    assert changed.args[0].ttl_sleeps and "--model-ttl-action" in changed.args[0].router_argv("chat", 0)
