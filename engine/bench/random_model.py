@@ -10,6 +10,11 @@ from pathlib import Path
 
 BENCH_LLAMA = dict(hidden_size=512, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
                    intermediate_size=1536, vocab_size=8192, max_position_embeddings=2048)
+# The peer bench's tiny model (`pagedesk-bench peer`, `steps`): the same shape with 2 layers, where the host's
+# work per step weighs most; PEER_WIDE is one whose matmuls dominate (hidden 1024).
+PEER_LLAMA = dict(num_hidden_layers=2)
+PEER_WIDE = dict(hidden_size=1024, num_hidden_layers=4, num_attention_heads=16, num_key_value_heads=8,
+                 intermediate_size=3072)
 
 
 def make_random_llama(path: Path, seed: int = 0, **overrides) -> Path:

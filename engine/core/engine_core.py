@@ -30,6 +30,7 @@ from engine.core.request_faults import RequestFaults
 from engine.core.scheduler import ScheduledSeq, Scheduler
 from engine.core.sequence import Request, Sequence
 from engine.core.started import StartedEngine
+from engine.core.step_timer import StepTimer
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -69,6 +70,9 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.compiling: list[tuple[Sequence, Future]] = []  # requests whose grammar is still compiling
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.timer = StepTimer()  # each step's phases; a runner that can lap "prepare" itself is handed it
+        if hasattr(self.runner, "step_timer"):
+            self.runner.step_timer = self.timer
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
                                       self.model_config.max_model_len, self.stats, self.faults,
@@ -194,12 +198,15 @@ class EngineCore:
     # ---- one step ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        timer = self.timer
+        timer.start()
         self._admit_compiled()
         if self.spec is not None:
             self.spec.propose_before_schedule(self.scheduler.running)
         out = self.scheduler.schedule()
         if self.spec is not None and out.scheduled:
             self.spec.fill_drafts(out.scheduled, out.block_copies, self.generator)
+        timer.lap("schedule")
         outcome = StepOutcome()
         for seq in out.too_long:
             self.output.finish(seq, "length")
@@ -208,12 +215,22 @@ class EngineCore:
         if out.scheduled:
             now = time.time()
             plan = self._plan_sampling([s for s in out.scheduled if s.samples])
+            timer.lap("plan")
             result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
+            timer.lap("forward")
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
         if self.spec is not None and out.scheduled:
             self.spec.after_step(plan.spec_items, result)
+        timer.lap("process")
+        outputs = self._outputs(outcome)
+        timer.lap("outputs")
+        timer.end()
+        return outputs
+
+    def _outputs(self, outcome: StepOutcome) -> list[RequestOutput]:
+        """The step's outputs: one per request it touched, and one per request that failed in it."""
         outputs = []
         for request in outcome.touched.values():
             with self.faults.guard(request, "building its output"):

@@ -94,6 +94,7 @@ class ModelRunner:
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
         self.sampler = DeviceSampler(self.model, model_config.vocab_size, device)
+        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `execute` laps "prepare"
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -192,7 +193,10 @@ class ModelRunner:
                 sampling: SamplingBatch | None = None,
                 state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
         """Run the batch and sample what `sampling` asks for."""
-        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
+        inputs = self.prepare(batch, block_copies, state_copies)
+        if self.step_timer is not None:
+            self.step_timer.lap("prepare")
+        return self.run(inputs, sampling)
 
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 
