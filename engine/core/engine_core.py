@@ -314,12 +314,17 @@ class EngineCore:
                 child.grammar = seq.grammar.fork() if seq.grammar is not None else None
             forks.append((seq, children))
             targets += children
-        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids,
-                            t.seq_id) for t in targets]
+        rows = [t.sampling_row or self._sampling_row(t) for t in targets]
         plan.forks += forks
         plan.targets += targets
         batch.rows += rows
         batch.logits_index += [row] * len(rows)
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        """A sequence's sampling row, made once: it reads the sequence's own token list, so it stays current."""
+        seq.sampling_row = SamplingRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator,
+                                       self.model_config.eos_token_ids, seq.seq_id)
+        return seq.sampling_row
 
     def _bitmask(self, targets: list[Sequence]):
         return grammar_bitmask([t.grammar for t in targets], self.model_config.vocab_size,

@@ -198,6 +198,8 @@ class Scheduler:
         return preempted
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, prefill_left: int | None) -> None:
+        if not self.waiting:  # the common decode step: no seat count to make
+            return
         if prefill_left is not None:
             budget = min(budget, prefill_left)
         seats, counted = self._num_seats()

@@ -46,6 +46,7 @@ class Sequence:
         self.table_edits: dict[int, int] = {}
         self.status = SequenceStatus.WAITING
         self.generator = generator
+        self.sampling_row = None  # its SamplingRow (engine/sample/metadata.py), made at its first sampling step
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] | None = [] if request.params.logprobs is not None else None
         self.detokenizer = IncrementalDetokenizer(request.tokenizer, request.params, self.num_prompt_tokens)

@@ -128,7 +128,11 @@ def _exponential(out: torch.Tensor, generator: torch.Generator) -> None:
 def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
                      default_generator: torch.Generator) -> SampledTokens:
     raw = logits
-    logits = logits.to(torch.float32, copy=True)  # the working copy; `raw` stays as the model gave it
+    edits = meta.bias is not None or meta.masked is not None or meta.bitmask is not None or \
+        meta.penalty_rows is not None
+    # The working logits: a float32 copy that edits may change, `raw` staying as the model gave it; without edits,
+    # float32 logits are read in place.
+    logits = logits.to(torch.float32, copy=edits)
     apply_bias_and_masks(logits, meta)
     apply_penalties(logits, meta)
     chosen = logits.argmax(dim=-1)
@@ -139,15 +143,17 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
         drawn = (probs / draw_noise(probs, meta, default_generator)).argmax(dim=-1)
         del probs
         chosen.index_copy_(0, meta.sampled_rows, drawn)
-    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries.
-    raw_logprobs = torch.log_softmax(raw.float(), dim=-1)
+    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries;
+    # the chosen tokens' alone need no [rows, vocab] tensor.
+    raw = raw.float()
+    if meta.max_num_logprobs is None:
+        token_logprobs = raw.gather(1, chosen[:, None])[:, 0] - torch.logsumexp(raw, dim=-1)
+        return SampledTokens(chosen, token_logprobs, None, None, None)
+    raw_logprobs = torch.log_softmax(raw, dim=-1)
     token_logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
-    out = SampledTokens(chosen, token_logprobs, None, None, None)
-    if meta.max_num_logprobs is not None:
-        top = raw_logprobs.topk(max(meta.max_num_logprobs, 1), dim=-1)
-        out.top_ids, out.top_logprobs = top.indices, top.values
-        out.ranks = (raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1
-    return out
+    top = raw_logprobs.topk(max(meta.max_num_logprobs, 1), dim=-1)
+    ranks = (raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1
+    return SampledTokens(chosen, token_logprobs, top.indices, top.values, ranks)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow] | SamplingMetadata,

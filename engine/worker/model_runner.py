@@ -94,7 +94,7 @@ class ModelRunner:
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
         self.sampler = DeviceSampler(self.model, model_config.vocab_size, device)
-        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `execute` laps "prepare"
+        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `run` laps "prepare"
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -180,6 +180,8 @@ class ModelRunner:
         tables = self.input_prep.step_tables(inputs)
         rows = logits_index(inputs, self.device)
         prepared = self.sampler.prepare(inputs, sampling)
+        if self.step_timer is not None:  # the host's part of the step ends here: the rest is the device's
+            self.step_timer.lap("prepare")
         if self.expert_load is not None:
             self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
         hidden = self.dispatch.forward(inputs, tables)
@@ -193,10 +195,7 @@ class ModelRunner:
                 sampling: SamplingBatch | None = None,
                 state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
         """Run the batch and sample what `sampling` asks for."""
-        inputs = self.prepare(batch, block_copies, state_copies)
-        if self.step_timer is not None:
-            self.step_timer.lap("prepare")
-        return self.run(inputs, sampling)
+        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
 
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 
