@@ -81,6 +81,11 @@ FLAGS: tuple[Flag, ...] = (
          "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}, {\"model\": DRAFT_FOLDER, "
          "\"num_speculative_tokens\": 3} or, for a checkpoint with an MTP head (Qwen3.5/3.6, Qwen3-Next), "
          "{\"method\": \"mtp\", \"num_speculative_tokens\": 2} (default: off)", "engine", gui=False),
+    Flag("async_scheduling", bool, False, "Schedule and prepare step N+1 while step N runs on the device (vLLM's "
+         "async scheduling): the next input tokens are fed on the device and stop conditions are checked one step "
+         "late, with identical output; steps that need their tokens on the host first (structured output, "
+         "penalties, bad words, min_tokens, beams, n>1 forks, speculative decoding) run one at a time",
+         "engine", negatable=True, gui=False),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),
@@ -185,6 +190,7 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_mode: str = "full_and_piecewise"
     attention_backend: str = "auto"
+    async_scheduling: bool = False
     speculative_config: str | dict | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9

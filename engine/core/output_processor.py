@@ -53,11 +53,16 @@ class OutputProcessor:
         self.pooling = pooling  # an embedding engine: requests end once their prompt is pooled
         self.decode = decoder_of(tokenizer)
 
-    def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
-                now: float) -> None:
-        """Everything a finished forward means for the requests; `result` is the runner's ModelRunnerOutput."""
+    def record_scheduled(self, scheduled: list[ScheduledSeq], now: float) -> None:
+        """Statistics of the chunks a step runs, taken as it is launched (before the scheduler counts them)."""
         for item in scheduled:
             self._record_scheduled(item, now)
+
+    def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
+                now: float) -> None:
+        """Everything a finished forward means for the requests; `result` is the runner's ModelRunnerOutput. A
+        target that finished before its token came back (async scheduling: its stop was found one step late,
+        or it was aborted) takes no token."""
         if result is not None and result.prompt_logprobs is not None:
             self._record_prompt_logprobs(scheduled, result.prompt_logprobs)
         if self.pooling:
@@ -75,14 +80,18 @@ class OutputProcessor:
         if not plan.targets:
             return
         sampled: SamplerOutput = result.sampled
+        discarded = 0
         for i, seq in enumerate(plan.targets):
+            if seq.is_finished:
+                discarded += 1
+                continue
             if seq.request in self.faults:
                 continue
             with self.faults.guard(seq.request, "processing its new token"):
                 self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i],
                                   self._top_logprobs(seq, i, sampled))
             self._after_tokens(outcome, seq, now)
-        self.stats.generation_tokens_total += len(plan.targets)
+        self.stats.generation_tokens_total += len(plan.targets) - discarded
 
     def _append_verified(self, outcome: StepOutcome, items: list[ScheduledSeq], spec, now: float) -> None:
         """A verify step's tokens (accepted drafts, then the target's own): appended in order until a stop

@@ -43,6 +43,7 @@ class ScheduledSeq:
     is_prefill: bool = False  # a prompt (or recompute) chunk, not the one-token step of a decode
     num_draft_tokens: int = 0  # speculative drafts verified after the decode token (in num_new_tokens)
     num_accepted: int = 0  # of them, kept this step (set by the output processor)
+    num_pending: int = 0  # async scheduling: its last token is still on the device (fed there, not by the host)
 
     @property
     def samples(self) -> bool:
@@ -50,7 +51,8 @@ class ScheduledSeq:
         embedding request: it is pooled instead)."""
         if self.seq.request.pooling is not None:
             return False
-        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
+        seq = self.seq
+        return seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == seq.num_tokens + self.num_pending
 
 
 @dataclass
@@ -59,6 +61,7 @@ class SchedulerOutput:
     block_copies: list[tuple[int, int]] = field(default_factory=list)
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
     too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
+    counted: bool = False  # its tokens were counted as computed at launch (async scheduling: `launched`)
 
     @property
     def num_tokens(self) -> int:
@@ -150,7 +153,9 @@ class Scheduler:
         picked: dict[int, ScheduledSeq] = {}
         decodes, chunks = [], []
         for s in self.running:
-            left = len(s.token_ids) - s.num_computed_tokens
+            left = len(s.token_ids) + s.num_pending - s.num_computed_tokens
+            if s.num_pending and len(s.token_ids) + s.num_pending >= s.request.max_num_tokens:
+                continue  # the token on its way is its last: it ends as "length" when that arrives
             if left and not s.request.paused:  # paused: its caller is not reading; it keeps its blocks
                 (decodes if left == 1 else chunks).append((s, left))
         prefill_left = None
@@ -190,7 +195,8 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts)
+                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts,
+                                                  num_pending=seq.num_pending)
                 out.scheduled.append(picked[seq.seq_id])
                 budget -= num_new
                 if prefill_left is not None and left > 1:
@@ -206,7 +212,9 @@ class Scheduler:
         rotated = 0
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if seq.request.paused:  # preempted while its caller was not reading: it waits until it reads
+            # Preempted while its caller was not reading: it waits until it reads (or, under async scheduling,
+            # until the token that was on its way when it was preempted has arrived).
+            if seq.request.paused or seq.num_pending:
                 if rotated >= len(self.waiting):
                     break
                 self.waiting.rotate(-1)
@@ -284,16 +292,34 @@ class Scheduler:
         self._preempt(victim, to_back=True)
         return True
 
-    def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
-                           finished: list[Sequence]) -> None:
-        """After a step: the scheduled tokens are computed; forked sequences take their parent's blocks by
-        reference and join the running list (before any parent that finished frees its own); finished
-        sequences give their blocks back."""
-        for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
-            item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
+    def launched(self, out: SchedulerOutput) -> None:
+        """Async scheduling: the step's forward is queued and the next step is scheduled before its results
+        come back, so its tokens count as computed now and each sampling sequence has one token on its way
+        (`num_pending`; a step that runs ahead has no drafts and no forks)."""
+        for item in out.scheduled:
+            seq, samples = item.seq, item.samples
+            seq.num_computed_tokens += item.num_new_tokens
+            seq.num_pending += samples
+        self._snapshot_states(out)
+        out.counted = True
+
+    def _snapshot_states(self, out: SchedulerOutput) -> None:
         if self.kv.num_snapshot_slots:  # before any fork or finish: the state a chunk left, at a block boundary
             for item in out.scheduled:
                 self.kv.snapshot_state(item.seq)
+
+    def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
+                           finished: list[Sequence]) -> None:
+        """After a step: the scheduled tokens are computed (unless `launched` counted them); forked sequences
+        take their parent's blocks by reference and join the running list (before any parent that finished
+        frees its own); finished sequences give their blocks back, and leave the waiting queue if a
+        preemption put them there while their last token was on its way."""
+        if not out.counted:
+            for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
+                item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
+            self._snapshot_states(out)
+        if self.waiting and any(not s.block_table for s in finished):
+            self.waiting = deque(s for s in self.waiting if not s.is_finished)
         if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
             self._fork_states(forks, finished)
             return

@@ -42,10 +42,27 @@ class SampledTokens:
 
     def to_host(self) -> SamplerOutput:
         """One device -> host copy: every result packed into float64 (token ids < 2**53 stay exact)."""
+        return self._unpack(self._pack().cpu().tolist())
+
+    def start_host_copy(self) -> "PendingSamples":
+        """The same copy, started without waiting for it (async scheduling): into pinned memory on a card, with
+        an event recorded after it, so the host goes on while the device is still computing these."""
+        packed = self._pack()
+        if packed.device.type != "cuda" or not torch.cuda.is_available():
+            return PendingSamples(self, packed, None)
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingSamples(self, host, event)
+
+    def _pack(self) -> torch.Tensor:
         parts = [self.token_ids[:, None], self.logprobs[:, None]]
         if self.ranks is not None:
             parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
-        packed = torch.cat([p.double() for p in parts], dim=1).cpu().tolist()
+        return torch.cat([p.double() for p in parts], dim=1)
+
+    def _unpack(self, packed: list[list[float]]) -> SamplerOutput:
         out = SamplerOutput([int(r[0]) for r in packed], [r[1] for r in packed], None, None, None)
         if self.ranks is not None:
             k = self.top_ids.shape[1]
@@ -53,6 +70,21 @@ class SampledTokens:
             out.top_ids = [[int(t) for t in r[3:3 + k]] for r in packed]
             out.top_logprobs = [r[3 + k:] for r in packed]
         return out
+
+
+@dataclass(slots=True)
+class PendingSamples:
+    """Sampled tokens on their way to the host: the device tensors (the next step reads `tokens.token_ids` on
+    the device), the host copy being made and the event after it."""
+
+    tokens: SampledTokens
+    host: torch.Tensor  # packed as SampledTokens._pack; the device's own tensor when the device is the host
+    event: object | None  # torch.cuda.Event, recorded after the copy
+
+    def wait(self) -> SamplerOutput:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.tokens._unpack(self.host.tolist())
 
 
 def apply_bias_and_masks(logits: torch.Tensor, meta: SamplingMetadata) -> None:

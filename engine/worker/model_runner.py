@@ -12,6 +12,7 @@ peak step. It never talks to other processes itself.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from engine.config.model import ModelConfig
@@ -21,6 +22,7 @@ from engine.kv.kv_cache_interface import model_kv_layout
 from engine.layers.fused_moe.expert_load import ExpertLoad
 from engine.models.registry import model_class
 from engine.platform.devices import indexed_device
+from engine.platform.host_copies import to_device
 from engine.sample.metadata import SamplingBatch
 from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
 from engine.worker.gpu_baseline import free_bytes_at_start
@@ -95,6 +97,9 @@ class ModelRunner:
                                         padding_slot_bytes=self.pools.state_slot_bytes())
         self.sampler = DeviceSampler(self.model, model_config.vocab_size, device)
         self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `run` laps "prepare"
+        # Async scheduling: the last launched step's sampled token ids, still on the device, which the next step's
+        # decodes read as their input (their rows: `input_prep.last_sample_rows`).
+        self.last_sampled: torch.Tensor | None = None
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -164,7 +169,8 @@ class ModelRunner:
         return self.input_prep.prepare(batch, block_copies, state_copies)
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None,
+            defer: bool = False) -> ModelRunnerOutput | None:
         """One forward over prepared inputs, then sampling on the device; the small results on the host.
 
         Every host -> device copy of the step (block tables, metadata, the sampler's tensors and index rows) is
@@ -172,7 +178,10 @@ class ModelRunner:
         sampler's one result copy the host never waits for the card.
 
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
-        head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
+        head's all-gather included); only rank 0 passes `sampling`, the others get None back.
+
+        With `defer` (a launched step) the sampled tokens' copy to the host is only started: the output's
+        `result()` waits for it, and the tokens stay on the device for the next step's inputs."""
         self.pools.copy_blocks(inputs.block_copies)
         # Before the state copies: a fork or snapshot reads the accepted state.
         self.pools.replay_verified(inputs.state_replay)
@@ -184,12 +193,36 @@ class ModelRunner:
             self.step_timer.lap("prepare")
         if self.expert_load is not None:
             self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
-        hidden = self.dispatch.forward(inputs, tables)
+        hidden = self.dispatch.forward(inputs, tables, self._fed_input_ids(inputs))
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         if self.keep_hidden:
             self.last_hidden = hidden
-        return self.sampler.finish(hidden, inputs, rows, prepared, sampling)
+        return self.sampler.finish(hidden, inputs, rows, prepared, sampling, defer)
+
+    def _fed_input_ids(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The step's input ids on the device with the tokens the last step sampled written in on the device
+        (async scheduling: the host never saw them); None when every input id is on the host."""
+        if inputs.pending_rows is None:
+            return None
+        ids = to_device(torch.from_numpy(inputs.input_ids.copy()), self.device)  # a CPU "copy" would share it
+        index = to_device(torch.from_numpy(np.concatenate([inputs.pending_rows, inputs.pending_sources])),
+                          self.device)
+        n = len(inputs.pending_rows)
+        ids.index_copy_(0, index.narrow(0, 0, n), self.last_sampled.index_select(0, index.narrow(0, n, n)))
+        return ids
+
+    def launch(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
+               sampling: SamplingBatch | None = None,
+               state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
+        """`execute` for async scheduling: the step is queued on the device and its output comes back at once;
+        its `result()` waits for the sampled tokens, which also stay on the device for the next step."""
+        out = self.run(self.prepare(batch, block_copies, state_copies), sampling, defer=True)
+        pending = out.pending if out is not None else None
+        self.last_sampled = pending.tokens.token_ids if pending is not None else None
+        self.input_prep.last_sample_rows = {row.key: i for i, row in enumerate(sampling.rows)} \
+            if pending is not None else {}
+        return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
                 sampling: SamplingBatch | None = None,

@@ -56,10 +56,15 @@ def sample(logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
     return sample_prepared(logits, prepare_sampling(sampling, logits.shape[1], logits.device))
 
 
-def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling) -> ModelRunnerOutput:
+def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling, defer: bool = False) -> ModelRunnerOutput:
+    """The step's draws; with `defer` their copy to the host is started, not waited for (`ModelRunnerOutput.result`)."""
     out, sampling = ModelRunnerOutput(), prepared.batch
     if prepared.meta is not None:
-        out.sampled = sample_on_device(logits[prepared.rows_index], prepared.meta, sampling.generator).to_host()
+        tokens = sample_on_device(logits[prepared.rows_index], prepared.meta, sampling.generator)
+        if defer:
+            out.pending = tokens.start_host_copy()
+        else:
+            out.sampled = tokens.to_host()
     if prepared.spec is not None:
         out.spec = verify_drafts(logits, sampling.spec, sampling.generator, prepared.spec)
     if prepared.beam_index is not None:
@@ -90,8 +95,10 @@ class DeviceSampler:
         return prepare_sampling(sampling, self.vocab_size, self.device, self.sampling_state)
 
     def finish(self, hidden: torch.Tensor, inputs: StepInputs, logits_index: torch.Tensor | None,
-               prepared: PreparedSampling | None, sampling: SamplingBatch | None) -> ModelRunnerOutput | None:
-        """The step's results from its hidden states; None on a tensor-parallel worker (no `sampling`)."""
+               prepared: PreparedSampling | None, sampling: SamplingBatch | None,
+               defer: bool = False) -> ModelRunnerOutput | None:
+        """The step's results from its hidden states; None on a tensor-parallel worker (no `sampling`). With
+        `defer`, the sampled tokens' host copy is only started (async scheduling)."""
         rank0 = sampling is not None
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
@@ -104,6 +111,6 @@ class DeviceSampler:
         logits = self.model.compute_logits(hidden[logits_index])
         if not rank0:
             return None
-        out = sample_prepared(logits, prepared)
+        out = sample_prepared(logits, prepared, defer)
         out.prompt_logprobs, out.pooled = prompt_logprobs, pooled
         return out

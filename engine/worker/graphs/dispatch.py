@@ -111,13 +111,17 @@ class GraphDispatcher:
                 estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize, tp)
         return total
 
-    def forward(self, inputs: StepInputs, tables: torch.Tensor) -> torch.Tensor:
-        """The step's hidden states through the path that takes it; `tables`: its block tables on the device.
-        A hybrid model's verify rows (read-only states) never take the decode graphs."""
+    def forward(self, inputs: StepInputs, tables: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's hidden states through the path that takes it; `tables`: its block tables on the device;
+        `input_ids`: the input ids already on the device (some written there by the device: async scheduling),
+        else they are copied from `inputs`. A hybrid model's verify rows (read-only states) never take the decode
+        graphs."""
         graphs = self.graphs if inputs.max_query_len == 1 else self.verify_graphs
+        fed = () if input_ids is None else (input_ids,)  # only when the device wrote ids: `run` wrappers take two
         if graphs is not None and inputs.state_read_only is None and graphs.can_run(inputs):
-            return graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
+            return graphs.run(inputs, tables, *fed)  # copies into its static buffers: no metadata tensors to make
         meta = attention_metadata(inputs, tables, self.device)
         if self.piecewise is not None and self.piecewise.can_run(inputs):
-            return self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
-        return self.model(*token_tensors(inputs, self.device), meta)
+            return self.piecewise.run(inputs, meta, *fed)  # the pieces, attention eager between them
+        ids, positions = token_tensors(inputs, self.device)
+        return self.model(ids if input_ids is None else input_ids, positions, meta)
