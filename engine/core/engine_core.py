@@ -6,7 +6,10 @@ side of the step never imports the worker, the models or the kernels); it valida
 fork off its prompt once the prompt is computed: their rows share its logits), hands the runner's sampled
 tokens to the output processor (append, stop rules, RequestOutputs) and what that changed to
 `Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
-GUI. Not thread-safe: one caller.
+GUI. With async scheduling (--async-scheduling, vLLM's) a step is launched and the next one scheduled before its
+results are read: `step()` launches step N+1, then processes step N, whose tokens fed N+1 on the device; a step
+whose successor needs its tokens on the host first runs to the end before anything else is scheduled. Each
+step's phases go to the step timer (engine/core/step_timer.py). Not thread-safe: one caller.
 """
 from __future__ import annotations
 
@@ -281,7 +284,7 @@ class EngineCore:
     def _finish(self, step: "LaunchedStep") -> StepOutcome:
         """A launched step's results (waiting for them if they are still on the device), through the output
         processor and the scheduler."""
-        result = step.result.result() if self.async_scheduling else step.result
+        result = step.result.result() if self.async_scheduling and step.result is not None else step.result
         self.timer.lap("forward")
         outcome = StepOutcome()
         if step.out.counted:  # the tokens on their way are here

@@ -23,6 +23,11 @@ most recently admitted.
 A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
 and resumes when the caller reads again, unless a waiting sequence needs its blocks or its seat (then it
 is preempted to the back of the queue); a paused sequence in the queue is not admitted until it resumes.
+
+Under async scheduling the engine schedules step N+1 before step N's results: `launched` counts step N's
+tokens as computed at once and gives each sampling sequence a token on its way (`num_pending`), which its next
+decode takes as input on the device; a sequence whose token on its way is its last (max_tokens, max_model_len)
+is not scheduled again, and one preempted with a token on its way waits in the queue until it has arrived.
 """
 from __future__ import annotations
 

@@ -7,8 +7,10 @@ decode graph, piecewise or eager, and the graphs' planning and capture) and devi
 (engine/worker/sampling.py). `run` applies the step's pool edits, issues every host -> device copy of the step
 (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over all of
 it through the path dispatch picks, then computes logits only where they are needed and samples them on the
-device (as nano-vllm does), returning token ids and the logprobs asked for. `profile_run` is the KV sizing's
-peak step. It never talks to other processes itself.
+device (as nano-vllm does), returning token ids and the logprobs asked for. `launch` is the same step for async
+scheduling: the sampled ids' copy to the host is only started, they stay on the device, and the next step's
+decodes read their input tokens from them there. `profile_run` is the KV sizing's peak step. It never talks to
+other processes itself.
 """
 from __future__ import annotations
 

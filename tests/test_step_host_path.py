@@ -1,0 +1,83 @@
+"""The host's part of a step (issue 39): the engine's step timer accounts for the step, and the shortcuts taken
+per token give what the long way gives — the Rust tokenizer's decode, the sampler without a logits copy or a
+full log_softmax, prefix-cache hashes over known tokens only under async scheduling."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from engine import LLM, SamplingParams
+from engine.core.detokenizer import decoder_of
+from engine.core.step_timer import PHASES
+from engine.sample.metadata import SamplingRow
+from engine.sample.sampler import sample_on_device
+from engine.sample.state import SamplingMetadata
+
+
+def test_the_fast_decode_is_the_tokenizers_decode(llama_dir):
+    tok = AutoTokenizer.from_pretrained(llama_dir)
+    fast = decoder_of(tok)
+    assert fast is not tok.decode  # the tiny model's tokenizer cleans no spaces up: the Rust decode is taken
+    rng = random.Random(0)
+    ids = tok.encode("Les élèves étudient l'été. Emoji: 🚀🔥 <|im_start|> def main(): print('x')")
+    ids += tok.all_special_ids
+    for _ in range(300):
+        window = [rng.choice(ids) for _ in range(rng.randint(1, 6))]
+        for skip in (False, True):
+            assert fast(window, skip_special_tokens=skip) == tok.decode(window, skip_special_tokens=skip)
+
+
+def test_a_tokenizer_that_cleans_up_spaces_keeps_transformers_decode(llama_dir):
+    tok = AutoTokenizer.from_pretrained(llama_dir, clean_up_tokenization_spaces=True)
+    assert decoder_of(tok) == tok.decode
+    assert decoder_of(None) is None  # a test's sequence without a tokenizer
+
+
+def test_the_step_timer_accounts_for_every_step(llama_dir):
+    llm = LLM(str(llama_dir), device="cpu")
+    engine = llm.engine
+    engine.add_request("r", [5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        steps += 1
+        laps = engine.timer.laps
+        assert set(laps) == set(PHASES) and all(v >= 0 for v in laps.values())
+        assert laps["forward"] > 0 and laps["prepare"] > 0  # the runner lapped its own host work
+        assert engine.timer.host_s == pytest.approx(engine.timer.step_s - laps["forward"])
+    assert engine.timer.num_steps == steps
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_rows_without_edits_match_the_full_path(dtype):
+    """No copy of the logits and a logsumexp for the chosen tokens: the same ids, the same log-probs, as the path
+    that edits a copy and takes the whole log_softmax (a bias of zero is an edit that changes nothing)."""
+    torch.manual_seed(0)
+    logits = (torch.randn(5, 300) * 4).to(dtype)
+    before = logits.clone()
+    rows = [SamplingRow(SamplingParams(temperature=0), [1, 2], 1, None, [0]) for _ in range(5)]
+    plain = sample_on_device(logits, SamplingMetadata.build(rows, 300, logits.device), torch.Generator())
+    edited = [SamplingRow(SamplingParams(temperature=0, logit_bias={7: 0.0}, logprobs=1), [1, 2], 1, None, [0])
+              for _ in range(5)]
+    full = sample_on_device(logits, SamplingMetadata.build(edited, 300, logits.device), torch.Generator())
+    assert torch.equal(logits, before)  # the model's logits are never written
+    assert torch.equal(plain.token_ids, full.token_ids)
+    torch.testing.assert_close(plain.logprobs, full.logprobs, rtol=1e-5, atol=1e-5)
+
+
+def test_async_scheduling_caches_the_same_prefix_blocks(llama_dir):
+    """A block completed by a token still on the device is hashed once that token is known: a second request
+    sharing the first's prompt and output hits as many cached tokens either way."""
+    hits = []
+    for flag in (False, True):
+        llm = LLM(str(llama_dir), device="cpu", async_scheduling=flag, block_size=16)
+        prompt = [5 + i for i in range(15)]  # the first decode's input fills the first block
+        first = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True),
+                             use_tqdm=False)[0].outputs[0].token_ids
+        before = llm.engine.kv.prefix_hits
+        llm.generate([prompt + first[:30]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
+        hits.append(llm.engine.kv.prefix_hits - before)
+    assert hits[0] == hits[1] == 32
