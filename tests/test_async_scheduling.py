@@ -7,6 +7,7 @@ meanwhile. On a (fake) card the host makes no sync between one launch and the ne
 """
 from __future__ import annotations
 
+import json
 import threading
 from types import SimpleNamespace
 
@@ -270,3 +271,26 @@ def test_pending_tokens_are_fed_from_the_last_steps_samples_on_the_device(llama_
     inputs = SimpleNamespace(input_ids=np.array([7, PENDING_TOKEN, 9, PENDING_TOKEN]),
                              pending_rows=np.array([1, 3]), pending_sources=np.array([2, 0]))
     assert runner._fed_input_ids(inputs).tolist() == [7, 43, 9, 41]
+
+
+def test_streams_through_the_server_are_the_same(llama_dir):
+    """The async engine's thread steps an engine that runs ahead: the streamed text and ids are the same."""
+    import httpx
+    from server_harness import MODEL_NAME, start_server
+
+    got = []
+    for flag in (False, True):
+        server = start_server(llama_dir, async_scheduling=flag)
+        try:
+            assert server.async_engine.engine.async_scheduling is flag
+            body = {"model": MODEL_NAME, "prompt": PROMPTS[0], "max_tokens": 12, "temperature": 0, "stream": True,
+                    "stop": None}
+            pieces = []
+            with httpx.stream("POST", f"{server.base_url}/completions", json=body, timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data:") and line[5:].strip() != "[DONE]":
+                        pieces.append(json.loads(line[5:])["choices"][0]["text"])
+            got.append("".join(pieces))
+        finally:
+            server.stop()
+    assert got[0] == got[1] and got[0]
