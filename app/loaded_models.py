@@ -6,10 +6,11 @@ and hands rows back through a queued signal. `model_rows` turns the JSON into pl
 widgets). Load and unload are `POST /v1/models/NAME/load|unload` with the endpoint's key; a load can take as
 long as the engine takes to start, so it runs on its own thread and the row says "loading" meanwhile.
 `models_listed` tells the Chat tab's picker which models there are and which are loaded. A model that
-failed says so with its engine's error in the row. Load is offered for a model that is not loaded, Unload
-for one that is; each load and unload asked here is written to the logs (`log_line`). Under the list, the
-selected model's own log (app/model_logs.py sorts the router's output per model; it follows new lines, and a
-new run starts it empty) and, when the main window adds it, the served-set settings (app/served_set_panel.py).
+failed says so with its engine's error in the row, and "Remove from served set" (`remove_requested`) drops it from
+the models served alongside. Load is offered for a model that is not loaded, Unload for one that is; each load and
+unload asked here is written to the logs (`log_line`). Under the list, the selected model's own log
+(app/model_logs.py sorts the router's output per model; it follows new lines, and a new run starts it empty) and,
+when the main window adds it, the served-set settings (app/served_set_panel.py).
 """
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def model_rows(payload: dict) -> list[ModelRow]:
         rows.append(ModelRow(str(m.get("id")), state, " | ".join(places),
                              sum(int(e.get("memory_bytes") or 0) for e in engines),
                              m.get("max_model_len"), m.get("quantization") or "none",
-                             errors[0] if errors else m.get("config_error", ""), "loaded" in m,
+                             errors[0] if errors else m.get("error") or m.get("config_error", ""), "loaded" in m,
                              state != "failed" and not m.get("config_error")))
     return rows
 
@@ -86,6 +87,7 @@ class _Relay(QObject):
 class LoadedModelsPanel(QWidget):
     models_listed = Signal(object)  # list[ModelRow]
     log_line = Signal(str)  # "[pagedesk] NAME: unloaded\n": what was asked here, for the logs
+    remove_requested = Signal(str)  # a failed model's name: take it out of the served set
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -106,9 +108,11 @@ class LoadedModelsPanel(QWidget):
         self.load_button = QPushButton("Load", clicked=lambda: self.act("load"))
         self.unload_button = QPushButton("Unload", clicked=lambda: self.act("unload"))
         self.refresh_button = QPushButton("Refresh", clicked=self.refresh)
+        self.remove_button = QPushButton("Remove from served set", visible=False,
+                                         clicked=lambda: self.selected() and self.remove_requested.emit(self.selected()))
         self.status = QLabel(wordWrap=True)
         buttons = QHBoxLayout()
-        for b in (self.load_button, self.unload_button, self.refresh_button):
+        for b in (self.load_button, self.unload_button, self.refresh_button, self.remove_button):
             buttons.addWidget(b)
         buttons.addStretch(1)
         self.logs = ModelLogs()
@@ -117,6 +121,7 @@ class LoadedModelsPanel(QWidget):
         self.log_view.setFont(QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont))
         self.table.itemSelectionChanged.connect(self._show_log)
         self.table.itemSelectionChanged.connect(self._update_buttons)
+        self.table.itemSelectionChanged.connect(self._offer_removal)
         layout = self.layout_ = QVBoxLayout(self)
         layout.addWidget(self.table, 1)
         layout.addLayout(buttons)
@@ -213,6 +218,15 @@ class LoadedModelsPanel(QWidget):
         threading.Thread(target=post, name=f"models-{action}", daemon=True).start()
         self._show(self.rows)
 
+    def _offer_removal(self) -> None:
+        """A failed model, selected: say why it failed and offer to stop serving it."""
+        row = next((r for r in self.rows if r.name == self.selected()), None)
+        failed = row is not None and row.managed and row.state == "failed"
+        self.remove_button.setVisible(failed)
+        if failed:
+            self.status.setText(f"{row.name} failed: {row.error or 'no reason given'}. Fix its folder, or remove "
+                                "it from the served set.")
+
     def _on_failed(self, text: str) -> None:
         self.status.setText(text)
 
@@ -241,6 +255,7 @@ class LoadedModelsPanel(QWidget):
             if r.name == (selected or self.rows[0].name):  # nothing chosen yet: the main model, listed first
                 self.table.selectRow(i)
         self._update_buttons()
+        self._offer_removal()
         self.models_listed.emit(self.rows)
 
     def _update_buttons(self) -> None:

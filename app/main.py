@@ -1,4 +1,5 @@
-"""Entry point of the `pagedesk` console script (and `python -m app`): QApplication + MainWindow.
+"""Entry point of the `pagedesk` console script (and `python -m app`): QApplication + MainWindow, or, for
+`pagedesk launch ...`, the agent launcher (app/launch.py), which runs without Qt.
 
 Quitting always runs the window's shutdown, so the engine's process group is stopped even when the
 application is ended from outside the window (Ctrl+C in the terminal or SIGTERM at logout, which
@@ -16,16 +17,6 @@ import os
 import signal
 import sys
 
-from PySide6.QtCore import QTimer
-from PySide6.QtGui import QIcon
-from PySide6.QtWidgets import QApplication
-
-from app.display_check import display_problem
-from app.main_window import MainWindow
-from app.paths import ICON_PATH
-from app.single_instance import SingleInstance
-from app.theme import follow_system_theme
-
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="pagedesk", description="PagedDesk desktop serving workstation")
@@ -37,6 +28,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(argv if argv is not None else sys.argv)
+    if len(argv) > 1 and argv[1] == "launch":  # a terminal command: no Qt is imported for it
+        from app.launch import main as launch
+        return launch(argv[2:])
+    return run_gui(argv)
+
+
+def run_gui(argv: list[str]) -> int:
+    from PySide6.QtCore import QTimer
+    from PySide6.QtGui import QIcon
+    from PySide6.QtWidgets import QApplication
+
+    from app.display_check import display_problem
+    from app.main_window import MainWindow
+    from app.paths import ICON_PATH
+    from app.single_instance import SingleInstance
+    from app.theme import follow_system_theme
+
     args = parse_args(argv)
     problem = None if QApplication.instance() else display_problem(os.environ)
     if problem:

@@ -220,6 +220,8 @@ class MainWindow(QMainWindow):
         sup.progress.connect(self._on_progress)
         self.loaded_models.log_line.connect(sup.log)  # loads and unloads asked here go into the logs too
         self.served_panel.changed.connect(self._on_served_set_changed)
+        self.loaded_models.remove_requested.connect(
+            lambda name: self.served_panel.remove_named(name, self._served_model_name()))
         self.monitor.model_selected.connect(self._watch_model)
         sup.ready.connect(self._on_ready)
         sup.crashed.connect(self._on_crashed)
@@ -492,7 +494,8 @@ class MainWindow(QMainWindow):
         running = self.supervisor.state == READY if running is None else running
         base = (self.supervisor.base_url if running and self.supervisor.base_url else
                 f"http://{connect_host(values.get('host') or '127.0.0.1')}:{values.get('port') or 8000}")
-        self.endpoint.set_endpoint(base, values.get("api_key"), self._served_model_name(), running)
+        self.endpoint.set_endpoint(base, values.get("api_key"), self._served_model_name(), running,
+                                   values.get("max_model_len"))
 
     # ---- shutdown -----------------------------------------------------------------------------------------
     def open_first_view(self) -> None:

@@ -53,6 +53,16 @@ class ServedSetPanel(QGroupBox):
             self._show()
             self.changed.emit(self.served)
 
+    def remove_named(self, name: str, primary_name: str) -> bool:
+        """Stop serving the model the router calls `name` (one served alongside; the chosen one stays)."""
+        folder = self.served.names(primary_name).get(name)
+        if folder is None:
+            return False
+        self.served.alongside.remove(folder)
+        self._show()
+        self.changed.emit(self.served)
+        return True
+
     def _add_folder(self) -> None:
         folder = QFileDialog.getExistingDirectory(self, "A model folder to serve alongside")
         self.add(folder)

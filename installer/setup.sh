@@ -6,7 +6,8 @@
 # packages), with PyPI as an extra index for torch's dependencies; torch's version and its CUDA wheel tags
 # are in installer/torch-wheels.txt.
 # The test tools (pytest, the API clients the compatibility tests drive, lm-eval: ~0.8 GB) are for a developer,
-# not for a user: only --dev installs them, with Xvfb for the real-window test (README's test command).
+# not for a user: only --dev installs them, with Xvfb for the real-window test and the agent CLIs the tests run
+# (README's test command).
 # Usage: installer/setup.sh [--cpu] [--dev]   --cpu forces the CPU build of torch; --dev see below.
 # TORCH_INDEX_URL overrides the wheel index of the CUDA build (default: the newest CUDA the driver supports).
 set -euo pipefail
@@ -118,5 +119,23 @@ if [ "$DEV" = 1 ]; then
             || echo "Xvfb could not be installed: the real-window test will be skipped"
     else
         echo "--dev: no apt-get with root/sudo here; install Xvfb yourself or the real-window test is skipped"
+    fi
+fi
+
+# --dev: the agent CLIs the tests run against a real server (tests/test_agent_clients.py), at the versions pinned in
+# installer/agent-clients.txt, installed with npm into .work/agents (project-local; Debian's nodejs and npm first
+# when missing). Without them those tests skip, naming this install.
+if [[ " $* " == *" --dev "* ]]; then
+    SUDO=""; [[ $(id -u) -ne 0 ]] && command -v sudo >/dev/null && SUDO="sudo -n"
+    if ! command -v npm >/dev/null && command -v apt-get >/dev/null && { [[ $(id -u) -eq 0 ]] || [[ -n $SUDO ]]; }; then
+        $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            nodejs npm >/dev/null || true
+    fi
+    AGENT_SPECS=$(awk '!/^#/ && NF == 3 { printf "%s@%s ", $2, $3 }' installer/agent-clients.txt)
+    if command -v npm >/dev/null && npm install --prefix .work/agents --no-audit --no-fund --loglevel=error \
+            $AGENT_SPECS >/dev/null; then
+        echo "agent CLIs installed in .work/agents: $AGENT_SPECS"
+    else
+        echo "the agent CLIs could not be installed (npm install --prefix .work/agents $AGENT_SPECS): their tests skip"
     fi
 fi

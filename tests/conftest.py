@@ -78,3 +78,18 @@ def agent_api_server(tiny_model_dir):
     srv = start_server(path, api_key=AGENT_API_KEY, max_model_len=1024, reasoning_parser="qwen3")
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session")
+def scripted_api_server(tmp_path_factory):
+    """A server whose model answers every turn "Hello from PagedDesk." and stops (tiny_models.make_scripted_model),
+    with the hermes-style tool template, 32k tokens of context for an agent CLI's prompt, an access log for
+    `access_records`, and no API key: the agent CLI tests."""
+    from server_harness import start_server
+    from tiny_models import SCRIPTED_REPLY, make_scripted_model
+
+    path = make_scripted_model(tmp_path_factory.mktemp("scripted"), SCRIPTED_REPLY, max_position_embeddings=32768)
+    srv = start_server(path, max_model_len=32768, num_gpu_blocks_override=2560, access_log=True)
+    yield srv
+    srv.stop()
+

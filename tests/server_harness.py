@@ -1,13 +1,17 @@
 """A real uvicorn server on 127.0.0.1 (ephemeral port) in a background thread, for the server tests.
 
 `start_server(model_dir, ...)` builds the AsyncEngine and app exactly as `pagedesk-serve` does, waits
-until the socket listens and the model has loaded, and returns a handle whose `stop()` shuts both down.
+until the socket listens and the model has loaded, and returns a handle whose `stop()` shuts both down;
+`access_records()` collects the requests such a server answered (method, path, status).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Iterator
 
 import uvicorn
 
@@ -50,12 +54,13 @@ def tiny_config(model_dir, **overrides) -> EngineConfig:
 
 
 def start_server(model_dir, api_key: str | None = None, wait_loaded: bool = True, engine_factory=None,
-                 **overrides) -> RunningServer:
+                 access_log: bool = False, **overrides) -> RunningServer:
+    """`access_log`: uvicorn logs each request (method, path, status), which `access_records` collects."""
     config = tiny_config(model_dir, api_key=api_key, **overrides)
     async_engine = AsyncEngine(config, engine_factory)
     app = create_app(async_engine, MODEL_NAME, api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
-                                           access_log=False, timeout_graceful_shutdown=2))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, access_log=access_log,
+                                           log_level="info" if access_log else "warning", timeout_graceful_shutdown=2))
     thread = threading.Thread(target=server.run, name="uvicorn-test", daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -67,3 +72,34 @@ def start_server(model_dir, api_key: str | None = None, wait_loaded: bool = True
     if wait_loaded:
         assert async_engine.wait_until_loaded(120), "model did not load"
     return RunningServer(server, thread, async_engine, app, port, api_key)
+
+
+@dataclass
+class AccessRecord:
+    method: str
+    path: str
+    status: int
+
+
+@contextmanager
+def access_records() -> Iterator[list[AccessRecord]]:
+    """The requests a server started with access_log=True answered while the block ran (uvicorn's access log)."""
+    records: list[AccessRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            _client, method, path, _version, status = record.args
+            records.append(AccessRecord(method, path.split("?")[0], int(status)))
+
+    handler, logger = Collect(), logging.getLogger("uvicorn.access")
+    # Every uvicorn.Config sets this logger's level (log_level="warning" for the other test servers): a server
+    # made later in the session must not silence the one read here.
+    level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+

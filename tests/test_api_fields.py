@@ -1,7 +1,8 @@
 """Honest request handling: every field of the openai SDK's request types and of vLLM's extras is declared, the
 current OpenAI fields are accepted (reasoning_effort reaching the template), an SDK message round-trips, every
-refused field in docs/server.md gets a 400 naming it, unknown fields are a 400, and models/usage carry what
-clients read."""
+refused field in docs/server.md gets a 400 naming it, unknown fields (at any depth, on every API) are ignored and
+named in the x-pagedesk-ignored-fields header, or a 400 naming them under --strict-request-fields, and
+models/usage carry what clients read."""
 from __future__ import annotations
 
 import json
@@ -38,6 +39,13 @@ def server(llama_dir):
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def strict_server(llama_dir):
+    srv = start_server(llama_dir, strict_request_fields=True)
+    yield srv
+    srv.stop()
+
+
 def _body_with(field: str, value) -> dict:
     if "." in field:
         outer, inner = field.split(".")
@@ -62,17 +70,55 @@ def test_each_documented_refusal_is_a_400_naming_the_field(server, field, route)
     assert error["param"] == field and field in error["message"], error
 
 
-@pytest.mark.parametrize("body, param", [
+OUTSIDE_BOTH_APIS = [
     ({"messages": USER, "frobnicate": 1}, "frobnicate"),
     ({"messages": [{"role": "user", "content": "hi", "mood": "happy"}]}, "messages.0.mood"),
     ({"messages": USER, "stream_options": {"include_usage": True, "extra": 1}}, "stream_options.extra"),
     ({"messages": USER, "response_format": {"type": "json_object", "strict": True}}, "response_format.strict"),
-])
-def test_fields_outside_both_apis_are_400(server, body, param):
-    r = httpx.post(server.url + CHAT, json={"model": MODEL_NAME, **body}, timeout=30)
+]
+
+
+@pytest.mark.parametrize("body, param", OUTSIDE_BOTH_APIS)
+def test_fields_outside_both_apis_are_400(strict_server, body, param):
+    """--strict-request-fields: the policy before agent clients (unknown fields refused, by their path)."""
+    r = httpx.post(strict_server.url + CHAT, json={"model": MODEL_NAME, **body}, timeout=30)
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert error["param"] == param and "unknown field" in error["message"], error
+
+
+@pytest.mark.parametrize("body, param", OUTSIDE_BOTH_APIS)
+def test_fields_outside_both_apis_are_ignored_and_named(server, body, param):
+    body = {"model": MODEL_NAME, "max_tokens": 2, **body}
+    if "stream_options" in body:
+        body["stream"] = True
+    r = httpx.post(server.url + CHAT, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.headers["x-pagedesk-ignored-fields"] == param
+
+
+def test_a_clean_request_has_no_ignored_fields_header(server):
+    r = httpx.post(server.url + CHAT, json={"model": MODEL_NAME, "max_tokens": 1, "messages": USER}, timeout=30)
+    assert r.status_code == 200 and "x-pagedesk-ignored-fields" not in r.headers
+
+
+def test_strict_fields_on_the_messages_and_responses_routes(strict_server):
+    """What the Messages and Responses tests refused before unknown fields and hosted tools were ignored."""
+    body = {"model": MODEL_NAME, "max_tokens": 2, "messages": USER}
+    r = httpx.post(strict_server.url + "/v1/messages", json={**body, "bogus": 1}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["type"] == "error" and r.json()["error"]["type"] == "invalid_request_error"
+    assert "bogus" in r.json()["error"]["message"], r.json()
+    client = openai.OpenAI(base_url=strict_server.base_url, api_key="none", max_retries=0)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model=MODEL_NAME, input="x", tools=[{"type": "web_search"}])
+    assert err.value.body["param"] == "tools.0.type", err.value.body
+
+
+def test_stream_options_need_stream(server):
+    r = httpx.post(server.url + CHAT, json={"model": MODEL_NAME, "messages": USER, "max_tokens": 1,
+                                            "stream_options": {"include_usage": True}}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "stream_options", r.text
 
 
 def test_harmless_values_are_accepted(server):

@@ -133,8 +133,7 @@ def test_previous_response_id_chains_and_store_false_is_not_kept(client):
 
 
 def test_refusals_name_the_field(client):
-    cases = [(dict(input="x", tools=[{"type": "web_search"}]), "tools.0.type"),
-             (dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
+    cases = [(dict(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]),
               "input.0.content.0"),
              (dict(input="x", background=True), "background"),
              (dict(input="x", max_output_tokens=10**6), "max_output_tokens")]
@@ -219,3 +218,34 @@ def test_response_store_is_bounded_lru():
     assert store.delete("a") and not store.delete("a")
     with pytest.raises(ValueError, match="capacity"):
         ResponseStore(capacity=0)
+
+
+def test_response_store_is_bounded_by_bytes():
+    """Issue 34: 256 stored responses of 4 MiB bodies once held 6-11 GiB. The store holds compact JSON and drops
+    the least recently used past its byte bound too; one larger than the bound alone is not kept."""
+    from engine.entrypoints.openai.responses_store import ResponseStore, StoredResponse
+
+    store = ResponseStore(capacity=100, max_bytes=10_000)
+    tools = [{"type": "function", "name": "t", "description": "d" * 3000}]
+    for i in range(10):
+        assert store.put(f"r{i}", StoredResponse({"id": f"r{i}", "tools": tools}, [{"role": "user", "content": "hi"}]))
+        assert store.num_bytes <= store.max_bytes
+    assert len(store) == 3 and store.get("r0") is None
+    kept = store.get("r9")
+    assert kept.response == {"id": "r9", "tools": tools} and kept.conversation == [{"role": "user", "content": "hi"}]
+    assert not store.put("huge", StoredResponse({"id": "huge", "x": "y" * 20_000}, [])) and store.get("huge") is None
+    before = store.num_bytes
+    assert store.delete("r9") and store.num_bytes == before - kept.num_bytes
+
+
+def test_metadata_has_openais_limits(client):
+    """16 pairs at most, keys of at most 64 characters, string values of at most 512 (as OpenAI)."""
+    ok = {f"k{i}": "v" * 512 for i in range(16)}
+    r = client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=1, metadata=ok)
+    assert r.metadata == ok
+    for bad in ({f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}):
+        with pytest.raises(openai.BadRequestError, match="metadata"):
+            client.responses.create(model=MODEL_NAME, input="Hi", max_output_tokens=1, metadata=bad)
+        with pytest.raises(openai.BadRequestError, match="metadata"):
+            client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                           max_tokens=1, metadata=bad)

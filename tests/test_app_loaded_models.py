@@ -105,3 +105,29 @@ def test_a_failed_load_says_why(qtbot, router):
     panel.act("load", "gone")
     qtbot.waitUntil(lambda: "failed" in panel.status.text(), timeout=5000)
     assert "does not exist" in panel.status.text()
+
+
+def test_a_failed_model_is_named_and_can_be_removed_from_the_served_set(qtbot):
+    """Issue 34: a model whose folder is broken is served as failed beside the others; the tab says why and offers
+    to remove it from the served set."""
+    from app.served_set import ServedSet
+    from app.served_set_panel import ServedSetPanel
+
+    rows = model_rows({"data": [{"id": "chat", "loaded": True, "state": "loaded", "engines": []},
+                                {"id": "bad", "loaded": False, "state": "failed", "engines": [],
+                                 "error": "model bad: cannot read config.json"}]})
+    assert rows[1].state == "failed" and rows[1].error == "model bad: cannot read config.json"
+    panel = LoadedModelsPanel()
+    qtbot.addWidget(panel)
+    panel._show(rows)
+    panel.table.selectRow(0)
+    assert not panel.remove_button.isVisibleTo(panel)
+    panel.table.selectRow(1)
+    assert panel.remove_button.isVisibleTo(panel) and "cannot read config.json" in panel.status.text()
+    served = ServedSetPanel(ServedSet(["/models/coder", "/models/bad"]))
+    qtbot.addWidget(served)
+    panel.remove_requested.connect(lambda name: served.remove_named(name, "chat"))
+    with qtbot.waitSignal(served.changed):
+        panel.remove_button.click()
+    assert served.served.alongside == ["/models/coder"]
+    assert not served.remove_named("chat", "chat")  # the chosen model is not served "alongside"

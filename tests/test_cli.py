@@ -253,3 +253,16 @@ def test_a_model_is_named_by_its_folder_and_sigterm_ends_the_server_soon(llama_d
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_vllms_module_path_runs_the_same_server(tmp_path):
+    """The seed articles' launch command, `python -m vllm.entrypoints.openai.api_server --model M
+    --tensor-parallel-size 1 --gpu-memory-utilization 0.90 --max-num-batched-tokens 8192 --quantization awq`, with our
+    package name: the same program as pagedesk-serve, so a config error (no such folder) is its exit 2."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, "-m", "engine.entrypoints.openai.api_server", "--model", str(tmp_path / "missing"),
+            "--tensor-parallel-size", "1", "--gpu-memory-utilization", "0.90", "--max-num-batched-tokens", "8192",
+            "--quantization", "awq", "--device", "cpu"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert done.returncode == 2, done.stderr
+    assert "missing" in done.stderr

@@ -4,7 +4,7 @@ window, YaRN RoPE, q/k/v/o biases, the checkpoint's own tensor names.
 One sequence goes through our GptOssAttention step by step as the engine would run it (two prefill chunks,
 then decodes) over a paged cache of 4-token blocks, so windows span several blocks; HF's eager attention runs
 the whole sequence at once with its causal / sliding mask. The experts are not part of this (the MoE family
-plugs its MLP into GptOssDecoderLayer), so the architecture is registered only inside these tests.
+plugs its MLP into the shared DecoderLayer), so the architecture is registered only inside these tests.
 """
 from __future__ import annotations
 

@@ -171,3 +171,47 @@ def test_a_huge_schema_is_400_too_complex(server):
     r = httpx.post(server.base_url + "/chat/completions", json=body, timeout=60)
     assert r.status_code == 400 and "too complex" in r.json()["error"]["message"]
     assert str(MAX_SCHEMA_NODES) in r.json()["error"]["message"]
+
+
+# ---- issue 34: the pool's share of the CPU, grammars that match nothing, special tokens quietly refused ----------
+
+def test_compiles_run_at_a_lower_cpu_priority(llm, monkeypatch):
+    """A grammar bomb must never put a bystander's step behind it: the pool's threads are COMPILE_NICE nicer than
+    the process, so the scheduler gives the engine's step the CPU first (xgrammar drops the interpreter lock)."""
+    import os
+    seen = []
+    original = GrammarCompiler._compile_spec
+
+    def spy(self, params):
+        seen.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        return original(self, params)
+    monkeypatch.setattr(GrammarCompiler, "_compile_spec", spy)
+    llm.engine.grammars.compile(StructuredOutputsParams(regex="(nice)+[0-9]"))
+    assert seen and seen[0] == min(19, os.getpriority(os.PRIO_PROCESS, 0) + compiler_module.COMPILE_NICE)
+
+
+def test_a_grammar_that_matches_nothing_is_400(server):
+    r = httpx.post(server.base_url + "/chat/completions", timeout=60,
+                   json={**CHAT, "structured_outputs": {"regex": "[^\\s\\S]"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.text
+    assert "matches no text" in r.json()["error"]["message"]
+
+
+def test_special_tokens_are_refused_without_a_warning_line_each(capfd, caplog):
+    """xgrammar writes a warning line for every special token it refuses (a speculative draft proposes them
+    often): the state refuses them first, and a refused sampled token is logged once a minute, not each time."""
+    import xgrammar as xgr
+
+    from engine.structured_output import state as state_module
+    from engine.structured_output.state import GrammarState
+    info = xgr.TokenizerInfo(["a", "b", "", "c", "<eos>"], stop_token_ids=[4])
+    assert info.special_token_ids == [2]
+    compiled = xgr.GrammarCompiler(info, max_threads=1).compile_regex("[ab]+")
+    state_module._refusals.update(last=float("-inf"), quiet=0)
+    state = GrammarState(compiled)
+    assert not state.try_accept(2) and state.try_accept(0)
+    with caplog.at_level("WARNING", logger="pagedesk.engine"):
+        for _ in range(50):
+            assert not GrammarState(compiled).accept(2)
+    assert "cannot accept special token" not in capfd.readouterr().err
+    assert len([r for r in caplog.records if "refused by its request's grammar" in r.message]) == 1

@@ -124,3 +124,28 @@ def test_gemma3_refuses_what_it_does_not_implement(tiny_model_dir, field, value,
         cfg.hf_text_config = {**cfg.hf_text_config, field: value}
     with pytest.raises(ValueError, match=message):
         model_class(cfg.architecture)(cfg)
+
+
+def test_smollm3_nope_layer_attends_without_rotary_and_matches_hf_in_chunks(reference, tiny_model_dir):
+    """SmolLM3 (the Llama block, rotary off where no_rope_layers says 0, o_proj biased with attention_bias): the
+    layer is built so, and greedy ids equal HF's with prompt chunks of 7 tokens (plain runs: test_engine_parity,
+    TP=2: test_tensor_parallel)."""
+    path, prompts, expected = reference("smollm3")
+    cfg = ModelConfig.from_folder(path)
+    model = model_class(cfg.architecture)(cfg)
+    attention = [layer.self_attn for layer in model.model.layers]
+    assert [a.rotary_emb is None for a in attention] == [False, True, False]
+    assert all(a.o_proj.bias is not None for a in attention) and model.lm_head.weight is model.model.embed_tokens.weight
+    assert engine_greedy(path, prompts, MAX_TOKENS, max_num_batched_tokens=7) == expected
+
+
+def test_the_nope_layer_changes_hf_output(tiny_model_dir):
+    """Guard: HF's output moves when its NoPE layer turns rotary on, so matching it means the engine turns it off."""
+    from tiny_models import hf_model
+    model = hf_model(tiny_model_dir("smollm3"))
+    ids = torch.randint(5, 300, (1, 30), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        nope = model(ids).logits
+        model.model.layers[1].self_attn.use_rope = 1
+        roped = model(ids).logits
+    assert float((nope - roped).abs().max()) > 0.05

@@ -322,3 +322,77 @@ def test_no_kv_budget_when_the_state_pool_leaves_no_block(tmp_path):
     assert replica_need(ModelSpec("h", str(tmp_path), flags), Card(0, "cuda:0", 40 * GIB), None).kv_bytes == 0
     few = replica_need(ModelSpec("h", str(tmp_path), {**flags, "max_num_seqs": 16}), Card(0, "cuda:0", 40 * GIB), None)
     assert few.kv_bytes > 0
+
+
+def test_generated_values_are_never_read_as_options(llama_dir, monkeypatch):
+    """A key from secrets.token_urlsafe starts with '-' one time in 64: it reaches the engine as `--api-key=KEY`
+    (argparse once read `--api-key -abc` as an unknown option and the engine exited 2), and so do the router's
+    other values and any flag value that starts with '-'."""
+    from engine.config.flags import flags_to_argv
+    from engine.entrypoints import router_engine
+    from engine.entrypoints.router.backend import EngineProcess
+    from engine.entrypoints.router.placement import ReplicaNeed, ReplicaPlacement
+    from engine.entrypoints.serving_process import ENGINE_API_KEY_ENV
+
+    parser = serve.build_parser()
+    seen = {}
+    monkeypatch.setattr(router_engine, "serve_main", lambda argv: seen.setdefault("argv", argv) and 0)
+    monkeypatch.setenv(ENGINE_API_KEY_ENV, "-abc_DEF")
+    router_engine.main(["--model", str(llama_dir), "--port", "1"])
+    models, rest = serve.split_model_flags(seen["argv"])
+    assert vars(parser.parse_args(rest))["api_key"] == "-abc_DEF" and models == [str(llama_dir)]
+
+    engine = EngineProcess(ModelSpec("-chat", "-models/m", {"tokenizer": "-tok"}), 0,
+                           ReplicaPlacement((HOST,), ReplicaNeed(0, 0, 0, 1)))
+    engine.port = 8123
+    models, rest = serve.split_model_flags(engine.argv()[3:])
+    from engine.distributed.parent_watch import split_parent_flag
+    parent, rest = split_parent_flag(rest)
+    args = vars(parser.parse_args(rest))
+    assert models == ["-models/m"] and parent is not None
+    assert (args["served_model_name"], args["tokenizer"], args["port"]) == ("-chat", "-tok", 8123)
+    assert vars(parser.parse_args(flags_to_argv({"api_key": "-k", "served_model_name": "-n"})))["api_key"] == "-k"
+
+
+def test_a_cpu_replica_counts_its_process_baseline(llama_dir):
+    """--memory-budget on CPU: each engine process holds Python, torch and the server before any tensor (five tiny
+    engines once counted 704 MiB and used 2,884): placement counts a baseline per process, as the CUDA context
+    is counted on a card; the manager replaces the default with what its engines measure."""
+    from engine.entrypoints.router.placement import CPU_PROCESS_BYTES
+    host = Card(HOST, "CPU", 0)
+    need = replica_need(spec(llama_dir), host, None)
+    assert need.overhead_bytes == CPU_PROCESS_BYTES > 0
+    assert replica_need(spec(llama_dir), host, None, process_bytes=300 * MIB).overhead_bytes == 300 * MIB
+    budget = Card(HOST, "CPU", int(2.5 * need.total_bytes))
+    holders = [Holder(f"m{i}", {HOST: need.total_bytes}, idle=False) for i in range(2)]
+    with pytest.raises(NoRoom):  # two engines fill 2.5 of them: a third does not fit
+        place(spec(llama_dir), [budget], holders, None)
+    assert place(spec(llama_dir), [budget], holders[:1], None)[0]
+
+
+def test_a_failed_load_holds_until_the_folder_changes_or_the_backoff_expires(tmp_path):
+    from engine.entrypoints.router.load_failures import RETRY_AFTER_S, LoadFailure, folder_fingerprint
+    (tmp_path / "model.safetensors").write_bytes(b"x")
+    before = folder_fingerprint(str(tmp_path))
+    failure = LoadFailure.after(None, "corrupt", before, now=100.0)
+    assert failure.holds(folder_fingerprint(str(tmp_path)), 100.0 + RETRY_AFTER_S[0] - 1)
+    assert not failure.holds(before, 100.0 + RETRY_AFTER_S[0])  # the backoff expired
+    (tmp_path / "model.safetensors").write_bytes(b"xy")  # rewritten: another size
+    assert not failure.holds(folder_fingerprint(str(tmp_path)), 101.0)
+    again = LoadFailure.after(failure, "corrupt", before, now=200.0)
+    assert again.count == 2 and again.retry_at == 200.0 + RETRY_AFTER_S[1]
+    assert folder_fingerprint(str(tmp_path / "nowhere")) is None  # a hub id: only the backoff retries it
+
+
+def test_check_models_serves_a_broken_folder_as_failed_unless_none_is_left(tmp_path, llama_dir):
+    import shutil
+
+    from engine.entrypoints.router.main import check_models
+    broken = shutil.copytree(llama_dir, tmp_path / "broken")
+    (broken / "config.json").write_text('{"architectures": ')
+    config = build_specs(*args_of("--model", f"ok={llama_dir}", "--model", f"bad={broken}", "--device", "cpu"))
+    failures = check_models(config)
+    assert list(failures) == ["bad"] and "model bad" in failures["bad"] and sorted(config.models) == ["bad", "ok"]
+    alone = build_specs(*args_of("--model", f"bad={broken}", "--model", f"bad2={broken}", "--device", "cpu"))
+    with pytest.raises(ValueError, match="model bad"):
+        check_models(alone)

@@ -312,3 +312,115 @@ def test_watchdog_times_steps_after_the_first():
     import torch
     assert resolve_step_timeout(None, torch.device("cpu")) == 600 and resolve_step_timeout(None, None) == 600
     assert resolve_step_timeout(None, torch.device("cuda", 0)) == 30 and resolve_step_timeout(0, None) == 0
+
+
+# ---- issue 34, item 8: a body's shape is bounded before it is parsed, a large one scanned off the event loop ----
+
+def test_json_shape_is_counted_without_parsing():
+    from engine.entrypoints.openai.limits import MAX_JSON_DEPTH, MAX_JSON_NODES, json_shape_problem
+
+    def keys(n: int) -> bytes:
+        return json.dumps({"metadata": {f"k{i}": 1 for i in range(n)}}).encode()
+
+    assert json_shape_problem(keys(MAX_JSON_NODES - 3)) is None  # two objects, "metadata" and its keys: the limit
+    assert f"more than {MAX_JSON_NODES}" in json_shape_problem(keys(MAX_JSON_NODES - 2))
+    # Braces, brackets, colons and escaped quotes inside strings are text, not structure.
+    text = 'a:{[ \\" "x": ' * 20_000
+    assert json_shape_problem(json.dumps({"prompt": text, "stop": ["]}:"]}).encode()) is None
+    spaced = json.dumps({"metadata": {f"k{i}": 1 for i in range(MAX_JSON_NODES)}}, separators=(",", " : "))
+    assert f"more than {MAX_JSON_NODES}" in json_shape_problem(spaced.encode())  # no '":' in it: scanned
+    assert json_shape_problem(json.dumps({"stop": [f":{i}" for i in range(MAX_JSON_NODES)]}).encode()) is None
+    deep = b"[" * (MAX_JSON_DEPTH + 1) + b"]" * (MAX_JSON_DEPTH + 1)
+    assert f"deeper than {MAX_JSON_DEPTH}" in json_shape_problem(deep)
+    assert json_shape_problem(b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH) is None
+
+
+def test_a_body_past_the_shape_limits_is_refused_before_any_parse(server, monkeypatch):
+    from engine.entrypoints.openai.limits import MAX_JSON_NODES
+    parsed = []
+    real_loads = json.loads
+    monkeypatch.setattr(json, "loads", lambda s, *a, **k: parsed.append(len(s)) or real_loads(s, *a, **k))
+    body = {"prompt": "hi", "max_tokens": 1, "logit_bias": {str(i): 1 for i in range(MAX_JSON_NODES + 1)}}
+    raw = json.dumps(body).encode()
+    r = httpx.post(server.url + "/v1/completions", content=raw, headers={"content-type": "application/json"},
+                   timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_complex", r.text
+    assert f"more than {MAX_JSON_NODES}" in r.json()["error"]["message"]
+    assert len(raw) not in parsed  # refused before any JSON parser built its objects
+    r = httpx.post(server.url + "/v1/messages", content=b"[" * 500 + b"]" * 500,
+                   headers={"content-type": "application/json"}, timeout=60)
+    assert r.status_code == 400 and r.json()["type"] == "error" and "deeper than" in r.json()["error"]["message"]
+
+
+def test_a_large_body_is_scanned_off_the_event_loop(server, monkeypatch):
+    """The scan of a large hostile body is held (forced, not timed): meanwhile a bystander chat is answered."""
+    from engine.entrypoints.openai import limits
+    gate, entered, threads = threading.Event(), threading.Event(), []
+    real = limits.json_shape_problem
+
+    def held(raw: bytes):
+        if len(raw) >= limits.SCAN_OFF_LOOP_BYTES:
+            threads.append(threading.current_thread().name)
+            entered.set()
+            assert gate.wait(60), "the test never opened the gate"
+        return real(raw)
+
+    monkeypatch.setattr(limits, "json_shape_problem", held)
+    attack = json.dumps({"prompt": "hi", "metadata": {f"k{i}": 1 for i in range(250_000)}}).encode()
+    assert len(attack) < 4 * 1024 * 1024
+    answers = []
+    sender = threading.Thread(target=lambda: answers.append(httpx.post(
+        server.url + "/v1/completions", content=attack, headers={"content-type": "application/json"}, timeout=120)))
+    sender.start()
+    try:
+        while not entered.wait(0.05):
+            assert sender.is_alive(), answers[0].text
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=60)
+        assert r.status_code == 200 and not answers  # answered while the large body's scan is held
+    finally:
+        gate.set()
+        sender.join(120)
+    assert answers[0].status_code == 400 and answers[0].json()["error"]["code"] == "request_too_complex"
+    assert threads and all(t.startswith("pagedesk-body-scan") for t in threads)
+
+
+def test_a_million_wrong_items_cost_one_error(server, monkeypatch):
+    """Every list stops at its first invalid item: a 4 MiB list of `true` once made 2.4 million errors (seconds on
+    the event loop)."""
+    from engine.entrypoints.openai import errors
+    counted = []
+    real = errors.validation_message
+    monkeypatch.setattr(errors, "validation_message", lambda exc: counted.append(len(exc.errors())) or real(exc))
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": [True] * 800_000}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt", r.text
+    r = httpx.post(server.url + "/v1/chat/completions", json={"messages": ["x"] * 800_000}, timeout=120)
+    assert r.status_code == 400 and r.json()["error"]["param"].startswith("messages"), r.text
+    assert counted and max(counted) <= 4, counted  # one per branch of the prompt's union at most
+
+
+# ---- issue 34, item 9: the small ones ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("route,body,param", [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"}, "stream"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": True}, "max_tokens"),
+    ("/v1/completions", {"prompt": "hi", "n": 1.0}, "n"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": True}, "max_output_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "temperature": 2 ** 70},
+     "temperature"),
+    ("/v1/responses", {"input": "hi", "temperature": 2.5}, "temperature"),
+])
+def test_types_are_strict_and_temperature_bounded(server, route, body, param):
+    r = httpx.post(server.url + route, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_anthropic_routes_refuse_a_large_body_in_anthropic_shape(server):
+    r = httpx.post(server.url + "/v1/messages", json={"max_tokens": 1, "messages": [
+        {"role": "user", "content": "x" * (5 * 1024 * 1024)}]}, timeout=60)
+    assert r.status_code == 413 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "request_too_large"
+    chunked = httpx.post(server.url + "/v1/messages", content=iter([b"x" * (3 << 20)] * 2), timeout=60)
+    assert chunked.status_code == 413 and chunked.json()["type"] == "error"  # no Content-Length: while read
+    r = httpx.post(server.url + "/v1/messages", json={"max_tokens": 1, "temperature": 1.5, "messages": [
+        {"role": "user", "content": "hi"}]}, timeout=60)
+    assert r.status_code == 400 and r.json()["type"] == "error"  # Anthropic's temperature range is [0, 1]

@@ -17,7 +17,7 @@ EXAMPLES_PER_OPERATION = 12
 OPERATIONS = [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"), ("POST", "/tokenize"),
               ("POST", "/detokenize"), ("GET", "/v1/models"), ("GET", "/v1/engine/state"), ("GET", "/health"),
               ("GET", "/metrics"), ("POST", "/v1/responses"), ("GET", "/v1/responses/{response_id}"),
-              ("DELETE", "/v1/responses/{response_id}"), ("POST", "/v1/messages"),
+              ("DELETE", "/v1/responses/{response_id}"), ("POST", "/v1/responses/compact"), ("POST", "/v1/messages"),
               ("POST", "/v1/messages/count_tokens"), ("POST", "/v1/embeddings")]
 
 

@@ -70,6 +70,11 @@ ARCHS = {
         rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
                          "partial_rotary_factor": 0.75, "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
                          "long_factor": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0]})),
+    # A NoPE layer between two RoPE ones (no_rope_layers), biases on q/k/v and o; weights ten times HF's init, so
+    # attention depends on positions (at HF's init it is nearly uniform and rotary on the NoPE layer would not show).
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(
+        num_hidden_layers=3, no_rope_layers=[1, 0, 1], attention_bias=True, initializer_range=0.2,
+        tie_word_embeddings=True)),
     # Alternating 20-token window / global layers (the window is not a multiple of the block size); weights
     # ten times HF's init so attention scores reach the soft cap's bend, caps small enough to matter.
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
@@ -144,9 +149,9 @@ def _tokenizer():
 
 
 def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, seed: int = 0,
-                    chat_template: str | None = None, **overrides) -> Path:
+                    chat_template: str | None = None, added_tokens: tuple[str, ...] = (), **overrides) -> Path:
     """Write a random-weight `arch` model folder under tmp_dir and return its path (`chat_template`
-    replaces the default one)."""
+    replaces the default one; `added_tokens` join the vocabulary as plain, non-special tokens)."""
     import transformers
     from transformers import GenerationConfig
 
@@ -156,9 +161,10 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     if arch in vl_archs:
         extra = vl_archs[arch][1]
     tokenizer = _tokenizer()
-    if chat_template is not None:
+    if chat_template is not None or added_tokens:
         tokenizer = copy.deepcopy(tokenizer)
-        tokenizer.chat_template = chat_template
+        tokenizer.chat_template = chat_template or tokenizer.chat_template
+        tokenizer.add_tokens(list(added_tokens))
     vocab = len(tokenizer)
     kwargs = dict(vocab_size=vocab + 12, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -196,6 +202,44 @@ def make_tiny_model(tmp_dir: str | Path, arch: str = "llama", shards: int = 1, s
     tokenizer.save_pretrained(path)
     GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    return path
+
+
+SCRIPTED_REPLY = ("Hello", " from", " PagedDesk.")  # each piece one added token (make_scripted_model)
+WEATHER_CALL_REPLY = ("<tool_call>", '{"name": "get_weather", "arguments": {"location": "San Francisco, CA"}}',
+                      "</tool_call>")  # a hermes tool call when tools are given, plain text otherwise
+
+
+def make_scripted_model(tmp_dir: str | Path, reply: tuple[str, ...], chat_template: str = TOOL_CHAT_TEMPLATE,
+                        **overrides) -> Path:
+    """A tiny qwen2 that answers every chat turn with `reply` and then its EOS token, sampled or greedy: for tests
+    of whole clients (agent CLIs, compliance suites) that need an answer that ends.
+
+    Every layer writes nothing (o_proj and down_proj are zero), so the next token depends on the current one
+    only; each reply piece is one added token, and the embeddings and LM head chain the generation prompt's last
+    token to the first piece, each piece to the next, the last to EOS (logit margin ~16). The rest of the
+    weights stay random, so every kernel still runs on real numbers."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoTokenizer
+
+    path = make_tiny_model(tmp_dir, "qwen2", chat_template=chat_template, added_tokens=reply,
+                           tie_word_embeddings=False, **overrides)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    probe = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    ids = probe["input_ids"] if isinstance(probe, dict) or hasattr(probe, "keys") else probe
+    chain = [ids[-1]] + [tokenizer.convert_tokens_to_ids(piece) for piece in reply] + [tokenizer.eos_token_id]
+    assert len(set(chain)) == len(chain), f"the reply's tokens must differ from each other: {chain}"
+    weights = load_file(path / "model.safetensors")
+    hidden = weights["model.embed_tokens.weight"].shape[1]
+    directions = torch.linalg.qr(torch.randn(hidden, len(chain) - 1, generator=torch.Generator().manual_seed(0)))[0]
+    for name in weights:
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            weights[name].zero_()
+    weights["model.norm.weight"].fill_(1.0)
+    for k, (token, following) in enumerate(zip(chain, chain[1:])):
+        weights["model.embed_tokens.weight"][token] = directions[:, k]
+        weights["lm_head.weight"][following] = 2.0 * directions[:, k]
+    save_file(weights, path / "model.safetensors", metadata={"format": "pt"})
     return path
 
 

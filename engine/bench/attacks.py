@@ -1,11 +1,14 @@
-"""`pagedesk-bench attacks`: issue 27's attacks on a real `pagedesk-serve`, bounded, with what they cost a bystander.
+"""`pagedesk-bench attacks`: issues 27 and 34's attacks on a real `pagedesk-serve`, bounded, with what they cost a
+bystander.
 
-Five attacks in turn against one server (a small random Llama): the requests that used to kill the engine
+Attacks in turn against one server (a small random Llama): the requests that used to kill the engine
 (is it still serving after each?), eight concurrent expensive json_schema requests (bystander completion and
 json_object latency, /v1/engine/state time), fifty streaming clients that never read (server RSS over the
 window, bystander completion latency), a flood of slowloris connections past the default 1024 open files
-(/health time), and SIGTERM with streams in flight (tracebacks in the log). `--repo` runs the server from
-another checkout to compare commits; figures go to BENCHMARKS.md, never into tests.
+(/health time), one and four clients sending 4 MiB bodies of 250k tiny keys (bystander p50/max), stored
+Responses with 3.9 MB of tools each (server RSS before/after), and SIGTERM with streams in flight (tracebacks
+in the log). `--router` adds issue 34's faults behind the router (engine/bench/router_attacks.py). `--repo`
+runs the server from another checkout to compare commits; figures go to BENCHMARKS.md, never into tests.
 """
 from __future__ import annotations
 
@@ -148,6 +151,51 @@ def connection_flood(base: str, count: int) -> dict:
     return {"opened": len(socks), "health_s": health_s, "status": status}
 
 
+# /v1/responses runs on the chat path: the random model gets a plain template for it.
+PLAIN_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}assistant:{% endif %}")
+
+
+def large_bodies(base: str, attackers: int, window_s: float) -> dict:
+    """Bystander completions while `attackers` clients keep sending 4 MiB bodies of 250k tiny keys."""
+    body = json.dumps({"prompt": "hi", "max_tokens": 1, "metadata": {f"k{i}": 1 for i in range(250_000)}}).encode()
+    quiet = statistics.median(_bystander(base, 5, CHAT))
+    stop, statuses = threading.Event(), []
+
+    def attack() -> None:
+        with httpx.Client(timeout=120) as client:
+            while not stop.is_set():
+                statuses.append(_timed(client, "POST", base + "/v1/completions", content=body,
+                                       headers={"content-type": "application/json"})[1])
+
+    threads = [threading.Thread(target=attack) for _ in range(attackers)]
+    for t in threads:
+        t.start()
+    time.sleep(0.5)
+    deadline, chat = time.monotonic() + window_s, []
+    while time.monotonic() < deadline:
+        chat += _bystander(base, 1, CHAT)
+    ok = _answered(len(chat))
+    stop.set()
+    for t in threads:
+        t.join(120)
+    refused = f"{sum(s == 400 for s in statuses)}/{len(statuses)} refused 400"
+    return {"quiet_p50": quiet, "p50": statistics.median(chat), "max": max(chat), "ok": ok, "refused": refused}
+
+
+def stored_responses(base: str, pid: int, count: int) -> dict:
+    """Server RSS before and after `count` stored Responses whose tools hold 3.9 MB (tool_choice none: the
+    tools never reach the prompt, only the stored response)."""
+    tools = [{"type": "function", "name": f"t{i}", "description": "x" * 39_000, "parameters": {"type": "object"}}
+             for i in range(100)]
+    before = _rss_mb(pid, "VmRSS")
+    with httpx.Client(timeout=120) as client:
+        statuses = [client.post(base + "/v1/responses", json={"input": "hi", "max_output_tokens": 1, "tools": tools,
+                                                              "tool_choice": "none"}).status_code
+                    for _ in range(count)]
+    return {"rss": (before, _rss_mb(pid, "VmRSS")), "ok": f"{sum(s == 200 for s in statuses)}/{count} stored"}
+
+
 def sigterm(proc, base: str) -> str:
     streams = [_stalled_stream(base) for _ in range(3)]
     reading = threading.Thread(target=_bystander, args=(base, 1, {**CHAT, "max_tokens": 1500, "ignore_eos": True,
@@ -170,10 +218,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--stalled", type=int, default=50)
     parser.add_argument("--window", type=float, default=30.0, help="seconds the stalled readers are watched")
     parser.add_argument("--connections", type=int, default=1100)
+    parser.add_argument("--body-window", type=float, default=10.0, help="seconds the large-body attackers run")
+    parser.add_argument("--stored", type=int, default=40, help="Responses stored with 3.9 MB of tools each")
+    parser.add_argument("--router", action="store_true", help="also issue 34's faults behind the router")
+    parser.add_argument("--storm-streams", type=int, default=8)
+    parser.add_argument("--storm-rounds", type=int, default=6)
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         model = make_random_llama(Path(tmp) / "llama", **SMALL)
+        (model / "chat_template.jinja").write_text(PLAIN_TEMPLATE)
         proc, base = start_server(model, args.repo.resolve())
         threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()  # keep the pipe drained
         try:
@@ -196,6 +250,14 @@ def main(argv: list[str] | None = None) -> None:
             c = connection_flood(base, args.connections)
             rows.append((f"/health beside {c['opened']} slowloris connections", f"{c['health_s']:.2f} s "
                          f"({c['status'] or 'no answer'})"))
+            for attackers in (1, 4):
+                b = large_bodies(base, attackers, args.body_window)
+                rows.append((f"bystander completion p50 quiet, then p50 / max beside {attackers} client(s) sending "
+                             "4 MiB bodies of 250k keys", f"{b['quiet_p50']:.3f}, then {b['p50']:.3f} / {b['max']:.3f} s "
+                             f"({b['ok']}; attack {b['refused']})"))
+            r = stored_responses(base, proc.pid, args.stored)
+            rows.append((f"server RSS before / after {args.stored} stored Responses with 3.9 MB of tools each",
+                         " / ".join(f"{v:.0f}" for v in r["rss"]) + f" MB ({r['ok']})"))
         finally:
             pass
         proc2, base2 = start_server(model, args.repo.resolve())
@@ -205,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
             proc.wait(30)
         except Exception:  # noqa: BLE001
             proc.kill()
+        if args.router:
+            from engine.bench.router_attacks import router_rows
+            rows += router_rows(model, args.repo.resolve(), args.storm_streams, args.storm_rounds)
     print(f"server from {args.repo.resolve()}")
     print("| attack | figure |\n|---|---:|")
     for name, value in rows:

@@ -127,6 +127,9 @@ FLAGS: tuple[Flag, ...] = (
          "server", TOOL_CALL_PARSERS, gui=False),
     Flag("reasoning_parser", str, None, "Split <think> reasoning into reasoning_content", "server",
          REASONING_PARSERS, gui=False),
+    Flag("strict_request_fields", bool, False, "Refuse request fields outside the API with a 400 naming them "
+         "(default: they are ignored, logged once and named in the x-pagedesk-ignored-fields response header)",
+         "server", gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -168,7 +171,9 @@ def flags_to_argv(values: dict[str, Any]) -> list[str]:
         if f.type is bool:
             argv.append(f.cli if value else "--no-" + f.cli[2:])
         else:  # a dict (speculative_config) travels as the JSON the flag takes
-            argv += [f.cli, json.dumps(value) if isinstance(value, dict) else str(value)]
+            text = json.dumps(value) if isinstance(value, dict) else str(value)
+            # argparse reads a separate value starting with '-' (a key, a name) as an option: join those
+            argv += [f"{f.cli}={text}"] if text.startswith("-") else [f.cli, text]
     return argv
 
 
@@ -214,6 +219,7 @@ class EngineConfig:
     stream_idle_timeout: float = 60.0
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    strict_request_fields: bool = False
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
     extra: dict[str, Any] = field(default_factory=dict)
 

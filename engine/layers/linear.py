@@ -18,6 +18,13 @@ from engine.quantization.config import QuantConfig
 from engine.quantization.methods import linear_method
 
 
+def checkpoint_modules(packed_modules_mapping: dict, stacked: str) -> tuple[str, ...]:
+    """The checkpoint's module names behind our stacked module (a family's packed_modules_mapping, e.g. q/k/v_proj
+    behind qkv_proj): its parts, or itself when stored fused. The quantization method reads them by name."""
+    parts = packed_modules_mapping.get(stacked)
+    return tuple(part for part, _ in parts) if parts else (stacked,)
+
+
 class LinearBase(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool, quant: QuantConfig | None = None,
                  prefix: str = "", modules: tuple[str, ...] = ("",), full_in: int | None = None) -> None:

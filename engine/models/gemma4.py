@@ -21,7 +21,7 @@ are skipped on purpose.
 """
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -30,13 +30,15 @@ from torch import nn
 from engine.distributed.parallel_state import get_tp_size
 from engine.kv.kv_cache_interface import kv_head_replicas
 from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.attention_block import AttentionSwitches
+from engine.layers.decoder import DecoderLayer, DecoderModel, DecoderSwitches
 from engine.layers.embedding import VocabParallelEmbedding
-from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear
+from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear, checkpoint_modules
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.config.model import ModelConfig
-from engine.models.gemma3 import Gemma3ForCausalLM, Gemma3MLP
+from engine.models.gemma3 import Gemma3ForCausalLM
 from engine.models.registry import VL_TEXT_PREFIXES
-from engine.models.weights import WeightsMapper, checkpoint_modules
+from engine.models.weights import WeightsMapper
 
 
 def check_supported(cfg: ModelConfig) -> None:
@@ -115,8 +117,12 @@ class SharedKVAttention(PagedAttention):
 
 
 class Gemma4Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding, packed: dict,
-                 sources: dict[int, PagedAttention]) -> None:
+    """Gemma 4's own attention: per-layer head shapes, a weightless norm on V, V = K on k_eq_v layers, KV-sharing
+    layers with queries only, KV heads stored `replicas` times for equal pages. Its switches (biases, q/k norm
+    class, scale 1.0: the q/k norms set it) are the family's AttentionSwitches."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, switches: AttentionSwitches, rotary_emb: RotaryEmbedding,
+                 backend: str, packed: dict, sources: dict[int, PagedAttention]) -> None:
         super().__init__()
         prefix = f"model.layers.{layer}.self_attn"
         self.head_dim = d = cfg.layer_head_dim(layer)
@@ -124,19 +130,20 @@ class Gemma4Attention(nn.Module):
         self.k_eq_v = bool(cfg.k_eq_v_layers) and cfg.k_eq_v_layers[layer]
         shards = ("q", "k") if self.k_eq_v else ("q", "k", "v")
         self.qkv_proj = Gemma4QKVLinear(shards if self.owns_kv else ("q",), cfg.hidden_size, d, cfg.num_heads,
-                                        cfg.layer_kv_heads(layer), cfg.qkv_bias, cfg.quantization, prefix, packed)
+                                        cfg.layer_kv_heads(layer), switches.qkv_bias, cfg.quantization, prefix,
+                                        packed)
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, cfg.qkv_bias, cfg.quantization, prefix,
-                                        ("o_proj",))
-        eps = cfg.rms_norm_eps
-        self.q_norm = Gemma4RMSNorm(d, eps)
-        self.k_norm = Gemma4RMSNorm(d, eps) if self.owns_kv else None
+        self.o_proj = RowParallelLinear(cfg.num_heads * d, cfg.hidden_size, switches.o_bias, cfg.quantization,
+                                        prefix, ("o_proj",))
+        eps, norm = cfg.rms_norm_eps, switches.qk_norm
+        self.q_norm = norm(d, eps)
+        self.k_norm = norm(d, eps) if self.owns_kv else None
         self.v_norm = Gemma4RMSNorm(d, eps, with_scale=False) if self.owns_kv else None
         self.rotary_emb = rotary_emb
         self.replicas = kv_head_replicas(cfg, get_tp_size())[layer]  # equal KV pages in every cache layer
         if self.owns_kv:
             self.attn = PagedAttention(self.num_heads, self.num_kv_heads * self.replicas, d,
-                                       cfg.sliding_windows[layer], backend, scale=1.0)
+                                       cfg.sliding_windows[layer], backend, scale=switches.scale)
             sources[layer] = self.attn
         else:
             self.attn = SharedKVAttention(sources[cfg.kv_source(layer)], self.num_heads, backend)
@@ -157,24 +164,20 @@ class Gemma4Attention(nn.Module):
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
-class Gemma4DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int, backend: str, rotary_emb: RotaryEmbedding, packed: dict,
-                 sources: dict[int, PagedAttention]) -> None:
-        super().__init__()
-        h, eps = cfg.hidden_size, cfg.rms_norm_eps
-        self.self_attn = Gemma4Attention(cfg, layer, backend, rotary_emb, packed, sources)
-        self.mlp = Gemma3MLP(cfg, layer, packed)  # its width is the layer's (double-wide on KV-sharing layers)
-        self.input_layernorm = Gemma4RMSNorm(h, eps)
-        self.post_attention_layernorm = Gemma4RMSNorm(h, eps)
-        self.pre_feedforward_layernorm = Gemma4RMSNorm(h, eps)
-        self.post_feedforward_layernorm = Gemma4RMSNorm(h, eps)
-        p = cfg.per_layer_input_size
+class Gemma4DecoderLayer(DecoderLayer):
+    """The sandwich-norm layer without the fused residual (its output is scaled whole by `layer_scalar`), and with
+    the per-layer input's gated residual branch after the MLP."""
+
+    def __init__(self, cfg: ModelConfig, layer: int, switches: DecoderSwitches, attention: Gemma4Attention,
+                 mlp: nn.Module) -> None:
+        super().__init__(cfg, switches, attention, mlp)
+        h, p = cfg.hidden_size, cfg.per_layer_input_size
         if p:
             self.per_layer_input_gate = ReplicatedLinear(h, p, False, cfg.quantization, f"model.layers.{layer}",
                                                          ("per_layer_input_gate",))
             self.per_layer_projection = ReplicatedLinear(p, h, False, cfg.quantization, f"model.layers.{layer}",
                                                          ("per_layer_projection",))
-            self.post_per_layer_input_norm = Gemma4RMSNorm(h, eps)
+            self.post_per_layer_input_norm = switches.norm(h, cfg.rms_norm_eps)
         self.layer_scalar = nn.Parameter(torch.ones(1), requires_grad=False)
 
     def forward(self, positions, x, per_layer_input, meta):
@@ -186,38 +189,30 @@ class Gemma4DecoderLayer(nn.Module):
         return x * self.layer_scalar
 
 
-class Gemma4Model(nn.Module):
-    def __init__(self, cfg: ModelConfig, backend: str, packed: dict, mlp_factory=None) -> None:
-        super().__init__()
+class Gemma4Model(DecoderModel):
+    def __init__(self, cfg: ModelConfig, switches: DecoderSwitches, layers: Iterable[nn.Module]) -> None:
+        super().__init__(cfg, switches, layers)
         h, p, n = cfg.hidden_size, cfg.per_layer_input_size, cfg.num_layers
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, h)
-        self.embed_scale = h ** 0.5
-        ropes = rotary_embeddings(cfg)
-        sources: dict[int, PagedAttention] = {}  # cache-owning layers' attention, for the KV-sharing ones
-        self.layers = nn.ModuleList(Gemma4DecoderLayer(cfg, i, backend, ropes[cfg.layer_types[i]], packed, sources)
-                                    for i in range(n))
-        self.norm = Gemma4RMSNorm(h, cfg.rms_norm_eps)
         self.per_layer_input_size = p
         if p:
             vocab = int(cfg.hf_text_config.get("vocab_size_per_layer_input") or cfg.vocab_size)
-            self.embed_tokens_per_layer = VocabParallelEmbedding(vocab, n * p)
+            self.embed_tokens_per_layer = VocabParallelEmbedding(vocab, n * p, scale=p ** 0.5)
             self.per_layer_model_projection = ReplicatedLinear(h, n * p, False, cfg.quantization, "model",
                                                                ("per_layer_model_projection",))
             self.per_layer_projection_norm = Gemma4RMSNorm(p, cfg.rms_norm_eps)
-
-    def _scaled(self, x: torch.Tensor, scale: float) -> torch.Tensor:
-        return x * torch.tensor(scale, dtype=x.dtype, device=x.device)  # HF rounds the scale to the dtype
+            self.per_layer_model_projection_scale = h ** -0.5  # HF's numbers, python floats as there
+            self.per_layer_input_scale = 2.0 ** -0.5
 
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """[T, layers, P]: the token's own per-layer embedding plus a projection of its (scaled) embedding."""
         n, p = len(self.layers), self.per_layer_input_size
-        own = self._scaled(self.embed_tokens_per_layer(input_ids), p ** 0.5).view(-1, n, p)
-        projected = self.per_layer_model_projection(embeds) * self.embed_scale ** -1
+        own = self.embed_tokens_per_layer(input_ids).view(-1, n, p)
+        projected = self.per_layer_model_projection(embeds) * self.per_layer_model_projection_scale
         projected = self.per_layer_projection_norm(projected.view(-1, n, p))
-        return (projected + own) * 2.0 ** -0.5
+        return (projected + own) * self.per_layer_input_scale
 
     def forward(self, input_ids, positions, meta):
-        x = self._scaled(self.embed_tokens(input_ids), self.embed_scale)
+        x = self.embed_tokens(input_ids)
         per_layer = self.per_layer_inputs(input_ids, x) if self.per_layer_input_size else None
         for i, layer in enumerate(self.layers):
             x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
@@ -227,9 +222,23 @@ class Gemma4Model(nn.Module):
 class Gemma4ForCausalLM(Gemma3ForCausalLM):
     model_class = Gemma4Model
 
+    @staticmethod
+    def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
+        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias, qk_norm=Gemma4RMSNorm, scale=1.0)
+        return DecoderSwitches(attention, norm=Gemma4RMSNorm, sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5)
+
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         check_supported(cfg)
         super().__init__(cfg, backend)
+
+    def decoder_layers(self, cfg: ModelConfig, backend: str) -> Iterator[nn.Module]:
+        ropes = rotary_embeddings(cfg)
+        sources: dict[int, PagedAttention] = {}  # cache-owning layers' attention, for the KV-sharing ones
+        for i in range(cfg.num_layers):
+            attention = Gemma4Attention(cfg, i, self.switches.attention, ropes[cfg.layer_types[i]], backend,
+                                        self.packed_modules_mapping, sources)
+            mlp = type(self).mlp_factory(cfg, i, self.packed_modules_mapping)  # double-wide on KV-sharing layers
+            yield Gemma4DecoderLayer(cfg, i, self.switches, attention, mlp)
 
     def attention_layers(self) -> list[PagedAttention]:
         """The cache-owning layers' attention, in order: what the KV cache layout's layers are."""

@@ -10,13 +10,8 @@ under `model.language_model.`; the vision tower (`model.visual.`) is skipped on 
 """
 from __future__ import annotations
 
-from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, HybridModel, Qwen3NextForCausalLM
+from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, Qwen3NextForCausalLM
 from engine.models.weights import WeightsMapper
-
-
-class Qwen3_5Model(HybridModel):
-    split_projections = True
-
 
 TEXT_MAPPER = WeightsMapper(skipped_prefixes=(MTP_PREFIX,), renamed_infixes=SHARED_EXPERT_INFIXES)
 VL_MAPPER = WeightsMapper(
@@ -26,7 +21,7 @@ VL_MAPPER = WeightsMapper(
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
-    model_class = Qwen3_5Model
+    split_projections = True
     weights_mapper = TEXT_MAPPER
 
 

@@ -25,12 +25,14 @@ import torch
 from torch import nn
 
 from engine.layers.attention import AttentionMetadata, PagedAttention
+from engine.layers.attention_block import SelfAttention
+from engine.layers.decoder import DecoderLayer
 from engine.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from engine.layers.linear import ColumnParallelLinear
 from engine.layers.norm import GemmaRMSNorm
 from engine.layers.rotary import rotary_embeddings
 from engine.config.model import ModelConfig
-from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, HybridDecoderLayer
+from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, Qwen3NextForCausalLM, hybrid_mlp
 from engine.models.weights import PACKED_QKV_GATE_UP, WeightsMapper, load_weights
 
 MTP_MAPPER = WeightsMapper(renamed_prefixes=((MTP_PREFIX, ""),), renamed_infixes=SHARED_EXPERT_INFIXES)
@@ -93,8 +95,12 @@ class Qwen3NextMTP(nn.Module):
         self.pre_fc_norm_embedding = GemmaRMSNorm(h, cfg.rms_norm_eps)
         self.pre_fc_norm_hidden = GemmaRMSNorm(h, cfg.rms_norm_eps)
         rope = rotary_embeddings(head_cfg)["full_attention"]
-        self.layers = nn.ModuleList(HybridDecoderLayer(head_cfg, i, backend, rope, PACKED_QKV_GATE_UP, False)
-                                    for i in range(num_layers))
+        switches = Qwen3NextForCausalLM.decoder_switches(head_cfg)  # the target's layer kind (Qwen3.5's too)
+        self.layers = nn.ModuleList(
+            DecoderLayer(head_cfg, switches, SelfAttention(head_cfg, i, switches.attention, rope, backend,
+                                                           PACKED_QKV_GATE_UP),
+                         hybrid_mlp(head_cfg, i, PACKED_QKV_GATE_UP))
+            for i in range(num_layers))
         self.norm = GemmaRMSNorm(h, cfg.rms_norm_eps)
         self.config = cfg
         # The target's modules (or rank 0's full copies), outside this module's parameters (loaded on their own).

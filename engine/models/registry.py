@@ -91,6 +91,8 @@ ARCHITECTURES: dict[str, Architecture] = {
     "Qwen2Model": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
     "Qwen3Model": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
     "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
+    "SmolLM3ForCausalLM": Architecture("smollm3", "SmolLM3ForCausalLM",
+                                       {"rope_theta": 2e6, "tie_word_embeddings": True}),
     "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4),
     "Gemma3ForConditionalGeneration": Architecture("gemma3", "Gemma3ForConditionalGeneration", GEMMA3_TEXT_DEFAULTS,
                                                    multimodal=True, norms_per_layer=4),

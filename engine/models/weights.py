@@ -28,12 +28,6 @@ PACKED_QKV_GATE_UP = {
 }
 
 
-def checkpoint_modules(packed_modules_mapping: dict, stacked: str) -> tuple[str, ...]:
-    """The checkpoint's module names behind our stacked module: its parts, or itself when stored fused."""
-    parts = packed_modules_mapping.get(stacked)
-    return tuple(part for part, _ in parts) if parts else (stacked,)
-
-
 @dataclass(frozen=True)
 class WeightsMapper:
     """Checkpoint name -> our name: the first matching renamed prefix is replaced; skipped prefixes and

@@ -139,7 +139,7 @@ class Speculator:
                 if matcher.is_terminated():
                     break
                 matcher.fill_next_token_bitmask(mask, j)
-                if j == len(drafts) or not matcher.accept_token(drafts[j]):
+                if j == len(drafts) or not grammar.try_accept(drafts[j]):
                     break
                 advanced += 1
             if advanced:

@@ -5,16 +5,19 @@ vocabulary size so padded logit columns are never allowed, and the model's EOS i
 that end a grammar. `submit` returns a future: a cache hit (an LRU keyed by the spec's canonical form,
 where only the order of property names matters) is already done, a spec being compiled is shared, and anything else runs
 in a bounded pool (COMPILE_WORKERS threads, at most MAX_PENDING_COMPILES waiting), never on the caller's
-thread. Thread-safe: the HTTP layer waits on a request's compile (so a bad spec is a 400, and one over
+thread; the pool's threads run at a lower CPU priority (COMPILE_NICE), so a compile takes only what the
+engine's step and the server leave and a bystander's step is never behind a grammar bomb (xgrammar releases
+the interpreter lock while it compiles, so the OS scheduler decides). Thread-safe: the HTTP layer waits on a request's compile (so a bad spec is a 400, and one over
 COMPILE_TIMEOUT_S a 400 "too complex"), and the engine thread only ever checks whether a future is done.
-A schema past MAX_SCHEMA_NODES or MAX_SCHEMA_DEPTH is refused before any compile. A spec xgrammar refuses
-raises ValueError naming it. JSON is compact (no free whitespace between tokens): a weak model stuck on
+A schema past MAX_SCHEMA_NODES or MAX_SCHEMA_DEPTH is refused before any compile. A spec xgrammar refuses,
+or one that matches no text at all (not even a first token), raises ValueError naming it. JSON is compact (no free whitespace between tokens): a weak model stuck on
 newlines would otherwise spend its whole budget there and end with an unclosed object.
 """
 from __future__ import annotations
 
 import collections
 import json
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -26,6 +29,7 @@ MAX_PENDING_COMPILES = 64  # distinct specs compiling or queued; past that a new
 COMPILE_TIMEOUT_S = 20.0  # a client waits this long for its spec; longer is "too complex" (400)
 MAX_SCHEMA_NODES = 10_000  # objects, arrays and values in a JSON schema / structural tag
 MAX_SCHEMA_DEPTH = 64
+COMPILE_NICE = 10  # the pool's threads are this much nicer than the process: ~10% of a core against a busy thread
 
 
 class GrammarTooComplex(ValueError):
@@ -45,7 +49,8 @@ class GrammarCompiler:
         self._cache: collections.OrderedDict = collections.OrderedDict()
         self._lock = threading.Lock()
         self._pending: dict[tuple[str, str], Future] = {}  # canonical key -> the compile in progress
-        self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="pagedesk-grammar")
+        self._pool = ThreadPoolExecutor(max_workers=COMPILE_WORKERS, thread_name_prefix="pagedesk-grammar",
+                                        initializer=_lower_priority)
         self.num_compiles = 0
 
     def _xgr_compiler(self):
@@ -108,6 +113,13 @@ class GrammarCompiler:
         return compiled
 
     def _compile(self, params: StructuredOutputsParams):
+        compiled = self._compile_spec(params)
+        if not _allows_a_first_token(compiled):
+            raise ValueError(f"structured_outputs {params.kind} matches no text: it allows no first token, so "
+                             "nothing could be generated")
+        return compiled
+
+    def _compile_spec(self, params: StructuredOutputsParams):
         compiler = self._xgr_compiler()
         kind, spec = params.key
         try:
@@ -127,6 +139,24 @@ class GrammarCompiler:
             text = str(exc).strip().splitlines()
             reason = text[-1] if text else type(exc).__name__
             raise ValueError(f"structured_outputs {kind} is invalid: {reason[:400]}") from None
+
+
+def _lower_priority() -> None:
+    """Each pool thread, as it starts: COMPILE_NICE nicer than the process (Linux niceness is per thread)."""
+    if hasattr(os, "setpriority"):
+        try:
+            tid = threading.get_native_id()
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + COMPILE_NICE))
+        except OSError:  # a platform that refuses: compiles then share the CPU evenly, as before
+            pass
+
+
+def _allows_a_first_token(compiled) -> bool:
+    """Whether a matcher at the grammar's start allows any token (a stop token counts: the empty text)."""
+    import xgrammar as xgr
+    bitmask = xgr.allocate_token_bitmask(1, compiled.tokenizer_info.vocab_size)
+    xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask)
+    return bool(bitmask.any())
 
 
 def check_complexity(params: StructuredOutputsParams) -> None:

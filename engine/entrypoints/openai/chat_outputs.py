@@ -164,3 +164,11 @@ class ChoiceView:
 
 def finish_reason(reason: str | None, view: ChoiceView) -> str | None:
     return "tool_calls" if reason == "stop" and view.calls else reason
+
+
+def api_stop_reason(stop_reason: int | str | None, stop_token_ids: list[int] | None) -> int | str | None:
+    """vLLM's `stop_reason`: the stop string, or the request's stop token, that ended the choice; None when the
+    model's own end-of-sequence token (or a finished grammar) ended it."""
+    if isinstance(stop_reason, int) and stop_reason not in (stop_token_ids or ()):
+        return None
+    return stop_reason

@@ -38,9 +38,12 @@ def bad_request(message: str, param: str | None = None) -> OpenAIError:
     return OpenAIError(400, message, param)
 
 
+def error_type(status: int) -> str:
+    return ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_error")
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> dict:
-    kind = ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "internal_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return {"error": {"message": message, "type": error_type(status), "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None,

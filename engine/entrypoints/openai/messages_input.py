@@ -1,6 +1,8 @@
 """An Anthropic Messages request as the chat request it runs as: blocks → chat messages, tools, tool_choice.
 
-`system` (a string or text blocks) becomes the first system message. A user turn's text blocks become a
+`system` (a string or text blocks) becomes the first system message. A `system` turn inside `messages` stays where
+it is when the chat template shows system messages there (prompts.renders_system_anywhere), and is otherwise
+appended, in order, to that first system message, as Anthropic folds them. A user turn's text blocks become a
 user message and its `tool_result` blocks tool messages (in block order; an `is_error` result's text
 starts with "Error: "); an assistant turn's text becomes content, `tool_use` blocks tool calls (the
 input object as JSON arguments) and `thinking` blocks reasoning_content. Tools (`input_schema`) become
@@ -105,13 +107,23 @@ def _assistant_turn(content: str | list[dict[str, Any]], where: str) -> dict[str
     return message
 
 
-def chat_messages(req: CountTokensRequest) -> list[dict[str, Any]]:
-    system = _block_text(req.system, "system") if req.system else ""
-    messages = [{"role": "system", "content": system}] if system else []
+def chat_messages(req: CountTokensRequest, system_in_place: bool = True) -> list[dict[str, Any]]:
+    """The conversation as chat messages; `system_in_place`: system turns stay where they are (else they join the
+    system prompt)."""
+    systems = [_block_text(req.system, "system")] if req.system else []
+    messages: list[dict[str, Any]] = []
     for i, m in enumerate(req.messages):
         where = f"messages.{i}.content"
-        messages += _user_turn(m.content, where) if m.role == "user" else [_assistant_turn(m.content, where)]
-    return messages
+        if m.role == "system":
+            text = _block_text(m.content, where)
+            if system_in_place:
+                messages.append({"role": "system", "content": text})
+            else:
+                systems.append(text)
+        else:
+            messages += _user_turn(m.content, where) if m.role == "user" else [_assistant_turn(m.content, where)]
+    system = "\n\n".join(t for t in systems if t)
+    return ([{"role": "system", "content": system}] if system else []) + messages
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -167,13 +179,14 @@ def check_messages_supported(req: CountTokensRequest) -> None:
         raise bad_request("container is not supported: there is no code-execution container", "container")
 
 
-def to_chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
+def to_chat_request(req: CountTokensRequest, system_in_place: bool = True) -> ChatCompletionRequest:
     check_messages_supported(req)
     choice, parallel = chat_tool_choice(req.tool_choice)
     forced = choice == "required" or isinstance(choice, dict)  # a forced call writes no text to format
     fmt = req.output_config.format if req.output_config and not forced else None
     payload: dict[str, Any] = {
-        "model": req.model, "messages": chat_messages(req), "tools": chat_tools(req.tools), "tool_choice": choice,
+        "model": req.model, "messages": chat_messages(req, system_in_place), "tools": chat_tools(req.tools),
+        "tool_choice": choice,
         "parallel_tool_calls": parallel, "reasoning_effort": reasoning_effort(req),
         "response_format": {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt.json_schema}}
         if fmt is not None else None,

@@ -180,6 +180,23 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
                            chat_template_kwargs)
 
 
+_SYSTEM_PROBE = "pagedesk-system-probe"
+
+
+def renders_system_anywhere(model: ServedModel) -> bool:
+    """Whether the model's chat template shows a system message after the conversation started (Qwen's and Llama
+    3's do; Gemma's and Mistral's raise or leave it out), found once by rendering a probe conversation."""
+    if model.system_anywhere is None:
+        probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+                 {"role": "system", "content": _SYSTEM_PROBE}, {"role": "user", "content": "v"}]
+        try:
+            text = model.tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        except Exception:  # noqa: BLE001 - a template that raises on the probe does not take them
+            text = ""
+        model.system_anywhere = _SYSTEM_PROBE in str(text)
+    return model.system_anywhere
+
+
 def _apply_template(model: ServedModel, dicts: list[dict], tools: list | None, add_generation_prompt: bool,
                     continue_final_message: bool, chat_template_kwargs: dict | None = None) -> str:
     try:
@@ -284,8 +301,9 @@ def chat_prompt(model: ServedModel, messages: list[ChatMessage], tools: list | N
     return prompt
 
 
-def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int) -> Prompt:
-    """vLLM's truncate_prompt_tokens: keep the last `keep` tokens (-1: max_model_len); None leaves it whole."""
+def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int, side: str | None = None) -> Prompt:
+    """vLLM's truncate_prompt_tokens: keep `keep` tokens (-1: max_model_len), the last ones (truncation_side
+    "left", the default) or the first ("right"); None leaves it whole."""
     if keep is None:
         return prompt
     if keep == 0:
@@ -293,7 +311,7 @@ def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int) -> Pro
     keep = max_model_len if keep == -1 else keep
     if len(prompt.token_ids) <= keep:
         return prompt
-    return Prompt(None, prompt.token_ids[-keep:])
+    return Prompt(None, prompt.token_ids[:keep] if side == "right" else prompt.token_ids[-keep:])
 
 
 def resolve_max_tokens(requested: int | None, num_prompt_tokens: int, max_model_len: int,

@@ -5,18 +5,25 @@ client gets a 400 naming the field; SamplingParams checks them again for the off
 is bounded to int64 and every list the engine walks per step is bounded in length, so no value can overflow
 a tensor or stall a step after admission. Every text
 field rejects lone UTF-16 surrogates, and floats reject NaN and infinity, so nothing malformed
-reaches the tokenizer or the sampler. A field outside both APIs is a 400 naming it (as OpenAI does);
-fields of the APIs we do not implement are declared from `refusals.REFUSALS` and refused by value.
+reaches the tokenizer or the sampler. Types are strict, as OpenAI's and Anthropic's are: a boolean is true or
+false (not "yes"), an integer is a JSON integer (not true, not "5", not 5.0), a number is not a string.
+Every list stops at its first invalid item, so a body of a million wrong items costs one error, not a
+million (it once held the event loop for seconds). A field outside both APIs, at any depth, is accepted and
+ignored (as vLLM does; ignored_fields.py names it in a response header, and --strict-request-fields makes it a
+400); fields of the APIs we do not implement are declared from `refusals.REFUSALS` and refused by value.
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, create_model
+from pydantic import (AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, GetCoreSchemaHandler, StrictInt,
+                      create_model, model_validator)
+from pydantic_core import CoreSchema
 
 from engine.sample.sampling_params import (INT64_LIMIT, MAX_ALLOWED_TOKEN_IDS, MAX_BAD_WORDS, MAX_LOGIT_BIAS,
                                     MAX_LOGPROBS, MAX_N, MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS,
                                     MAX_STOP_TOKEN_IDS)
+from engine.entrypoints.openai.ignored_fields import report_unknown
 from engine.entrypoints.openai.refusals import REFUSALS
 
 
@@ -44,8 +51,45 @@ def null_is(default: Any) -> BeforeValidator:
     return BeforeValidator(lambda v: default if v is None else v)
 
 
+def _lists_fail_fast(schema: CoreSchema) -> None:
+    """Every list in a core schema stops validating at its first invalid item."""
+    stack: list[Any] = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if node.get("type") == "list":
+                node["fail_fast"] = True
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+
+
 class _Request(BaseModel):
-    model_config = ConfigDict(allow_inf_nan=False, extra="forbid")
+    model_config = ConfigDict(allow_inf_nan=False, extra="allow", strict=True)
+    report_extra: ClassVar[bool] = True  # unknown keys are ignored fields (not a content part's payload)
+
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        schema = handler(source)
+        _lists_fail_fast(schema)
+        return schema
+
+
+class RequestBody(_Request):
+    """A route's whole body: once validated, its unknown fields at every depth are reported and dropped."""
+
+    @model_validator(mode="after")
+    def _report_unknown_fields(self) -> "RequestBody":
+        report_unknown(self)
+        return self
+
+
+# OpenAI's limits on metadata: at most 16 pairs, keys of at most 64 characters, string values of at most 512.
+MAX_METADATA_PAIRS, MAX_METADATA_KEY_CHARS, MAX_METADATA_VALUE_CHARS = 16, 64, 512
+Metadata = Annotated[dict[Annotated[str, Field(max_length=MAX_METADATA_KEY_CHARS), AfterValidator(_valid_unicode)],
+                          Annotated[str, Field(max_length=MAX_METADATA_VALUE_CHARS), AfterValidator(_valid_unicode)]],
+                     Field(max_length=MAX_METADATA_PAIRS)]
+MAX_TEMPERATURE = 2.0  # OpenAI's range is [0, 2]
 
 
 class StreamOptions(_Request):
@@ -89,10 +133,12 @@ class StructuredOutputsField(_Request):
     disable_any_whitespace: bool = False  # JSON is generated compact either way
     disable_fallback: bool = False  # one grammar engine: nothing to fall back to
     disable_additional_properties: bool = False  # xgrammar's strict mode already forbids them
-    model_config = ConfigDict(populate_by_name=True)
+    # An option of an output constraint we do not know would change the output if dropped: a 400, as vLLM's
+    # StructuredOutputsParams (a dataclass) refuses it, whatever --strict-request-fields says.
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
-RefusableFields = create_model("RefusableFields", __base__=_Request,
+RefusableFields = create_model("RefusableFields", __base__=RequestBody,
                                **{r.field: (Any, r.default) for r in REFUSALS if "." not in r.field})
 
 
@@ -101,7 +147,7 @@ class SamplingFields(RefusableFields):
 
     model: Text | None = Field(None, description="Served model name; default: the one model served")
     n: Annotated[int, null_is(1)] = Field(1, ge=1, le=MAX_N, description="Choices per prompt")
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, lt=INT64_LIMIT, description="-1 or 0: off; above the vocabulary "
                                                                         "size: the whole vocabulary")
@@ -121,7 +167,7 @@ class SamplingFields(RefusableFields):
     stream: Annotated[bool, null_is(False)] = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
-    metadata: dict[str, Any] | None = None  # accepted; nothing is stored
+    metadata: Metadata | None = None  # accepted; nothing is stored
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None  # a routing hint; the prefix cache is automatic
     prompt_cache_options: dict[str, Any] | None = None  # OpenAI's explicit breakpoints; every prefix is cached anyway
@@ -150,6 +196,8 @@ class SamplingFields(RefusableFields):
                                                               "cached prompt prefixes")
     truncate_prompt_tokens: int | None = Field(None, ge=-1, lt=INT64_LIMIT,
                                                description="Keep the last k prompt tokens; -1: max_model_len")
+    truncation_side: Literal["left", "right"] | None = Field(
+        None, description="vLLM: with truncate_prompt_tokens, cut the prompt's start (left, default) or end (right)")
 
 
 class CompletionRequest(SamplingFields):
@@ -187,6 +235,7 @@ class NamedToolChoice(_Request):
 
 class TextPart(_Request):
     model_config = ConfigDict(extra="allow")
+    report_extra: ClassVar[bool] = False  # image_url, input_audio ...: the part's payload, refused by its type
     type: Literal["text", "image_url", "input_audio", "video_url", "audio_url", "file", "refusal"]
     text: Text | None = None
 
@@ -227,7 +276,7 @@ class ChatCompletionRequest(SamplingFields):
         None, description="Passed to the chat template as reasoning_effort / enable_thinking where it reads them")
 
 
-class TokenizeRequest(_Request):
+class TokenizeRequest(RequestBody):
     model: Text | None = None
     prompt: Text | None = None
     messages: list[ChatMessage] | None = Field(None, min_length=1)
@@ -239,6 +288,6 @@ class TokenizeRequest(_Request):
     return_token_strs: bool = False
 
 
-class DetokenizeRequest(_Request):
+class DetokenizeRequest(RequestBody):
     model: Text | None = None
     tokens: list[TokenId]

@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field
 
 from engine.sample.sampling_params import INT64_LIMIT
-from engine.entrypoints.openai.protocol import NonEmptyText, Text, TokenIds, _Request
+from engine.entrypoints.openai.protocol import NonEmptyText, RequestBody, Text, TokenIds
 
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit on inputs per request
 
@@ -19,7 +19,7 @@ EmbeddingInput = NonEmptyText | Annotated[list[NonEmptyText], Field(min_length=1
     | TokenIds | Annotated[list[TokenIds], Field(min_length=1, max_length=MAX_EMBEDDING_INPUTS)]
 
 
-class EmbeddingRequest(_Request):
+class EmbeddingRequest(RequestBody):
     model: Text | None = None
     input: EmbeddingInput
     encoding_format: Literal["float", "base64"] = "float"

@@ -13,11 +13,11 @@ from typing import Annotated, Any, Literal
 from pydantic import Field
 
 from engine.sample.sampling_params import INT64_LIMIT, MAX_STOP_STRINGS
-from engine.entrypoints.openai.protocol import StopText, StructuredOutputsField, Text, _Request, null_is
+from engine.entrypoints.openai.protocol import RequestBody, StopText, StructuredOutputsField, Text, _Request, null_is
 
 
 class AnthropicMessage(_Request):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system turns anywhere (Claude Code sends them mid-conversation)
     content: Text | list[dict[str, Any]]
 
 
@@ -37,7 +37,7 @@ class OutputConfig(_Request):
     format: OutputFormat | None = None
 
 
-class CountTokensRequest(_Request):
+class CountTokensRequest(RequestBody):
     model: Text | None = None
     messages: list[AnthropicMessage] = Field(..., min_length=1)
     system: Text | list[dict[str, Any]] | None = None
@@ -59,7 +59,7 @@ class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(..., ge=1, lt=INT64_LIMIT)
     stop_sequences: Annotated[list[StopText], Field(max_length=MAX_STOP_STRINGS)] | None = None
     stream: Annotated[bool, null_is(False)] = False
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=1)  # Anthropic's range
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: int | None = Field(None, ge=-1, lt=INT64_LIMIT)
     metadata: dict[str, Any] | None = None

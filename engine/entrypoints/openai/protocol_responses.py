@@ -15,7 +15,9 @@ from pydantic import Field
 
 from engine.sample.sampling_params import INT64_LIMIT, MAX_STOP_STRINGS
 from engine.entrypoints.openai.errors import bad_request
-from engine.entrypoints.openai.protocol import StopText, StreamOptions, StructuredOutputsField, Text, _Request, null_is
+from engine.entrypoints.openai.refusals import check_stream_options
+from engine.entrypoints.openai.protocol import (MAX_TEMPERATURE, Metadata, RequestBody, StopText, StreamOptions,
+                                               StructuredOutputsField, Text, _Request, null_is)
 
 
 class ReasoningConfig(_Request):
@@ -29,7 +31,7 @@ class TextConfig(_Request):
     verbosity: Literal["low", "medium", "high"] | None = None  # accepted without effect
 
 
-class ResponsesRequest(_Request):
+class ResponsesRequest(RequestBody):
     model: Text | None = None
     input: Text | list[dict[str, Any]] = Field(..., description="A string (one user message) or a list of items")
     instructions: Text | None = None
@@ -40,14 +42,17 @@ class ResponsesRequest(_Request):
     reasoning: ReasoningConfig | None = None
     max_output_tokens: int | None = Field(None, ge=1, lt=INT64_LIMIT)
     max_tool_calls: int | None = Field(None, ge=1, lt=INT64_LIMIT)
-    temperature: float | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
     top_logprobs: int | None = Field(None, ge=0, le=20)
     stream: Annotated[bool, null_is(False)] = False
     stream_options: StreamOptions | None = None
     store: bool | None = None  # default true: kept in the server's bounded in-memory store (responses_store.py)
     previous_response_id: Text | None = None
-    metadata: dict[str, Any] | None = None
+    metadata: Metadata | None = None  # kept with a stored response: OpenAI's limits keep it small
+    client_metadata: dict[str, Any] | None = None  # Codex's turn ids and headers: accepted, nothing is stored
     user: Text | None = None
     safety_identifier: Text | None = None
     prompt_cache_key: Text | None = None
@@ -95,6 +100,7 @@ def check_responses_supported(req: ResponsesRequest) -> None:
         ("include", req.include, f"only {sorted(_INCLUDABLE)} (the reasoning text is returned in the clear)",
          lambda v: not v or set(v) <= _INCLUDABLE),
     ]
+    check_stream_options(req)
     for field, value, why, ok in refusals:
         if not ok(value):
             raise bad_request(f"{field}={value!r} is not supported on /v1/responses: {why}", field)

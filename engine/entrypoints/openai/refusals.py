@@ -58,12 +58,15 @@ REFUSALS = [
     Refusal("kv_transfer_params", "null", "no disaggregated prefill", {"do_remote_prefill": True}),
     Refusal("vllm_xargs", "null", "no extra engine arguments", {"x": 1}),
     Refusal("suffix", 'null or ""', "insertion (suffix) is not supported", "end", _is("")),
+    Refusal("logprob_token_ids", "null or []", "logprobs are returned for the sampled and the top tokens, not for "
+            "chosen ids", [1, 2]),
 ]
 BY_FIELD = {r.field: r for r in REFUSALS}
 
 
 def refuse_unsupported(req: Any) -> None:
     """400 naming the first field whose value asks for something this server does not do."""
+    check_stream_options(req)
     for r in REFUSALS:
         value = req
         for part in r.field.split("."):
@@ -76,3 +79,9 @@ def refuse_unsupported(req: Any) -> None:
 def _short(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_stream_options(req: Any) -> None:
+    """OpenAI and vLLM refuse stream_options without stream: the options would silently do nothing."""
+    if getattr(req, "stream_options", None) is not None and not req.stream:
+        raise bad_request("stream_options is only allowed with stream=true", "stream_options")

@@ -2,11 +2,11 @@
 
 `instructions` becomes the first system message; `input` (a string, or message / function_call /
 function_call_output / reasoning items) becomes chat messages (consecutive function calls join one
-assistant turn, as chat templates show them); flat function tools become chat tools; `text.format`
+assistant turn, as chat templates show them); tools become chat tools (responses_tools.py); `text.format`
 becomes response_format (dropped on a turn whose tool_choice forces a call: that turn writes no text);
 `reasoning.effort` becomes reasoning_effort; `max_output_tokens` becomes
 max_completion_tokens. Reasoning items sent back are accepted and dropped (chat templates drop earlier
-turns' reasoning). Anything the chat path cannot run (hosted tools, images) is a 400 naming the input field.
+turns' reasoning); a `compaction` item (routes_compact.py) becomes a user message holding its summary. Anything the chat path cannot run (images, files) is a 400 naming the input field.
 """
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ from engine.entrypoints.openai.chat_request import chat_request
 from engine.entrypoints.openai.errors import bad_request
 from engine.entrypoints.openai.protocol import ChatCompletionRequest
 from engine.entrypoints.openai.protocol_responses import ResponsesRequest
+from engine.entrypoints.openai.responses_tools import ResponsesTools, chat_tool_choice, flat_name, responses_tools
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
+COMPACTED_PREFIX = "A summary of the conversation so far, written before it was compacted:\n\n"
 _CHAT_NAMES = {"max_completion_tokens": "max_output_tokens", "reasoning_effort": "reasoning.effort",
                "response_format": "text.format"}
 
@@ -78,7 +80,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 raise bad_request(f"{where}.arguments is not valid JSON", f"{where}.arguments") from None
             call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+                    "function": {"name": flat_name(item["name"], item.get("namespace")),
+                                 "arguments": item["arguments"]}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":  # one assistant turn: its text, then its calls
                 last.setdefault("tool_calls", []).append(call)
@@ -91,38 +94,16 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                              "content": _output_text(item.get("output", ""), f"{where}.output")})
         elif kind == "reasoning":
             continue  # earlier reasoning: chat templates leave it out of the prompt
+        elif kind in ("compaction", "compaction_summary"):  # /v1/responses/compact's summary, in plain text
+            if not isinstance(item.get("encrypted_content"), str):
+                raise bad_request(f"{where}.encrypted_content must be a string", f"{where}.encrypted_content")
+            messages.append({"role": "user", "content": COMPACTED_PREFIX + item["encrypted_content"]})
         else:
             raise bad_request(f"{where}.type {kind!r} is not supported: input items are message, function_call, "
-                              "function_call_output and reasoning", f"{where}.type")
+                              "function_call_output, reasoning and compaction", f"{where}.type")
     if not messages:
         raise bad_request("input holds no message", "input")
     return messages
-
-
-def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Flat function tools `{"type": "function", "name", "parameters"}` as chat's nested ones."""
-    if not tools:
-        return None
-    out = []
-    for i, tool in enumerate(tools):
-        if tool.get("type") != "function":
-            raise bad_request(f"tools.{i}.type {tool.get('type')!r} is not supported: this server runs function "
-                              "tools only (no hosted tools)", f"tools.{i}.type")
-        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
-        unknown = sorted(set(tool) - {"type", "name", "description", "parameters", "strict", "defer_loading"})
-        if unknown:
-            raise bad_request(f"tools.{i} has unknown fields {unknown}", f"tools.{i}")
-        out.append({"type": "function", "function": function})
-    return out
-
-
-def chat_tool_choice(choice: Any) -> Any:
-    if choice is None or isinstance(choice, str):
-        return choice
-    if choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise bad_request(f"tool_choice {choice!r} is not supported: send none, auto, required or "
-                      '{"type": "function", "name": ...}', "tool_choice")
 
 
 def response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -138,23 +119,26 @@ def response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None
     raise bad_request(f"text.format.type must be text, json_object or json_schema, got {kind!r}", "text.format.type")
 
 
-def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]]) -> tuple[ChatCompletionRequest,
-                                                                                   list[dict[str, Any]]]:
-    """The chat request, and the conversation (without instructions) a stored response keeps for chaining."""
+def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]]
+                    ) -> tuple[ChatCompletionRequest, list[dict[str, Any]], ResponsesTools]:
+    """The chat request, the conversation (without instructions) a stored response keeps for chaining, and the
+    tools as the model sees them."""
     conversation = history + input_messages(req.input)
+    tools = responses_tools(req.tools)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     # text.format shapes the reply's text; a forced call has none (the agents SDK sends both on a forced turn)
     forced = req.tool_choice == "required" or isinstance(req.tool_choice, dict)
     text_format = req.text.format if req.text and not forced else None
     payload = {
-        "model": req.model, "messages": system + conversation, "tools": chat_tools(req.tools),
+        "model": req.model, "messages": system + conversation, "tools": tools.chat,
         "tool_choice": chat_tool_choice(req.tool_choice), "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": response_format(text_format),
         "reasoning_effort": req.reasoning.effort if req.reasoning else None,
         "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
+        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
         "top_k": req.top_k, "min_p": req.min_p, "repetition_penalty": req.repetition_penalty, "seed": req.seed,
         "stop": req.stop, "structured_outputs": req.structured_outputs.model_dump(by_alias=True, exclude_unset=True)
         if req.structured_outputs else None, "request_id": req.request_id, "priority": req.priority,
         "cache_salt": req.cache_salt,
     }
-    return chat_request(payload, responses_field), conversation
+    return chat_request(payload, responses_field), conversation, tools

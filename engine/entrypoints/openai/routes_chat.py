@@ -20,7 +20,7 @@ from engine.entrypoints.async_engine import RequestStream
 from engine.core.outputs import CompletionOutput, RequestOutput
 from engine.reasoning import get_reasoning_parser
 from engine.sample.sampling_params import MAX_LOGPROBS
-from engine.entrypoints.openai.chat_outputs import ChatOutputPlan, ChoiceView, finish_reason
+from engine.entrypoints.openai.chat_outputs import ChatOutputPlan, ChoiceView, api_stop_reason, finish_reason
 from engine.entrypoints.openai.beam import beam_search_params
 from engine.entrypoints.openai.context import ServerContext, get_context
 from engine.entrypoints.openai.errors import bad_request, engine_error, stream_error_event
@@ -113,7 +113,7 @@ async def render_prompt(req: ChatCompletionRequest, model: ServedModel, forced: 
                             req.add_generation_prompt, req.continue_final_message,
                             template_kwargs(model, req.chat_template_kwargs, req.reasoning_effort),
                             req.add_special_tokens)
-    return truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len)
+    return truncate_prompt(prompt, req.truncate_prompt_tokens, model.max_model_len, req.truncation_side)
 
 
 async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: str = "chatcmpl-") -> ChatRun:
@@ -158,7 +158,8 @@ async def create_chat_completion(req: ChatCompletionRequest, request: Request,
         if echo:
             message.content = echo + (message.content or "")
         choices.append(ChatChoice(index=o.index, message=message, logprobs=_logprobs(req, model, o, 0),
-                                  finish_reason=finish_reason(o.finish_reason, view), stop_reason=o.stop_reason,
+                                  finish_reason=finish_reason(o.finish_reason, view),
+                                  stop_reason=api_stop_reason(o.stop_reason, req.stop_token_ids),
                                   token_ids=o.token_ids if req.return_token_ids else None))
     prompt_logprobs = None if final.prompt_logprobs is None else \
         vllm_prompt_logprobs(final.prompt_logprobs, token_names(req, model.tokenizer))
@@ -212,7 +213,8 @@ async def _stream(req: ChatCompletionRequest, ctx: ServerContext, model: ServedM
                         continue
                     yield chunk([ChatChunkChoice(index=c.index, delta=delta or DeltaMessage(), logprobs=logprobs,
                                                  finish_reason=finish_reason(c.finish_reason, view),
-                                                 stop_reason=c.stop_reason, token_ids=new_ids)],
+                                                 stop_reason=api_stop_reason(c.stop_reason, req.stop_token_ids),
+                                                 token_ids=new_ids)],
                                 usage_of([out]) if continuous else None)
                 final = out
         if req.stream_options and req.stream_options.include_usage and final is not None:

@@ -23,6 +23,7 @@ from engine.entrypoints.openai.generation import close_all, merge, start_request
 from engine.entrypoints.openai.logprobs import completion_logprobs, token_names, vllm_prompt_logprobs
 from engine.entrypoints.openai.prompts import Prompt, completion_prompts, prompt_chars, resolve_max_tokens, truncate_prompt
 from engine.entrypoints.openai.protocol import CompletionRequest
+from engine.entrypoints.openai.chat_outputs import api_stop_reason
 from engine.entrypoints.openai.refusals import refuse_unsupported
 from engine.entrypoints.openai.responses import CompletionChoice, CompletionLogprobs, CompletionResponse
 from engine.entrypoints.openai.sampling import sampling_params
@@ -64,7 +65,8 @@ async def create_completion(req: CompletionRequest, request: Request,
     structured, source = structured_outputs_for(req)
     await compile_or_400(model, structured, source)
     prompts = await off_loop(prompt_chars(req.prompt), completion_prompts, model, req.prompt, req.add_special_tokens)
-    prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len) for p in prompts]
+    prompts = [truncate_prompt(p, req.truncate_prompt_tokens, model.max_model_len, req.truncation_side)
+               for p in prompts]
     if len(prompts) > MAX_PROMPTS:
         raise bad_request(f"at most {MAX_PROMPTS} prompts per request, got {len(prompts)}", "prompt")
     max_tokens = 1 if _scoring_only(req) else req.max_tokens
@@ -112,7 +114,8 @@ def _choice(req: CompletionRequest, model: ServedModel, index: int, out: Complet
     ids = req.return_token_ids or None
     return CompletionChoice(index=index, text=prefix + out.text[text_start:], logprobs=logprobs,
                             finish_reason="length" if _scoring_only(req) else out.finish_reason,
-                            stop_reason=None if _scoring_only(req) else out.stop_reason,
+                            stop_reason=None if _scoring_only(req) else api_stop_reason(out.stop_reason,
+                                                                                        req.stop_token_ids),
                             prompt_logprobs=prompt_logprobs,
                             prompt_token_ids=final.prompt_token_ids if ids and first else None,
                             token_ids=out.token_ids[token_start:] if ids else None)

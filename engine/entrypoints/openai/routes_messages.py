@@ -3,8 +3,9 @@
 The request becomes a chat request (messages_input.py) and runs through `start_chat`, so the template,
 tools, grammar-forced calls and reasoning parsing are the chat route's own; the reply's blocks
 (output_blocks.py) become Anthropic content blocks, whole or as Anthropic's SSE events
-(messages_output.py). Errors on these routes use Anthropic's error shape (errors.py), in-band as an
-`error` event once a stream started; the API key may come as `x-api-key` (auth.py).
+(messages_output.py); a stream's message_start goes out with the first engine output, so its usage shows the
+prefix-cache hit. Errors on these routes use Anthropic's error shape (errors.py), in-band as an `error` event
+once a stream started; the API key may come as `x-api-key` (auth.py).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from engine.entrypoints.openai.generation import close_all, merge, wait_for_fina
 from engine.entrypoints.openai.messages_input import messages_field, to_chat_request
 from engine.entrypoints.openai.messages_output import block_events, content_block, message_object, stop_reason, usage
 from engine.entrypoints.openai.output_blocks import OutputBlocks
+from engine.entrypoints.openai.prompts import renders_system_anywhere
 from engine.entrypoints.openai.protocol_messages import CountTokensRequest, MessagesRequest
 from engine.entrypoints.openai.routes_chat import ChatRun, output_plan, render_prompt, start_chat
 from engine.entrypoints.openai.sse import SSE_RESPONSE_DOC, named_sse_event, sse_response
@@ -31,7 +33,7 @@ router = APIRouter()
 @router.post("/v1/messages", response_model=None, responses=SSE_RESPONSE_DOC)
 async def create_message(req: MessagesRequest, request: Request,
                          ctx: ServerContext = Depends(get_context)) -> Response | dict:
-    chat = to_chat_request(req)
+    chat = to_chat_request(req, renders_system_anywhere(ctx.model_for(req.model)))
     try:
         run = await start_chat(chat, ctx, id_prefix="msg_")
     except OpenAIError as exc:
@@ -55,13 +57,15 @@ async def _stream(ctx: ServerContext, run: ChatRun) -> AsyncIterator[str]:
         return named_sse_event(event["type"], event)
 
     view, blocks = ChoiceView(run.plan), OutputBlocks()
-    start = message_object(run.request_id, run.model.name, [], None, None, usage(run.prompt_tokens, 0, 0))
-    yield send({"type": "message_start", "message": start})
-    yield send({"type": "ping"})
     try:
         final = None
         async with aclosing(merge(run.streams, ctx.metrics)) as outputs:
             async for _, out in outputs:
+                if final is None:  # sent with the first output, which knows the prefix-cache hit (as vLLM does)
+                    use = usage(run.prompt_tokens, 0, out.num_cached_tokens or 0)
+                    yield send({"type": "message_start",
+                                "message": message_object(run.request_id, run.model.name, [], None, None, use)})
+                    yield send({"type": "ping"})
                 choice = out.outputs[0]
                 events = blocks.feed(view.update(choice.text, choice.finished()))
                 for ev in events + (blocks.finish() if choice.finished() else []):
@@ -84,8 +88,8 @@ async def _stream(ctx: ServerContext, run: ChatRun) -> AsyncIterator[str]:
 @router.post("/v1/messages/count_tokens")
 async def count_tokens(req: CountTokensRequest, ctx: ServerContext = Depends(get_context)) -> dict:
     """The prompt's tokens as /v1/messages would render it (tools and system included)."""
-    chat = to_chat_request(req)
-    model = ctx.model_for(chat.model)
+    model = ctx.model_for(req.model)
+    chat = to_chat_request(req, renders_system_anywhere(model))
     try:
         _, forced_schema = output_plan(chat, model)
         prompt = await render_prompt(chat, model, forced_schema is not None)

@@ -9,6 +9,7 @@ whose `store` is not false is kept in the context's bounded in-memory ResponseSt
 """
 from __future__ import annotations
 
+import time
 from contextlib import aclosing
 from typing import AsyncIterator
 
@@ -17,13 +18,14 @@ from fastapi import APIRouter, Depends, Request, Response
 from engine.entrypoints.openai.chat_outputs import ChoiceView
 from engine.entrypoints.openai.chat_request import reraise_as
 from engine.entrypoints.openai.context import ServerContext, get_context
-from engine.entrypoints.openai.errors import OpenAIError, bad_request, engine_error
+from engine.entrypoints.openai.errors import OpenAIError, bad_request, engine_error, error_type
 from engine.entrypoints.openai.generation import close_all, merge, wait_for_finals
 from engine.entrypoints.openai.output_blocks import OutputBlocks
 from engine.entrypoints.openai.protocol_responses import ResponsesRequest, check_responses_supported
 from engine.entrypoints.openai.responses_input import responses_field, to_chat_request
 from engine.entrypoints.openai.responses_output import (ResponseItems, conversation_turn, response_object, usage_object)
 from engine.entrypoints.openai.responses_store import StoredResponse
+from engine.entrypoints.openai.responses_tools import ResponsesTools
 from engine.entrypoints.openai.routes_chat import ChatRun, start_chat
 from engine.entrypoints.openai.sse import SSE_RESPONSE_DOC, named_sse_event, sse_response
 
@@ -32,6 +34,10 @@ router = APIRouter()
 
 def _status(finish_reason: str | None) -> str:
     return "incomplete" if finish_reason == "length" else "completed"
+
+
+def _completed_at(status: str) -> int | None:
+    return int(time.time()) if status == "completed" else None
 
 
 def _usage(run: ChatRun, final, reasoning_text: str) -> dict:
@@ -59,10 +65,10 @@ async def create_response(req: ResponsesRequest, request: Request,
         stored = ctx.responses.get(req.previous_response_id)
         if stored is None:
             raise bad_request(f"previous_response_id {req.previous_response_id!r} names no stored response: the "
-                              f"server keeps the last {ctx.responses.capacity} responses created without "
-                              "store=false, in memory, until it restarts", "previous_response_id")
+                              f"server keeps {ctx.responses.describe()} created without store=false, in memory, "
+                              "until it restarts", "previous_response_id")
         history = stored.conversation
-    chat, conversation = to_chat_request(req, history)
+    chat, conversation, tools = to_chat_request(req, history)
     try:
         run = await start_chat(chat, ctx, id_prefix="resp_")
     except OpenAIError as exc:
@@ -70,31 +76,32 @@ async def create_response(req: ResponsesRequest, request: Request,
     if req.max_tool_calls is not None:
         run.plan.max_calls = min(run.plan.max_calls or req.max_tool_calls, req.max_tool_calls)
     if req.stream:
-        return sse_response(_stream(req, ctx, run, conversation))
+        return sse_response(_stream(req, ctx, run, conversation, tools))
     finals = await wait_for_finals(request, run.streams, ctx.metrics)
     if finals is None:
         return Response(status_code=499)
     final = finals[0]
     out = final.outputs[0]
-    view, blocks, items = ChoiceView(run.plan), OutputBlocks(), ResponseItems()
+    view, blocks, items = ChoiceView(run.plan), OutputBlocks(), ResponseItems(tools)
+    status = _status(out.finish_reason)
     for ev in blocks.feed(view.update(out.text, final=True)):
         items.render(ev)
     for ev in blocks.finish():
-        items.render(ev, _status(out.finish_reason))
-    body = response_object(run.request_id, run.created, run.model.name, req, _status(out.finish_reason),
-                           items.items, _usage(run, final, _reasoning_text(items)))
+        items.render(ev, status)
+    body = response_object(run.request_id, run.created, run.model.name, req, status, items.items,
+                           _usage(run, final, _reasoning_text(items)), tools, _completed_at(status))
     _keep(ctx, req, body, conversation)
     return body
 
 
-async def _stream(req: ResponsesRequest, ctx: ServerContext, run: ChatRun,
-                  conversation: list[dict]) -> AsyncIterator[str]:
-    items, blocks, view = ResponseItems(), OutputBlocks(), ChoiceView(run.plan)
+async def _stream(req: ResponsesRequest, ctx: ServerContext, run: ChatRun, conversation: list[dict],
+                  tools: ResponsesTools) -> AsyncIterator[str]:
+    items, blocks, view = ResponseItems(tools), OutputBlocks(), ChoiceView(run.plan)
 
     def send(event: dict) -> str:
         return named_sse_event(event["type"], event)
 
-    start = response_object(run.request_id, run.created, run.model.name, req, "in_progress", [], None)
+    start = response_object(run.request_id, run.created, run.model.name, req, "in_progress", [], None, tools)
     yield send(items.event("response.created", response=start))
     yield send(items.event("response.in_progress", response=start))
     final = None
@@ -113,12 +120,14 @@ async def _stream(req: ResponsesRequest, ctx: ServerContext, run: ChatRun,
                 final = out
         status = _status(final.outputs[0].finish_reason)
         body = response_object(run.request_id, run.created, run.model.name, req, status, items.items,
-                               _usage(run, final, _reasoning_text(items)))
+                               _usage(run, final, _reasoning_text(items)), tools, _completed_at(status))
         _keep(ctx, req, body, conversation)
         yield send(items.event(f"response.{status}", response=body))
     except Exception as exc:  # noqa: BLE001 - the stream already started: report the error in-band
-        err = engine_error(exc)
-        yield send(items.event("error", code=err.code, message=err.message, param=err.param))
+        err = engine_error(exc)  # OpenAI's flat fields, and Open Responses' `error` object
+        yield send(items.event("error", code=err.code, message=err.message, param=err.param,
+                               error={"type": error_type(err.status), "code": err.code, "message": err.message,
+                                      "param": err.param}))
     finally:
         close_all(run.streams)
 
@@ -126,8 +135,8 @@ async def _stream(req: ResponsesRequest, ctx: ServerContext, run: ChatRun,
 def _stored(ctx: ServerContext, response_id: str) -> StoredResponse:
     stored = ctx.responses.get(response_id)
     if stored is None:
-        raise OpenAIError(404, f"No response with id {response_id!r} is stored (the server keeps the last "
-                               f"{ctx.responses.capacity} in memory)", "response_id", "response_not_found")
+        raise OpenAIError(404, f"No response with id {response_id!r} is stored (the server keeps "
+                               f"{ctx.responses.describe()} in memory)", "response_id", "response_not_found")
     return stored
 
 

@@ -32,6 +32,7 @@ class ServedModel:
     tool_parser: str | None = None  # --tool-call-parser, or detected from the chat template
     reasoning_parser: str | None = None
     pooler: Any = None  # PoolerConfig of an embedding engine (--task embed); None: a generation engine
+    system_anywhere: bool | None = None  # the template shows a system message after the first turn (prompts.py)
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":

@@ -51,18 +51,56 @@ def _from_structured_outputs(req: SamplingFields) -> StructuredOutputsParams | N
 
 def tool_call_schema(tools: list[ToolDefinition], tool_choice: Any, parallel: bool) -> dict:
     """The JSON schema a forced tool call must match: a named function's arguments object, or (required)
-    a list of `{"name", "parameters"}` calls of any tool, as vLLM generates them."""
+    a list of `{"name", "parameters"}` calls of any tool, as vLLM generates them. Under `required` each tool's
+    parameters move into the combined schema's root `$defs` (as `tool<i>`, with its own `$defs` / `definitions`
+    beside it as `tool<i>.<name>`), so the `$ref`s that pydantic-made schemas carry still resolve."""
     def params_of(tool: ToolDefinition) -> dict:
         return tool.function.parameters or {"type": "object", "properties": {}}
 
     if tool_choice != "required":
         return params_of(next(t for t in tools if t.function.name == tool_choice.function.name))
-    calls = [{"type": "object", "properties": {"name": {"const": t.function.name}, "parameters": params_of(t)},
-              "required": ["name", "parameters"]} for t in tools]
-    schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls}}
+    defs: dict[str, Any] = {}
+    calls = []
+    for i, t in enumerate(tools):
+        defs.update(_hoisted(params_of(t), f"tool{i}"))
+        calls.append({"type": "object", "properties": {"name": {"const": t.function.name},
+                                                        "parameters": {"$ref": f"#/$defs/tool{i}"}},
+                      "required": ["name", "parameters"]})
+    schema = {"type": "array", "minItems": 1, "items": calls[0] if len(calls) == 1 else {"anyOf": calls},
+              "$defs": defs}
     if not parallel:
         schema["maxItems"] = 1
     return schema
+
+
+_DEF_KEYS = ("$defs", "definitions")
+
+
+def _hoisted(schema: dict, tag: str) -> dict[str, Any]:
+    """`schema` and its own definitions as root `$defs` entries named `tag` and `tag.<name>`, with every local
+    `$ref` ("#", "#/$defs/X/...", "#/definitions/X", "#/properties/...") rewritten to its new place."""
+    def ref(target: str) -> str:
+        pointer = target[1:]
+        for key in _DEF_KEYS:
+            prefix = f"/{key}/"
+            if pointer.startswith(prefix):
+                name, _, rest = pointer[len(prefix):].partition("/")
+                return f"#/$defs/{tag}.{name}" + (f"/{rest}" if rest else "")
+        return f"#/$defs/{tag}{pointer}"
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: ref(v) if k == "$ref" and isinstance(v, str) and v.startswith("#") else rewrite(v)
+                    for k, v in node.items()}
+        if isinstance(node, list):
+            return [rewrite(v) for v in node]
+        return node
+
+    out = {tag: rewrite({k: v for k, v in schema.items() if k not in _DEF_KEYS})}
+    for key in _DEF_KEYS:
+        for name, definition in (schema.get(key) or {}).items():
+            out[f"{tag}.{name}"] = rewrite(definition)
+    return out
 
 
 def structured_outputs_for(req: SamplingFields, forced_tool_schema: dict | None = None

@@ -1,10 +1,11 @@
 """create_router_app: the public endpoint in front of the engines: the same middlewares, errors and routes.
 
-Auth (API key), the Host check and the body limit are the single-engine server's own middlewares
-(engine/entrypoints/openai/auth.py, hosts.py, limits.py), and errors have OpenAI's shape (errors.py). Routes:
+Auth (API key), the Host check and the body limits (size and JSON shape) are the single-engine server's own
+middlewares (engine/entrypoints/openai/auth.py, hosts.py, limits.py), and errors have OpenAI's shape (errors.py). Routes:
 GET /health (the router is up), GET /metrics (every engine's, merged with an `engine` label),
-GET /v1/models (every servable model: loaded or not, its context and quantization, its engines),
-POST /v1/models/{name}/load and /unload (guarded by the key like every /v1 route), and every other route
+GET /v1/models (every servable model: loaded or not, failed with its error, its context and quantization, its
+engines), POST /v1/models/{name}/load (a retry for a failed model too) and /unload (once the requests in flight
+are done, bounded; guarded by the key like every /v1 route), and every other route
 relayed to an engine of the model the request names: POSTs by the body's `model` (JIT-loading it), GETs
 (the engine-state routes) by `?model=NAME&engine=i`, to a model already loaded. /v1/embeddings goes by its
 body's model like any POST. Responses live in the engine that made them: GET and DELETE /v1/responses/{id} and a
@@ -88,7 +89,7 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
         entry = manager.entry(name)
         if entry.replicas and not entry.loaded and not entry.loading:  # failed engines: start afresh
             await manager.unload(entry)
-        await manager.load(entry)
+        await manager.load(entry, retry_failed=True)  # a user's load is a retry, whatever failed before
         return model_card(entry, created)
 
     @app.post("/v1/models/{name:path}/unload")
@@ -113,7 +114,7 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
         replica.inflight += 1
         reply = await relay(state["client"], request, f"{replica.url}/v1/responses/{response_id}", b"",
                             replica.api_key, f"{entry.spec.name}#{replica.index}",
-                            lambda: manager.release(entry, replica, 0))
+                            lambda: manager.release(entry, replica, 0), replica.relays)
         if request.method == "DELETE" and reply.status_code == 200:
             directory.forget(response_id)
         return reply
@@ -128,7 +129,7 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
         replica, tokens = await manager.acquire(entry, body, pinned)
         reply = await relay(state["client"], request, replica.url + "/" + path, raw, replica.api_key,
                             f"{entry.spec.name}#{replica.index}",
-                            lambda: manager.release(entry, replica, tokens))
+                            lambda: manager.release(entry, replica, tokens), replica.relays)
         if creates_response and reply.status_code == 200:
             owner = ResponseOwner(entry.spec.name, replica.index)
             if isinstance(reply, StreamingResponse):
@@ -153,7 +154,8 @@ def create_router_app(manager: ModelManager, max_body_bytes: int = DEFAULT_MAX_B
                                    f"{[r.index for r in ready]}", "engine")
         replica.inflight += 1
         return await relay(state["client"], request, replica.url + "/" + path, b"", replica.api_key,
-                           f"{entry.spec.name}#{replica.index}", lambda: manager.release(entry, replica, 0))
+                           f"{entry.spec.name}#{replica.index}", lambda: manager.release(entry, replica, 0),
+                           replica.relays)
 
     return app
 
@@ -195,6 +197,8 @@ def entry_state(entry: ModelEntry) -> str:
         return "loading"
     if entry.loaded:
         return "loaded"
+    if entry.failure is not None:
+        return "failed"
     if any(r.state in ("dead", "failed") for r in entry.replicas):
         return "failed" if all(r.state == "failed" for r in entry.replicas) else "dead"
     return "unloaded"
@@ -204,7 +208,8 @@ def model_card(entry: ModelEntry, created: int) -> dict:
     spec = entry.spec
     card: dict[str, Any] = {"id": spec.name, "object": "model", "created": created, "owned_by": "pagedesk",
                             "root": spec.path, "loaded": entry.loaded, "state": entry_state(entry),
-                            "data_parallel_size": spec.data_parallel_size, "model_ttl": spec.model_ttl}
+                            "data_parallel_size": spec.data_parallel_size, "model_ttl": spec.model_ttl,
+                            "error": entry.failure.message if entry.failure is not None else None}
     card.update(model_facts(entry))
     card["engines"] = [{"index": r.index, "state": r.state, "pid": r.pid if r.alive() else None,
                         "devices": "cpu" if r.placement.cards == (HOST,) else list(r.placement.cards),

@@ -25,6 +25,7 @@ from pathlib import Path
 from engine.config.flags import flags_to_argv
 from engine.entrypoints.router.balancer import ReplicaLoad
 from engine.entrypoints.router.placement import HOST, ReplicaPlacement
+from engine.entrypoints.router.proxy import Relays
 from engine.entrypoints.router.specs import ModelSpec
 from engine.entrypoints.serving_process import ENGINE_API_KEY_ENV, EXIT_CONFIG_ERROR, EXIT_OUT_OF_MEMORY
 
@@ -32,6 +33,7 @@ log = logging.getLogger("pagedesk.router")
 ROOT = Path(__file__).resolve().parents[3]
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
 STOP_GRACE_S = 10.0
+ENGINE_MODULE = "engine.entrypoints.router_engine"  # pagedesk-serve with its key from the environment
 
 
 class LoadFailed(Exception):
@@ -57,6 +59,8 @@ class EngineProcess:
         self.log: deque[str] = deque(maxlen=200)
         self.load = ReplicaLoad()
         self.inflight = 0
+        self.relays = Relays()  # requests and watchers relayed to it now
+        self.last_answer = 0.0  # time.monotonic() of its last answer to a liveness probe (or of its start)
         self.failures = 0
         self.restart_after = 0.0
         self._ready = asyncio.Event()
@@ -78,10 +82,10 @@ class EngineProcess:
         on_gpu = self.placement.cards != (HOST,)
         if on_gpu and flags.get("num_gpu_blocks_override") is None:
             flags["kv_cache_memory"] = round(self.placement.kv_cache_gib, 4)
-        # router_engine is pagedesk-serve taking its key from env(); the router names it and never imports it
-        return [sys.executable, "-m", "engine.entrypoints.router_engine", "--exit-with-parent", str(os.getpid()),
-                "--model", self.spec.path, "--served-model-name", self.spec.name, "--host", "127.0.0.1",
-                "--port", str(self.port), *flags_to_argv(flags)]
+        # Each value joined to its flag (`--flag=value`): a path or a name may start with '-'.
+        return [sys.executable, "-m", ENGINE_MODULE, f"--exit-with-parent={os.getpid()}", f"--model={self.spec.path}",
+                f"--served-model-name={self.spec.name}", "--host=127.0.0.1", f"--port={self.port}",
+                *flags_to_argv(flags)]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -140,7 +144,7 @@ class EngineProcess:
         ready.cancel()
         exited.cancel()
         if ready in done and self.alive():
-            self.state = "ready"
+            self.state, self.last_answer = "ready", time.monotonic()
             return
         if not done:
             await self.stop()
@@ -179,6 +183,24 @@ class EngineProcess:
             self.error = f"{self.spec.name}: engine #{self.index} exited with code {code} while serving"
             log.warning(self.error)
             self._failed(LoadFailed(self.error, retry=code != EXIT_OUT_OF_MEMORY))
+
+    def note_hung(self, message: str) -> None:
+        """Called once its group was killed for not answering: restart later, with backoff."""
+        self.error = message
+        self._failed(LoadFailed(message, retry=True))
+
+    def rss_bytes(self) -> int | None:
+        """The engine process's resident memory (Linux /proc), None when it cannot be read."""
+        if self.proc is None:
+            return None
+        try:
+            with open(f"/proc/{self.proc.pid}/status") as status:
+                for line in status:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except (OSError, ValueError, IndexError):
+            pass
+        return None
 
     def signal(self, sig: int) -> None:
         if self.proc is not None:

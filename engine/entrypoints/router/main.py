@@ -1,6 +1,7 @@
 """Run the router: bind the public port, check every model's flags and config, serve until SIGTERM/SIGINT.
 
-Nothing loads at start: engines start on the first request for their model (or POST /v1/models/NAME/load).
+Nothing loads at start: engines start on the first request for their model (or POST /v1/models/NAME/load). A
+model whose folder holds a broken config.json is served as failed (503 with the reason) beside the others.
 It prints "PagedDesk serving N models at http://host:port/v1: names" once it listens. On SIGTERM/SIGINT every
 engine gets SIGTERM at once (its streams end in-band, relayed to the clients), the HTTP server closes, and
 the lifespan's shutdown waits for each engine, killing any that outlive the grace period; a last sweep kills
@@ -19,31 +20,55 @@ from engine.entrypoints.router.specs import RouterConfig
 from engine.entrypoints.serving_process import EXIT_CONFIG_ERROR, bind_socket_or_say, stop_quietly
 
 
-def check_models(config: RouterConfig) -> None:
-    """Every model's flags validate and its config.json can be read; ValueError names the model otherwise. A
-    model found under --models-dir that cannot be served (an unsupported architecture) is left out with a
-    warning instead: the folder may hold anything."""
-    from engine.config.model import ModelConfig
-    from engine.entrypoints.router.placement import model_folder
-
+def check_models(config: RouterConfig) -> dict[str, str]:
+    """Every model's flags validate and its folder (or hub repo) can be found, else ValueError naming the model:
+    the command line is wrong. A model whose folder is there but cannot be served (a broken or unsupported
+    config.json) is the folder's problem, not the command line's: it is returned ({name: why}) to be served as
+    failed beside the others, and tried again once its folder changes; only when no model is left is it an
+    error. A model found under --models-dir that cannot be served is left out with a warning instead: the
+    folder may hold anything."""
+    broken = {}
     for spec in list(config.models.values()):
         try:
-            try:
-                engine_config = spec.engine_config()
-                ModelConfig.from_folder(model_folder(spec), engine_config.quantization) \
-                    .with_max_model_len(engine_config.max_model_len)
-            except (OSError, KeyError) as exc:
-                raise ValueError(f"model {spec.name}: cannot read {spec.path}: {exc}") from None
-            except ValueError as exc:
-                message = str(exc)
-                raise ValueError(message if spec.name in message else f"model {spec.name}: {message}") from None
+            why = _folder_problem(spec)
         except ValueError as exc:
             if not spec.discovered:
                 raise
-            print(f"warning: not serving {spec.name} from --models-dir: {exc}", file=sys.stderr, flush=True)
+            why = str(exc)
+        if why is None:
+            continue
+        if spec.discovered:
+            print(f"warning: not serving {spec.name} from --models-dir: {why}", file=sys.stderr, flush=True)
             del config.models[spec.name]
+        else:
+            broken[spec.name] = why
     if not config.models:
         raise ValueError("no servable model: --models-dir holds none this engine supports")
+    if len(broken) == len(config.models):
+        raise ValueError("; ".join(broken.values()))
+    for why in broken.values():
+        print(f"warning: serving it as failed until its folder changes: {why}", file=sys.stderr, flush=True)
+    return broken
+
+
+def _folder_problem(spec) -> str | None:
+    """Why the model's folder cannot be served, None when it can; ValueError when its flags or path are wrong."""
+    from engine.config.model import ModelConfig
+    from engine.entrypoints.router.placement import model_folder
+
+    def named(message: str) -> str:
+        return message if spec.name in message else f"model {spec.name}: {message}"
+
+    try:
+        engine_config = spec.engine_config()
+        folder = model_folder(spec)
+    except ValueError as exc:
+        raise ValueError(named(str(exc))) from None
+    try:
+        ModelConfig.from_folder(folder, engine_config.quantization).with_max_model_len(engine_config.max_model_len)
+    except (OSError, KeyError, ValueError) as exc:
+        return named(str(exc) if isinstance(exc, ValueError) else f"cannot read {spec.path}: {exc}")
+    return None
 
 
 def _server_class():
@@ -70,7 +95,7 @@ def serve_router(config: RouterConfig) -> int:
     from engine.entrypoints.router.placement import detect_cards
 
     try:
-        check_models(config)
+        broken = check_models(config)
         cards = detect_cards(config.device, config.memory_budget, config.gpu_memory_utilization)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -80,7 +105,7 @@ def serve_router(config: RouterConfig) -> int:
         return EXIT_CONFIG_ERROR
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per relayed request otherwise
-    manager = ModelManager(config, cards)
+    manager = ModelManager(config, cards, broken)
     app = create_router_app(manager)
     server = _server_class()(uvicorn.Config(app, host=config.host, port=config.port, log_level="warning",
                                             access_log=False, timeout_graceful_shutdown=15), manager)

@@ -4,12 +4,14 @@ A card's budget is `--memory-budget` GiB, or what the engine itself would use (t
 minus what other programs held at start); on CPU the host is one "card" whose budget is `--memory-budget` or
 the available RAM. A replica needs, per card, its weights, its activation peak and overhead (the planner's
 `estimate_profile`, engine/planning/planner.py; a speculative draft model or MTP head and a hybrid model's verify
-scratch in its weights, verify graphs in its overhead, and the CUDA context) plus an absolute KV budget: the
-model's `kv-cache-memory` if given, else on CUDA the card's budget divided by `--max-loaded-models` (all of it
-when unset), capped at max_num_seqs full sequences, and on CPU the pool of the engine's own default; a budget
-that holds a pool holds its draft pages and a hybrid model's state pool too (`kv_pool_budget_bytes`). `place`
-picks cards for every replica of a model (replicas of one model on different cards where it can), evicting idle
-models least recently used first, or says in GiB what is missing. Pure arithmetic: the manager owns the state.
+scratch in its weights, verify graphs in its overhead; on a card the CUDA context, on the host each process's own
+baseline: the interpreter, torch and the server, measured by the manager from the engines it runs,
+CPU_PROCESS_BYTES until it has one) plus an absolute KV budget: the model's `kv-cache-memory` if given, else on
+CUDA the card's budget divided by `--max-loaded-models` (all of it when unset), capped at max_num_seqs full
+sequences, and on CPU the pool of the engine's own default; a budget that holds a pool holds its draft pages and
+a hybrid model's state pool too (`kv_pool_budget_bytes`). `place` picks cards for every replica of a model
+(replicas of one model on different cards where it can), evicting idle models least recently used first, or says
+in GiB what is missing. Pure arithmetic: the manager owns the state.
 """
 from __future__ import annotations
 
@@ -25,8 +27,11 @@ from engine.kv.kv_cache_interface import model_kv_layout
 from engine.planning.kv import blocks_per_full_seq, kv_pool_budget_bytes, verify_scratch_bytes
 from engine.planning.planner import CUDA_CONTEXT_BYTES, estimate_profile, plan_cpu
 from engine.planning.speculation import speculation_footprint
-from engine.planning.units import GIB, kv_dtype_bytes, resolve_dtype
+from engine.planning.units import GIB, MIB, kv_dtype_bytes, resolve_dtype
 
+# An engine process on the host before any tensor: Python, torch, transformers, the HTTP server (a tiny
+# model's engine holds about 550 MiB resident). The manager replaces it with what its engines measure.
+CPU_PROCESS_BYTES = 512 * MIB
 HOST = -1  # the "card" index of the host on CPU
 
 
@@ -150,8 +155,10 @@ def speculation_model(spec: SpeculativeConfig | None) -> tuple[ModelConfig | Non
     return ModelConfig.from_folder(config_folder(spec.model, None, "speculative_config.model")), False
 
 
-def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> ReplicaNeed:
-    """One replica's bytes per card, from the model's config.json and its flags (no weights read)."""
+def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
+                 process_bytes: int = CPU_PROCESS_BYTES) -> ReplicaNeed:
+    """One replica's bytes per card, from the model's config.json and its flags (no weights read);
+    `process_bytes`: one engine process's baseline on the host (each tensor-parallel rank is a process)."""
     config = spec.engine_config()
     on_gpu = card.index != HOST
     cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(config.max_model_len)
@@ -170,7 +177,7 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
     draft, mtp = speculation_model(speculative)  # on the replica's first card; its KV pages share the budget
     draft_weights, draft_per_block = speculation_footprint(cfg, dtype_bytes, kv_bytes, block_size, tp, draft, mtp)
     weights = profile.weights_bytes + draft_weights + verify_scratch_bytes(layout, seats, k, step_tokens)
-    overhead = profile.overhead_bytes + (CUDA_CONTEXT_BYTES if on_gpu else 0)
+    overhead = profile.overhead_bytes + (CUDA_CONTEXT_BYTES if on_gpu else process_bytes * tp)
     fixed = weights + profile.activation_bytes + overhead
     caching = config.enable_prefix_caching
     if config.num_gpu_blocks_override is not None:
@@ -191,10 +198,10 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None) -> 
     return ReplicaNeed(weights, profile.activation_bytes, overhead, max(0, kv), tp)
 
 
-def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_models: int | None
-          ) -> tuple[list[ReplicaPlacement], list[str]]:
+def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_models: int | None,
+          process_bytes: int = CPU_PROCESS_BYTES) -> tuple[list[ReplicaPlacement], list[str]]:
     """Cards for each of the model's replicas and the idle models to unload first (LRU), or NoRoom saying
-    what is missing. `holders`: every loaded model but this one."""
+    what is missing. `holders`: every loaded model but this one; `process_bytes`: see replica_need."""
     evictable = sorted((h for h in holders if h.idle), key=lambda h: h.last_used)
     evict: list[str] = []
     loaded = len(holders)
@@ -202,15 +209,16 @@ def place(spec: ModelSpec, cards: list[Card], holders: list[Holder], max_loaded_
         free = {c.index: c.budget_bytes - sum(h.held.get(c.index, 0) for h in holders if h.name not in evict)
                 for c in cards}
         over_count = max_loaded_models is not None and loaded - len(evict) >= max_loaded_models
-        placements = None if over_count else _fit(spec, cards, free, max_loaded_models)
+        placements = None if over_count else _fit(spec, cards, free, max_loaded_models, process_bytes)
         if placements is not None:
             return placements, evict
         if len(evict) == len(evictable):
-            raise NoRoom(_no_room_message(spec, cards, free, holders, evict, max_loaded_models, over_count))
+            raise NoRoom(_no_room_message(spec, cards, free, holders, evict, max_loaded_models, over_count,
+                                          process_bytes))
         evict.append(evictable[len(evict)].name)
 
 
-def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: int | None
+def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: int | None, process_bytes: int
          ) -> list[ReplicaPlacement] | None:
     """Every replica placed on the cards with the most room (replicas apart where possible), or None."""
     free = dict(free)
@@ -219,7 +227,7 @@ def _fit(spec: ModelSpec, cards: list[Card], free: dict[int, int], max_loaded: i
     used: set[int] = set()
     cores = _core_groups(spec.data_parallel_size) if cards[0].index == HOST else None
     for replica in range(spec.data_parallel_size):
-        need = replica_need(spec, cards[0], max_loaded)
+        need = replica_need(spec, cards[0], max_loaded, process_bytes)
         tp = need.tensor_parallel_size
         if cards[0].index == HOST:
             chosen = [HOST] if free[HOST] >= need.total_bytes else None
@@ -251,13 +259,13 @@ def _core_groups(num_replicas: int) -> list[tuple[int, ...]] | None:
 
 
 def _no_room_message(spec: ModelSpec, cards: list[Card], free: dict[int, int], holders: list[Holder],
-                     evicted: list[str], max_loaded: int | None, over_count: bool) -> str:
+                     evicted: list[str], max_loaded: int | None, over_count: bool, process_bytes: int) -> str:
     busy = sorted(h.name for h in holders if not h.idle)
     busy_text = f"; busy, so not unloaded: {', '.join(busy)}" if busy else ""
     if over_count:
         return (f"cannot load {spec.name}: --max-loaded-models {max_loaded} models are loaded and none is idle"
                 f"{busy_text}; wait for them to finish or unload one (POST /v1/models/NAME/unload)")
-    need = replica_need(spec, cards[0], max_loaded)
+    need = replica_need(spec, cards[0], max_loaded, process_bytes)
     most = max(free.values())
     total_need = need.total_bytes * spec.data_parallel_size
     replicas = f" × {spec.data_parallel_size} replicas" if spec.data_parallel_size > 1 else ""
