@@ -81,3 +81,24 @@ def test_async_scheduling_caches_the_same_prefix_blocks(llama_dir):
         llm.generate([prompt + first[:30]], SamplingParams(temperature=0, max_tokens=2), use_tqdm=False)
         hits.append(llm.engine.kv.prefix_hits - before)
     assert hits[0] == hits[1] == 32
+
+
+def test_a_narrow_top_k_keeps_what_the_full_sort_keeps():
+    """Rows whose top-k are all narrow take a top-k that wide instead of sorting the vocabulary: the same tokens
+    survive with the same probabilities (top-p and min-p applied within them)."""
+    from engine.sample.sampler import filter_top_k_top_p_min_p
+    torch.manual_seed(0)
+    probs = torch.softmax(torch.randn(4, 1000) * 3, dim=-1)
+    params = [SamplingParams(temperature=1.0, top_k=5), SamplingParams(temperature=1.0, top_k=40, top_p=0.5),
+              SamplingParams(temperature=1.0, top_k=200, min_p=0.05), SamplingParams(temperature=1.0)]
+    rows = [SamplingRow(p, [1, 2], 1, None, [0]) for p in params]
+    meta = SamplingMetadata.build(rows[:3], 1000, probs.device)
+    assert meta.filter_width == 200
+    narrow = filter_top_k_top_p_min_p(probs[:3].clone(), meta)
+    meta.filter_width = None  # the full sort
+    full = filter_top_k_top_p_min_p(probs[:3].clone(), meta)
+    torch.testing.assert_close(narrow, full, rtol=0, atol=0)
+    assert [int((r > 0).sum()) for r in narrow][0] == 5
+    assert SamplingMetadata.build(rows, 1000, probs.device).filter_width == 200  # unfiltered rows do not count
+    top_p_only = rows + [SamplingRow(SamplingParams(temperature=1.0, top_p=0.9), [1, 2], 1, None, [0])]
+    assert SamplingMetadata.build(top_p_only, 1000, probs.device).filter_width == 1000  # no top-k: the sort

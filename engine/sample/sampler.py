@@ -128,15 +128,23 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[Sampling
 
 def filter_top_k_top_p_min_p(probs: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """Zero the probabilities each sampled row's top_k / top_p / min_p exclude (the top token always
-    survives); one sort over the rows that ask."""
+    survives); one sort over the rows that ask, or when each of them has a top-k of at most half the vocabulary,
+    one top-k that wide (nothing past it can survive)."""
     if meta.filter_rows is None:
         return probs
-    sorted_p, order = probs[meta.filter_rows].sort(dim=-1, descending=True)
-    keep = torch.arange(probs.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
+    rows, vocab = probs[meta.filter_rows], probs.shape[1]
+    width = meta.filter_width or vocab
+    if 2 * width <= vocab:
+        sorted_p, order = rows.topk(width, dim=-1)
+        kept = torch.zeros_like(rows)
+    else:
+        sorted_p, order = rows.sort(dim=-1, descending=True)
+        kept = torch.empty_like(sorted_p)
+    keep = torch.arange(sorted_p.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
     keep &= sorted_p.cumsum(dim=-1) - sorted_p < meta.top_p[:, None]  # the mass strictly above each token
     keep &= sorted_p >= meta.min_p[:, None] * sorted_p[:, :1]
     keep[:, 0] = True
-    kept = torch.empty_like(sorted_p).scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
+    kept.scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
     return probs.index_copy_(0, meta.filter_rows, kept)
 
 

@@ -70,6 +70,9 @@ class SamplingMetadata:
     # Structured outputs: packed allowed-token bits [num_rows, ceil(vocab / 32)] int32 (bit j of word w
     # allows token 32 w + j; all ones for rows without a grammar), applied right after logit bias/min_tokens.
     bitmask: torch.Tensor | None = None
+    # The widest top-k among the filter rows (a host int; vocab when one has none): a top-k that narrow stands in
+    # for the full sort of the vocabulary.
+    filter_width: int | None = None
 
     @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
@@ -338,7 +341,8 @@ class SamplingState:
             penalty_slots=pen_slot, in_prompt=self.in_prompt if pen else None,
             output_counts=self.output_counts if pen else None,
             bias=bias_tensors(rows, self.device), masked=masked_tensors(rows, self.device),
-            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None))
+            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None),
+            filter_width=int(self.params_np[parts[2], TOP_K].max()) if filt else None)
         if bitmask is not None:
             meta.bitmask = self.stage_bitmask(bitmask)
         return meta
