@@ -102,3 +102,30 @@ def test_a_narrow_top_k_keeps_what_the_full_sort_keeps():
     assert SamplingMetadata.build(rows, 1000, probs.device).filter_width == 200  # unfiltered rows do not count
     top_p_only = rows + [SamplingRow(SamplingParams(temperature=1.0, top_p=0.9), [1, 2], 1, None, [0])]
     assert SamplingMetadata.build(top_p_only, 1000, probs.device).filter_width == 1000  # no top-k: the sort
+
+
+@pytest.mark.parametrize("scale", [8.0, 0.1], ids=["peaked", "flat"])
+def test_top_p_on_the_cpu_looks_among_the_likeliest_first(scale):
+    """A peaked distribution's top-p mass sits in the first TOP_P_GUESS tokens: no sort of the vocabulary, the same
+    survivors; a flat one falls back to the sort."""
+    from engine.sample import sampler
+    torch.manual_seed(1)
+    probs = torch.softmax(torch.randn(3, 4000) * scale, dim=-1)
+    params = [SamplingParams(temperature=1.0, top_p=0.9), SamplingParams(temperature=1.0, top_p=0.5, min_p=0.01),
+              SamplingParams(temperature=1.0, top_p=0.95)]
+    meta = SamplingMetadata.build([SamplingRow(p, [1, 2], 1, None, [0]) for p in params], 4000, probs.device)
+    sorts = []
+    sort = torch.Tensor.sort
+    torch.Tensor.sort = lambda self, *a, **k: sorts.append(1) or sort(self, *a, **k)
+    try:
+        got = sampler.filter_top_k_top_p_min_p(probs.clone(), meta)
+    finally:
+        torch.Tensor.sort = sort
+    guess = sampler.TOP_P_GUESS
+    sampler.TOP_P_GUESS = 4000  # never enough room for a guess: the sort
+    try:
+        want = sampler.filter_top_k_top_p_min_p(probs.clone(), meta)
+    finally:
+        sampler.TOP_P_GUESS = guess
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert bool(sorts) == (scale < 1)
