@@ -76,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--warm-up", type=int, default=20)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--async-scheduling", action="store_true", help="the engine's --async-scheduling")
+    parser.add_argument("--compile-cpu-forward", action="store_true",
+                        help="the engine's --compile-cpu-forward (compiled during the warm-up steps)")
     args = parser.parse_args(argv)
     import torch
 
@@ -84,14 +86,14 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         path = args.model or make_random_llama(Path(tmp) / "peer-llama", **PEER_LLAMA)
-        extra = {"async_scheduling": True} if args.async_scheduling else {}
+        extra = {name: True for name in ("async_scheduling", "compile_cpu_forward") if getattr(args, name)}
         llm = LLM(str(path), device="cpu", max_model_len=args.prompt_len + args.warm_up + args.steps + 64,
                   max_num_seqs=max(args.batch), **extra)
         vocab = llm.engine.model_config.vocab_size
         rows = [(b, measure(llm.engine, b, args.steps, args.warm_up, args.prompt_len, vocab)) for b in args.batch]
     phases = [p for p in HOST_PHASES if p in rows[0][1]]
     print(f"\n{path.name}: {args.steps} decode steps per batch size after {args.warm_up} warm-up steps, "
-          f"{args.prompt_len}-token prompts{', async scheduling' if args.async_scheduling else ''}; torch "
+          f"{args.prompt_len}-token prompts{''.join(', ' + k.replace('_', ' ') for k in extra)}; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
     print("| batch | step ms | forward ms | outside the forward ms (best) | " + " | ".join(f"{p} ms" for p in phases)
           + " |")

@@ -160,6 +160,10 @@ class ModelRunner:
         (GraphDispatcher.capture)."""
         self.dispatch.capture()
 
+    def compile_cpu_forward(self) -> None:
+        """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""
+        self.dispatch.compile_cpu_forward()
+
     # ---- steps -------------------------------------------------------------------------------------------
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:

@@ -6,18 +6,21 @@ sizing): decode graphs up to max_num_seqs (engine/worker/graphs/decode.py), spec
 tokens per row, and piecewise graphs up to the token budget for every other step (engine/worker/graphs/piecewise.py).
 `capture` records them once the KV cache exists, then compiles the Triton kernel variants the eager paths will
 meet (engine/worker/warm_up.py). Per step, `forward` takes the decode (verify) graphs when they can hold the batch,
-else the piecewise pieces when a bucket holds its tokens, else the plain eager forward, the same step the same
-way on every tensor-parallel rank (their collectives must pair up).
+else the piecewise pieces when a bucket holds its tokens, else the plain eager forward (on the CPU through
+torch.compile when asked: `compile_cpu_forward`), the same step the same way on every tensor-parallel rank (their
+collectives must pair up).
 """
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 import torch
 
 from engine.config.model import ModelConfig
 from engine.distributed.parallel_state import get_tp_size
 from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
+from engine.worker.graphs.cpu_compile import compile_forward
 from engine.worker.graphs.decode import DecodeGraphs, triton_split_key
 from engine.worker.graphs.piecewise import PiecewiseGraphs
 from engine.worker.input_prep import attention_metadata, token_tensors
@@ -46,6 +49,7 @@ class GraphDispatcher:
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps: 1 + k tokens per row
         self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps
+        self.compiled: Callable | None = None  # the CPU forward through torch.compile (graphs/cpu_compile.py)
 
     def plan(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0, verify_query_len: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
@@ -97,6 +101,11 @@ class GraphDispatcher:
             warm_up_kernels(self.model, max_batch, self.config.max_model_len, self.block_size, self.device,
                             every_shape if get_tp_size() > 1 else None)
 
+    def compile_cpu_forward(self) -> None:
+        """The eager path's forward through torch.compile from the next step on (CPU only: a card has graphs)."""
+        if self.device.type == "cpu" and self.compiled is None:
+            self.compiled = compile_forward(self.model)
+
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
         total, tp = 0, get_tp_size()
@@ -124,4 +133,4 @@ class GraphDispatcher:
         if self.piecewise is not None and self.piecewise.can_run(inputs):
             return self.piecewise.run(inputs, meta, *fed)  # the pieces, attention eager between them
         ids, positions = token_tensors(inputs, self.device)
-        return self.model(ids if input_ids is None else input_ids, positions, meta)
+        return (self.compiled or self.model)(ids if input_ids is None else input_ids, positions, meta)

@@ -1,0 +1,54 @@
+"""The compiled CPU forward (--compile-cpu-forward, engine/worker/graphs/cpu_compile.py): the engine's eager steps go
+through the compiled forward with every attention layer left to dynamo as an eager call, the flag is refused under
+tensor parallel, and (only when `PAGEDESK_COMPILE_CPU_FORWARD=1`: a compile takes about a minute here, which the
+suite does not pay) greedy output through the real compile equals HF's. The whole oracle suite
+runs compiled with that variable set: `PAGEDESK_COMPILE_CPU_FORWARD=1 pytest tests/test_engine_parity.py`.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.config.flags import EngineConfig
+from engine.layers.attention import PagedAttention
+from engine.worker.graphs import cpu_compile
+from hf_reference import MAX_TOKENS, engine_greedy
+
+
+def test_steps_run_through_the_compiled_forward_with_attention_eager(llama_dir, monkeypatch):
+    compiled_calls, attention_calls = [], []
+
+    def fake_compile(fn, dynamic):  # stands in for torch.compile: records the calls, runs them as they are
+        assert dynamic
+        return lambda *args: compiled_calls.append(len(args[0])) or fn(*args)
+
+    def fake_disable(fn, recursive):
+        assert recursive
+        return lambda *args, **kwargs: attention_calls.append(1) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setattr(torch.compiler, "disable", fake_disable)
+    monkeypatch.delenv(cpu_compile.ENV, raising=False)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    prompts = ["The quick brown fox", "def main():"]
+    eager = LLM(str(llama_dir), device="cpu")
+    assert eager.engine.runner.dispatch.compiled is None
+    want = [o.outputs[0].token_ids for o in eager.generate(prompts, params)]
+    assert not compiled_calls and not attention_calls
+    llm = LLM(str(llama_dir), device="cpu", compile_cpu_forward=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert got == want
+    num_layers = sum(isinstance(m, PagedAttention) for m in llm.engine.runner.model.modules())
+    assert compiled_calls and len(attention_calls) == num_layers * len(compiled_calls)
+
+
+def test_refused_under_tensor_parallel():
+    with pytest.raises(ValueError, match="compile-cpu-forward"):
+        EngineConfig(model="x", compile_cpu_forward=True, tensor_parallel_size=2).validate()
+
+
+@pytest.mark.skipif(not cpu_compile.wanted(False), reason=f"compiles for about a minute: set {cpu_compile.ENV}=1")
+def test_compiled_greedy_matches_hf(reference):
+    path, prompts, expected = reference("llama")
+    assert engine_greedy(path, prompts, MAX_TOKENS, compile_cpu_forward=True) == expected
