@@ -1,6 +1,7 @@
 """The host's part of a step (issue 39): the engine's step timer accounts for the step, and the shortcuts taken
 per token give what the long way gives — the Rust tokenizer's decode, the sampler without a logits copy or a
-full log_softmax, prefix-cache hashes over known tokens only under async scheduling."""
+full log_softmax, hidden states and logits read in place when a step's rows are the first ones, prefix-cache hashes
+over known tokens only under async scheduling."""
 from __future__ import annotations
 
 import random
@@ -129,3 +130,33 @@ def test_top_p_on_the_cpu_looks_among_the_likeliest_first(scale):
         sampler.TOP_P_GUESS = guess
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     assert bool(sorts) == (scale < 1)
+
+
+def test_rows_read_in_place_when_they_are_the_first_rows():
+    """A decode step's logits rows are its first token rows, and each sampling row reads its own logits row: the
+    hidden states and the logits are read in place; otherwise gathered, with the same draws."""
+    from types import SimpleNamespace
+
+    from engine.sample.metadata import SamplingBatch
+    from engine.worker.input_prep import logits_index
+    from engine.worker.sampling import prepare_sampling, sample_prepared
+
+    cpu = torch.device("cpu")
+    assert logits_index(SimpleNamespace(logits_rows=[0, 1, 2]), cpu) == slice(0, 3)
+    assert logits_index(SimpleNamespace(logits_rows=[4, 9]), cpu).tolist() == [4, 9]  # prompt chunks end later
+    assert logits_index(SimpleNamespace(logits_rows=[]), cpu) is None
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0))
+    params = [SamplingParams(temperature=0), SamplingParams(temperature=0.8, top_k=5, seed=3)]
+
+    def draw(index):
+        rows = [SamplingRow(p, [1, 2], 2, torch.Generator().manual_seed(9) if p.seed else None, [0]) for p in params]
+        prepared = prepare_sampling(SamplingBatch(rows, index, generator=torch.Generator().manual_seed(1)), 50, cpu)
+        return prepared, sample_prepared(logits, prepared).sampled
+
+    in_place, a = draw([0, 1])
+    gathered, b = draw([1, 0])
+    assert in_place.rows_index is None and gathered.rows_index.tolist() == [1, 0]
+    assert a.token_ids[0] == int(logits[0].argmax())
+    assert b.token_ids[0] == int(logits[1].argmax())
+    _, c = draw([1, 1])  # two rows off one logits row (n > 1): gathered
+    assert c.token_ids[0] == b.token_ids[0]

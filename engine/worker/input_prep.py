@@ -144,6 +144,12 @@ def token_tensors(inputs: StepInputs, dev: torch.device) -> tuple[torch.Tensor, 
     return to_device(torch.from_numpy(inputs.input_ids), dev), to_device(torch.from_numpy(inputs.positions), dev)
 
 
-def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | None:
-    """The token rows whose logits the step needs, on the device; None when no sequence samples."""
-    return to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) if inputs.logits_rows else None
+def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | slice | None:
+    """The token rows whose logits the step needs, on the device; None when no sequence samples; a slice of the
+    first rows when those are all of them (a decode step: the hidden states are read in place, not gathered)."""
+    rows = inputs.logits_rows
+    if not rows:
+        return None
+    if rows[-1] == len(rows) - 1:  # rows ascend, so these are 0 .. n-1
+        return slice(0, len(rows))
+    return to_device(torch.tensor(rows, dtype=torch.long), dev)

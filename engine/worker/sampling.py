@@ -30,7 +30,7 @@ class PreparedSampling:
 
     batch: SamplingBatch
     meta: SamplingMetadata | None = None
-    rows_index: torch.Tensor | None = None  # logits row of each sampling row
+    rows_index: torch.Tensor | None = None  # logits row of each sampling row; None: row i reads logits row i
     beam_index: torch.Tensor | None = None
     spec: tuple | None = None  # speculative verify rows' (SamplingMetadata, logits index)
 
@@ -43,7 +43,9 @@ def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device
     if sampling.rows:
         state = state or SamplingState(vocab_size, dev, len(sampling.rows))
         prepared.meta = state.metadata(sampling.rows, sampling.bitmask)
-        prepared.rows_index = to_device(torch.tensor(sampling.logits_index, dtype=torch.long), dev)
+        index = sampling.logits_index
+        if any(i != row for row, i in enumerate(index)):  # else the logits' first rows are read in place, no gather
+            prepared.rows_index = to_device(torch.tensor(index, dtype=torch.long), dev)
     if sampling.beam_index:
         prepared.beam_index = to_device(torch.tensor(sampling.beam_index, dtype=torch.long), dev)
     if sampling.spec is not None:
@@ -60,7 +62,8 @@ def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling, defer: boo
     """The step's draws; with `defer` their copy to the host is started, not waited for (`ModelRunnerOutput.result`)."""
     out, sampling = ModelRunnerOutput(), prepared.batch
     if prepared.meta is not None:
-        tokens = sample_on_device(logits[prepared.rows_index], prepared.meta, sampling.generator)
+        rows = logits.narrow(0, 0, len(sampling.rows)) if prepared.rows_index is None else logits[prepared.rows_index]
+        tokens = sample_on_device(rows, prepared.meta, sampling.generator)
         if defer:
             out.pending = tokens.start_host_copy()
         else:
@@ -94,7 +97,7 @@ class DeviceSampler:
             self.sampling_state = SamplingState(self.vocab_size, self.device, self.max_rows or FIRST_ROWS)
         return prepare_sampling(sampling, self.vocab_size, self.device, self.sampling_state)
 
-    def finish(self, hidden: torch.Tensor, inputs: StepInputs, logits_index: torch.Tensor | None,
+    def finish(self, hidden: torch.Tensor, inputs: StepInputs, logits_index: torch.Tensor | slice | None,
                prepared: PreparedSampling | None, sampling: SamplingBatch | None,
                defer: bool = False) -> ModelRunnerOutput | None:
         """The step's results from its hidden states; None on a tensor-parallel worker (no `sampling`). With
