@@ -1,6 +1,6 @@
 """The compiled CPU forward (--compile-cpu-forward, engine/worker/graphs/cpu_compile.py): the engine's eager steps go
-through the compiled forward with every attention layer left to dynamo as an eager call, the flag is refused under
-tensor parallel, and (only when `PAGEDESK_COMPILE_CPU_FORWARD=1`: a compile takes about a minute here, which the
+through the compiled forward with every attention layer left to dynamo as an eager call, a compile that fails leaves
+them eager with the same output, the flag is refused under tensor parallel, and (only when `PAGEDESK_COMPILE_CPU_FORWARD=1`: a compile takes about a minute here, which the
 suite does not pay) greedy output through the real compile equals HF's. The whole oracle suite
 runs compiled with that variable set: `PAGEDESK_COMPILE_CPU_FORWARD=1 pytest tests/test_engine_parity.py`.
 """
@@ -41,6 +41,24 @@ def test_steps_run_through_the_compiled_forward_with_attention_eager(llama_dir, 
     assert got == want
     num_layers = sum(isinstance(m, PagedAttention) for m in llm.engine.runner.model.modules())
     assert compiled_calls and len(attention_calls) == num_layers * len(compiled_calls)
+
+
+def test_a_failed_compile_leaves_the_steps_eager(llama_dir, monkeypatch, caplog):
+    calls = []
+
+    def broken(*args):  # as a compile fails at the first call of the compiled function
+        calls.append(1)
+        raise RuntimeError("C++ compile failed: no compiler\n(more lines)")
+
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic: broken)
+    monkeypatch.delenv(cpu_compile.ENV, raising=False)
+    params = SamplingParams(temperature=0, max_tokens=6)
+    want = [o.outputs[0].token_ids for o in LLM(str(llama_dir), device="cpu").generate(["The quick"], params)]
+    llm = LLM(str(llama_dir), device="cpu", compile_cpu_forward=True)
+    with caplog.at_level("WARNING", logger="pagedesk.engine"):
+        assert [o.outputs[0].token_ids for o in llm.generate(["The quick"], params)] == want
+    assert len(calls) == 1 and llm.engine.runner.dispatch.compiled.compiled is None
+    assert "steps run eager from now on: C++ compile failed: no compiler" in caplog.text
 
 
 def test_refused_under_tensor_parallel():

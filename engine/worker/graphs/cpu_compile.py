@@ -31,9 +31,24 @@ def wanted(flag: bool) -> bool:
     return flag or os.environ.get(ENV, "0") == "1"
 
 
-def compile_forward(model: torch.nn.Module) -> Callable:
-    """`model`'s forward compiled, its eager points excluded from every graph (dynamo calls them as they are)."""
-    for module in eager_points(model):
-        module.forward = torch.compiler.disable(module.forward, recursive=True)
-    logger.info("compiling the CPU forward (torch.compile; the first steps wait for it)")
-    return torch.compile(model.forward, dynamic=True)
+class CompiledForward:
+    """`model`'s forward compiled, its eager points excluded from every graph (dynamo calls them as they are). A
+    compile that fails (no C++ compiler, an op inductor cannot lower) logs once and leaves the steps eager: a
+    failed step wrote only KV slots its eager rerun rewrites with the same values."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        for module in eager_points(model):
+            module.forward = torch.compiler.disable(module.forward, recursive=True)
+        self.eager = model.forward
+        self.compiled: Callable | None = torch.compile(model.forward, dynamic=True)
+        logger.info("compiling the CPU forward (torch.compile; the first steps wait for it)")
+
+    def __call__(self, *args) -> torch.Tensor:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*args)
+            except Exception as exc:  # noqa: BLE001 - any compile failure: the eager forward is always there
+                logger.warning("the compiled CPU forward failed, steps run eager from now on: %s",
+                               str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+                self.compiled = None
+        return self.eager(*args)

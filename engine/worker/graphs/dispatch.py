@@ -13,14 +13,13 @@ collectives must pair up).
 from __future__ import annotations
 
 import logging
-from typing import Callable
 
 import torch
 
 from engine.config.model import ModelConfig
 from engine.distributed.parallel_state import get_tp_size
 from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
-from engine.worker.graphs.cpu_compile import compile_forward
+from engine.worker.graphs.cpu_compile import CompiledForward
 from engine.worker.graphs.decode import DecodeGraphs, triton_split_key
 from engine.worker.graphs.piecewise import PiecewiseGraphs
 from engine.worker.input_prep import attention_metadata, token_tensors
@@ -49,7 +48,7 @@ class GraphDispatcher:
         self.graphs: DecodeGraphs | None = None
         self.verify_graphs: DecodeGraphs | None = None  # speculative verify steps: 1 + k tokens per row
         self.piecewise: PiecewiseGraphs | None = None  # prompt and mixed steps
-        self.compiled: Callable | None = None  # the CPU forward through torch.compile (graphs/cpu_compile.py)
+        self.compiled: CompiledForward | None = None  # the CPU forward through torch.compile (cpu_compile.py)
 
     def plan(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0, verify_query_len: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
@@ -104,7 +103,7 @@ class GraphDispatcher:
     def compile_cpu_forward(self) -> None:
         """The eager path's forward through torch.compile from the next step on (CPU only: a card has graphs)."""
         if self.device.type == "cpu" and self.compiled is None:
-            self.compiled = compile_forward(self.model)
+            self.compiled = CompiledForward(self.model)
 
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
