@@ -1,8 +1,9 @@
 """The compiled CPU forward (--compile-cpu-forward, engine/worker/graphs/cpu_compile.py): the engine's eager steps go
 through the compiled forward with every attention layer left to dynamo as an eager call, a compile that fails leaves
-them eager with the same output, the flag is refused under tensor parallel, and (only when `PAGEDESK_COMPILE_CPU_FORWARD=1`: a compile takes about a minute here, which the
-suite does not pay) greedy output through the real compile equals HF's. The whole oracle suite
-runs compiled with that variable set: `PAGEDESK_COMPILE_CPU_FORWARD=1 pytest tests/test_engine_parity.py`.
+them eager with the same output, the flag is refused under tensor parallel, and (only when
+`PAGEDESK_COMPILE_CPU_FORWARD=1`: a compile takes about a minute here, which the suite does not pay) greedy output
+through the real compile equals HF's. The whole oracle suite runs compiled with that variable set:
+`PAGEDESK_COMPILE_CPU_FORWARD=1 pytest tests/test_engine_parity.py`.
 """
 from __future__ import annotations
 
