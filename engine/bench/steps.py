@@ -82,9 +82,10 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from engine import LLM
-    from engine.bench.random_model import PEER_LLAMA, make_random_llama
 
     with tempfile.TemporaryDirectory() as tmp:
+        if args.model is None:  # an older tree has no PEER_LLAMA: it is given --model (BENCHMARKS.md)
+            from engine.bench.random_model import PEER_LLAMA, make_random_llama
         path = args.model or make_random_llama(Path(tmp) / "peer-llama", **PEER_LLAMA)
         extra = {name: True for name in ("async_scheduling", "compile_cpu_forward") if getattr(args, name)}
         llm = LLM(str(path), device="cpu", max_model_len=args.prompt_len + args.warm_up + args.steps + 64,
@@ -95,13 +96,12 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\n{path.name}: {args.steps} decode steps per batch size after {args.warm_up} warm-up steps, "
           f"{args.prompt_len}-token prompts{''.join(', ' + k.replace('_', ' ') for k in extra)}; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
-    print("| batch | step ms | forward ms | outside the forward ms (best) | " + " | ".join(f"{p} ms" for p in phases)
-          + " |")
+    print("| batch | step ms | forward ms | outside the forward ms (best) |" + "".join(f" {p} ms |" for p in phases))
     print("|---:|---:|---:|---:|" + "---:|" * len(phases))
     for batch, row in rows:
-        cells = [f"{1e3 * row[p]:.3f}" for p in phases]
+        cells = "".join(f" {1e3 * row[p]:.3f} |" for p in phases)
         print(f"| {batch} | {1e3 * row['step']:.2f} | {1e3 * row['forward']:.2f} | {1e3 * row['outside']:.3f} "
-              f"({1e3 * row['outside_best']:.3f}) | " + " | ".join(cells) + " |")
+              f"({1e3 * row['outside_best']:.3f}) |" + cells)
 
 
 if __name__ == "__main__":
