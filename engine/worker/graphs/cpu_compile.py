@@ -37,6 +37,9 @@ class CompiledForward:
     failed step wrote only KV slots its eager rerun rewrites with the same values."""
 
     def __init__(self, model: torch.nn.Module) -> None:
+        # Dynamo compiles per function (the layers' forwards between two eager points) and gives up on one, running
+        # it eager, after 8 variants; an earlier engine's variants in this process (a test session's) would count.
+        torch._dynamo.reset()
         for module in eager_points(model):
             module.forward = torch.compiler.disable(module.forward, recursive=True)
         self.eager = model.forward
