@@ -72,3 +72,5 @@ def test_refused_under_tensor_parallel():
 def test_compiled_greedy_matches_hf(reference):
     path, prompts, expected = reference("llama")
     assert engine_greedy(path, prompts, MAX_TOKENS, compile_cpu_forward=True) == expected
+    # With async scheduling the compiled forward reads input ids the last step wrote on the device.
+    assert engine_greedy(path, prompts, MAX_TOKENS, compile_cpu_forward=True, async_scheduling=True) == expected
