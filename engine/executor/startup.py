@@ -21,6 +21,7 @@ from engine.kv.kv_cache_interface import model_kv_layout, num_state_snapshots
 from engine.planning.kv import verify_scratch_tokens
 from engine.platform.devices import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.spec_decode.loading import check_proposer, check_rollback, load_proposer
+from engine.worker.graphs.cpu_compile import wanted
 from engine.worker.kv_cache_sizing import choose_num_blocks
 from engine.worker.loader import resolve_model_path
 
@@ -68,6 +69,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         snapshots = num_state_snapshots(layout, config.enable_prefix_caching)
         runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
         runner.capture_decode_graphs()
+        if device.type == "cpu" and config.tensor_parallel_size == 1 and wanted(config.compile_cpu_forward):
+            runner.compile_cpu_forward()  # compiled at the first step of each shape (worker/graphs/cpu_compile.py)
     except BaseException:
         runner.shutdown()  # no worker outlives a failed start
         raise
