@@ -1,9 +1,20 @@
-"""Load the model's tokenizer (fast tokenizer, chat template) through transformers; no model object."""
+"""Load the model's tokenizer (fast tokenizer, chat template) through transformers; no model object.
+
+A GGUF file carries its tokenizer in its metadata (vocabulary, merges or scores, token types, special ids, the
+chat template): transformers builds the same fast tokenizer from it that its own GGUF loader uses, so ids and
+the rendered template are transformers' (tests/test_gguf_tokenizer.py). `--tokenizer` may name an HF folder
+instead, as vLLM allows.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
+from engine.config.gguf_file import is_gguf, split_parts
+
 
 def load_tokenizer(path: str | Path, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
+    if is_gguf(path):
+        first = split_parts(Path(path))[0]  # the metadata is in the first part of a split set
+        return AutoTokenizer.from_pretrained(str(first.parent), gguf_file=first.name)
     return AutoTokenizer.from_pretrained(str(path), trust_remote_code=trust_remote_code)
