@@ -29,10 +29,12 @@ TINY_OVERRIDES = {
 
 
 def make_tiny_gguf(tmp_dir: str | Path, arch: str, quant: str = "F16", *, big: bool = False, seed: int = 0,
-                   split_max_tensors: int = 0, file_name: str | None = None, **overrides) -> Path:
+                   split_max_tensors: int = 0, file_name: str | None = None, types: dict[str, str] | None = None,
+                   **overrides) -> Path:
     """A GGUF of the tiny `arch` model with its matrices in `quant`; `big` makes hidden/intermediate sizes 256/512
-    so K-quant super-blocks of 256 fit a row. Returns the .gguf path (the HF folder is its parent's sibling
-    `tiny-<arch>`, for the transformers reference)."""
+    so K-quant super-blocks of 256 fit a row; `types` gives tensors whose GGUF name contains a key that type
+    instead (a Q4_K_M file's Q6_K attn_v). Returns the .gguf path (the HF folder is its sibling `tiny-<arch>`,
+    for the transformers reference)."""
     import gguf
 
     kwargs = dict(TINY_OVERRIDES.get(arch, {}))
@@ -50,7 +52,7 @@ def make_tiny_gguf(tmp_dir: str | Path, arch: str, quant: str = "F16", *, big: b
     writer = gguf.GGUFWriter(str(path), g_arch, split_max_tensors=split_max_tensors)
     _write_metadata(writer, g_arch, cfg, quant)
     _write_tokenizer(writer, folder, cfg["vocab_size"])
-    for name, data, qtype in _tensors(folder, g_arch, cfg, quant):
+    for name, data, qtype in _tensors(folder, g_arch, cfg, quant, types or {}):
         writer.add_tensor(name, data, raw_dtype=qtype)
     writer.write_header_to_file(path=Path(path))
     writer.write_kv_data_to_file()
@@ -130,7 +132,7 @@ def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _tensors(folder: Path, arch: str, cfg: dict, quant: str):
+def _tensors(folder: Path, arch: str, cfg: dict, quant: str, types: dict[str, str]):
     import gguf
     from safetensors.torch import load_file
 
@@ -151,7 +153,7 @@ def _tensors(folder: Path, arch: str, cfg: dict, quant: str):
             continue
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         assert gguf_name is not None, hf_name
-        out.append(_encoded(gguf_name, data, quant))
+        out.append(_encoded(gguf_name, data, next((t for k, t in types.items() if k in gguf_name), quant)))
     for key, per_expert in experts.items():
         stacked = np.stack([per_expert[e] for e in range(len(per_expert))])
         layer, proj = key.split(".")[2], key.rsplit(".", 1)[1]
@@ -166,7 +168,7 @@ def _tensors(folder: Path, arch: str, cfg: dict, quant: str):
 def _encoded(name: str, data: np.ndarray, quant: str):
     import gguf
     from kernels.gguf_torch import BLOCK_FORMATS
-    if data.ndim == 1 or quant == "F32":
+    if data.ndim == 1 or quant == "F32" or ".ffn_gate_inp." in name:  # llama.cpp keeps MoE routers in F32
         return name, data.astype(np.float32), gguf.GGMLQuantizationType.F32
     for candidate in (quant, "Q8_0", "F16"):
         block = next(f.block_size for f in BLOCK_FORMATS.values() if f.name == candidate)

@@ -23,6 +23,7 @@ from engine.layers.embedding import ParallelLMHead
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
+from engine.quantization.gguf.types import is_gguf_model
 from engine.models.weights import (LLAMA_GGUF_BLOCK, LLAMA_GGUF_NAMES, PACKED_QKV_GATE_UP, VL_TEXT_MAPPER,
                                    GgufNames, WeightsMapper, load_weights)
 
@@ -49,7 +50,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.switches = self.decoder_switches(cfg)
         self.model = self.model_class(cfg, self.switches, self.decoder_layers(cfg, backend))
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, gguf=is_gguf_model(cfg))
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -55,6 +55,11 @@ def check_supported(tensor: str, type_id_: int) -> GgmlType:
     return t
 
 
+def is_gguf_model(cfg) -> bool:
+    """Whether a ModelConfig comes from a GGUF file (its layers keep the file's blocks)."""
+    return cfg.quantization is not None and cfg.quantization.method == "gguf"
+
+
 def describe_types(bytes_by_type: dict[str, int]) -> str:
     """"Q4_K 61%, Q6_K 31%, F32 <1%": the share of the weight bytes each type holds, largest first."""
     total = sum(bytes_by_type.values()) or 1

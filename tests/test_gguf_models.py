@@ -1,0 +1,106 @@
+"""GGUF files through the engine: greedy ids identical to transformers loading the same file, per family and type.
+
+Each case writes a tiny random model as a GGUF (tests/gguf_files.py, as llama.cpp's converter would: Llama's q/k
+permuted, Gemma's norms as 1 + w, MoE experts stacked, matrices in the type under test), serves it from the file
+alone (config, tokenizer and weights from the GGUF's metadata and tensors) and compares greedy continuations with
+transformers' `from_pretrained(..., gguf_file=...)`, which dequantizes the same file (the config for transformers
+comes from the HF folder: its legacy GGUF reader has no head_dim for Qwen3). Q4_K needs rows of whole 256-wide
+super-blocks: those models are 256 wide. Weights ten times HF's init, so the continuations are not one token
+repeated. Also here: the layers keep the file's blocks (no dequantized copy), TP=2 splits them, and a split
+that would cut a block is refused by name.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from gguf_files import hf_gguf_model, make_tiny_gguf
+
+from engine import LLM, SamplingParams
+from hf_reference import make_prompts
+
+pytestmark = pytest.mark.timeout(600)
+
+ARCHS = ["llama", "qwen2", "qwen3", "qwen3_moe", "gemma3"]
+QUANTS = ["F16", "Q8_0", "Q4_K"]
+MAX_TOKENS = 8
+
+
+def tiny(tmp_path, arch: str, quant: str, **overrides):
+    if arch == "gemma3":
+        overrides.setdefault("tie_word_embeddings", False)  # tied, its tiny head echoes the last token
+    return make_tiny_gguf(tmp_path, arch, quant, big=quant.endswith("_K"), initializer_range=0.2, **overrides)
+
+
+def hf_continuations(path, arch: str, prompts) -> list[list[int]]:
+    model = hf_gguf_model(path, path.parent / f"tiny-{arch}")
+    outs = []
+    for prompt in prompts:
+        with torch.no_grad():
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long), eos_token_id=None)
+        outs.append(ids[0, len(prompt):].tolist())
+    return outs
+
+
+def engine_continuations(path, prompts, **kwargs) -> list[list[int]]:
+    llm = LLM(str(path), device="cpu", max_model_len=256, **kwargs)
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * len(prompts), use_tqdm=False)]
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_ids_match_transformers_on_the_same_file(tmp_path, arch, quant):
+    path = tiny(tmp_path, arch, quant)
+    prompts = make_prompts(400)[:3]
+    ours = engine_continuations(path, prompts)
+    assert ours == hf_continuations(path, arch, prompts)
+    assert len({tuple(o) for o in ours}) > 1 and any(len(set(o)) > 2 for o in ours)  # not a degenerate model
+
+
+def test_weights_stay_in_their_blocks(tmp_path):
+    """A Q4_K file's layers hold its bytes: the linear weights, the embedding and the experts are uint8 blocks,
+    and the model's bytes in blocks are the file's quantized tensors (its F32 norms and router the model keeps in
+    its dtype)."""
+    from engine.config.gguf_file import read_gguf_header
+    path = tiny(tmp_path, "qwen3_moe", "Q4_K")
+    llm = LLM(str(path), device="cpu", max_model_len=256)
+    model = llm.engine.runner.model
+    layer = model.model.layers[0]
+    assert layer.self_attn.qkv_proj.weight.dtype == torch.uint8 and layer.self_attn.qkv_proj.weight.dim() == 1
+    assert layer.mlp.experts.w13_weight.dtype == torch.uint8
+    assert model.model.embed_tokens.weight.dtype == torch.uint8 and model.lm_head.weight.dtype == torch.uint8
+    header = read_gguf_header(path)
+    file_bytes = sum(t.nbytes for t in header.tensors.values() if t.type.name not in ("F32", "F16", "BF16"))
+    model_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.dtype == torch.uint8)
+    assert model_bytes == file_bytes
+
+
+def test_mixed_types_in_one_stacked_layer(tmp_path):
+    """A Q4_K_M-style file keeps attn_v and ffn_down in Q6_K beside Q4_K q/k: the stacked qkv_proj holds two runs
+    (the layer's bytes back to back), and the continuations still match transformers."""
+    path = tiny(tmp_path, "llama", "Q4_K", types={".attn_v.": "Q6_K", ".ffn_down.": "Q6_K"})
+    prompts = make_prompts(400)[:3]
+    llm = LLM(str(path), device="cpu", max_model_len=256)
+    qkv = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj
+    assert [r.type_id for r in qkv.method.runs] == [12, 14]
+    assert qkv.method.describe() == "384 rows Q4_K + 128 rows Q6_K"
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    ours = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)]
+    assert ours == hf_continuations(path, "llama", prompts)
+
+
+def test_tensor_parallel_splits_along_the_blocks(tmp_path):
+    """TP=2 over gloo: each rank keeps its rows (column-parallel) and its whole blocks of input columns
+    (row-parallel o_proj and down_proj: 512 / 2 = 256, one Q4_K super-block); the same ids as one rank."""
+    path = tiny(tmp_path, "qwen3", "Q4_K", num_attention_heads=8)
+    prompts = make_prompts(400)[:2]
+    assert engine_continuations(path, prompts, tensor_parallel_size=2) == engine_continuations(path, prompts)
+
+
+def test_a_split_that_cuts_a_block_is_refused(tmp_path):
+    """down_proj's 256 input features over two ranks are 128 each: half a Q4_K super-block, refused by name."""
+    path = tiny(tmp_path, "qwen3", "Q4_K", num_attention_heads=8, intermediate_size=256)
+    with pytest.raises(Exception, match=r"mlp.down_proj: a tensor-parallel split at input columns \[0, 128\) cuts "
+                                        r"Q4_K blocks of 256 weights"):
+        LLM(str(path), device="cpu", max_model_len=256, tensor_parallel_size=2)
