@@ -19,13 +19,13 @@ SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,), "Q4
                  "Q6_K": (208,)}
 
 
-def random_blocks(name: str, n_blocks: int, seed: int = 0) -> np.ndarray:
-    """[n_blocks, type_size] uint8 of random content with finite float16 scales."""
+def random_blocks(name: str, n_blocks: int, seed: int = 0, scale: float = 0.01) -> np.ndarray:
+    """[n_blocks, type_size] uint8 of random content with finite float16 scales (normal, `scale` wide)."""
     fmt = BLOCK_FORMATS[FORMAT_IDS[name]]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n_blocks, fmt.type_size), dtype=np.uint8)
     for offset in SCALE_OFFSETS[name]:
-        scales = (rng.standard_normal(n_blocks) * 0.01).astype(np.float16)
+        scales = (rng.standard_normal(n_blocks) * scale).astype(np.float16)
         blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
     return blocks
 

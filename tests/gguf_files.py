@@ -86,7 +86,7 @@ def _write_metadata(w, arch: str, cfg: dict, quant: str) -> None:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if arch in ("gemma3", "gemma2"):
         w.add_sliding_window(cfg["sliding_window"])
-    scaling = cfg.get("rope_scaling") or {}
+    scaling = _scaling(cfg)
     if scaling.get("rope_type") == "llama3":
         w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
 
@@ -116,7 +116,7 @@ def _write_tokenizer(w, folder: Path, vocab_size: int) -> None:
             types.append(3 if i in special else 4 if i in added else 1)  # CONTROL / USER_DEFINED / NORMAL
     merges = spec["model"]["merges"]
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre("qwen2")  # the split regex transformers 5 gives the tiny tokenizer
     w.add_token_list(tokens)
     w.add_token_types(types)
     w.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
@@ -159,8 +159,7 @@ def _tensors(folder: Path, arch: str, cfg: dict, quant: str, types: dict[str, st
         layer, proj = key.split(".")[2], key.rsplit(".", 1)[1]
         name = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps"}[proj]
         out.append(_encoded(f"blk.{layer}.{name}.weight", stacked, quant))
-    scaling = cfg.get("rope_scaling") or {}
-    if scaling.get("rope_type") == "llama3":
+    if _scaling(cfg).get("rope_type") == "llama3":
         out.append(("rope_freqs.weight", _llama3_freqs(cfg), gguf.GGMLQuantizationType.F32))
     return out
 
@@ -178,8 +177,13 @@ def _encoded(name: str, data: np.ndarray, quant: str):
     return name, quantize(data, candidate), qtype
 
 
+def _scaling(cfg: dict) -> dict:
+    """The RoPE scaling of a saved config, either spelling (transformers 5 saves rope_parameters)."""
+    return cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+
+
 def _llama3_freqs(cfg: dict) -> np.ndarray:
-    s = cfg["rope_scaling"]
+    s = _scaling(cfg)
     dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
     base = _rope_theta(cfg)
     old, low, high, factor = (s["original_max_position_embeddings"], s["low_freq_factor"], s["high_freq_factor"],
