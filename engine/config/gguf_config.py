@@ -29,6 +29,8 @@ COMMON_KEYS = {
     "expert_count": "num_experts", "expert_used_count": "num_experts_per_tok",
     "expert_feed_forward_length": "moe_intermediate_size",
 }
+# Where a family's HF config names a GGUF key otherwise (gpt-oss: its experts' size is intermediate_size)
+ARCH_KEYS = {"gpt-oss": {"expert_count": "num_local_experts", "expert_feed_forward_length": "intermediate_size"}}
 # Gemma 2/3 27B: llama.cpp scales attention by 1/sqrt(hidden / heads), not 1/sqrt(head_dim) (query_pre_attn_scalar
 # 144 / 168 in HF's configs); it tells the 27B by its layer count.
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
@@ -43,7 +45,7 @@ def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
                          f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
     hf: dict[str, Any] = {"architectures": [GGUF_ARCHITECTURES[arch]], "torch_dtype": "bfloat16"}
-    for key, hf_key in COMMON_KEYS.items():
+    for key, hf_key in {**COMMON_KEYS, **ARCH_KEYS.get(arch, {})}.items():
         value = header.arch_value(key)
         if value is not None:
             hf[hf_key] = _scalar(value, f"{arch}.{key}")
@@ -60,6 +62,9 @@ def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
         hf["query_pre_attn_scalar"] = hf["hidden_size"] // hf["num_attention_heads"] if big else hf["head_dim"]
     if arch == "qwen3moe":
         hf.update(norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[])
+    if arch == "gpt-oss":  # llama.cpp's swa pattern 2: sliding window on even layers
+        hf["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
+                             for i in range(hf["num_hidden_layers"])]
     if arch == "qwen2" and "attention.sliding_window" not in header.metadata:
         hf["use_sliding_window"] = False
     hf["quantization_config"] = {"quant_method": "gguf", **{k: v for k, v in header.bytes_by_type().items()}}

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
-from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "IQ4_NL")
 FLOAT_TYPES = ("F32", "F16", "BF16")
@@ -53,6 +53,14 @@ def check_supported(tensor: str, type_id_: int) -> GgmlType:
                          f"supported: {', '.join(SUPPORTED_TYPES)} (requantize the file, or pick another quant "
                          "of the model)")
     return t
+
+
+def file_type_name(file_type: int | None) -> str | None:
+    """llama.cpp's name for a file's `general.file_type` (15 -> "Q4_K_M"), None when absent or unknown."""
+    try:
+        return LlamaFileType(int(file_type)).name.removeprefix("MOSTLY_").removeprefix("ALL_")
+    except (TypeError, ValueError):
+        return None
 
 
 def is_gguf_model(cfg) -> bool:
