@@ -192,3 +192,17 @@ def test_weights_are_views_of_the_files_mapping(qwen2):
         t = tensor.data if isinstance(tensor, GgufWeight) else tensor
         assert start <= t.data_ptr() and t.data_ptr() + t.numel() * t.element_size() <= end, name
     assert any(isinstance(t, GgufWeight) for _, t in pairs) and any(isinstance(t, torch.Tensor) for _, t in pairs)
+
+
+def test_served_names_and_the_routers_library(tmp_path, qwen2):
+    """A GGUF is served under its file name (a split set's without the part suffix), and `--models-dir` lists the
+    GGUF files in it beside model folders."""
+    from engine.config.model_discovery import default_model_name, servable_models
+    from engine.entrypoints.router.placement import config_folder
+    assert default_model_name(str(qwen2)) == "tiny-qwen2-Q8_0"
+    first = make_tiny_gguf(tmp_path, "qwen2", "Q8_0", split_max_tensors=10, file_name="big.gguf")
+    assert default_model_name(str(first)) == "big"
+    library = servable_models(tmp_path, cache_dir=tmp_path / "no-cache")
+    assert library["big"] == first and library["tiny-qwen2"] == tmp_path / "tiny-qwen2"
+    assert config_folder(str(first), None, "model big") == first
+    assert ModelConfig.from_folder(config_folder(str(first), None, "model big")).architecture == "Qwen2ForCausalLM"

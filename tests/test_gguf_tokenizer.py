@@ -53,3 +53,12 @@ def test_stop_ids_and_bos_come_from_the_file(gguf_path):
     cfg = ModelConfig.from_folder(gguf_path)
     tok = load_tokenizer(gguf_path)
     assert cfg.eos_token_ids == [tok.eos_token_id] and cfg.bos_token_id == tok.bos_token_id
+
+
+def test_chat_through_the_engine_uses_the_files_template(gguf_path):
+    from engine import LLM, SamplingParams
+    llm = LLM(str(gguf_path), device="cpu", max_model_len=128)
+    out = llm.chat(MESSAGES[:2], SamplingParams(temperature=0, max_tokens=3, ignore_eos=True), use_tqdm=False)[0]
+    expected = load_tokenizer(gguf_path).apply_chat_template(MESSAGES[:2], add_generation_prompt=True)
+    expected = expected["input_ids"] if hasattr(expected, "keys") else expected
+    assert out.prompt_token_ids == list(expected) and len(out.outputs[0].token_ids) == 3

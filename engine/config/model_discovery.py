@@ -26,8 +26,12 @@ class CachedModel:
 
 
 def default_model_name(model: str) -> str:
-    """The name a model is served under when none is given: a local folder's name, a hub repo id as it is."""
+    """The name a model is served under when none is given: a local folder's name, a GGUF file's name without
+    `.gguf` (and a split set's part suffix), a hub repo id as it is."""
     folder = Path(model).expanduser()
+    if folder.is_file() and folder.suffix.lower() == ".gguf":
+        split = SPLIT_NAME.match(folder.name)
+        return split["stem"] if split else folder.stem
     return folder.resolve().name if folder.is_dir() else model
 
 
@@ -61,9 +65,11 @@ def cached_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
 
 
 def servable_models(models_dir: str | Path, cache_dir: str | Path | None = None) -> dict[str, Path]:
-    """{library name: folder}: folders under `models_dir` by folder name, then cached repos by repo id (a folder
-    wins a name clash: it is what the user put there)."""
+    """{library name: folder or GGUF file}: folders under `models_dir` by folder name, GGUF files there by file
+    name, then cached repos by repo id (a folder wins a name clash: it is what the user put there)."""
     found = {folder.name: folder for folder in model_folders(Path(models_dir))}
+    for file in gguf_files(Path(models_dir), max_depth=2):
+        found.setdefault(default_model_name(str(file)), file)
     for cached in cached_models(cache_dir):
         found.setdefault(cached.repo_id, cached.snapshot)
     return found
