@@ -224,7 +224,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
-        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias, qk_norm=Gemma4RMSNorm, scale=1.0)
+        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=Gemma4RMSNorm, scale=1.0)
         return DecoderSwitches(attention, norm=Gemma4RMSNorm, sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5)
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
