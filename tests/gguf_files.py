@@ -5,8 +5,9 @@
 merges, token types (special tokens as control), the special ids and the chat template, and every tensor under
 the name gguf-py's own tensor map gives it (independent of the engine's family maps), with llama.cpp's converter
 edits — Llama's q/k rows permuted for its RoPE layout, Gemma's norms stored as 1 + w, Llama 3's RoPE scaling as a
-`rope_freqs` tensor — and matrices quantized (tests/gguf_blocks.py: gguf's own quantizer where it has one). A row
-that is not whole blocks of the chosen type falls back to Q8_0, then F16, as llama.cpp does.
+`rope_freqs` tensor, Phi-3's LongRoPE factors as `rope_factors_long/short` — and matrices quantized
+(tests/gguf_blocks.py: gguf's own quantizer where it has one). A row that is not whole blocks of the chosen type
+falls back to Q8_0, then F16, as llama.cpp does.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from gguf_blocks import quantize
 from tiny_models import make_tiny_model
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3": "gemma3",
-             "gemma2": "gemma2"}
+             "gemma2": "gemma2", "phi3": "phi3"}
 # what llama.cpp's converter leaves out of the file, so the tiny model must match transformers' defaults
 TINY_OVERRIDES = {
     "llama": dict(rope_scaling=None),
@@ -87,8 +88,11 @@ def _write_metadata(w, arch: str, cfg: dict, quant: str) -> None:
     if arch in ("gemma3", "gemma2"):
         w.add_sliding_window(cfg["sliding_window"])
     scaling = _scaling(cfg)
-    if scaling.get("rope_type") == "llama3":
+    if scaling.get("rope_type") in ("llama3", "longrope"):
         w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if arch == "phi3":  # the converter writes the rotated dims and 0 for "no sliding window"
+        w.add_rope_dimension_count(int(scaling.get("partial_rotary_factor", 1.0) * head_dim))
+        w.add_sliding_window(cfg.get("sliding_window") or 0)
 
 
 def _rope_theta(cfg: dict) -> float:
@@ -161,6 +165,10 @@ def _tensors(folder: Path, arch: str, cfg: dict, quant: str, types: dict[str, st
         out.append(_encoded(f"blk.{layer}.{name}.weight", stacked, quant))
     if _scaling(cfg).get("rope_type") == "llama3":
         out.append(("rope_freqs.weight", _llama3_freqs(cfg), gguf.GGMLQuantizationType.F32))
+    if _scaling(cfg).get("rope_type") == "longrope":  # Phi-3: LongRoPE's factors as two tensors
+        for kind in ("long", "short"):
+            out.append((f"rope_factors_{kind}.weight", np.array(_scaling(cfg)[f"{kind}_factor"], dtype=np.float32),
+                        gguf.GGMLQuantizationType.F32))
     return out
 
 

@@ -28,6 +28,11 @@ MAX_TOKENS = 8
 def tiny(tmp_path, arch: str, quant: str, **overrides):
     if arch == "gemma3":
         overrides.setdefault("tie_word_embeddings", False)  # tied, its tiny head echoes the last token
+    if arch == "phi3" and quant.endswith("_K"):  # 64-wide heads: 24 rotated frequencies, a LongRoPE factor each
+        overrides.setdefault("rope_parameters", {
+            "rope_type": "longrope", "rope_theta": 10000.0, "original_max_position_embeddings": 512,
+            "partial_rotary_factor": 0.75, "short_factor": [1.0 + i / 8 for i in range(24)],
+            "long_factor": [1.0 + i for i in range(24)]})
     return make_tiny_gguf(tmp_path, arch, quant, big=quant.endswith("_K"), initializer_range=0.2, **overrides)
 
 
@@ -56,6 +61,17 @@ def test_greedy_ids_match_transformers_on_the_same_file(tmp_path, arch, quant):
     ours = engine_continuations(path, prompts)
     assert ours == hf_continuations(path, arch, prompts)
     assert len({tuple(o) for o in ours}) > 1 and any(len(set(o)) > 2 for o in ours)  # not a degenerate model
+
+
+@pytest.mark.parametrize("quant", QUANTS)
+def test_phi3_fused_tensors_and_longrope_from_the_file(tmp_path, quant):
+    """llama.cpp's phi3 GGUF: fused attn_qkv and ffn_up (gate and up) split into their shards in their blocks,
+    LongRoPE's factors read from the rope_factors tensors, the partial rotary from rope.dimension_count."""
+    path = tiny(tmp_path, "phi3", quant)
+    prompts = make_prompts(400)[:3]
+    ours = engine_continuations(path, prompts)
+    assert ours == hf_continuations(path, "phi3", prompts)
+    assert len({tuple(o) for o in ours}) > 1
 
 
 def test_weights_stay_in_their_blocks(tmp_path):

@@ -6,7 +6,8 @@ registry lists under GGUF_ARCHITECTURES, adds what llama.cpp leaves implicit (ti
 `output.weight`, Gemma's attention scale rule for its 27B models, Qwen3-MoE's normalized top-k) and recovers
 Llama 3's RoPE scaling from the `rope_freqs` tensor it writes instead of the config. The ids the model stops at
 (tokenizer.ggml.eos/eot/eom_token_id) become the generation config. The file's tensor types become a
-`quantization_config` of method "gguf" (engine/quantization/config.py). Torch-free.
+`quantization_config` of method "gguf" (engine/quantization/config.py). Phi-3's LongRoPE factors come from
+its `rope_factors_long/short` tensors and its partial rotary from `rope.dimension_count`. Torch-free.
 """
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
     hf["vocab_size"] = embed.shape[0]
     hf["tie_word_embeddings"] = "output.weight" not in header.tensors
     hf.setdefault("head_dim", hf["hidden_size"] // hf["num_attention_heads"])
+    rotary = header.arch_value("rope.dimension_count")
+    if rotary and rotary != hf["head_dim"]:  # Phi-4-mini rotates 3/4 of each head
+        hf["partial_rotary_factor"] = rotary / hf["head_dim"]
+    if not hf.get("sliding_window"):  # llama.cpp writes 0 for "none"
+        hf.pop("sliding_window", None)
     hf["rope_scaling"] = _rope_scaling(header, hf)
     if arch in GEMMA_27B_LAYERS:
         hf["model_type"] = "gemma3_text" if arch == "gemma3" else "gemma2"
@@ -89,6 +95,12 @@ def _rope_scaling(header: GgufHeader, hf: dict[str, Any]) -> dict[str, Any] | No
     factor = header.arch_value("rope.scaling.factor")
     if "rope_freqs.weight" in header.tensors:
         return _llama3_scaling(header, hf)
+    if "rope_factors_long.weight" in header.tensors:  # Phi-3's LongRoPE: its factors as two tensors
+        original = int(header.arch_value("rope.scaling.original_context_length"))
+        hf["original_max_position_embeddings"] = original
+        return {"rope_type": "longrope", "original_max_position_embeddings": original,
+                "long_factor": list(_f32_values(header, "rope_factors_long.weight")),
+                "short_factor": list(_f32_values(header, "rope_factors_short.weight"))}
     if kind in (None, "none") or not factor or factor == 1.0:
         return None
     scaling = {"rope_type": kind, "factor": float(factor)}
@@ -106,11 +118,7 @@ def _rope_scaling(header: GgufHeader, hf: dict[str, Any]) -> dict[str, Any] | No
 def _llama3_scaling(header: GgufHeader, hf: dict[str, Any]) -> dict[str, Any]:
     """llama.cpp writes Llama 3's frequency scaling as a tensor of per-frequency divisors (`rope_freqs`); find
     the llama3 rope_scaling that gives exactly those divisors, or refuse the file by name."""
-    info = header.tensors["rope_freqs.weight"]
-    if info.type.name != "F32":
-        raise ValueError(f"rope_freqs.weight is {info.type.name}, expected F32")
-    with open(info.file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        divisors = struct.unpack_from(f"<{info.numel}f", data, info.offset)
+    divisors = _f32_values(header, "rope_freqs.weight")
     dim, base = hf["head_dim"], float(hf.get("rope_theta", 10000.0))
     original = int(header.arch_value("rope.scaling.original_context_length") or 8192)
     for factor in LLAMA3_ROPE_FACTORS:
@@ -120,6 +128,15 @@ def _llama3_scaling(header: GgufHeader, hf: dict[str, Any]) -> dict[str, Any]:
             return scaling
     raise ValueError(f"{header.files[0].name}: rope_freqs.weight does not match Llama 3's RoPE scaling "
                      f"(factors {LLAMA3_ROPE_FACTORS}, low/high 1/4, original context {original}); not supported")
+
+
+def _f32_values(header: GgufHeader, name: str) -> tuple[float, ...]:
+    """A small F32 tensor's values (RoPE factors), read from the file."""
+    info = header.tensors[name]
+    if info.type.name != "F32":
+        raise ValueError(f"{name} is {info.type.name}, expected F32")
+    with open(info.file, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return struct.unpack_from(f"<{info.numel}f", data, info.offset)
 
 
 def _llama3_divisors(dim: int, base: float, s: dict[str, Any]) -> list[float]:
