@@ -87,6 +87,9 @@ def _write_metadata(w, arch: str, cfg: dict, quant: str) -> None:
         w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
     if arch in ("gemma3", "gemma2"):
         w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     scaling = _scaling(cfg)
     if scaling.get("rope_type") in ("llama3", "longrope"):
         w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])

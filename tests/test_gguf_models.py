@@ -74,6 +74,16 @@ def test_phi3_fused_tensors_and_longrope_from_the_file(tmp_path, quant):
     assert len({tuple(o) for o in ours}) > 1
 
 
+def test_gemma2_soft_caps_and_windows_from_the_file(tmp_path):
+    """llama.cpp's gemma2 GGUF: both soft caps and the sliding window read from the metadata, every other layer
+    local as in HF; norms stored as 1 + w."""
+    path = tiny(tmp_path, "gemma2", "Q8_0")
+    prompts = make_prompts(400)[:3]
+    ours = engine_continuations(path, prompts)
+    assert ours == hf_continuations(path, "gemma2", prompts)
+    assert len({tuple(o) for o in ours}) > 1
+
+
 def test_weights_stay_in_their_blocks(tmp_path):
     """A Q4_K file's layers hold its bytes: the linear weights, the embedding and the experts are uint8 blocks,
     and the model's bytes in blocks are the file's quantized tensors (its F32 norms and router the model keeps in
