@@ -58,3 +58,11 @@ def test_bias_and_leading_dims():
 def test_a_weight_of_the_wrong_width_is_refused():
     with pytest.raises(ValueError, match="does not hold rows of 512 weights"):
         gguf_linear_triton(torch.randn(1, 512), weight("Q8_0", 4, 256), FORMAT_IDS["Q8_0"])
+
+
+def test_the_gpu_benchmark_runs_interpreted(capsys):
+    """`python -m kernels.bench_gguf --smoke`: every format through both kernels, checked against the reference."""
+    from kernels.bench_gguf import TYPES, main
+    assert main(["--smoke"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"| {name} | 33 | gemm" in out for name in TYPES) and "MISMATCH" not in out
