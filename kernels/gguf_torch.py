@@ -132,6 +132,10 @@ def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
     return (dl * q).view(n, 256)
 
 
+# Weights dequantized per F.linear call on the CPU path: 2 MiB of float32. Dequantizing a 4096 x 4096 Q8_0 (Q4_K)
+# matrix whole took 203 (349) ms for one decode row on a shared 2-core box; 128 rows at a time 17 (67) ms; the
+# float matrix kept dequantized 8 ms (BENCHMARKS.md, GGUF on CPU).
+CHUNK_WEIGHTS = 1 << 19
 DECODERS = {2: _q4_0, 8: _q8_0, 12: _q4_k, 13: _q5_k, 14: _q6_k, 20: _iq4_nl, 23: _iq4_xs}
 
 
@@ -157,5 +161,12 @@ def dequantize_gguf(data: torch.Tensor, ggml_type: int, dtype: torch.dtype = tor
 
 def gguf_linear_torch(x: torch.Tensor, weight: torch.Tensor, ggml_type: int,
                       bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x @ W.T for a GGUF weight of bytes [N, K / QK * type_size]: the reference of the Triton GEMV and GEMM."""
-    return F.linear(x, dequantize_gguf(weight, ggml_type, x.dtype), bias)
+    """x @ W.T for a GGUF weight of bytes [N, K / QK * type_size]: the reference of the Triton GEMV and GEMM, and
+    the CPU path. Output rows go CHUNK_WEIGHTS at a time: each chunk's float weights stay in cache instead of
+    a whole matrix's worth of fresh float32 temporaries per decoder step."""
+    rows = max(1, CHUNK_WEIGHTS // x.shape[-1])
+    if weight.shape[0] <= rows:
+        return F.linear(x, dequantize_gguf(weight, ggml_type, x.dtype), bias)
+    out = torch.cat([F.linear(x, dequantize_gguf(weight[i:i + rows], ggml_type, x.dtype))
+                     for i in range(0, weight.shape[0], rows)], dim=-1)
+    return out if bias is None else out + bias

@@ -53,3 +53,16 @@ def test_a_row_that_is_not_whole_blocks_is_refused():
         dequantize_gguf(torch.zeros(2, 100, dtype=torch.uint8), FORMAT_IDS["Q4_K"])
     with pytest.raises(ValueError, match="GGUF tensor type 10 has no decoder here; supported: F32"):
         dequantize_gguf(torch.zeros(2, 84, dtype=torch.uint8), 10)
+
+
+@pytest.mark.parametrize("name", ["Q8_0", "Q4_K"])
+def test_the_cpu_linear_in_chunks_of_rows_is_the_whole_matrix_product(name, monkeypatch):
+    """gguf_linear_torch dequantizes CHUNK_WEIGHTS at a time (a cache's worth, not a whole matrix per call):
+    the same product, bias added once, when the rows split unevenly too."""
+    import kernels.gguf_torch as gguf_torch
+    fmt = BLOCK_FORMATS[FORMAT_IDS[name]]
+    w = torch.from_numpy(random_blocks(name, 37 * 2, seed=3)).reshape(37, -1)  # 37 rows of 2 blocks
+    x, bias = torch.randn(3, 2 * fmt.block_size), torch.randn(37)
+    whole = torch.nn.functional.linear(x, dequantize_gguf(w, fmt.ggml_type), bias)
+    monkeypatch.setattr(gguf_torch, "CHUNK_WEIGHTS", 5 * x.shape[1])  # 5 rows at a time: 7 full chunks and 2 rows
+    torch.testing.assert_close(gguf_torch.gguf_linear_torch(x, w, fmt.ggml_type, bias), whole)
