@@ -62,3 +62,17 @@ def test_chat_through_the_engine_uses_the_files_template(gguf_path):
     expected = load_tokenizer(gguf_path).apply_chat_template(MESSAGES[:2], add_generation_prompt=True)
     expected = expected["input_ids"] if hasattr(expected, "keys") else expected
     assert out.prompt_token_ids == list(expected) and len(out.outputs[0].token_ids) == 3
+
+
+def test_tokenizer_flag_names_an_hf_folder_instead(gguf_path, tmp_path):
+    """`--tokenizer FOLDER` (as vLLM allows): the folder's tokenizer and chat template, not the file's."""
+    from tiny_models import make_tiny_model
+
+    from engine import LLM, SamplingParams
+    template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
+    folder = make_tiny_model(tmp_path, "qwen2", chat_template=template)
+    llm = LLM(str(gguf_path), device="cpu", max_model_len=128, tokenizer=str(folder))
+    out = llm.chat(MESSAGES[:2], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)[0]
+    expected = AutoTokenizer.from_pretrained(folder).encode("[system] Be brief.\n[user] Ça va? 🚀\n",
+                                                            add_special_tokens=False)
+    assert out.prompt_token_ids == expected and llm.get_tokenizer().chat_template == template
