@@ -21,7 +21,7 @@ from gguf_blocks import quantize
 from tiny_models import make_tiny_model
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3": "gemma3",
-             "gemma2": "gemma2", "phi3": "phi3"}
+             "gemma2": "gemma2", "phi3": "phi3", "mistral": "llama"}  # Mistral (3 included) converts as llama
 # what llama.cpp's converter leaves out of the file, so the tiny model must match transformers' defaults
 TINY_OVERRIDES = {
     "llama": dict(rope_scaling=None),

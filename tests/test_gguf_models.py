@@ -130,3 +130,20 @@ def test_a_split_that_cuts_a_block_is_refused(tmp_path):
     with pytest.raises(Exception, match=r"mlp.down_proj: a tensor-parallel split at input columns \[0, 128\) cuts "
                                         r"Q4_K blocks of 256 weights"):
         LLM(str(path), device="cpu", max_model_len=256, tensor_parallel_size=2)
+
+
+def test_mistral_converts_as_llama_with_its_own_head_dim(tmp_path):
+    """llama.cpp writes Mistral (and Mistral 3's text model) as `llama`: q/k permuted, and a head_dim that is not
+    hidden / heads (Mistral Small's 128 of 5120 / 32) read from attention.key_length; no sliding window."""
+    from transformers import AutoModelForCausalLM
+    path = tiny(tmp_path, "mistral", "F32", sliding_window=None, head_dim=32)
+    prompts = make_prompts(400)[:3]
+    ours = engine_continuations(path, prompts, dtype="float32")
+    # transformers reads no GGUF of a Mistral config: the reference is the folder the file was written from
+    model = AutoModelForCausalLM.from_pretrained(path.parent / "tiny-mistral", dtype=torch.float32).eval()
+    for prompt, got in zip(prompts, ours):
+        with torch.no_grad():
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long), eos_token_id=None)
+        assert got == ids[0, len(prompt):].tolist()
+    assert len({tuple(o) for o in ours}) > 1
