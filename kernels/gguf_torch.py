@@ -1,7 +1,7 @@
 """Torch reference for GGUF (llama.cpp) block formats: dequantize rows of blocks, and the dequantize-then-matmul linear.
 
 A GGUF weight [N, K] is stored row by row; each row is K / QK blocks of `type_size` bytes (`block_format`:
-QK = 32 for Q8_0, Q4_0 and IQ4_NL, the 256-wide super-blocks of Q4_K, Q5_K, Q6_K and IQ4_XS, whose 32-wide
+QK = 32 for Q8_0, Q4_0, IQ4_NL and MXFP4, the 256-wide super-blocks of Q4_K, Q5_K, Q6_K and IQ4_XS, whose 32-wide
 sub-blocks carry their own scales). Rows are independent, so a weight keeps the shape [N, K / QK * type_size] of
 bytes, and a row slice (tensor-parallel output split, a gather of embedding rows) is a slice of that tensor.
 Every decoder follows the `gguf` library's numpy reference operation by operation in float32, so the values are
@@ -29,10 +29,12 @@ BLOCK_FORMATS = {f.ggml_type: f for f in (
     BlockFormat("F32", 0, 1, 4), BlockFormat("F16", 1, 1, 2), BlockFormat("Q4_0", 2, 32, 18),
     BlockFormat("Q8_0", 8, 32, 34), BlockFormat("Q4_K", 12, 256, 144), BlockFormat("Q5_K", 13, 256, 176),
     BlockFormat("Q6_K", 14, 256, 210), BlockFormat("IQ4_NL", 20, 32, 18), BlockFormat("IQ4_XS", 23, 256, 136),
-    BlockFormat("BF16", 30, 1, 2))}
+    BlockFormat("BF16", 30, 1, 2), BlockFormat("MXFP4", 39, 32, 17))}
 FLOAT_TYPES = (0, 1, 30)  # F32, F16, BF16: plain floats, one value a "block"
 # IQ4_NL / IQ4_XS: a 4-bit code indexes this non-linear table (llama.cpp's kvalues_iq4nl).
 IQ4_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+# MXFP4 (gpt-oss's experts): E2M1 codes as doubled integers, times half the block's E8M0 scale (ggml's convention).
+E2M1_DOUBLED = (0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12)
 
 
 def block_format(ggml_type: int) -> BlockFormat:
@@ -136,7 +138,18 @@ def _iq4_xs(b: torch.Tensor) -> torch.Tensor:
 # matrix whole took 203 (349) ms for one decode row on a shared 2-core box; 128 rows at a time 17 (67) ms; the
 # float matrix kept dequantized 8 ms (BENCHMARKS.md, GGUF on CPU).
 CHUNK_WEIGHTS = 1 << 19
-DECODERS = {2: _q4_0, 8: _q8_0, 12: _q4_k, 13: _q5_k, 14: _q6_k, 20: _iq4_nl, 23: _iq4_xs}
+def e8m0_half(e: torch.Tensor) -> torch.Tensor:
+    """Half of 2^(e - 127) for E8M0 bytes, exactly as ggml's ggml_e8m0_to_fp32_half builds the float32 bits."""
+    e = e.to(torch.int32)
+    return torch.where(e < 2, 0x00200000 << e, (e - 1) << 23).view(torch.float32)
+
+
+def _mxfp4(b: torch.Tensor) -> torch.Tensor:
+    table = torch.tensor(E2M1_DOUBLED, dtype=torch.float32, device=b.device)
+    return e8m0_half(b[:, :1]) * table[_nibbles(b[:, 1:], 16).long()]
+
+
+DECODERS = {2: _q4_0, 8: _q8_0, 12: _q4_k, 13: _q5_k, 14: _q6_k, 20: _iq4_nl, 23: _iq4_xs, 39: _mxfp4}
 
 
 def dequantize_gguf(data: torch.Tensor, ggml_type: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

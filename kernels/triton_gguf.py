@@ -47,7 +47,16 @@ def gguf_tile(w_ptr, table_ptr, offs_k, offs_n, K, N, stride_wn, GGML_TYPE: tl.c
     """Float32 weights [BLOCK_K, BLOCK_N] for input columns offs_k (< K) and output rows offs_n (< N); TYPE_SIZE is
     the format's bytes per block."""
     mask = (offs_k[:, None] < K) & (offs_n[None, :] < N)
-    if GGML_TYPE == 8 or GGML_TYPE == 2 or GGML_TYPE == 20:  # Q8_0, Q4_0, IQ4_NL: blocks of 32
+    if GGML_TYPE == 39:  # MXFP4: an E8M0 byte, then 32 E2M1 codes (low nibbles first), ggml's doubled values
+        j = (offs_k % 32)[:, None]
+        base = w_ptr + offs_n[None, :] * stride_wn + (offs_k // 32 * TYPE_SIZE)[:, None]
+        e = _byte(base, 0, mask)
+        half = tl.where(e < 2, 0x00200000 << e, (e - 1) << 23).to(tl.float32, bitcast=True)
+        code = (_byte(base, 1 + j % 16, mask) >> (j // 16 * 4)) & 0xF
+        m = code & 7
+        doubled = tl.where(m < 4, m, (2 + (m & 1)) << ((m >> 1) - 1))
+        value = half * tl.where(code >= 8, -doubled, doubled).to(tl.float32)
+    elif GGML_TYPE == 8 or GGML_TYPE == 2 or GGML_TYPE == 20:  # Q8_0, Q4_0, IQ4_NL: blocks of 32
         j = (offs_k % 32)[:, None]
         base = w_ptr + offs_n[None, :] * stride_wn + (offs_k // 32 * TYPE_SIZE)[:, None]
         d = _f16(base, 0, mask)

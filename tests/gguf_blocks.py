@@ -14,7 +14,7 @@ import numpy as np
 from kernels.gguf_torch import BLOCK_FORMATS, IQ4_VALUES
 
 FORMAT_IDS = {f.name: f.ggml_type for f in BLOCK_FORMATS.values()}
-QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+QUANTIZED = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
                  "Q6_K": (208,)}
 
@@ -24,7 +24,10 @@ def random_blocks(name: str, n_blocks: int, seed: int = 0, scale: float = 0.01) 
     fmt = BLOCK_FORMATS[FORMAT_IDS[name]]
     rng = np.random.default_rng(seed)
     blocks = rng.integers(0, 256, size=(n_blocks, fmt.type_size), dtype=np.uint8)
-    for offset in SCALE_OFFSETS[name]:
+    if name == "MXFP4":  # E8M0 scale byte: 2^-17 .. 2^2 (float16 sums stay finite), the subnormal corner (0, 1) too
+        blocks[:, 0] = rng.integers(110, 130, size=n_blocks, dtype=np.uint8)
+        blocks[:2, 0] = (0, 1)
+    for offset in SCALE_OFFSETS.get(name, ()):
         scales = (rng.standard_normal(n_blocks) * scale).astype(np.float16)
         blocks[:, offset:offset + 2] = scales.view(np.uint8).reshape(n_blocks, 2)
     return blocks
@@ -33,7 +36,7 @@ def random_blocks(name: str, n_blocks: int, seed: int = 0, scale: float = 0.01) 
 def quantize(data: np.ndarray, name: str) -> np.ndarray:
     """float32 [..., K] -> GGUF bytes [..., K / QK * type_size] in format `name`."""
     import gguf
-    if name in ("F32", "F16", "BF16", "Q8_0", "Q4_0"):
+    if name in ("F32", "F16", "BF16", "Q8_0", "Q4_0", "MXFP4"):
         return gguf.quants.quantize(data.astype(np.float32), gguf.GGMLQuantizationType[name])
     fmt = BLOCK_FORMATS[FORMAT_IDS[name]]
     rows = data.astype(np.float32).reshape(-1, fmt.block_size)
