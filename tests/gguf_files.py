@@ -21,7 +21,7 @@ from gguf_blocks import quantize
 from tiny_models import make_tiny_model
 
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3": "gemma3",
-             "gemma2": "gemma2", "phi3": "phi3", "mistral": "llama"}  # Mistral (3 included) converts as llama
+             "gemma2": "gemma2", "phi3": "phi3", "mistral": "llama", "gpt_oss": "gpt-oss"}  # Mistral (3 included) converts as llama
 # what llama.cpp's converter leaves out of the file, so the tiny model must match transformers' defaults
 TINY_OVERRIDES = {
     "llama": dict(rope_scaling=None),
@@ -81,18 +81,23 @@ def _write_metadata(w, arch: str, cfg: dict, quant: str) -> None:
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_file_type(getattr(gguf.LlamaFileType, f"MOSTLY_{quant}", gguf.LlamaFileType.MOSTLY_F16))
-    if arch == "qwen3moe":
+    if arch in ("qwen3moe", "gpt-oss"):
         w.add_expert_count(cfg.get("num_experts") or cfg["num_local_experts"])
         w.add_expert_used_count(cfg["num_experts_per_tok"])
-        w.add_expert_feed_forward_length(cfg["moe_intermediate_size"])
+        w.add_expert_feed_forward_length(cfg.get("moe_intermediate_size") or cfg["intermediate_size"])
+    if arch == "gpt-oss":
+        w.add_sliding_window(cfg["sliding_window"])
     if arch in ("gemma3", "gemma2"):
         w.add_sliding_window(cfg["sliding_window"])
     if arch == "gemma2":
         w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
         w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
     scaling = _scaling(cfg)
-    if scaling.get("rope_type") in ("llama3", "longrope"):
+    if scaling.get("rope_type") in ("llama3", "longrope", "yarn"):
         w.add_rope_scaling_orig_ctx_len(scaling["original_max_position_embeddings"])
+    if scaling.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(scaling["factor"])
     if arch == "phi3":  # the converter writes the rotated dims and 0 for "no sliding window"
         w.add_rope_dimension_count(int(scaling.get("partial_rotary_factor", 1.0) * head_dim))
         w.add_sliding_window(cfg.get("sliding_window") or 0)
@@ -154,6 +159,12 @@ def _tensors(folder: Path, arch: str, cfg: dict, quant: str, types: dict[str, st
             data = _permute(data, heads)
         if arch.startswith("gemma") and hf_name.endswith("norm.weight"):
             data = data + 1
+        if arch == "gpt-oss" and ".experts." in hf_name:  # stacked [E, in, out], gate and up interleaved
+            out.extend(_gpt_oss_experts(hf_name, data, next((t for k, t in types.items() if "_exps" in k), quant)))
+            continue
+        if arch == "gpt-oss" and hf_name.endswith(".sinks"):
+            out.append((f"blk.{hf_name.split('.')[2]}.attn_sinks.weight", data, gguf.GGMLQuantizationType.F32))
+            continue
         if ".experts." in hf_name:  # qwen3moe: per-expert tensors stacked into one per projection
             prefix, expert, proj = hf_name.rsplit(".", 3)[0], int(hf_name.split(".")[-3]), hf_name.split(".")[-2]
             experts.setdefault(f"{prefix}.{proj}", {})[expert] = data
@@ -173,6 +184,22 @@ def _tensors(folder: Path, arch: str, cfg: dict, quant: str, types: dict[str, st
             out.append((f"rope_factors_{kind}.weight", np.array(_scaling(cfg)[f"{kind}_factor"], dtype=np.float32),
                         gguf.GGMLQuantizationType.F32))
     return out
+
+
+def _gpt_oss_experts(hf_name: str, data: np.ndarray, quant: str):
+    """llama.cpp's gpt-oss experts: gate and up apart, each [E, out, in]; biases [E, out], F32."""
+    import gguf
+    layer, leaf = hf_name.split(".")[2], hf_name.rsplit(".", 1)[1]
+    if leaf == "gate_up_proj":
+        return [_encoded(f"blk.{layer}.ffn_gate_exps.weight", data[:, :, 0::2].transpose(0, 2, 1).copy(), quant),
+                _encoded(f"blk.{layer}.ffn_up_exps.weight", data[:, :, 1::2].transpose(0, 2, 1).copy(), quant)]
+    if leaf == "down_proj":
+        return [_encoded(f"blk.{layer}.ffn_down_exps.weight", data.transpose(0, 2, 1).copy(), quant)]
+    f32 = gguf.GGMLQuantizationType.F32
+    if leaf == "gate_up_proj_bias":
+        return [(f"blk.{layer}.ffn_gate_exps.bias", data[:, 0::2].copy(), f32),
+                (f"blk.{layer}.ffn_up_exps.bias", data[:, 1::2].copy(), f32)]
+    return [(f"blk.{layer}.ffn_down_exps.bias", data, f32)]
 
 
 def _encoded(name: str, data: np.ndarray, quant: str):

@@ -16,6 +16,7 @@ import torch
 from gguf_files import hf_gguf_model, make_tiny_gguf
 
 from engine import LLM, SamplingParams
+from engine.core.tokenizer import load_tokenizer
 from hf_reference import make_prompts
 
 pytestmark = pytest.mark.timeout(600)
@@ -146,4 +147,36 @@ def test_mistral_converts_as_llama_with_its_own_head_dim(tmp_path):
             ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long), eos_token_id=None)
         assert got == ids[0, len(prompt):].tolist()
+    assert len({tuple(o) for o in ours}) > 1
+
+
+def test_gpt_oss_mxfp4_experts_sinks_and_yarn(tmp_path):
+    """llama.cpp's gpt-oss GGUF: MXFP4 experts (gate and up apart) kept in their blocks, sinks, biases, YaRN and
+    the alternating window from the file. transformers' GGUF reader fails on this architecture's metadata, so the
+    reference is transformers on the source folder with its experts replaced by what gguf-py dequantizes from
+    the file (the rest is F32, exact)."""
+    import gguf
+    from transformers import AutoModelForCausalLM
+    path = make_tiny_gguf(tmp_path, "gpt_oss", "F32", types={"_exps": "MXFP4"}, initializer_range=0.2)
+    prompts = make_prompts(400)[:3]
+    with pytest.raises(ValueError, match="pass --tokenizer with the model's Hugging Face folder"):
+        load_tokenizer(path)  # transformers' GGUF reader fails on gpt-oss's rope.scaling keys
+    ours = engine_continuations(path, prompts, dtype="float32", tokenizer=str(path.parent / "tiny-gpt_oss"))
+    model = AutoModelForCausalLM.from_pretrained(path.parent / "tiny-gpt_oss", dtype=torch.float32).eval()
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+
+    def exps(layer: int, proj: str) -> torch.Tensor:
+        t = tensors[f"blk.{layer}.ffn_{proj}_exps.weight"]
+        return torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type).copy())  # [E, out, in]
+
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            gate_up = layer.mlp.experts.gate_up_proj  # [E, H, 2I], gate and up interleaved
+            gate_up[:, :, 0::2] = exps(i, "gate").transpose(1, 2)
+            gate_up[:, :, 1::2] = exps(i, "up").transpose(1, 2)
+            layer.mlp.experts.down_proj.copy_(exps(i, "down").transpose(1, 2))
+        for prompt, got in zip(prompts, ours):
+            ids = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
+                                 attention_mask=torch.ones(1, len(prompt), dtype=torch.long), eos_token_id=None)
+            assert got == ids[0, len(prompt):].tolist()
     assert len({tuple(o) for o in ours}) > 1

@@ -71,6 +71,9 @@ def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
     if arch == "gpt-oss":  # llama.cpp's swa pattern 2: sliding window on even layers
         hf["layer_types"] = ["sliding_attention" if i % 2 == 0 else "full_attention"
                              for i in range(hf["num_hidden_layers"])]
+        hf.update(attention_bias=True, swiglu_limit=7.0)  # llama.cpp fixes both for gpt-oss
+        if hf["rope_scaling"] and hf["rope_scaling"]["rope_type"] == "yarn":
+            hf["rope_scaling"]["truncate"] = False  # gpt-oss's YaRN keeps the fractional correction range
     if arch == "qwen2" and "attention.sliding_window" not in header.metadata:
         hf["use_sliding_window"] = False
     hf["quantization_config"] = {"quant_method": "gguf", **{k: v for k, v in header.bytes_by_type().items()}}

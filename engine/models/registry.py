@@ -131,7 +131,7 @@ GGUF_ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
     "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
     "phi3": "Phi3ForCausalLM",
-    "gpt-oss": "GptOssForCausalLM",  # read for the planner; its MXFP4 experts are refused at load, by type name
+    "gpt-oss": "GptOssForCausalLM",
 }
 
 

@@ -72,6 +72,7 @@ class GgufNames:
     skipped: tuple[str, ...] = ("rope_freqs.weight",)
     permuted_qk: bool = False  # Llama: q/k rows interleaved for llama.cpp's RoPE
     norm_offset: float = 0.0  # Gemma: every norm weight stored as 1 + w
+    bare: tuple[str, ...] = ()  # block names whose `.weight` is a bare parameter of ours (gpt-oss's attn_sinks)
 
     def map(self, name: str) -> str | None:
         """Our name for GGUF tensor `name`, None for a skipped one; a ValueError for a name nobody expects."""
@@ -80,7 +81,8 @@ class GgufNames:
         stem, _, leaf = name.rpartition(".")
         parts = stem.split(".")
         if len(parts) == 3 and parts[0] == "blk" and parts[2] in self.blocks:
-            return f"model.layers.{parts[1]}.{self.blocks[parts[2]]}.{leaf}"
+            ours = f"model.layers.{parts[1]}.{self.blocks[parts[2]]}"
+            return ours if parts[2] in self.bare else f"{ours}.{leaf}"
         if stem in self.top:
             return f"{self.top[stem]}.{leaf}"
         raise ValueError(f"GGUF tensor {name!r} has no counterpart in this model family")
