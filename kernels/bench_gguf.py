@@ -1,8 +1,8 @@
 """GPU benchmark of the GGUF dequantize-GEMV / GEMM kernels: decode GB/s per block format against HBM bandwidth.
 
 `python -m kernels.bench_gguf` times kernels/triton_gguf.py for every quantized format the engine reads (Q8_0,
-Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS) on a Llama-3-8B MLP shape (K 4096 -> N 14336): decode batches of 1 to
-32 rows through both the GEMV and the GEMM (the one `choose_quant_kernel` picks marked "chosen"), with GB/s of
+Q4_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS, MXFP4) on a Llama-3-8B MLP shape (K 4096 -> N 14336): decode batches of 1
+to 32 rows through both the GEMV and the GEMM (the one `choose_quant_kernel` picks marked "chosen"), with GB/s of
 the bytes each must read (the blocks and the activations) and that as a share of a device-to-device copy (the
 card's practical HBM bandwidth), then a 2048-row prefill through the GEMM (TFLOP/s), beside a dense 16-bit
 `F.linear`. Each case is first checked against the torch reference (kernels/gguf_torch.py). The weights are
@@ -19,10 +19,10 @@ import torch.nn.functional as F
 from kernels.bench_timing import copy_bandwidth, l2_bytes, markdown_table, median_ms, rotations_for
 from kernels.gguf_torch import BLOCK_FORMATS, gguf_linear_torch
 
-TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
+TYPES = ("Q8_0", "Q4_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 # byte offsets of each format's fp16 scales inside a block (random bytes there could be inf or NaN)
 SCALE_OFFSETS = {"Q8_0": (0,), "Q4_0": (0,), "IQ4_NL": (0,), "IQ4_XS": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-                 "Q6_K": (208,)}
+                 "Q6_K": (208,), "MXFP4": ()}  # MXFP4's E8M0 byte: set apart below
 FULL = dict(k=4096, n=14336, rows=(1, 2, 4, 8, 16, 32), prefill=2048)
 SMOKE = dict(k=256, n=32, rows=(2,), prefill=33)  # prefill past GEMV_MAX_ROWS: the GEMM
 
@@ -34,6 +34,8 @@ def random_blocks(name: str, n: int, k: int, device: torch.device) -> tuple[int,
     scale = torch.tensor([1e-3], dtype=torch.float16).view(torch.uint8).to(device)
     for offset in SCALE_OFFSETS[name]:
         blocks[..., offset:offset + 2] = scale
+    if name == "MXFP4":
+        blocks[..., 0] = 117  # 2^-10 (halved): values of the same size as the others
     return fmt.ggml_type, blocks.view(n, -1)
 
 

@@ -20,8 +20,9 @@ import torch
 from gguf_blocks import quantize
 from tiny_models import make_tiny_model
 
+# tiny model -> llama.cpp's architecture name (Mistral, Mistral 3's text model included, converts as llama)
 GGUF_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe", "gemma3": "gemma3",
-             "gemma2": "gemma2", "phi3": "phi3", "mistral": "llama", "gpt_oss": "gpt-oss"}  # Mistral (3 included) converts as llama
+             "gemma2": "gemma2", "phi3": "phi3", "mistral": "llama", "gpt_oss": "gpt-oss"}
 # what llama.cpp's converter leaves out of the file, so the tiny model must match transformers' defaults
 TINY_OVERRIDES = {
     "llama": dict(rope_scaling=None),
