@@ -61,7 +61,7 @@ def unstack_experts(weights: Iterable[tuple[str, torch.Tensor]]):
     [E, N, K/2] bytes and [E, N, K/32] scales)."""
     for name, tensor in weights:
         prefix, _, leaf = name.rpartition(".experts.")
-        if not prefix or leaf.partition(".")[0] in ("gate_proj", "up_proj", "down_proj"):  # a GGUF's: ours already
+        if not prefix or leaf.startswith(("gate_proj.", "up_proj.", "down_proj.")):  # a GGUF's: ours already
             yield name, tensor
         elif leaf in ("gate_up_proj", "gate_up_proj_bias"):
             gate, up = split_interleaved_gate_up(tensor)
