@@ -180,3 +180,13 @@ def test_gpt_oss_mxfp4_experts_sinks_and_yarn(tmp_path):
                                  attention_mask=torch.ones(1, len(prompt), dtype=torch.long), eos_token_id=None)
             assert got == ids[0, len(prompt):].tolist()
     assert len({tuple(o) for o in ours}) > 1
+
+
+def test_gpt_oss_mxfp4_experts_split_along_their_blocks(tmp_path):
+    """TP=2 over gloo: each rank keeps half of every expert's gate/up rows and whole MXFP4 blocks of down_proj's
+    64 input features (32 each), its heads' sinks; the same ids as one rank."""
+    path = make_tiny_gguf(tmp_path, "gpt_oss", "Q8_0", types={"_exps": "MXFP4"}, initializer_range=0.2,
+                          intermediate_size=64)
+    prompts, tokenizer = make_prompts(400)[:2], str(path.parent / "tiny-gpt_oss")
+    assert engine_continuations(path, prompts, tensor_parallel_size=2, tokenizer=tokenizer) == \
+        engine_continuations(path, prompts, tokenizer=tokenizer)
