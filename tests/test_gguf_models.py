@@ -156,12 +156,14 @@ def test_gpt_oss_mxfp4_experts_sinks_and_yarn(tmp_path):
     reference is transformers on the source folder with its experts replaced by what gguf-py dequantizes from
     the file (the rest is F32, exact)."""
     import gguf
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     path = make_tiny_gguf(tmp_path, "gpt_oss", "F32", types={"_exps": "MXFP4"}, initializer_range=0.2)
     prompts = make_prompts(400)[:3]
-    with pytest.raises(ValueError, match="pass --tokenizer with the model's Hugging Face folder"):
-        load_tokenizer(path)  # transformers' GGUF reader fails on gpt-oss's rope.scaling keys
-    ours = engine_continuations(path, prompts, dtype="float32", tokenizer=str(path.parent / "tiny-gpt_oss"))
+    # AutoTokenizer's GGUF config reader fails on gpt-oss's rope.scaling keys: the generic fast tokenizer of the file
+    source = AutoTokenizer.from_pretrained(path.parent / "tiny-gpt_oss")
+    assert [load_tokenizer(path).encode(t) for t in ("Hello  world", "Ça 🚀")] == \
+        [source.encode(t) for t in ("Hello  world", "Ça 🚀")]
+    ours = engine_continuations(path, prompts, dtype="float32")
     model = AutoModelForCausalLM.from_pretrained(path.parent / "tiny-gpt_oss", dtype=torch.float32).eval()
     tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
 
@@ -187,6 +189,5 @@ def test_gpt_oss_mxfp4_experts_split_along_their_blocks(tmp_path):
     64 input features (32 each), its heads' sinks; the same ids as one rank."""
     path = make_tiny_gguf(tmp_path, "gpt_oss", "Q8_0", types={"_exps": "MXFP4"}, initializer_range=0.2,
                           intermediate_size=64)
-    prompts, tokenizer = make_prompts(400)[:2], str(path.parent / "tiny-gpt_oss")
-    assert engine_continuations(path, prompts, tensor_parallel_size=2, tokenizer=tokenizer) == \
-        engine_continuations(path, prompts, tokenizer=tokenizer)
+    prompts = make_prompts(400)[:2]
+    assert engine_continuations(path, prompts, tensor_parallel_size=2) == engine_continuations(path, prompts)

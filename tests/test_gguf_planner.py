@@ -27,7 +27,7 @@ def test_planned_gpt_oss_weights_are_what_the_engine_holds(tmp_path):
     """MXFP4 experts at their block size (an E8M0 byte per 32 codes), sinks and biases in the engine's dtype."""
     path = make_tiny_gguf(tmp_path, "gpt_oss", "Q8_0", types={"_exps": "MXFP4"})
     cfg = ModelConfig.from_folder(path)
-    llm = LLM(str(path), device="cpu", max_model_len=128, tokenizer=str(path.parent / "tiny-gpt_oss"))
+    llm = LLM(str(path), device="cpu", max_model_len=128)
     assert weights_bytes_per_card(cfg, dtype_bytes=4) == llm.engine.runner.weights_bytes()
 
 
