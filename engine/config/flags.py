@@ -21,7 +21,7 @@ CUDA_GRAPH_MODES = ("full_and_piecewise", "full_decode_only")  # vLLM's cudagrap
 SCHEDULING_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "openai", "harmony")  # engine/tool_parsers
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "harmony")  # engine/reasoning
-SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round")  # engine/quantization/config.py reads them
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round", "gguf")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # Online serving's step budget and prompt-token cap, per device: a step's cost grows with its tokens and

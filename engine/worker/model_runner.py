@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from engine.config.gguf_file import is_gguf
 from engine.config.model import ModelConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.distributed.parallel_state import get_tp_rank
@@ -32,6 +33,7 @@ from engine.worker.graphs.dispatch import GraphDispatcher
 from engine.worker.input_prep import InputPreparer, logits_index
 from engine.worker.kv_cache_sizing import measure_memory
 from engine.worker.kv_pools import KVPools
+from engine.worker.gguf_loader import iterate_gguf_weights
 from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
@@ -95,7 +97,8 @@ class ModelRunner:
                 self.model = model_class(model_config.architecture)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
-        weights = iterate_weights(model_path, device="cpu")
+        weights = iterate_gguf_weights(model_path, self.model) if is_gguf(model_path) else \
+            iterate_weights(model_path, device="cpu")
         if model_config.pooler is not None:  # an embedding engine: no LM head (engine/sample/pooling.py)
             drop_lm_head(self.model)
             weights = embedding_weights(weights, self.model)
