@@ -26,6 +26,7 @@ from engine.planning.offload import HostTierPlan, check_host_tier, plan_host_tie
 from engine.planning.units import format_bytes
 from engine.platform.devices import kv_storage, resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.spec_decode.loading import check_proposer, check_rollback, load_proposer
+from engine.worker.graphs.cpu_compile import wanted
 from engine.worker.kv_cache_sizing import choose_num_blocks
 from engine.worker.loader import resolve_model_path
 
@@ -76,6 +77,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
         host_tier = allocate_host_tier(config, model_config, runner, kv_dtype, dtype)
         runner.capture_decode_graphs()
+        if device.type == "cpu" and config.tensor_parallel_size == 1 and wanted(config.compile_cpu_forward):
+            runner.compile_cpu_forward()  # compiled at the first step of each shape (worker/graphs/cpu_compile.py)
     except BaseException:
         runner.shutdown()  # no worker outlives a failed start
         raise

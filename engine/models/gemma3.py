@@ -17,7 +17,12 @@ from engine.layers.attention_block import AttentionSwitches
 from engine.layers.decoder import DecoderSwitches, GatedMLP
 from engine.layers.norm import GemmaRMSNorm
 from engine.models.llama import LlamaForCausalLM
-from engine.models.weights import VL_TEXT_MAPPER
+from engine.models.weights import LLAMA_GGUF_BLOCK, VL_TEXT_MAPPER, GgufNames
+
+# llama.cpp's Gemma block: its four norms, each stored as 1 + w
+GEMMA_GGUF_NAMES = GgufNames({**LLAMA_GGUF_BLOCK, "post_attention_norm": "post_attention_layernorm",
+                              "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                             norm_offset=1.0)
 
 
 def check_supported(cfg: ModelConfig) -> None:
@@ -31,6 +36,7 @@ def check_supported(cfg: ModelConfig) -> None:
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
     mlp_factory = GatedMLP
+    gguf_names = {"gemma3": GEMMA_GGUF_NAMES, "gemma2": GEMMA_GGUF_NAMES}
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:

@@ -35,10 +35,13 @@ class InputPreparer:
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
+        self.last_sample_rows: dict[int, int] = {}  # seq_id -> its row among the last launched step's samples
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
                 state_copies: list[tuple[int, int]] = ()) -> StepInputs:
-        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
+        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token; a
+        decode whose input token is still on the device (async scheduling) gets its row among the last launched
+        step's samples (`last_sample_rows`, which the runner keeps), and the device fills it in.
 
         The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
         over the batch, the slots read from the input batch's host tables."""
@@ -70,7 +73,8 @@ class InputPreparer:
             self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
             replay = self.verify_states.take_replay()  # the last verify step's, now that acceptance is known
             read_only, verify_rows = self.verify_states.plan(batch, query_start)
-        return StepInputs(
+        pending = [i for i, item in enumerate(batch) if item.num_pending]
+        inputs = StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=logits_rows(batch, query_start, samples),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
@@ -79,6 +83,12 @@ class InputPreparer:
             state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies),
             state_replay=replay, state_read_only=read_only, verify_token_rows=verify_rows,
             pool_owners=pool_owners, pool_spans=pool_spans)
+        if pending:
+            inputs.pending_rows = query_start[1:][pending] - 1  # a decode's one token: the one the last step sampled
+            sources = self.last_sample_rows
+            inputs.pending_sources = np.fromiter((sources[batch[i].seq.seq_id] for i in pending), np.int64,
+                                                 len(pending))
+        return inputs
 
     def step_tables(self, inputs: StepInputs) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
@@ -138,6 +148,12 @@ def token_tensors(inputs: StepInputs, dev: torch.device) -> tuple[torch.Tensor, 
     return to_device(torch.from_numpy(inputs.input_ids), dev), to_device(torch.from_numpy(inputs.positions), dev)
 
 
-def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | None:
-    """The token rows whose logits the step needs, on the device; None when no sequence samples."""
-    return to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) if inputs.logits_rows else None
+def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | slice | None:
+    """The token rows whose logits the step needs, on the device; None when no sequence samples; a slice of the
+    first rows when those are all of them (a decode step: the hidden states are read in place, not gathered)."""
+    rows = inputs.logits_rows
+    if not rows:
+        return None
+    if rows[-1] == len(rows) - 1:  # rows ascend, so these are 0 .. n-1
+        return slice(0, len(rows))
+    return to_device(torch.tensor(rows, dtype=torch.long), dev)

@@ -8,14 +8,17 @@ decode graph, piecewise or eager, and the graphs' planning and capture) and devi
 when --kv-offloading-size asks for one). `run` issues the step's tier copies first, applies the step's pool edits, issues every host -> device copy of the step
 (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over all of
 it through the path dispatch picks, then computes logits only where they are needed and samples them on the
-device (as nano-vllm does), returning token ids and the logprobs asked for. `profile_run` is the KV sizing's
-peak step. It never talks to other processes itself.
+device (as nano-vllm does), returning token ids and the logprobs asked for. `launch` is the same step for async
+scheduling: the sampled ids' copy to the host is only started, they stay on the device, and the next step's
+decodes read their input tokens from them there. `profile_run` is the KV sizing's peak step. It never talks to
+other processes itself.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
 
+from engine.config.gguf_file import is_gguf
 from engine.config.model import ModelConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.distributed.parallel_state import get_tp_rank
@@ -34,6 +37,7 @@ from engine.worker.kv_cache_sizing import measure_memory
 from engine.worker.kv_offload import HostKVTier
 from engine.worker.sleep import SleepingWeights
 from engine.worker.kv_pools import KVPools
+from engine.worker.gguf_loader import iterate_gguf_weights
 from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
@@ -121,8 +125,13 @@ class ModelRunner:
 
     def checkpoint_weights(self):
         """The checkpoint's (name, tensor) pairs this model loads (an embedding engine's without the LM head)."""
-        weights = iterate_weights(self.model_path, device="cpu")
+        path = self.model_path
+        weights = iterate_gguf_weights(path, self.model) if is_gguf(path) else iterate_weights(path, device="cpu")
         return weights if self.config.pooler is None else embedding_weights(weights, self.model)
+        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `run` laps "prepare"
+        # Async scheduling: the last launched step's sampled token ids, still on the device, which the next step's
+        # decodes read as their input (their rows: `input_prep.last_sample_rows`).
+        self.last_sampled: torch.Tensor | None = None
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -194,6 +203,10 @@ class ModelRunner:
         (GraphDispatcher.capture)."""
         self.dispatch.capture()
 
+    def compile_cpu_forward(self) -> None:
+        """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""
+        self.dispatch.compile_cpu_forward()
+
     # ---- steps -------------------------------------------------------------------------------------------
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -217,7 +230,8 @@ class ModelRunner:
         return self.input_prep.prepare(batch, block_copies, state_copies)
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None,
+            defer: bool = False) -> ModelRunnerOutput | None:
         """One forward over prepared inputs, then sampling on the device; the small results on the host.
 
         Every host -> device copy of the step (block tables, metadata, the sampler's tensors and index rows) is
@@ -225,7 +239,10 @@ class ModelRunner:
         sampler's one result copy the host never waits for the card.
 
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
-        head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
+        head's all-gather included); only rank 0 passes `sampling`, the others get None back.
+
+        With `defer` (a launched step) the sampled tokens' copy to the host is only started: the output's
+        `result()` waits for it, and the tokens stay on the device for the next step's inputs."""
         if inputs.kv_transfers is not None:  # first: stores read blocks this step may overwrite (then it waits)
             self.offload.submit(inputs.kv_transfers)
         self.pools.copy_blocks(inputs.block_copies)
@@ -235,20 +252,46 @@ class ModelRunner:
         tables = self.input_prep.step_tables(inputs)
         rows = logits_index(inputs, self.device)
         prepared = self.sampler.prepare(inputs, sampling)
+        if self.step_timer is not None:  # the host's part of the step ends here: the rest is the device's
+            self.step_timer.lap("prepare")
         drafts = None
         if self.expert_load is not None:
             if sampling is not None and sampling.spec is not None and self.expert_load.draft_rows is not None:
                 drafts = to_device(torch.from_numpy(draft_token_rows(inputs, sampling.spec)), self.device)
             self.expert_load.begin_step(len(inputs.input_ids), drafts)  # a graph's padding rows do not count
-        hidden = self.dispatch.forward(inputs, tables)
+        hidden = self.dispatch.forward(inputs, tables, self._fed_input_ids(inputs))
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         if self.keep_hidden:
             self.last_hidden = hidden
-        out = self.sampler.finish(hidden, inputs, rows, prepared, sampling)
+        out = self.sampler.finish(hidden, inputs, rows, prepared, sampling, defer)
         if drafts is not None:  # the drafts the rejection sampler turned down were routed, but are no tokens
             self.expert_load.drop_rejected(to_device(torch.from_numpy(rejected_drafts(sampling.spec, out.spec)),
                                                      self.device))
+        return out
+
+    def _fed_input_ids(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The step's input ids on the device with the tokens the last step sampled written in on the device
+        (async scheduling: the host never saw them); None when every input id is on the host."""
+        if inputs.pending_rows is None:
+            return None
+        ids = to_device(torch.from_numpy(inputs.input_ids.copy()), self.device)  # a CPU "copy" would share it
+        index = to_device(torch.from_numpy(np.concatenate([inputs.pending_rows, inputs.pending_sources])),
+                          self.device)
+        n = len(inputs.pending_rows)
+        ids.index_copy_(0, index.narrow(0, 0, n), self.last_sampled.index_select(0, index.narrow(0, n, n)))
+        return ids
+
+    def launch(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
+               sampling: SamplingBatch | None = None,
+               state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
+        """`execute` for async scheduling: the step is queued on the device and its output comes back at once;
+        its `result()` waits for the sampled tokens, which also stay on the device for the next step."""
+        out = self.run(self.prepare(batch, block_copies, state_copies), sampling, defer=True)
+        pending = out.pending if out is not None else None
+        self.last_sampled = pending.tokens.token_ids if pending is not None else None
+        self.input_prep.last_sample_rows = {row.key: i for i, row in enumerate(sampling.rows)} \
+            if pending is not None else {}
         return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],

@@ -219,14 +219,15 @@ class DecodeGraphs:
             self.graphs[batch, context] = graph
             self.outputs[batch, context] = out
 
-    def run(self, inputs, tables: torch.Tensor) -> torch.Tensor:
+    def run(self, inputs, tables: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states ``[num_seqs × query_len, hidden]`` of a decode (verify) batch through the padded static
-        buffers; `tables`: the step's ``[num_groups, num_seqs, width]`` block tables, already on the device."""
+        buffers; `tables`: the step's ``[num_groups, num_seqs, width]`` block tables, already on the device;
+        `input_ids`: the ids already on the device (async scheduling), else copied from `inputs`."""
         n = len(inputs.seq_lens)
         batch = next(b for b in self.ladder if b >= n)
         needed = max(int(inputs.max_seq_len), inputs.width * self.block_size)
         context = next((c for c in self.contexts[batch] if c >= needed), self.contexts[batch][-1])
-        self._fill(inputs, tables, n, batch)
+        self._fill(inputs, tables, n, batch, input_ids)
         real, tokens = n * self.query_len, batch * self.query_len
         if (batch, context) in self.graphs:
             self.backend.replay(self.graphs[batch, context])
@@ -234,11 +235,12 @@ class DecodeGraphs:
         meta = self.buffers.meta(batch, context, self.block_size)
         return self.model(self.buffers.input_ids[:tokens], self.buffers.positions[:tokens], meta)[:real]
 
-    def _fill(self, inputs, tables: torch.Tensor, n: int, batch: int) -> None:
+    def _fill(self, inputs, tables: torch.Tensor, n: int, batch: int, input_ids: torch.Tensor | None = None) -> None:
         buf = self.buffers
         width = tables.shape[2]
         real, tokens = n * self.query_len, batch * self.query_len  # token rows; n and batch count sequences
-        buf.input_ids[:real].copy_(torch.as_tensor(inputs.input_ids), non_blocking=True)
+        buf.input_ids[:real].copy_(torch.as_tensor(inputs.input_ids) if input_ids is None else input_ids,
+                                   non_blocking=True)
         buf.positions[:real].copy_(torch.as_tensor(inputs.positions), non_blocking=True)
         buf.slot_mapping[:real].copy_(torch.as_tensor(inputs.slot_mapping), non_blocking=True)
         buf.seq_lens[:n].copy_(torch.as_tensor(inputs.seq_lens), non_blocking=True)

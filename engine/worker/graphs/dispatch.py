@@ -6,8 +6,9 @@ sizing): decode graphs up to max_num_seqs (engine/worker/graphs/decode.py), spec
 tokens per row, and piecewise graphs up to the token budget for every other step (engine/worker/graphs/piecewise.py).
 `capture` records them once the KV cache exists, then compiles the Triton kernel variants the eager paths will
 meet (engine/worker/warm_up.py). Per step, `forward` takes the decode (verify) graphs when they can hold the batch,
-else the piecewise pieces when a bucket holds its tokens, else the plain eager forward, the same step the same
-way on every tensor-parallel rank (their collectives must pair up).
+else the piecewise pieces when a bucket holds its tokens, else the plain eager forward (on the CPU through
+torch.compile when asked: `compile_cpu_forward`), the same step the same way on every tensor-parallel rank (their
+collectives must pair up).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from engine.config.model import ModelConfig
 from engine.distributed.parallel_state import all_reduce, get_tp_rank, get_tp_size
 from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
+from engine.worker.graphs.cpu_compile import CompiledForward
 from engine.worker.graphs.decode import DecodeGraphs, triton_split_key
 from engine.worker.graphs.piecewise import PiecewiseGraphs
 from engine.worker.input_prep import attention_metadata, token_tensors
@@ -62,6 +64,7 @@ class GraphDispatcher:
         # The graph backend of every set (engine/worker/graphs/backend.py); None: CUDA graphs. The CPU capture
         # check sets a stand-in (tests/graph_tape.py) and `strict`, so a capture failure raises.
         self.backend, self.strict = None, False
+        self.compiled: CompiledForward | None = None  # the CPU forward through torch.compile (cpu_compile.py)
 
     def plan(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0, verify_query_len: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
@@ -125,6 +128,11 @@ class GraphDispatcher:
         if self.piecewise is not None:
             self.piecewise.captured.clear()
 
+    def compile_cpu_forward(self) -> None:
+        """The eager path's forward through torch.compile from the next step on (CPU only: a card has graphs)."""
+        if self.device.type == "cpu" and self.compiled is None:
+            self.compiled = CompiledForward(self.model)
+
     def graph_bytes(self) -> int:
         """CUDA-graph memory: measured once captured, estimated before (so the KV pool is sized around it)."""
         total, tp = 0, get_tp_size()
@@ -139,13 +147,17 @@ class GraphDispatcher:
                 estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize, tp)
         return total
 
-    def forward(self, inputs: StepInputs, tables: torch.Tensor) -> torch.Tensor:
-        """The step's hidden states through the path that takes it; `tables`: its block tables on the device.
-        A hybrid model's verify rows (read-only states) never take the decode graphs."""
+    def forward(self, inputs: StepInputs, tables: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """The step's hidden states through the path that takes it; `tables`: its block tables on the device;
+        `input_ids`: the input ids already on the device (some written there by the device: async scheduling),
+        else they are copied from `inputs`. A hybrid model's verify rows (read-only states) never take the decode
+        graphs."""
         graphs = self.graphs if inputs.max_query_len == 1 else self.verify_graphs
+        fed = () if input_ids is None else (input_ids,)  # only when the device wrote ids: `run` wrappers take two
         if graphs is not None and inputs.state_read_only is None and graphs.can_run(inputs):
-            return graphs.run(inputs, tables)  # copies into its static buffers: no metadata tensors to make
+            return graphs.run(inputs, tables, *fed)  # copies into its static buffers: no metadata tensors to make
         meta = attention_metadata(inputs, tables, self.device)
         if self.piecewise is not None and self.piecewise.can_run(inputs):
-            return self.piecewise.run(inputs, meta)  # the pieces, attention eager between them
-        return self.model(*token_tensors(inputs, self.device), meta)
+            return self.piecewise.run(inputs, meta, *fed)  # the pieces, attention eager between them
+        ids, positions = token_tensors(inputs, self.device)
+        return (self.compiled or self.model)(ids if input_ids is None else input_ids, positions, meta)

@@ -230,13 +230,14 @@ class PiecewiseGraphs:
 
     # ---- replay ----
 
-    def run(self, inputs, meta: AttentionMetadata) -> torch.Tensor:
+    def run(self, inputs, meta: AttentionMetadata, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states ``[num_tokens, hidden]`` of any step up to the budget: the pieces replayed in order,
-        the eager points run between them with `meta` (the step's own; its slots are padded here)."""
+        the eager points run between them with `meta` (the step's own; its slots are padded here); `input_ids`:
+        the ids already on the device (async scheduling), else copied from `inputs`."""
         n = len(inputs.input_ids)
         bucket = self.captured[self.bucket_for(n)]
         t = bucket.num_tokens
-        self._fill(inputs, n, t)
+        self._fill(inputs, n, t, input_ids)
         meta.slot_mapping = self.slot_mapping[:t]
         if self.group_slot_mappings is not None and meta.group_slot_mappings is not None:
             meta.group_slot_mappings = self.group_slot_mappings[:, :t]
@@ -255,8 +256,9 @@ class PiecewiseGraphs:
         self.replayed_tokens += n
         return bucket.output[:n]
 
-    def _fill(self, inputs, n: int, t: int) -> None:
-        self.input_ids[:n].copy_(torch.as_tensor(inputs.input_ids), non_blocking=True)
+    def _fill(self, inputs, n: int, t: int, input_ids: torch.Tensor | None = None) -> None:
+        self.input_ids[:n].copy_(torch.as_tensor(inputs.input_ids) if input_ids is None else input_ids,
+                                 non_blocking=True)
         self.positions[:n].copy_(torch.as_tensor(inputs.positions), non_blocking=True)
         self.slot_mapping[:n].copy_(torch.as_tensor(inputs.slot_mapping), non_blocking=True)
         if t > n:  # padding rows: token 0 at position 0, no KV write, output discarded
