@@ -122,16 +122,16 @@ class ModelRunner:
         self.offload: HostKVTier | None = None  # the prefix cache's CPU-RAM tier, once allocated
         self.kv_allocation: tuple | None = None  # allocate_kv_cache's arguments, to allocate again after sleep
         self.sleeping: SleepingWeights | None = None
+        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `run` laps "prepare"
+        # Async scheduling: the last launched step's sampled token ids, still on the device, which the next step's
+        # decodes read as their input (their rows: `input_prep.last_sample_rows`).
+        self.last_sampled: torch.Tensor | None = None
 
     def checkpoint_weights(self):
         """The checkpoint's (name, tensor) pairs this model loads (an embedding engine's without the LM head)."""
         path = self.model_path
         weights = iterate_gguf_weights(path, self.model) if is_gguf(path) else iterate_weights(path, device="cpu")
         return weights if self.config.pooler is None else embedding_weights(weights, self.model)
-        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `run` laps "prepare"
-        # Async scheduling: the last launched step's sampled token ids, still on the device, which the next step's
-        # decodes read as their input (their rows: `input_prep.last_sample_rows`).
-        self.last_sampled: torch.Tensor | None = None
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
