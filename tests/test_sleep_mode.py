@@ -191,3 +191,25 @@ def test_a_quantized_model_reloads_after_a_level_2_sleep(tiny_model_dir, tmp_pat
     after = llm.engine.runner.model.state_dict()
     assert all(torch.equal(after[k], v) for k, v in state.items())
     assert greedy(llm) == before
+
+
+def test_async_scheduling_finishes_the_step_in_flight_before_sleeping(tiny_model_dir):
+    path = str(tiny_model_dir("llama"))
+    expected = greedy(LLM(path, device="cpu", num_gpu_blocks_override=32, max_num_seqs=2))
+    llm = LLM(path, device="cpu", num_gpu_blocks_override=32, max_num_seqs=2, async_scheduling=True)
+    engine = llm.engine
+    assert engine.async_scheduling
+    for i, prompt in enumerate(PROMPTS):
+        engine.add_request(str(i), prompt, GREEDY)
+    outputs = {}
+    for _ in range(3):
+        outputs.update((o.request_id, o) for o in engine.step())
+    assert engine.inflight is not None
+    llm.sleep(1)
+    assert engine.inflight is None and engine.held_outputs
+    outputs.update((o.request_id, o) for o in engine.step())  # the held outputs, once
+    assert not engine.held_outputs and engine.step() == []
+    llm.wake_up()
+    while engine.has_unfinished_requests():
+        outputs.update((o.request_id, o) for o in engine.step())
+    assert [outputs[str(i)].outputs[0].token_ids for i in range(2)] == expected
