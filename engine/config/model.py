@@ -19,6 +19,7 @@ from typing import Any
 from engine.models.registry import SUPPORTED_ARCHITECTURES, VL_TEXT_PREFIXES, get_architecture
 from engine.config.moe import MoEConfig, parse_moe_config
 from engine.config.pooler import PoolerConfig
+from engine.config.vision import VisionConfig, parse_vision_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES", "LAYER_TYPES"]
@@ -110,6 +111,7 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None  # hybrid models' Gated DeltaNet layers
     attn_output_gate: bool = False  # Qwen3.5/Qwen3-Next: q_proj also gives a per-head output gate
     pooler: PoolerConfig | None = None  # set for an embedding engine (--task embed): pooled, no LM head
+    vision: VisionConfig | None = None  # a vision-language checkpoint's image side (engine/config/vision.py)
 
     @property
     def attention_layer_ids(self) -> list[int]:
@@ -169,7 +171,8 @@ class ModelConfig:
             k_eq_v_layers=k_eq_v if any(k_eq_v) else [],
             per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0)
             if architecture.startswith("Gemma4") else 0,
-            linear_attention=_linear_attention(text, layer_types), attn_output_gate=arch.attn_output_gate)
+            linear_attention=_linear_attention(text, layer_types), attn_output_gate=arch.attn_output_gate,
+            vision=parse_vision_config(hf, architecture))
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":

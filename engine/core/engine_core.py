@@ -30,6 +30,8 @@ from engine.core.request_faults import RequestFaults
 from engine.core.scheduler import ScheduledSeq, Scheduler
 from engine.core.sequence import Request, Sequence
 from engine.core.started import StartedEngine
+from engine.multimodal.encoder_cache import EncoderCacheManager
+from engine.multimodal.inputs import MultiModalInputs
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -58,10 +60,17 @@ class EngineCore:
                         snapshots)
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots)
+        vision = self.model_config.vision
+        # An image is encoded within one step's budget, and the cache holds the one a prompt is consuming and the
+        # next (vLLM's encoder budget and cache size, counted in embeddings).
+        self.encoder_cache = EncoderCacheManager(self.max_num_batched_tokens, 2 * self.max_num_batched_tokens) \
+            if vision is not None else None
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
-                                   config.scheduling_policy)
+                                   config.scheduling_policy, self.encoder_cache,
+                                   whole_images=vision is not None and vision.bidirectional)
+        self._mm_processor = None
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
@@ -83,10 +92,59 @@ class EngineCore:
 
     # ---- requests in -------------------------------------------------------------------------------
 
+    @property
+    def mm_processor(self):
+        """The checkpoint's image processing (engine/multimodal/processor.py), built on first use; a ValueError
+        for a model that takes no images."""
+        if self.model_config.vision is None:
+            raise ValueError(f"{self.model_config.architecture} takes text only: images cannot be sent to it")
+        if self._mm_processor is None:
+            from engine.multimodal.processor import MultiModalProcessor
+            self._mm_processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
+                                                     self.config.max_image_pixels)
+        return self._mm_processor
+
+    def process_images(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
+        """A text prompt with one placeholder per image -> the engine's multimodal inputs (checked here, so a bad
+        image is the caller's error before anything is queued)."""
+        self._check_image_count(len(images))
+        return self.mm_processor.process(prompt, images, add_special_tokens)
+
+    def _check_image_count(self, count: int) -> None:
+        limit = self.config.image_limit()
+        if limit is not None and count > limit:
+            raise ValueError(f"the prompt has {count} images, more than --limit-mm-per-prompt allows ({limit})")
+
+    def _check_images(self, mm: MultiModalInputs) -> None:
+        """Images the scheduler could never run: one larger than a step's encoder budget, one whose tokens a chunk
+        must take whole (Gemma) but no step can hold, all of a prompt's at once without chunked prefill."""
+        if self.model_config.vision is None:
+            raise ValueError(f"{self.model_config.architecture} takes text only: images cannot be sent to it")
+        self._check_image_count(len(mm.items))
+        budget = self.max_num_batched_tokens
+        for index, item in enumerate(mm.items):
+            if item.num_embeds > self.encoder_cache.budget:
+                raise ValueError(f"image {index} becomes {item.num_embeds} embeddings, more than the engine encodes "
+                                 f"in one step ({self.encoder_cache.budget}, --max-num-batched-tokens); send a "
+                                 "smaller image")
+            if self.scheduler.whole_images and item.length > budget:
+                raise ValueError(f"image {index} is {item.length} tokens, more than one step holds ({budget}, "
+                                 "--max-num-batched-tokens), and this model attends within an image both ways")
+        if not self.config.enable_chunked_prefill and sum(i.num_embeds for i in mm.items) > self.encoder_cache.budget:
+            raise ValueError("the prompt's images together are more embeddings than one step encodes and chunked "
+                             "prefill is off; send fewer or smaller images")
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
                     arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
-                    pooling: PoolingParams | None = None) -> None:
-        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused)."""
+                    pooling: PoolingParams | None = None, mm: MultiModalInputs | None = None) -> None:
+        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused); `mm`: its
+        images, processed (`process_images`), whose expanded token ids are the prompt."""
+        if mm is not None:
+            if pooling is not None:
+                raise ValueError("embedding requests take text only")
+            self._check_images(mm)
+            prompt = mm.prompt_token_ids
+            mm = mm if mm.items else None
         mismatch = task_mismatch(self.model_config.pooler, pooling is not None)
         if mismatch:
             raise ValueError(mismatch)
@@ -108,7 +166,7 @@ class EngineCore:
                 raise ValueError(f"bad_words encode to token ids {outside[:5]} outside the model's vocabulary "
                                  f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
-                          arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
+                          arrival_time or time.time(), cache_salt=cache_salt, priority=priority, mm=mm)
         if pooling is not None:
             request.pooling = RequestPooling(pooling, self.model_config.pooler)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
@@ -208,7 +266,11 @@ class EngineCore:
         if out.scheduled:
             now = time.time()
             plan = self._plan_sampling([s for s in out.scheduled if s.samples])
-            result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
+            if out.encoder:
+                result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies,
+                                             encoder=out.encoder)
+            else:  # runners built before images (tests' stand-ins) keep their call
+                result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
             self.output.process(outcome, out.scheduled, plan, result, now)
             self.stats.num_steps += 1
         self.scheduler.update_from_output(out, outcome.forks, outcome.finished)

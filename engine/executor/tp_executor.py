@@ -135,10 +135,11 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=()):
-        """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather)."""
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=(), encoder=None):
+        """Every rank runs the forward (and its images' encoding); rank 0 alone samples (workers compute logits
+        for the all-gather)."""
         self._ensure_usable()
-        inputs = self.runner.prepare(batch, block_copies, state_copies)
+        inputs = self.runner.prepare(batch, block_copies, state_copies, encoder)
         return self._run_step(inputs, sampling)
 
     def reserve_input_rows(self, max_num_seqs: int) -> None:

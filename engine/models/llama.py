@@ -61,9 +61,11 @@ class LlamaForCausalLM(nn.Module):
         return SelfAttention(cfg, layer, self.switches.attention, ropes[cfg.layer_types[layer]], backend,
                              self.packed_modules_mapping)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata | None) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
+                mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if mm_embeds is None:  # the text path keeps its call (graphs trace it)
+            return self.model(input_ids, positions, meta)
+        return self.model(input_ids, positions, meta, mm_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)

@@ -6,7 +6,10 @@ slots and verify rows) and brings the persistent input batch's block tables up t
 keeping the diff, so the same small `StepInputs` can go to tensor-parallel workers (engine/worker/step_inputs.py).
 On every rank `step_tables` applies that diff to its own mirror and gathers the step's tables on the device, and
 `attention_metadata` / `token_tensors` / `logits_index` copy the rest host -> device (asynchronously on a card),
-all before the forward. It runs no model and decides nothing about graphs.
+all before the forward. A vision-language step also carries its encoder work and, per prompt chunk that reaches an
+image's placeholders, which embeddings go to which token rows (`image_rows`); with Qwen's mRoPE the positions are
+the model's (engine/multimodal/mrope.py), [3, T] where a chunk holds image placeholders, else one row. It runs no
+model and decides nothing about graphs.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import torch
 from engine.core.scheduler import ScheduledSeq
 from engine.kv.kv_cache_interface import KVCacheLayout, cdiv
 from engine.layers.attention import AttentionMetadata
+from engine.multimodal.encoder_cache import EncoderWork
+from engine.multimodal.mrope import positions_for
 from engine.platform.host_copies import to_device
 from engine.sample.pooling import pooling_spans
 from engine.sample.prompt_logprobs import prompt_positions
@@ -28,15 +33,17 @@ from engine.worker.step_inputs import StepInputs, logits_rows, query_tokens
 
 class InputPreparer:
     def __init__(self, layout: KVCacheLayout, block_size: int, max_model_len: int, device: torch.device,
-                 pooling: bool = False) -> None:
-        """`pooling`: an embedding engine (its requests' token spans are pooled, engine/sample/pooling.py)."""
+                 pooling: bool = False, mrope: bool = False) -> None:
+        """`pooling`: an embedding engine (its requests' token spans are pooled, engine/sample/pooling.py);
+        `mrope`: the model reads Qwen's three position streams."""
         self.layout, self.block_size, self.device, self.pooling = layout, block_size, device, pooling
+        self.mrope = mrope
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
-                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
+                state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
         """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
 
         The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
@@ -69,7 +76,12 @@ class InputPreparer:
             self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
             replay = self.verify_states.take_replay()  # the last verify step's, now that acceptance is known
             read_only, verify_rows = self.verify_states.plan(batch, query_start)
+        slices, image_token_rows = image_rows(batch, computed, query_start)
+        if self.mrope:
+            positions = mrope_step_positions(batch, computed, query_start, positions)
         return StepInputs(
+            mm_free=list(encoder.free) if encoder else [], mm_slices=slices, mm_rows=image_token_rows,
+            mm_encode=[(item.mm_hash, item.data) for item in encoder.encode] if encoder else [],
             input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=logits_rows(batch, query_start, samples),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
@@ -92,6 +104,44 @@ class InputPreparer:
         self.input_batch.commit()
         rows = to_device(torch.from_numpy(inputs.rows), self.device)
         return self.input_batch.gather(rows, inputs.table_width)
+
+
+def image_rows(batch: list[ScheduledSeq], computed: np.ndarray,
+               query_start: np.ndarray) -> tuple[list[tuple[str, int, int]], np.ndarray | None]:
+    """Where this step's image placeholders take their embeddings: per (sequence, image) run, (content hash,
+    first embedding, last + 1), and the token rows of all runs in order; ([], None) without any."""
+    slices, rows = [], []
+    for i, item in enumerate(batch):
+        mm = getattr(item.seq.request, "mm", None)
+        if mm is None or not item.is_prefill:
+            continue
+        start = int(computed[i])
+        stop = start + item.num_new_tokens
+        for image in mm.items:
+            lo, hi, positions = image.embed_range(start, stop)
+            if hi > lo:
+                slices.append((image.mm_hash, lo, hi))
+                rows.append(positions - start + int(query_start[i]))
+    return slices, (np.concatenate(rows) if rows else None)
+
+
+def mrope_step_positions(batch: list[ScheduledSeq], computed: np.ndarray, query_start: np.ndarray,
+                         positions: np.ndarray) -> np.ndarray:
+    """The model's positions under mRoPE: each sequence's tokens at its prompt's three streams, or index + delta
+    past the prompt; one row when the three agree for every token (text and decodes), else [3, T]."""
+    rows = np.repeat(positions[None], 3, axis=0)
+    shifted = False
+    for i, item in enumerate(batch):
+        mm = getattr(item.seq.request, "mm", None)
+        if mm is None or mm.mrope_positions is None:
+            continue
+        start, lo = int(computed[i]), int(query_start[i])
+        rows[:, lo:int(query_start[i + 1])] = positions_for(mm.mrope_positions, mm.mrope_delta, start,
+                                                             start + int(query_start[i + 1]) - lo)
+        shifted = True
+    if not shifted:
+        return positions
+    return rows[0].copy() if (rows == rows[:1]).all() else rows
 
 
 def prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,

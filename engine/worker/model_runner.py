@@ -23,6 +23,8 @@ from engine.models.registry import model_class
 from engine.platform.devices import indexed_device
 from engine.sample.metadata import SamplingBatch
 from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
+from engine.multimodal.encoder_cache import EncoderWork
+from engine.worker.encoder_runner import EncoderRunner
 from engine.worker.gpu_baseline import free_bytes_at_start
 from engine.worker.graphs.dispatch import GraphDispatcher
 from engine.worker.input_prep import InputPreparer, logits_index
@@ -88,8 +90,11 @@ class ModelRunner:
         # (engine/spec_decode/proposers/mtp.py) until it has read them; off otherwise.
         self.keep_hidden, self.last_hidden = False, None
         self.pools = KVPools(self.model, layout, device, dtype, block_size)
+        vision = model_config.vision
         self.input_prep = InputPreparer(layout, block_size, model_config.max_model_len, device,
-                                        pooling=model_config.pooler is not None)
+                                        pooling=model_config.pooler is not None,
+                                        mrope=vision is not None and vision.mrope_section is not None)
+        self.encoder = EncoderRunner(self.model, device, dtype) if vision is not None else None
         self.dispatch = GraphDispatcher(self.model, model_config, device, dtype, block_size, attention_backend,
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
@@ -158,9 +163,9 @@ class ModelRunner:
         self.pools.copy_blocks(copies)
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
-                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
+                state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
         """Flat, device-free inputs for the whole batch (InputPreparer.prepare; rank 0)."""
-        return self.input_prep.prepare(batch, block_copies, state_copies)
+        return self.input_prep.prepare(batch, block_copies, state_copies, encoder)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
@@ -181,7 +186,8 @@ class ModelRunner:
         prepared = self.sampler.prepare(inputs, sampling)
         if self.expert_load is not None:
             self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
-        hidden = self.dispatch.forward(inputs, tables)
+        mm_embeds = self.encoder.run(inputs) if self.encoder is not None else None
+        hidden = self.dispatch.forward(inputs, tables, mm_embeds)
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         if self.keep_hidden:
@@ -189,10 +195,10 @@ class ModelRunner:
         return self.sampler.finish(hidden, inputs, rows, prepared, sampling)
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
-                sampling: SamplingBatch | None = None,
-                state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
-        """Run the batch and sample what `sampling` asks for."""
-        return self.run(self.prepare(batch, block_copies, state_copies), sampling)
+                sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
+                encoder: EncoderWork | None = None) -> ModelRunnerOutput | None:
+        """Run the batch (its images encoded first) and sample what `sampling` asks for."""
+        return self.run(self.prepare(batch, block_copies, state_copies, encoder), sampling)
 
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 

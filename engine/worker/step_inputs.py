@@ -26,7 +26,7 @@ class StepInputs:
     whole table instead (tests, tools) pass `block_tables` and leave the rest None."""
 
     input_ids: np.ndarray  # [num_tokens] int64
-    positions: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64 (mRoPE: [3, num_tokens] in a step with an image's placeholders)
     slot_mapping: np.ndarray  # [num_tokens] int64
     seq_lens: np.ndarray  # [num_seqs] int32
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
@@ -61,6 +61,13 @@ class StepInputs:
     # Embedding requests (engine/sample/pooling.py): batch index and token rows [a, b) of each pooled sequence.
     pool_owners: list[int] = field(default_factory=list)
     pool_spans: list[tuple[int, int]] = field(default_factory=list)
+    # Images (engine/worker/encoder_runner.py): encoder entries to drop, images to encode (content hash, the
+    # processor's tensors), and where the step's placeholder rows take their embeddings from: per run of rows,
+    # (content hash, first embedding, last + 1), the runs' rows concatenated in `mm_rows`.
+    mm_free: list[str] = field(default_factory=list)
+    mm_encode: list[tuple[str, dict]] = field(default_factory=list)
+    mm_slices: list[tuple[str, int, int]] = field(default_factory=list)
+    mm_rows: np.ndarray | None = None  # [num_placeholder_rows] int64
 
 
 @dataclass(slots=True)

@@ -1,0 +1,100 @@
+"""Tiny random-weight vision-language checkpoints for the image tests, with working processors, and HF's greedy
+generation on the same processor outputs (the oracle).
+
+`make_tiny_vl_model(tmp, arch)` writes a folder as the hub has it: config.json with a small vision tower, the
+weights of transformers' own image-text-to-text model, a tokenizer that knows the family's image tokens, a chat
+template that writes the family's placeholder for an image part, and the image processor's config (small
+min/max pixels, so an image is a few dozen tokens). `hf_greedy_mm` runs HF `generate` on a MultiModalInputs
+(ids, pixels, grids) the engine's own processor made.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tiny_models import HYBRID, HYBRID_MOE, ROUTER_WEIGHTS, _tokenizer
+
+QWEN_IMAGE_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_VL_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+# mRoPE over half of each 16-dim head: four frequencies, one per stream (t, h, w) and t again.
+QWEN_VL_TEXT = dict(HYBRID, partial_rotary_factor=0.5, rope_parameters={
+    "rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1],
+    "mrope_interleaved": True})
+QWEN_VL_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, out_hidden_size=64,
+                      num_position_embeddings=16, spatial_merge_size=2, temporal_patch_size=2)
+VL_FAMILIES = {
+    "qwen3_5-vl": ("qwen3_5", dict(QWEN_VL_TEXT)),
+    "qwen3_5_moe-vl": ("qwen3_5_moe", dict(QWEN_VL_TEXT, **HYBRID_MOE)),
+}
+MIN_PIXELS, MAX_PIXELS = 28 * 28 * 2, 28 * 28 * 16  # 2 to 16 merged tokens per image
+
+
+def make_tiny_vl_model(tmp_dir: str | Path, arch: str = "qwen3_5-vl", seed: int = 0) -> Path:
+    import transformers
+    from transformers import GenerationConfig
+
+    model_type, text = VL_FAMILIES[arch]
+    tokenizer = copy.deepcopy(_tokenizer())
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"] + QWEN_IMAGE_TOKENS})
+    tokenizer.chat_template = QWEN_VL_TEMPLATE
+    ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+                   tokenizer.convert_tokens_to_ids(QWEN_IMAGE_TOKENS)))
+    text = dict(text, vocab_size=len(tokenizer) + 12, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6)
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=dict(QWEN_VL_VISION),
+                                               tie_word_embeddings=False, **ids)
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    with torch.no_grad():  # HF init leaves biases zero and norms one; randomize them so they matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith(ROUTER_WEIGHTS):
+                p.copy_(torch.randn_like(p))
+            elif "visual" in name:  # a tower at HF's init barely moves its output: make images matter
+                p.mul_(4.0)
+    path = Path(tmp_dir) / f"tiny-{arch}"
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    image_processor().save_pretrained(path)
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    return path
+
+
+def image_processor():
+    """Qwen's image processor at test sizes (the PIL one: this machine has no torchvision)."""
+    from transformers import Qwen2VLImageProcessorPil
+    return Qwen2VLImageProcessorPil(patch_size=14, merge_size=2, temporal_patch_size=2,
+                                    size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
+
+
+def test_image(width: int, height: int, seed: int = 0):
+    """A random RGB PIL image."""
+    from PIL import Image
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8))
+
+
+def hf_greedy_mm(model, inputs, max_tokens: int) -> list[int]:
+    """HF generate on the engine processor's outputs: the expanded ids, the pixels and grids of every image."""
+    ids = torch.tensor([inputs.prompt_token_ids])
+    kwargs = {}
+    if inputs.items:
+        kwargs["pixel_values"] = torch.cat([item.data["pixel_values"] for item in inputs.items])
+        kwargs["image_grid_thw"] = torch.cat([item.data["image_grid_thw"] for item in inputs.items])
+        image_token = model.config.image_token_id
+        kwargs["mm_token_type_ids"] = (ids == image_token).int()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
+                             **kwargs)
+    return out[0, ids.shape[1]:].tolist()
