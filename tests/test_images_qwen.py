@@ -81,6 +81,7 @@ def test_prefix_hit_with_the_same_image_and_miss_with_another(family):
                          SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)[0]
     assert out.num_cached_tokens <= image_block * 16  # only the text before the image's block is shared
     assert out.outputs[0].token_ids == hf_greedy_mm(hf_model(path), other, MAX_TOKENS)
+    assert out.outputs[0].token_ids != expected[0]  # the image, not only the text, decides the answer
 
 
 def test_forced_preemption(family):

@@ -61,16 +61,18 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots)
         vision = self.model_config.vision
-        # An image is encoded within one step's budget, and the cache holds the one a prompt is consuming and the
-        # next (vLLM's encoder budget and cache size, counted in embeddings).
-        self.encoder_cache = EncoderCacheManager(self.max_num_batched_tokens, 2 * self.max_num_batched_tokens) \
-            if vision is not None else None
+        self._mm_processor, self.encoder_cache = None, None
+        if vision is not None:
+            # A step encodes up to the token budget, and at least the largest image the processor makes; the cache
+            # holds twice that: the image a prompt is consuming and the next (vLLM's encoder budget and cache size,
+            # counted in embeddings).
+            budget = max(self.max_num_batched_tokens, self.mm_processor.max_embeds_per_image())
+            self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
                                    config.scheduling_policy, self.encoder_cache,
                                    whole_images=vision is not None and vision.bidirectional)
-        self._mm_processor = None
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
@@ -183,11 +185,12 @@ class EngineCore:
             self.compiling.append((seq, compiling))  # scheduled once its grammar is ready
 
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
-                         arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
+                         arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
+                         mm: MultiModalInputs | None = None) -> None:
         """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
         self._check_width("beam_width", params.beam_width)
         sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
-        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority)
+        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority, mm=mm)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
 

@@ -115,8 +115,7 @@ class LLM:
              use_tqdm: bool = True, add_generation_prompt: bool = True, **template_kwargs: Any) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
         tokenizer, config = self.engine.tokenizer, self.engine.config
-        limits = MediaLimits(config.allowed_local_media_path, _domains(config.allowed_media_domains),
-                             config.max_image_pixels)
+        limits = MediaLimits.from_config(config)
         prompts = []
         for conversation in conversations:
             conversation, refs = split_image_parts(conversation)
@@ -164,6 +163,3 @@ def _as_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
         return [list(prompts)]
     return list(prompts)
 
-
-def _domains(value: str | None) -> tuple[str, ...] | None:
-    return None if value is None else tuple(d.strip().lower() for d in value.split(",") if d.strip())

@@ -31,6 +31,15 @@ class MediaLimits:
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
 
+    @classmethod
+    def from_config(cls, config) -> "MediaLimits":
+        """The limits an EngineConfig's flags set (--allowed-local-media-path, --allowed-media-domains as a
+        comma-separated list, --max-image-pixels)."""
+        domains = config.allowed_media_domains
+        if domains is not None:
+            domains = tuple(d.strip().lower() for d in domains.split(",") if d.strip())
+        return cls(config.allowed_local_media_path, domains, config.max_image_pixels)
+
 
 def check_image_size(image, max_pixels: int | None, what: str = "image") -> None:
     width, height = image.size

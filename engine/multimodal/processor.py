@@ -53,6 +53,20 @@ class MultiModalProcessor:
             self.break_id, self.end_id = tokenizer.convert_tokens_to_ids([self.break_token, self.end_token])
         self.image_token = token(vision.image_token_id)
 
+    def max_embeds_per_image(self) -> int:
+        """The most embeddings one image can become under the processor's own resizing (the encoder's budget
+        per step must hold one)."""
+        kind, ip = self.vision.kind, self.image_processor
+        if kind == "qwen3_5":
+            unit = int(ip.patch_size) * int(ip.merge_size)
+            return int(ip.size["longest_edge"]) // (unit * unit)
+        if kind == "gemma3":
+            return self.tokens_per_image
+        if kind == "gemma4":
+            return int(getattr(ip, "max_soft_tokens", 0) or 280)
+        side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
+        return side * side
+
     def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
         """`prompt` holds one placeholder per image, in order (the chat template writes them for image parts)."""
         found = prompt.count(self.placeholder)
