@@ -14,7 +14,7 @@ import pytest
 
 from server_harness import MODEL_NAME, start_server
 from tiny_models import hf_model
-from tiny_vl_models import hf_greedy_mm, make_tiny_vl_model, test_image
+from tiny_vl_models import hf_greedy_mm, make_tiny_vl_model, random_image
 
 pytest.importorskip("PIL")
 openai = pytest.importorskip("openai")
@@ -36,7 +36,7 @@ def data_url(image) -> str:
 @pytest.fixture(scope="module")
 def media_host():
     """A local HTTP server on 127.0.0.1 serving /cat.png."""
-    body = png(test_image(56, 84, 0))
+    body = png(random_image(56, 84, 0))
 
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
@@ -59,7 +59,7 @@ def media_host():
 @pytest.fixture(scope="module")
 def vl_server(tmp_path_factory):
     folder = tmp_path_factory.mktemp("media")
-    test_image(56, 84, 0).save(folder / "cat.png")
+    random_image(56, 84, 0).save(folder / "cat.png")
     path = make_tiny_vl_model(tmp_path_factory.mktemp("vl"), "qwen3_5-vl")
     srv = start_server(path, allowed_local_media_path=str(folder), allowed_media_domains="127.0.0.1",
                        max_image_pixels=500 * 500, limit_mm_per_prompt='{"image": 2}')
@@ -68,7 +68,7 @@ def vl_server(tmp_path_factory):
     text = processor.tokenizer.apply_chat_template(
         [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": TEXT}]}], tokenize=False,
         add_generation_prompt=True)
-    expected = hf_greedy_mm(hf, processor.process(text, [test_image(56, 84, 0)], add_special_tokens=False), MAX_TOKENS)
+    expected = hf_greedy_mm(hf, processor.process(text, [random_image(56, 84, 0)], add_special_tokens=False), MAX_TOKENS)
     yield srv, folder, expected
     srv.stop()
 
@@ -89,7 +89,7 @@ def test_openai_sdk_sends_an_image(vl_server):
     client = openai.OpenAI(base_url=srv.base_url, api_key="none")
     reply = client.chat.completions.create(model=MODEL_NAME, max_tokens=MAX_TOKENS, temperature=0,
                                            extra_body={"return_token_ids": True}, messages=[
-        {"role": "user", "content": [image_part(data_url(test_image(56, 84, 0))), {"type": "text", "text": TEXT}]}])
+        {"role": "user", "content": [image_part(data_url(random_image(56, 84, 0))), {"type": "text", "text": TEXT}]}])
     assert reply.choices[0].token_ids == expected
     models = httpx.get(srv.base_url + "/models").json()["data"]
     assert models[0]["input_modalities"] == ["text", "image"]
@@ -97,17 +97,17 @@ def test_openai_sdk_sends_an_image(vl_server):
 
 def test_anthropic_sdk_and_responses_send_images(vl_server):
     srv, _, expected = vl_server
-    want = chat(srv, image_part(data_url(test_image(56, 84, 0)))).json()["choices"][0]["message"]["content"]
+    want = chat(srv, image_part(data_url(random_image(56, 84, 0)))).json()["choices"][0]["message"]["content"]
     client = anthropic.Anthropic(base_url=srv.url, api_key="none")
-    encoded = base64.b64encode(png(test_image(56, 84, 0))).decode()
-    message = client.messages.create(model=MODEL_NAME, max_tokens=MAX_TOKENS, temperature=0, messages=[
+    encoded = base64.b64encode(png(random_image(56, 84, 0))).decode()
+    message = client.messages.create(model=MODEL_NAME, max_tokens=MAX_TOKENS, extra_body={"temperature": 0}, messages=[
         {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
                                                                     "data": encoded}},
                                      {"type": "text", "text": TEXT}]}])
     assert message.content[0].text == want
     oai = openai.OpenAI(base_url=srv.base_url, api_key="none")
     response = oai.responses.create(model=MODEL_NAME, max_output_tokens=MAX_TOKENS, temperature=0, input=[
-        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(test_image(56, 84, 0))},
+        {"role": "user", "content": [{"type": "input_image", "image_url": data_url(random_image(56, 84, 0))},
                                      {"type": "input_text", "text": TEXT}]}])
     assert response.output_text == want
 
@@ -127,8 +127,8 @@ def test_local_files_and_http_urls_under_the_flags(vl_server, media_host):
 @pytest.mark.parametrize("parts,words", [
     ([image_part("data:image/png;base64,iVBORw0KGgo=")], "cannot be decoded as an image"),
     ([image_part("data:image/png;base64,@@@")], "not valid base64"),
-    ([image_part(data_url(test_image(600, 600)))], "more than the server's limit of 250000"),
-    ([image_part(data_url(test_image(56, 56)))] * 3, "more than this server takes per prompt"),
+    ([image_part(data_url(random_image(600, 600)))], "more than the server's limit of 250000"),
+    ([image_part(data_url(random_image(56, 56)))] * 3, "more than this server takes per prompt"),
     ([image_part("ftp://example.invalid/x.png")], "data:, file:// or http(s)://"),
 ])
 def test_bad_images_are_a_400_naming_the_part(vl_server, parts, words):
@@ -137,4 +137,4 @@ def test_bad_images_are_a_400_naming_the_part(vl_server, parts, words):
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert words in error["message"] and error["param"].startswith("messages.0.content.")
-    assert chat(srv, image_part(data_url(test_image(56, 84, 0)))).json()["choices"][0]["token_ids"] == expected
+    assert chat(srv, image_part(data_url(random_image(56, 84, 0)))).json()["choices"][0]["token_ids"] == expected

@@ -11,7 +11,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from tiny_models import hf_model
-from tiny_vl_models import hf_greedy_mm, make_tiny_vl_model, test_image
+from tiny_vl_models import hf_greedy_mm, make_tiny_vl_model, random_image
 
 pytest.importorskip("PIL")
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
@@ -34,7 +34,7 @@ def family(request, tmp_path_factory):
     """(model path, engine processor inputs per case, HF's greedy ids per case)."""
     path = make_tiny_vl_model(tmp_path_factory.mktemp(request.param), request.param)
     llm = LLM(str(path), device="cpu", max_num_seqs=4)
-    cases = [llm.engine.process_images(prompt(text, len(sizes)), [test_image(w, h, s) for (w, h), s in
+    cases = [llm.engine.process_images(prompt(text, len(sizes)), [random_image(w, h, s) for (w, h), s in
                                                                   zip(sizes, seeds)])
              for text, sizes, seeds in CASES]
     hf = hf_model(path)
@@ -69,15 +69,15 @@ def test_chunked_prefill_cutting_an_image(family):
 def test_prefix_hit_with_the_same_image_and_miss_with_another(family):
     path, llm, cases, expected = family
     fresh = LLM(str(path), device="cpu", max_num_seqs=4)
-    first = fresh.generate([{"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": test_image(56, 84, 0)}}],
+    first = fresh.generate([{"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": random_image(56, 84, 0)}}],
                            SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)[0]
-    again = fresh.generate([{"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": test_image(56, 84, 0)}}],
+    again = fresh.generate([{"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": random_image(56, 84, 0)}}],
                            SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)[0]
     assert first.outputs[0].token_ids == again.outputs[0].token_ids == expected[0]
     assert first.num_cached_tokens == 0 and again.num_cached_tokens >= 16
-    other = fresh.engine.process_images(prompt("Describe this.", 1), [test_image(56, 84, 9)])
+    other = fresh.engine.process_images(prompt("Describe this.", 1), [random_image(56, 84, 9)])
     image_block = other.items[0].offset // 16
-    out = fresh.generate([{"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": test_image(56, 84, 9)}}],
+    out = fresh.generate([{"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": random_image(56, 84, 9)}}],
                          SamplingParams(temperature=0, max_tokens=MAX_TOKENS), use_tqdm=False)[0]
     assert out.num_cached_tokens <= image_block * 16  # only the text before the image's block is shared
     assert out.outputs[0].token_ids == hf_greedy_mm(hf_model(path), other, MAX_TOKENS)
@@ -98,7 +98,7 @@ def test_n_greater_than_one(family):
 
 def test_offline_shapes(family, tmp_path):
     path, llm, cases, expected = family
-    image = test_image(56, 84, 0)
+    image = random_image(56, 84, 0)
     params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
     out = llm.generate({"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": [image]}}, params,
                        use_tqdm=False)
@@ -115,7 +115,7 @@ def test_offline_shapes(family, tmp_path):
 def test_bad_inputs_are_errors_never_dropped(family):
     path, llm, cases, expected = family
     with pytest.raises(ValueError, match="placeholder"):
-        llm.generate({"prompt": "no placeholder", "multi_modal_data": {"image": test_image(56, 56)}}, use_tqdm=False)
+        llm.generate({"prompt": "no placeholder", "multi_modal_data": {"image": random_image(56, 56)}}, use_tqdm=False)
     with pytest.raises(ValueError, match="images only"):
         llm.generate({"prompt": "x", "multi_modal_data": {"audio": b""}}, use_tqdm=False)
     with pytest.raises(ValueError, match="does not use"):

@@ -78,7 +78,7 @@ def image_processor():
                                     size={"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS})
 
 
-def test_image(width: int, height: int, seed: int = 0):
+def random_image(width: int, height: int, seed: int = 0):
     """A random RGB PIL image."""
     from PIL import Image
     rng = np.random.default_rng(seed)

@@ -292,7 +292,7 @@ def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list 
     text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
     check_prompt_chars(len(text), model.max_model_len, "messages")
     marks = _Marks(model.special_token_texts)
-    dicts = [marks.mark(d, f"messages.{i}") for i, d in enumerate(chat_messages(messages))]
+    dicts = [marks.mark(d, f"messages.{i}") for i, d in enumerate(chat_messages(messages, model.supports_images))]
     marked_tools = [marks.mark(t, f"tools.{i}") for i, t in enumerate(_tool_dicts(tools))]
     kwargs = marks.mark(chat_template_kwargs or {}, "chat_template_kwargs")
     if model.supports_images and has_images(messages):
