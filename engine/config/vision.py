@@ -13,13 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# Family kind per architecture: which placeholder layout, tower and positions an image gets.
+# Family kind per architecture whose vision tower the engine runs: which placeholder layout, tower and positions an
+# image gets. A vision-language architecture not named here is served as text (its tower skipped).
 VISION_KINDS = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
-    "Gemma3ForConditionalGeneration": "gemma3",
-    "Mistral3ForConditionalGeneration": "pixtral",
-    "Gemma4ForConditionalGeneration": "gemma4",
 }
 
 

@@ -62,17 +62,28 @@ class EngineCore:
                                  [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots)
         vision = self.model_config.vision
         self._mm_processor, self.encoder_cache = None, None
+        self.images_refused = None if vision is not None else \
+            f"{self.model_config.architecture} takes text only: images cannot be sent to it"
+        if vision is not None:
+            try:
+                largest = self.mm_processor.max_embeds_per_image()
+            except (OSError, ValueError) as exc:  # a folder without preprocessor_config.json, say
+                self.images_refused = (f"{self.model_config.architecture} at {self.model_path} cannot take images: "
+                                       f"its image processor does not load ({exc})")
+                logger.warning("%s; serving it as text", self.images_refused)
+                vision = None
         if vision is not None:
             # A step encodes up to the token budget, and at least the largest image the processor makes; the cache
             # holds twice that: the image a prompt is consuming and the next (vLLM's encoder budget and cache size,
             # counted in embeddings).
-            budget = max(self.max_num_batched_tokens, self.mm_processor.max_embeds_per_image())
+            budget = max(self.max_num_batched_tokens, largest)
             self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
                                    config.scheduling_policy, self.encoder_cache,
                                    whole_images=vision is not None and vision.bidirectional)
+        self.takes_images = self.encoder_cache is not None
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
@@ -98,8 +109,8 @@ class EngineCore:
     def mm_processor(self):
         """The checkpoint's image processing (engine/multimodal/processor.py), built on first use; a ValueError
         for a model that takes no images."""
-        if self.model_config.vision is None:
-            raise ValueError(f"{self.model_config.architecture} takes text only: images cannot be sent to it")
+        if self.images_refused:
+            raise ValueError(self.images_refused)
         if self._mm_processor is None:
             from engine.multimodal.processor import MultiModalProcessor
             self._mm_processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
@@ -120,8 +131,8 @@ class EngineCore:
     def _check_images(self, mm: MultiModalInputs) -> None:
         """Images the scheduler could never run: one larger than a step's encoder budget, one whose tokens a chunk
         must take whole (Gemma) but no step can hold, all of a prompt's at once without chunked prefill."""
-        if self.model_config.vision is None:
-            raise ValueError(f"{self.model_config.architecture} takes text only: images cannot be sent to it")
+        if self.encoder_cache is None:
+            raise ValueError(self.images_refused)
         self._check_image_count(len(mm.items))
         budget = self.max_num_batched_tokens
         for index, item in enumerate(mm.items):

@@ -62,7 +62,7 @@ class ServedModel:
 def image_side(llm_engine: Any, tokenizer: Any) -> dict[str, Any]:
     """The ServedModel fields of an engine that takes images (none for a text-only one)."""
     vision, config = llm_engine.model_config.vision, llm_engine.config
-    if vision is None or llm_engine.model_config.pooler is not None:
+    if not getattr(llm_engine, "takes_images", False) or llm_engine.model_config.pooler is not None:
         return {}
     from engine.multimodal.media import MediaLimits
     from engine.multimodal.processor import MultiModalProcessor
