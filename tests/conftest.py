@@ -10,6 +10,18 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One intra-op thread, here and in every engine, server and worker the tests start (they inherit it): the tiny
+# models' ops are too small to split, and a second OpenMP thread spinning after each of them takes the core
+# that the other process of a test (a tensor-parallel rank, a server, the router's engines) needs.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+# Triton picks compiled or interpreted when it is first imported (tests/interpreted.py). Without a CUDA device
+# nothing can run it compiled, so the whole session interprets: the Triton test modules then run in this
+# process, test by test, instead of each module again in a fresh one (a second torch, triton and pytest start-up).
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 from tiny_models import make_tiny_model  # noqa: E402
 

@@ -1,7 +1,8 @@
 """Triton test modules run their kernels interpreted (TRITON_INTERPRET=1), which must be set before triton is
-first imported. When this pytest process already imported triton compiled, such a module reruns itself whole
-in a fresh interpreted process instead; `fresh_process_tests` gives a module that test and the fixture
-that skips everything else in it."""
+first imported. Without a CUDA device tests/conftest.py sets it for the whole session, so they run in the
+pytest process itself. When this process already imported triton compiled (a machine with a card), such a
+module reruns itself whole in a fresh interpreted process instead; `fresh_process_tests` gives a module that
+test and the fixture that skips everything else in it."""
 from __future__ import annotations
 
 import os

@@ -55,13 +55,13 @@ def test_verdict_prefers_one_card_then_tp_then_fp8(monkeypatch):
         fits = values["tensor_parallel_size"] == 2 and values["kv_cache_dtype"] == "fp8"
         plan = SimpleNamespace(fits=fits, num_tokens=50_000 if fits else 0, summary=lambda: "50,000 tokens fit",
                                explain_misfit=lambda: "not even one sequence fits")
-        return "2 GPU(s)", plan
+        return "2 GPUs", plan
 
     monkeypatch.setattr(library, "plan_for", planner)
     verdict = fit_verdict({}, default_values(2), [10 * GIB] * 2)
     assert asked == [(1, "auto", None), (2, "auto", None), (1, "fp8", None), (2, "fp8", None)]
     assert verdict.fits and verdict.short == "✔ TP 2 + FP8 KV · 50,000 tokens"
-    assert verdict.detail == "2 GPU(s) — 50,000 tokens fit"
+    assert verdict.detail == "2 GPUs — 50,000 tokens fit"
 
 
 def test_library_widget_fills_rows_and_hands_over_a_model(qtbot, tmp_path):

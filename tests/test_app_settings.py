@@ -54,7 +54,7 @@ def test_tensor_parallel_defaults_to_gpu_count():
 
 def test_capacity_line_uses_engine_sizing():
     two_cards = capacity_line(LLAMA_8B, {**default_values(2), "max_model_len": 8192}, [24 * 2 ** 30] * 2)
-    assert "2 GPU(s)" in two_cards and "GiB/card" in two_cards and "8,192-token sequences" in two_cards
+    assert "2 GPUs" in two_cards and "GiB/card" in two_cards and "8,192-token sequences" in two_cards
     assert "KiB/token" in two_cards
     too_long = capacity_line(LLAMA_8B, default_values(1), [24 * 2 ** 30])
     assert "not even one" in too_long and "--max-model-len" in too_long

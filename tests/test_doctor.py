@@ -82,7 +82,7 @@ def test_two_cards_one_on_a_narrow_link():
     rows = nvidia_rows(nvml, "12.8", True, 2)
     assert [(r.check, r.status) for r in rows] == [("Driver", "pass"), ("CUDA", "pass"), ("GPU 0", "pass"),
                                                    ("GPU 1", "warn")]
-    assert rows[0].detail == "570.86.15, CUDA up to 12.8, 2 GPU(s)"
+    assert rows[0].detail == "570.86.15, CUDA up to 12.8, 2 GPUs"
     assert rows[2].detail == ("NVIDIA GeForce RTX 3090, 24.0 GiB (1.0 GiB in use), compute 8.6, PCIe gen 4 x16 "
                               "(max gen 4 x16)")
     assert "x4 link" in rows[3].remedy and nvml.shut

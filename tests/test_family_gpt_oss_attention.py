@@ -29,7 +29,7 @@ BLOCK_SIZE = 4
 def hf_config(monkeypatch):
     from transformers import GptOssConfig
     monkeypatch.setitem(registry.ARCHITECTURES, "GptOssForCausalLM",
-                        registry.Architecture("gpt_oss", "GptOssForCausalLM"))
+                        registry.Architecture("gpt_oss", "GptOssForCausalLM", o_proj_bias=True))
     config = GptOssConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                           num_hidden_layers=2, intermediate_size=32, num_local_experts=2, vocab_size=100,
                           sliding_window=8, max_position_embeddings=2048, rope_parameters=dict(YARN),

@@ -149,3 +149,21 @@ def test_the_nope_layer_changes_hf_output(tiny_model_dir):
         model.model.layers[1].self_attn.use_rope = 1
         roped = model(ids).logits
     assert float((nope - roped).abs().max()) > 0.05
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_attention_bias_puts_a_bias_on_o_proj_where_hf_does(tiny_model_dir, arch):
+    """HF's Llama and Qwen3 give o_proj a bias with `attention_bias` (Qwen2 and Mistral do not): the registry's
+    o_proj_bias says which, the model loads the checkpoint's o_proj.bias, output is HF's and the planner counts it."""
+    from hf_reference import hf_greedy, make_prompts
+    path = tiny_model_dir(arch, attention_bias=True)
+    cfg = ModelConfig.from_folder(path)
+    assert cfg.qkv_bias and cfg.o_bias
+    model = model_class(cfg.architecture)(cfg)
+    model.load_weights(iterate_weights(path))  # every tensor, o_proj.bias included, accounted for
+    assert weights_bytes_per_card(cfg, 4) == sum(p.numel() * p.element_size() for p in model.parameters())
+    prompts = make_prompts(400)[:3]
+    want = hf_greedy(path, prompts, [8, 8, 8])
+    got = [o.outputs[0].token_ids for o in LLM(str(path), device="cpu").generate(
+        prompts, SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)]
+    assert got == want

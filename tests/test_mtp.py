@@ -27,6 +27,7 @@ from engine.config.model import ModelConfig
 from engine.entrypoints.serve import main as serve_main
 from engine.planning.speculation import mtp_footprint
 from engine.config.speculative import parse_speculative_config
+from engine.distributed.parallel_state import init_tensor_parallel
 from engine.spec_decode.loading import check_mtp, load_mtp
 from hf_reference import make_prompts
 from tiny_models import hf_model
@@ -210,6 +211,35 @@ def test_other_heads_load(mtp_dir, arch):
     weights, page = mtp_footprint(cfg, 4, 4, BLOCK)  # the planner's estimate of the same head
     assert page == mtp.kv_bytes_per_block(4) and abs(weights - mtp.weights_bytes()) <= 0.05 * mtp.weights_bytes()
     assert not any(name.startswith(("model.", "lm_head")) for name, _ in mtp.head.named_parameters())
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5", "qwen3_5_moe"])
+def test_head_loads_whole_on_rank_0_of_a_group(mtp_dir, arch):
+    """Under tensor parallel the head is whole on rank 0, built and loaded as one rank: every tensor equals the
+    one-rank load's, its full vocabulary copies equal the one-rank target's. (Loaded while the group's size 2
+    was in effect, its stacked gate/up projection took rank 0's halves of gate and up and left a half unwritten,
+    uninitialized memory: when that held NaN every draft was wrong, and test_mtp_under_tensor_parallel_2
+    accepted nothing about one run in three.) Rank 0 of a 2-rank group without torch.distributed: building and
+    loading make no collective."""
+    path = mtp_dir(arch)
+    cfg = ModelConfig.from_folder(path)
+
+    def load(tp):
+        init_tensor_parallel(0, tp)
+        try:
+            runner = ModelRunner(cfg, path, torch.device("cpu"), torch.float32, BLOCK, "torch")
+            return runner, load_mtp(1, runner, path, "torch")
+        finally:
+            init_tensor_parallel(0, 1)
+
+    (one, whole), (_, rank0) = load(1), load(2)
+    assert whole.head.vocab is None and rank0.head.vocab is not None
+    want, got = whole.head.state_dict(), rank0.head.state_dict()
+    assert list(got) == list(want)
+    for name, tensor in want.items():
+        assert torch.equal(got[name], tensor), name
+    assert torch.equal(rank0.head.vocab.model.embed_tokens.weight, one.model.model.embed_tokens.weight)
+    assert torch.equal(rank0.head.vocab.lm_head.weight, one.model.lm_head.weight)
 
 
 def greedy_ids(llm: LLM, prompts, max_tokens) -> list[list[int]]:

@@ -271,6 +271,13 @@ def test_data_parallel_two_replicas_exact_labelled_prefix_aware(router, models):
     that served it; /metrics labels each replica with engine="i"."""
     long_a, long_b = make_prompts(200, seed=1)[6], make_prompts(200, seed=2)[6]  # 120 tokens each
     ref = hf_greedy(models["a"], [long_a, long_b, long_a + [7, 8, 9]], [6, 6, 6])
+    # Both replicas serve before the first request (the load answers once every start has ended), so the spread
+    # below is the balancer's and not which engine happened to be up first.
+    loaded = httpx.post(router.url + "/v1/models/dp/load", headers=AUTH, timeout=240)
+    assert loaded.status_code == 200, loaded.text
+    states = [(e["index"], e["state"], e["error"]) for e in loaded.json()["engines"]]
+    assert [s[:2] for s in states] == [(0, "ready"), (1, "ready")], (
+        states, [line for line in router.lines if "dp#" in line or "dp:" in line][-20:])
     served = []
     for prompt, expected in ((long_a, ref[0]), (long_b, ref[1]), (long_a + [7, 8, 9], ref[2]), (long_a, ref[0])):
         r = complete(router, "dp", prompt, 6)

@@ -13,18 +13,24 @@ import textwrap
 import pytest
 
 SCRIPT = textwrap.dedent("""
-    import json, sys
+    import gc, json, sys
     from engine import LLM, SamplingParams
-    path, prompts, kv_dtype = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
-    llm = LLM(path, device="cpu", attention_backend="triton", kv_cache_dtype=kv_dtype, max_num_batched_tokens=16)
+    path, prompts, kv_dtypes = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3:]
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    print(json.dumps([o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]))
+    outputs = {}
+    for kv_dtype in kv_dtypes:
+        llm = LLM(path, device="cpu", attention_backend="triton", kv_cache_dtype=kv_dtype, max_num_batched_tokens=16)
+        outputs[kv_dtype] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+        gc.collect()
+    print(json.dumps(outputs))
 """)
 
 
-def run_triton_engine(path, prompts, kv_dtype: str) -> list[list[int]]:
+def run_triton_engine(path, prompts, *kv_dtypes: str) -> dict[str, list[list[int]]]:
+    """{kv dtype: greedy tokens} from the Triton backend, one engine after the other in one interpreted process."""
     env = dict(os.environ, TRITON_INTERPRET="1", TRITON_DEFAULT_FP_FUSION="1")
-    done = subprocess.run([sys.executable, "-c", SCRIPT, str(path), json.dumps(prompts), kv_dtype], env=env,
+    done = subprocess.run([sys.executable, "-c", SCRIPT, str(path), json.dumps(prompts), *kv_dtypes], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -38,7 +44,8 @@ def test_triton_backend_matches_hf_and_torch_backend(tiny_model_dir):
     path = tiny_model_dir("qwen2")
     prompts = [[11, 12, 13], list(range(30, 50))]  # the second crosses a block; chunks of 16 mix prefill+decode
     expected = hf_greedy(path, prompts, [6, 6])
-    assert run_triton_engine(path, prompts, "auto") == expected
+    triton = run_triton_engine(path, prompts, "auto", "fp8")
+    assert triton["auto"] == expected
     torch_fp8 = LLM(str(path), device="cpu", kv_cache_dtype="fp8").generate(
         prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
-    assert run_triton_engine(path, prompts, "fp8") == [o.outputs[0].token_ids for o in torch_fp8]
+    assert triton["fp8"] == [o.outputs[0].token_ids for o in torch_fp8]

@@ -82,6 +82,7 @@ class ModelConfig:
     rope_scaling: dict[str, Any] | None = None  # the full-attention layers' scaling, with its rope_type; None: plain
     tie_word_embeddings: bool = False
     qkv_bias: bool = False
+    o_bias: bool = False  # o_proj's bias: attention_bias where the family's o_proj takes it (the registry says)
     qk_norm: bool = False
     sliding_windows: list[int | None] = field(default_factory=list)  # per layer
     torch_dtype: str = "float32"
@@ -154,7 +155,9 @@ class ModelConfig:
             rope_scaling=None if full["rope_type"] == "default" else
             {k: v for k, v in full.items() if k != "rope_theta"},
             tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
-            qkv_bias=bool(text.get("attention_bias", False)), qk_norm=bool(text.get("qk_norm", text.get("use_qk_norm", False))),
+            qkv_bias=bool(text.get("attention_bias", False)),
+            o_bias=bool(text.get("attention_bias", False)) and arch.o_proj_bias,
+            qk_norm=bool(text.get("qk_norm", text.get("use_qk_norm", False))),
             sliding_windows=[window if t == "sliding_attention" else None for t in layer_types],
             torch_dtype=str(text.get("dtype") or text.get("torch_dtype") or "float32"),
             bos_token_id=text.get("bos_token_id"),

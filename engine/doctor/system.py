@@ -47,7 +47,7 @@ def nvidia_rows(nvml, torch_cuda_version: str | None, torch_cuda_available: bool
         driver_cuda_int = nvml.nvmlSystemGetCudaDriverVersion_v2()
         driver_cuda = f"{driver_cuda_int // 1000}.{driver_cuda_int % 1000 // 10}"
         rows = [Row("Driver", "pass", f"{_text(nvml.nvmlSystemGetDriverVersion())}, CUDA up to {driver_cuda}, "
-                                      f"{count} GPU(s)")]
+                                      f"{count} GPU" + ("" if count == 1 else "s"))]
         rows.append(_cuda_row(torch_cuda_version, torch_cuda_available, torch_device_count, driver_cuda))
         rows += [_readable_gpu_row(nvml, i) for i in range(count)]
         if torch_cuda_available and torch_device_count < count:

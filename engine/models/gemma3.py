@@ -36,7 +36,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
         text = cfg.hf_text_config
         attention = AttentionSwitches(
-            qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias, qk_norm=GemmaRMSNorm if cfg.qk_norm else None,  # not Gemma 2
+            qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=GemmaRMSNorm if cfg.qk_norm else None,  # not Gemma 2
             scale=float(text.get("query_pre_attn_scalar", cfg.head_dim)) ** -0.5,
             soft_cap=text.get("attn_logit_softcapping"))
         return DecoderSwitches(attention, norm=GemmaRMSNorm, sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5)

@@ -7,7 +7,7 @@ their own RoPE tables, final soft cap) with these differences, all read from Mod
 - global layers with their own shapes: wider heads (`global_head_dim`), fewer KV heads and V equal to K's
   projection (`attention_k_eq_v`, so no v_proj), and "proportional" RoPE (engine/layers/rotary.py). Their
   KV pages differ from the local layers', so each KV head is stored as often as it takes to give every cache
-  layer the same page (engine/kv_cache_interface.kv_head_replicas);
+  layer the same page (engine/kv/kv_cache_interface.kv_head_replicas);
 - KV sharing: the last `num_kv_shared_layers` layers compute only queries and attend over the cache of the
   last earlier layer of their type (ModelConfig.kv_source); they own no cache, and their k/v tensors, if a
   checkpoint has them, are skipped on purpose (HF skips them too);
@@ -224,7 +224,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
-        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias, qk_norm=Gemma4RMSNorm, scale=1.0)
+        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=Gemma4RMSNorm, scale=1.0)
         return DecoderSwitches(attention, norm=Gemma4RMSNorm, sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5)
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:

@@ -34,7 +34,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
-        return DecoderSwitches(AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias, sinks=True))
+        return DecoderSwitches(AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, sinks=True))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(unstack_experts(weights))

@@ -38,7 +38,8 @@ class LlamaForCausalLM(nn.Module):
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
-        return DecoderSwitches(AttentionSwitches(qkv_bias=cfg.qkv_bias, qk_norm=RMSNorm if cfg.qk_norm else None))
+        return DecoderSwitches(AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias,
+                                                 qk_norm=RMSNorm if cfg.qk_norm else None))
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__()

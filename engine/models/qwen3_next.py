@@ -52,7 +52,7 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
         """Gated full attention with (1 + w) q/k norms; (1 + w) norms everywhere (HF's Qwen3NextRMSNorm)."""
-        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias, qk_norm=GemmaRMSNorm,
+        attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=GemmaRMSNorm,
                                       output_gate=True)
         return DecoderSwitches(attention, norm=GemmaRMSNorm)
 

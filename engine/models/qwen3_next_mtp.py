@@ -41,9 +41,10 @@ QUANTIZED_LEAVES = (".qweight", ".qzeros", ".scales", ".weight_packed", ".weight
 
 class FullVocab(nn.Module):
     """Unsharded copies of the target's embedding and LM head for the head on rank 0 under tensor parallel
-    (build it inside engine.distributed.parallel_state.single_rank, so the vocab-parallel layers take every row and make no
-    collective). Named like the target's own (model.embed_tokens, lm_head), so the target's weights mapper reads
-    the checkpoint's names for it; an LM head tied to the embedding is one tensor, as in the target."""
+    (build and load it inside engine.distributed.parallel_state.single_rank, so the vocab-parallel layers take
+    every row and make no collective). Named like the target's own (model.embed_tokens, lm_head), so the target's
+    weights mapper reads the checkpoint's names for it; an LM head tied to the embedding is one tensor, as in the
+    target."""
 
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()

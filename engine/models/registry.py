@@ -24,6 +24,7 @@ class Architecture:
     norms_per_layer: int = 2  # hidden-size RMSNorms per decoder layer (the planner counts their weights)
     attn_output_gate: bool = False  # q_proj gives [query | gate] per head (Qwen3.5, Qwen3-Next)
     mtp_head: str | None = None  # "<module>:<class>" in engine/models/ of the MTP head its checkpoints carry
+    o_proj_bias: bool = False  # `attention_bias` puts a bias on o_proj too, not only on q/k/v (HF's class does)
 
 
 # transformers' Gemma3TextConfig defaults: published Gemma 3 configs leave most of these out.
@@ -81,43 +82,47 @@ QWEN3_5_MOE_DEFAULTS = {**QWEN3_5_DEFAULTS, "num_experts_per_tok": 8, "num_exper
 QWEN3_NEXT_MTP = "qwen3_next_mtp:Qwen3NextMTP"  # Qwen3-Next's and Qwen3.5/3.6's head: mtp.* beside the model
 
 ARCHITECTURES: dict[str, Architecture] = {
-    "LlamaForCausalLM": Architecture("llama", "LlamaForCausalLM"),
+    "LlamaForCausalLM": Architecture("llama", "LlamaForCausalLM", o_proj_bias=True),
     "Qwen2ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
-    "Qwen3ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
+    "Qwen3ForCausalLM": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}, o_proj_bias=True),
     "MistralForCausalLM": Architecture("llama", "LlamaForCausalLM"),
     # Bare decoders, as embedding checkpoints save them (gte-Qwen2, e5-mistral): served with --task embed.
-    "LlamaModel": Architecture("llama", "LlamaForCausalLM"),
+    "LlamaModel": Architecture("llama", "LlamaForCausalLM", o_proj_bias=True),
     "MistralModel": Architecture("llama", "LlamaForCausalLM"),
     "Qwen2Model": Architecture("llama", "LlamaForCausalLM", {"attention_bias": True}),
-    "Qwen3Model": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}),
+    "Qwen3Model": Architecture("llama", "LlamaForCausalLM", {"qk_norm": True}, o_proj_bias=True),
     "Phi3ForCausalLM": Architecture("phi3", "Phi3ForCausalLM"),
     "SmolLM3ForCausalLM": Architecture("smollm3", "SmolLM3ForCausalLM",
-                                       {"rope_theta": 2e6, "tie_word_embeddings": True}),
-    "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4),
+                                       {"rope_theta": 2e6, "tie_word_embeddings": True}, o_proj_bias=True),
+    "Gemma3ForCausalLM": Architecture("gemma3", "Gemma3ForCausalLM", GEMMA3_TEXT_DEFAULTS, norms_per_layer=4,
+                                      o_proj_bias=True),
     "Gemma3ForConditionalGeneration": Architecture("gemma3", "Gemma3ForConditionalGeneration", GEMMA3_TEXT_DEFAULTS,
-                                                   multimodal=True, norms_per_layer=4),
-    "Gemma4ForCausalLM": Architecture("gemma4", "Gemma4ForCausalLM", GEMMA4_TEXT_DEFAULTS, norms_per_layer=4),
+                                                   multimodal=True, norms_per_layer=4, o_proj_bias=True),
+    "Gemma4ForCausalLM": Architecture("gemma4", "Gemma4ForCausalLM", GEMMA4_TEXT_DEFAULTS, norms_per_layer=4,
+                                      o_proj_bias=True),
     "Gemma4ForConditionalGeneration": Architecture("gemma4", "Gemma4ForConditionalGeneration", GEMMA4_TEXT_DEFAULTS,
-                                                   multimodal=True, norms_per_layer=4),
+                                                   multimodal=True, norms_per_layer=4, o_proj_bias=True),
     "Mistral3ForConditionalGeneration": Architecture("llama", "Mistral3ForConditionalGeneration",
                                                      MISTRAL_TEXT_DEFAULTS, multimodal=True),
-    "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", GEMMA2_DEFAULTS, norms_per_layer=4),
-    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}),
+    "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", GEMMA2_DEFAULTS, norms_per_layer=4,
+                                      o_proj_bias=True),
+    "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}, o_proj_bias=True),
     "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
     "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),
-    "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}),
+    "GptOssForCausalLM": Architecture("gpt_oss", "GptOssForCausalLM", {"attention_bias": True}, o_proj_bias=True),
     # Hybrid linear attention: Gated DeltaNet layers with a per-sequence state, every fourth layer full attention.
     "Qwen3NextForCausalLM": Architecture("qwen3_next", "Qwen3NextForCausalLM", QWEN3_NEXT_DEFAULTS,
-                                         attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP),
+                                         attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP, o_proj_bias=True),
     "Qwen3_5ForCausalLM": Architecture("qwen3_5", "Qwen3_5ForCausalLM", QWEN3_5_DEFAULTS, attn_output_gate=True,
-                                       mtp_head=QWEN3_NEXT_MTP),
+                                       mtp_head=QWEN3_NEXT_MTP, o_proj_bias=True),
     "Qwen3_5ForConditionalGeneration": Architecture("qwen3_5", "Qwen3_5ForConditionalGeneration", QWEN3_5_DEFAULTS,
-                                                    multimodal=True, attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP),
+                                                    multimodal=True, attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP,
+                                                    o_proj_bias=True),
     "Qwen3_5MoeForCausalLM": Architecture("qwen3_5", "Qwen3_5MoeForCausalLM", QWEN3_5_MOE_DEFAULTS,
-                                          attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP),
+                                          attn_output_gate=True, mtp_head=QWEN3_NEXT_MTP, o_proj_bias=True),
     "Qwen3_5MoeForConditionalGeneration": Architecture("qwen3_5", "Qwen3_5MoeForConditionalGeneration",
                                                        QWEN3_5_MOE_DEFAULTS, multimodal=True, attn_output_gate=True,
-                                                       mtp_head=QWEN3_NEXT_MTP),
+                                                       mtp_head=QWEN3_NEXT_MTP, o_proj_bias=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 

@@ -23,7 +23,7 @@ def uses_rope(cfg: ModelConfig, layer: int) -> bool:
 class SmolLM3ForCausalLM(LlamaForCausalLM):
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
-        return DecoderSwitches(AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.qkv_bias))
+        return DecoderSwitches(AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias))
 
     def token_mixer(self, cfg: ModelConfig, layer: int, ropes: dict[str, RotaryEmbedding], backend: str) -> nn.Module:
         rope = ropes[cfg.layer_types[layer]] if uses_rope(cfg, layer) else None

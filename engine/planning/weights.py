@@ -31,8 +31,6 @@ def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
     return codes + matrix_params // quant.group_size * (scale_bytes + zero_bytes)
 
 
-O_PROJ_BIAS = ("GptOssForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration", "Gemma4ForCausalLM",
-               "Gemma4ForConditionalGeneration")
 ATTENTION_SINKS = ("GptOssForCausalLM",)
 
 
@@ -50,7 +48,7 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
     vector_params = (cfg.norms_per_layer * cfg.num_layers + 1) * h + router_params  # RMSNorm weights and routers, replicated
     vector_params += attention_vectors  # QKV biases split, q/k norms replicated
     num_attention = len(cfg.attention_layer_ids)
-    if cfg.qkv_bias and cfg.architecture in O_PROJ_BIAS:  # their attention_bias covers o_proj too (kept whole)
+    if cfg.o_bias:  # o_proj's bias, kept whole
         vector_params += num_attention * h
     if cfg.architecture in ATTENTION_SINKS:  # one learned sink logit per head, split by head
         vector_params += num_attention * cfg.num_heads // tp

@@ -136,10 +136,14 @@ def load_mtp(num_layers: int, runner, model_path, backend: str) -> MTPProposer:
             head = head_class(cfg, backend, runner.model, num_layers, vocab)
     finally:
         torch.set_default_dtype(torch.float32)
-    head.load_weights(iterate_weights(model_path, device="cpu", prefix=head_class.checkpoint_prefix))
+    # Loaded as it was built, as one rank: the layers' weight loaders ask the group's size and rank when they
+    # load, and under tensor parallel would copy rank 0's shard of a stacked matrix into the whole parameter
+    # (a gate/up projection's second half never written: uninitialized memory in every draft).
+    with single_rank():
+        head.load_weights(iterate_weights(model_path, device="cpu", prefix=head_class.checkpoint_prefix))
+        if vocab is not None:
+            load_full_vocab(vocab, model_path, runner.model.weights_mapper)
     head.eval()
-    if vocab is not None:
-        load_full_vocab(vocab, model_path, runner.model.weights_mapper)
     proposer = MTPProposer(runner, head)
     if vocab is None:
         logger.info("MTP head: %d layer(s), %.0f MiB of weights", num_layers, proposer.weights_bytes() / 2**20)

@@ -199,6 +199,7 @@ class ModelManager:
         """A ready replica for this request (loading or restarting as needed), with the tokens it is charged;
         `replica_index` pins it to that replica while it is ready (a chained response lives there)."""
         await self.load(entry)
+        self.check_exits()  # a replica that exited since the last reap is dead now, so it is restarted below
         ready = [r for r in entry.replicas if r.state == "ready" and r.alive()]
         dead = [r for r in entry.replicas if r.state == "dead"]
         if ready and dead and not self.stopping:
