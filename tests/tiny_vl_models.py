@@ -71,6 +71,55 @@ def make_tiny_vl_model(tmp_dir: str | Path, arch: str = "qwen3_5-vl", seed: int 
     return path
 
 
+GEMMA3_IMAGE_TOKENS = ["<start_of_image>", "<end_of_image>", "<image_soft_token>"]
+GEMMA3_VL_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<start_of_turn>{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for part in m['content'] %}"
+    "{% if part['type'] in ('image', 'image_url') %}<start_of_image>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_turn>\n"
+    "{% endfor %}{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+# SigLIP at 56 x 56 pixels in 14-pixel patches: a 4 x 4 grid pooled 2 x 2 into 4 tokens per image.
+GEMMA3_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56,
+                     patch_size=14, vision_use_head=False)
+
+
+def make_tiny_gemma3_vl(tmp_dir: str | Path, seed: int = 0) -> Path:
+    """Gemma 3 with a SigLIP tower and projector, its PIL image processor and the image tokens in the vocabulary."""
+    import transformers
+    from transformers import GenerationConfig, Gemma3ImageProcessorPil
+
+    from tiny_models import GEMMA3_TEXT
+    tokenizer = copy.deepcopy(_tokenizer())
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]
+                                  + GEMMA3_IMAGE_TOKENS})
+    tokenizer.chat_template = GEMMA3_VL_TEMPLATE
+    boi, eoi, image = tokenizer.convert_tokens_to_ids(GEMMA3_IMAGE_TOKENS)
+    text = dict(GEMMA3_TEXT, vocab_size=len(tokenizer) + 12, hidden_size=64, intermediate_size=128,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6)
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model("gemma3", text_config=text, vision_config=dict(GEMMA3_VISION),
+                                               mm_tokens_per_image=4, boi_token_index=boi, eoi_token_index=eoi,
+                                               image_token_index=image)
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif "projection_weight" in name:  # zeros at HF's init: the image would be all zeros
+                p.copy_(torch.randn_like(p))
+            elif "vision_tower" in name:
+                p.mul_(4.0)
+    path = Path(tmp_dir) / "tiny-gemma3-vl"
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    Gemma3ImageProcessorPil(size={"height": 56, "width": 56}).save_pretrained(path)
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    return path
+
+
 def image_processor():
     """Qwen's image processor at test sizes (the PIL one: this machine has no torchvision)."""
     from transformers import Qwen2VLImageProcessorPil
@@ -91,9 +140,12 @@ def hf_greedy_mm(model, inputs, max_tokens: int) -> list[int]:
     kwargs = {}
     if inputs.items:
         kwargs["pixel_values"] = torch.cat([item.data["pixel_values"] for item in inputs.items])
-        kwargs["image_grid_thw"] = torch.cat([item.data["image_grid_thw"] for item in inputs.items])
         image_token = model.config.image_token_id
-        kwargs["mm_token_type_ids"] = (ids == image_token).int()
+        if "image_grid_thw" in inputs.items[0].data:  # Qwen
+            kwargs["image_grid_thw"] = torch.cat([item.data["image_grid_thw"] for item in inputs.items])
+            kwargs["mm_token_type_ids"] = (ids == image_token).int()
+        else:  # Gemma 3: the token types make an image's tokens see each other both ways
+            kwargs["token_type_ids"] = (ids == image_token).long()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens, do_sample=False,
                              **kwargs)

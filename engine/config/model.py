@@ -29,6 +29,7 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")  # engine/layers/rotary.py builds them
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 ATTENTION_TYPES = ("full_attention", "sliding_attention")  # the layer types with a KV cache and RoPE
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "vision_tower_config")
 
 
@@ -183,7 +184,10 @@ class ModelConfig:
         hf = json.loads((path / "config.json").read_text())
         gen_file = path / "generation_config.json"
         generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
-        return cls.from_hf_config(hf, generation, quantization)
+        cfg = cls.from_hf_config(hf, generation, quantization)
+        if cfg.vision is not None and not any((path / name).exists() for name in IMAGE_PROCESSOR_FILES):
+            cfg.vision = None  # a VL folder without its image processor is served as text: its tower never loads
+        return cfg
 
     def with_max_model_len(self, max_model_len: int | None) -> "ModelConfig":
         if max_model_len is not None and max_model_len > self.max_position_embeddings:

@@ -18,6 +18,7 @@ from typing import Any
 VISION_KINDS = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
+    "Gemma3ForConditionalGeneration": "gemma3",
 }
 
 

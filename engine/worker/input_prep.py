@@ -33,11 +33,12 @@ from engine.worker.step_inputs import StepInputs, logits_rows, query_tokens
 
 class InputPreparer:
     def __init__(self, layout: KVCacheLayout, block_size: int, max_model_len: int, device: torch.device,
-                 pooling: bool = False, mrope: bool = False) -> None:
+                 pooling: bool = False, mrope: bool = False, bidirectional_images: bool = False) -> None:
         """`pooling`: an embedding engine (its requests' token spans are pooled, engine/sample/pooling.py);
-        `mrope`: the model reads Qwen's three position streams."""
+        `mrope`: the model reads Qwen's three position streams; `bidirectional_images`: an image's tokens see
+        each other both ways (Gemma: the step carries key limits)."""
         self.layout, self.block_size, self.device, self.pooling = layout, block_size, device, pooling
-        self.mrope = mrope
+        self.mrope, self.bidirectional_images = mrope, bidirectional_images
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
@@ -77,9 +78,11 @@ class InputPreparer:
             replay = self.verify_states.take_replay()  # the last verify step's, now that acceptance is known
             read_only, verify_rows = self.verify_states.plan(batch, query_start)
         slices, image_token_rows = image_rows(batch, computed, query_start)
+        limits = image_key_limits(batch, computed, query_start, positions) if self.bidirectional_images else None
         if self.mrope:
             positions = mrope_step_positions(batch, computed, query_start, positions)
         return StepInputs(
+            key_limits=limits,
             mm_free=list(encoder.free) if encoder else [], mm_slices=slices, mm_rows=image_token_rows,
             mm_encode=[(item.mm_hash, item.data) for item in encoder.encode] if encoder else [],
             input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
@@ -125,6 +128,25 @@ def image_rows(batch: list[ScheduledSeq], computed: np.ndarray,
     return slices, (np.concatenate(rows) if rows else None)
 
 
+def image_key_limits(batch: list[ScheduledSeq], computed: np.ndarray, query_start: np.ndarray,
+                     positions: np.ndarray) -> np.ndarray | None:
+    """Per token row, the position its keys may reach, exclusive (kernels/image_mask.py): its own + 1, or the end
+    of the image it lies in; None when no row of the step lies in an image (the plain causal call). The scheduler
+    never ends a chunk inside such an image, so every key an image token sees is in the cache by then."""
+    limits, inside = positions.astype(np.int32) + 1, False
+    for i, item in enumerate(batch):
+        mm = getattr(item.seq.request, "mm", None)
+        if mm is None or not item.is_prefill:
+            continue
+        start, lo = int(computed[i]), int(query_start[i])
+        for image in mm.items:
+            a, b = max(start, image.offset), min(start + item.num_new_tokens, image.end)
+            if a < b:
+                limits[lo + a - start:lo + b - start] = image.end
+                inside = True
+    return limits if inside else None
+
+
 def mrope_step_positions(batch: list[ScheduledSeq], computed: np.ndarray, query_start: np.ndarray,
                          positions: np.ndarray) -> np.ndarray:
     """The model's positions under mRoPE: each sequence's tokens at its prompt's three streams, or index + delta
@@ -167,6 +189,8 @@ def attention_metadata(inputs: StepInputs, tables: torch.Tensor, dev: torch.devi
         seq_lens=to_device(torch.from_numpy(inputs.seq_lens), dev),
         query_start_loc=to_device(torch.from_numpy(inputs.query_start_loc), dev),
         max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
+    if inputs.key_limits is not None:
+        meta.key_limits = to_device(torch.from_numpy(inputs.key_limits), dev)
     if inputs.group_slot_mappings is not None:
         meta.group_block_tables = tables[1:]
         meta.group_slot_mappings = to_device(torch.from_numpy(inputs.group_slot_mappings), dev)

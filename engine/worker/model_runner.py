@@ -93,7 +93,8 @@ class ModelRunner:
         vision = model_config.vision
         self.input_prep = InputPreparer(layout, block_size, model_config.max_model_len, device,
                                         pooling=model_config.pooler is not None,
-                                        mrope=vision is not None and vision.mrope_section is not None)
+                                        mrope=vision is not None and vision.mrope_section is not None,
+                                        bidirectional_images=vision is not None and vision.bidirectional)
         self.encoder = EncoderRunner(self.model, device, dtype) if vision is not None else None
         self.dispatch = GraphDispatcher(self.model, model_config, device, dtype, block_size, attention_backend,
                                         len(layout.groups), hybrid=layout.state is not None,

@@ -68,6 +68,9 @@ class StepInputs:
     mm_encode: list[tuple[str, dict]] = field(default_factory=list)
     mm_slices: list[tuple[str, int, int]] = field(default_factory=list)
     mm_rows: np.ndarray | None = None  # [num_placeholder_rows] int64
+    # Gemma's bidirectional image attention (kernels/image_mask.py): per token row, the position its keys may
+    # reach, exclusive; None when no row lies in an image.
+    key_limits: np.ndarray | None = None  # [num_tokens] int32
 
 
 @dataclass(slots=True)
