@@ -24,6 +24,10 @@ VL_MAPPER = WeightsMapper(
     renamed_prefixes=(("model.language_model.", "model."), ("language_model.model.", "model."),
                       ("language_model.lm_head.", "lm_head."), ("model.visual.", "visual.")),
     skipped_prefixes=(MTP_PREFIX,), renamed_infixes=SHARED_EXPERT_INFIXES)
+# A VL folder served as text (no image processor beside it, ModelConfig.from_folder): the tower is skipped, never loaded.
+VL_TEXT_ONLY_MAPPER = WeightsMapper(
+    renamed_prefixes=VL_MAPPER.renamed_prefixes[:3], skipped_prefixes=(MTP_PREFIX, "model.visual.", "visual."),
+    renamed_infixes=SHARED_EXPERT_INFIXES)
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
@@ -37,9 +41,10 @@ class Qwen3_5VisionLanguage:
     weights_mapper = VL_MAPPER
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
-        if cfg.vision is None:
-            raise ValueError(f"{cfg.architecture}: config.json has no vision_config")
         super().__init__(cfg, backend)
+        if cfg.vision is None:  # served as text: on text positions mRoPE is the plain table
+            self.weights_mapper = VL_TEXT_ONLY_MAPPER
+            return
         self.visual = Qwen3_5VisionTower(cfg.vision.tower)
         tables = {id(layer.self_attn.rotary_emb): layer.self_attn.rotary_emb
                   for layer in self.model.layers if not layer.is_linear}
