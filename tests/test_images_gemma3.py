@@ -108,3 +108,15 @@ def test_forced_preemption(family):
 def test_n_greater_than_one(family):
     path, llm, cases, expected = family
     assert run(llm, cases[:1], n=2) == [[expected[0], expected[0]]]
+
+
+def test_tensor_parallel_2(family):
+    """The tower replicated on both ranks (engine/models/vision.py), the text model split: the same ids."""
+    import torch.distributed as dist
+    path, _, cases, expected = family
+    llm = LLM(str(path), device="cpu", tensor_parallel_size=2, max_num_batched_tokens=10, max_num_seqs=4)
+    try:
+        assert [o[0] for o in run(llm, cases)] == expected
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()

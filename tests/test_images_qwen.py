@@ -121,3 +121,15 @@ def test_bad_inputs_are_errors_never_dropped(family):
     with pytest.raises(ValueError, match="does not use"):
         llm.generate({"prompt": "x", "mm_data": {}}, use_tqdm=False)
     assert [o[0] for o in run(llm, cases[:1])] == expected[:1]  # and it keeps serving
+
+
+def test_tensor_parallel_2(family):
+    """The tower replicated on both ranks (engine/models/vision.py), the text model split, chunks cutting images."""
+    import torch.distributed as dist
+    path, _, cases, expected = family
+    llm = LLM(str(path), device="cpu", tensor_parallel_size=2, max_num_batched_tokens=16, max_num_seqs=4)
+    try:
+        assert [o[0] for o in run(llm, cases)] == expected
+    finally:
+        llm.engine.shutdown()
+    assert not dist.is_initialized()
