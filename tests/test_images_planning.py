@@ -13,16 +13,17 @@ from engine.planning.activations import estimate_activation_bytes
 from engine.planning.vision import default_max_embeds, tower_params
 from engine.planning.weights import weights_bytes_per_card
 from engine.worker.loader import iterate_weights
-from tiny_vl_models import make_tiny_gemma3_vl, make_tiny_vl_model
+from tiny_vl_models import make_tiny_gemma3_vl, make_tiny_mistral3_vl, make_tiny_vl_model
 
 pytest.importorskip("PIL")
 TOWER_PREFIXES = ("visual.", "vision_tower.", "multi_modal_projector.")
 
 
-@pytest.fixture(scope="module", params=["qwen3_5-vl", "qwen3_5_moe-vl", "gemma3-vl"])
+@pytest.fixture(scope="module", params=["qwen3_5-vl", "qwen3_5_moe-vl", "gemma3-vl", "mistral3-vl"])
 def vl_folder(request, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(request.param)
-    return make_tiny_gemma3_vl(tmp) if request.param == "gemma3-vl" else make_tiny_vl_model(tmp, request.param)
+    makers = {"gemma3-vl": make_tiny_gemma3_vl, "mistral3-vl": make_tiny_mistral3_vl}
+    return makers[request.param](tmp) if request.param in makers else make_tiny_vl_model(tmp, request.param)
 
 
 def test_weights_count_the_tower_exactly_as_loaded(vl_folder):

@@ -120,6 +120,44 @@ def make_tiny_gemma3_vl(tmp_dir: str | Path, seed: int = 0) -> Path:
     return path
 
 
+PIXTRAL_IMAGE_TOKENS = ["[IMG]", "[IMG_BREAK]", "[IMG_END]"]
+# Pixtral in 14-pixel patches merged 2 x 2, images resized to at most 112 pixels a side: up to 4 x 4 embeddings.
+PIXTRAL_VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
+                      image_size=112, patch_size=14, hidden_act="silu")
+
+
+def make_tiny_mistral3_vl(tmp_dir: str | Path, seed: int = 0) -> Path:
+    """Mistral3 with a Pixtral tower and projector, its PIL image processor and Pixtral's image tokens."""
+    import transformers
+    from transformers import GenerationConfig, PixtralImageProcessorPil
+
+    tokenizer = copy.deepcopy(_tokenizer())
+    tokenizer.add_special_tokens({"additional_special_tokens": ["[INST]", "[/INST]"] + PIXTRAL_IMAGE_TOKENS})
+    image, _, _ = tokenizer.convert_tokens_to_ids(PIXTRAL_IMAGE_TOKENS)
+    text = dict(model_type="mistral", head_dim=16, sliding_window=None, vocab_size=len(tokenizer) + 12,
+                hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-5)
+    torch.manual_seed(seed)
+    config = transformers.AutoConfig.for_model("mistral3", text_config=text, vision_config=dict(PIXTRAL_VISION),
+                                               image_token_index=image, spatial_merge_size=2,
+                                               tie_word_embeddings=False)
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif "vision_tower" in name or "projector" in name:
+                p.mul_(4.0)
+    path = Path(tmp_dir) / "tiny-mistral3-vl"
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    PixtralImageProcessorPil(patch_size=14, size={"longest_edge": 112}).save_pretrained(path)
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id).save_pretrained(path)
+    return path
+
+
 def image_processor():
     """Qwen's image processor at test sizes (the PIL one: this machine has no torchvision)."""
     from transformers import Qwen2VLImageProcessorPil
@@ -139,11 +177,18 @@ def hf_greedy_mm(model, inputs, max_tokens: int) -> list[int]:
     ids = torch.tensor([inputs.prompt_token_ids])
     kwargs = {}
     if inputs.items:
-        kwargs["pixel_values"] = torch.cat([item.data["pixel_values"] for item in inputs.items])
         image_token = model.config.image_token_id
+        if "image_sizes" not in inputs.items[0].data:
+            kwargs["pixel_values"] = torch.cat([item.data["pixel_values"] for item in inputs.items])
         if "image_grid_thw" in inputs.items[0].data:  # Qwen
             kwargs["image_grid_thw"] = torch.cat([item.data["image_grid_thw"] for item in inputs.items])
             kwargs["mm_token_type_ids"] = (ids == image_token).int()
+        elif "image_sizes" in inputs.items[0].data:  # Pixtral: images padded to the largest (HF's batch)
+            pixels = [item.data["pixel_values"] for item in inputs.items]
+            height, width = max(p.shape[-2] for p in pixels), max(p.shape[-1] for p in pixels)
+            kwargs["pixel_values"] = torch.cat([torch.nn.functional.pad(p, (0, width - p.shape[-1], 0,
+                                                                            height - p.shape[-2])) for p in pixels])
+            kwargs["image_sizes"] = torch.cat([item.data["image_sizes"] for item in inputs.items])
         else:  # Gemma 3: the token types make an image's tokens see each other both ways
             kwargs["token_type_ids"] = (ids == image_token).long()
     with torch.no_grad():

@@ -19,6 +19,7 @@ VISION_KINDS = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
     "Gemma3ForConditionalGeneration": "gemma3",
+    "Mistral3ForConditionalGeneration": "pixtral",
 }
 
 
@@ -33,6 +34,8 @@ class VisionConfig:
     spatial_merge_size: int = 1  # patches merged into one embedding along each side (Qwen, Pixtral)
     bidirectional: bool = False  # Gemma: an image's tokens attend to each other both ways
     mrope_section: tuple[int, ...] | None = None  # Qwen: rotary frequencies per position stream (t, h, w)
+    # Mistral3: the projector's top-level keys (vision_feature_layer, projector_hidden_act, multimodal_projector_bias)
+    projector: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def patch_size(self) -> int:
@@ -60,8 +63,10 @@ def parse_vision_config(hf: dict[str, Any], architecture: str) -> VisionConfig |
                             end_token_id=hf.get("eoi_token_index", 256_000),
                             tokens_per_image=int(hf.get("mm_tokens_per_image", 256)), bidirectional=True)
     if kind == "pixtral":
+        keys = ("vision_feature_layer", "projector_hidden_act", "multimodal_projector_bias")
         return VisionConfig(kind, int(hf.get("image_token_index", 10)), tower,
-                            spatial_merge_size=int(hf.get("spatial_merge_size", 2)))
+                            spatial_merge_size=int(hf.get("spatial_merge_size", 2)),
+                            projector={k: hf[k] for k in keys if k in hf})
     return VisionConfig(kind, int(hf.get("image_token_id", 258_880)), tower,
                         start_token_id=hf.get("boi_token_id"), end_token_id=hf.get("eoi_token_id"),
                         bidirectional=True)

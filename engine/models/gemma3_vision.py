@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.layers.norm import GemmaRMSNorm
-from engine.models.vision import bidirectional_attention
+from engine.models.vision import StackedLinear, bidirectional_attention
 
 
 class SiglipEmbeddings(nn.Module):
@@ -29,27 +29,11 @@ class SiglipEmbeddings(nn.Module):
         return x[0] + self.position_embedding.weight
 
 
-class StackedQKV(nn.Linear):
-    """q, k and v projections in one replicated linear layer; the loader stacks the checkpoint's three (the
-    packing every family shares routes `q_proj`/`k_proj`/`v_proj` here with shard ids q, k, v)."""
-
-    shard_ids = ("q", "k", "v")
-
-    def __init__(self, hidden: int) -> None:
-        super().__init__(hidden, 3 * hidden)
-        self.hidden = hidden
-        self.weight.weight_loader = self.bias.weight_loader = self.load_shard
-
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str) -> None:
-        index = self.shard_ids.index(shard_id)
-        param.data[index * self.hidden:(index + 1) * self.hidden].copy_(loaded)
-
-
 class SiglipAttention(nn.Module):
     def __init__(self, hidden: int, num_heads: int) -> None:
         super().__init__()
         self.num_heads, self.head_dim = num_heads, hidden // num_heads
-        self.qkv_proj = StackedQKV(hidden)
+        self.qkv_proj = StackedLinear(hidden, (hidden,) * 3, ("q", "k", "v"))
         self.out_proj = nn.Linear(hidden, hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

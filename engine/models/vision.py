@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 
 def bidirectional_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -50,3 +51,23 @@ def resample_grid(table: torch.Tensor, h: int, w: int, rows: torch.Tensor, cols:
     fr, fc = fr[:, None], fc[:, None]
     return ((table[r0, c0] * (1 - fr) * (1 - fc) + table[r0, c1] * (1 - fr) * fc)
             + (table[r1, c0] * fr * (1 - fc) + table[r1, c1] * fr * fc))
+
+
+class StackedLinear(nn.Linear):
+    """Several of the checkpoint's projections in one replicated linear layer, each loaded into its rows: the
+    packing every family shares (engine/models/weights.PACKED_QKV_GATE_UP) routes a tower's `q_proj`/`k_proj`/
+    `v_proj` (shard ids q, k, v) and `gate_proj`/`up_proj` (0, 1) here, as it does the text model's."""
+
+    def __init__(self, in_features: int, out_features: tuple[int, ...], shard_ids: tuple, bias: bool = True) -> None:
+        super().__init__(in_features, sum(out_features), bias=bias)
+        self.shard_ids = shard_ids
+        starts = [sum(out_features[:i]) for i in range(len(out_features))]
+        self.rows = {shard: (start, size) for shard, start, size in zip(shard_ids, starts, out_features)}
+        for param in self.parameters(recurse=False):
+            param.weight_loader = self.load_shard
+
+    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard_id) -> None:
+        start, size = self.rows[shard_id]
+        if loaded.shape[0] != size:
+            raise ValueError(f"vision tower: checkpoint shard {shard_id!r} has {loaded.shape[0]} rows, expected {size}")
+        param.data[start:start + size].copy_(loaded)

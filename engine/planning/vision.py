@@ -32,6 +32,13 @@ def tower_params(vision: VisionConfig, text_hidden: int) -> int:
         layers = int(t.get("num_hidden_layers", 27)) * _encoder_layer_params(hidden, int(t.get("intermediate_size", 4304)))
         embeddings = hidden * channels * patch * patch + hidden + (side // patch) ** 2 * hidden
         return embeddings + layers + 2 * hidden + hidden * text_hidden + hidden
+    if vision.kind == "pixtral":
+        patch, intermediate = int(t.get("patch_size", 16)), int(t.get("intermediate_size", 4096))
+        layer = 2 * hidden + 4 * hidden * hidden + 3 * hidden * intermediate  # RMSNorms, q/k/v/o, gated MLP
+        bias = text_hidden if vision.projector.get("multimodal_projector_bias") else 0
+        projector = (hidden + hidden * vision.spatial_merge_size ** 2 * hidden + hidden * text_hidden
+                     + text_hidden * text_hidden + 2 * bias)
+        return hidden * channels * patch * patch + hidden + int(t.get("num_hidden_layers", 24)) * layer + projector
     return 0
 
 
@@ -46,9 +53,12 @@ def tower_patches(vision: VisionConfig, max_embeds: int) -> int:
 def default_max_embeds(vision: VisionConfig) -> int:
     """The most embeddings one image becomes under the family's published processor settings, for a planner
     without the folder (the engine asks the folder's processor: MultiModalProcessor.max_embeds_per_image):
-    Gemma 3's fixed count; Qwen's longest_edge of 16,777,216 pixels over (patch x merge)² = 32² pixels."""
+    Gemma 3's fixed count; Pixtral's image_size square; Qwen's longest_edge of 16,777,216 pixels over (patch x merge)² = 32² pixels."""
     if vision.kind == "gemma3":
         return vision.tokens_per_image
+    if vision.kind == "pixtral":  # the tower's image_size is the processor's longest edge
+        side = int(vision.tower.get("image_size", 1540)) // (vision.patch_size * vision.spatial_merge_size)
+        return side * side
     unit = int(vision.tower.get("patch_size", 16)) * vision.spatial_merge_size
     return 16_777_216 // (unit * unit)
 
