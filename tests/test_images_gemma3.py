@@ -120,3 +120,9 @@ def test_tensor_parallel_2(family):
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()
+
+
+def test_a_step_too_small_for_a_whole_image_is_refused_at_start(family):
+    path, _, _, _ = family
+    with pytest.raises(ValueError, match="max-num-batched-tokens"):
+        LLM(str(path), device="cpu", max_num_batched_tokens=3)

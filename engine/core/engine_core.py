@@ -78,6 +78,12 @@ class EngineCore:
             # counted in embeddings).
             budget = max(self.max_num_batched_tokens, largest)
             self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
+            # A chunk never ends inside such an image, so a step must hold one whole or the prompt waits forever
+            # (the prefill cap while streams decode only delays it: a step without decodes has none).
+            if vision.bidirectional and self.max_num_batched_tokens < largest:
+                raise ValueError(f"{self.model_config.architecture}: an image is {largest} tokens whose attention "
+                                 f"runs both ways, so one step must hold it whole; a step holds "
+                                 f"{self.max_num_batched_tokens} tokens: raise --max-num-batched-tokens to >= {largest}")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
