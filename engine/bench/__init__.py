@@ -9,7 +9,8 @@ COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.mem
             "attacks": "engine.bench.attacks", "grammar": "engine.bench.grammar", "router": "engine.bench.router",
             "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe",
             "moe-tune": "engine.bench.moe_tune",
-            "spec": "engine.bench.spec", "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare"}
+            "spec": "engine.bench.spec", "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare",
+            "images": "engine.bench.images"}
 
 
 def main(argv: list[str] | None = None) -> None:
