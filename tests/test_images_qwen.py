@@ -133,3 +133,21 @@ def test_tensor_parallel_2(family):
     finally:
         llm.engine.shutdown()
     assert not dist.is_initialized()
+
+
+def test_speculative_verify_keeps_mrope_positions(family):
+    """n-gram drafts verified over an image prompt: the verify rows continue the prompt's mRoPE positions (index +
+    delta past the image), so drafts are accepted and the ids are the plain engine's (HF's, above)."""
+    path, llm, cases, expected = family
+    spec = LLM(str(path), device="cpu", max_num_seqs=4,
+               speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+                                   "prompt_lookup_min": 1})
+    assert [o[0] for o in run(spec, cases)] == expected
+    request = {"prompt": prompt("Describe this.", 1), "multi_modal_data": {"image": random_image(56, 84, 0)}}
+    params = SamplingParams(temperature=0, max_tokens=30)
+    assert spec.generate([request], params, use_tqdm=False)[0].outputs[0].token_ids == \
+        llm.generate([request], params, use_tqdm=False)[0].outputs[0].token_ids
+    stats = spec.engine.spec.stats
+    assert stats.num_draft_tokens > 0
+    if path.name == "tiny-qwen3_5-vl":  # its reply repeats itself: right drafts, kept only at the right positions
+        assert stats.num_accepted_tokens > 0  # (the MoE's repeats too little for an n-gram draft to be right)
