@@ -14,6 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 WHEELS=installer/torch-wheels.txt
 TORCH_VERSION=$(awk '$1 == "torch" { print $2; exit }' "$WHEELS")
+TORCHVISION_VERSION=$(awk '$1 == "torchvision" { print $2; exit }' "$WHEELS")
 read -r -a CUDA_TAGS <<<"$(awk '$1 == "torch" { $1 = $2 = ""; print; exit }' "$WHEELS")"
 WHEEL_INDEX=https://download.pytorch.org/whl
 PYPI=https://pypi.org/simple
@@ -100,6 +101,17 @@ else
         TORCH_ARGS=("torch==$TORCH_VERSION+cpu")
     fi
     python -m pip install -q "${TORCH_ARGS[@]}"
+fi
+# torchvision built against that torch, from the same index (PyPI's plain torchvision wants PyPI's CUDA torch and
+# fails to load beside a +cpu one). Without PyTorch's index (the +cpu fallback) it is left out: the engine then
+# uses transformers' PIL image processors, which give the same pixels.
+if ! python -c "import torchvision" 2>/dev/null; then
+    if [[ "${TORCH_ARGS[0]}" == *+cpu ]]; then
+        echo "torchvision not installed (no PyTorch wheel index): images use transformers' PIL image processors"
+    else
+        python -m pip install -q "torchvision==$TORCHVISION_VERSION" "${TORCH_ARGS[@]:1}" "torch==$TORCH_VERSION" \
+            || echo "torchvision $TORCHVISION_VERSION could not be installed: images use the PIL image processors"
+    fi
 fi
 python -m pip install -q -e "$PACKAGE"
 python -c 'import torch; print("torch", torch.__version__, "- CUDA available:", torch.cuda.is_available())'

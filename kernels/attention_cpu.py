@@ -142,10 +142,12 @@ def _scales(cache: torch.Tensor, scale) -> np.ndarray:
 def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                         scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None, *,
-                        soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                        soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                        key_limits: torch.Tensor | None = None) -> torch.Tensor:
     if not supports(query, k_cache):
         return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                     sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks)
+                                     sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks,
+                                     key_limits=key_limits)
     check_variants(query.shape[1], sliding_window, soft_cap, sinks)
     out = torch.empty_like(query)
     starts_np = query_start_loc.numpy()
@@ -162,7 +164,7 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out.numpy())
     if decode.size < len(query_lens):
         prefill_attention_torch(query, k_cache, v_cache, block_tables, seq_lens.tolist(), starts_np.tolist(),
-                                scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks)
+                                scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks, key_limits)
     return out
 
 

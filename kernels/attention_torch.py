@@ -13,8 +13,10 @@ Layout shared by every backend:
   attention runs, so attention reads only the cache.
 Variants every backend takes: ``sliding_window`` W (a query sees its last W positions, itself included, as
 HF's sliding-window mask), ``soft_cap`` c (Gemma 2: scores become ``c * tanh(scores / c)`` before masking)
-and ``sinks`` (gpt-oss: one learned logit per query head that joins the softmax denominator and carries no
-value). The scale is the caller's (``head_dim ** -0.5``, or ``query_pre_attn_scalar ** -0.5`` for Gemma).
+``sinks`` (gpt-oss: one learned logit per query head that joins the softmax denominator and carries no
+value) and ``key_limits`` (``[num_tokens]`` int32: the position each new token may see keys up to, exclusive,
+when that is past its own; Gemma's image tokens see their whole image: causal OR same image, within the window
+as HF composes them). The scale is the caller's (``head_dim ** -0.5``, or ``query_pre_attn_scalar ** -0.5`` for Gemma).
 Without soft-capping or sinks both paths use SDPA; with either, scores are formed explicitly in fp32.
 Imports nothing of ours.
 """
@@ -87,11 +89,13 @@ def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
                           block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                           scale: float, sliding_window: int | None = None,
                           k_scale: torch.Tensor | float | None = None, v_scale: torch.Tensor | float | None = None,
-                          *, soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                          *, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                          key_limits: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every new token over its sequence's cache; returns ``[num_tokens, heads, dim]``.
 
     Sequences with one new token (decodes) are batched into one padded call; longer query runs (prefill
-    chunks) go one sequence at a time. `sinks`: ``[num_heads]`` logits, any float dtype.
+    chunks) go one sequence at a time. `sinks`: ``[num_heads]`` logits, any float dtype. `key_limits` extend
+    only prefill chunks' tokens (a decode token is never an image's).
     """
     check_variants(query.shape[1], sliding_window, soft_cap, sinks)
     out = torch.empty_like(query)
@@ -102,7 +106,7 @@ def paged_attention_torch(query: torch.Tensor, k_cache: torch.Tensor, v_cache: t
         _decode_batch(query, k_cache, v_cache, block_tables, lens, starts, decode, scale, sliding_window,
                       k_scale, v_scale, out, soft_cap, sinks)
     prefill_attention_torch(query, k_cache, v_cache, block_tables, lens, starts, scale, sliding_window, k_scale,
-                            v_scale, out, soft_cap, sinks)
+                            v_scale, out, soft_cap, sinks, key_limits)
     return out
 
 
@@ -144,7 +148,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible: torch.Ten
 
 def prefill_attention_torch(query, k_cache, v_cache, block_tables, lens: list[int], starts: list[int], scale: float,
                             sliding_window, k_scale, v_scale, out: torch.Tensor, soft_cap: float | None = None,
-                            sinks: torch.Tensor | None = None) -> None:
+                            sinks: torch.Tensor | None = None, key_limits: torch.Tensor | None = None) -> None:
     """Into `out`: every sequence with more than one new token (a prefill chunk), one attention call each over
     its gathered context (the gather is paid once per chunk, not once per generated token). With a window,
     only the blocks from the one holding the first query's oldest visible key are read: blocks wholly behind
@@ -160,17 +164,19 @@ def prefill_attention_torch(query, k_cache, v_cache, block_tables, lens: list[in
             return gather_kv(t, block_tables[i], seq_len, first_block)
         k, v = read_kv(k_cache, k_scale, take, query.dtype), read_kv(v_cache, v_scale, take, query.dtype)
         q = query[start:start + q_len]
-        mask = _causal_mask(q_len, seq_len, sliding_window, first_block * block_size, query.device)
+        limits = None if key_limits is None else key_limits[start:start + q_len]
+        mask = _causal_mask(q_len, seq_len, sliding_window, first_block * block_size, query.device, limits)
         o = attend(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), mask, scale, soft_cap, sinks)
         out[start:start + q_len] = o.transpose(0, 1)
 
 
 def _causal_mask(q_len: int, seq_len: int, sliding_window: int | None, first_key: int,
-                 device: torch.device) -> torch.Tensor:
+                 device: torch.device, key_limits: torch.Tensor | None = None) -> torch.Tensor:
     """[q_len, seq_len - first_key]: which keys (positions first_key..seq_len-1) each new token sees."""
     q_pos = torch.arange(seq_len - q_len, seq_len, device=device)[:, None]
     k_pos = torch.arange(first_key, seq_len, device=device)[None, :]
-    mask = k_pos <= q_pos
+    last = q_pos if key_limits is None else torch.maximum(q_pos, key_limits.to(device).long()[:, None] - 1)
+    mask = k_pos <= last
     if sliding_window is not None:
         mask &= k_pos > q_pos - sliding_window
     return mask

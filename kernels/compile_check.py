@@ -75,7 +75,7 @@ def attention_variant(dtype, cache_dtype, group: int, head_dim: int, tiles: tupl
                     query_ptr=_ptr(dtype), k_cache_ptr=_ptr(cache_dtype), v_cache_ptr=_ptr(cache_dtype),
                     block_tables_ptr="*i32", seq_lens_ptr="*i32", query_start_loc_ptr="*i32",
                     k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32", k_scales_ptr="*fp32",
-                    v_scales_ptr="*fp32")
+                    v_scales_ptr="*fp32", key_limits_ptr="*i32")
     constexprs = attention_constexprs(dtype, cache_dtype, 8 * group, 8, head_dim, 16, tiles, window, large_pool,
                                       soft_cap, sinks, _int_group(cache_dtype, head_dim))
     name = f"attention {dtype}/{cache_dtype} group {group} d{head_dim} {tiles}{' window' if window else ''}"

@@ -81,18 +81,19 @@ def paged_attention_triton(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                            scale: float, sliding_window: int | None = None,
                            k_scale: torch.Tensor | float | None = None, v_scale: torch.Tensor | float | None = None,
-                           *, soft_cap: float | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
+                           *, soft_cap: float | None = None, sinks: torch.Tensor | None = None,
+                           key_limits: torch.Tensor | None = None) -> torch.Tensor:
     """Causal attention of every new token over its sequence's cache; returns ``[num_tokens, heads, dim]``."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     tiles = choose_tiles(query.shape[0], seq_lens.shape[0], k_cache.shape[2], num_heads // k_cache.shape[2],
                          head_dim, block_tables.shape[1] * k_cache.shape[1], query.device)
     return launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
-                                  sliding_window, k_scale, v_scale, tiles, soft_cap, sinks)
+                                  sliding_window, k_scale, v_scale, tiles, soft_cap, sinks, key_limits)
 
 
 def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                            sliding_window, k_scale, v_scale, tiles: AttentionTiles, soft_cap: float | None = None,
-                           sinks: torch.Tensor | None = None) -> torch.Tensor:
+                           sinks: torch.Tensor | None = None, key_limits: torch.Tensor | None = None) -> torch.Tensor:
     """Run the unified kernel with explicit tiles (tests use this to cover split and tile variants)."""
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
@@ -114,7 +115,7 @@ def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, quer
                                       k_cache.shape[1], tiles, bool(sliding_window),
                                       large_pool=max(k_cache.numel(), v_cache.numel()) >= 2**31,
                                       soft_cap=soft_cap is not None, sinks=sinks is not None,
-                                      int_group=int_group)
+                                      int_group=int_group, key_limits=key_limits is not None)
     num_q_blocks = num_tokens if tiles.block_q == 1 else num_tokens // tiles.block_q + num_seqs
     partials = _split_buffers(num_tokens, num_heads, tiles.num_splits, constexprs["BLOCK_D"], query.device)
     k_scales, v_scales = (k_scale, v_scale) if is_int_kv(cache_dtype) else (None, None)
@@ -125,6 +126,7 @@ def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, quer
         out, *partials, query, k_cache, v_cache, block_tables, seq_lens, query_start_loc,
         k_scale_t, v_scale_t, k_scale_t if sinks is None else sinks,
         k_scale_t if k_scales is None else k_scales, v_scale_t if v_scales is None else v_scales,
+        seq_lens if key_limits is None else key_limits,
         float(scale), float(soft_cap or 1.0), num_seqs, num_heads, int(sliding_window or 0),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         *k_cache.stride()[:3], *v_cache.stride()[:3], *scale_strides(k_scales), *scale_strides(v_scales),
@@ -139,14 +141,15 @@ def launch_paged_attention(query, k_cache, v_cache, block_tables, seq_lens, quer
 def attention_constexprs(query_dtype: torch.dtype, cache_dtype: torch.dtype, num_heads: int, num_kv_heads: int,
                          head_dim: int, block_size: int, tiles: AttentionTiles, use_window: bool,
                          large_pool: bool = False, soft_cap: bool = False, sinks: bool = False,
-                         int_group: int = 1) -> dict:
+                         int_group: int = 1, key_limits: bool = False) -> dict:
     """Compile-time parameters of paged_attention_kernel (also used by kernels/compile_check.py); `int_group`:
-    values per scale of an integer cache."""
+    values per scale of an integer cache; `key_limits`: per-token key limits (an image's tokens see each other)."""
     group = num_heads // num_kv_heads
     assert tiles.block_q * group <= tiles.block_m, f"{tiles} cannot hold a GQA group of {group}"
     return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_D=max(16, triton.next_power_of_2(head_dim)),  # dot: K >= 16
                 BLOCK_SIZE=block_size, BLOCK_M=tiles.block_m, BLOCK_Q=tiles.block_q, TILE_N=tiles.tile_n,
                 NUM_SPLITS=tiles.num_splits, USE_WINDOW=use_window, SOFT_CAP=soft_cap, USE_SINKS=sinks,
+                KEY_LIMITS=key_limits,
                 FP8_FORMAT=fp8_format_code(cache_dtype),
                 IEEE=query_dtype == torch.float32, NUM_STAGES=tiles.num_stages,
                 LARGE_POOL=large_pool, **int_kv_constexprs(cache_dtype, int_group))

@@ -12,8 +12,9 @@ are read as bytes and decoded in registers (kernels/triton_fp8.py); the per-tens
 into the softmax scale and v_scale is applied once to the output. Integer caches (INT_BITS 8 or 4) read each value
 times its group's scale from the scale tensors (kernels/triton_kv_int.py); their per-tensor scales are 1. Variants are constexpr flags, so the
 plain kernel carries none of their code: USE_WINDOW (sliding window), SOFT_CAP (``cap * tanh(s / cap)``
-on the scaled scores, Gemma 2) and USE_SINKS (a learned per-head logit that starts split 0's running max
-and sum, so it joins the softmax denominator with no value, gpt-oss).
+on the scaled scores, Gemma 2), USE_SINKS (a learned per-head logit that starts split 0's running max
+and sum, so it joins the softmax denominator with no value, gpt-oss) and KEY_LIMITS (per new token, the
+position its keys may reach, exclusive, past its own: Gemma's image tokens see their whole image).
 """
 from __future__ import annotations
 
@@ -50,10 +51,13 @@ def _find_seq(query_start_loc_ptr, num_seqs, q_block, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr,
-              NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr):
+              NUM_SPLITS: tl.constexpr, USE_WINDOW: tl.constexpr, KEY_LIMITS: tl.constexpr = False):
     """This split's KV tiles [begin, end) and the KV range [kv_begin, kv_end) the q block can see (up to its
-    last query, back to the window start of its first query), the tiles cut into NUM_SPLITS equal pieces."""
+    last query, or the sequence's end with key limits; back to the window start of its first query), the tiles
+    cut into NUM_SPLITS equal pieces."""
     kv_end = tl.minimum(context_len + first_q + BLOCK_Q, seq_len)
+    if KEY_LIMITS:
+        kv_end = seq_len
     kv_begin = 0
     if USE_WINDOW:
         kv_begin = tl.maximum(context_len + first_q - sliding_window + 1, 0)
@@ -98,15 +102,15 @@ def _dot(a, b, IEEE: tl.constexpr):
 def paged_attention_kernel(
         out_ptr, part_max_ptr, part_sum_ptr, part_acc_ptr,
         query_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr, query_start_loc_ptr,
-        k_scale_ptr, v_scale_ptr, sinks_ptr, k_scales_ptr, v_scales_ptr, softmax_scale, soft_cap, num_seqs, num_heads,
-        sliding_window, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_seq,
+        k_scale_ptr, v_scale_ptr, sinks_ptr, k_scales_ptr, v_scales_ptr, key_limits_ptr, softmax_scale, soft_cap,
+        num_seqs, num_heads, sliding_window, stride_q_tok, stride_q_head, stride_o_tok, stride_o_head, stride_bt_seq,
         stride_kc_block, stride_kc_tok, stride_kc_head, stride_vc_block, stride_vc_tok, stride_vc_head,
         stride_ks_block, stride_ks_tok, stride_ks_head, stride_vs_block, stride_vs_tok, stride_vs_head,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_SIZE: tl.constexpr,
         BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, TILE_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr, SOFT_CAP: tl.constexpr, USE_SINKS: tl.constexpr, FP8_FORMAT: tl.constexpr,
         IEEE: tl.constexpr, NUM_STAGES: tl.constexpr, LARGE_POOL: tl.constexpr, INT_BITS: tl.constexpr,
-        INT_GROUP: tl.constexpr):
+        INT_GROUP: tl.constexpr, KEY_LIMITS: tl.constexpr = False):
     q_block = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -130,8 +134,12 @@ def paged_attention_kernel(
     q = tl.load(query_ptr + tokens[:, None] * stride_q_tok + head[:, None] * stride_q_head + dims[None, :],
                 mask=row_valid[:, None] & dim_valid[None, :], other=0.0)
 
+    last_key = q_pos  # the last position each row sees: its own, or past it (an image's tokens, KEY_LIMITS)
+    if KEY_LIMITS:
+        limit = tl.load(key_limits_ptr + tokens, mask=row_valid, other=0)
+        last_key = tl.maximum(q_pos, limit - 1)
     my_begin, my_end, kv_begin, kv_end = _kv_tiles(context_len, first_q, seq_len, sliding_window, split, BLOCK_Q,
-                                                   TILE_N, NUM_SPLITS, USE_WINDOW)
+                                                   TILE_N, NUM_SPLITS, USE_WINDOW, KEY_LIMITS)
     # Scores live in the exp2 domain (times log2 e); with soft-capping, tanh sees s / cap and its result is
     # scaled by cap * log2 e.
     qk_scale = softmax_scale * tl.load(k_scale_ptr)
@@ -164,7 +172,7 @@ def paged_attention_kernel(
         scores = _dot(q, k, IEEE) * qk_scale
         if SOFT_CAP:
             scores = _tanh(scores) * cap_scale
-        visible = in_range[None, :] & (pos[None, :] <= q_pos[:, None])
+        visible = in_range[None, :] & (pos[None, :] <= last_key[:, None])
         if USE_WINDOW:
             visible = visible & (pos[None, :] > q_pos[:, None] - sliding_window)
         scores = tl.where(visible, scores, float("-inf"))

@@ -310,3 +310,17 @@ def test_soft_cap_sinks_window_and_fp8_together(dtype):
     batch = make_paged_batch(*MIXED, num_kv_heads=2, group=3, head_dim=80, dtype=dtype,
                              cache_dtype=torch.float8_e4m3fn)
     assert_matches(*run_both(batch, sliding_window=13, scale=0.4, soft_cap=8.0, sinks=sinks_for(batch)), dtype)
+
+
+@pytest.mark.parametrize("sliding_window,tiles", [(None, None), (6, None), (None, (16, 4, 16, 2))],
+                         ids=["full", "window", "four-tokens-split2"])
+def test_image_key_limits(sliding_window, tiles):
+    """Gemma's bidirectional attention within an image (tests/test_image_attention_mask.py holds the torch
+    reference to HF's dense mask): the same key limits, the same output."""
+    from kernels.image_mask import key_limits_for
+    query_lens, seq_lens = [14, 16, 12, 1], [14, 36, 56, 33]
+    images = [[(3, 11)], [(2, 6), (22, 30)], [(40, 52)], [(5, 9)]]
+    batch = make_paged_batch(query_lens, seq_lens, num_kv_heads=1, group=4, head_dim=64)
+    limits = key_limits_for(query_lens, seq_lens, images)
+    tiles = None if tiles is None else triton_attention.AttentionTiles(*tiles)
+    assert_matches(*run_both(batch, sliding_window, tiles, key_limits=limits), torch.float32)

@@ -6,6 +6,8 @@ sampler, the planner counts the same rows, and k travels from the engine's start
 to both."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -13,6 +15,7 @@ from engine import LLM
 from engine.config.model import ModelConfig
 from engine.planning.activations import VERIFY_BYTES_PER_LOGIT, forward_activation_bytes, sampler_bytes, sampler_rows
 from engine.planning.planner import estimate_profile
+from engine.planning.vision import tower_peak_over_forward
 from live_bytes import LiveBytes
 
 QWEN_7B = ModelConfig(architecture="Qwen2ForCausalLM", vocab_size=152064, hidden_size=3584, intermediate_size=18944,
@@ -69,3 +72,17 @@ def test_the_rejection_sampler_stays_within_the_planned_bytes_per_logit(draft):
     per_logit = meter.peak / (rows * vocab)
     print(f"rejection sampler{' with q' if draft else ''}: {per_logit:.1f} bytes per logit")
     assert per_logit <= VERIFY_BYTES_PER_LOGIT - 4  # the step's fp32 logits themselves are the other 4
+
+
+def test_a_vl_models_verify_step_counts_the_towers_peak_too():
+    """Speculative decoding on a vision-language model: the plan holds the verify step's rows and the tower's peak
+    at the largest image above the forward's, both."""
+    from test_model_families import GEMMA3_27B
+    cfg = ModelConfig.from_hf_config(json.loads(json.dumps(GEMMA3_27B)))
+    spec = estimate_profile(cfg, 24 * 2**30, dtype_bytes=2, tensor_parallel_size=1, max_num_batched_tokens=256,
+                            max_num_seqs=32, num_speculative_tokens=4)
+    forward = forward_activation_bytes(cfg, 256, 2)
+    tower = tower_peak_over_forward(cfg, forward, 2)
+    assert tower > 0  # SigLIP at 4096 patches tops a 256-token forward
+    assert spec.activation_bytes == forward + sampler_bytes(sampler_rows(32, 256, 4), cfg.vocab_size, verify=True) \
+        + tower

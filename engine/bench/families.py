@@ -3,7 +3,8 @@
 Gemma-3-27B-it (bf16 and AWQ 4-bit), Phi-4 (bf16 and AWQ) and Mistral-Small-3.2-24B (AWQ) from their published
 config.json files (literal dicts: the keys each file has, nothing downloaded; the AWQ quantization_config is
 the usual 4-bit group-128 GEMM one), read by ModelConfig exactly as the engine reads a folder — the VL ones
-through `text_config`, their vision towers neither loaded nor counted — and planned by engine/planning/planner.py
+through `text_config`, their vision towers counted whole on every card in bf16 (engine/planning/vision.py) — and
+planned by engine/planning/planner.py
 on one and two cards at --gpu-memory-utilization 0.9 with a 16-bit KV cache. Torch-free.
 """
 from __future__ import annotations

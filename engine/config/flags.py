@@ -36,6 +36,8 @@ OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # decodes. Offline `LLM` keeps 8192 and no cap (throughput, no streams to stall).
 SERVING_MAX_NUM_BATCHED_TOKENS = 2048
 SERVING_MAX_BATCH_PREFILL_TOKENS = {"cuda": None, "cpu": 32}
+DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320  # an 8K frame; PIL's own decompression-bomb limit is ~5x that
+MM_MODALITIES = ("image",)  # what --limit-mm-per-prompt may name
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +145,15 @@ FLAGS: tuple[Flag, ...] = (
     Flag("strict_request_fields", bool, False, "Refuse request fields outside the API with a 400 naming them "
          "(default: they are ignored, logged once and named in the x-pagedesk-ignored-fields response header)",
          "server", gui=False),
+    # Images (vision-language checkpoints; engine/multimodal): vLLM's names where vLLM has the flag.
+    Flag("limit_mm_per_prompt", str, None, "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default: "
+         "no count limit; the context and the encoder budget still bound them)", "engine", gui=False),
+    Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height), "
+         "checked before it is decoded; a larger one is a 400", "engine", minimum=1, gui=False),
+    Flag("allowed_local_media_path", str, None, "Folder whose files requests may name as file:// image URLs "
+         "(default: none)", "server", gui=False),
+    Flag("allowed_media_domains", str, None, "Comma-separated hosts whose http(s) image URLs the server fetches "
+         "(default: any host)", "server", gui=False),
 )
 
 FLAGS_BY_NAME = {f.name: f for f in FLAGS}
@@ -239,6 +250,10 @@ class EngineConfig:
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
     strict_request_fields: bool = False
+    limit_mm_per_prompt: str | dict | None = None
+    max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    allowed_local_media_path: str | None = None
+    allowed_media_domains: str | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -275,6 +290,7 @@ class EngineConfig:
         if self.kv_offloading_size and not self.enable_prefix_caching:
             raise ValueError("--kv-offloading-size keeps prefix-cache blocks in CPU RAM, but prefix caching is off "
                              "(--no-enable-prefix-caching); turn it on or leave --kv-offloading-size out")
+        self.image_limit()  # a malformed --limit-mm-per-prompt is refused at start
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 runs one engine per replica behind pagedesk-serve's router; "
                              "one engine (or the offline LLM) serves one replica")
@@ -287,6 +303,24 @@ class EngineConfig:
         if self.api_key is not None and self.api_key != self.api_key.strip():
             raise ValueError("--api-key has leading or trailing whitespace, which clients cannot send in a "
                              "header; remove it")
+
+    def image_limit(self) -> int | None:
+        """The most images per prompt (--limit-mm-per-prompt's "image"), or None for no count limit."""
+        value = self.limit_mm_per_prompt
+        if value is None:
+            return None
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"--limit-mm-per-prompt must be JSON such as '{{\"image\": 4}}': {exc}") from None
+        if not isinstance(value, dict) or any(not isinstance(v, int) or isinstance(v, bool) or v < 0
+                                              for v in value.values()):
+            raise ValueError(f"--limit-mm-per-prompt must map modalities to counts >= 0, got {value!r}")
+        unknown = sorted(set(value) - set(MM_MODALITIES))
+        if unknown:
+            raise ValueError(f"--limit-mm-per-prompt names {unknown}; this engine takes {list(MM_MODALITIES)} only")
+        return value.get("image")
 
     def resolve_max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:

@@ -21,6 +21,7 @@ from engine.config.gguf_file import is_gguf, read_gguf_header
 from engine.models.registry import SUPPORTED_ARCHITECTURES, VL_TEXT_PREFIXES, get_architecture
 from engine.config.moe import MoEConfig, parse_moe_config
 from engine.config.pooler import PoolerConfig
+from engine.config.vision import VisionConfig, parse_vision_config
 from engine.quantization.config import QuantConfig, parse_quantization_config
 
 __all__ = ["ModelConfig", "SUPPORTED_ARCHITECTURES", "DTYPE_BYTES", "ROPE_TYPES", "LAYER_TYPES"]
@@ -30,6 +31,7 @@ DTYPE_BYTES = {"float32": 4, "float": 4, "float16": 2, "half": 2, "bfloat16": 2,
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "longrope", "llama3", "proportional")  # engine/layers/rotary.py builds them
 LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")
 ATTENTION_TYPES = ("full_attention", "sliding_attention")  # the layer types with a KV cache and RoPE
+IMAGE_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")
 SUB_CONFIGS = ("text_config", "vision_config", "audio_config", "vision_tower_config")
 
 
@@ -113,6 +115,7 @@ class ModelConfig:
     linear_attention: LinearAttentionConfig | None = None  # hybrid models' Gated DeltaNet layers
     attn_output_gate: bool = False  # Qwen3.5/Qwen3-Next: q_proj also gives a per-head output gate
     pooler: PoolerConfig | None = None  # set for an embedding engine (--task embed): pooled, no LM head
+    vision: VisionConfig | None = None  # a vision-language checkpoint's image side (engine/config/vision.py)
 
     @property
     def attention_layer_ids(self) -> list[int]:
@@ -174,7 +177,8 @@ class ModelConfig:
             k_eq_v_layers=k_eq_v if any(k_eq_v) else [],
             per_layer_input_size=int(text.get("hidden_size_per_layer_input") or 0)
             if architecture.startswith("Gemma4") else 0,
-            linear_attention=_linear_attention(text, layer_types), attn_output_gate=arch.attn_output_gate)
+            linear_attention=_linear_attention(text, layer_types), attn_output_gate=arch.attn_output_gate,
+            vision=parse_vision_config(hf, architecture))
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
@@ -185,7 +189,10 @@ class ModelConfig:
         hf = json.loads((path / "config.json").read_text())
         gen_file = path / "generation_config.json"
         generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
-        return cls.from_hf_config(hf, generation, quantization)
+        cfg = cls.from_hf_config(hf, generation, quantization)
+        if cfg.vision is not None and not any((path / name).exists() for name in IMAGE_PROCESSOR_FILES):
+            cfg.vision = None  # a VL folder without its image processor is served as text: its tower never loads
+        return cfg
 
     @classmethod
     def from_gguf(cls, path: str | Path, quantization: str | None = None, check_types: bool = True) -> "ModelConfig":

@@ -42,6 +42,8 @@ from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Sequence
 from engine.core.started import StartedEngine
 from engine.core.step_timer import StepTimer
+from engine.multimodal.encoder_cache import EncoderCacheManager
+from engine.multimodal.inputs import MultiModalInputs
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
 from engine.structured_output.compiler import GrammarCompiler
@@ -75,10 +77,36 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots,
                                  offload)
+        vision = self.model_config.vision
+        self._mm_processor, self.encoder_cache = None, None
+        self.images_refused = None if vision is not None else \
+            f"{self.model_config.architecture} takes text only: images cannot be sent to it"
+        if vision is not None:
+            try:
+                largest = self.mm_processor.max_embeds_per_image()
+            except (OSError, ValueError) as exc:  # a folder without preprocessor_config.json, say
+                self.images_refused = (f"{self.model_config.architecture} at {self.model_path} cannot take images: "
+                                       f"its image processor does not load ({exc})")
+                logger.warning("%s; serving it as text", self.images_refused)
+                vision = None
+        if vision is not None:
+            # A step encodes up to the token budget, and at least the largest image the processor makes; the cache
+            # holds twice that: the image a prompt is consuming and the next (vLLM's encoder budget and cache size,
+            # counted in embeddings).
+            budget = max(self.max_num_batched_tokens, largest)
+            self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
+            # A chunk never ends inside such an image, so a step must hold one whole or the prompt waits forever
+            # (the prefill cap while streams decode only delays it: a step without decodes has none).
+            if vision.bidirectional and self.max_num_batched_tokens < largest:
+                raise ValueError(f"{self.model_config.architecture}: an image is {largest} tokens whose attention "
+                                 f"runs both ways, so one step must hold it whole; a step holds "
+                                 f"{self.max_num_batched_tokens} tokens: raise --max-num-batched-tokens to >= {largest}")
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
-                                   config.scheduling_policy)
+                                   config.scheduling_policy, self.encoder_cache,
+                                   whole_images=vision is not None and vision.bidirectional)
+        self.takes_images = self.encoder_cache is not None
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
         # In the pool, now: json_object is the common spec, and it must not queue behind an attacker's schemas.
@@ -125,10 +153,59 @@ class EngineCore:
 
     # ---- requests in -------------------------------------------------------------------------------
 
+    @property
+    def mm_processor(self):
+        """The checkpoint's image processing (engine/multimodal/processor.py), built on first use; a ValueError
+        for a model that takes no images."""
+        if self.images_refused:
+            raise ValueError(self.images_refused)
+        if self._mm_processor is None:
+            from engine.multimodal.processor import MultiModalProcessor
+            self._mm_processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
+                                                     self.config.max_image_pixels)
+        return self._mm_processor
+
+    def process_images(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
+        """A text prompt with one placeholder per image -> the engine's multimodal inputs (checked here, so a bad
+        image is the caller's error before anything is queued)."""
+        self._check_image_count(len(images))
+        return self.mm_processor.process(prompt, images, add_special_tokens)
+
+    def _check_image_count(self, count: int) -> None:
+        limit = self.config.image_limit()
+        if limit is not None and count > limit:
+            raise ValueError(f"the prompt has {count} images, more than --limit-mm-per-prompt allows ({limit})")
+
+    def _check_images(self, mm: MultiModalInputs) -> None:
+        """Images the scheduler could never run: one larger than a step's encoder budget, one whose tokens a chunk
+        must take whole (Gemma) but no step can hold, all of a prompt's at once without chunked prefill."""
+        if self.encoder_cache is None:
+            raise ValueError(self.images_refused)
+        self._check_image_count(len(mm.items))
+        budget = self.max_num_batched_tokens
+        for index, item in enumerate(mm.items):
+            if item.num_embeds > self.encoder_cache.budget:
+                raise ValueError(f"image {index} becomes {item.num_embeds} embeddings, more than the engine encodes "
+                                 f"in one step ({self.encoder_cache.budget}, --max-num-batched-tokens); send a "
+                                 "smaller image")
+            if self.scheduler.whole_images and item.length > budget:
+                raise ValueError(f"image {index} is {item.length} tokens, more than one step holds ({budget}, "
+                                 "--max-num-batched-tokens), and this model attends within an image both ways")
+        if not self.config.enable_chunked_prefill and sum(i.num_embeds for i in mm.items) > self.encoder_cache.budget:
+            raise ValueError("the prompt's images together are more embeddings than one step encodes and chunked "
+                             "prefill is off; send fewer or smaller images")
+
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
                     arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
-                    pooling: PoolingParams | None = None) -> None:
-        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused)."""
+                    pooling: PoolingParams | None = None, mm: MultiModalInputs | None = None) -> None:
+        """A generation request, or with `pooling` an embedding request (prompt only, `params` unused); `mm`: its
+        images, processed (`process_images`), whose expanded token ids are the prompt."""
+        if mm is not None:
+            if pooling is not None:
+                raise ValueError("embedding requests take text only")
+            self._check_images(mm)
+            prompt = mm.prompt_token_ids
+            mm = mm if mm.items else None
         mismatch = task_mismatch(self.model_config.pooler, pooling is not None)
         if mismatch:
             raise ValueError(mismatch)
@@ -150,7 +227,7 @@ class EngineCore:
                 raise ValueError(f"bad_words encode to token ids {outside[:5]} outside the model's vocabulary "
                                  f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
-                          arrival_time or time.time(), cache_salt=cache_salt, priority=priority)
+                          arrival_time or time.time(), cache_salt=cache_salt, priority=priority, mm=mm)
         max_len = self.model_config.max_model_len
         request.max_num_tokens = max_len if params.max_tokens is None else \
             min(max_len, len(prompt_ids) + params.max_tokens)
@@ -171,11 +248,12 @@ class EngineCore:
             self.compiling.append((seq, compiling))  # scheduled once its grammar is ready
 
     def add_beam_request(self, request_id: str, prompt: str | list[int], params: BeamSearchParams,
-                         arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0) -> None:
+                         arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
+                         mm: MultiModalInputs | None = None) -> None:
         """A beam-search request: its beams decode in lock step and fork off each other's blocks."""
         self._check_width("beam_width", params.beam_width)
         sampling = SamplingParams(temperature=0, max_tokens=params.max_tokens, ignore_eos=params.ignore_eos)
-        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority)
+        self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority, mm=mm)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
         request.may_run_ahead = False  # its beams fork every step
@@ -292,11 +370,12 @@ class EngineCore:
         plan = self._plan_sampling([s for s in out.scheduled if s.samples])
         self.timer.lap("plan")
         self.output.record_scheduled(out.scheduled, now)
+        extra = {"encoder": out.encoder} if out.encoder else {}  # tests' stand-in runners predate images
         if self.async_scheduling:  # never with the tier (_resolve_async_scheduling)
-            result = self.runner.launch(out.scheduled, out.block_copies, plan.batch, out.state_copies)
+            result = self.runner.launch(out.scheduled, out.block_copies, plan.batch, out.state_copies, **extra)
         else:
             result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies,
-                                         out.kv_transfers)
+                                         out.kv_transfers, **extra)
         self.timer.lap("forward")
         self.stats.num_steps += 1
         return LaunchedStep(out, plan, now, result)

@@ -26,6 +26,11 @@ and waits in `loading` until the copies of its batch have run (never scheduled, 
 being written); then it goes back to the head of the queue as a sequence with computed tokens and runs like one.
 A loading sequence that is aborted keeps its blocks until its copies have run.
 
+A prompt with images (engine/multimodal) also spends the step's encoder budget: a chunk that reaches an image
+whose embeddings the worker does not hold yet asks for its encoding (`SchedulerOutput.encoder`), and stops before
+an image that does not fit what is left of the budget or the encoder cache (it is encoded in a later step). For
+a model whose image tokens attend to each other both ways (Gemma), a chunk never ends inside an image.
+
 A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
 and resumes when the caller reads again, unless a waiting sequence needs its blocks or its seat (then it
 is preempted to the back of the queue); a paused sequence in the queue is not admitted until it resumes.
@@ -43,6 +48,8 @@ from dataclasses import dataclass, field
 
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.core.sequence import Sequence, SequenceStatus
+from engine.multimodal.encoder_cache import EncoderCacheManager, EncoderWork
+from engine.multimodal.inputs import MultiModalItem
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -73,6 +80,7 @@ class SchedulerOutput:
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
     too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
     kv_transfers: object = None  # KVTransfers: the CPU-RAM tier's copies and the forward's fence (None: neither)
+    encoder: EncoderWork = field(default_factory=EncoderWork)  # images to encode (and entries to drop) first
     counted: bool = False  # its tokens were counted as computed at launch (async scheduling: `launched`)
 
     @property
@@ -83,8 +91,11 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, kv: KVCacheManager, max_num_seqs: int, max_num_batched_tokens: int,
                  enable_chunked_prefill: bool, max_batch_prefill_tokens: int | None = None,
-                 policy: str = "fcfs") -> None:
+                 policy: str = "fcfs", encoder: EncoderCacheManager | None = None,
+                 whole_images: bool = False) -> None:
+        """`encoder`: a vision-language model's encoder cache; `whole_images`: never cut a chunk inside an image."""
         self.kv = kv
+        self.encoder, self.whole_images = encoder, whole_images
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.chunked = enable_chunked_prefill
@@ -151,6 +162,8 @@ class Scheduler:
         preempted = self._schedule_running(out, self.max_num_batched_tokens)
         if not preempted:
             self._schedule_waiting(out, self.max_num_batched_tokens - out.num_tokens, self._prefill_left(out))
+        if self.encoder is not None and out.scheduled:  # a step that runs nothing drops nothing yet
+            out.encoder.free = self.encoder.take_frees()
         out.block_copies = self.kv.take_copies()
         if out.scheduled:  # a step that runs nothing applies no copy: they wait for the next forward
             out.state_copies = self.kv.take_state_copies()
@@ -204,6 +217,9 @@ class Scheduler:
                 continue  # preempted earlier in this step
             num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
             num_new = self._snapshot_aligned(seq, seq.num_computed_tokens, num_new)
+            num_new, images = self._fit_images(seq, seq.num_computed_tokens, num_new, out)
+            if not num_new:
+                continue  # its next image waits for encoder room
             drafts = 0
             if left == 1 and seq.spec_token_ids:  # a decode with speculative drafts: 1 + k query tokens
                 drafts = min(len(seq.spec_token_ids), budget - 1)
@@ -226,11 +242,13 @@ class Scheduler:
                     self.kv.free(seq)
                     seq.status = SequenceStatus.FINISHED
                     out.too_long.append(seq)
+                    self._release_images(seq, finished=True)
                     break
                 self._preempt(victim)
                 if victim is seq:
                     break
             else:
+                self._encode(seq, images, out)
                 picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts,
                                                   num_pending=seq.num_pending)
                 out.scheduled.append(picked[seq.seq_id])
@@ -277,8 +295,12 @@ class Scheduler:
                 if not self.chunked:
                     break
                 num_new = budget
-            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size,
-                                             num_new)
+            start = seq.num_computed_tokens + len(computed) * self.kv.block_size
+            num_new = self._snapshot_aligned(seq, start, num_new)
+            full = num_new
+            num_new, images = self._fit_images(seq, start, num_new, out)
+            if not num_new or num_new < full and not self.chunked:
+                break  # its images wait for encoder room; the queue keeps its order
             if not self.kv.allocate_slots(seq, num_new, computed):
                 if self._preempt_paused(out):
                     seats, counted = self._num_seats()
@@ -289,14 +311,60 @@ class Scheduler:
                 self._warn_too_long(seq, seq.num_computed_tokens + len(computed) * self.kv.block_size, num_new)
                 seq.status = SequenceStatus.FINISHED
                 out.too_long.append(seq)
+                self._release_images(seq, finished=True)
                 continue
             self.waiting.popleft()
+            self._encode(seq, images, out)
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
             seats += need
             counted.add(request_id)
             out.scheduled.append(ScheduledSeq(seq, num_new, is_prefill=True))
             budget -= num_new
+
+    def _fit_images(self, seq: Sequence, start: int, num_new: int,
+                    out: SchedulerOutput) -> tuple[int, list[MultiModalItem]]:
+        """The chunk [start, start + num_new) cut before the first image it cannot take (no encoder budget or cache
+        room left this step; or, with whole images, one it would end inside), and the images it must encode."""
+        mm = getattr(seq.request, "mm", None)
+        if mm is None or not mm.items or self.encoder is None:
+            return num_new, []
+        stop, chosen, spent = start + num_new, [], sum(i.num_embeds for i in out.encoder.encode)
+        request_id = seq.request.request_id
+        scheduled = {i.mm_hash for i in out.encoder.encode}
+        for item in mm.items:
+            if item.offset >= stop:
+                break
+            if item.end <= start:
+                continue
+            if self.whole_images and stop < item.end:
+                stop = max(start, item.offset)
+                break
+            if self.encoder.is_cached(item.mm_hash) or item.mm_hash in scheduled:
+                self.encoder.hold(request_id, item.mm_hash)
+                continue
+            pending = sum(i.num_embeds for i in chosen)
+            if not self.encoder.can_encode(item, self.encoder.budget - spent - pending, pending):
+                stop = max(start, item.offset)
+                break
+            chosen.append(item)
+            scheduled.add(item.mm_hash)
+        return stop - start, chosen
+
+    def _encode(self, seq: Sequence, images: list[MultiModalItem], out: SchedulerOutput) -> None:
+        """A scheduled chunk's new images: their cache entries reserved, their encodings asked for this step."""
+        for item in images:
+            self.encoder.allocate(seq.request.request_id, item)
+            out.encoder.encode.append(item)
+
+    def _release_images(self, seq: Sequence, finished: bool = False) -> None:
+        """A request lets go of the images its computed tokens have passed (all of them once it finishes)."""
+        mm = getattr(seq.request, "mm", None)
+        if mm is None or self.encoder is None:
+            return
+        for item in mm.items:
+            if finished or item.end <= seq.num_computed_tokens:
+                self.encoder.release(seq.request.request_id, item.mm_hash)
 
     def _snapshot_aligned(self, seq: Sequence, start: int, num_new: int) -> int:
         """A hybrid model with prefix caching keeps state snapshots only where a step ends on a block boundary:
@@ -375,6 +443,9 @@ class Scheduler:
             for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
                 item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
             self._snapshot_states(out)
+        for item in out.scheduled:  # a launched step encoded its images when it was queued: passed ones go
+            if item.is_prefill:
+                self._release_images(item.seq)
         if self.waiting and any(not s.block_table for s in finished):
             self.waiting = deque(s for s in self.waiting if not s.is_finished)
         if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
@@ -411,6 +482,7 @@ class Scheduler:
         was_waiting = any(s.status is SequenceStatus.WAITING for s in seqs)
         for seq in seqs:
             seq.status, seq.finish_reason = SequenceStatus.FINISHED, "abort"
+            self._release_images(seq, finished=True)
         # A loading sequence's blocks are being written by its copies: `_finish_loads` frees them once they ran.
         self.finish([s for s in seqs if s.block_table and not s.kv_load_batch])
         if was_waiting:
@@ -422,4 +494,5 @@ class Scheduler:
             return
         for seq in seqs:
             self.kv.free(seq)
+            self._release_images(seq, finished=True)
         self.running = [s for s in self.running if not s.is_finished]

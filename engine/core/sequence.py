@@ -15,6 +15,7 @@ import torch
 from engine.kv.block_pool import Block
 from engine.core.detokenizer import IncrementalDetokenizer
 from engine.core.outputs import Logprob, RequestMetrics
+from engine.multimodal.inputs import MultiModalInputs
 from engine.sample.pooling import RequestPooling
 from engine.sample.metadata import make_generator
 from engine.sample.sampling_params import SamplingParams
@@ -121,6 +122,7 @@ class Request:
     priority: int = 0  # --scheduling-policy priority: lower first
     paused: bool = False  # its caller has not read its outputs: its running sequences are not scheduled
     pooling: RequestPooling | None = None  # an embedding request: pooled, never sampled (engine/sample/pooling.py)
+    mm: MultiModalInputs | None = None  # its images: spans, hashes, tensors, mRoPE positions (engine/multimodal)
     max_num_tokens: int = 0  # prompt + max_tokens, at most max_model_len: where a sequence ends as "length"
     # Async scheduling: its next step may be scheduled before this step's tokens reach the host (nothing about
     # it needs them there first: no grammar, penalties, bad words, min_tokens, prompt logprobs or beams).

@@ -60,6 +60,7 @@ class _Add:
     beam: BeamSearchParams | None = None  # a beam search instead of sampling
     priority: int = 0
     pooling: PoolingParams | None = None  # an embedding request instead of sampling
+    mm: Any = None  # its images (engine/multimodal/inputs.MultiModalInputs), processed by the caller
 
 
 @dataclass
@@ -193,13 +194,13 @@ class AsyncEngine:
     async def add_request(self, request_id: str, prompt: list[int] | str, params: SamplingParams,
                           arrival_time: float | None = None, cache_salt: str | None = None,
                           beam: BeamSearchParams | None = None, priority: int = 0,
-                          pooling: PoolingParams | None = None) -> RequestStream:
+                          pooling: PoolingParams | None = None, mm: Any = None) -> RequestStream:
         """Queue a request and wait until the engine accepted it; raises ValueError if it refused it."""
         stream = RequestStream(request_id, self, asyncio.get_running_loop())
         with self._lock:
             self.check_serving()
             self._commands.put(_Add(request_id, prompt, params, stream, arrival_time or time.time(), cache_salt,
-                                    beam, priority, pooling))
+                                    beam, priority, pooling, mm))
         try:
             await asyncio.shield(stream.accepted)
         except asyncio.CancelledError:
@@ -383,10 +384,11 @@ class AsyncEngine:
         try:
             if cmd.beam is not None:
                 self.engine.add_beam_request(cmd.request_id, cmd.prompt, cmd.beam, cmd.arrival_time, cmd.cache_salt,
-                                             cmd.priority)
+                                             cmd.priority, **({"mm": cmd.mm} if cmd.mm is not None else {}))
             else:
                 self.engine.add_request(cmd.request_id, cmd.prompt, cmd.params, arrival_time=cmd.arrival_time,
-                                        cache_salt=cmd.cache_salt, priority=cmd.priority, pooling=cmd.pooling)
+                                        cache_salt=cmd.cache_salt, priority=cmd.priority, pooling=cmd.pooling,
+                                        **({"mm": cmd.mm} if cmd.mm is not None else {}))
         except Exception as exc:  # noqa: BLE001 - ValueError becomes a 400; anything else is reported
             cmd.stream.put_threadsafe(exc)
             return

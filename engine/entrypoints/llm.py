@@ -2,7 +2,11 @@
 
 Runs the engine loop in the calling thread until every submitted request is done, with a tqdm bar over
 prompts; `chat` applies the model's chat template first. `embed` (an engine started with `task="embed"`, or
-an embedding checkpoint) returns one pooled vector per prompt.
+an embedding checkpoint) returns one pooled vector per prompt. Images go in as vLLM takes them:
+`{"prompt": text with one placeholder per image, "multi_modal_data": {"image": PIL image or list}}`, and image
+parts in `chat` messages (`image_url` with a data:, file:// or http(s) URL, or `image_pil` / `image` with a PIL
+image); an input the engine cannot use (an unknown key, another modality, images for a text-only model) is an
+error, never dropped.
 """
 from __future__ import annotations
 
@@ -15,10 +19,13 @@ from engine.core.beam_search import BeamSearchOutput, BeamSearchParams, BeamSear
 from engine.config.flags import EngineConfig
 from engine.entrypoints.llm_engine import LLMEngine
 from engine.core.outputs import PoolingRequestOutput, RequestOutput
+from engine.multimodal.chat_parts import split_image_parts
+from engine.multimodal.media import MediaLimits, load_image
 from engine.sample.pooling import PoolingParams
 from engine.sample.sampling_params import SamplingParams
 
 Prompt = str | list[int] | dict[str, Any]
+PROMPT_KEYS = ("prompt", "prompt_token_ids", "multi_modal_data")
 
 
 class LLM:
@@ -52,13 +59,31 @@ class LLM:
         ids = []
         for prompt, p in zip(prompts, params):
             request_id = str(next(self._ids))
-            if isinstance(prompt, dict):
-                prompt = prompt.get("prompt_token_ids") or prompt["prompt"]
+            prompt, mm = self._prompt(prompt)
             if p.structured_outputs is not None:  # offline: a bad spec is a ValueError here, as before any step
                 self.engine.grammars.compile(p.structured_outputs, timeout=None)
-            self.engine.add_request(request_id, prompt, p)
+            self.engine.add_request(request_id, prompt, p, mm=mm)
             ids.append(request_id)
         return self._run(ids, use_tqdm)
+
+    def _prompt(self, prompt: Prompt, add_special_tokens: bool = True):
+        """(the prompt the engine takes, its processed images or None) of one vLLM-shaped prompt."""
+        if not isinstance(prompt, dict):
+            return prompt, None
+        unknown = sorted(set(prompt) - set(PROMPT_KEYS))
+        if unknown:
+            raise ValueError(f"prompt dict has key(s) {unknown} this engine does not use; it takes {list(PROMPT_KEYS)}")
+        data = prompt.get("multi_modal_data")
+        if not data:
+            return prompt.get("prompt_token_ids") or prompt["prompt"], None
+        other = sorted(set(data) - {"image"})
+        if other:
+            raise ValueError(f"multi_modal_data has {other}: this engine takes images only")
+        if "prompt" not in prompt:
+            raise ValueError("multi_modal_data needs a text 'prompt' holding one image placeholder per image")
+        images = data["image"] if isinstance(data["image"], (list, tuple)) else [data["image"]]
+        mm = self.engine.process_images(prompt["prompt"], list(images), add_special_tokens)
+        return mm.prompt_token_ids, mm
 
     def embed(self, prompts: Prompt | Sequence[Prompt], pooling_params: PoolingParams | None = None,
               use_tqdm: bool = True) -> list[PoolingRequestOutput]:
@@ -97,11 +122,29 @@ class LLM:
     def chat(self, messages: list[dict] | list[list[dict]], sampling_params: SamplingParams | None = None,
              use_tqdm: bool = True, add_generation_prompt: bool = True, **template_kwargs: Any) -> list[RequestOutput]:
         conversations = messages if messages and isinstance(messages[0], list) else [messages]
-        tokenizer = self.engine.tokenizer
-        prompts = [tokenizer.apply_chat_template(c, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 **template_kwargs) for c in conversations]
-        prompt_ids = [tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(prompt_ids, sampling_params, use_tqdm)
+        tokenizer, config = self.engine.tokenizer, self.engine.config
+        limits = MediaLimits.from_config(config)
+        prompts = []
+        for conversation in conversations:
+            conversation, refs = split_image_parts(conversation)
+            text = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                                 add_generation_prompt=add_generation_prompt, **template_kwargs)
+            if not refs:
+                prompts.append(tokenizer.encode(text, add_special_tokens=False))
+                continue
+            images = [ref if not isinstance(ref, str) else load_image(ref, limits, f"image {i}")
+                      for i, ref in enumerate(refs)]
+            prompts.append({"prompt": text, "multi_modal_data": {"image": images}})
+        if not any(isinstance(p, dict) for p in prompts):
+            return self.generate(prompts, sampling_params, use_tqdm)
+        params = sampling_params or SamplingParams()
+        ids = []
+        for prompt in prompts:
+            request_id = str(next(self._ids))
+            prompt, mm = self._prompt(prompt, add_special_tokens=False)
+            self.engine.add_request(request_id, prompt, params, mm=mm)
+            ids.append(request_id)
+        return self._run(ids, use_tqdm)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
@@ -127,3 +170,4 @@ def _as_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
     if prompts and isinstance(prompts[0], int):
         return [list(prompts)]
     return list(prompts)
+

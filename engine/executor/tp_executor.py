@@ -137,11 +137,12 @@ class TensorParallelExecutor:
     def worker_pids(self) -> list[int]:
         return [w.process.pid for w in self.workers]
 
-    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=(), kv_transfers=None):
-        """Every rank runs the forward; rank 0 alone samples (workers compute logits for the all-gather). The CPU-RAM
-        tier's copies ride in the step's inputs: every rank moves its own shard."""
+    def execute(self, batch, block_copies: list[tuple[int, int]], sampling=None, state_copies=(), kv_transfers=None,
+                encoder=None):
+        """Every rank runs the forward (and its images' encoding); rank 0 alone samples (workers compute logits
+        for the all-gather). The CPU-RAM tier's copies ride in the step's inputs: every rank moves its own shard."""
         self._ensure_usable()
-        inputs = self.runner.prepare(batch, block_copies, state_copies)
+        inputs = self.runner.prepare(batch, block_copies, state_copies, encoder)
         inputs.kv_transfers = kv_transfers
         return self._run_step(inputs, sampling)
 

@@ -87,12 +87,17 @@ class FreeBlockQueue:
             block = block.next_free
 
 
-def hash_block(parent_hash: bytes | None, token_ids: Sequence[int], cache_salt: str | None = None) -> bytes:
+def hash_block(parent_hash: bytes | None, token_ids: Sequence[int], cache_salt: str | None = None,
+               extra_keys: Sequence[str] = ()) -> bytes:
     """A full block's key: its tokens chained to its parent's hash. A request's `cache_salt` (vLLM's) seeds
-    the chain's root, so only requests with the same salt share cached blocks."""
+    the chain's root, so only requests with the same salt share cached blocks. `extra_keys` are the content
+    hashes of the images whose placeholders the block holds (vLLM's mm_hash): equal placeholder tokens of two
+    different images are two different blocks."""
     root = b"root" if cache_salt is None else b"salt:" + cache_salt.encode()
     digest = hashlib.sha256(parent_hash or root)
     digest.update(array("q", token_ids).tobytes())
+    for key in extra_keys:
+        digest.update(b"mm:" + key.encode())
     return digest.digest()
 
 

@@ -52,7 +52,7 @@ class Sequence(Protocol):
     num_prompt_tokens: int
     token_ids: list[int]
     params: Any  # SamplingParams: prompt_logprobs
-    request: Any  # Request: cache_salt, pooling
+    request: Any  # Request: cache_salt, pooling, mm (its images' spans and hashes)
 
     @property
     def num_tokens(self) -> int: ...
@@ -341,10 +341,11 @@ class KVCacheManager:
 
     def _hash_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         bs = self.block_size
-        salt = seq.request.cache_salt
+        salt, mm = seq.request.cache_salt, getattr(seq.request, "mm", None)  # its images (engine/multimodal)
         for i in range(len(seq.block_hashes), num_tokens // bs):
             parent = seq.block_hashes[i - 1] if i else None
-            seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], salt))
+            images = mm.block_keys(i, bs) if mm is not None else ()
+            seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], salt, images))
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
         """Blocks that will be full after this step become findable by their hash, in every group: those whose

@@ -5,7 +5,8 @@ and slots of its KV cache group (`kv_group`, set when the cache is bound); the k
 `kernels.get_attention_backend`, so the torch path (CPU) and the Triton path (CUDA) see identical inputs.
 A family picks its attention variant through the constructor: a scale other than ``head_dim ** -0.5``
 (Gemma's ``query_pre_attn_scalar``), a sliding window, logit soft-capping (Gemma 2), learned per-head sinks
-(gpt-oss; a parameter of this layer, split by head across tensor-parallel ranks) and, per call, an output
+(gpt-oss; a parameter of this layer, split by head across tensor-parallel ranks), per step, key limits (Gemma's
+image tokens see their whole image, `AttentionMetadata.key_limits`) and, per call, an output
 gate (Qwen3.5's gated attention: ``out * sigmoid(gate)``, elementwise after the kernel, so no backend
 needs it).
 """
@@ -41,6 +42,9 @@ class AttentionMetadata:
     # and the step's token rows of those sequences (kept in each layer's verify scratch, in order).
     state_read_only: torch.Tensor | None = None  # [num_seqs] bool
     verify_token_rows: torch.Tensor | None = None  # [num_verify_tokens] int64
+    # Gemma's bidirectional attention within an image (kernels/image_mask.py): per new token, the position its
+    # keys may reach, exclusive. None when no token of the step lies in such an image (the plain causal call).
+    key_limits: torch.Tensor | None = None  # [num_tokens] int32
     # The Triton chunked DeltaNet kernels' chunk table (kernels/gated_delta_chunks.ChunkTable), built once per step
     # on the host for every DeltaNet layer; None: a layer that needs one reads query_start_loc itself.
     deltanet_chunks: object | None = None
@@ -107,6 +111,8 @@ class PagedAttention(nn.Module):
                 variants["soft_cap"] = self.soft_cap
             if self.sinks is not None:
                 variants["sinks"] = self.sinks
+            if meta.key_limits is not None:
+                variants["key_limits"] = meta.key_limits
             out = self.paged_attention(q, self.k_cache, self.v_cache, block_tables, meta.seq_lens,
                                        meta.query_start_loc, self.scale, self.sliding_window, self.k_scale,
                                        self.v_scale, **variants)

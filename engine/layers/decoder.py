@@ -102,10 +102,21 @@ class DecoderModel(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.norm = switches.norm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata | None) -> torch.Tensor:
-        x, residual = self.embed_tokens(input_ids), None
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
+                mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """`mm_embeds`: (token rows, embeddings) of a vision-language step's image placeholders."""
+        x, residual = self.embed_input(input_ids, mm_embeds), None
         for layer in self.layers:
             x, residual = layer(positions, x, residual, meta)
         x, _ = self.norm(x, residual)
         return x
+
+    def embed_input(self, input_ids: torch.Tensor,
+                    mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """Token embeddings, with an image's embeddings in place of its placeholder tokens (after the token
+        embedding's scale, as HF's VL models put them: the tower's output is already in the text model's units)."""
+        x = self.embed_tokens(input_ids)
+        if mm_embeds is None:
+            return x
+        rows, embeds = mm_embeds
+        return x.index_copy(0, rows, embeds.to(x.dtype))

@@ -3,7 +3,9 @@
 `rope_inv_freq` turns one layer type's RoPE parameters (ModelConfig.rope_parameters: rope_type, rope_theta
 and that type's keys) into inverse frequencies and the attention factor HF multiplies into cos/sin — default,
 linear, dynamic NTK, llama3, yarn, longrope, proportional (Gemma 4) — over the rotated share of head_dim (partial rotary: the rest of
-each head passes through). mRoPE with text positions is the plain table: its three position streams are equal.
+each head passes through). mRoPE (Qwen's multimodal RoPE) is the same table read at three position streams (temporal, height, width), each
+rotary frequency taking its stream's angle (`use_mrope`: HF's interleaved layout); a step whose positions are one
+row (text and decodes: the three streams are equal) reads the plain table.
 The float32 cos/sin table is [max_position_embeddings, rotary_dim] (64 MiB at 128k positions and 128 dims),
 so `rotary_embeddings` builds ONE per distinct parameter set and every layer of that kind shares it (Gemma 3:
 two, its local and global bases). An unsupported type is an error naming it.
@@ -123,10 +125,32 @@ class RotaryEmbedding(nn.Module):
         if attention_factor != 1.0:
             table = table * attention_factor
         self.register_buffer("cos_sin", table, persistent=False)
+        self.register_buffer("mrope_streams", None, persistent=False)
+
+    def use_mrope(self, section: tuple[int, ...]) -> None:
+        """Read three position streams: frequency j takes the height stream where j % 3 == 1 and j < 3 * section[1],
+        the width stream where j % 3 == 2 and j < 3 * section[2], else the temporal one (HF's interleaved mRoPE)."""
+        half = self.cos_sin.shape[1] // 2
+        j = torch.arange(half)
+        streams = torch.zeros(half, dtype=torch.long)
+        streams[(j % 3 == 1) & (j < 3 * section[1])] = 1
+        streams[(j % 3 == 2) & (j < 3 * section[2])] = 2
+        self.mrope_streams = torch.cat([streams, streams]).to(self.cos_sin.device)
+
+    def cos_sin_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, rotary_dim / 2] at `positions` [T], or with mRoPE at [3, T] streams."""
+        if positions.dim() == 1:
+            table = self.cos_sin[positions]
+        else:
+            streams = self.cos_sin[positions]  # [3, T, rotary_dim]
+            pick = self.mrope_streams.view(1, 1, -1).expand(1, streams.shape[1], -1)
+            table = streams.gather(0, pick)[0]
+        return table.unsqueeze(1).chunk(2, dim=-1)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hkv, D] rotated at `positions` [T] (their first rotary_dim dims)."""
-        cos, sin = self.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        """q: [T, Hq, D], k: [T, Hkv, D] rotated at `positions` [T] (or mRoPE's [3, T]), their first rotary_dim
+        dims."""
+        cos, sin = self.cos_sin_at(positions)
         return self._apply(q, cos, sin), self._apply(k, cos, sin)
 
     def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -23,9 +23,10 @@ from engine.layers.embedding import ParallelLMHead
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
-from engine.quantization.gguf.types import is_gguf_model
+from engine.models.registry import VL_TEXT_PREFIXES
 from engine.models.weights import (LLAMA_GGUF_BLOCK, LLAMA_GGUF_NAMES, PACKED_QKV_GATE_UP, VL_TEXT_MAPPER,
                                    GgufNames, WeightsMapper, load_weights)
+from engine.quantization.gguf.types import is_gguf_model
 
 
 class LlamaMLP(GatedMLP):
@@ -67,9 +68,11 @@ class LlamaForCausalLM(nn.Module):
         return SelfAttention(cfg, layer, self.switches.attention, ropes[cfg.layer_types[layer]], backend,
                              self.packed_modules_mapping)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
-                meta: AttentionMetadata | None) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
+                mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        if mm_embeds is None:  # the text path keeps its call (graphs trace it)
+            return self.model(input_ids, positions, meta)
+        return self.model(input_ids, positions, meta, mm_embeds)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)
@@ -87,7 +90,34 @@ class LlamaForCausalLM(nn.Module):
                      quant=self.config.quantization, tied_lm_head=self.config.tie_word_embeddings)
 
 
+# Mistral3 with images in: the Pixtral tower and projector load under their own names (engine/models/pixtral_vision.py).
+MISTRAL3_VL_MAPPER = WeightsMapper(renamed_prefixes=VL_TEXT_PREFIXES + (
+    ("model.vision_tower.", "vision_tower."), ("model.multi_modal_projector.", "multi_modal_projector.")))
+
+
 class Mistral3ForConditionalGeneration(LlamaForCausalLM):
-    """Mistral-Small-3.x, Magistral, Devstral: a Mistral text model under a vision tower, served as text."""
+    """Mistral-Small-3.x, Magistral, Devstral: a Mistral text model under a Pixtral tower. With its image processor
+    beside it (ModelConfig.vision) the tower and projector load and take images; without one it is served as text."""
 
     weights_mapper = VL_TEXT_MAPPER
+
+    def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
+        super().__init__(cfg, backend)
+        if cfg.vision is None:
+            return
+        from engine.models.pixtral_vision import Mistral3Projector, PixtralVisionModel
+        hf = cfg.vision.projector
+        if hf.get("vision_feature_layer", -1) not in (-1, [-1]) or hf.get("projector_hidden_act", "gelu") != "gelu":
+            raise ValueError(f"{cfg.architecture}: vision_feature_layer {hf.get('vision_feature_layer')} / "
+                             f"projector_hidden_act {hf.get('projector_hidden_act')!r} are not supported (-1, gelu)")
+        self.weights_mapper = MISTRAL3_VL_MAPPER
+        self.vision_tower = PixtralVisionModel(cfg.vision.tower)
+        self.multi_modal_projector = Mistral3Projector(cfg.vision.tower, cfg.hidden_size,
+                                                       cfg.vision.spatial_merge_size, cfg.rms_norm_eps,
+                                                       bool(hf.get("multimodal_projector_bias", False)))
+
+    def encode_image(self, data: dict) -> torch.Tensor:
+        height, width = (int(x) for x in data["image_sizes"][0])
+        pixels = data["pixel_values"].to(self.vision_tower.patch_conv.weight.device)
+        patches, h, w = self.vision_tower(pixels, height, width)
+        return self.multi_modal_projector(patches, h, w)

@@ -9,6 +9,7 @@ than tokens (`max_logits_rows`). Torch-free.
 from __future__ import annotations
 
 from engine.config.model import ModelConfig
+from engine.planning.vision import tower_peak_over_forward
 
 # The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
 # `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
@@ -51,7 +52,9 @@ def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: in
                               max_num_seqs: int = 256, num_speculative_tokens: int = 0) -> int:
     """Peak transient memory of one step over `num_tokens` tokens (the planner's stand-in for profiling): the
     forward's activations plus sampling `sampler_rows` rows over the whole vocabulary (under speculative
-    decoding with k drafts, a verify step's 1 + k rows per sequence, as the profile samples them)."""
-    return forward_activation_bytes(cfg, num_tokens, dtype_bytes, tp) + \
-        sampler_bytes(sampler_rows(max_num_seqs, num_tokens, num_speculative_tokens), cfg.vocab_size,
-                      verify=num_speculative_tokens > 0)
+    decoding with k drafts, a verify step's 1 + k rows per sequence, as the profile samples them), plus what a VL
+    model's tower at the largest image needs beyond the forward (engine/planning/vision.py)."""
+    forward = forward_activation_bytes(cfg, num_tokens, dtype_bytes, tp)
+    return forward + sampler_bytes(sampler_rows(max_num_seqs, num_tokens, num_speculative_tokens), cfg.vocab_size,
+                                   verify=num_speculative_tokens > 0) + \
+        tower_peak_over_forward(cfg, forward, dtype_bytes)

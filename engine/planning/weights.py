@@ -7,6 +7,7 @@ Torch-free: the GUI's planner imports it.
 from __future__ import annotations
 
 from engine.config.model import ModelConfig
+from engine.planning.vision import vision_weights_bytes
 from engine.quantization.config import QuantConfig
 
 # A planner's guess of the bit width from a --quantization name alone (a folder's quantization_config wins).
@@ -49,7 +50,9 @@ def gguf_bytes_per_card(quant: QuantConfig, dtype_bytes: int, tp: int = 1) -> in
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
     """Layer matrices split across ranks — packed as the folder's quantization_config says, or at `quant_bits`
     with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
-    vocab-split in `dtype`; QKV biases split; norms replicated. A GGUF file: its own tensor bytes."""
+    vocab-split in `dtype`; QKV biases split; norms replicated; a VL model's tower and projector whole on every
+    card, in `dtype` (engine/planning/vision.py). A GGUF file: its own tensor bytes (text only: its header
+    names no tower)."""
     if cfg.quantization is not None and cfg.quantization.method == "gguf":
         return gguf_bytes_per_card(cfg.quantization, dtype_bytes, tp)
     h = cfg.hidden_size
@@ -81,7 +84,7 @@ def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quan
         matrix_bytes = matrix_params * dtype_bytes
     embed_rows = -(-cfg.vocab_size // tp)
     embed_bytes = embed_rows * h * dtype_bytes * (1 if cfg.tie_word_embeddings else 2)
-    return matrix_bytes + embed_bytes + vector_params * dtype_bytes
+    return matrix_bytes + embed_bytes + vector_params * dtype_bytes + vision_weights_bytes(cfg, dtype_bytes)
 
 
 def rope_table_bytes(cfg: ModelConfig) -> int:

@@ -6,7 +6,10 @@ slots and verify rows) and brings the persistent input batch's block tables up t
 keeping the diff, so the same small `StepInputs` can go to tensor-parallel workers (engine/worker/step_inputs.py).
 On every rank `step_tables` applies that diff to its own mirror and gathers the step's tables on the device, and
 `attention_metadata` / `token_tensors` / `logits_index` copy the rest host -> device (asynchronously on a card),
-all before the forward. It runs no model and decides nothing about graphs.
+all before the forward. A vision-language step also carries its encoder work and, per prompt chunk that reaches an
+image's placeholders, which embeddings go to which token rows (`image_rows`); with Qwen's mRoPE the positions are
+the model's (engine/multimodal/mrope.py), [3, T] where a chunk holds image placeholders, else one row. It runs no
+model and decides nothing about graphs.
 """
 from __future__ import annotations
 
@@ -18,6 +21,8 @@ import torch
 from engine.core.scheduler import ScheduledSeq
 from engine.kv.kv_cache_interface import KVCacheLayout, cdiv
 from engine.layers.attention import AttentionMetadata
+from engine.multimodal.encoder_cache import EncoderWork
+from engine.multimodal.mrope import positions_for
 from engine.platform.host_copies import to_device
 from engine.sample.pooling import pooling_spans
 from engine.sample.prompt_logprobs import prompt_positions
@@ -29,16 +34,19 @@ from kernels.gated_delta_chunks import ChunkTable, chunk_arrays
 
 class InputPreparer:
     def __init__(self, layout: KVCacheLayout, block_size: int, max_model_len: int, device: torch.device,
-                 pooling: bool = False) -> None:
-        """`pooling`: an embedding engine (its requests' token spans are pooled, engine/sample/pooling.py)."""
+                 pooling: bool = False, mrope: bool = False, bidirectional_images: bool = False) -> None:
+        """`pooling`: an embedding engine (its requests' token spans are pooled, engine/sample/pooling.py);
+        `mrope`: the model reads Qwen's three position streams; `bidirectional_images`: an image's tokens see
+        each other both ways (Gemma: the step carries key limits)."""
         self.layout, self.block_size, self.device, self.pooling = layout, block_size, device, pooling
+        self.mrope, self.bidirectional_images = mrope, bidirectional_images
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
         self.last_sample_rows: dict[int, int] = {}  # seq_id -> its row among the last launched step's samples
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
-                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
+                state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
         """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token; a
         decode whose input token is still on the device (async scheduling) gets its row among the last launched
         step's samples (`last_sample_rows`, which the runner keeps), and the device fills it in.
@@ -73,8 +81,15 @@ class InputPreparer:
             self.input_batch.state_slots[rows] = state_indices  # the input batch's per-row state slot
             replay = self.verify_states.take_replay()  # the last verify step's, now that acceptance is known
             read_only, verify_rows = self.verify_states.plan(batch, query_start)
+        slices, image_token_rows = image_rows(batch, computed, query_start)
+        limits = image_key_limits(batch, computed, query_start, positions) if self.bidirectional_images else None
+        if self.mrope:
+            positions = mrope_step_positions(batch, computed, query_start, positions)
         pending = [i for i, item in enumerate(batch) if item.num_pending]
         inputs = StepInputs(
+            key_limits=limits,
+            mm_free=list(encoder.free) if encoder else [], mm_slices=slices, mm_rows=image_token_rows,
+            mm_encode=[(item.mm_hash, item.data) for item in encoder.encode] if encoder else [],
             input_ids=input_ids, positions=positions, slot_mapping=slots, seq_lens=seq_lens,
             query_start_loc=query_start.astype(np.int32), logits_rows=logits_rows(batch, query_start, samples),
             max_query_len=int(num_new.max()), max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
@@ -105,6 +120,63 @@ class InputPreparer:
         return self.input_batch.gather(rows, inputs.table_width)
 
 
+def image_rows(batch: list[ScheduledSeq], computed: np.ndarray,
+               query_start: np.ndarray) -> tuple[list[tuple[str, int, int]], np.ndarray | None]:
+    """Where this step's image placeholders take their embeddings: per (sequence, image) run, (content hash,
+    first embedding, last + 1), and the token rows of all runs in order; ([], None) without any."""
+    slices, rows = [], []
+    for i, item in enumerate(batch):
+        mm = getattr(item.seq.request, "mm", None)
+        if mm is None or not item.is_prefill:
+            continue
+        start = int(computed[i])
+        stop = start + item.num_new_tokens
+        for image in mm.items:
+            lo, hi, positions = image.embed_range(start, stop)
+            if hi > lo:
+                slices.append((image.mm_hash, lo, hi))
+                rows.append(positions - start + int(query_start[i]))
+    return slices, (np.concatenate(rows) if rows else None)
+
+
+def image_key_limits(batch: list[ScheduledSeq], computed: np.ndarray, query_start: np.ndarray,
+                     positions: np.ndarray) -> np.ndarray | None:
+    """Per token row, the position its keys may reach, exclusive (kernels/image_mask.py): its own + 1, or the end
+    of the image it lies in; None when no row of the step lies in an image (the plain causal call). The scheduler
+    never ends a chunk inside such an image, so every key an image token sees is in the cache by then."""
+    limits, inside = positions.astype(np.int32) + 1, False
+    for i, item in enumerate(batch):
+        mm = getattr(item.seq.request, "mm", None)
+        if mm is None or not item.is_prefill:
+            continue
+        start, lo = int(computed[i]), int(query_start[i])
+        for image in mm.items:
+            a, b = max(start, image.offset), min(start + item.num_new_tokens, image.end)
+            if a < b:
+                limits[lo + a - start:lo + b - start] = image.end
+                inside = True
+    return limits if inside else None
+
+
+def mrope_step_positions(batch: list[ScheduledSeq], computed: np.ndarray, query_start: np.ndarray,
+                         positions: np.ndarray) -> np.ndarray:
+    """The model's positions under mRoPE: each sequence's tokens at its prompt's three streams, or index + delta
+    past the prompt; one row when the three agree for every token (text and decodes), else [3, T]."""
+    rows = np.repeat(positions[None], 3, axis=0)
+    shifted = False
+    for i, item in enumerate(batch):
+        mm = getattr(item.seq.request, "mm", None)
+        if mm is None or mm.mrope_positions is None:
+            continue
+        start, lo = int(computed[i]), int(query_start[i])
+        rows[:, lo:int(query_start[i + 1])] = positions_for(mm.mrope_positions, mm.mrope_delta, start,
+                                                             start + int(query_start[i + 1]) - lo)
+        shifted = True
+    if not shifted:
+        return positions
+    return rows[0].copy() if (rows == rows[:1]).all() else rows
+
+
 def prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,
                        query_start: np.ndarray) -> tuple[list[int], list[int], int]:
     """Token rows whose logits score the next prompt token (requests with prompt_logprobs), their targets,
@@ -128,6 +200,8 @@ def attention_metadata(inputs: StepInputs, tables: torch.Tensor, dev: torch.devi
         seq_lens=to_device(torch.from_numpy(inputs.seq_lens), dev),
         query_start_loc=to_device(torch.from_numpy(inputs.query_start_loc), dev),
         max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
+    if inputs.key_limits is not None:
+        meta.key_limits = to_device(torch.from_numpy(inputs.key_limits), dev)
     if inputs.group_slot_mappings is not None:
         meta.group_block_tables = tables[1:]
         meta.group_slot_mappings = to_device(torch.from_numpy(inputs.group_slot_mappings), dev)

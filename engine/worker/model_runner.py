@@ -29,6 +29,8 @@ from engine.platform.devices import indexed_device
 from engine.platform.host_copies import to_device
 from engine.sample.metadata import SamplingBatch
 from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
+from engine.multimodal.encoder_cache import EncoderWork
+from engine.worker.encoder_runner import EncoderRunner
 from engine.worker.gpu_baseline import free_bytes_at_start
 from engine.worker.graphs.dispatch import GraphDispatcher
 from engine.worker.input_prep import InputPreparer, logits_index
@@ -113,8 +115,12 @@ class ModelRunner:
         # (engine/spec_decode/proposers/mtp.py) until it has read them; off otherwise.
         self.keep_hidden, self.last_hidden = False, None
         self.pools = KVPools(self.model, layout, device, dtype, block_size)
+        vision = model_config.vision
         self.input_prep = InputPreparer(layout, block_size, model_config.max_model_len, device,
-                                        pooling=model_config.pooler is not None)
+                                        pooling=model_config.pooler is not None,
+                                        mrope=vision is not None and vision.mrope_section is not None,
+                                        bidirectional_images=vision is not None and vision.bidirectional)
+        self.encoder = EncoderRunner(self.model, device, dtype) if vision is not None else None
         self.dispatch = GraphDispatcher(self.model, model_config, device, dtype, block_size, attention_backend,
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
@@ -225,9 +231,9 @@ class ModelRunner:
         return self.offload is None or self.offload.wait(batch, timeout)
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
-                state_copies: list[tuple[int, int]] = ()) -> StepInputs:
+                state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
         """Flat, device-free inputs for the whole batch (InputPreparer.prepare; rank 0)."""
-        return self.input_prep.prepare(batch, block_copies, state_copies)
+        return self.input_prep.prepare(batch, block_copies, state_copies, encoder)
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None,
@@ -259,7 +265,8 @@ class ModelRunner:
             if sampling is not None and sampling.spec is not None and self.expert_load.draft_rows is not None:
                 drafts = to_device(torch.from_numpy(draft_token_rows(inputs, sampling.spec)), self.device)
             self.expert_load.begin_step(len(inputs.input_ids), drafts)  # a graph's padding rows do not count
-        hidden = self.dispatch.forward(inputs, tables, self._fed_input_ids(inputs))
+        mm_embeds = self.encoder.run(inputs) if self.encoder is not None else None
+        hidden = self.dispatch.forward(inputs, tables, self._fed_input_ids(inputs), mm_embeds)
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         if self.keep_hidden:
@@ -283,11 +290,11 @@ class ModelRunner:
         return ids
 
     def launch(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
-               sampling: SamplingBatch | None = None,
-               state_copies: list[tuple[int, int]] = ()) -> ModelRunnerOutput | None:
+               sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
+               encoder: EncoderWork | None = None) -> ModelRunnerOutput | None:
         """`execute` for async scheduling: the step is queued on the device and its output comes back at once;
         its `result()` waits for the sampled tokens, which also stay on the device for the next step."""
-        out = self.run(self.prepare(batch, block_copies, state_copies), sampling, defer=True)
+        out = self.run(self.prepare(batch, block_copies, state_copies, encoder), sampling, defer=True)
         pending = out.pending if out is not None else None
         self.last_sampled = pending.tokens.token_ids if pending is not None else None
         self.input_prep.last_sample_rows = {row.key: i for i, row in enumerate(sampling.rows)} \
@@ -296,9 +303,10 @@ class ModelRunner:
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
                 sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
-                kv_transfers: KVTransfers | None = None) -> ModelRunnerOutput | None:
-        """Run the batch and sample what `sampling` asks for."""
-        inputs = self.prepare(batch, block_copies, state_copies)
+                kv_transfers: KVTransfers | None = None,
+                encoder: EncoderWork | None = None) -> ModelRunnerOutput | None:
+        """Run the batch (its images encoded first) and sample what `sampling` asks for."""
+        inputs = self.prepare(batch, block_copies, state_copies, encoder)
         inputs.kv_transfers = kv_transfers
         return self.run(inputs, sampling)
 

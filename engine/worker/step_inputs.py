@@ -27,7 +27,7 @@ class StepInputs:
     whole table instead (tests, tools) pass `block_tables` and leave the rest None."""
 
     input_ids: np.ndarray  # [num_tokens] int64
-    positions: np.ndarray  # [num_tokens] int64
+    positions: np.ndarray  # [num_tokens] int64 (mRoPE: [3, num_tokens] in a step with an image's placeholders)
     slot_mapping: np.ndarray  # [num_tokens] int64
     seq_lens: np.ndarray  # [num_seqs] int32
     query_start_loc: np.ndarray  # [num_seqs + 1] int32
@@ -64,6 +64,16 @@ class StepInputs:
     pool_spans: list[tuple[int, int]] = field(default_factory=list)
     # The CPU-RAM tier (engine/kv/offload/): this step's copies, issued first, and the batch the forward waits for.
     kv_transfers: KVTransfers | None = None
+    # Images (engine/worker/encoder_runner.py): encoder entries to drop, images to encode (content hash, the
+    # processor's tensors), and where the step's placeholder rows take their embeddings from: per run of rows,
+    # (content hash, first embedding, last + 1), the runs' rows concatenated in `mm_rows`.
+    mm_free: list[str] = field(default_factory=list)
+    mm_encode: list[tuple[str, dict]] = field(default_factory=list)
+    mm_slices: list[tuple[str, int, int]] = field(default_factory=list)
+    mm_rows: np.ndarray | None = None  # [num_placeholder_rows] int64
+    # Gemma's bidirectional image attention (kernels/image_mask.py): per token row, the position its keys may
+    # reach, exclusive; None when no row lies in an image.
+    key_limits: np.ndarray | None = None  # [num_tokens] int32
     # Async scheduling: token rows whose id the last step sampled and the host does not know yet (input_ids holds
     # PENDING_TOKEN there), and each one's row among that step's sampled tokens, read on the device.
     pending_rows: np.ndarray | None = None  # [num_pending] int64

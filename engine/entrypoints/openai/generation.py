@@ -26,7 +26,7 @@ DISCONNECT_POLL_S = 0.5
 async def start_requests(async_engine: AsyncEngine, request_id: str, prompts: list[list[int]],
                          params: list[SamplingParams], cache_salt: str | None = None,
                          beams: list[BeamSearchParams | None] | None = None, priority: int = 0,
-                         pooling: PoolingParams | None = None) -> list[RequestStream]:
+                         pooling: PoolingParams | None = None, mms: list | None = None) -> list[RequestStream]:
     """Add every prompt (embedding requests with `pooling`); if the engine refuses one, abort the others and raise
     its error."""
     streams: list[RequestStream] = []
@@ -34,8 +34,10 @@ async def start_requests(async_engine: AsyncEngine, request_id: str, prompts: li
         for i, (ids, p) in enumerate(zip(prompts, params)):
             rid = request_id if len(prompts) == 1 else f"{request_id}-{i}"
             beam = beams[i] if beams else None
+            mm = mms[i] if mms else None  # a prompt's images (engine/multimodal), processed with its ids
             streams.append(await async_engine.add_request(rid, ids, p, cache_salt=cache_salt, beam=beam,
-                                                          priority=priority, pooling=pooling))
+                                                          priority=priority, pooling=pooling,
+                                                          **({"mm": mm} if mm is not None else {})))
     except BaseException:
         close_all(streams)
         raise

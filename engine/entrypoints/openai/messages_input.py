@@ -9,7 +9,9 @@ input object as JSON arguments) and `thinking` blocks reasoning_content. Tools (
 function tools; tool_choice auto / any / tool / none becomes auto / required / named / none, and
 `disable_parallel_tool_use` parallel_tool_calls=false. `thinking` enabled / adaptive / disabled, and
 `output_config.effort`, become reasoning_effort; `output_config.format` becomes response_format;
-`stop_sequences` become stop strings. Images, documents and server tools are a 400 naming the field.
+`stop_sequences` become stop strings. A user turn's `image` blocks (source base64 with its media_type, or url)
+become image_url parts in place among its text (the chat path fetches, checks and processes them; a model that
+takes no images answers them with a 400 there). Documents and server tools are a 400 naming the field.
 """
 from __future__ import annotations
 
@@ -48,21 +50,40 @@ def _block_text(blocks: str | list[dict[str, Any]], where: str) -> str:
     return "\n".join(texts)
 
 
+def _image_part(block: dict[str, Any], where: str) -> dict[str, Any]:
+    """An Anthropic image block as an OpenAI image_url part (base64 as a data: URL)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str) and isinstance(source.get("media_type"), str):
+        return {"type": "image_url", "image_url": {"url": f"data:{source['media_type']};base64,{source['data']}"}}
+    if kind == "url" and isinstance(source.get("url"), str):
+        return {"type": "image_url", "image_url": {"url": source["url"]}}
+    raise bad_request(f"{where}: an image block needs a source of type 'base64' (media_type, data) or 'url' (url)",
+                      f"{where}.source")
+
+
 def _user_turn(content: str | list[dict[str, Any]], where: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
     out: list[dict[str, Any]] = []
     texts: list[str] = []
+    parts: list[dict[str, Any]] = []  # text and image parts, once the turn has an image
 
     def flush() -> None:
-        if texts:
+        if parts:
+            out.append({"role": "user", "content": parts + [{"type": "text", "text": t} for t in texts]})
+        elif texts:
             out.append({"role": "user", "content": "\n".join(texts)})
-            texts.clear()
+        texts.clear()
+        parts.clear()
 
     for j, block in enumerate(content):
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+        elif kind == "image":
+            parts.extend([{"type": "text", "text": t} for t in texts] + [_image_part(block, f"{where}.{j}")])
+            texts.clear()
         elif kind == "tool_result":
             if not isinstance(block.get("tool_use_id"), str):
                 raise bad_request(f"{where}.{j}.tool_use_id must be a string", f"{where}.{j}.tool_use_id")
@@ -71,8 +92,8 @@ def _user_turn(content: str | list[dict[str, Any]], where: str) -> list[dict[str
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                         "content": f"Error: {text}" if block.get("is_error") else text})
         else:
-            raise bad_request(f"{where}.{j} is a {kind!r} block; user turns take text and tool_result blocks "
-                              "(image and document input are not supported)", f"{where}.{j}")
+            raise bad_request(f"{where}.{j} is a {kind!r} block; user turns take text, image and tool_result "
+                              "blocks (document input is not supported)", f"{where}.{j}")
     flush()
     return out
 

@@ -7,8 +7,11 @@ text, while the template's own special tokens stay special, so no one can forge 
 Text longer than any prompt that could fit `max_model_len` (MAX_CHARS_PER_TOKEN characters per token, a
 bound no real tokenizer reaches on average) is refused before it is tokenized. Everything a client can
 get wrong here (empty prompt, ids outside the vocabulary, too long, images for a text model, tools for a
-model whose template has none) raises `OpenAIError(400)` with the numbers. These functions run in the
-tokenizer pool (tokenize_pool.py).
+model whose template has none) raises `OpenAIError(400)` with the numbers. A vision-language model's image
+parts (`image_url`: data:, file:// under --allowed-local-media-path, http(s) under --allowed-media-domains) are
+rendered as the template's image placeholder, fetched and decoded here, and the rendered text and its images go
+through the checkpoint's processor (engine/multimodal/processor.py), which expands each placeholder; an image
+that cannot be used is a 400 naming its part. These functions run in the tokenizer pool (tokenize_pool.py).
 """
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ import json
 import re
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from engine.entrypoints.openai.errors import OpenAIError, bad_request
 from engine.entrypoints.openai.protocol import ChatMessage
@@ -29,6 +33,7 @@ MAX_CHARS_PER_TOKEN = 32
 class Prompt:
     text: str | None
     token_ids: list[int]
+    mm: Any = None  # its images (engine/multimodal/inputs.MultiModalInputs); token_ids are their expanded prompt
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str) -> None:
@@ -91,14 +96,18 @@ def completion_prompts(model: ServedModel, prompt: str | list, add_special_token
     return prompts
 
 
-def message_text(message: ChatMessage, index: int) -> str:
+def message_text(message: ChatMessage, index: int, images_ok: bool = False) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
     texts = []
     for j, part in enumerate(message.content):
-        if part.type != "text":  # vision-language checkpoints are served as text: their vision tower is not loaded
-            raise bad_request(f"messages[{index}].content[{j}] is a {part.type!r} part; this server accepts text "
-                              "only (image, audio and video input are not supported)", f"messages.{index}.content.{j}")
+        if part.type == "image_url" and images_ok:
+            continue  # the model takes images: image_parts() renders them
+        if part.type != "text":
+            takes = "text and image_url parts (audio and video input are not supported)" if images_ok else \
+                "text only (this model takes no images; audio and video input are not supported)"
+            raise bad_request(f"messages[{index}].content[{j}] is a {part.type!r} part; this server accepts "
+                              f"{takes}", f"messages.{index}.content.{j}")
         if part.text is None:
             raise bad_request(f"messages[{index}] has a text part without 'text'", f"messages.{index}.content")
         texts.append(part.text)
@@ -122,11 +131,38 @@ def _template_tool_calls(calls: list[dict], index: int) -> list[dict]:
     return out
 
 
-def chat_messages(messages: list[ChatMessage]) -> list[dict]:
-    """Messages as the plain dicts chat templates expect."""
+def has_images(messages: list[ChatMessage]) -> bool:
+    return any(isinstance(m.content, list) and any(p.type == "image_url" for p in m.content) for m in messages)
+
+
+def image_parts(message: ChatMessage, index: int) -> list[dict]:
+    """A message with image parts as the content list VL templates take: text parts and {"type": "image"}."""
+    message_text(message, index, images_ok=True)  # the checks: every part is text or an image
+    return [{"type": "image"} if p.type == "image_url" else {"type": "text", "text": p.text} for p in message.content]
+
+
+def image_urls(messages: list[ChatMessage]) -> list[tuple[str, str, str]]:
+    """(URL, request field, the part in words) of every image part, in prompt order."""
+    urls = []
+    for i, m in enumerate(messages):
+        for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+            if part.type == "image_url":
+                value = (part.model_extra or {}).get("image_url")
+                url = value.get("url") if isinstance(value, dict) else value
+                where = f"messages.{i}.content.{j}"
+                if not isinstance(url, str) or not url:
+                    raise bad_request(f"messages[{i}].content[{j}] is an image_url part without image_url.url",
+                                      where)
+                urls.append((url, where, f"messages[{i}].content[{j}]"))
+    return urls
+
+
+def chat_messages(messages: list[ChatMessage], images_ok: bool = False) -> list[dict]:
+    """Messages as the plain dicts chat templates expect (with `images_ok`, image parts as {"type": "image"})."""
     out = []
     for i, m in enumerate(messages):
-        d: dict = {"role": m.role, "content": message_text(m, i)}
+        with_images = images_ok and isinstance(m.content, list) and any(p.type == "image_url" for p in m.content)
+        d: dict = {"role": m.role, "content": image_parts(m, i) if with_images else message_text(m, i)}
         for key in ("name", "tool_calls", "tool_call_id", "reasoning_content"):
             value = getattr(m, key)
             if value is not None:
@@ -176,8 +212,8 @@ def render_chat(model: ServedModel, messages: list[ChatMessage], tools: list | N
     if clash:
         raise bad_request(f"chat_template_kwargs may not set {clash}; use the request fields", "chat_template_kwargs")
     check_prompt_chars(message_chars(messages), model.max_model_len, "messages")
-    return _apply_template(model, chat_messages(messages), tools, add_generation_prompt, continue_final_message,
-                           chat_template_kwargs)
+    return _apply_template(model, chat_messages(messages, model.supports_images), tools, add_generation_prompt,
+                           continue_final_message, chat_template_kwargs)
 
 
 _SYSTEM_PROBE = "pagedesk-system-probe"
@@ -256,9 +292,15 @@ def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list 
     text = render_chat(model, messages, tools, add_generation_prompt, continue_final_message, chat_template_kwargs)
     check_prompt_chars(len(text), model.max_model_len, "messages")
     marks = _Marks(model.special_token_texts)
-    dicts = [marks.mark(d, f"messages.{i}") for i, d in enumerate(chat_messages(messages))]
+    dicts = [marks.mark(d, f"messages.{i}") for i, d in enumerate(chat_messages(messages, model.supports_images))]
     marked_tools = [marks.mark(t, f"tools.{i}") for i, t in enumerate(_tool_dicts(tools))]
     kwargs = marks.mark(chat_template_kwargs or {}, "chat_template_kwargs")
+    if model.supports_images and has_images(messages):
+        if marks.texts:
+            field = next(iter(marks.fields.values()))
+            raise bad_request(f"{field} holds special-token text, which a request with images cannot keep as plain "
+                              "text; remove it", field)
+        return image_prompt(model, messages, text, add_special_tokens)
     if not marks.texts:
         return Prompt(text, encode(model, text, add_special_tokens))
     marked = _apply_template(model, dicts, marked_tools, add_generation_prompt, continue_final_message, kwargs)
@@ -286,6 +328,26 @@ def chat_token_ids(model: ServedModel, messages: list[ChatMessage], tools: list 
     return Prompt(text, ids)
 
 
+def image_prompt(model: ServedModel, messages: list[ChatMessage], text: str, add_special_tokens: bool) -> Prompt:
+    """The rendered chat with its images fetched, decoded and processed (each placeholder expanded)."""
+    from engine.multimodal.media import MediaError, load_image
+    urls = image_urls(messages)
+    if model.image_limit is not None and len(urls) > model.image_limit:
+        raise bad_request(f"the request has {len(urls)} images, more than this server takes per prompt "
+                          f"({model.image_limit}, --limit-mm-per-prompt)", urls[model.image_limit][1])
+    images = []
+    for url, where, what in urls:
+        try:
+            images.append(load_image(url, model.media_limits, f"{what} (image_url)"))
+        except MediaError as exc:
+            raise bad_request(str(exc), where) from None
+    try:
+        mm = model.mm_processor.process(text, images, add_special_tokens)
+    except ValueError as exc:
+        raise bad_request(f"the images cannot be processed: {exc}", "messages") from None
+    return Prompt(text, mm.prompt_token_ids, mm)
+
+
 def _renders_differently() -> OpenAIError:
     return bad_request("the chat template renders differently when special-token text is kept out of it, so it "
                        "cannot be kept as plain text; remove it", "messages")
@@ -306,6 +368,8 @@ def truncate_prompt(prompt: Prompt, keep: int | None, max_model_len: int, side: 
     "left", the default) or the first ("right"); None leaves it whole."""
     if keep is None:
         return prompt
+    if prompt.mm is not None and len(prompt.token_ids) > (max_model_len if keep == -1 else keep):
+        raise bad_request("truncate_prompt_tokens cannot cut a prompt with images", "truncate_prompt_tokens")
     if keep == 0:
         raise bad_request("truncate_prompt_tokens must be -1 or at least 1, got 0", "truncate_prompt_tokens")
     keep = max_model_len if keep == -1 else keep

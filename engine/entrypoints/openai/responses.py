@@ -131,6 +131,7 @@ class ModelCard(BaseModel):
     max_model_len: int | None = None
     context_length: int | None = None  # what Open WebUI and Cline read
     quantization: str | None = None  # e.g. "awq 4-bit g128 asym"; None for float weights
+    input_modalities: list[str] | None = None  # ["text", "image"] for a model that takes images (OpenRouter's name)
 
 
 class ModelList(BaseModel):

@@ -6,7 +6,10 @@ assistant turn, as chat templates show them); tools become chat tools (responses
 becomes response_format (dropped on a turn whose tool_choice forces a call: that turn writes no text);
 `reasoning.effort` becomes reasoning_effort; `max_output_tokens` becomes
 max_completion_tokens. Reasoning items sent back are accepted and dropped (chat templates drop earlier
-turns' reasoning); a `compaction` item (routes_compact.py) becomes a user message holding its summary. Anything the chat path cannot run (images, files) is a 400 naming the input field.
+turns' reasoning); a `compaction` item (routes_compact.py) becomes a user message holding its summary. An
+`input_image` part (image_url: a data:, file:// or http(s) URL) becomes an image_url part in place (the chat path
+fetches, checks and processes it, or answers 400 for a model that takes no images); anything else the chat path
+cannot run (files, file_id images) is a 400 naming the input field.
 """
 from __future__ import annotations
 
@@ -33,22 +36,31 @@ def responses_field(chat_field: str | None) -> str | None:
     return _CHAT_NAMES.get(head, head) + (f".{rest}" if rest else "")
 
 
-def _text_of(content: Any, where: str) -> str:
-    """A message's content: a string, or text parts (input_text / output_text); refusal parts as their text."""
+def _text_of(content: Any, where: str, images: bool = False) -> str | list[dict[str, Any]]:
+    """A message's content: a string, or text parts (input_text / output_text); refusal parts as their text.
+    With `images` (a user turn), input_image parts are kept in place: the content is then chat parts."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"{where} must be a string or a list of content parts", where)
-    texts = []
+    texts, parts = [], []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS and isinstance(part.get("text"), str):
             texts.append(part["text"])
         elif kind == "refusal" and isinstance(part.get("refusal"), str):
             texts.append(part["refusal"])
+        elif kind == "input_image" and images and isinstance(part.get("image_url"), str):
+            parts += [{"type": "text", "text": t} for t in texts] + [
+                {"type": "image_url", "image_url": {"url": part["image_url"]}}]
+            texts = []
         else:
-            raise bad_request(f"{where}.{j} is a {kind!r} part; this server accepts text parts only "
-                              "(input_text, output_text)", f"{where}.{j}")
+            accepted = "input_text, output_text and input_image with an image_url" if images else \
+                "input_text, output_text"
+            raise bad_request(f"{where}.{j} is a {kind!r} part; this server accepts {accepted} here",
+                              f"{where}.{j}")
+    if parts:
+        return parts + [{"type": "text", "text": t} for t in texts]
     return "\n".join(texts)
 
 
@@ -70,7 +82,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
             if role not in ("user", "assistant", "system", "developer"):
                 raise bad_request(f"{where}.role must be user, assistant, system or developer, got {role!r}",
                                   f"{where}.role")
-            messages.append({"role": role, "content": _text_of(item.get("content", ""), f"{where}.content")})
+            messages.append({"role": role, "content": _text_of(item.get("content", ""), f"{where}.content",
+                                                               images=role == "user")})
         elif kind == "function_call":
             for key in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(key), str):

@@ -134,7 +134,7 @@ async def start_chat(req: ChatCompletionRequest, ctx: ServerContext, id_prefix: 
     request_id = f"{id_prefix}{req.request_id or uuid.uuid4().hex}"
     try:
         streams = await start_requests(ctx.async_engine, request_id, [prompt.token_ids], [params], req.cache_salt,
-                                       [beam], req.priority)
+                                       [beam], req.priority, mms=[prompt.mm])
     except Exception as exc:  # noqa: BLE001
         raise engine_error(exc) from None
     return ChatRun(model, plan, streams, request_id, int(time.time()), len(prompt.token_ids))

@@ -44,7 +44,8 @@ async def list_models(ctx: ServerContext = Depends(get_context)) -> ModelList:
     if engine.ready:
         model = ctx.served_model()
         card = ModelCard(id=model.name, created=model.created, root=model.root, max_model_len=model.max_model_len,
-                         context_length=model.max_model_len, quantization=model.quantization)
+                         context_length=model.max_model_len, quantization=model.quantization,
+                         input_modalities=["text", "image"] if model.supports_images else ["text"])
     else:
         card = ModelCard(id=ctx.served_name, created=0, root=str(engine.config.model))
     return ModelList(data=[card])

@@ -33,6 +33,15 @@ class ServedModel:
     reasoning_parser: str | None = None
     pooler: Any = None  # PoolerConfig of an embedding engine (--task embed); None: a generation engine
     system_anywhere: bool | None = None  # the template shows a system message after the first turn (prompts.py)
+    # A vision-language engine's image side (engine/multimodal): the processor (its own tokenizer copy, so the
+    # tokenizer pool's threads never share the engine's), where images may come from, and how many a prompt takes.
+    mm_processor: Any = None
+    media_limits: Any = None
+    image_limit: int | None = None
+
+    @property
+    def supports_images(self) -> bool:
+        return self.mm_processor is not None
 
     @classmethod
     def from_engine(cls, name: str, llm_engine: Any) -> "ServedModel":
@@ -47,7 +56,18 @@ class ServedModel:
                    grammars=llm_engine.grammars,
                    tool_parser=llm_engine.config.tool_call_parser or detect_tool_parser(template),
                    reasoning_parser=llm_engine.config.reasoning_parser or detect_reasoning_parser(template),
-                   pooler=llm_engine.model_config.pooler)
+                   pooler=llm_engine.model_config.pooler, **image_side(llm_engine, tokenizer))
+
+
+def image_side(llm_engine: Any, tokenizer: Any) -> dict[str, Any]:
+    """The ServedModel fields of an engine that takes images (none for a text-only one)."""
+    vision, config = llm_engine.model_config.vision, llm_engine.config
+    if not getattr(llm_engine, "takes_images", False) or llm_engine.model_config.pooler is not None:
+        return {}
+    from engine.multimodal.media import MediaLimits
+    from engine.multimodal.processor import MultiModalProcessor
+    return {"mm_processor": MultiModalProcessor(llm_engine.model_path, vision, tokenizer, config.max_image_pixels),
+            "media_limits": MediaLimits.from_config(config), "image_limit": config.image_limit()}
 
 
 def quantization_name(model_config: Any) -> str | None:

@@ -245,7 +245,9 @@ def model_facts(entry: ModelEntry) -> dict:
             cfg.with_max_model_len(config.max_model_len)
             quant = cfg.quantization.describe() if cfg.quantization is not None else None
             entry.facts = {"max_model_len": cfg.max_model_len, "context_length": cfg.max_model_len,
-                           "quantization": quant}
+                           "quantization": quant,
+                           "input_modalities": ["text", "image"] if cfg.vision is not None else ["text"]}
         except (OSError, ValueError, KeyError) as exc:
-            return {"max_model_len": None, "context_length": None, "quantization": None, "config_error": str(exc)}
+            return {"max_model_len": None, "context_length": None, "quantization": None, "input_modalities": None,
+                    "config_error": str(exc)}
     return entry.facts

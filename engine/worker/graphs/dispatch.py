@@ -147,11 +147,17 @@ class GraphDispatcher:
                 estimate_piecewise_graph_bytes(self.config, self.piecewise.max_tokens, self.dtype.itemsize, tp)
         return total
 
-    def forward(self, inputs: StepInputs, tables: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, tables: torch.Tensor, input_ids: torch.Tensor | None = None,
+                mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """The step's hidden states through the path that takes it; `tables`: its block tables on the device;
         `input_ids`: the input ids already on the device (some written there by the device: async scheduling),
         else they are copied from `inputs`. A hybrid model's verify rows (read-only states) never take the decode
-        graphs."""
+        graphs; a step with image embeddings or mRoPE's three position streams runs eagerly (the graphs' buffers
+        hold token ids and one position row)."""
+        if mm_embeds is not None or inputs.positions.ndim > 1:
+            meta = attention_metadata(inputs, tables, self.device)
+            ids, positions = token_tensors(inputs, self.device)
+            return self.model(ids if input_ids is None else input_ids, positions, meta, mm_embeds)
         graphs = self.graphs if inputs.max_query_len == 1 else self.verify_graphs
         fed = () if input_ids is None else (input_ids,)  # only when the device wrote ids: `run` wrappers take two
         if graphs is not None and inputs.state_read_only is None and graphs.can_run(inputs):

@@ -1,0 +1,96 @@
+"""What a vision-language model's image side takes on each card: the tower's and projector's parameters (replicated
+on every rank and kept in the model's float dtype, as engine/models/vision.py loads them) and the tower's peak
+activations for the largest image the processor makes. Counted from the checkpoint's vision_config
+(ModelConfig.vision), family by family, exactly as the engine's tower modules are built. Torch-free: the GUI's
+planner imports it.
+"""
+from __future__ import annotations
+
+from engine.config.model import ModelConfig
+from engine.config.vision import VisionConfig
+
+
+def _encoder_layer_params(hidden: int, intermediate: int) -> int:
+    """A pre-norm transformer layer with biases everywhere: two LayerNorms, q/k/v/o, a two-matrix MLP."""
+    return 4 * hidden + 4 * (hidden * hidden + hidden) + 2 * hidden * intermediate + intermediate + hidden
+
+
+def tower_params(vision: VisionConfig, text_hidden: int) -> int:
+    """Parameters of the tower and projector (what `encode_image` reads), 0 for a family without a tower here."""
+    t = vision.tower
+    hidden, channels = int(t.get("hidden_size", 1152)), int(t.get("in_channels", t.get("num_channels", 3)))
+    if vision.kind == "qwen3_5":
+        patch, temporal = int(t.get("patch_size", 16)), int(t.get("temporal_patch_size", 2))
+        merged = hidden * vision.spatial_merge_size ** 2
+        layers = int(t.get("depth", 27)) * _encoder_layer_params(hidden, int(t.get("intermediate_size", 4304)))
+        merger = 2 * hidden + merged * merged + merged + merged * int(t.get("out_hidden_size", 3584)) + int(
+            t.get("out_hidden_size", 3584))
+        return (hidden * channels * temporal * patch * patch + hidden + int(t.get("num_position_embeddings", 2304))
+                * hidden + layers + merger)
+    if vision.kind == "gemma3":
+        patch, side = int(t.get("patch_size", 14)), int(t.get("image_size", 896))
+        layers = int(t.get("num_hidden_layers", 27)) * _encoder_layer_params(hidden, int(t.get("intermediate_size", 4304)))
+        embeddings = hidden * channels * patch * patch + hidden + (side // patch) ** 2 * hidden
+        return embeddings + layers + 2 * hidden + hidden * text_hidden + hidden
+    if vision.kind == "pixtral":
+        patch, intermediate = int(t.get("patch_size", 16)), int(t.get("intermediate_size", 4096))
+        layer = 2 * hidden + 4 * hidden * hidden + 3 * hidden * intermediate  # RMSNorms, q/k/v/o, gated MLP
+        bias = text_hidden if vision.projector.get("multimodal_projector_bias") else 0
+        projector = (hidden + hidden * vision.spatial_merge_size ** 2 * hidden + hidden * text_hidden
+                     + text_hidden * text_hidden + 2 * bias)
+        return hidden * channels * patch * patch + hidden + int(t.get("num_hidden_layers", 24)) * layer + projector
+    return 0
+
+
+def tower_patches(vision: VisionConfig, max_embeds: int) -> int:
+    """Patches the tower runs for the largest image: Gemma 3's fixed square; Qwen's embeddings times the merge."""
+    t = vision.tower
+    if vision.kind == "gemma3":
+        return (int(t.get("image_size", 896)) // int(t.get("patch_size", 14))) ** 2
+    return max_embeds * vision.spatial_merge_size ** 2
+
+
+def default_max_embeds(vision: VisionConfig) -> int:
+    """The most embeddings one image becomes under the family's published processor settings, for a planner
+    without the folder (the engine asks the folder's processor: MultiModalProcessor.max_embeds_per_image):
+    Gemma 3's fixed count; Pixtral's image_size square; Qwen's longest_edge of 16,777,216 pixels over (patch x merge)² = 32² pixels."""
+    if vision.kind == "gemma3":
+        return vision.tokens_per_image
+    if vision.kind == "pixtral":  # the tower's image_size is the processor's longest edge
+        side = int(vision.tower.get("image_size", 1540)) // (vision.patch_size * vision.spatial_merge_size)
+        return side * side
+    unit = int(vision.tower.get("patch_size", 16)) * vision.spatial_merge_size
+    return 16_777_216 // (unit * unit)
+
+
+def tower_activation_bytes(vision: VisionConfig, max_embeds: int, dtype_bytes: int,
+                           materialized_scores: bool = False) -> int:
+    """The tower's peak working memory for one image of `max_embeds` embeddings: the residual stream, its norm,
+    the q/k/v and the MLP's hidden of one layer; with `materialized_scores` (SDPA's math path, the CPU's) every
+    head's float32 attention scores too — CUDA's fused kernels never hold them."""
+    t = vision.tower
+    n = tower_patches(vision, max_embeds)
+    hidden = int(t.get("hidden_size", 1152))
+    heads = int(t.get("num_heads", t.get("num_attention_heads", 16)))
+    activations = n * (5 * hidden + int(t.get("intermediate_size", 4304))) * dtype_bytes
+    return activations + (heads * n * n * 4 if materialized_scores else 0)
+
+
+def encoder_cache_bytes(cfg: ModelConfig, max_num_batched_tokens: int, max_embeds: int, dtype_bytes: int) -> int:
+    """The encoder cache at its fullest: twice the step's encoder budget of embeddings (engine/core/engine_core.py
+    sizes it so), each a text-width vector. It fills only while images are in flight: the planner leaves it out
+    of the step's peak (a known gap on CUDA, where the KV cache is sized before any image arrives)."""
+    return 2 * max(max_num_batched_tokens, max_embeds) * cfg.hidden_size * dtype_bytes
+
+
+def tower_peak_over_forward(cfg: ModelConfig, forward_bytes: int, dtype_bytes: int) -> int:
+    """What the tower adds to a step's peak: it runs before the forward and frees its working memory first, so only
+    the part of its peak at the largest image above the forward's own; 0 for a text model."""
+    if cfg.vision is None:
+        return 0
+    return max(0, tower_activation_bytes(cfg.vision, default_max_embeds(cfg.vision), dtype_bytes) - forward_bytes)
+
+
+def vision_weights_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
+    """The image side's weights on every card (replicated), 0 for a text model or a VL folder served as text."""
+    return 0 if cfg.vision is None else tower_params(cfg.vision, cfg.hidden_size) * dtype_bytes
