@@ -373,6 +373,7 @@ class AsyncEngine:
                 result, error = cmd.fn(self.engine), None
             except Exception as exc:  # noqa: BLE001 - handed to the caller
                 result, error = None, exc
+            self._sample_stats(force=True)  # a call may change what the stats say (sleep, wake, a cache reset)
             cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
 
     def _add(self, cmd: _Add) -> None:
