@@ -17,6 +17,7 @@ from tiny_vl_models import random_image
 
 pytest.importorskip("PIL")
 MAX_TOKENS = 10
+BLOCKS = 30  # 8-token blocks: three image prompts at once do not fit, the scheduler preempts
 IMAGE_TOKENS = ["<|image>", "<image|>", "<|image|>"]  # begin, end, soft token (Gemma 4's own spellings)
 # 4-pixel patches pooled 3 x 3: an image becomes at most 70 soft tokens (the processor's smallest budget).
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
@@ -239,3 +240,23 @@ def test_the_planner_counts_the_tower_exactly_as_loaded(family):
     clipped = dict(cfg.vision.tower, use_clipped_linears=True)
     from dataclasses import replace
     assert tower_params(replace(cfg.vision, tower=clipped), cfg.hidden_size) == tower + 2 * 4 * 7
+
+
+def test_forced_preemption_and_n_greater_than_one(family):
+    from engine import LLM, SamplingParams
+    path, llm, cases, expected = family
+    tiny = LLM(str(path), device="cpu", max_num_batched_tokens=72, num_gpu_blocks_override=BLOCKS, max_num_seqs=3,
+               block_size=8)
+    assert run(tiny, cases + cases[:1]) == expected + expected[:1]
+    assert tiny.engine.scheduler.num_preemptions > 0
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, n=2)
+    llm.engine.add_request("g4-n2", cases[0].prompt_token_ids, params, mm=cases[0])
+    assert [c.token_ids for c in llm._run(["g4-n2"], use_tqdm=False)[0].outputs] == [expected[0]] * 2
+
+
+def test_a_step_too_small_for_a_whole_image_is_refused_at_start(family):
+    """Both ways within an image: a step must hold the largest image the processor makes (70 soft tokens here)."""
+    from engine import LLM
+    path, _, _, _ = family
+    with pytest.raises(ValueError, match="max-num-batched-tokens"):
+        LLM(str(path), device="cpu", max_num_batched_tokens=64)
