@@ -260,3 +260,14 @@ def test_a_step_too_small_for_a_whole_image_is_refused_at_start(family):
     path, _, _, _ = family
     with pytest.raises(ValueError, match="max-num-batched-tokens"):
         LLM(str(path), device="cpu", max_num_batched_tokens=64)
+
+
+@pytest.mark.parametrize("switch,both_ways", [("vision", True), (None, False)])
+def test_bidirectional_only_where_the_config_says_vision(switch, both_ways):
+    """HF's Gemma4Model builds the image block mask only for use_bidirectional_attention == "vision"."""
+    from engine.config.vision import parse_vision_config
+    hf = {"vision_config": dict(VISION), "text_config": {"use_bidirectional_attention": switch},
+          "image_token_id": 9, "boi_token_id": 7, "eoi_token_id": 8}
+    vision = parse_vision_config(hf, "Gemma4ForConditionalGeneration")
+    assert (vision.kind, vision.bidirectional, vision.start_token_id, vision.end_token_id) == ("gemma4", both_ways,
+                                                                                              7, 8)
