@@ -1,6 +1,6 @@
 """Images into Gemma 4 (its own vision tower: 2-D RoPE over patch positions, pooled to soft tokens, projected by
 `embed_vision`): greedy ids identical to HF `generate` on the same processor outputs for one image and two images
-in one prompt, prefix caching (a hit with the same image, a miss with another) and TP=2. The tiny checkpoint is
+in one prompt, a strip far from square, prefix caching (a hit with the same image, a miss with another) and TP=2. The tiny checkpoint is
 built as the E2B/E4B are (per-layer inputs, KV sharing by the last two of six layers, so a global layer's
 image rows reach a later layer's keys) with `use_bidirectional_attention: "vision"` (the 31B's
 switch: an image's tokens see each other both ways on the sliding layers only, as HF's mask has it)."""
@@ -21,7 +21,7 @@ BLOCKS = 30  # 8-token blocks: three image prompts at once do not fit, the sched
 IMAGE_TOKENS = ["<|image>", "<image|>", "<|image|>"]  # begin, end, soft token (Gemma 4's own spellings)
 # 4-pixel patches pooled 3 x 3: an image becomes at most 70 soft tokens (the processor's smallest budget).
 VISION = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=3, position_embedding_size=64,
+              num_key_value_heads=2, head_dim=16, patch_size=4, pooling_kernel_size=3, position_embedding_size=256,
               standardize=True)
 
 
@@ -88,7 +88,8 @@ def prompt(text: str, images: int) -> str:
     return f"<start_of_turn>user\n{'<|image|>' * images}{text}<end_of_turn>\n<start_of_turn>model\n"
 
 
-CASES = [("Describe this.", [(56, 84)], [0]), ("Compare the two pictures.", [(100, 40), (30, 30)], [1, 2])]
+CASES = [("Describe this.", [(56, 84)], [0]), ("Compare the two pictures.", [(100, 40), (30, 30)], [1, 2]),
+         ("What is odd here?", [(200, 12)], [3])]  # a strip: 2 x 34 soft tokens
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +154,7 @@ def test_chunked_prefill_never_ends_inside_an_image(family):
     path, _, cases, expected = family
     small = LLM(str(path), device="cpu", max_num_batched_tokens=72, max_num_seqs=4, enable_prefix_caching=False)
     assert run(small, cases) == expected
-    assert small.engine.encoder_cache.num_encoded == 3
+    assert small.engine.encoder_cache.num_encoded == 4
 
 
 def test_prefix_hit_with_the_same_image_and_miss_with_another(family):
