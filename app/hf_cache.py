@@ -5,12 +5,16 @@ the newest snapshot folder that has a config.json. `DownloadWorker.run` calls `s
 a background thread of the caller's choosing) with a tqdm class that turns progress into signals
 and raises when cancelled, so a cancel stops the download at its next progress update. A failure is
 told in words (`download_error_text`: offline, gated, no such repo, not authorised, disk full, ...), never
-as an exception's class name.
+as an exception's class name. A repo of GGUF files (bartowski's, Unsloth's: one file per quant) is offered file by
+file: `RepoListWorker` lists them with their quant and size (`gguf_files_of`, a split set as one), and the
+worker then downloads only the chosen one's parts.
 """
 from __future__ import annotations
 
 import errno
 import os
+import re
+from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, Signal
 from tqdm.auto import tqdm
@@ -22,6 +26,72 @@ class DownloadCancelled(Exception):
     pass
 
 
+# llama.cpp's quant names as GGUF repos spell them in file names (bartowski, Unsloth, lmstudio-community, ...)
+QUANT_IN_NAME = re.compile(r"(?i)(?:^|[-_.])(UD-)?(I?Q\d_(?:K_[SMLX]L?|K|[01]|NL|XXS|XS|S|M|L)|MXFP4(?:_MOE)?|BF16|F16|F32)"
+                           r"(?=[-_.])")
+SPLIT_PART = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+@dataclass(frozen=True)
+class RepoGguf:
+    """One GGUF model of a hub repo: its file (the first part of a split set), every part, their bytes together
+    and the quant named in the file name ("Q4_K_M", "UD-Q4_K_XL", "IQ4_XS"; "" when the name has none)."""
+    file: str
+    parts: tuple[str, ...]
+    size: int
+    quant: str
+
+    def label(self) -> str:
+        from widgets.gpu_panel import format_bytes
+        return f"{self.quant or 'GGUF'} · {format_bytes(self.size)} · {self.file}"
+
+
+def gguf_files_of(entries: list[tuple[str, int]]) -> list[RepoGguf]:
+    """The GGUF models among a repo's (path, size) files, a split set as one, smallest first; projectors
+    (mmproj*) are not models."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    for path, size in entries:
+        name = path.rsplit("/", 1)[-1].lower()
+        if not name.endswith(".gguf") or name.startswith("mmproj") or "-mmproj" in name:
+            continue
+        groups.setdefault(SPLIT_PART.sub("", path) if SPLIT_PART.search(path) else path, []).append((path, size))
+    found = []
+    for members in groups.values():
+        members.sort()
+        first = members[0][0]
+        m = QUANT_IN_NAME.search(first.rsplit("/", 1)[-1])
+        quant = ((m.group(1) or "") + m.group(2)).upper() if m else ""
+        found.append(RepoGguf(first, tuple(p for p, _ in members), sum(n for _, n in members), quant))
+    return sorted(found, key=lambda g: (g.size, g.file))
+
+
+def list_repo_gguf(repo_id: str) -> list[RepoGguf]:
+    """The repo's GGUF models, asked of the Hub (one request; raises what huggingface_hub raises)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.hf_api import RepoFile
+    tree = HfApi().list_repo_tree(repo_id, recursive=True)
+    return gguf_files_of([(f.path, f.size or 0) for f in tree if isinstance(f, RepoFile)])
+
+
+class RepoListWorker(QObject):
+    """Lists a repo's GGUF files off the GUI thread; signals listed(repo id, [RepoGguf]) or failed(message)."""
+
+    listed = Signal(str, list)
+    failed = Signal(str)
+
+    def __init__(self, repo_id: str) -> None:
+        super().__init__()
+        self.repo_id = repo_id
+
+    def run(self) -> None:
+        try:
+            files = list_repo_gguf(self.repo_id)
+        except Exception as e:  # offline, no such repo: the download itself says why, in words
+            self.failed.emit(download_error_text(self.repo_id, e))
+        else:
+            self.listed.emit(self.repo_id, files)
+
+
 class DownloadWorker(QObject):
     """Downloads one repo; signals progress(done, total, unit), finished(path), failed(message)."""
 
@@ -29,10 +99,12 @@ class DownloadWorker(QObject):
     finished = Signal(str)
     failed = Signal(str)
 
-    def __init__(self, repo_id: str, cache_dir: str | None = None) -> None:
+    def __init__(self, repo_id: str, cache_dir: str | None = None, gguf: RepoGguf | None = None) -> None:
+        """`gguf`: download that one GGUF model's file(s) and finish with its path, not the whole repo."""
         super().__init__()
         self.repo_id = repo_id
         self.cache_dir = cache_dir
+        self.gguf = gguf
         self.cancelled = False
 
     def cancel(self) -> None:
@@ -59,14 +131,22 @@ class DownloadWorker(QObject):
     def run(self) -> None:
         from huggingface_hub import snapshot_download
 
+        patterns = list(self.gguf.parts) if self.gguf is not None else None
         try:
-            path = snapshot_download(self.repo_id, cache_dir=self.cache_dir, tqdm_class=self._tqdm_class())
+            path = snapshot_download(self.repo_id, cache_dir=self.cache_dir, tqdm_class=self._tqdm_class(),
+                                     allow_patterns=patterns)
+            if self.gguf is not None:
+                path = f"{path}/{self.gguf.file}"
         except DownloadCancelled as e:
             self.failed.emit(str(e))
         except Exception as e:  # network, auth, missing repo: report, never crash the GUI
             self.failed.emit(download_error_text(self.repo_id, e))
         else:
             self.finished.emit(str(path))
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
 def download_error_text(repo_id: str, exc: BaseException) -> str:
@@ -76,7 +156,7 @@ def download_error_text(repo_id: str, exc: BaseException) -> str:
     head = f"Could not download {repo_id}: "
     status = getattr(getattr(exc, "response", None), "status_code", None)
     if isinstance(exc, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError)):
-        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        offline = hub_offline()
         return head + ("offline mode is on (HF_HUB_OFFLINE), and it is not in the local cache. Unset HF_HUB_OFFLINE "
                        "to download it." if offline else
                        "huggingface.co cannot be reached (is this computer offline, or behind a proxy?), and it is "

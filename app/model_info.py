@@ -3,8 +3,8 @@
 Architecture, context length, dtype (`torch_dtype`, or `dtype` as transformers 5 writes it) and quantization
 (method, bits, group size) come from config.json; the parameter count and the tensor names (which say, e.g.,
 whether an MTP head is there) come from the safetensors headers (8-byte length + JSON of dtype/shape per
-tensor) of each shard listed in model.safetensors.index.json, or of every *.safetensors file. Only headers are
-read, never tensors.
+tensor) of each shard listed in model.safetensors.index.json, or of every *.safetensors file. A GGUF file is
+described from its header (engine/config/gguf_file.py). Only headers are read, never tensors.
 """
 from __future__ import annotations
 
@@ -92,7 +92,35 @@ def text_config(config: dict) -> dict:
     return config.get("text_config", config) if isinstance(config.get("text_config"), dict) else config
 
 
+def read_gguf_info(path: str | Path) -> ModelInfo:
+    """A GGUF file (or split set) from its header: the architecture the engine serves it as (or llama.cpp's name
+    for one it does not), parameters from the tensor shapes, context from the metadata, the tensor types' shares
+    as the quantization, and the HF config the engine reads from it (the planner's input); ValueError for a
+    damaged file."""
+    from engine.config.gguf_config import gguf_hf_config
+    from engine.config.gguf_file import read_gguf_header
+    from engine.quantization.gguf.types import describe_types, file_type_name
+    header = read_gguf_header(path, check_types=False)
+    params = sum(t.numel for t in header.tensors.values())
+    context = header.arch_value("context_length")
+    file_type = file_type_name(header.metadata.get("general.file_type"))
+    quant = (f"{file_type} " if file_type else "") + f"({describe_types(header.bytes_by_type())})"
+    try:
+        config, _ = gguf_hf_config(header)
+        architecture = config["architectures"][0]
+    except (ValueError, KeyError):  # an architecture the engine does not serve (or incomplete metadata): listed
+        config, architecture = {}, f"{header.architecture} (GGUF)"
+    unread = sorted({t.type.name for t in header.tensors.values() if not t.type.supported})
+    if unread:
+        quant += f" · not supported: {', '.join(unread)}"
+    return ModelInfo(Path(path), architecture, params, int(context) if context else None, "gguf", config, quant,
+                     active_parameters(config) if config else None, frozenset(header.tensors))
+
+
 def read_model_info(folder: str | Path) -> ModelInfo:
+    """A model folder's description, or a GGUF file's (read_gguf_info)."""
+    if str(folder).lower().endswith(".gguf"):
+        return read_gguf_info(folder)
     folder = Path(folder)
     config_path = folder / "config.json"
     if not config_path.exists():

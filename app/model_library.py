@@ -1,8 +1,11 @@
 """The Models tab: every model on this machine in one list, with a "fits?" verdict for this machine.
 
 Rows come from local folders (the roots the user added, default ~/models; a root that is itself a
-model folder counts too) and the Hugging Face cache (`app.hf_cache`), each described from its
-config.json and safetensors headers only (`app.model_info`): size on disk, architecture, parameters,
+model folder counts too), GGUF files under those roots and in LM Studio's and llama.cpp's default folders
+(engine.config.model_discovery.gguf_roots), and the Hugging Face cache (`app.hf_cache`, GGUF repos too), each
+described from its config.json and safetensors headers, or its GGUF header, only (`app.model_info`): a GGUF row
+shows llama.cpp's quant name with each tensor type's share, and one the engine cannot serve (an architecture it
+does not have, a type it does not read) says so instead of a verdict; size on disk, architecture, parameters,
 quantization, context (an MoE model's parameters with the active share). The verdict asks the capacity
 planner (`app.capacity.plan_for`, the engine's own arithmetic) about the model's full context for a few
 layouts in order of preference — one card, all cards (tensor parallel), then each with an FP8 KV cache;
@@ -31,7 +34,8 @@ from app.capacity import cannot_plan, describe, fits_words, plan_for
 from app.hf_cache import cached_models
 from app.model_info import ModelInfo, format_count, read_model_info
 from app.units import plural
-from engine.config.model_discovery import model_folders
+from engine.quantization.gguf.types import SUPPORTED_TYPES
+from engine.config.model_discovery import GgufRoot, cached_gguf_files, gguf_files, gguf_roots, model_folders
 from widgets.gpu_panel import format_bytes
 
 COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine",
@@ -51,6 +55,7 @@ class LibraryEntry:
     path: Path | None = None
     problem: str = ""  # "unreadable: …", naming the file
     has_weights: bool = True
+    unsupported: str = ""  # a GGUF the engine reads but cannot serve: "not supported: Q2_K tensors"
 
 
 @dataclass(frozen=True)
@@ -88,13 +93,37 @@ def folder_size(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
 
 
+def gguf_size(path: Path) -> int:
+    """A GGUF file's bytes, every part of a split set counted."""
+    from engine.config.gguf_file import split_parts
+    try:
+        return sum(p.stat().st_size for p in split_parts(path))
+    except ValueError:  # a missing part: the row says so
+        return path.stat().st_size
+
+
 def has_weights(folder: Path) -> bool:
     """Safetensors weights are there (the engine loads nothing else)."""
     return any(folder.glob("*.safetensors"))
 
 
+def read_gguf_entry(name: str, source: str, path: Path, size_bytes: int) -> LibraryEntry:
+    """One GGUF file's row; a damaged file (truncated, a missing split part) says why."""
+    try:
+        info = read_model_info(path)
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return LibraryEntry(name, source, size_bytes, None, path,
+                            f"unreadable: {(str(e).strip().splitlines() or [type(e).__name__])[0]}")
+    unsupported = info.quantization.split(" · not supported: ")[1] if "not supported" in info.quantization else ""
+    reason = (f"not supported: {unsupported} tensors" if unsupported else
+              f"not supported: {info.architecture}" if not info.config else "")
+    return LibraryEntry(name, source, size_bytes, info, path, unsupported=reason)
+
+
 def read_entry(name: str, source: str, folder: Path, size_bytes: int) -> LibraryEntry:
     """One row: the model's description, or why it cannot be read (naming the file and the JSON position)."""
+    if folder.suffix.lower() == ".gguf":
+        return read_gguf_entry(name, source, folder, size_bytes)
     try:
         json.loads((folder / "config.json").read_text())
     except json.JSONDecodeError as e:
@@ -110,18 +139,24 @@ def read_entry(name: str, source: str, folder: Path, size_bytes: int) -> Library
     return LibraryEntry(name, source, size_bytes, info, folder, has_weights=has_weights(folder))
 
 
-def scan_library(roots: list[Path], cache_dir: str | Path | None = None) -> list[LibraryEntry]:
-    """Local model folders under `roots` and the hub cache's models, each resolved folder once."""
+def scan_library(roots: list[Path], cache_dir: str | Path | None = None,
+                 gguf_roots: list[GgufRoot] | None = None) -> list[LibraryEntry]:
+    """Local model folders under `roots`, GGUF files under them and under `gguf_roots` (LM Studio's and llama.cpp's
+    folders), and the hub cache's models and GGUF files, each resolved path once."""
     entries: list[LibraryEntry] = []
     seen: set[Path] = set()
     found = [(folder.name, "folder", folder, None) for root in roots for folder in model_folders(root)]
     found += [(c.repo_id, "HF cache", c.snapshot, c.size_on_disk) for c in cached_models(cache_dir)]
+    gguf_sources = [GgufRoot(root, "folder") for root in roots] + list(gguf_roots or [])
+    found += [(f.stem, f"GGUF ({r.source})", f, None) for r in gguf_sources for f in gguf_files(r.path)]
+    found += [(f"{repo} {f.name}", "GGUF (HF cache)", f, None) for repo, f in cached_gguf_files(cache_dir)]
     for name, source, folder, size in found:
         if folder.resolve() in seen:
             continue
         seen.add(folder.resolve())
         try:
-            size = folder_size(folder) if size is None else size
+            size = gguf_size(folder) if folder.suffix.lower() == ".gguf" else folder_size(folder) if size is None \
+                else size
         except OSError:
             size = 0
         entries.append(read_entry(name, source, folder, size))
@@ -202,7 +237,7 @@ class ModelLibrary(QWidget):
         return [DEFAULT_ROOT, *(Path(p) for p in stored)]
 
     def refresh(self) -> None:
-        self.entries = scan_library(self.roots())
+        self.entries = scan_library(self.roots(), gguf_roots=gguf_roots())
         self._fill()
         self.models_found.emit([(e.name, str(e.path)) for e in self.entries if e.info is not None and e.has_weights])
 
@@ -243,11 +278,17 @@ class ModelLibrary(QWidget):
                 verdict = Verdict(False, f"✘ {e.problem}", f"{e.path}: {e.problem}")
                 cells = (e.name, e.source, format_bytes(e.size_bytes), "", "", "", "", verdict.short, str(e.path))
             else:
-                verdict = (fit_verdict(info.config, self.values, self.gpu_memory) if e.has_weights else
-                           Verdict(False, "✘ no weights", f"{e.path} has no *.safetensors weight files: the engine "
-                                   "cannot load it. Download the weights into it, or choose another folder."))
+                if e.unsupported:
+                    verdict = Verdict(False, f"✘ {e.unsupported}", f"{e.path}: the engine cannot serve this file "
+                                      f"({e.unsupported}; it reads {', '.join(SUPPORTED_TYPES)})")
+                elif e.has_weights:
+                    verdict = fit_verdict(info.config, self.values, self.gpu_memory)
+                else:
+                    verdict = Verdict(False, "✘ no weights", f"{e.path} has no *.safetensors weight files: the "
+                                      "engine cannot load it. Download the weights into it, or choose another folder.")
+                quant = info.quantization if info.dtype == "gguf" else quantization_of(info.config, info.dtype)
                 cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture, parameters_text(info),
-                         quantization_of(info.config, info.dtype),
+                         quant,
                          f"{info.context_length:,}" if info.context_length else "?",
                          verdict.cell(int(self.values.get("max_num_seqs") or 256)), str(e.path))
             for col, text in enumerate(cells):
@@ -260,7 +301,8 @@ class ModelLibrary(QWidget):
         self._update_use_button()
 
     def _usable(self, row: int) -> bool:
-        return 0 <= row < len(self.entries) and self.entries[row].info is not None
+        return 0 <= row < len(self.entries) and self.entries[row].info is not None \
+            and not self.entries[row].unsupported
 
     def _update_use_button(self) -> None:
         rows = {index.row() for index in self.table.selectionModel().selectedRows()}

@@ -12,6 +12,10 @@ import os
 # than any import of this package), and inherited by tensor-parallel workers; a value the user set stays.
 os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
 
+from engine.platform.threads import set_process_env  # noqa: E402 - the thread budget's environment, before torch
+
+set_process_env()
+
 _EXPORTS = {
     "LLM": "engine.entrypoints.llm", "LLMEngine": "engine.entrypoints.llm_engine",
     "SamplingParams": "engine.sample.sampling_params", "EngineConfig": "engine.config.flags",

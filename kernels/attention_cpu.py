@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import types
 
 import numba
 import numpy as np
@@ -25,9 +26,15 @@ if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "workqueue"
 
 
-@numba.njit(parallel=True, cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
-def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale, window, soft_cap, sinks,
-                   out):  # pragma: no cover
+_FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
+# A decode batch smaller than this many multiply-adds runs on the calling thread: waking numba's pool costs more
+# than it saves (tens of microseconds; far more when torch's OpenMP threads hold the cores), and small batches
+# are the latency-bound ones.
+PARALLEL_MIN_WORK = 1 << 20
+
+
+def _decode(query, k_cache, v_cache, block_tables, seq_lens, rows, scale, window, soft_cap, sinks,
+            out):  # pragma: no cover
     """out[rows[s], h] = softmax(q·Kᵀ·scale) V over the last min(seq_len, window) tokens of sequence s.
 
     Two passes per (sequence, KV head): scores for the whole group of query heads sharing the KV head
@@ -80,6 +87,17 @@ def _decode_kernel(query, k_cache, v_cache, block_tables, seq_lens, rows, scale,
                 out[row, kvh * group + g, d] = acc_out[g, d]
 
 
+def _renamed(fn, name: str):
+    """The same code under another name: numba's on-disk cache files are named by the function, and the
+    serial and parallel builds must not load each other."""
+    copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+    copy.__qualname__ = name
+    return copy
+
+
+_decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_decode)
+_decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(_renamed(_decode, "_decode_serial"))  # prange: range
+
 _NO_SINKS = np.empty(0, dtype=np.float32)
 
 
@@ -103,10 +121,12 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     decode = np.flatnonzero(query_lens == 1)
     if decode.size:
         window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
-        _decode_kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(),
-                       block_tables.numpy()[decode], seq_lens.numpy()[decode].astype(np.int64),
-                       starts_np[decode].astype(np.int64), np.float32(scale), window, np.float32(soft_cap or 0.0),
-                       _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out.numpy())
+        lens = seq_lens.numpy()[decode].astype(np.int64)
+        work = int(np.minimum(lens, window).sum()) * query.shape[1] * query.shape[2] * 2
+        kernel = _decode_kernel if work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else _decode_serial
+        kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(), block_tables.numpy()[decode], lens,
+               starts_np[decode].astype(np.int64), np.float32(scale), window, np.float32(soft_cap or 0.0),
+               _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out.numpy())
     if decode.size < len(query_lens):
         prefill_attention_torch(query, k_cache, v_cache, block_tables, seq_lens.tolist(), starts_np.tolist(),
                                 scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks, key_limits)
@@ -114,9 +134,12 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) once, so the first real step does not pay for it."""
+    """Compile (or load from numba's cache) both builds once, so the first real step does not pay for it."""
     q = torch.zeros(1, 1, 4)
     cache = torch.zeros(1, 1, 1, 4)
     paged_attention_cpu(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
                         torch.tensor([0, 1], dtype=torch.int32), 1.0)
+    args = (q.numpy(), cache.numpy(), cache.numpy(), np.zeros((1, 1), np.int32), np.ones(1, np.int64),
+            np.zeros(1, np.int64), np.float32(1.0), np.iinfo(np.int64).max, np.float32(0.0), _NO_SINKS, q.numpy())
+    _decode_kernel(*args)
     assert math.isfinite(float(q.sum()))

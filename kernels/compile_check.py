@@ -1,14 +1,20 @@
 """Compile the Triton kernels for a GPU architecture on a machine without a GPU, and check the machine code.
 
-``python -m kernels.compile_check [--arch 86 90]`` runs Triton's whole pipeline (TTIR, TTGIR, LLVM, PTX,
-cubin with the bundled ptxas) for the kernel variants the backend launches, so code that only the
-interpreter accepts is caught before it meets a GPU. The quantized-linear GEMV/GEMM variants are compiled too. It also reads the PTX: FP8 caches and FP8 weights must compile to
-integer bit manipulation with no FP8 conversion instructions (sm_86 has none), and the FP8 KV write must
-use IEEE division (``div.rn.f32``) to round exactly like torch. Must run with TRITON_INTERPRET unset.
+``python -m kernels.compile_check [--arch 86 90] [--tuned moe_tiles.json]`` runs Triton's whole pipeline (TTIR,
+TTGIR, LLVM, PTX, cubin with the bundled ptxas) for the kernel variants the backend launches, each with the
+warps and pipelining stages its launch passes, so code that only the interpreter accepts is caught before it
+meets a GPU. The quantized-linear GEMV/GEMM variants are compiled too, and the fused-MoE tiles of a tuned table
+(`pagedesk-bench moe-tune`'s, kernels/moe_tuning.py: `--tuned`, or the default table when a full run finds
+one). Each compiled kernel's shared memory (`metadata.shared`) must fit the architecture's opt-in limit per
+block (99 KiB on sm_86/sm_89: a variant above it would fail to launch on a 3090/4090). It also reads the PTX:
+FP8 caches and FP8 weights must compile to integer bit manipulation with no FP8 conversion instructions (sm_86
+has none), and the FP8 KV write must use IEEE division (``div.rn.f32``) to round exactly like torch. Must run
+with TRITON_INTERPRET unset. The Triton it runs is the floor pyproject.toml states (what is tested).
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import re
 import subprocess
@@ -33,6 +39,11 @@ class Variant:
     fp8: bool = False
     needs_div_rn: bool = False
     num_warps: int = 4
+    num_stages: int = 3  # the launch's num_stages (Triton's default 3 where the launch passes none)
+
+
+# Shared memory a block may opt into, per compute capability (CUDA programming guide, compute capabilities).
+SHARED_LIMIT = {80: 163 * 1024, 86: 99 * 1024, 87: 163 * 1024, 89: 99 * 1024, 90: 227 * 1024, 120: 99 * 1024}
 
 
 def _ptr(dtype: torch.dtype) -> str:
@@ -101,14 +112,15 @@ def quant_linear_variant(dtype: torch.dtype, bits: int, group: int, act_order: b
 
 
 def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down: bool, bias: bool = False,
-                weights: str = "float", bits: int = 4, group: int = 128, act_order: bool = False) -> Variant:
-    """The fused-MoE grouped GEMM with the tiles default_moe_tiles picks for that batch (down: the
-    projection whose epilogue multiplies by the router weights); `weights` float, int (W4A16/W8A16 codes
-    with `bits` and `group`, GPTQ act order's g_idx with `act_order`), fp8 (e4m3 with block scales of
-    `group` columns; -1 per channel) or mxfp4, the packed ones dequantized in the kernel."""
+                weights: str = "float", bits: int = 4, group: int = 128, act_order: bool = False,
+                tiles=None) -> Variant:
+    """The fused-MoE grouped GEMM with the tiles default_moe_tiles picks for that batch (or `tiles`, a tuned
+    table's) (down: the projection whose epilogue multiplies by the router weights); `weights` float, int
+    (W4A16/W8A16 codes with `bits` and `group`, GPTQ act order's g_idx with `act_order`), fp8 (e4m3 with block
+    scales of `group` columns; -1 per channel) or mxfp4, the packed ones dequantized in the kernel."""
     from kernels.triton_moe import (FLOAT_WEIGHTS, FP8_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, default_moe_tiles,
                                     fused_moe_kernel)
-    t = default_moe_tiles(tokens, top_k, experts, "fp8" if weights == "fp8" else "")
+    t = tiles or default_moe_tiles(tokens, top_k, experts, "fp8" if weights == "fp8" else "")
     b_ptr, scales, zeros = {"float": (_ptr(dtype), "*fp32", "*fp32"),
                             "int": ("*i32", "*fp16", "*u8" if bits <= 4 else "*i16"),
                             "fp8": ("*u8", "*fp32", "*fp32"),
@@ -128,7 +140,26 @@ def moe_variant(dtype: torch.dtype, tokens: int, top_k: int, experts: int, down:
             "fp8": f" fp8 {'per-channel' if group == -1 else f'block {group}'}", "mxfp4": " mxfp4"}[weights]
     name = f"moe {'down' if down else 'gate_up'} {dtype}{kind} {tokens} tokens top-{top_k}/{experts} {t}"
     return Variant(name + (" bias" if bias else ""), fused_moe_kernel, pointers, constexprs,
-                   fp8=weights == "fp8", num_warps=t.num_warps)
+                   fp8=weights == "fp8", num_warps=t.num_warps, num_stages=t.num_stages)
+
+
+def tuned_moe_variants(path) -> list[Variant]:
+    """Every entry of a tuned MoE tile table (any card, any shape), both projections, as its launches compile
+    them: the shape key's weights and top-k (int4/int8 as GPTQ g128, fp8 with 128 x 128 blocks)."""
+    from kernels.moe_tuning import MoETiles, read_table
+    variants = []
+    for device, shapes in read_table(Path(path)).items():
+        for key, entries in shapes.items():
+            weights, experts, _, _, top_k = key.split()
+            kind = {"int4": dict(weights="int", bits=4), "int8": dict(weights="int", bits=8),
+                    "fp8": dict(weights="fp8"), "mxfp4": dict(weights="mxfp4")}.get(weights, {})
+            dtype = torch.float16 if weights == "fp16" else torch.bfloat16
+            for tokens, fields in entries.items():
+                tiles = MoETiles(*(int(f) for f in fields))
+                for down in (False, True):
+                    v = moe_variant(dtype, int(tokens), int(top_k[1:]), int(experts[1:]), down, tiles=tiles, **kind)
+                    variants.append(dataclasses.replace(v, name=f"tuned [{device}] {key} {tokens}: {v.name}"))
+    return variants
 
 
 def moe_variants() -> list[Variant]:
@@ -169,11 +200,11 @@ def gated_delta_variants() -> list[Variant]:
         Variant("gated_delta chunk_prepare bf16 d128 group 3", chunk_prepare_kernel,
                 dict(k_ptr=bf16, v_ptr=bf16, g_ptr="*fp32", beta_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32",
                      c_ptr="*fp32", chunk_seq_ptr="*i32", chunk_first_ptr="*i32", start_ptr="*i32"),
-                dict(HV=48, BT=CHUNK, BLOCK_V=PREPARE_BLOCK_V, **heads)),
+                dict(HV=48, BT=CHUNK, BLOCK_V=PREPARE_BLOCK_V, DOT="tf32", **heads)),
         Variant("gated_delta chunk_state bf16 d128 group 3", chunk_state_kernel,
                 dict(q_ptr=bf16, k_ptr=bf16, u_ptr="*fp32", w_ptr="*fp32", c_ptr="*fp32", o_ptr=bf16,
                      state_ptr="*fp32", long_seq_ptr="*i32", keep_ptr="*i8", **seq),
-                dict(HV=48, BT=CHUNK, BLOCK_V=STATE_BLOCK_V, **heads), num_warps=STATE_WARPS),
+                dict(HV=48, BT=CHUNK, BLOCK_V=STATE_BLOCK_V, DOT="tf32", **heads), num_warps=STATE_WARPS),
         Variant("gated_delta causal_conv1d bf16 width 4", causal_conv1d_kernel,
                 dict(x_ptr=bf16, w_ptr=bf16, bias_ptr=bf16, state_ptr=bf16, y_ptr=bf16, token_seq_ptr="*i32", **seq),
                 dict(WIDTH=4, HAS_BIAS=False, SILU=True, BLOCK_T=BLOCK_T, BLOCK_C=BLOCK_C)),
@@ -233,7 +264,8 @@ def quick_variants() -> list[Variant]:
             moe_variant(torch.bfloat16, 16, 8, 128, False, weights="fp8")]
 
 
-def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
+def compile_variant(variant: Variant, arch: int):
+    """The compiled kernel (its `.asm` and `.metadata`) of a variant for an architecture."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -245,7 +277,15 @@ def compile_variant(variant: Variant, arch: int) -> dict[str, str]:
             signature[name] = variant.pointers.get(name, "fp32" if name in ("softmax_scale", "soft_cap", "scale") else "i32")
     constexprs = {(variant.kernel.arg_names.index(k),): v for k, v in variant.constexprs.items()}
     source = ASTSource(variant.kernel, signature, constexprs=constexprs)
-    return triton.compile(source, target=GPUTarget("cuda", arch, 32), options={"num_warps": variant.num_warps}).asm
+    return triton.compile(source, target=GPUTarget("cuda", arch, 32),
+                          options={"num_warps": variant.num_warps, "num_stages": variant.num_stages})
+
+
+def check_shared(shared: int, arch: int) -> list[str]:
+    limit = SHARED_LIMIT.get(arch)
+    if limit is None or shared <= limit:
+        return []
+    return [f"needs {shared / 1024:.1f} KiB of shared memory, above sm_{arch}'s {limit // 1024} KiB per block"]
 
 
 def register_usage(ptx: str, arch: int) -> str:
@@ -282,20 +322,29 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--arch", type=int, nargs="+", default=[86], help="compute capabilities, e.g. 86 90")
     parser.add_argument("--quick", action="store_true", help="only the few variants CI compiles")
     parser.add_argument("--match", default="", help="only variants whose name contains this text, e.g. moe")
+    parser.add_argument("--tuned", default=None, help="a tuned MoE tile table (moe_tiles.json) whose every entry "
+                        "compiles too; a full run also takes the default table when there is one")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         print("TRITON_INTERPRET=1 is set: kernels would be interpreted, not compiled; unset it")
         return 2
+    from kernels.moe_tuning import table_path
+    chosen = quick_variants() if args.quick else variants()
+    tuned = args.tuned or (None if args.quick or not table_path().exists() else table_path())
+    if tuned:
+        chosen += tuned_moe_variants(tuned)
     failures = 0
     for arch in args.arch:
-        for variant in quick_variants() if args.quick else variants():
+        for variant in chosen:
             if args.match not in variant.name:
                 continue
             start = time.perf_counter()
             usage = ""
             try:
-                ptx = compile_variant(variant, arch)["ptx"]
-                problems, usage = check_ptx(variant, ptx), register_usage(ptx, arch)
+                compiled = compile_variant(variant, arch)
+                ptx, shared = compiled.asm["ptx"], compiled.metadata.shared
+                problems = check_ptx(variant, ptx) + check_shared(shared, arch)
+                usage = f"{shared / 1024:.1f} KiB shared, {register_usage(ptx, arch)}"
             except Exception as exc:  # report every variant, then fail
                 problems = [f"{type(exc).__name__}: {exc}"]
             failures += bool(problems)

@@ -1,16 +1,17 @@
 """Torch reference for Gated DeltaNet layers: the short causal conv1d and the gated delta rule over packed
 varlen batches, reading and writing per-sequence state slots in place.
 
-Layout (shared with kernels/triton_gated_delta.py and kernels/triton_causal_conv1d.py): all scheduled tokens
-of all sequences in one flat [T, ...] tensor, `query_start_loc` [B+1] int32 offsets, one state slot per
-sequence (`state_indices` [B]), `has_initial_state` [B] bool (False: the slot is read as zeros, a fresh
-prompt). The recurrent state is float32 whatever the activations' dtype. `read_only_state` [B] bool (optional):
-True rows read their slot but leave it as it was (a speculative verify row, whose 1 + k tokens may be
-rejected: the engine later replays only the accepted ones through these same functions, see
-engine/spec_decode/state_rollback.py). The math is HF's
-(transformers/models/qwen3_next/modeling_qwen3_next.py): prefill rows take the chunked form, vectorised
-over heads and chunks; one-token rows (decode) take the recurrent form, batched over sequences. This is the
-CPU path and the oracle the Triton kernels are tested against; it imports nothing of ours.
+Layout (shared with kernels/triton_gated_delta.py and kernels/triton_causal_conv1d.py): all scheduled tokens of all
+sequences in one flat [T, ...] tensor, `query_start_loc` [B+1] int32 offsets, one state slot per sequence
+(`state_indices` [B]), `has_initial_state` [B] bool (False: the slot is read as zeros, a fresh prompt). A CUDA
+graph's padding rows are empty sequences at the end: the tokens past `query_start_loc[-1]` belong to no sequence and
+come out as zeros, and an empty sequence leaves its slot alone. The recurrent state is float32 whatever the
+activations' dtype. `read_only_state` [B] bool (optional): True rows read their slot but leave it as it was (a
+speculative verify row, whose 1 + k tokens may be rejected: the engine later replays only the accepted ones through
+these same functions, see engine/spec_decode/state_rollback.py). The math is HF's
+(transformers/models/qwen3_next/modeling_qwen3_next.py): prefill rows take the chunked form, vectorised over heads
+and chunks; one-token rows (decode) take the recurrent form, batched over sequences. This is the CPU path and the
+oracle the Triton kernels are tested against; it imports nothing of ours.
 """
 from __future__ import annotations
 
@@ -38,7 +39,9 @@ def _sequence_bounds(query_start_loc: torch.Tensor, state_indices: torch.Tensor,
     """Check the varlen bookkeeping and return query_start_loc as a host list."""
     starts = query_start_loc.tolist()
     num_seqs = len(starts) - 1
-    if num_seqs < 0 or starts[0] != 0 or starts[-1] != num_tokens:
+    # Tokens past the last sequence only come with a graph's padding rows, which are empty sequences at the end.
+    padded = num_seqs > 0 and starts[-1] == starts[-2] and starts[-1] < num_tokens
+    if num_seqs < 0 or starts[0] != 0 or (starts[-1] != num_tokens and not padded):
         raise ValueError(f"query_start_loc must run from 0 to the {num_tokens} tokens; got {starts}")
     if any(b < a for a, b in zip(starts, starts[1:])):
         raise ValueError(f"query_start_loc must not decrease; got {starts}")
@@ -104,6 +107,7 @@ def causal_conv1d_varlen(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tens
     w = weight.float()
     b = None if bias is None else bias.float()
     y = torch.empty_like(x)
+    y[starts[-1]:] = 0  # tokens of no sequence
     decode = [i for i in range(len(slots)) if starts[i + 1] - starts[i] == 1]
     if decode:  # one token each: a dot product of the window [state, x] with the taps, batched
         rows = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=x.device)
@@ -243,16 +247,18 @@ def gated_delta_rule_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g
                             query_start_loc: torch.Tensor, has_initial_state: torch.Tensor,
                             scale: float | None = None, use_qk_l2norm: bool = True,
                             chunk_size: int = 64, read_only_state: torch.Tensor | None = None,
-                            max_query_len: int | None = None) -> torch.Tensor:
+                            max_query_len: int | None = None, chunks=None) -> torch.Tensor:
     """The gated delta rule over a packed batch: q, k [T, Hk, Dk], v [T, Hv, Dv], g/beta [T, Hv];
     ssm_states [num_slots, Hv, Dk, Dv] float32 is read and written in place through state_indices (rows
     flagged in `read_only_state` only read theirs). Returns o [T, Hv, Dv] in v.dtype. `max_query_len` (the
-    longest row, known on the host) lets the Triton twin skip its host sync; the reference ignores it."""
+    longest row, known on the host) and `chunks` (the step's chunk table, kernels/gated_delta_chunks.py) let
+    the Triton twin skip its host syncs; the reference ignores both."""
     check_gated_delta_inputs(q, k, v, g, beta, ssm_states)
     starts = _sequence_bounds(query_start_loc, state_indices, has_initial_state, q.shape[0], ssm_states.shape[0])
     slots, fresh = state_indices.tolist(), (~has_initial_state.bool()).tolist()
     keep = _read_only(read_only_state, len(slots))
     o = torch.empty_like(v)
+    o[starts[-1]:] = 0  # tokens of no sequence
     decode = [i for i in range(len(slots)) if starts[i + 1] - starts[i] == 1]
     if decode:
         rows = torch.tensor([starts[i] for i in decode], dtype=torch.long, device=q.device)

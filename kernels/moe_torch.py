@@ -5,8 +5,9 @@ then up rows, `w2` [E, H, I] its down projection, optional biases `w13_bias` [E,
 `topk_ids` [T, k] and `topk_weights` [T, k] come from the router. The loop visits only the experts that
 received tokens, so a decode step touches k experts' weights, not all of them. `w13`/`w2` may be anything
 indexable by expert id that returns a float matrix: quantized experts are `PackedExperts` (W4A16/W8A16 int
-codes, GPTQ act order included, FP8, or MXFP4), dequantized one routed expert at a time by kernels/quant_torch.py. This is the CPU path and
-the oracle the Triton kernel is tested against; it imports only kernels/quant_torch.py.
+codes, GPTQ act order included, FP8, MXFP4, or GGUF blocks), dequantized one routed expert at a time by
+kernels/quant_torch.py or kernels/gguf_torch.py. This is the CPU path and the oracle the Triton kernel is tested
+against; it imports only those two.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels.gguf_torch import block_format, dequantize_gguf
 from kernels.quant_torch import MXFP4_BLOCK, dequantize_fp8, dequantize_int, dequantize_mxfp4
 
 ACTIVATIONS = ("silu", "swigluoai")
@@ -31,27 +33,35 @@ class PackedExperts:
     row k is in group k // group_size. format "fp8": `weight` float8_e4m3fn [E, N, K] and float32 `scales`
     [E, N, ceil(K / group_size)], one per output row and block of `group_size` input columns (block-wise FP8;
     per-channel is one block spanning K, [E, N, 1]). format "mxfp4": `weight` uint8 [E, N, K / 2] (two E2M1
-    codes a byte), `scales` uint8 E8M0 [E, N, K / 32]. `dtype` is what a dequantized expert comes out as."""
+    codes a byte), `scales` uint8 E8M0 [E, N, K / 32]. format "gguf": `weight` uint8 [E, N, K / QK * type_size],
+    every expert's rows in llama.cpp block format `ggml_type` (kernels/gguf_torch.py), no scales beside them.
+    `dtype` is what a dequantized expert comes out as."""
     format: str
     weight: torch.Tensor
-    scales: torch.Tensor
+    scales: torch.Tensor | None = None
     zeros: torch.Tensor | None = None
     bits: int = 4
     group_size: int = MXFP4_BLOCK
     dtype: torch.dtype = torch.float32
     g_idx: torch.Tensor | None = None
+    ggml_type: int = -1  # format "gguf": the block format of every expert's rows
 
     def __post_init__(self) -> None:
-        if self.format not in ("int", "fp8", "mxfp4"):
-            raise ValueError(f"packed experts format {self.format!r} is not one of int, fp8, mxfp4")
+        if self.format not in ("int", "fp8", "mxfp4", "gguf"):
+            raise ValueError(f"packed experts format {self.format!r} is not one of int, fp8, mxfp4, gguf")
 
     @property
     def shape(self) -> tuple[int, int, int]:
         """(experts, N, K) of the float weights this encodes."""
         e, a, b = self.weight.shape
+        if self.format == "gguf":
+            fmt = block_format(self.ggml_type)
+            return e, a, b // fmt.type_size * fmt.block_size
         return {"int": (e, b, a * (32 // self.bits)), "fp8": (e, a, b), "mxfp4": (e, a, b * 2)}[self.format]
 
     def __getitem__(self, e: int) -> torch.Tensor:
+        if self.format == "gguf":
+            return dequantize_gguf(self.weight[e], self.ggml_type, self.dtype)
         if self.format == "mxfp4":
             return dequantize_mxfp4(self.weight[e], self.scales[e], self.dtype)
         if self.format == "fp8":

@@ -36,7 +36,11 @@ def default_moe_tiles(num_tokens: int, top_k: int, num_experts: int, weights: st
     """Untuned defaults by rows per expert; BLOCK_M 16 up to 16 tokens (an expert gets each token at most once,
     so one M block holds all its rows and its weights are read once). Shared memory stays under sm_86's 99 KB
     and no configuration spills registers on sm_86/sm_89 (kernels/compile_check.py): FP8 experts' large tiles
-    take BLOCK_K 32, since a 64 x 128 tile of decoded FP8 weights next to the accumulator spilled 120 B."""
+    take BLOCK_K 32, since a 64 x 128 tile of decoded FP8 weights next to the accumulator spilled 120 B; GGUF experts
+    too (untuned: no card here to tune on)."""
+    if weights == "gguf":  # decoded weight by weight (kernels/triton_gguf.py): one 32-wide sub-block a K step
+        return MoETiles(16 if num_tokens <= DECODE_TOKENS else 32, 64, 32, 1 if num_tokens <= DECODE_TOKENS else 8,
+                        4, 3)
     if num_tokens <= DECODE_TOKENS:
         return MoETiles(16, 64, 128, 1, 4, 4)
     rows_per_expert = num_tokens * top_k / num_experts

@@ -23,7 +23,7 @@ from kernels.triton_paged_attention import paged_attention_kernel, reduce_splits
 from kernels.triton_scales import scale_tensor
 from kernels.triton_write_kv import write_kv_cache_triton
 
-__all__ = ["paged_attention_triton", "write_kv_cache_triton", "AttentionTiles", "choose_tiles",
+__all__ = ["paged_attention_triton", "write_kv_cache_triton", "AttentionTiles", "choose_tiles", "device_facts",
            "launch_paged_attention", "attention_constexprs", "reduce_constexprs"]
 
 MAX_SPLITS = 32
@@ -49,11 +49,17 @@ def _device_facts(device: torch.device) -> tuple[int, int]:
     return props.multi_processor_count, props.major
 
 
+def device_facts(device: torch.device) -> tuple[int, int]:
+    """(multiprocessor count, compute capability major) of `device`: what `choose_tiles` reads."""
+    return _device_facts(device)
+
+
 def choose_tiles(num_tokens: int, num_seqs: int, num_kv_heads: int, group: int, head_dim: int,
-                 max_kv_len: int, device: torch.device) -> AttentionTiles:
+                 max_kv_len: int, device: torch.device, facts: tuple[int, int] | None = None) -> AttentionTiles:
     """Untuned defaults picked from ptxas register/spill reports (no spills on sm_86 and sm_90 for
-    head_dim <= 256); re-tune with `python -m kernels.bench` on the target card."""
-    num_sms, major = _device_facts(device)
+    head_dim <= 256); re-tune with `python -m kernels.bench` on the target card. `facts` (SM count, major):
+    another card's, to key graphs on the tiles every tensor-parallel rank would choose."""
+    num_sms, major = facts or _device_facts(device)
     decode_only = num_tokens == num_seqs
     rows = 16 if decode_only else (64 if head_dim <= 128 else 32)
     block_m = max(rows, triton.next_power_of_2(group))

@@ -9,7 +9,8 @@ the expert's bias and multiplies by the router weight before storing, and the k 
 The sort runs on the device with no host sync (CUDA graphs can capture it). A decode batch of up to 16 tokens
 gives every expert at most 16 rows, one M block with the default tiles, so each chosen expert's weights are
 read once per step. Packed experts (W4A16/W8A16 int codes, GPTQ act order's g_idx included; FP8 e4m3 with
-per-channel or block-wise scales; MXFP4) are dequantized tile by tile in registers before each dot (sm_86 has
+per-channel or block-wise scales; MXFP4; GGUF blocks, through kernels/triton_gguf.py's gguf_tile) are
+dequantized tile by tile in registers before each dot (sm_86 has
 no FP8/FP4 matrix units, and one W8A16 path serves sm_89 too), so they cross memory at 4 or 8 bits. Tiles come
 from `moe_tiles`: a tuned table (kernels/moe_tuning.py, written by `pagedesk-bench moe-tune`) for this card
 and shape when there is one, else `default_moe_tiles`. Imports only kernels/ modules.
@@ -22,8 +23,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.gguf_torch import block_format
 from kernels.moe_torch import SWIGLU_ALPHA, SWIGLU_LIMIT, PackedExperts, moe_activation
 from kernels.moe_tuning import MoETiles, default_moe_tiles, moe_tiles, shape_key
+from kernels.triton_gguf import gguf_tile, iq4_table
 
 
 def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int):
@@ -50,7 +53,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int)
     return sorted_ids, expert_ids, ends[-1:].to(torch.int32)
 
 
-FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, FP8_WEIGHTS = 0, 1, 2, 3  # the WEIGHT_FORMAT constexpr
+FLOAT_WEIGHTS, INT_WEIGHTS, MXFP4_WEIGHTS, FP8_WEIGHTS, GGUF_WEIGHTS = 0, 1, 2, 3, 4  # the WEIGHT_FORMAT constexpr
 
 
 @triton.jit
@@ -136,13 +139,15 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
                      stride_se, stride_sn, stride_sg, stride_ze, stride_zg, stride_ge, TOP_K: tl.constexpr,
                      MUL_ROUTED_WEIGHT: tl.constexpr, HAS_BIAS: tl.constexpr, IEEE_FP32: tl.constexpr,
                      WEIGHT_FORMAT: tl.constexpr, BITS: tl.constexpr, GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr,
+                     GGML_TYPE: tl.constexpr, TYPE_SIZE: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """C[rows of one expert's M block, N block] = A[rows] @ B[expert].T (+ bias) (* router weight).
 
     B is float [E, N, K], or packed (WEIGHT_FORMAT): int codes [E, K / pack, N] with [E, G, N] scales and
-    zeros (and [E, K] g_idx under act order), FP8 bytes [E, N, K] with [E, N, K / GROUP] scales, or MXFP4
-    bytes [E, N, K / 2] with [E, N, K / 32] scales; a packed tile is dequantized in registers to A's dtype
-    right before the dot, so the weights cross memory at 4 or 8 bits."""
+    zeros (and [E, K] g_idx under act order), FP8 bytes [E, N, K] with [E, N, K / GROUP] scales, MXFP4
+    bytes [E, N, K / 2] with [E, N, K / 32] scales, or GGUF blocks [E, N, K / QK * TYPE_SIZE] of ggml type
+    GGML_TYPE (b_scales_ptr: the IQ4 table); a packed tile is dequantized in registers to A's dtype right before
+    the dot, so the weights cross memory at 4 to 8 bits."""
     pid = tl.program_id(0)
     num_pid_m, num_pid_n = tl.cdiv(EM, BLOCK_M), tl.cdiv(N, BLOCK_N)
     group = pid // (GROUP_M * num_pid_n)  # grouped ordering: neighbouring programs share weight tiles in L2
@@ -170,6 +175,8 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
         elif WEIGHT_FORMAT == 3:
             b = fp8_tile(b_expert, b_scales_ptr + expert * stride_se, k0, offs_n, K, N, stride_bn, stride_sn,
                          stride_sg, GROUP, BLOCK_K).to(a.dtype)
+        elif WEIGHT_FORMAT == 4:
+            b = gguf_tile(b_expert, b_scales_ptr, offs_k, offs_n, K, N, stride_bn, GGML_TYPE, TYPE_SIZE).to(a.dtype)
         elif WEIGHT_FORMAT == 2:
             b = mxfp4_tile(b_expert, b_scales_ptr + expert * stride_se, offs_k, offs_n, K, N, stride_bn,
                            stride_sn).to(a.dtype)
@@ -191,11 +198,19 @@ def fused_moe_kernel(a_ptr, b_ptr, c_ptr, bias_ptr, topk_weights_ptr, sorted_tok
 def weight_args(w) -> tuple[dict, dict, tuple[int, int, int]]:
     """(pointer and stride arguments, format constexprs, (E, N, K)) of a float [E, N, K] tensor or PackedExperts."""
     none = dict(stride_se=0, stride_sn=0, stride_sg=0, stride_ze=0, stride_zg=0, stride_ge=0)
-    plain = dict(WEIGHT_FORMAT=FLOAT_WEIGHTS, BITS=16, GROUP=1, HAS_G_IDX=False)
+    plain = dict(WEIGHT_FORMAT=FLOAT_WEIGHTS, BITS=16, GROUP=1, HAS_G_IDX=False, GGML_TYPE=0, TYPE_SIZE=1)
     if isinstance(w, torch.Tensor):
         return (dict(b=w, scales=w, zeros=w, g_idx=w, stride_be=w.stride(0), stride_bn=w.stride(1),
                      stride_bk=w.stride(2), **none), plain, tuple(w.shape))
     e, n, k = w.shape
+    if w.format == "gguf":
+        if w.weight.stride(2) != 1:
+            raise ValueError(f"GGUF expert weights {tuple(w.weight.shape)} must be contiguous along their rows")
+        table = iq4_table(w.weight.device)
+        return (dict(b=w.weight, scales=table, zeros=table, g_idx=table, stride_be=w.weight.stride(0),
+                     stride_bn=w.weight.stride(1), stride_bk=1, **none),
+                dict(plain, WEIGHT_FORMAT=GGUF_WEIGHTS, GGML_TYPE=w.ggml_type,
+                     TYPE_SIZE=block_format(w.ggml_type).type_size), (e, n, k))
     if w.format in ("mxfp4", "fp8"):
         weight = w.weight.view(torch.uint8)  # FP8 bytes are decoded by integer arithmetic
         if weight.stride(2) != 1:
@@ -210,7 +225,7 @@ def weight_args(w) -> tuple[dict, dict, tuple[int, int, int]]:
                         stride_sg=0 if one_block else w.scales.stride(2)))
         fmt = (dict(WEIGHT_FORMAT=MXFP4_WEIGHTS, BITS=4, GROUP=32) if w.format == "mxfp4" else
                dict(WEIGHT_FORMAT=FP8_WEIGHTS, BITS=8, GROUP=128 if one_block else w.group_size))
-        return args, fmt | dict(HAS_G_IDX=False), (e, n, k)
+        return args, fmt | dict(HAS_G_IDX=False, GGML_TYPE=0, TYPE_SIZE=1), (e, n, k)
     if w.scales.stride(2) != 1 or w.zeros.stride(2) != 1:
         raise ValueError("int expert scales and zeros must be contiguous along N")
     g_idx = w.g_idx
@@ -221,8 +236,8 @@ def weight_args(w) -> tuple[dict, dict, tuple[int, int, int]]:
                 stride_se=w.scales.stride(0), stride_sn=1, stride_sg=w.scales.stride(1),
                 stride_ze=w.zeros.stride(0), stride_zg=w.zeros.stride(1),
                 stride_ge=0 if g_idx is None else g_idx.stride(0))
-    return args, dict(WEIGHT_FORMAT=INT_WEIGHTS, BITS=w.bits, GROUP=w.group_size, HAS_G_IDX=g_idx is not None), \
-        (e, n, k)
+    return args, dict(WEIGHT_FORMAT=INT_WEIGHTS, BITS=w.bits, GROUP=w.group_size, HAS_G_IDX=g_idx is not None,
+                      GGML_TYPE=0, TYPE_SIZE=1), (e, n, k)
 
 
 def grouped_gemm(a: torch.Tensor, w, out: torch.Tensor, bias: torch.Tensor | None,
@@ -252,7 +267,7 @@ def weights_kind(w, dtype: torch.dtype) -> str:
     packed format (int4/int8, fp8, mxfp4)."""
     if isinstance(w, torch.Tensor):
         return str(dtype).removeprefix("torch.").replace("float", "fp").replace("bfp", "bf")
-    return f"int{w.bits}" if w.format == "int" else w.format
+    return f"int{w.bits}" if w.format == "int" else w.format  # gguf: one kind, whatever the block format
 
 
 @functools.cache

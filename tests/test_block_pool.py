@@ -33,14 +33,28 @@ def fake_seq(tokens: list[int]):
 
 
 def test_free_queue_is_lru_and_removal_is_from_the_middle():
-    pool = BlockPool(6)
+    pool = BlockPool(6)  # blocks 1..6: block 0 is the reserved null block (issue 32)
     a = pool.get_new_blocks(3)
-    assert free_ids(pool) == [3, 4, 5] and [b.ref_count for b in a] == [1, 1, 1]
+    assert free_ids(pool) == [4, 5, 6] and [b.ref_count for b in a] == [1, 1, 1]
     pool.free_blocks(reversed(a))
-    assert free_ids(pool) == [3, 4, 5, 2, 1, 0]
+    assert free_ids(pool) == [4, 5, 6, 3, 2, 1]
     pool.touch([pool.blocks[5]])  # out of the middle, O(1)
-    assert free_ids(pool) == [3, 4, 2, 1, 0] and pool.blocks[5].ref_count == 1
+    assert free_ids(pool) == [4, 5, 3, 2, 1] and pool.blocks[5].ref_count == 1
     assert pool.num_free_blocks == 5
+
+
+def test_block_zero_is_never_handed_out():
+    """Issue 32 item 6: NULL_BLOCK is block 0, and every zero-filled table entry (freed rows, graph padding,
+    warm-up and capture metadata) points at its page; the pool's blocks are 1..n, so no sequence's KV is ever
+    there, however the pool is drained, freed, cached and evicted."""
+    from engine.kv.block_pool import NULL_BLOCK, kv_pages
+    pool = BlockPool(4)
+    assert NULL_BLOCK.block_id == 0 and sorted(b.block_id for b in pool.blocks) == [1, 2, 3, 4]
+    for _ in range(3):
+        taken = pool.get_new_blocks(4)
+        assert 0 not in [b.block_id for b in taken] and pool.num_free_blocks == 0
+        pool.free_blocks(taken)
+    assert kv_pages(4) == 5  # the KV cache holds page 0 as well
 
 
 def test_cached_blocks_survive_free_until_reallocated():

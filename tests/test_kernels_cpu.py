@@ -81,3 +81,19 @@ def test_window_never_reads_blocks_freed_behind_it():
     got, expected = both(batch, sliding_window=11)
     assert not got.isnan().any()
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("min_work", [0, 1 << 40], ids=["parallel", "serial"])
+def test_serial_and_parallel_builds_both_match_the_oracle(monkeypatch, min_work):
+    """Small decode batches run the kernel on the calling thread, large ones on numba's pool: same results."""
+    import kernels.attention_cpu as attention_cpu
+    monkeypatch.setattr(attention_cpu, "PARALLEL_MIN_WORK", min_work)
+    calls = []
+    for name in ("_decode_kernel", "_decode_serial"):
+        kernel = getattr(attention_cpu, name)
+        monkeypatch.setattr(attention_cpu, name, lambda *a, _k=kernel, _n=name: calls.append(_n) or _k(*a))
+    batch = make_paged_batch([1] * 5, [3, 40, 17, 64, 9], num_kv_heads=2, group=2, head_dim=32)
+    got, expected = both(batch, sliding_window=11)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    want = "_decode_serial" if min_work or attention_cpu.numba.get_num_threads() == 1 else "_decode_kernel"
+    assert calls == [want]

@@ -81,7 +81,8 @@ class SimulatedRunner:
         self.free_bytes_at_start = card.mem_get_info()[0]
         card.alloc(weights)
 
-    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                    num_speculative_tokens: int = 0) -> int:
         temporary_kv = 64 * MIB
         self.card.alloc(temporary_kv)
         self.card.alloc(self.activations)
@@ -92,7 +93,7 @@ class SimulatedRunner:
         self.card.outside += self.workspace  # cuBLAS/NCCL take memory outside torch's allocator
         return temporary_kv
 
-    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype):
+    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens=0):
         return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
 
     def graph_bytes(self) -> int:
@@ -103,7 +104,7 @@ class SimulatedExecutor:
     def __init__(self, runners):
         self.runners, self.device = runners, runners[0].device
 
-    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype):
+    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens=0):
         return [measure_memory(r, num_tokens, max_num_seqs, kv_dtype) for r in self.runners]
 
 

@@ -1,7 +1,8 @@
 """The persistent sampling state (engine/sample/state.py): a step with no joins or leaves writes only its new
 tokens' counts, the buffers always equal counts rebuilt from the rows over a random join / grow / leave run,
 the sampler's output is the same as from metadata built from the rows alone (seeded rows included), and a
-pinned host buffer is only rewritten after the copy issued from it (CopyFence)."""
+pinned host buffer is only rewritten after the copy issued from it (CopyFence), and a step walks only
+the rows that bias or mask tokens."""
 from __future__ import annotations
 
 import random
@@ -130,3 +131,27 @@ def test_a_pinned_host_table_is_rewritten_only_after_its_copy_ran(monkeypatch):
     off.record()
     off.wait()
     assert off.event is None
+
+
+def test_bias_and_masks_walk_only_the_rows_that_ask_and_match_a_walk_of_all():
+    from engine.sample.state import bias_tensors, masked_tensors
+    rng = random.Random(5)
+    plain = [make_row(k, KINDS[k % len(KINDS)], rng) for k in range(4)]
+    biased = SamplingRow(SamplingParams(logit_bias={3: 5.0, 7: -100.0}), [1, 2], 2, None, [0], 10)
+    masked = SamplingRow(SamplingParams(min_tokens=2, stop_token_ids=[9]), [1, 2], 2, None, [0], 11)
+    bad = SamplingRow(SamplingParams(), [1, 2, 4], 2, None, [0], 12)
+    bad.params.bad_words_token_ids = [[4, 6], [8]]
+    rows = [plain[0], biased, plain[1], masked, bad, plain[2], plain[3]]
+    state = SamplingState(VOCAB, CPU)
+    meta = state.metadata(rows)
+    assert state.flags[[state.rows[r.key] for r in rows]][:, 3:].tolist() == [
+        [False, False], [True, False], [False, False], [False, True], [False, True], [False, False], [False, False]]
+    for got, full in ((meta.bias, bias_tensors(rows, CPU)), (meta.masked, masked_tensors(rows, CPU))):
+        assert all(torch.equal(a, b) for a, b in zip(got, full))
+    assert meta.bias[0].tolist() == [1, 1] and sorted(zip(*(t.tolist() for t in meta.masked))) == [
+        (3, 0), (3, 9), (4, 6), (4, 8)]
+    masked.token_ids += [5, 5]  # past min_tokens: nothing left to mask on that row
+    bad.token_ids.append(5)  # no longer ends with the head of [4, 6]
+    rows[1] = SamplingRow(SamplingParams(), biased.token_ids, 2, None, [0], 10)  # new parameters: no bias now
+    meta = state.metadata(rows)
+    assert meta.bias is None and sorted(zip(*(t.tolist() for t in meta.masked))) == [(4, 8)]

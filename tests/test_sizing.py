@@ -178,7 +178,7 @@ class FakeExecutor:
     def __init__(self, profiles):
         self.profiles = profiles
 
-    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype):
+    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens=0):
         return self.profiles
 
 

@@ -77,3 +77,22 @@ def test_the_worker_runs_ring_steps_unanswered_and_commands_after_their_steps():
     finally:
         commands_out.close()
         worker.join(60)
+
+
+def test_a_step_seen_before_its_payload_is_not_taken():
+    """Issue 32: on a weakly ordered CPU (aarch64) a worker may see the step number before the payload written
+    ahead of it. The reader checks the copied payload against the CRC-32 in the header: a slot whose bytes are
+    not all there yet reads as not published, and the next poll takes it."""
+    import struct
+    import zlib
+
+    ring = StepRing(CTX, 1, num_slots=2, slot_bytes=64)
+    reader = ring.reader(0)
+    view = memoryview(ring.buffer).cast("B")
+    at = ring._slot(1)
+    payload = b"step one, all of it"
+    struct.pack_into("<QQQ", view, at, 1, len(payload), zlib.crc32(payload))  # the header is visible first
+    view[at + 24:at + 24 + 9] = payload[:9]  # and only part of the payload
+    assert reader.take() is None
+    view[at + 24:at + 24 + len(payload)] = payload
+    assert reader.take() == payload

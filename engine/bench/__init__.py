@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 
 COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.memory", "serve": "engine.bench.serve",
-            "itl": "engine.bench.itl", "quant": "engine.bench.quant", "reliability": "engine.bench.reliability",
+            "itl": "engine.bench.itl", "quant": "engine.bench.quant", "gguf": "engine.bench.gguf",
+            "reliability": "engine.bench.reliability",
             "attacks": "engine.bench.attacks", "grammar": "engine.bench.grammar", "router": "engine.bench.router",
             "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe",
             "moe-tune": "engine.bench.moe_tune",
             "spec": "engine.bench.spec", "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare",
-            "images": "engine.bench.images"}
+            "images": "engine.bench.images",
+            "steps": "engine.bench.steps", "threads": "engine.bench.threads", "peer": "engine.bench.peer"}
 
 
 def main(argv: list[str] | None = None) -> None:

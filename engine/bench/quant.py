@@ -87,9 +87,9 @@ def cache_dequantized(model: torch.nn.Module) -> int:
     return added
 
 
-def run(path: Path, requests, max_model_len: int, cached: bool = False) -> tuple[float, int]:
+def run(path: Path, requests, max_model_len: int, cached: bool = False, **engine_args) -> tuple[float, int]:
     from engine import LLM, SamplingParams
-    llm = LLM(str(path), device="cpu", max_model_len=max_model_len)
+    llm = LLM(str(path), device="cpu", max_model_len=max_model_len, **engine_args)
     added = cache_dequantized(llm.engine.runner.model) if cached else 0
     params = [SamplingParams(temperature=0, max_tokens=r.output_len, ignore_eos=True) for r in requests]
     start = time.perf_counter()
@@ -102,18 +102,20 @@ def run(path: Path, requests, max_model_len: int, cached: bool = False) -> tuple
 
 def forward_times(configs: list[tuple[str, Path, bool]], token_counts: tuple[int, ...], reps: int) -> None:
     """Median ms of one model forward (linears, norms, rope; no attention) per config, interleaved so that
-    other load on the machine hits every config alike."""
+    other load on the machine hits every config alike (a config's path may be a GGUF file)."""
     import statistics
 
-    from engine.worker.loader import iterate_weights
+    from engine.config.gguf_file import is_gguf
     from engine.config.model import ModelConfig
+    from engine.worker.gguf_loader import iterate_gguf_weights
+    from engine.worker.loader import iterate_weights
     from engine.models.registry import model_class
 
     models = []
     for _, path, cached in configs:
         cfg = ModelConfig.from_folder(path)
         model = model_class(cfg.architecture)(cfg).eval()
-        model.load_weights(iterate_weights(path))
+        model.load_weights(iterate_gguf_weights(path, model) if is_gguf(path) else iterate_weights(path))
         if cached:
             cache_dequantized(model)
         models.append(model)

@@ -13,6 +13,8 @@ per request (EOS ignored). On CPU the clock is the process's CPU time on one thr
 as `pagedesk-bench itl` does), so a shared, busy machine does not move the figures; `--clock wall` for an
 idle machine. `--tensor-parallel-size 2` runs the target over two ranks (the draft whole on rank 0); the
 CPU clock would count rank 0's process only, so it takes `--clock wall`. `--methods` picks a subset.
+`--device cuda` (or `cuda:N`, `auto`) runs every engine on a card, with the wall clock (the CPU clock does not
+see the card's work) and the engine's CUDA defaults (graphs, Triton kernels): the figures for BENCHMARKS.md.
 
 `--family qwen3_5` makes the target a random hybrid Qwen3.5 instead (Gated DeltaNet layers, 3 of every 4, with
 gated full attention; the shape of `pagedesk-bench hybrid --cpu`) with a random MTP head written under the
@@ -83,11 +85,11 @@ CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
 
 
 def run(path: Path, prompts: list[list[int]], output_len: int, spec: dict | None, max_model_len: int,
-        clock=time.process_time, tensor_parallel_size: int = 1) -> dict:
+        clock=time.process_time, tensor_parallel_size: int = 1, device: str = "cpu") -> dict:
     """Decode tokens/s: the clock from the last first token to the end (prefill excluded), per output."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(str(path), device="cpu", max_model_len=max_model_len, speculative_config=spec,
+    llm = LLM(str(path), device=device, max_model_len=max_model_len, speculative_config=spec,
               enable_prefix_caching=False, tensor_parallel_size=tensor_parallel_size)
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
     llm.generate([prompts[0][:8]], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)  # warm up
@@ -136,16 +138,22 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--batches", default="1,8")
-    ap.add_argument("--clock", choices=tuple(CLOCKS), default="cpu")
+    ap.add_argument("--clock", choices=tuple(CLOCKS), default=None,
+                    help="cpu (the default on CPU) or wall (the default, and the only choice, on a card)")
+    ap.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:N or auto (the engine's --device)")
     ap.add_argument("--tensor-parallel-size", type=int, default=1)
     ap.add_argument("--methods", help="comma-separated subset of off, ngram, draft, draft=target, or for "
                     "--family qwen3_5 of off, ngram, mtp, mtp=exact (off first: the baseline; default: all)")
     args = ap.parse_args(argv)
     tp = args.tensor_parallel_size
+    on_card = args.device != "cpu"
+    if on_card and args.clock == "cpu":
+        ap.error(f"--device {args.device} needs --clock wall: the CPU clock does not see the card's work")
+    args.clock = args.clock or ("wall" if on_card else "cpu")
     if tp > 1 and args.clock == "cpu":
         ap.error("--tensor-parallel-size > 1 needs --clock wall: the CPU clock counts rank 0's process only")
     import torch
-    if args.clock == "cpu" or tp > 1:
+    if not on_card and (args.clock == "cpu" or tp > 1):
         # CPU time then counts work, not threads spinning while descheduled; under tensor parallel rank 0 runs
         # one thread like its workers (two threads per rank on a loaded box spin in barriers, not compute).
         torch.set_num_threads(1)
@@ -185,7 +193,8 @@ def main(argv: list[str] | None = None) -> None:
     vocab = json.loads((target / "config.json").read_text())["vocab_size"]
     max_len = args.prompt_len + args.output_len + 16
     print(f"{described}, k={k}, prompt {args.prompt_len}, "
-          f"output {args.output_len} tokens, greedy, CPU, {args.clock} clock, tensor_parallel_size {tp}")
+          f"output {args.output_len} tokens, greedy, device {args.device}, {args.clock} clock, "
+          f"tensor_parallel_size {tp}")
     print("| workload | batch | method | decode tok/s | vs off | acceptance | mean accepted length | same output |")
     print("|---|---|---|---|---|---|---|---|")
     for batch in (int(b) for b in args.batches.split(",")):
@@ -193,9 +202,10 @@ def main(argv: list[str] | None = None) -> None:
             bases = {}
             for method, (path, spec) in methods.items():
                 if path not in bases and method != "off":  # speculation off on this method's own target
-                    bases[path] = run(path, prompts, args.output_len, None, max_len, CLOCKS[args.clock], tp)
+                    bases[path] = run(path, prompts, args.output_len, None, max_len, CLOCKS[args.clock], tp,
+                                      args.device)
                     print(row(name, batch, f"off ({method}'s target)", bases[path], bases[path]), flush=True)
-                r = run(path, prompts, args.output_len, spec, max_len, CLOCKS[args.clock], tp)
+                r = run(path, prompts, args.output_len, spec, max_len, CLOCKS[args.clock], tp, args.device)
                 print(row(name, batch, method, r, bases.setdefault(path, r)), flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
 

@@ -21,7 +21,7 @@ CUDA_GRAPH_MODES = ("full_and_piecewise", "full_decode_only")  # vLLM's cudagrap
 SCHEDULING_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "openai", "harmony")  # engine/tool_parsers
 REASONING_PARSERS = ("deepseek_r1", "qwen3", "openai_gptoss", "harmony")  # engine/reasoning
-SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round")  # engine/quantization/config.py reads them
+SUPPORTED_QUANTIZATION = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round", "gguf")  # engine/quantization/config.py reads them
 DEFAULT_CPU_KV_CACHE_GIB = 1.0
 OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # Online serving's step budget and prompt-token cap, per device: a step's cost grows with its tokens and
@@ -83,6 +83,14 @@ FLAGS: tuple[Flag, ...] = (
          "\"num_speculative_tokens\": 3, \"prompt_lookup_max\": 3}, {\"model\": DRAFT_FOLDER, "
          "\"num_speculative_tokens\": 3} or, for a checkpoint with an MTP head (Qwen3.5/3.6, Qwen3-Next), "
          "{\"method\": \"mtp\", \"num_speculative_tokens\": 2} (default: off)", "engine", gui=False),
+    Flag("async_scheduling", bool, False, "Schedule and prepare step N+1 while step N runs on the device (vLLM's "
+         "async scheduling): the next input tokens are fed on the device and stop conditions are checked one step "
+         "late, with identical output; steps that need their tokens on the host first (structured output, "
+         "penalties, bad words, min_tokens, beams, n>1 forks, speculative decoding) run one at a time",
+         "engine", negatable=True, gui=False),
+    Flag("compile_cpu_forward", bool, False, "On the CPU: run the model's forward through torch.compile, attention "
+         "eager between the compiled pieces (fewer, fused ops per step for small models); the first steps wait for "
+         "the compile, about a minute on two cores", "engine", gui=False),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),
@@ -201,6 +209,8 @@ class EngineConfig:
     enforce_eager: bool = False
     cuda_graph_mode: str = "full_and_piecewise"
     attention_backend: str = "auto"
+    async_scheduling: bool = False
+    compile_cpu_forward: bool = False
     speculative_config: str | dict | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -262,6 +272,9 @@ class EngineConfig:
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 runs one engine per replica behind pagedesk-serve's router; "
                              "one engine (or the offline LLM) serves one replica")
+        if self.compile_cpu_forward and self.tensor_parallel_size != 1:
+            raise ValueError("--compile-cpu-forward is not supported yet with --tensor-parallel-size > 1 (its CPU "
+                             "collectives run eager); leave one of them out")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key is empty or blank, which no client could send; give a real key, or leave "
                              "the flag out to serve without one")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.config.gguf_config import gguf_hf_config
+from engine.config.gguf_file import is_gguf, read_gguf_header
 from engine.models.registry import SUPPORTED_ARCHITECTURES, VL_TEXT_PREFIXES, get_architecture
 from engine.config.moe import MoEConfig, parse_moe_config
 from engine.config.pooler import PoolerConfig
@@ -180,7 +182,10 @@ class ModelConfig:
 
     @classmethod
     def from_folder(cls, path: str | Path, quantization: str | None = None) -> "ModelConfig":
+        """From a model folder's config.json, or from a GGUF file's (or split set's) metadata."""
         path = Path(path)
+        if is_gguf(path):
+            return cls.from_gguf(path, quantization)
         hf = json.loads((path / "config.json").read_text())
         gen_file = path / "generation_config.json"
         generation = json.loads(gen_file.read_text()) if gen_file.exists() else {}
@@ -188,6 +193,13 @@ class ModelConfig:
         if cfg.vision is not None and not any((path / name).exists() for name in IMAGE_PROCESSOR_FILES):
             cfg.vision = None  # a VL folder without its image processor is served as text: its tower never loads
         return cfg
+
+    @classmethod
+    def from_gguf(cls, path: str | Path, quantization: str | None = None, check_types: bool = True) -> "ModelConfig":
+        """From a GGUF file's (or split set's) metadata; `check_types=False` reads a file with tensor types the
+        engine does not load (the planner and the app's library show such files with the reason)."""
+        header = read_gguf_header(path, check_types=check_types)
+        return cls.from_hf_config(*gguf_hf_config(header), quantization)
 
     def with_max_model_len(self, max_model_len: int | None) -> "ModelConfig":
         if max_model_len is not None and max_model_len > self.max_position_embeddings:

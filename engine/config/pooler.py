@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.config.gguf_file import is_gguf
+
 TASKS = ("auto", "generate", "embed")
 POOLING_TYPES = ("LAST", "MEAN", "CLS")
 ST_POOLING_MODES = {"pooling_mode_lasttoken": "LAST", "pooling_mode_mean_tokens": "MEAN",
@@ -103,6 +105,8 @@ def resolve_task(task: str, folder: str | Path) -> str:
         raise ValueError(f"--task must be one of {list(TASKS)}, got {task!r}")
     if task != "auto":
         return task
+    if is_gguf(folder):  # the GGUF families served here are causal LMs
+        return "generate"
     hf = json.loads((Path(folder) / "config.json").read_text())
     return "embed" if is_embedding_checkpoint(folder, hf) else "generate"
 

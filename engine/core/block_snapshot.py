@@ -19,12 +19,12 @@ def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequ
                     group_names: list[str] | None = None, state_slots: StateSlots | None = None) -> BlockPoolSnapshot:
     """`group_names`: one per KV cache group when there are several (then each block's group is recorded);
     `state_slots`: a hybrid model's state pool, pictured slot by slot beside the blocks."""
-    n = pool.num_blocks
+    n = pool.num_blocks  # entry i pictures pool.blocks[i], block i + 1 (block 0 is the reserved null block)
     ref_count = np.fromiter((b.ref_count for b in pool.blocks), dtype=np.int32, count=n)
     state = np.where(ref_count > 0, USED, FREE).astype(np.uint8)
     for block_hash, block in pool.cached.items():
         if block.ref_count == 0:
-            state[block.block_id] = CACHED_FREE
+            state[block.block_id - 1] = CACHED_FREE
     owner = np.full(n, -1, dtype=np.int32)
     owner_ids: list[str] = []
     group = np.full(n, -1, dtype=np.int8) if group_names and len(group_names) > 1 else None
@@ -35,7 +35,7 @@ def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequ
         if k == len(owner_ids):
             owner_ids.append(rid)
         for g, table in enumerate(seq.block_tables):
-            ids = np.fromiter((b.block_id for b in table if b is not NULL_BLOCK), dtype=np.int64)
+            ids = np.fromiter((b.block_id - 1 for b in table if b is not NULL_BLOCK), dtype=np.int64)
             unowned = ids[owner[ids] < 0]
             owner[unowned] = k
             if group is not None:

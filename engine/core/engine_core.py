@@ -6,13 +6,18 @@ side of the step never imports the worker, the models or the kernels); it valida
 fork off its prompt once the prompt is computed: their rows share its logits), hands the runner's sampled
 tokens to the output processor (append, stop rules, RequestOutputs) and what that changed to
 `Scheduler.update_from_output`, and reports statistics and a block-pool snapshot for /metrics and the
-GUI. Not thread-safe: one caller.
+GUI. With async scheduling (--async-scheduling, vLLM's) a step is launched and the next one scheduled before its
+results are read: `step()` launches step N+1, then processes step N, whose tokens fed N+1 on the device; a step
+whose successor needs its tokens on the host first runs to the end before anything else is scheduled. Each
+step's phases go to the step timer (engine/core/step_timer.py). Not thread-safe: one caller.
 """
 from __future__ import annotations
 
 import logging
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, wait
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -27,9 +32,10 @@ from engine.sample.metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sample.state import SamplingMetadata
 from engine.sample.sampling_params import SamplingParams
 from engine.core.request_faults import RequestFaults
-from engine.core.scheduler import ScheduledSeq, Scheduler
+from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Sequence
 from engine.core.started import StartedEngine
+from engine.core.step_timer import StepTimer
 from engine.multimodal.encoder_cache import EncoderCacheManager
 from engine.multimodal.inputs import MultiModalInputs
 from engine.spec_decode.speculator import SpecBatch, Speculator
@@ -97,6 +103,9 @@ class EngineCore:
         self.requests: dict[str, Request] = {}
         self.compiling: list[tuple[Sequence, Future]] = []  # requests whose grammar is still compiling
         self.stats = EngineStats(num_blocks=num_blocks, block_size=config.block_size)
+        self.timer = StepTimer()  # each step's phases; a runner that can lap "prepare" itself is handed it
+        if hasattr(self.runner, "step_timer"):
+            self.runner.step_timer = self.timer
         self.faults = RequestFaults()  # requests that failed inside this step: they end, the step goes on
         self.output = OutputProcessor(self.tokenizer, self.model_config.eos_token_ids,
                                       self.model_config.max_model_len, self.stats, self.faults,
@@ -106,8 +115,26 @@ class EngineCore:
             self.spec = Speculator(self.spec_config, self.model_config.max_model_len,
                                    self.model_config.eos_token_ids, self.model_config.vocab_size, started.proposer)
             logger.info("speculative decoding: %s", self.spec_config.describe())
+        self.async_scheduling = self._resolve_async_scheduling(config)
+        self.inflight: LaunchedStep | None = None  # async scheduling: the step on the device, results unread
         logger.info("engine ready: %s on %s (%s), %d KV blocks of %d tokens", self.model_config.architecture,
                     self.device, self.dtype, num_blocks, config.block_size)
+
+    def _resolve_async_scheduling(self, config: EngineConfig) -> bool:
+        """--async-scheduling, where the engine can: a runner that launches steps (not yet tensor parallel: its
+        workers would need the sampled ids), no speculative decoding (drafts need the host's tokens), no
+        embedding engine (nothing is sampled)."""
+        if not config.async_scheduling:
+            return False
+        missing = [why for why, off in (("the runner cannot launch a step (tensor parallel)",
+                                         not hasattr(self.runner, "launch")),
+                                        ("speculative decoding", self.spec is not None),
+                                        ("an embedding engine", self.model_config.pooler is not None)) if off]
+        if missing:
+            logger.info("async scheduling is off: %s", ", ".join(missing))
+            return False
+        logger.info("async scheduling: step N+1 is scheduled and prepared while step N runs")
+        return True
 
     # ---- requests in -------------------------------------------------------------------------------
 
@@ -186,6 +213,10 @@ class EngineCore:
                                  f"[0, {self.model_config.vocab_size})")
         request = Request(request_id, prompt_text, prompt_ids, params, self.tokenizer,
                           arrival_time or time.time(), cache_salt=cache_salt, priority=priority, mm=mm)
+        max_len = self.model_config.max_model_len
+        request.max_num_tokens = max_len if params.max_tokens is None else \
+            min(max_len, len(prompt_ids) + params.max_tokens)
+        request.may_run_ahead = pooling is None and not needs_host_tokens(params)
         if pooling is not None:
             request.pooling = RequestPooling(pooling, self.model_config.pooler)
         seq = Sequence(request, 0, prompt_ids, request.make_generator(0, self.runner.device))
@@ -210,6 +241,7 @@ class EngineCore:
         self.add_request(request_id, prompt, sampling, arrival_time, cache_salt, priority, mm=mm)
         request = self.requests[request_id]
         request.beam = BeamGroup(params, self.model_config.eos_token_ids, request.num_prompt_tokens)
+        request.may_run_ahead = False  # its beams fork every step
 
     def _check_width(self, name: str, width: int) -> None:
         """Every sequence of a request counts against max_num_seqs (the scheduler admits it whole), so a
@@ -272,30 +304,79 @@ class EngineCore:
     # ---- one step ----------------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
+        """Schedule and launch a step; with async scheduling, while it runs, process the one launched before it
+        (its outputs are what this call returns), so the host's work for step N+1 overlaps step N on the device."""
+        timer = self.timer
+        timer.start()
         self._admit_compiled()
         if self.spec is not None:
             self.spec.propose_before_schedule(self.scheduler.running)
         out = self.scheduler.schedule()
         if self.spec is not None and out.scheduled:
             self.spec.fill_drafts(out.scheduled, out.block_copies, self.generator)
+        timer.lap("schedule")
         outcome = StepOutcome()
         for seq in out.too_long:
             self.output.finish(seq, "length")
             outcome.finished.append(seq)
             outcome.touched[seq.request.request_id] = seq.request
-        if out.scheduled:
-            now = time.time()
-            plan = self._plan_sampling([s for s in out.scheduled if s.samples])
-            if out.encoder:
-                result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies,
-                                             encoder=out.encoder)
-            else:  # runners built before images (tests' stand-ins) keep their call
-                result = self.runner.execute(out.scheduled, out.block_copies, plan.batch, out.state_copies)
-            self.output.process(outcome, out.scheduled, plan, result, now)
-            self.stats.num_steps += 1
-        self.scheduler.update_from_output(out, outcome.forks, outcome.finished)
-        if self.spec is not None and out.scheduled:
-            self.spec.after_step(plan.spec_items, result)
+        launched = self._launch(out) if out.scheduled else None
+        ahead = launched is not None and self._runs_ahead(launched)
+        if ahead:
+            self.scheduler.launched(out)  # the next step is scheduled before its results: count them now
+        previous, self.inflight = self.inflight, launched if ahead else None
+        if previous is not None:
+            outcome.touched.update(self._finish(previous).touched)
+        if launched is not None and not ahead:
+            outcome.touched.update(self._finish(launched).touched)
+        elif launched is None:
+            self.scheduler.update_from_output(out, [], outcome.finished)
+        timer.lap("process")
+        outputs = self._outputs(outcome)
+        timer.lap("outputs")
+        timer.end()
+        return outputs
+
+    def _launch(self, out: SchedulerOutput) -> "LaunchedStep":
+        """Plan the step's sampling and hand it to the runner: run to the end, or with async scheduling queued
+        on the device (the runner's `launch`), its results read by `_finish`."""
+        now = time.time()
+        plan = self._plan_sampling([s for s in out.scheduled if s.samples])
+        self.timer.lap("plan")
+        self.output.record_scheduled(out.scheduled, now)
+        run = self.runner.launch if self.async_scheduling else self.runner.execute
+        if out.encoder:
+            result = run(out.scheduled, out.block_copies, plan.batch, out.state_copies, encoder=out.encoder)
+        else:  # runners built before images (tests' stand-ins) keep their call
+            result = run(out.scheduled, out.block_copies, plan.batch, out.state_copies)
+        self.timer.lap("forward")
+        self.stats.num_steps += 1
+        return LaunchedStep(out, plan, now, result)
+
+    def _runs_ahead(self, step: "LaunchedStep") -> bool:
+        """Whether the next step may be scheduled before this one's tokens reach the host: async scheduling, and
+        nothing in it that needs them there first (forks, beams, drafts, a request with may_run_ahead False)."""
+        plan = step.plan
+        return (self.async_scheduling and not plan.forks and not plan.beams and not plan.spec_items
+                and all(item.seq.request.may_run_ahead for item in step.out.scheduled))
+
+    def _finish(self, step: "LaunchedStep") -> StepOutcome:
+        """A launched step's results (waiting for them if they are still on the device), through the output
+        processor and the scheduler."""
+        result = step.result.result() if self.async_scheduling and step.result is not None else step.result
+        self.timer.lap("forward")
+        outcome = StepOutcome()
+        if step.out.counted:  # the tokens on their way are here
+            for seq in step.plan.targets:
+                seq.num_pending -= 1
+        self.output.process(outcome, step.out.scheduled, step.plan, result, step.now)
+        self.scheduler.update_from_output(step.out, outcome.forks, outcome.finished)
+        if self.spec is not None:
+            self.spec.after_step(step.plan.spec_items, result)
+        return outcome
+
+    def _outputs(self, outcome: StepOutcome) -> list[RequestOutput]:
+        """The step's outputs: one per request it touched, and one per request that failed in it."""
         outputs = []
         for request in outcome.touched.values():
             with self.faults.guard(request, "building its output"):
@@ -379,12 +460,17 @@ class EngineCore:
                 child.grammar = seq.grammar.fork() if seq.grammar is not None else None
             forks.append((seq, children))
             targets += children
-        rows = [SamplingRow(t.params, t.token_ids, t.num_prompt_tokens, t.generator, self.model_config.eos_token_ids,
-                            t.seq_id) for t in targets]
+        rows = [t.sampling_row or self._sampling_row(t) for t in targets]
         plan.forks += forks
         plan.targets += targets
         batch.rows += rows
         batch.logits_index += [row] * len(rows)
+
+    def _sampling_row(self, seq: Sequence) -> SamplingRow:
+        """A sequence's sampling row, made once: it reads the sequence's own token list, so it stays current."""
+        seq.sampling_row = SamplingRow(seq.params, seq.token_ids, seq.num_prompt_tokens, seq.generator,
+                                       self.model_config.eos_token_ids, seq.seq_id)
+        return seq.sampling_row
 
     def _bitmask(self, targets: list[Sequence]):
         return grammar_bitmask([t.grammar for t in targets], self.model_config.vocab_size,
@@ -428,8 +514,28 @@ class EngineCore:
     def shutdown(self) -> None:
         """Drop every request and end the tensor-parallel workers, if any. Idempotent."""
         self.requests.clear()
+        self.inflight = None  # its results are never read
         self.grammars.shutdown()
         self.runner.shutdown()
+
+
+@dataclass(slots=True)
+class LaunchedStep:
+    """A step handed to the runner: what was scheduled and planned, and its result (with async scheduling, the
+    runner's handle whose `result()` waits for the device)."""
+
+    out: SchedulerOutput
+    plan: StepPlan
+    now: float
+    result: Any
+
+
+def needs_host_tokens(params: SamplingParams) -> bool:
+    """Whether a request's next step must wait for this step's tokens on the host: its grammar accepts them, its
+    penalties, bad words or min_tokens are counted from them, or its prompt log-probs are read by position."""
+    return (params.structured_outputs is not None or params.repetition_penalty != 1.0
+            or bool(params.presence_penalty) or bool(params.frequency_penalty) or bool(params.bad_words)
+            or params.min_tokens > 0 or params.prompt_logprobs is not None)
 
 
 def _drop_failed(plan: StepPlan, faults: RequestFaults) -> None:

@@ -16,6 +16,7 @@ from engine.core.outputs import (CompletionOutput, EmbeddingOutput, EngineStats,
                             RequestOutput)
 from engine.sample.pooling import record_pooled
 from engine.sample.prompt_logprobs import PromptLogprobsOutput, prompt_positions
+from engine.core.detokenizer import decoder_of
 from engine.core.request_faults import RequestFaults
 from engine.sample.sampler import SamplerOutput
 from engine.sample.metadata import SamplingBatch
@@ -50,12 +51,18 @@ class OutputProcessor:
             max_model_len, stats
         self.faults = faults or RequestFaults()  # a request whose output fails here ends alone
         self.pooling = pooling  # an embedding engine: requests end once their prompt is pooled
+        self.decode = decoder_of(tokenizer)
+
+    def record_scheduled(self, scheduled: list[ScheduledSeq], now: float) -> None:
+        """Statistics of the chunks a step runs, taken as it is launched (before the scheduler counts them)."""
+        for item in scheduled:
+            self._record_scheduled(item, now)
 
     def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
                 now: float) -> None:
-        """Everything a finished forward means for the requests; `result` is the runner's ModelRunnerOutput."""
-        for item in scheduled:
-            self._record_scheduled(item, now)
+        """Everything a finished forward means for the requests; `result` is the runner's ModelRunnerOutput. A
+        target that finished before its token came back (async scheduling: its stop was found one step late,
+        or it was aborted) takes no token."""
         if result is not None and result.prompt_logprobs is not None:
             self._record_prompt_logprobs(scheduled, result.prompt_logprobs)
         if self.pooling:
@@ -73,14 +80,18 @@ class OutputProcessor:
         if not plan.targets:
             return
         sampled: SamplerOutput = result.sampled
+        discarded = 0
         for i, seq in enumerate(plan.targets):
+            if seq.is_finished:
+                discarded += 1
+                continue
             if seq.request in self.faults:
                 continue
             with self.faults.guard(seq.request, "processing its new token"):
                 self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i],
                                   self._top_logprobs(seq, i, sampled))
             self._after_tokens(outcome, seq, now)
-        self.stats.generation_tokens_total += len(plan.targets)
+        self.stats.generation_tokens_total += len(plan.targets) - discarded
 
     def _append_verified(self, outcome: StepOutcome, items: list[ScheduledSeq], spec, now: float) -> None:
         """A verify step's tokens (accepted drafts, then the target's own): appended in order until a stop
@@ -121,15 +132,15 @@ class OutputProcessor:
     def _record_prompt_logprobs(self, scheduled: list[ScheduledSeq], result: PromptLogprobsOutput) -> None:
         """Each scored row's entry joins its request's prompt_logprobs (index = prompt position of the token);
         a chunk recomputed after preemption finds its entries already there and adds nothing."""
-        row, decode = 0, self.tokenizer.decode
+        row, decode = 0, self._token_text
         for item in scheduled:
             seq = item.seq
             for position in prompt_positions(seq, seq.num_computed_tokens, item.num_new_tokens):
                 entries, token = seq.request.prompt_logprobs, seq.token_ids[position + 1]
                 if len(entries) == position + 1:
-                    entry = {token: Logprob(result.logprobs[row], result.ranks[row], decode([token]))}
+                    entry = {token: Logprob(result.logprobs[row], result.ranks[row], decode(token))}
                     for rank, (tid, lp) in enumerate(zip(result.top_ids[row], result.top_logprobs[row]), start=1):
-                        entry.setdefault(tid, Logprob(lp, rank, decode([tid])))
+                        entry.setdefault(tid, Logprob(lp, rank, decode(tid)))
                     entries.append(entry)
                 row += 1
 
@@ -157,12 +168,15 @@ class OutputProcessor:
         return self._top_entry(seq, result.token_ids[i], result.logprobs[i], result.ranks[i], result.top_ids[i],
                                result.top_logprobs[i])
 
+    def _token_text(self, token: int) -> str:
+        return self.decode([token], skip_special_tokens=False)
+
     def _top_entry(self, seq: Sequence, token: int, logprob: float, rank: int, top_ids: list[int],
                    top_logprobs: list[float]) -> dict[int, Logprob]:
-        decode, k = self.tokenizer.decode, seq.params.logprobs
-        top = {token: Logprob(logprob, rank, decode([token]))}
+        decode, k = self._token_text, seq.params.logprobs
+        top = {token: Logprob(logprob, rank, decode(token))}
         for r, (tid, lp) in enumerate(zip(top_ids[:k], top_logprobs[:k]), start=1):
-            top.setdefault(tid, Logprob(lp, r, decode([tid])))
+            top.setdefault(tid, Logprob(lp, r, decode(tid)))
         return top
 
     def _advance_beams(self, beams: list[Sequence], result, outcome: StepOutcome) -> None:

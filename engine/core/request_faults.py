@@ -9,9 +9,7 @@ the engine.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Iterator
 
 log = logging.getLogger("pagedesk.engine")
 
@@ -31,14 +29,28 @@ class RequestFaults:
         self.failed[request.request_id] = (request, f"the engine failed this request while {stage}: "
                                                     f"{type(exc).__name__}: {str(exc)[:300]}")
 
-    @contextlib.contextmanager
-    def guard(self, request, stage: str) -> Iterator[None]:
-        """Run a request's own work; an exception fails that request only."""
-        try:
-            yield
-        except Exception as exc:  # noqa: BLE001 - any fault of one request's work is that request's
-            self.fail(request, stage, exc)
+    def guard(self, request, stage: str) -> "_Guard":
+        """Run a request's own work (`with faults.guard(request, stage):`); an exception fails that request only."""
+        return _Guard(self, request, stage)
 
     def take(self) -> list[tuple[object, str]]:
         failed, self.failed = list(self.failed.values()), {}
         return failed
+
+
+class _Guard:
+    """A plain context manager, not a generator's: it is entered for every token of every step."""
+
+    __slots__ = ("faults", "request", "stage")
+
+    def __init__(self, faults: RequestFaults, request, stage: str) -> None:
+        self.faults, self.request, self.stage = faults, request, stage
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, traceback) -> bool:
+        if kind is None or not issubclass(kind, Exception):  # BaseException (KeyboardInterrupt) ends the step
+            return False
+        self.faults.fail(self.request, self.stage, exc)  # any fault of one request's work is that request's
+        return True

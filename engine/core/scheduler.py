@@ -28,6 +28,11 @@ a model whose image tokens attend to each other both ways (Gemma), a chunk never
 A running sequence whose request is `paused` (its caller stopped reading) is skipped: it keeps its blocks
 and resumes when the caller reads again, unless a waiting sequence needs its blocks or its seat (then it
 is preempted to the back of the queue); a paused sequence in the queue is not admitted until it resumes.
+
+Under async scheduling the engine schedules step N+1 before step N's results: `launched` counts step N's
+tokens as computed at once and gives each sampling sequence a token on its way (`num_pending`), which its next
+decode takes as input on the device; a sequence whose token on its way is its last (max_tokens, max_model_len)
+is not scheduled again, and one preempted with a token on its way waits in the queue until it has arrived.
 """
 from __future__ import annotations
 
@@ -50,6 +55,7 @@ class ScheduledSeq:
     is_prefill: bool = False  # a prompt (or recompute) chunk, not the one-token step of a decode
     num_draft_tokens: int = 0  # speculative drafts verified after the decode token (in num_new_tokens)
     num_accepted: int = 0  # of them, kept this step (set by the output processor)
+    num_pending: int = 0  # async scheduling: its last token is still on the device (fed there, not by the host)
 
     @property
     def samples(self) -> bool:
@@ -57,7 +63,8 @@ class ScheduledSeq:
         embedding request: it is pooled instead)."""
         if self.seq.request.pooling is not None:
             return False
-        return self.seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == self.seq.num_tokens
+        seq = self.seq
+        return seq.num_computed_tokens + self.num_new_tokens - self.num_draft_tokens == seq.num_tokens + self.num_pending
 
 
 @dataclass
@@ -67,6 +74,7 @@ class SchedulerOutput:
     state_copies: list[tuple[int, int]] = field(default_factory=list)  # hybrid models: forks' state slots
     too_long: list[Sequence] = field(default_factory=list)  # can never fit the pool: finish as "length"
     encoder: EncoderWork = field(default_factory=EncoderWork)  # images to encode (and entries to drop) first
+    counted: bool = False  # its tokens were counted as computed at launch (async scheduling: `launched`)
 
     @property
     def num_tokens(self) -> int:
@@ -163,7 +171,9 @@ class Scheduler:
         picked: dict[int, ScheduledSeq] = {}
         decodes, chunks = [], []
         for s in self.running:
-            left = len(s.token_ids) - s.num_computed_tokens
+            left = len(s.token_ids) + s.num_pending - s.num_computed_tokens
+            if s.num_pending and len(s.token_ids) + s.num_pending >= s.request.max_num_tokens:
+                continue  # the token on its way is its last: it ends as "length" when that arrives
             if left and not s.request.paused:  # paused: its caller is not reading; it keeps its blocks
                 (decodes if left == 1 else chunks).append((s, left))
         prefill_left = None
@@ -208,7 +218,8 @@ class Scheduler:
                     break
             else:
                 self._encode(seq, images, out)
-                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts)
+                picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts,
+                                                  num_pending=seq.num_pending)
                 out.scheduled.append(picked[seq.seq_id])
                 budget -= num_new
                 if prefill_left is not None and left > 1:
@@ -216,13 +227,17 @@ class Scheduler:
         return preempted
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int, prefill_left: int | None) -> None:
+        if not self.waiting:  # the common decode step: no seat count to make
+            return
         if prefill_left is not None:
             budget = min(budget, prefill_left)
         seats, counted = self._num_seats()
         rotated = 0
         while self.waiting and budget > 0:
             seq = self.waiting[0]
-            if seq.request.paused:  # preempted while its caller was not reading: it waits until it reads
+            # Preempted while its caller was not reading: it waits until it reads (or, under async scheduling,
+            # until the token that was on its way when it was preempted has arrived).
+            if seq.request.paused or seq.num_pending:
                 if rotated >= len(self.waiting):
                     break
                 self.waiting.rotate(-1)
@@ -350,18 +365,37 @@ class Scheduler:
         self._preempt(victim, to_back=True)
         return True
 
-    def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
-                           finished: list[Sequence]) -> None:
-        """After a step: the scheduled tokens are computed; forked sequences take their parent's blocks by
-        reference and join the running list (before any parent that finished frees its own); finished
-        sequences give their blocks back."""
-        for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
-            item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
-            if item.is_prefill:
-                self._release_images(item.seq)
+    def launched(self, out: SchedulerOutput) -> None:
+        """Async scheduling: the step's forward is queued and the next step is scheduled before its results
+        come back, so its tokens count as computed now and each sampling sequence has one token on its way
+        (`num_pending`; a step that runs ahead has no drafts and no forks)."""
+        for item in out.scheduled:
+            seq, samples = item.seq, item.samples
+            seq.num_computed_tokens += item.num_new_tokens
+            seq.num_pending += samples
+        self._snapshot_states(out)
+        out.counted = True
+
+    def _snapshot_states(self, out: SchedulerOutput) -> None:
         if self.kv.num_snapshot_slots:  # before any fork or finish: the state a chunk left, at a block boundary
             for item in out.scheduled:
                 self.kv.snapshot_state(item.seq)
+
+    def update_from_output(self, out: SchedulerOutput, forks: list[tuple[Sequence, list[Sequence]]],
+                           finished: list[Sequence]) -> None:
+        """After a step: the scheduled tokens are computed (unless `launched` counted them); forked sequences
+        take their parent's blocks by reference and join the running list (before any parent that finished
+        frees its own); finished sequences give their blocks back, and leave the waiting queue if a
+        preemption put them there while their last token was on its way."""
+        if not out.counted:
+            for item in out.scheduled:  # drafts count only as far as they were accepted: the rest is rolled back
+                item.seq.num_computed_tokens += item.num_new_tokens - item.num_draft_tokens + item.num_accepted
+            self._snapshot_states(out)
+        for item in out.scheduled:  # a launched step encoded its images when it was queued: passed ones go
+            if item.is_prefill:
+                self._release_images(item.seq)
+        if self.waiting and any(not s.block_table for s in finished):
+            self.waiting = deque(s for s in self.waiting if not s.is_finished)
         if self.kv.state is not None and forks:  # hybrid: state slots are bounded by the seats
             self._fork_states(forks, finished)
             return

@@ -38,6 +38,10 @@ class Sequence:
         self.token_ids = list(token_ids)
         self.num_prompt_tokens = request.num_prompt_tokens
         self.num_computed_tokens = 0
+        # Tokens sampled on the device whose ids the host does not know yet (async scheduling: the next step was
+        # scheduled before this one's results came back); they follow token_ids, and a decode feeds them on
+        # the device. Always 0 without async scheduling.
+        self.num_pending = 0
         self.block_tables: list[list[Block]] = [[]]  # per KV cache group; the manager makes one per group
         self.block_hashes: list[bytes] = []  # hash of each full block of token_ids, chained
         self.num_cached_blocks = 0  # leading blocks of block_table already registered in the prefix cache
@@ -47,6 +51,7 @@ class Sequence:
         self.table_edits: dict[int, int] = {}
         self.status = SequenceStatus.WAITING
         self.generator = generator
+        self.sampling_row = None  # its SamplingRow (engine/sample/metadata.py), made at its first sampling step
         self.cumulative_logprob = 0.0
         self.logprobs: list[dict[int, Logprob]] | None = [] if request.params.logprobs is not None else None
         self.detokenizer = IncrementalDetokenizer(request.tokenizer, request.params, self.num_prompt_tokens)
@@ -117,6 +122,10 @@ class Request:
     paused: bool = False  # its caller has not read its outputs: its running sequences are not scheduled
     pooling: RequestPooling | None = None  # an embedding request: pooled, never sampled (engine/sample/pooling.py)
     mm: MultiModalInputs | None = None  # its images: spans, hashes, tensors, mRoPE positions (engine/multimodal)
+    max_num_tokens: int = 0  # prompt + max_tokens, at most max_model_len: where a sequence ends as "length"
+    # Async scheduling: its next step may be scheduled before this step's tokens reach the host (nothing about
+    # it needs them there first: no grammar, penalties, bad words, min_tokens, prompt logprobs or beams).
+    may_run_ahead: bool = False
 
     def __post_init__(self) -> None:
         self.metrics = RequestMetrics(arrival_time=self.arrival_time)

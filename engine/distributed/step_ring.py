@@ -2,8 +2,16 @@
 
 A ring of `num_slots` slots in one shared `RawArray` (the heartbeat's mechanism: handed to each worker when
 it is spawned, nothing to unlink, nothing left behind if a process is killed). Step N's pickled StepInputs go
-to slot N % num_slots: payload first, then its length, then N itself, which publishes it; a worker that sees
-its next step number in that slot reads the payload, runs the step and stores N as its own read mark.
+to slot N % num_slots: payload first, then its length and CRC-32, then N itself, which publishes it; a worker
+that sees its next step number in that slot copies the payload, checks it against the CRC, runs the step and
+stores N as its own read mark.
+
+Python has no memory fence, and program order between plain stores to shared memory holds on x86 (TSO) but not
+on aarch64 or POWER, where a reader may see N before the payload written ahead of it. So the reader never
+trusts the order: a copy whose CRC-32 does not match its header is a slot still being written, and is taken
+again on the next poll (a torn payload passing the check is a 2^-32 event per torn read). The read mark needs no
+fence either: the worker stores it only after it has checked (and then used) the copied bytes, so the store
+depends on those loads, and no CPU makes a store visible before the loads it depends on.
 Nobody answers: rank 0 writes step N + 1 while the workers still read or run N, and only waits (briefly,
 watching that every worker is alive) for a slot that a worker has not read yet, which the forward's
 collectives make all but impossible with more than two slots. A semaphore per worker wakes it (a hint: the
@@ -15,11 +23,12 @@ from __future__ import annotations
 
 import struct
 import time
+import zlib
 from typing import Callable
 
 NUM_SLOTS = 4
 SLOT_BYTES = 2 << 20  # a decode step of hundreds of sequences is tens of KiB; a long prefill chunk a few MiB
-_SLOT_HEADER = struct.Struct("<QQ")  # step number, payload length
+_SLOT_HEADER = struct.Struct("<QQQ")  # step number, payload length, payload CRC-32
 _MARK = struct.Struct("<Q")
 
 
@@ -60,6 +69,7 @@ class StepRing:
         start = at + _SLOT_HEADER.size
         view[start:start + len(payload)] = payload
         _MARK.pack_into(view, at + _MARK.size, len(payload))
+        _MARK.pack_into(view, at + 2 * _MARK.size, zlib.crc32(payload))
         _MARK.pack_into(view, at, seq)  # last: the step is published (the slot held step seq - num_slots)
         return seq
 
@@ -77,14 +87,18 @@ class StepReader:
         self.next_seq = 1
 
     def take(self) -> bytes | None:
-        """The next step's payload if rank 0 published it (not yet marked read), else None."""
+        """The next step's payload if rank 0 published it (not yet marked read) and all of it is visible, else
+        None (poll again)."""
         view = memoryview(self.buffer).cast("B")
         at = _MARK.size * self.num_readers + (self.next_seq % self.num_slots) * (_SLOT_HEADER.size + self.slot_bytes)
-        seq, length = _SLOT_HEADER.unpack_from(view, at)
-        if seq != self.next_seq:
+        seq, length, crc = _SLOT_HEADER.unpack_from(view, at)
+        if seq != self.next_seq or length > self.slot_bytes:
             return None
         start = at + _SLOT_HEADER.size
-        return bytes(view[start:start + length])  # a copy: the slot may be rewritten once marked read
+        payload = bytes(view[start:start + length])  # a copy: the slot may be rewritten once marked read
+        if zlib.crc32(payload) != crc:  # seen before all of its bytes (a weakly ordered CPU): not yet published
+            return None
+        return payload
 
     def done(self) -> None:
         """The step taken (from the ring or the pipe) is read: its slot may be reused."""

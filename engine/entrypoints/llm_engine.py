@@ -8,8 +8,10 @@ from __future__ import annotations
 from engine.config.flags import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.executor.startup import start_engine
+from engine.platform.threads import apply_thread_budget
 
 
 class LLMEngine(EngineCore):
     def __init__(self, config: EngineConfig) -> None:
+        apply_thread_budget()  # on the thread that will step the engine (numba's thread count is per thread)
         super().__init__(config, start_engine(config))

@@ -21,6 +21,7 @@ from engine.kv.kv_cache_interface import model_kv_layout, num_state_snapshots
 from engine.planning.kv import verify_scratch_tokens
 from engine.platform.devices import resolve_device, resolve_dtype, resolve_kv_cache_dtype
 from engine.spec_decode.loading import check_proposer, check_rollback, load_proposer
+from engine.worker.graphs.cpu_compile import wanted
 from engine.worker.kv_cache_sizing import choose_num_blocks
 from engine.worker.loader import resolve_model_path
 
@@ -49,6 +50,7 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
         runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
         if spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
+            runner.reserve_draft_rows(config.max_num_seqs * spec_config.k)  # expert load: drop rejected drafts
             runner.reserve_verify_tokens(verify_scratch_tokens(
                 config.max_num_seqs, spec_config.num_speculative_tokens, max_num_batched_tokens))
         if device.type == "cuda" and not config.enforce_eager:
@@ -58,7 +60,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
             runner.plan_decode_graphs(config.max_num_seqs, True, piecewise_tokens, verify)
         proposer = load_proposer(spec_config, proposal, runner, model_path, backend)
         # A draft model's or MTP head's KV shares the block ids: the budget covers both tensors.
-        num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer)
+        num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer,
+                                       spec_config.k if spec_config is not None else 0)
         if proposer is not None:
             proposer.allocate_kv_cache(num_blocks, kv_dtype)
         layout = model_kv_layout(model_config, config.block_size)
@@ -66,6 +69,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         snapshots = num_state_snapshots(layout, config.enable_prefix_caching)
         runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
         runner.capture_decode_graphs()
+        if device.type == "cpu" and config.tensor_parallel_size == 1 and wanted(config.compile_cpu_forward):
+            runner.compile_cpu_forward()  # compiled at the first step of each shape (worker/graphs/cpu_compile.py)
     except BaseException:
         runner.shutdown()  # no worker outlives a failed start
         raise

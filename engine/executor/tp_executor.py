@@ -145,15 +145,20 @@ class TensorParallelExecutor:
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)
 
+    def reserve_draft_rows(self, max_drafts: int) -> None:
+        self.runner.reserve_draft_rows(max_drafts)  # rank 0 counts the expert load: every rank routes alike
+
     def reserve_verify_tokens(self, num_tokens: int) -> None:
         self._run_everywhere("reserve_verify_tokens", num_tokens)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype, num_state_slots: int = 0) -> None:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype, num_state_slots)
 
-    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                       num_speculative_tokens: int = 0) -> list:
         """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
-        local, remote = self._run_everywhere("profile_memory", num_tokens, max_num_seqs, kv_dtype)
+        local, remote = self._run_everywhere("profile_memory", num_tokens, max_num_seqs, kv_dtype,
+                                             num_speculative_tokens)
         return local + [p for profiles in remote for p in profiles]
 
     def weights_bytes(self) -> int:

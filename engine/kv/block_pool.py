@@ -6,8 +6,12 @@ of the middle are all O(1) with no allocation. A freed block keeps its hash, so 
 same prefix can reuse it, until the block is handed out again. Hashes chain (parent hash, token ids)
 through SHA-256, so a hit is collision-safe. KV cache groups share the pool; a group past the first keys
 its cached blocks by the token hash tagged with the group (`group_key`), so equal tokens in two groups are
-two different cached blocks. `NULL_BLOCK` stands in a sliding-window table for a block freed behind the
-window: never in the pool, never written, its ref count never reaches zero.
+two different cached blocks. `NULL_BLOCK` is block 0, reserved as vLLM reserves its null block: never in the
+pool (whose blocks are 1..num_blocks), never handed out, never written, its ref count never reaches zero. It
+stands in a sliding-window table for a block freed behind the window, and every zero-filled table entry (a freed
+row of the input batch, a CUDA graph's padding rows and unused widths, warm-up and capture metadata) points at
+its page, so none of them ever reads a sequence's KV. A KV cache for the pool holds `kv_pages(num_blocks)` pages:
+page 0 is the null block's.
 """
 from __future__ import annotations
 
@@ -30,9 +34,14 @@ class Block:
         return f"Block({self.block_id}, ref={self.ref_count}, cached={self.block_hash is not None})"
 
 
-NULL_BLOCK = Block(0)  # table filler where a window group freed a block: attention masks those positions out
+NULL_BLOCK = Block(0)  # page 0, reserved: table filler where a window group freed a block (attention masks those)
 NULL_BLOCK.ref_count = 1 << 62  # touch/free by forks and frees move it up and down, never to zero
 NULL_BLOCK.block_hash = b"null"  # "already hashed": never registered in the prefix cache
+
+
+def kv_pages(num_blocks: int) -> int:
+    """Pages a KV cache for a pool of `num_blocks` blocks holds: the blocks' (ids 1..num_blocks) and page 0."""
+    return num_blocks + 1
 
 
 def group_key(block_hash: bytes, group: int) -> bytes:
@@ -92,7 +101,7 @@ def hash_block(parent_hash: bytes | None, token_ids: Sequence[int], cache_salt: 
 class BlockPool:
     def __init__(self, num_blocks: int, enable_caching: bool = True) -> None:
         assert num_blocks > 0
-        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.blocks = [Block(i) for i in range(1, num_blocks + 1)]  # block 0 is NULL_BLOCK's, never handed out
         self.free_queue = FreeBlockQueue(self.blocks)
         self.enable_caching = enable_caching
         self.cached: dict[bytes, Block] = {}

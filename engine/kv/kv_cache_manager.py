@@ -274,7 +274,10 @@ class KVCacheManager:
             seq.block_hashes.append(hash_block(parent, seq.token_ids[i * bs:(i + 1) * bs], salt, images))
 
     def _cache_full_blocks(self, seq: Sequence, num_tokens: int) -> None:
-        """Blocks that will be full after this step become findable by their hash, in every group."""
+        """Blocks that will be full after this step become findable by their hash, in every group: those whose
+        tokens are all known (under async scheduling a decode's input token may still be on the device; its
+        block is cached at the sequence's next step)."""
+        num_tokens = min(num_tokens, seq.num_tokens)
         self._hash_full_blocks(seq, num_tokens)
         last = num_tokens // self.block_size
         if last > seq.num_cached_blocks:

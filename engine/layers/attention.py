@@ -45,6 +45,9 @@ class AttentionMetadata:
     # Gemma's bidirectional attention within an image (kernels/image_mask.py): per new token, the position its
     # keys may reach, exclusive. None when no token of the step lies in such an image (the plain causal call).
     key_limits: torch.Tensor | None = None  # [num_tokens] int32
+    # The Triton chunked DeltaNet kernels' chunk table (kernels/gated_delta_chunks.ChunkTable), built once per step
+    # on the host for every DeltaNet layer; None: a layer that needs one reads query_start_loc itself.
+    deltanet_chunks: object | None = None
 
 
 class PagedAttention(nn.Module):

@@ -24,6 +24,7 @@ from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, checkpoint_modules
 from engine.layers.norm import RMSNorm
+from engine.quantization.gguf.types import is_gguf_model
 
 # HF's hidden_act names -> the function (HF's gelu_pytorch_tanh is torch's tanh approximation).
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -96,7 +97,8 @@ class DecoderModel(nn.Module):
     def __init__(self, cfg: ModelConfig, switches: DecoderSwitches, layers: Iterable[nn.Module]) -> None:
         """`layers` may be a generator: they are built after the embedding, in order."""
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, scale=switches.embed_scale)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, scale=switches.embed_scale,
+                                                   gguf=is_gguf_model(cfg))
         self.layers = nn.ModuleList(layers)
         self.norm = switches.norm(cfg.hidden_size, cfg.rms_norm_eps)
 

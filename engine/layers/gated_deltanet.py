@@ -127,7 +127,7 @@ class GatedDeltaNet(nn.Module):
 
     def _rule(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, conv_state: torch.Tensor,
               ssm_state: torch.Tensor, indices: torch.Tensor, query_start: torch.Tensor, has_initial: torch.Tensor,
-              read_only: torch.Tensor | None, max_len: int | None) -> torch.Tensor:
+              read_only: torch.Tensor | None, max_len: int | None, chunks=None) -> torch.Tensor:
         """The conv and the gated delta rule over (pre-conv rows, g, beta): the part of the layer that reads
         and writes the state, shared by the forward and the replay. Returns o [T, Hv, Dv]."""
         T = mixed.shape[0]
@@ -138,7 +138,7 @@ class GatedDeltaNet(nn.Module):
                                      k.reshape(T, self.num_k_heads, self.head_k_dim),
                                      v.reshape(T, self.num_v_heads, self.head_v_dim), g, beta, ssm_state, indices,
                                      query_start, has_initial, use_qk_l2norm=True, read_only_state=read_only,
-                                     max_query_len=max_len)
+                                     max_query_len=max_len, chunks=chunks)
 
     def replay(self, rows: torch.Tensor, query_start: torch.Tensor, state_indices: torch.Tensor,
                max_query_len: int) -> None:
@@ -201,6 +201,6 @@ class GatedDeltaNet(nn.Module):
             self.verify_beta[:n] = beta[rows].float()
             read_only, max_len = meta.state_read_only, meta.max_query_len
         out = self._rule(mixed, g, beta, conv_state, ssm_state, indices, query_start, has_initial, read_only,
-                         max_len)
+                         max_len, getattr(meta, "deltanet_chunks", None))
         out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
         return self.out_proj(out.reshape(T, self.value_dim))

@@ -74,6 +74,8 @@ class LinearBase(nn.Module):
                    split_input: bool = False, shard=None, converted: bool = False) -> None:
         """Copy rows [start, start+size) of `loaded`'s output dim into [offset, offset+size) of the parameter,
         and this rank's slice of its input dim when `split_input`."""
+        if param is not self.bias and hasattr(self.method, "load_slice"):  # GGUF: the method lays out its bytes
+            return self.method.load_slice(self, loaded, offset, size, start, split_input)
         if not converted and param is not self.bias:
             loaded = self.method.convert(param, loaded)
         dst, dim = param.data, param.output_dim

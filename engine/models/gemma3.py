@@ -20,13 +20,18 @@ from engine.layers.norm import GemmaRMSNorm
 from engine.models.gemma3_vision import Gemma3Projector, SiglipVisionModel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import VL_TEXT_PREFIXES
-from engine.models.weights import VL_TEXT_MAPPER, WeightsMapper
+from engine.models.weights import LLAMA_GGUF_BLOCK, VL_TEXT_MAPPER, GgufNames, WeightsMapper
 
 # Images in: the tower and projector load under their own names (hub files nest SigLIP in `vision_model.`,
 # transformers 5 in memory nests both in `model.`).
 VL_MAPPER = WeightsMapper(renamed_prefixes=VL_TEXT_PREFIXES + (
     ("model.vision_tower.vision_model.", "vision_tower."), ("vision_tower.vision_model.", "vision_tower."),
     ("model.vision_tower.", "vision_tower."), ("model.multi_modal_projector.", "multi_modal_projector.")))
+
+# llama.cpp's Gemma block: its four norms, each stored as 1 + w
+GEMMA_GGUF_NAMES = GgufNames({**LLAMA_GGUF_BLOCK, "post_attention_norm": "post_attention_layernorm",
+                              "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"},
+                             norm_offset=1.0)
 
 
 def check_supported(cfg: ModelConfig) -> None:
@@ -40,6 +45,7 @@ def check_supported(cfg: ModelConfig) -> None:
 
 class Gemma3ForCausalLM(LlamaForCausalLM):
     mlp_factory = GatedMLP
+    gguf_names = {"gemma3": GEMMA_GGUF_NAMES, "gemma2": GEMMA_GGUF_NAMES}
     check_supported = staticmethod(check_supported)  # Gemma 4 has its own (it takes "vision" bidirectional)
 
     @staticmethod

@@ -10,7 +10,8 @@ experts and transposed, gate and up interleaved (`experts.gate_up_proj` [E, H, 2
 those into the gate, up and down tensors the experts' loader takes. The published MXFP4 checkpoints
 (quantization_config `mxfp4`) store the same projections as `*_blocks` [E, N, K/32, 16] bytes (32 E2M1 codes
 per row of 16) and `*_scales` [E, N, K/32] E8M0, output rows first, gate/up rows interleaved: they are split the
-same way and flattened to [E, N, K/2] bytes, and stay packed (engine/layers/fused_moe).
+same way and flattened to [E, N, K/2] bytes, and stay packed (engine/layers/fused_moe). A GGUF (llama.cpp's
+`gpt-oss`) has them apart already, [E, N, K] in MXFP4 blocks, kept as the GGUF experts of the MoE kernel.
 """
 from __future__ import annotations
 
@@ -25,12 +26,18 @@ from engine.layers.fused_moe.weights import split_interleaved_gate_up
 from engine.layers.rotary import RotaryEmbedding
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3_moe import moe_block
-from engine.models.weights import WeightsMapper
+from engine.models.weights import LLAMA_GGUF_BLOCK, GgufNames, WeightsMapper
+
+# llama.cpp's gpt-oss: the Llama names (biases as `.bias` leaves), its pre-MLP norm as post_attention_norm, the
+# sinks as a bare tensor, and each expert projection stacked on its own (gate and up already apart), MXFP4
+GPT_OSS_GGUF_NAMES = GgufNames({**LLAMA_GGUF_BLOCK, "post_attention_norm": "post_attention_layernorm",
+                                "attn_sinks": "self_attn.sinks"}, bare=("attn_sinks",))
 
 
 class GptOssForCausalLM(LlamaForCausalLM):
     mlp_factory = moe_block
     weights_mapper = WeightsMapper(renamed_infixes=((".mlp.router.", ".mlp.gate."),))
+    gguf_names = {"gpt-oss": GPT_OSS_GGUF_NAMES}
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
@@ -54,7 +61,7 @@ def unstack_experts(weights: Iterable[tuple[str, torch.Tensor]]):
     [E, N, K/2] bytes and [E, N, K/32] scales)."""
     for name, tensor in weights:
         prefix, _, leaf = name.rpartition(".experts.")
-        if not prefix:
+        if not prefix or leaf.startswith(("gate_proj.", "up_proj.", "down_proj.")):  # a GGUF's: ours already
             yield name, tensor
         elif leaf in ("gate_up_proj", "gate_up_proj_bias"):
             gate, up = split_interleaved_gate_up(tensor)

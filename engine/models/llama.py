@@ -5,7 +5,7 @@ switches read from ModelConfig here: QKV bias (Qwen2), q/k RMSNorm (Qwen3); tied
 RoPE scaling and per-layer sliding windows (Mistral) come with the config. `LlamaForCausalLM` is also the base
 the other families subclass: a family changes its switches (`decoder_switches`), what a layer mixes tokens with
 (`token_mixer`), its MLP (`mlp_factory`) or the whole layer stack (`decoder_layers`), and its checkpoint names
-(`packed_modules_mapping`, `weights_mapper`). Weights stream straight from safetensors into these modules through
+(`packed_modules_mapping`, `weights_mapper`, and `gguf_names` per GGUF architecture it serves). Weights stream straight from safetensors into these modules through
 each parameter's weight_loader (engine/models/weights.py); quantized checkpoints load the same way.
 """
 from __future__ import annotations
@@ -24,7 +24,9 @@ from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.models.registry import VL_TEXT_PREFIXES
-from engine.models.weights import PACKED_QKV_GATE_UP, VL_TEXT_MAPPER, WeightsMapper, load_weights
+from engine.models.weights import (LLAMA_GGUF_BLOCK, LLAMA_GGUF_NAMES, PACKED_QKV_GATE_UP, VL_TEXT_MAPPER,
+                                   GgufNames, WeightsMapper, load_weights)
+from engine.quantization.gguf.types import is_gguf_model
 
 
 class LlamaMLP(GatedMLP):
@@ -34,6 +36,9 @@ class LlamaMLP(GatedMLP):
 class LlamaForCausalLM(nn.Module):
     packed_modules_mapping = PACKED_QKV_GATE_UP
     weights_mapper = WeightsMapper()
+    # GGUF architecture -> its tensor names (llama.cpp permutes Llama's q/k rows, not Qwen's)
+    gguf_names = {"llama": GgufNames(LLAMA_GGUF_BLOCK, permuted_qk=True), "qwen2": LLAMA_GGUF_NAMES,
+                  "qwen3": LLAMA_GGUF_NAMES}
     mlp_factory = LlamaMLP  # (cfg, layer, packed) -> the layer's MLP; MoE families put their experts here
     model_class = DecoderModel
 
@@ -47,7 +52,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = cfg
         self.switches = self.decoder_switches(cfg)
         self.model = self.model_class(cfg, self.switches, self.decoder_layers(cfg, backend))
-        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, gguf=is_gguf_model(cfg))
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -12,7 +12,7 @@ from torch import nn
 from engine.layers.fused_moe import RouterSpec, SparseMoeBlock
 from engine.config.model import ModelConfig
 from engine.models.llama import LlamaForCausalLM, LlamaMLP
-from engine.models.weights import WeightsMapper
+from engine.models.weights import LLAMA_GGUF_NAMES, WeightsMapper
 
 
 def moe_block(cfg: ModelConfig, layer: int, packed: dict) -> nn.Module:
@@ -30,6 +30,7 @@ def moe_block(cfg: ModelConfig, layer: int, packed: dict) -> nn.Module:
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
     mlp_factory = moe_block
+    gguf_names = {"qwen3moe": LLAMA_GGUF_NAMES}  # experts stacked per projection: ffn_{gate,up,down}_exps
 
 
 class MixtralForCausalLM(LlamaForCausalLM):

@@ -125,6 +125,14 @@ ARCHITECTURES: dict[str, Architecture] = {
                                                        mtp_head=QWEN3_NEXT_MTP, o_proj_bias=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
+# llama.cpp's `general.architecture` of a GGUF file -> the architecture above that serves it (each family file
+# declares its GGUF tensor names beside its packed-module mapping). Mistral's GGUFs say "llama".
+GGUF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gpt-oss": "GptOssForCausalLM",
+}
 
 
 def get_architecture(name: str) -> Architecture:

@@ -10,7 +10,7 @@ loaded twice, or one never loaded is an error that names it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Iterable
 
 import torch
@@ -19,6 +19,7 @@ from torch import nn
 from engine.layers.fused_moe.weights import expert_shard
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.quantization.config import QuantConfig
+from engine.quantization.gguf.weight import dequantized
 from engine.quantization.methods import skipped_tensor
 
 # Checkpoint module -> (our stacked module, shard id), the packing every family with q/k/v and gate/up shares.
@@ -57,6 +58,45 @@ VL_TEXT_MAPPER = WeightsMapper(
     renamed_prefixes=VL_TEXT_PREFIXES,
     skipped_prefixes=("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
                       "model.multi_modal_projector."))
+
+
+@dataclass(frozen=True)
+class GgufNames:
+    """A family's GGUF tensor names (llama.cpp's converter) -> our checkpoint names, and the converter's edits the
+    loader undoes (engine/worker/gguf_loader.py): `blk.N.<block name>` is `model.layers.N.<ours>`, the rest by
+    `top`; `skipped` tensors are read into the config instead (Llama 3's rope_freqs)."""
+
+    blocks: dict[str, str]
+    top: dict[str, str] = field(default_factory=lambda: {
+        "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"})
+    skipped: tuple[str, ...] = ("rope_freqs.weight",)
+    permuted_qk: bool = False  # Llama: q/k rows interleaved for llama.cpp's RoPE
+    norm_offset: float = 0.0  # Gemma: every norm weight stored as 1 + w
+    bare: tuple[str, ...] = ()  # block names whose `.weight` is a bare parameter of ours (gpt-oss's attn_sinks)
+
+    def map(self, name: str) -> str | None:
+        """Our name for GGUF tensor `name`, None for a skipped one; a ValueError for a name nobody expects."""
+        if name in self.skipped:
+            return None
+        stem, _, leaf = name.rpartition(".")
+        parts = stem.split(".")
+        if len(parts) == 3 and parts[0] == "blk" and parts[2] in self.blocks:
+            ours = f"model.layers.{parts[1]}.{self.blocks[parts[2]]}"
+            return ours if parts[2] in self.bare else f"{ours}.{leaf}"
+        if stem in self.top:
+            return f"{self.top[stem]}.{leaf}"
+        raise ValueError(f"GGUF tensor {name!r} has no counterpart in this model family")
+
+
+# llama.cpp's names for the Llama block (Qwen2/3, Mistral: the same), its MoE experts (Qwen3-MoE) included.
+LLAMA_GGUF_BLOCK = {
+    "attn_norm": "input_layernorm", "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
+    "ffn_gate_exps": "mlp.experts.gate_proj", "ffn_up_exps": "mlp.experts.up_proj",
+    "ffn_down_exps": "mlp.experts.down_proj"}
+LLAMA_GGUF_NAMES = GgufNames(LLAMA_GGUF_BLOCK)
 
 
 def expected_shards(model: nn.Module) -> dict[str, set]:
@@ -101,6 +141,8 @@ def load_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], 
         if twice:
             raise ValueError(f"checkpoint tensor {ckpt_name!r} loads {_shards(name, twice)} a second time")
         param = params[name]
+        if not getattr(param, "gguf", False):  # a GGUF tensor in its blocks goes only where blocks are kept
+            tensor = dequantized(tensor)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
             loader(param, tensor, shard_id)
@@ -127,6 +169,8 @@ def _load_expert(params: dict, expected: dict, loaded: dict, ckpt_name: str, nam
         raise ValueError(f"checkpoint has an expert weight {ckpt_name!r} this model does not expect "
                          f"(read as {name!r})")
     param = params[name]
+    if not getattr(param, "gguf", False):
+        tensor = dequantized(tensor)
     experts = range(param.shape[0]) if expert_id is None else (expert_id,)
     shards = {(e, shard_id) for e in experts}
     twice = shards & loaded[name]

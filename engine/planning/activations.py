@@ -14,6 +14,10 @@ from engine.planning.vision import tower_peak_over_forward
 # The sampler at its widest (fp32 logits, log-softmax, softmax, sorted values, int64 order, cumsum, masks):
 # `pagedesk-bench memory` measures 31-35 bytes per logit (peak RSS growth, 16-256 rows; BENCHMARKS.md).
 SAMPLER_BYTES_PER_LOGIT = 36
+# A verify step's rejection sampler at the same parameters: 30 bytes per logit on CPU, 33 with a draft model's
+# q, beside the step's fp32 logits (tests/test_verify_memory.py; its penalty buffers are built per step for the
+# verify rows, where the ordinary sampler keeps persistent ones).
+VERIFY_BYTES_PER_LOGIT = 40
 
 
 def max_logits_rows(max_num_seqs: int, max_num_batched_tokens: int, num_speculative_tokens: int = 0) -> int:
@@ -29,9 +33,10 @@ def sampler_rows(max_num_seqs: int, max_num_batched_tokens: int, num_speculative
     return max(max_num_seqs, max_logits_rows(max_num_seqs, max_num_batched_tokens, num_speculative_tokens))
 
 
-def sampler_bytes(num_rows: int, vocab_size: int) -> int:
-    """Peak of sampling `num_rows` rows: float32 logits and the sampler's full-vocabulary temporaries."""
-    return num_rows * vocab_size * SAMPLER_BYTES_PER_LOGIT
+def sampler_bytes(num_rows: int, vocab_size: int, verify: bool = False) -> int:
+    """Peak of sampling `num_rows` rows: float32 logits and the sampler's full-vocabulary temporaries (`verify`:
+    the rejection sampler's, over a speculative verify step's rows)."""
+    return num_rows * vocab_size * (VERIFY_BYTES_PER_LOGIT if verify else SAMPLER_BYTES_PER_LOGIT)
 
 
 def forward_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1) -> int:
@@ -44,10 +49,12 @@ def forward_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int
 
 
 def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1,
-                              max_num_seqs: int = 256) -> int:
+                              max_num_seqs: int = 256, num_speculative_tokens: int = 0) -> int:
     """Peak transient memory of one step over `num_tokens` tokens (the planner's stand-in for profiling): the
-    forward's activations plus sampling `sampler_rows` rows over the whole vocabulary, plus what a VL model's
-    tower at the largest image needs beyond the forward (engine/planning/vision.py)."""
+    forward's activations plus sampling `sampler_rows` rows over the whole vocabulary (under speculative
+    decoding with k drafts, a verify step's 1 + k rows per sequence, as the profile samples them), plus what a VL
+    model's tower at the largest image needs beyond the forward (engine/planning/vision.py)."""
     forward = forward_activation_bytes(cfg, num_tokens, dtype_bytes, tp)
-    return forward + sampler_bytes(sampler_rows(max_num_seqs, num_tokens), cfg.vocab_size) + \
+    return forward + sampler_bytes(sampler_rows(max_num_seqs, num_tokens, num_speculative_tokens), cfg.vocab_size,
+                                   verify=num_speculative_tokens > 0) + \
         tower_peak_over_forward(cfg, forward, dtype_bytes)

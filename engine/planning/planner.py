@@ -34,11 +34,12 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
                      cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0) -> MemoryProfile:
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
     `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
-    `num_speculative_tokens`, the verify steps' graphs too, which hybrid models do not capture)."""
+    `num_speculative_tokens`, the verify step's 1 + k sampler rows per sequence, as the engine profiles them,
+    and the verify steps' graphs, which hybrid models do not capture)."""
     tp = tensor_parallel_size
     weights = weights_bytes if weights_bytes is not None else loaded_bytes_per_card(cfg, dtype_bytes, tp, quant_bits)
     activations = activation_bytes if activation_bytes is not None else \
-        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs)
+        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens)
     graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp, cuda_graph_mode,
                                        num_speculative_tokens) if cuda_graphs else 0
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)

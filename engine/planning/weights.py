@@ -1,6 +1,6 @@
 """What a model's weights take on each card: the layer matrices split across ranks (packed as the folder's
-quantization_config says, or at a planner's guessed bit width), embeddings and LM head vocab-split, norms and
-routers replicated, and the float32 RoPE tables beside them (`loaded_bytes_per_card`: what a card holds after
+quantization_config says, or at a planner's guessed bit width; a GGUF file's tensors at their stored size),
+embeddings and LM head vocab-split, norms and routers replicated, and the float32 RoPE tables beside them (`loaded_bytes_per_card`: what a card holds after
 loading, which the engine measures on CUDA and the planner, the router and the CPU plan estimate here).
 Torch-free: the GUI's planner imports it.
 """
@@ -35,11 +35,26 @@ def packed_matrix_bytes(matrix_params: int, quant: QuantConfig) -> int:
 ATTENTION_SINKS = ("GptOssForCausalLM",)
 
 
+GGUF_FLOAT_BYTES = {"F32": 4, "F16": 2, "BF16": 2}
+
+
+def gguf_bytes_per_card(quant: QuantConfig, dtype_bytes: int, tp: int = 1) -> int:
+    """A GGUF model on one of `tp` cards: every quantized tensor as the file stores it (the engine keeps the
+    blocks: linears, experts, embedding and LM head), float tensors (norms, routers, an F16 file's matrices) in the
+    engine's dtype, all split across ranks (norms and routers, replicated, are a rounding error here)."""
+    quantized = sum(n for t, n in quant.gguf_bytes if t not in GGUF_FLOAT_BYTES)
+    float_params = sum(n // GGUF_FLOAT_BYTES[t] for t, n in quant.gguf_bytes if t in GGUF_FLOAT_BYTES)
+    return -(-(quantized + float_params * dtype_bytes) // tp)
+
+
 def weights_bytes_per_card(cfg: ModelConfig, dtype_bytes: int, tp: int = 1, quant_bits: int | None = None) -> int:
     """Layer matrices split across ranks — packed as the folder's quantization_config says, or at `quant_bits`
     with a 16-bit scale per 128 weights (a planner's guess from a method name); embeddings and LM head
     vocab-split in `dtype`; QKV biases split; norms replicated; a VL model's tower and projector whole on every
-    card, in `dtype` (engine/planning/vision.py)."""
+    card, in `dtype` (engine/planning/vision.py). A GGUF file: its own tensor bytes (text only: its header
+    names no tower)."""
+    if cfg.quantization is not None and cfg.quantization.method == "gguf":
+        return gguf_bytes_per_card(cfg.quantization, dtype_bytes, tp)
     h = cfg.hidden_size
     attention_params, attention_vectors = cfg.attention_params(tp)  # per-layer shapes (Gemma 4's differ)
     linear = cfg.linear_attention  # Gated DeltaNet layers: heads (and their conv channels) split across ranks

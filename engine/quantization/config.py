@@ -16,7 +16,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round")
+SUPPORTED_METHODS = ("awq", "gptq", "compressed-tensors", "fp8", "mxfp4", "auto-round", "gguf")
+# A GGUF type's nominal bits per weight (QuantConfig.bits of a GGUF model is its largest share's)
+GGUF_BITS = {"Q4_0": 4, "Q4_K": 4, "IQ4_XS": 4, "IQ4_NL": 4, "Q5_K": 5, "Q6_K": 6, "Q8_0": 8, "F16": 16, "BF16": 16,
+             "F32": 32}
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class QuantConfig:
     # FP8 block-wise scales (DeepSeek-style `weight_block_size` [rows, cols], e.g. Qwen3-*-FP8's [128, 128]):
     # one scale per block of output rows x input columns; group_size is then the block's input columns
     weight_block: tuple[int, int] | None = None
+    # GGUF (method "gguf"): the file's weight bytes per ggml type, largest first; each tensor keeps its own type
+    gguf_bytes: tuple[tuple[str, int], ...] = ()
 
     @property
     def pack_factor(self) -> int:
@@ -43,6 +48,9 @@ class QuantConfig:
 
     def describe(self) -> str:
         """Short human form, e.g. "awq 4-bit g128 asym" or "fp8 e4m3 weights, fp8 activations"."""
+        if self.method == "gguf":
+            from engine.quantization.gguf.types import describe_types
+            return f"gguf {describe_types(dict(self.gguf_bytes))}"
         if self.weight_type == "mxfp4":
             return "mxfp4 experts (e2m1, e8m0 scale per 32)"
         if self.weight_type == "float":
@@ -89,7 +97,7 @@ def parse_quantization_config(hf: dict[str, Any], override: str | None = None) -
         raise ValueError(f"--quantization {override} does not match the model folder's quant_method {method!r}; "
                          f"drop --quantization or pass --quantization {method}")
     return {"awq": _awq, "gptq": _gptq, "compressed-tensors": _compressed_tensors, "fp8": _fp8,
-            "mxfp4": _mxfp4, "auto-round": _auto_round}[method](qc)
+            "mxfp4": _mxfp4, "auto-round": _auto_round, "gguf": _gguf}[method](qc)
 
 
 def check_folder_quantization(model: str, override: str) -> None:
@@ -232,3 +240,11 @@ def _auto_round(qc: dict[str, Any]) -> QuantConfig:
         raise ValueError(f"AutoRound packing_format {fmt!r} is not supported (auto_round:auto_gptq, "
                          "auto_round:auto_awq)")
     return replace(base, ignore=tuple(ignore), origin="auto-round")
+
+
+def _gguf(qc: dict[str, Any]) -> QuantConfig:
+    """A GGUF file's types, as engine/config/gguf_config.py writes them: {"quant_method": "gguf", type: bytes}."""
+    by_type = sorted(((k, int(v)) for k, v in qc.items() if k != "quant_method"), key=lambda kv: -kv[1])
+    if not by_type:
+        raise ValueError("a GGUF quantization_config lists no tensor types")
+    return QuantConfig("gguf", "gguf", GGUF_BITS.get(by_type[0][0], 16), 32, gguf_bytes=tuple(by_type))

@@ -200,6 +200,9 @@ def linear_method(quant: QuantConfig | None, modules: list[str]):
     """The method for a layer built from checkpoint `modules` (several when stacked, e.g. q/k/v_proj)."""
     if quant is None:
         return UnquantizedLinearMethod()
+    if quant.method == "gguf":  # each tensor's own type, learnt as it loads
+        from engine.quantization.gguf.method import GgufLinearMethod
+        return GgufLinearMethod()
     ignored = [quant.is_ignored(m) for m in modules]
     if all(ignored):
         return UnquantizedLinearMethod()

@@ -44,7 +44,7 @@ def _race(weights: torch.Tensor, generators: list, default: torch.Generator | No
     for i, gen in enumerate(generators):
         if gen is not None:
             noise[i].exponential_(generator=gen)
-    return (weights / noise).argmax(dim=-1)
+    return torch.div(weights, noise, out=noise).argmax(dim=-1)  # in place: no third [rows, vocab] tensor
 
 
 def _uniform(n: int, generators: list, default: torch.Generator | None, device) -> torch.Tensor:
@@ -86,8 +86,12 @@ def rejection_sample(logits: torch.Tensor, meta: SamplingMetadata, draft_token_i
     accept = (emit == row_draft) & ~is_bonus
     if meta.sampled_rows is not None:
         s_rows = meta.sampled_rows
-        p = torch.softmax(work[s_rows] / meta.temperature[:, None], dim=-1)
+        # Full-vocabulary temporaries are the verify step's peak (counted per logit by the planner): each is
+        # dropped as soon as it is read for the last time.
+        scaled = work[s_rows]
         del work
+        p = torch.softmax(scaled.div_(meta.temperature[:, None]), dim=-1)
+        del scaled
         p = filter_top_k_top_p_min_p(p, meta)
         s_draft = row_draft[s_rows]
         s_has_draft = s_draft >= 0
@@ -106,6 +110,7 @@ def rejection_sample(logits: torch.Tensor, meta: SamplingMetadata, draft_token_i
             q[with_q] = draft_probs[s_idx[with_q]].to(p.dtype)
             q_d = q.gather(1, safe_draft[:, None])[:, 0]
             residual = (p - q).clamp_(min=0.0)
+            del q
         # Bonus rows, and residuals that vanish (p == q up to rounding: a rejection there is measure zero),
         # draw from p itself.
         empty = residual.sum(dim=-1) <= 0
@@ -114,6 +119,7 @@ def rejection_sample(logits: torch.Tensor, meta: SamplingMetadata, draft_token_i
         u = _uniform(len(s_rows), gens, default_generator, dev)
         s_accept = s_has_draft & (u * q_d < p_d)
         drawn = _race(residual, gens, default_generator)
+        del p, residual
         emit.index_copy_(0, s_rows, torch.where(s_accept, s_draft, drawn))
         accept.index_copy_(0, s_rows, s_accept)
     raw_logprobs = torch.log_softmax(raw.float(), dim=-1)
@@ -157,4 +163,8 @@ def verify_drafts(logits: torch.Tensor, spec, generator: torch.Generator | None,
                   prepared: tuple[SamplingMetadata, torch.Tensor] | None = None) -> SpecSampleOutput:
     """The model runner's entry: a step's SpecBatch (engine/spec_decode/speculator.py) over its logits."""
     meta, index = prepared or prepare_verify(spec, logits.shape[1], logits.device)
-    return rejection_sample(logits[index], meta, spec.draft_token_ids, generator, spec.draft_probs)
+    # The verify rows first and in order (a step of verify rows only): a view, not another [rows, vocab] copy
+    # beside the step's logits.
+    rows = logits[:len(spec.logits_index)] if spec.logits_index == list(range(len(spec.logits_index))) \
+        else logits[index]
+    return rejection_sample(rows, meta, spec.draft_token_ids, generator, spec.draft_probs)

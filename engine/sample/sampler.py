@@ -18,6 +18,8 @@ from engine.sample.metadata import SamplingRow
 
 from engine.sample.state import SamplingMetadata
 
+TOP_P_GUESS = 512  # CPU: tokens a top-p filter first looks among before it sorts the vocabulary
+
 __all__ = ["SamplerOutput", "SamplingRow", "apply_penalties", "sample", "sample_on_device", "beam_top_logprobs"]
 
 
@@ -42,10 +44,27 @@ class SampledTokens:
 
     def to_host(self) -> SamplerOutput:
         """One device -> host copy: every result packed into float64 (token ids < 2**53 stay exact)."""
+        return self._unpack(self._pack().cpu().tolist())
+
+    def start_host_copy(self) -> "PendingSamples":
+        """The same copy, started without waiting for it (async scheduling): into pinned memory on a card, with
+        an event recorded after it, so the host goes on while the device is still computing these."""
+        packed = self._pack()
+        if packed.device.type != "cuda" or not torch.cuda.is_available():
+            return PendingSamples(self, packed, None)
+        host = torch.empty(packed.shape, dtype=packed.dtype, pin_memory=True)
+        host.copy_(packed, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingSamples(self, host, event)
+
+    def _pack(self) -> torch.Tensor:
         parts = [self.token_ids[:, None], self.logprobs[:, None]]
         if self.ranks is not None:
             parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
-        packed = torch.cat([p.double() for p in parts], dim=1).cpu().tolist()
+        return torch.cat([p.double() for p in parts], dim=1)
+
+    def _unpack(self, packed: list[list[float]]) -> SamplerOutput:
         out = SamplerOutput([int(r[0]) for r in packed], [r[1] for r in packed], None, None, None)
         if self.ranks is not None:
             k = self.top_ids.shape[1]
@@ -53,6 +72,21 @@ class SampledTokens:
             out.top_ids = [[int(t) for t in r[3:3 + k]] for r in packed]
             out.top_logprobs = [r[3 + k:] for r in packed]
         return out
+
+
+@dataclass(slots=True)
+class PendingSamples:
+    """Sampled tokens on their way to the host: the device tensors (the next step reads `tokens.token_ids` on
+    the device), the host copy being made and the event after it."""
+
+    tokens: SampledTokens
+    host: torch.Tensor  # packed as SampledTokens._pack; the device's own tensor when the device is the host
+    event: object | None  # torch.cuda.Event, recorded after the copy
+
+    def wait(self) -> SamplerOutput:
+        if self.event is not None:
+            self.event.synchronize()
+        return self.tokens._unpack(self.host.tolist())
 
 
 def apply_bias_and_masks(logits: torch.Tensor, meta: SamplingMetadata) -> None:
@@ -86,26 +120,57 @@ def apply_penalties(logits: torch.Tensor, meta: SamplingMetadata | list[Sampling
     vocab = logits.shape[1]
     rows = logits[meta.penalty_rows]
     counts = meta.output_counts.index_select(0, meta.penalty_slots).narrow(1, 0, vocab)
-    seen = meta.in_prompt.index_select(0, meta.penalty_slots).narrow(1, 0, vocab) | (counts > 0)
+    # The same values as where(seen, where(rows > 0, rows / p, rows * p), rows) and rows -= f * counts + p * seen,
+    # written into `rows` and dropped once read: these [rows, vocab] temporaries were the sampler's peak (a verify
+    # step's, tests/test_verify_memory.py).
+    present = counts > 0
+    seen = meta.in_prompt.index_select(0, meta.penalty_slots).narrow(1, 0, vocab) | present
     penalty = meta.repetition_penalty[:, None]
-    rows = torch.where(seen, torch.where(rows > 0, rows / penalty, rows * penalty), rows)
-    counts = counts.float()
-    rows -= meta.frequency_penalty[:, None] * counts + meta.presence_penalty[:, None] * (counts > 0).float()
+    positive = rows > 0
+    torch.where(seen & positive, rows / penalty, rows, out=rows)
+    torch.where(seen & positive.logical_not_(), rows * penalty, rows, out=rows)
+    del seen, positive
+    shift = counts.float().mul_(meta.frequency_penalty[:, None])
+    del counts
+    rows -= shift.add_(present.float().mul_(meta.presence_penalty[:, None]))
     logits.index_copy_(0, meta.penalty_rows, rows)
 
 
 def filter_top_k_top_p_min_p(probs: torch.Tensor, meta: SamplingMetadata) -> torch.Tensor:
     """Zero the probabilities each sampled row's top_k / top_p / min_p exclude (the top token always
-    survives); one sort over the rows that ask."""
+    survives); one sort over the rows that ask, or when each of them has a top-k of at most half the vocabulary,
+    one top-k that wide (nothing past it can survive)."""
     if meta.filter_rows is None:
         return probs
-    sorted_p, order = probs[meta.filter_rows].sort(dim=-1, descending=True)
-    keep = torch.arange(probs.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
+    rows, vocab = probs[meta.filter_rows], probs.shape[1]
+    width = meta.filter_width or vocab
+    if 2 * width <= vocab:
+        sorted_p, order = rows.topk(width, dim=-1)
+    elif probs.device.type == "cpu" and 2 * TOP_P_GUESS <= vocab:
+        sorted_p, order = _top_p_candidates(rows, meta)
+    else:
+        sorted_p, order = rows.sort(dim=-1, descending=True)
+    kept = torch.zeros_like(rows) if sorted_p.shape[1] < vocab else torch.empty_like(rows)
+    keep = torch.arange(sorted_p.shape[1], device=probs.device)[None, :] < meta.top_k[:, None]
     keep &= sorted_p.cumsum(dim=-1) - sorted_p < meta.top_p[:, None]  # the mass strictly above each token
     keep &= sorted_p >= meta.min_p[:, None] * sorted_p[:, :1]
     keep[:, 0] = True
-    kept = torch.empty_like(sorted_p).scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
+    kept.scatter_(1, order, sorted_p.masked_fill_(keep.logical_not(), 0.0))
     return probs.index_copy_(0, meta.filter_rows, kept)
+
+
+def _top_p_candidates(rows: torch.Tensor, meta: SamplingMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """The most likely TOP_P_GUESS tokens of each row when no token past them can survive (their mass reaches the
+    row's top_p, or the last of them is under its min_p cut, or its top_k is within them), else the full sort.
+    A real model's top-p mass sits in a few hundred tokens: this replaces a sort of the vocabulary per row. On the
+    CPU only, where asking the host which case holds costs nothing."""
+    sorted_p, order = rows.topk(TOP_P_GUESS, dim=-1)
+    # A margin over top_p: the full sort's cumsum adds in another order, and a borderline row is left to it.
+    enough = (sorted_p.sum(dim=-1) >= meta.top_p + 1e-4) | (meta.top_k <= TOP_P_GUESS)
+    enough |= sorted_p[:, -1] < meta.min_p * sorted_p[:, 0]
+    if bool(enough.all()):
+        return sorted_p, order
+    return rows.sort(dim=-1, descending=True)
 
 
 def draw_noise(probs: torch.Tensor, meta: SamplingMetadata, default_generator: torch.Generator) -> torch.Tensor:
@@ -128,7 +193,11 @@ def _exponential(out: torch.Tensor, generator: torch.Generator) -> None:
 def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
                      default_generator: torch.Generator) -> SampledTokens:
     raw = logits
-    logits = logits.to(torch.float32, copy=True)  # the working copy; `raw` stays as the model gave it
+    edits = meta.bias is not None or meta.masked is not None or meta.bitmask is not None or \
+        meta.penalty_rows is not None
+    # The working logits: a float32 copy that edits may change, `raw` staying as the model gave it; without edits,
+    # float32 logits are read in place.
+    logits = logits.to(torch.float32, copy=edits)
     apply_bias_and_masks(logits, meta)
     apply_penalties(logits, meta)
     chosen = logits.argmax(dim=-1)
@@ -139,15 +208,17 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
         drawn = (probs / draw_noise(probs, meta, default_generator)).argmax(dim=-1)
         del probs
         chosen.index_copy_(0, meta.sampled_rows, drawn)
-    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries.
-    raw_logprobs = torch.log_softmax(raw.float(), dim=-1)
+    # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries;
+    # the chosen tokens' alone need no [rows, vocab] tensor.
+    raw = raw.float()
+    if meta.max_num_logprobs is None:
+        token_logprobs = raw.gather(1, chosen[:, None])[:, 0] - torch.logsumexp(raw, dim=-1)
+        return SampledTokens(chosen, token_logprobs, None, None, None)
+    raw_logprobs = torch.log_softmax(raw, dim=-1)
     token_logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]
-    out = SampledTokens(chosen, token_logprobs, None, None, None)
-    if meta.max_num_logprobs is not None:
-        top = raw_logprobs.topk(max(meta.max_num_logprobs, 1), dim=-1)
-        out.top_ids, out.top_logprobs = top.indices, top.values
-        out.ranks = (raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1
-    return out
+    top = raw_logprobs.topk(max(meta.max_num_logprobs, 1), dim=-1)
+    ranks = (raw_logprobs > token_logprobs[:, None]).sum(dim=-1) + 1
+    return SampledTokens(chosen, token_logprobs, top.indices, top.values, ranks)
 
 
 def sample(logits: torch.Tensor, rows: list[SamplingRow] | SamplingMetadata,

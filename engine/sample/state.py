@@ -39,6 +39,7 @@ from engine.sample.metadata import SamplingRow
 FIRST_ROWS = 16
 # Columns of the parameter table.
 TEMPERATURE, TOP_K, TOP_P, MIN_P, REPETITION, PRESENCE, FREQUENCY = range(7)
+NUM_FLAGS = 5  # per-row booleans beside it (SamplingState.flags)
 
 
 @dataclass
@@ -70,6 +71,9 @@ class SamplingMetadata:
     # Structured outputs: packed allowed-token bits [num_rows, ceil(vocab / 32)] int32 (bit j of word w
     # allows token 32 w + j; all ones for rows without a grammar), applied right after logit bias/min_tokens.
     bitmask: torch.Tensor | None = None
+    # The widest top-k among the filter rows (a host int; vocab when one has none): a top-k that narrow stands in
+    # for the full sort of the vocabulary.
+    filter_width: int | None = None
 
     @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
@@ -77,8 +81,10 @@ class SamplingMetadata:
         return SamplingState(vocab_size, device, len(rows)).metadata(rows)
 
 
-def bias_tensors(rows: list[SamplingRow], device: torch.device):
-    entries = [(i, t, v) for i, r in enumerate(rows) for t, v in (r.params.logit_bias or {}).items()]
+def bias_tensors(rows: list[SamplingRow], device: torch.device, which: list[int] | None = None):
+    """(rows, token ids, values) of the rows' logit biases; `which`: the only rows that may have one."""
+    which = range(len(rows)) if which is None else which
+    entries = [(i, t, v) for i in which for t, v in (rows[i].params.logit_bias or {}).items()]
     if not entries:
         return None
     i, t, v = zip(*entries)
@@ -86,11 +92,13 @@ def bias_tensors(rows: list[SamplingRow], device: torch.device):
             to_device(torch.tensor(v, dtype=torch.float32), device))
 
 
-def masked_tensors(rows: list[SamplingRow], device: torch.device):
+def masked_tensors(rows: list[SamplingRow], device: torch.device, which: list[int] | None = None):
     """Token ids a row may not draw this step: EOS and stop ids before min_tokens, and the last token of each
-    bad word whose other tokens the output ends with (a one-token bad word always)."""
+    bad word whose other tokens the output ends with (a one-token bad word always); `which`: the only rows that
+    may mask."""
     entries = []
-    for i, r in enumerate(rows):
+    for i in range(len(rows)) if which is None else which:
+        r = rows[i]
         p = r.params
         if r.num_output_tokens < p.min_tokens:
             entries += [(i, t) for t in ([] if p.ignore_eos else r.eos_ids) + p.stop_token_ids]
@@ -146,7 +154,9 @@ class SamplingState:
         self.free_rows: list[int] = []
         self.num_rows = 0
         self.param_refs: list = []  # per row: the SamplingParams written (a new object: rewrite)
-        self.flags = np.zeros((0, 3), dtype=bool)  # per row: draws (not greedy), filters, is penalized
+        # Per row: draws (not greedy), filters, is penalized, has a logit bias, may mask tokens (min_tokens, bad
+        # words): written when its parameters are, so a step walks only the rows that bias or mask.
+        self.flags = np.zeros((0, NUM_FLAGS), dtype=bool)
         self.pen_slots = np.zeros(0, dtype=np.int64)  # per row: its penalty slot, -1: none
         self.token_refs: list = []  # per row: the token list counted, and how many of its tokens
         self.num_counted = np.zeros(0, dtype=np.int64)
@@ -177,7 +187,7 @@ class SamplingState:
             params[:old].copy_(self.params[:old])
         self.params_host, self.params_np, self.params = host, host_np, params
         self.param_refs += [None] * (num_rows - old)
-        self.flags = np.concatenate([self.flags, np.zeros((num_rows - old, 3), bool)])
+        self.flags = np.concatenate([self.flags, np.zeros((num_rows - old, NUM_FLAGS), bool)])
         self.token_refs += [None] * (num_rows - old)
         self.pen_slots = np.concatenate([self.pen_slots, np.full(num_rows - old, -1, np.int64)])
         self.num_counted = np.concatenate([self.num_counted, np.zeros(num_rows - old, np.int64)])
@@ -212,7 +222,8 @@ class SamplingState:
         self.params_np[row] = (p.temperature, min(p.top_k, v) if p.top_k > 0 else v,
                                p.top_p if p.top_p < 1.0 else 2.0,  # 2.0: the mass above a token never reaches it
                                p.min_p, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
-        self.flags[row] = (not p.greedy, filtered(p), penalized(p))
+        self.flags[row] = (not p.greedy, filtered(p), penalized(p), bool(p.logit_bias),
+                           p.min_tokens > 0 or bool(p.bad_words_token_ids))
         self.param_refs[row] = p
         self.dirty_rows.append(row)
 
@@ -337,8 +348,10 @@ class SamplingState:
             frequency_penalty=p_params[:, FREQUENCY] if pen else None,
             penalty_slots=pen_slot, in_prompt=self.in_prompt if pen else None,
             output_counts=self.output_counts if pen else None,
-            bias=bias_tensors(rows, self.device), masked=masked_tensors(rows, self.device),
-            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None))
+            bias=bias_tensors(rows, self.device, np.flatnonzero(flags[:, 3]).tolist()),
+            masked=masked_tensors(rows, self.device, np.flatnonzero(flags[:, 4]).tolist()),
+            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None),
+            filter_width=int(self.params_np[parts[2], TOP_K].max()) if filt else None)
         if bitmask is not None:
             meta.bitmask = self.stage_bitmask(bitmask)
         return meta

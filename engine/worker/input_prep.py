@@ -29,6 +29,7 @@ from engine.sample.prompt_logprobs import prompt_positions
 from engine.spec_decode.state_rollback import VerifyStates
 from engine.worker.input_batch import InputBatch
 from engine.worker.step_inputs import StepInputs, logits_rows, query_tokens
+from kernels.gated_delta_chunks import ChunkTable, chunk_arrays
 
 
 class InputPreparer:
@@ -42,10 +43,13 @@ class InputPreparer:
         # Rank 0 updates it from the scheduled batch; a tensor-parallel worker's follows rank 0's diffs.
         self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
+        self.last_sample_rows: dict[int, int] = {}  # seq_id -> its row among the last launched step's samples
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
                 state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
-        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token.
+        """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token; a
+        decode whose input token is still on the device (async scheduling) gets its row among the last launched
+        step's samples (`last_sample_rows`, which the runner keeps), and the device fills it in.
 
         The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
         over the batch, the slots read from the input batch's host tables."""
@@ -81,7 +85,8 @@ class InputPreparer:
         limits = image_key_limits(batch, computed, query_start, positions) if self.bidirectional_images else None
         if self.mrope:
             positions = mrope_step_positions(batch, computed, query_start, positions)
-        return StepInputs(
+        pending = [i for i, item in enumerate(batch) if item.num_pending]
+        inputs = StepInputs(
             key_limits=limits,
             mm_free=list(encoder.free) if encoder else [], mm_slices=slices, mm_rows=image_token_rows,
             mm_encode=[(item.mm_hash, item.data) for item in encoder.encode] if encoder else [],
@@ -93,6 +98,12 @@ class InputPreparer:
             state_indices=state_indices, has_initial_state=has_initial_state, state_copies=list(state_copies),
             state_replay=replay, state_read_only=read_only, verify_token_rows=verify_rows,
             pool_owners=pool_owners, pool_spans=pool_spans)
+        if pending:
+            inputs.pending_rows = query_start[1:][pending] - 1  # a decode's one token: the one the last step sampled
+            sources = self.last_sample_rows
+            inputs.pending_sources = np.fromiter((sources[batch[i].seq.seq_id] for i in pending), np.int64,
+                                                 len(pending))
+        return inputs
 
     def step_tables(self, inputs: StepInputs) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` block tables on the device. With an input batch: its
@@ -197,6 +208,9 @@ def attention_metadata(inputs: StepInputs, tables: torch.Tensor, dev: torch.devi
     if inputs.state_indices is not None:
         meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
         meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
+        if inputs.max_query_len > 1:  # prefill rows: the DeltaNet layers' chunk table, once for all of them
+            meta.deltanet_chunks = ChunkTable(*(to_device(torch.from_numpy(a), dev)
+                                                for a in chunk_arrays(inputs.query_start_loc)))
     if inputs.state_read_only is not None:
         meta.state_read_only = to_device(torch.from_numpy(inputs.state_read_only), dev)
         meta.verify_token_rows = to_device(torch.from_numpy(inputs.verify_token_rows), dev)
@@ -208,6 +222,12 @@ def token_tensors(inputs: StepInputs, dev: torch.device) -> tuple[torch.Tensor, 
     return to_device(torch.from_numpy(inputs.input_ids), dev), to_device(torch.from_numpy(inputs.positions), dev)
 
 
-def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | None:
-    """The token rows whose logits the step needs, on the device; None when no sequence samples."""
-    return to_device(torch.tensor(inputs.logits_rows, dtype=torch.long), dev) if inputs.logits_rows else None
+def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | slice | None:
+    """The token rows whose logits the step needs, on the device; None when no sequence samples; a slice of the
+    first rows when those are all of them (a decode step: the hidden states are read in place, not gathered)."""
+    rows = inputs.logits_rows
+    if not rows:
+        return None
+    if rows[-1] == len(rows) - 1:  # rows ascend, so these are 0 .. n-1
+        return slice(0, len(rows))
+    return to_device(torch.tensor(rows, dtype=torch.long), dev)

@@ -1,13 +1,13 @@
 """How many KV blocks to allocate: an explicit override, a CPU memory budget, or each card's memory after profiling.
 
-The arithmetic is engine/planning/'s (shared with the GUI planner and the router); this module only measures. On CUDA
-every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after
-loading its shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary
-KV cache, then the sampler at max_num_seqs × vocab with a grammar bitmask on every row, while the step's
-hidden states and logits are still held), memory outside torch's allocator (CUDA context,
-cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool takes the
-smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090,
-the desktop on one of them) are sized by the card with the least room.
+The arithmetic is engine/planning/'s (shared with the GUI planner and the router); this module only measures. On
+CUDA every tensor-parallel rank measures its own card (`measure_memory`): what the process holds after loading its
+shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary KV cache, then the sampler
+at max_num_seqs × vocab with a grammar bitmask on every row, or under speculative decoding a verify step at
+max_num_seqs × (1 + k) rows, while the step's hidden states and logits are still held), memory outside torch's
+allocator (CUDA context, cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool
+takes the smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090, the
+desktop on one of them) are sized by the card with the least room.
 """
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ logger = logging.getLogger("pagedesk.engine")
 
 
 def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,
-                      max_num_batched_tokens: int, proposer=None) -> int:
+                      max_num_batched_tokens: int, proposer=None, num_speculative_tokens: int = 0) -> int:
     """`runner` is a ModelRunner or the tensor-parallel executor (anything with .device and .profile_memory);
     `proposer`: speculative decoding's (engine/spec_decode/proposers/base.Proposer), already loaded on rank 0's
     card (so a draft model's or MTP head's weights are in that card's profile), whose own KV takes a page at
-    every block id (an explicit override is kept as given)."""
+    every block id (an explicit override is kept as given); `num_speculative_tokens`: its k, so the profile's
+    widest step is a verify step of 1 + k rows per sequence."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     # The model's dtype (a tensor-parallel executor's is its rank-0 runner's): a hybrid's conv states are in it.
@@ -42,7 +43,8 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     if runner.device.type == "cuda":
         layout = model_kv_layout(model_config, config.block_size, kv_dtype.itemsize, config.tensor_parallel_size,
                                  act_dtype_bytes=dtype.itemsize)
-        profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype)
+        profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype,
+                                         num_speculative_tokens)
         plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
                              max_num_batched_tokens, proposer_per_block)
     else:
@@ -97,14 +99,16 @@ def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: lis
     return min(plans, key=lambda p: p.num_blocks)
 
 
-def measure_memory(runner, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> MemoryProfile:
-    """Run the profiling step on this rank's card and measure it. Every rank must call this together."""
+def measure_memory(runner, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                   num_speculative_tokens: int = 0) -> MemoryProfile:
+    """Run the profiling step on this rank's card and measure it (a verify step of 1 + k rows per sequence
+    under speculative decoding). Every rank must call this together."""
     device = runner.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     held_after_loading = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    temporary_kv_bytes = runner.profile_run(num_tokens, max_num_seqs, kv_dtype)
+    temporary_kv_bytes = runner.profile_run(num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens)
     torch.cuda.synchronize(device)
     # The temporary KV cache is part of the peak but the real pool takes its place: not an activation.
     activations = max(0, torch.cuda.max_memory_allocated(device) - held_after_loading - temporary_kv_bytes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from engine.kv.block_pool import kv_pages
 from engine.kv.kv_cache_interface import KVCacheLayout
 from engine.platform.host_copies import to_device
 from engine.spec_decode.state_rollback import StateReplay
@@ -25,7 +26,13 @@ class KVPools:
         self.state_cache: list[tuple[torch.Tensor, torch.Tensor]] = []  # per linear-attention layer: conv, ssm
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
-        """One tensor per cache slot; without sliding windows that is one slot per layer and a single group."""
+        """One tensor per cache slot; without sliding windows that is one slot per layer and a single group. Its
+        pages are the pool's blocks and page 0, the reserved null block's (engine/kv/block_pool.py)."""
+        self.allocate_pages(kv_pages(num_blocks), kv_dtype)
+
+    def allocate_pages(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        """allocate_kv_cache's tensors at exactly `num_blocks` pages, 0 included (the profiling step's tables
+        name pages 0..n-1 themselves and hand none to the block pool)."""
         attn = self.model.attention_layers()
         layout = self.layout
         shape = (layout.num_slots, 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)

@@ -1,4 +1,4 @@
-"""Find a model folder (local path or hub repo id) and stream its safetensors weights.
+"""Find a model folder (local path or hub repo id) or GGUF file, and stream a folder's safetensors weights.
 
 A hub id is resolved through huggingface_hub: the local cache first, then a download of config,
 tokenizer and *.safetensors files only. Sharded checkpoints are read through their index file, one shard
@@ -14,11 +14,15 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
+from engine.config.gguf_file import is_gguf
+
 MODEL_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "tokenizer*", "*.model", "*.txt"]
 
 
 def resolve_model_path(model: str, revision: str | None = None) -> Path:
     path = Path(model).expanduser()
+    if is_gguf(path) and path.is_file():  # a GGUF file (or any part of a split set): read by gguf_loader.py
+        return path
     if path.is_dir():
         if not (path / "config.json").exists():
             raise ValueError(f"{path} has no config.json; point --model at a Hugging Face model folder")

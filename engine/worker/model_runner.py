@@ -7,13 +7,17 @@ decode graph, piecewise or eager, and the graphs' planning and capture) and devi
 (engine/worker/sampling.py). `run` applies the step's pool edits, issues every host -> device copy of the step
 (asynchronous on a card, the sampler's tensors included) before the forward, runs the model once over all of
 it through the path dispatch picks, then computes logits only where they are needed and samples them on the
-device (as nano-vllm does), returning token ids and the logprobs asked for. `profile_run` is the KV sizing's
-peak step. It never talks to other processes itself.
+device (as nano-vllm does), returning token ids and the logprobs asked for. `launch` is the same step for async
+scheduling: the sampled ids' copy to the host is only started, they stay on the device, and the next step's
+decodes read their input tokens from them there. `profile_run` is the KV sizing's peak step. It never talks to
+other processes itself.
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
+from engine.config.gguf_file import is_gguf
 from engine.config.model import ModelConfig
 from engine.core.scheduler import ScheduledSeq
 from engine.distributed.parallel_state import get_tp_rank
@@ -21,6 +25,7 @@ from engine.kv.kv_cache_interface import model_kv_layout
 from engine.layers.fused_moe.expert_load import ExpertLoad
 from engine.models.registry import model_class
 from engine.platform.devices import indexed_device
+from engine.platform.host_copies import to_device
 from engine.sample.metadata import SamplingBatch
 from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
 from engine.multimodal.encoder_cache import EncoderWork
@@ -30,10 +35,27 @@ from engine.worker.graphs.dispatch import GraphDispatcher
 from engine.worker.input_prep import InputPreparer, logits_index
 from engine.worker.kv_cache_sizing import measure_memory
 from engine.worker.kv_pools import KVPools
+from engine.worker.gguf_loader import iterate_gguf_weights
 from engine.worker.loader import iterate_weights
-from engine.worker.profiling import profile_batch, profile_sampling_batch
+from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
 from engine.worker.step_inputs import ModelRunnerOutput, StepInputs
+
+
+def draft_token_rows(inputs: StepInputs, spec) -> np.ndarray:
+    """The token row of every draft token of a verify step, sequence by sequence: a sequence's verify rows are
+    its last token then its drafts, so draft i sits at the token row of the sequence's verify row i."""
+    rows, first = [], 0
+    for drafts in spec.draft_token_ids:
+        rows += [inputs.logits_rows[spec.logits_index[first + i]] for i in range(1, len(drafts) + 1)]
+        first += len(drafts) + 1
+    return np.asarray(rows, dtype=np.int64)
+
+
+def rejected_drafts(spec, verified) -> np.ndarray:
+    """1 for each draft (in draft_token_rows' order) the rejection sampler turned down, 0 for the accepted."""
+    return np.asarray([int(i >= accepted) for drafts, accepted in zip(spec.draft_token_ids, verified.num_accepted)
+                       for i in range(len(drafts))], dtype=np.int64)
 
 
 class _Kept:
@@ -77,7 +99,8 @@ class ModelRunner:
                 self.model = model_class(model_config.architecture)(model_config, attention_backend)
         finally:
             torch.set_default_dtype(torch.float32)
-        weights = iterate_weights(model_path, device="cpu")
+        weights = iterate_gguf_weights(model_path, self.model) if is_gguf(model_path) else \
+            iterate_weights(model_path, device="cpu")
         if model_config.pooler is not None:  # an embedding engine: no LM head (engine/sample/pooling.py)
             drop_lm_head(self.model)
             weights = embedding_weights(weights, self.model)
@@ -100,6 +123,10 @@ class ModelRunner:
                                         len(layout.groups), hybrid=layout.state is not None,
                                         padding_slot_bytes=self.pools.state_slot_bytes())
         self.sampler = DeviceSampler(self.model, model_config.vocab_size, device)
+        self.step_timer = None  # the engine's StepTimer (engine/core/step_timer.py): `run` laps "prepare"
+        # Async scheduling: the last launched step's sampled token ids, still on the device, which the next step's
+        # decodes read as their input (their rows: `input_prep.last_sample_rows`).
+        self.last_sampled: torch.Tensor | None = None
 
     # ---- sizes -------------------------------------------------------------------------------------------
 
@@ -125,6 +152,12 @@ class ModelRunner:
         """The input batch's rows for every sequence the scheduler may run, before the KV pool is sized."""
         self.input_prep.input_batch.reserve(max_num_seqs)
         self.sampler.max_rows = max_num_seqs
+
+    def reserve_draft_rows(self, max_drafts: int) -> None:
+        """Speculative decoding: the expert-load counter's room for a step's `max_drafts` draft rows (max_num_seqs
+        × k), so rejected drafts can be taken back out of the counts (ExpertLoad.drop_rejected)."""
+        if self.expert_load is not None:
+            self.expert_load.reserve_drafts(max_drafts)
 
     def reserve_verify_tokens(self, num_tokens: int) -> None:
         """A hybrid model under speculative decoding: every linear-attention layer's verify scratch for
@@ -158,6 +191,10 @@ class ModelRunner:
         (GraphDispatcher.capture)."""
         self.dispatch.capture()
 
+    def compile_cpu_forward(self) -> None:
+        """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""
+        self.dispatch.compile_cpu_forward()
+
     # ---- steps -------------------------------------------------------------------------------------------
 
     def copy_blocks(self, copies: list[tuple[int, int]]) -> None:
@@ -169,7 +206,8 @@ class ModelRunner:
         return self.input_prep.prepare(batch, block_copies, state_copies, encoder)
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+    def run(self, inputs: StepInputs, sampling: SamplingBatch | None = None,
+            defer: bool = False) -> ModelRunnerOutput | None:
         """One forward over prepared inputs, then sampling on the device; the small results on the host.
 
         Every host -> device copy of the step (block tables, metadata, the sampler's tensors and index rows) is
@@ -177,7 +215,10 @@ class ModelRunner:
         sampler's one result copy the host never waits for the card.
 
         Under tensor parallelism every rank runs this with the same inputs (the collectives pair up, the LM
-        head's all-gather included); only rank 0 passes `sampling`, the others get None back."""
+        head's all-gather included); only rank 0 passes `sampling`, the others get None back.
+
+        With `defer` (a launched step) the sampled tokens' copy to the host is only started: the output's
+        `result()` waits for it, and the tokens stay on the device for the next step's inputs."""
         self.pools.copy_blocks(inputs.block_copies)
         # Before the state copies: a fork or snapshot reads the accepted state.
         self.pools.replay_verified(inputs.state_replay)
@@ -185,15 +226,48 @@ class ModelRunner:
         tables = self.input_prep.step_tables(inputs)
         rows = logits_index(inputs, self.device)
         prepared = self.sampler.prepare(inputs, sampling)
+        if self.step_timer is not None:  # the host's part of the step ends here: the rest is the device's
+            self.step_timer.lap("prepare")
+        drafts = None
         if self.expert_load is not None:
-            self.expert_load.begin_step(len(inputs.input_ids))  # a graph's padding rows past it do not count
+            if sampling is not None and sampling.spec is not None and self.expert_load.draft_rows is not None:
+                drafts = to_device(torch.from_numpy(draft_token_rows(inputs, sampling.spec)), self.device)
+            self.expert_load.begin_step(len(inputs.input_ids), drafts)  # a graph's padding rows do not count
         mm_embeds = self.encoder.run(inputs) if self.encoder is not None else None
-        hidden = self.dispatch.forward(inputs, tables, mm_embeds)
+        hidden = self.dispatch.forward(inputs, tables, self._fed_input_ids(inputs), mm_embeds)
         if self.expert_load is not None:
             self.expert_load.end_step()  # forwards that are no step (a later capture, warm-up) count nothing
         if self.keep_hidden:
             self.last_hidden = hidden
-        return self.sampler.finish(hidden, inputs, rows, prepared, sampling)
+        out = self.sampler.finish(hidden, inputs, rows, prepared, sampling, defer)
+        if drafts is not None:  # the drafts the rejection sampler turned down were routed, but are no tokens
+            self.expert_load.drop_rejected(to_device(torch.from_numpy(rejected_drafts(sampling.spec, out.spec)),
+                                                     self.device))
+        return out
+
+    def _fed_input_ids(self, inputs: StepInputs) -> torch.Tensor | None:
+        """The step's input ids on the device with the tokens the last step sampled written in on the device
+        (async scheduling: the host never saw them); None when every input id is on the host."""
+        if inputs.pending_rows is None:
+            return None
+        ids = to_device(torch.from_numpy(inputs.input_ids.copy()), self.device)  # a CPU "copy" would share it
+        index = to_device(torch.from_numpy(np.concatenate([inputs.pending_rows, inputs.pending_sources])),
+                          self.device)
+        n = len(inputs.pending_rows)
+        ids.index_copy_(0, index.narrow(0, 0, n), self.last_sampled.index_select(0, index.narrow(0, n, n)))
+        return ids
+
+    def launch(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
+               sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
+               encoder: EncoderWork | None = None) -> ModelRunnerOutput | None:
+        """`execute` for async scheduling: the step is queued on the device and its output comes back at once;
+        its `result()` waits for the sampled tokens, which also stay on the device for the next step."""
+        out = self.run(self.prepare(batch, block_copies, state_copies, encoder), sampling, defer=True)
+        pending = out.pending if out is not None else None
+        self.last_sampled = pending.tokens.token_ids if pending is not None else None
+        self.input_prep.last_sample_rows = {row.key: i for i, row in enumerate(sampling.rows)} \
+            if pending is not None else {}
+        return out
 
     def execute(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]],
                 sampling: SamplingBatch | None = None, state_copies: list[tuple[int, int]] = (),
@@ -204,13 +278,16 @@ class ModelRunner:
     # ---- the KV sizing's profile -------------------------------------------------------------------------
 
     @torch.inference_mode()
-    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> int:
+    def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                    num_speculative_tokens: int = 0) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
         path against a temporary KV cache, logits for the batch's sampler rows, then `sample` over them at the
-        sampler's widest, with the hidden states and logits still held as `run` holds them. Returns the
+        sampler's widest (with `num_speculative_tokens` k: a verify step, 1 + k rows per sequence through the
+        rejection sampler), with the hidden states and logits still held as `run` holds them. Returns the
         temporary cache's bytes (the real pool replaces them)."""
-        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size)
-        self.pools.allocate_kv_cache(batch.num_blocks, kv_dtype)
+        batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size,
+                              num_speculative_tokens)
+        self.pools.allocate_pages(batch.num_blocks, kv_dtype)  # no pool behind it: no null page either
         temporary_kv_bytes = self.pools.kv_cache_bytes()
         try:
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
@@ -222,15 +299,18 @@ class ModelRunner:
                 del hidden
                 return temporary_kv_bytes
             logits = self.model.compute_logits(hidden[rows])
-            sample(logits, profile_sampling_batch(num_rows, logits.shape[1], self.device))
+            vocab = logits.shape[1]
+            sample(logits, profile_verify_batch(num_rows, num_speculative_tokens, vocab, self.device)
+                   if num_speculative_tokens else profile_sampling_batch(num_rows, vocab, self.device))
             del hidden, logits  # only now: a real step holds both until sampling is done
         finally:
             self.pools.release_kv_cache()
         return temporary_kv_bytes
 
-    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype) -> list:
+    def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
+                       num_speculative_tokens: int = 0) -> list:
         """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
-        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""

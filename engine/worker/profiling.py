@@ -7,8 +7,11 @@ kernel with their workspaces) rather than skipping it. `profile_sampling_batch` 
 step: `sampler_rows` rows (engine/planning/activations.py, which the planner counts too: max_num_seqs, since
 every sequence of every request counts against it at admission) with every full-vocabulary temporary on
 (penalties, top-k/top-p, logprobs, and a grammar bitmask on every row, whose unpacking makes [rows, vocab]
-int32 temporaries). The runner samples it through the same `sample` a real
-step uses (engine/worker/sampling.py), while the forward's hidden states and logits are still alive, as they are in a real step.
+int32 temporaries). Under speculative decoding (k drafts) the widest step is a verify step instead:
+`sampler_rows` counts 1 + k logits rows per sequence, and `profile_verify_batch` sends them all through the
+rejection sampler with the same parameters, a draft model's q on every draft row. The runner samples either
+through the same `sample` a real step uses (engine/worker/sampling.py), while the forward's hidden states and
+logits are still alive, as they are in a real step.
 """
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.planning.activations import sampler_rows
 from engine.sample.metadata import SamplingBatch, SamplingRow, make_generator
 from engine.sample.sampling_params import MAX_LOGPROBS, SamplingParams
+from engine.spec_decode.speculator import SpecBatch
 from engine.structured_output.bitmask import allocate_bitmask
 from engine.worker.sampling import sample
 
@@ -45,10 +49,12 @@ class ProfileBatch:
             max_query_len=int(self.seq_lens.max()), max_seq_len=int(self.seq_lens.max()))
 
 
-def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int) -> ProfileBatch:
+def profile_batch(num_tokens: int, max_num_seqs: int, max_model_len: int, block_size: int,
+                  num_speculative_tokens: int = 0) -> ProfileBatch:
     """Prefills that fill the token budget: as few sequences as max_model_len allows, each on its own blocks,
-    sampled at `sampler_rows` (counted on the budget asked for, as the planner counts it)."""
-    rows = sampler_rows(max_num_seqs, num_tokens)
+    sampled at `sampler_rows` (counted on the budget asked for, as the planner counts it: 1 + k rows per
+    sequence under speculative decoding)."""
+    rows = sampler_rows(max_num_seqs, num_tokens, num_speculative_tokens)
     num_tokens = min(num_tokens, max_num_seqs * max_model_len)
     num_seqs = -(-num_tokens // max_model_len)
     seq_lens = np.full(num_seqs, num_tokens // num_seqs, dtype=np.int32)
@@ -76,6 +82,22 @@ def profile_sampling_batch(num_rows: int, vocab_size: int, device: torch.device)
     batch.logits_index = list(range(num_rows))
     batch.bitmask = allocate_bitmask(num_rows, vocab_size)  # all allowed: the cost is the unpacking, not the mask
     return batch
+
+
+def profile_verify_batch(num_rows: int, num_speculative_tokens: int, vocab_size: int,
+                         device: torch.device) -> SamplingBatch:
+    """A verify step of `num_rows` logits rows at the widest: sequences of 1 + k rows (the last one shorter when
+    the rows run out), each row with profile_sampling_batch's parameters and bitmask, and a draft model's q
+    [drafts, vocab] on the device (n-gram and MTP drafts carry none; the profile counts the widest method)."""
+    batch = profile_sampling_batch(num_rows, vocab_size, device)
+    spec = SpecBatch()
+    spec.rows, spec.logits_index, spec.bitmask = batch.rows, batch.logits_index, batch.bitmask
+    for start in range(0, num_rows, 1 + num_speculative_tokens):
+        spec.draft_token_ids.append([0] * (min(num_rows - start, 1 + num_speculative_tokens) - 1))
+    num_drafts = sum(map(len, spec.draft_token_ids))
+    spec.draft_probs = torch.full((num_drafts, vocab_size), 1.0 / vocab_size, dtype=torch.float32, device=device)
+    spec.q_index = list(range(num_drafts))
+    return SamplingBatch(generator=batch.generator, spec=spec)
 
 
 def profile_sampler(num_seqs: int, vocab_size: int, device: torch.device) -> None:

@@ -30,7 +30,7 @@ class PreparedSampling:
 
     batch: SamplingBatch
     meta: SamplingMetadata | None = None
-    rows_index: torch.Tensor | None = None  # logits row of each sampling row
+    rows_index: torch.Tensor | None = None  # logits row of each sampling row; None: row i reads logits row i
     beam_index: torch.Tensor | None = None
     spec: tuple | None = None  # speculative verify rows' (SamplingMetadata, logits index)
 
@@ -43,7 +43,9 @@ def prepare_sampling(sampling: SamplingBatch, vocab_size: int, dev: torch.device
     if sampling.rows:
         state = state or SamplingState(vocab_size, dev, len(sampling.rows))
         prepared.meta = state.metadata(sampling.rows, sampling.bitmask)
-        prepared.rows_index = to_device(torch.tensor(sampling.logits_index, dtype=torch.long), dev)
+        index = sampling.logits_index
+        if any(i != row for row, i in enumerate(index)):  # else the logits' first rows are read in place, no gather
+            prepared.rows_index = to_device(torch.tensor(index, dtype=torch.long), dev)
     if sampling.beam_index:
         prepared.beam_index = to_device(torch.tensor(sampling.beam_index, dtype=torch.long), dev)
     if sampling.spec is not None:
@@ -56,10 +58,16 @@ def sample(logits: torch.Tensor, sampling: SamplingBatch) -> ModelRunnerOutput:
     return sample_prepared(logits, prepare_sampling(sampling, logits.shape[1], logits.device))
 
 
-def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling) -> ModelRunnerOutput:
+def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling, defer: bool = False) -> ModelRunnerOutput:
+    """The step's draws; with `defer` their copy to the host is started, not waited for (`ModelRunnerOutput.result`)."""
     out, sampling = ModelRunnerOutput(), prepared.batch
     if prepared.meta is not None:
-        out.sampled = sample_on_device(logits[prepared.rows_index], prepared.meta, sampling.generator).to_host()
+        rows = logits.narrow(0, 0, len(sampling.rows)) if prepared.rows_index is None else logits[prepared.rows_index]
+        tokens = sample_on_device(rows, prepared.meta, sampling.generator)
+        if defer:
+            out.pending = tokens.start_host_copy()
+        else:
+            out.sampled = tokens.to_host()
     if prepared.spec is not None:
         out.spec = verify_drafts(logits, sampling.spec, sampling.generator, prepared.spec)
     if prepared.beam_index is not None:
@@ -89,9 +97,11 @@ class DeviceSampler:
             self.sampling_state = SamplingState(self.vocab_size, self.device, self.max_rows or FIRST_ROWS)
         return prepare_sampling(sampling, self.vocab_size, self.device, self.sampling_state)
 
-    def finish(self, hidden: torch.Tensor, inputs: StepInputs, logits_index: torch.Tensor | None,
-               prepared: PreparedSampling | None, sampling: SamplingBatch | None) -> ModelRunnerOutput | None:
-        """The step's results from its hidden states; None on a tensor-parallel worker (no `sampling`)."""
+    def finish(self, hidden: torch.Tensor, inputs: StepInputs, logits_index: torch.Tensor | slice | None,
+               prepared: PreparedSampling | None, sampling: SamplingBatch | None,
+               defer: bool = False) -> ModelRunnerOutput | None:
+        """The step's results from its hidden states; None on a tensor-parallel worker (no `sampling`). With
+        `defer`, the sampled tokens' host copy is only started (async scheduling)."""
         rank0 = sampling is not None
         prompt_logprobs = None
         if inputs.prompt_logits_rows:
@@ -104,6 +114,6 @@ class DeviceSampler:
         logits = self.model.compute_logits(hidden[logits_index])
         if not rank0:
             return None
-        out = sample_prepared(logits, prepared)
+        out = sample_prepared(logits, prepared, defer)
         out.prompt_logprobs, out.pooled = prompt_logprobs, pooled
         return out

@@ -11,7 +11,7 @@ import numpy as np
 from engine.worker.input_batch import BatchDiff
 from engine.sample.pooling import PooledOutput
 from engine.sample.prompt_logprobs import PromptLogprobsOutput
-from engine.sample.sampler import SamplerOutput
+from engine.sample.sampler import PendingSamples, SamplerOutput
 from engine.core.scheduler import ScheduledSeq
 from engine.sample.rejection_sampler import SpecSampleOutput
 from engine.spec_decode.state_rollback import StateReplay
@@ -71,6 +71,10 @@ class StepInputs:
     # Gemma's bidirectional image attention (kernels/image_mask.py): per token row, the position its keys may
     # reach, exclusive; None when no row lies in an image.
     key_limits: np.ndarray | None = None  # [num_tokens] int32
+    # Async scheduling: token rows whose id the last step sampled and the host does not know yet (input_ids holds
+    # PENDING_TOKEN there), and each one's row among that step's sampled tokens, read on the device.
+    pending_rows: np.ndarray | None = None  # [num_pending] int64
+    pending_sources: np.ndarray | None = None  # [num_pending] int64
 
 
 @dataclass(slots=True)
@@ -83,13 +87,26 @@ class ModelRunnerOutput:
     prompt_logprobs: PromptLogprobsOutput | None = None  # over StepInputs.prompt_logits_rows, in order
     spec: SpecSampleOutput | None = None  # speculative verify rows: per sequence, the tokens it emits
     pooled: PooledOutput | None = None  # embedding requests' pooled hidden states (engine/sample/pooling.py)
+    pending: PendingSamples | None = None  # async scheduling: `sampled` still on its way to the host
+
+    def result(self) -> "ModelRunnerOutput":
+        """This output with its sampled tokens on the host (a launched step: waits for the device's copy)."""
+        if self.pending is not None:
+            self.sampled, self.pending = self.pending.wait(), None
+        return self
+
+
+PENDING_TOKEN = -1  # an input id the device fills in (async scheduling); never a real token, so never silent
 
 
 def query_tokens(item: ScheduledSeq) -> list[int]:
-    """The token ids a scheduled sequence feeds this step: its next chunk, or its last token and drafts."""
+    """The token ids a scheduled sequence feeds this step: its next chunk, or its last token and drafts; a token
+    still on its way from the device (async scheduling) is PENDING_TOKEN."""
     seq, start = item.seq, item.seq.num_computed_tokens
     if item.num_draft_tokens:
         return seq.token_ids[start:] + seq.spec_token_ids
+    if item.num_pending:
+        return seq.token_ids[start:start + item.num_new_tokens - 1] + [PENDING_TOKEN]
     return seq.token_ids[start:start + item.num_new_tokens]
 
 

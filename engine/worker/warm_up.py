@@ -50,25 +50,30 @@ def kernel_shapes(max_batch: int, max_model_len: int, block_size: int, tiles_for
     return shapes
 
 
-def triton_tiles_for(model, device: torch.device) -> TilesFor:
+def triton_tiles_for(model, device: torch.device, facts: list[tuple[int, int]] | None = None) -> TilesFor:
+    """The configuration key of a forward's Triton kernels. `facts`: every tensor-parallel rank's (SM count,
+    compute capability major) (engine/worker/graphs/dispatch.rank_facts): the key is then the attention tiles
+    each of those cards would choose, the same on every rank whatever its own card."""
     from kernels.triton_attention import choose_tiles
     from kernels.triton_quant_linear import choose_quant_kernel
     attn = model.attention_layers()[0]
     group = attn.num_heads // attn.num_kv_heads
+    cards = sorted(set(facts)) if facts else [None]
     # The quantized linears' choice is part of the key even for a float model: a few more warm-up forwards,
     # and no guessing here which layers are quantized.
-    return lambda tokens, seqs, width: (choose_tiles(tokens, seqs, attn.num_kv_heads, group, attn.head_dim, width,
-                                                     device), choose_quant_kernel(tokens))
+    return lambda tokens, seqs, width: (*(choose_tiles(tokens, seqs, attn.num_kv_heads, group, attn.head_dim, width,
+                                                       device, facts=card) for card in cards),
+                                        choose_quant_kernel(tokens))
 
 
 @torch.inference_mode()
 def warm_up_kernels(model, max_batch: int, max_model_len: int, block_size: int, device: torch.device,
-                    tiles_for: TilesFor | None = None) -> int:
+                    tiles_for: TilesFor | None = None, every_size: bool | None = None) -> int:
     """Run one forward per kernel configuration (the KV cache must be bound); returns how many ran. With the
-    real key (no `tiles_for`), every batch and chunk size is walked; under tensor parallel (`every_shape`, which
-    tells every shape apart) only the ladder's, and other sizes compile on first use."""
+    real key (no `tiles_for`, or `every_size`: tensor parallel's rank-identical key), every batch and chunk size
+    is walked; with another key only the ladder's, and other sizes compile on first use."""
     shapes = kernel_shapes(max_batch, max_model_len, block_size, tiles_for or triton_tiles_for(model, device),
-                           every_size=tiles_for is None)
+                           every_size=tiles_for is None if every_size is None else every_size)
     for num_seqs, q_len, context in tqdm(shapes, desc="Compiling Triton kernels", unit="shape"):
         n = num_seqs * q_len
         positions = (torch.arange(q_len, device=device) + context - q_len).repeat(num_seqs)

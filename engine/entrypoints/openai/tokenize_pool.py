@@ -12,8 +12,10 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from engine.platform.threads import thread_budget
+
 SMALL_JOB_CHARS = 32 * 1024  # up to this many characters (or ids) a job is "small"
-_small = ThreadPoolExecutor(max_workers=4, thread_name_prefix="pagedesk-tokenize")
+_small = ThreadPoolExecutor(max_workers=thread_budget().server_threads, thread_name_prefix="pagedesk-tokenize")
 _large = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pagedesk-tokenize-large")
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB
+from engine.config.gguf_file import is_gguf
 from engine.config.model import DTYPE_BYTES, ModelConfig
 from engine.config.speculative import SpeculativeConfig, parse_speculative_config
 from engine.entrypoints.router.specs import ModelSpec
@@ -137,7 +138,7 @@ def model_folder(spec: ModelSpec) -> Path:
 
 def config_folder(path_or_repo: str, revision: str | None, what: str) -> Path:
     path = Path(path_or_repo)
-    if path.is_dir():
+    if path.is_dir() or (is_gguf(path) and path.is_file()):  # a GGUF file is its own config
         return path
     try:
         from huggingface_hub import hf_hub_download

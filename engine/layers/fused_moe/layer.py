@@ -13,6 +13,9 @@ compressed-tensors float) keep `w13_weight` [E, 2I, H] float8_e4m3fn and float32
 column block, `w13_weight_scale_inv` [E, 2I, ceil(H/128)] (methods.expand_block_scales), dequantized in the
 kernel as W8A16. MXFP4 experts (gpt-oss) keep their bytes:
 `w13_blocks` [E, 2I, H/2] uint8 (two E2M1 codes each) and `w13_scales` [E, 2I, H/32] E8M0, the same for w2.
+GGUF experts (llama.cpp's stacked ffn_{gate,up,down}_exps) keep the file's blocks, `w13_weight` [E, 2I, row bytes]
+and `w2_weight` [E, H, row bytes], one ggml type per projection, learnt as the first expert loads (an F16 file's
+experts stay float); under tensor parallel down's input split must fall between blocks.
 Packed experts stay packed in memory: the Triton kernel dequantizes them tile by tile (CUDA), the torch loop one
 routed expert at a time (CPU), both through kernels/moe_torch.py's PackedExperts.
 Tensor parallel splits each expert's intermediate dim: gate/up outputs (column-parallel) and down inputs
@@ -29,7 +32,9 @@ from torch import nn
 
 from engine.distributed.parallel_state import get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
+from engine.quantization.gguf.weight import GgufWeight
 from engine.quantization.methods import IntLinearMethod, expand_block_scales, fp8_scale_name
+from kernels.gguf_torch import block_format
 from kernels.moe_torch import ACTIVATIONS, PackedExperts, fused_moe_torch
 from kernels.quant_torch import MXFP4_BLOCK
 
@@ -62,6 +67,8 @@ class FusedMoE(nn.Module):
     def _packed_params(self, quant: QuantConfig) -> None:
         if quant.weight_type == "mxfp4":
             return self._mxfp4_params()
+        if quant.weight_type == "gguf":
+            return self._gguf_params()
         if quant.weight_type == "float":
             return self._fp8_params(quant)
         if quant.weight_type != "int":
@@ -126,8 +133,46 @@ class FusedMoE(nn.Module):
                 p.role = f"mxfp4_{leaf}"
                 setattr(self, f"{proj}_{leaf}", p)
 
-    def packed_experts(self, proj: str, dtype: torch.dtype) -> PackedExperts:
+    def _gguf_params(self) -> None:
+        """GGUF experts: `w13_weight` [E, 2I, row bytes] / `w2_weight` [E, H, row bytes] in the file's blocks, one
+        ggml type per projection (or floats for an F16/BF16/F32 file), learnt from the first expert loaded."""
+        self.method = None
+        self.float_dtype = torch.get_default_dtype()  # the model's dtype, set while it is built
+        e, h, i = self.num_experts, self.hidden_size, self.intermediate_size
+        for proj, n in (("w13", 2 * i), ("w2", h)):
+            p = self._param(torch.empty(e, n, 0, dtype=torch.uint8), proj, 0, 1)
+            p.role, p.gguf, p.gguf_type = "gguf", True, None  # gguf: the loader hands over GgufWeights as they are
+            setattr(self, f"{proj}_weight", p)
+
+    def _copy_gguf(self, param: nn.Parameter, loaded, shard_id: str, expert_id: int) -> None:
+        """One expert's gate, up (this rank's rows) or down (this rank's input columns, whole blocks) as stored."""
+        i, rank = self.intermediate_size, get_tp_rank()
+        where = f"{self.prefix} expert {expert_id} {shard_id}"
+        if isinstance(loaded, GgufWeight):
+            piece = loaded.columns_slice(rank * i, i, where) if shard_id == "w2" else loaded.narrow(0, rank * i, i)
+            kind, data = piece.type_id, piece.data
+        else:
+            data = loaded.narrow(1, rank * i, i) if shard_id == "w2" else loaded.narrow(0, rank * i, i)
+            kind, data = "float", data.to(self.float_dtype)
+        if param.gguf_type is None:  # the first expert decides the projection's layout
+            param.gguf_type = kind
+            param.data = torch.empty(self.num_experts, param.shape[1], data.shape[-1], dtype=data.dtype,
+                                     device=param.device)
+        elif param.gguf_type != kind:
+            raise ValueError(f"{where} is stored as {_type_name(kind)}, the layer's other {param.proj} experts as "
+                             f"{_type_name(param.gguf_type)}; GGUF experts of one projection must share a type")
+        dst = param.data[expert_id]
+        if shard_id != "w2":
+            dst = dst.narrow(0, 0 if shard_id == "w1" else i, i)
+        if dst.shape != data.shape:
+            raise ValueError(f"{where}: GGUF rows of shape {tuple(data.shape)} do not fit {tuple(dst.shape)}")
+        dst.copy_(data)
+
+    def packed_experts(self, proj: str, dtype: torch.dtype) -> PackedExperts | torch.Tensor:
         """One projection's packed experts as the kernels take them (dequantized to `dtype`)."""
+        if self.quant.weight_type == "gguf":
+            w = getattr(self, f"{proj}_weight")
+            return w if w.gguf_type == "float" else PackedExperts("gguf", w.data, ggml_type=w.gguf_type, dtype=dtype)
         if self.quant.weight_type == "mxfp4":
             return PackedExperts("mxfp4", getattr(self, f"{proj}_blocks"), getattr(self, f"{proj}_scales"),
                                  dtype=dtype)
@@ -164,6 +209,8 @@ class FusedMoE(nn.Module):
             raise ValueError(f"{self.prefix}: expert {expert_id} is out of range (num_experts {self.num_experts})")
         if (param.proj == "w13") != (shard_id != "w2"):
             raise ValueError(f"{self.prefix}: shard {shard_id!r} does not belong in {param.proj}")
+        if param.role == "gguf":
+            return self._copy_gguf(param, loaded, shard_id, expert_id)
         if param.role.startswith("mxfp4_"):
             if loaded.dtype != torch.uint8:
                 raise ValueError(f"{self.prefix}: MXFP4 expert {param.role[6:]} {shard_id} has dtype {loaded.dtype}, "
@@ -224,6 +271,13 @@ class FusedMoE(nn.Module):
                              f"the parameter slice {tuple(dst.shape)} (per rank)")
         dst.copy_(src)
 
+    @property
+    def graph_safe(self) -> bool:
+        """Whether a CUDA graph can hold this layer's forward: on a card every weight format (float, AWQ/GPTQ,
+        FP8, MXFP4) runs the Triton grouped GEMMs, which route and sort on the device; the torch loop (off a
+        card) reads each expert's token count on the host."""
+        return next(self.parameters()).device.type == "cuda"
+
     def forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         """This rank's partial sum of the routed experts' outputs, [T, H] (the block all-reduces it)."""
         if self.quant is not None:  # packed: dequantized inside the kernel, or one routed expert at a time
@@ -236,6 +290,10 @@ class FusedMoE(nn.Module):
                                     self.w2_bias)
         return fused_moe_torch(x, w13, w2, topk_weights.to(x.dtype), topk_ids, self.activation, self.w13_bias,
                                self.w2_bias)
+
+
+def _type_name(kind) -> str:
+    return kind if kind == "float" else block_format(kind).name
 
 
 def _narrow(t: torch.Tensor, dim: int, start: int, size: int, prefix: str) -> torch.Tensor:

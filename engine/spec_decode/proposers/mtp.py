@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from engine.distributed.parallel_state import single_rank
+from engine.kv.block_pool import kv_pages
 from engine.platform.host_copies import to_device
 from engine.spec_decode.proposers.base import Proposer
 from engine.spec_decode.proposers.feeds import feed_metadata
@@ -86,8 +87,9 @@ class MTPProposer(Proposer):
         return sum(2 * self.block_size * a.num_kv_heads * a.head_dim * kv_dtype_bytes for a in attn)
 
     def allocate_kv_cache(self, num_blocks: int, kv_dtype: torch.dtype) -> None:
+        """The head's pages at the target's block ids (page 0: the reserved null block's)."""
         attn = self.head.attention_layers()
-        shape = (len(attn), 2, num_blocks, self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
+        shape = (len(attn), 2, kv_pages(num_blocks), self.block_size, attn[0].num_kv_heads, attn[0].head_dim)
         self.kv_cache = torch.zeros(shape, dtype=kv_dtype, device=self.device)
         for i, layer in enumerate(attn):
             layer.bind_cache(self.kv_cache[i, 0], self.kv_cache[i, 1])

@@ -1,30 +1,32 @@
 """CUDA graphs for decode steps: the whole forward captured per (batch size, context length), replayed with padding.
 
 Decode batches (one new token per sequence) are copied into static input buffers sized for the
-smallest captured batch that holds them; padding rows get slot -1 (their K/V write is skipped) and a
-one-token context in block 0 (their output is discarded), so they never touch a real sequence's cache.
+smallest captured batch that holds them; padding rows hold no tokens (their query range is empty, after the
+real tokens), and their token rows get slot -1 and are discarded, so no kernel reads or writes anything for
+them: not a real sequence's cache, and not a hybrid model's padding state slot, which they would otherwise all
+update at once.
 The attention kernel picks its KV split count from the block-table width, which a graph freezes; so
 each batch size is captured at the context lengths of a ladder where that choice changes
 (`split_key`; lengths with the same kernel configuration share one graph), and a step replays the
 narrowest graph that covers its longest sequence. A capture that fails (a driver, NCCL or kernel that
 cannot be captured) logs one line and leaves decode eager. KV cache groups past the first (sliding-window
-models) get their own static block tables and slots, filled the same way. A hybrid model's linear-attention
-layers read and write their state pool in place through a static slot-index buffer (`state_indices`, with
-`has_initial_state`): real rows carry their sequences' slots, padding rows the runner's padding slot, one
-slot past the pool that no sequence ever holds, read as zeros and overwritten at will, so the captured
-state update needs no gather and padding never touches a real state. On CPU, or to test the padding logic
-without a GPU, `capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except
-the capture call itself.
+models) get their own static block tables and slots, filled the same way. A hybrid model's linear-attention layers
+read and write their state pool in place through a static slot-index buffer (`state_indices`, with
+`has_initial_state`): real rows carry their sequences' slots, padding rows the runner's padding slot, one slot past
+the pool that no sequence ever holds (an index in range; with no tokens they leave it alone), so the captured state
+update needs no gather and padding never touches a real state. On CPU, or to test the padding logic without a GPU,
+`capture=False` runs the same padded buffers eagerly: the CPU tests exercise every line except the capture call
+itself.
 
-Speculative verify steps (each sequence feeds its last token and k drafts: 1 + k query tokens) get their own
-set, `query_len=1 + k`, keyed the same way by (batch, context length): every row holds exactly `query_len`
-tokens (the static query offsets are multiples of it), padding rows get `query_len` tokens of context in
-block 0 and no writes. Only steps whose every row has `query_len` tokens replay them; a step with shorter
-rows (a sequence with fewer drafts) runs like any other mixed step.
+Speculative verify steps (each sequence feeds its last token and k drafts: 1 + k query tokens) get their own set,
+`query_len=1 + k`, keyed the same way by (batch, context length): every real row holds exactly `query_len` tokens
+(the static query offsets are multiples of it), padding rows none. Only steps whose every row has `query_len` tokens
+replay them; a step with shorter rows (a sequence with fewer drafts) runs like any other mixed step.
 """
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Callable, Hashable
 
@@ -34,6 +36,7 @@ from tqdm.auto import tqdm
 from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata
 from engine.planning.graphs import batch_size_ladder, context_length_ladder
+from engine.worker.graphs.backend import CudaGraphBackend
 
 __all__ = ["DecodeGraphs", "batch_size_ladder", "context_buckets", "triton_split_key"]
 logger = logging.getLogger("pagedesk.engine")
@@ -58,14 +61,18 @@ def context_buckets(batch: int, max_model_len: int, block_size: int, split_key: 
     return sorted(buckets)
 
 
-def triton_split_key(model, device: torch.device) -> SplitKey:
+def triton_split_key(model, device: torch.device, facts: list[tuple[int, int]] | None = None) -> SplitKey:
     """The Triton kernel's tile and split choice for a decode (or verify: `query_len` tokens per row) batch at
-    a given block-table width."""
+    a given block-table width. `facts`: under tensor parallel every rank's (SM count, compute capability major)
+    (engine/worker/graphs/dispatch.rank_facts): the key is the choice of each of those cards, the same on every
+    rank, so every rank captures the same graphs, and only where some card's launch really changes."""
     from kernels.triton_attention import choose_tiles
     attn = model.attention_layers()[0]
     group = attn.num_heads // attn.num_kv_heads
-    return lambda batch, width, query_len=1: choose_tiles(batch * query_len, batch, attn.num_kv_heads, group,
-                                                          attn.head_dim, width, device)
+    cards = sorted(set(facts)) if facts else [None]
+    return lambda batch, width, query_len=1: tuple(
+        choose_tiles(batch * query_len, batch, attn.num_kv_heads, group, attn.head_dim, width, device, facts=card)
+        for card in cards)
 
 
 @dataclass
@@ -98,8 +105,10 @@ class StaticBuffers:
 class DecodeGraphs:
     def __init__(self, model, max_batch: int, max_model_len: int, block_size: int, device: torch.device,
                  capture: bool = True, split_key: SplitKey | None = None, num_kv_groups: int = 1,
-                 query_len: int = 1, has_state: bool = False) -> None:
-        """`has_state`: a hybrid model; `bind_state_padding` names the padding slot once the pool exists."""
+                 query_len: int = 1, has_state: bool = False, backend=None, strict: bool = False) -> None:
+        """`has_state`: a hybrid model; `bind_state_padding` names the padding slot once the pool exists.
+        `backend`: the graph backend (engine/worker/graphs/backend.py; CUDA graphs on a card by default, a
+        stand-in in CPU tests); `strict`: a failed capture raises instead of leaving decode eager (tests)."""
         self.model = model
         self.query_len = q = query_len  # 1 for decode steps, 1 + k for speculative verify steps
         self.ladder = batch_size_ladder(max_batch)
@@ -109,7 +118,10 @@ class DecodeGraphs:
         self.contexts = {b: context_buckets(b, max_model_len, block_size, split_key, q) for b in self.ladder}
         self.max_blocks = -(-max_model_len // block_size)
         self.device = device
-        self.capture_graphs = capture and device.type == "cuda"
+        self.backend = backend  # None: CUDA graphs, made when capturing
+        self.capture_graphs = capture and (backend is not None or device.type == "cuda")
+        self.strict = strict
+        self.capture_seconds = 0.0  # wall time of the captures themselves (warm-up forwards excluded)
         b = self.max_batch
         with torch.device(device):
             self.buffers = StaticBuffers(
@@ -118,6 +130,7 @@ class DecodeGraphs:
                 block_tables=torch.zeros(b, self.max_blocks, dtype=torch.int32),
                 seq_lens=torch.full((b,), q, dtype=torch.int32),
                 query_start_loc=torch.arange(b + 1, dtype=torch.int32) * q, query_len=q)
+            self.row_starts = torch.arange(b + 1, dtype=torch.int32) * q  # every row full: capture's offsets
             if num_kv_groups > 1:
                 self.buffers.group_slot_mappings = torch.full((num_kv_groups - 1, b * q), -1, dtype=torch.long)
                 self.buffers.group_block_tables = torch.zeros(num_kv_groups - 1, b, self.max_blocks, dtype=torch.int32)
@@ -125,7 +138,7 @@ class DecodeGraphs:
                 self.buffers.state_indices = torch.zeros(b, dtype=torch.int32)
                 self.buffers.has_initial_state = torch.zeros(b, dtype=torch.bool)
         self.state_padding_slot: int | None = None
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # (batch, context length) -> graph
+        self.graphs: dict[tuple[int, int], object] = {}  # (batch, context length) -> the backend's graph
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool_bytes = 0
 
@@ -146,45 +159,56 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every (batch, context) pair, largest first so the smaller graphs reuse its memory pool;
-        on any failure drop them all and stay eager (one log line), rather than stop the engine."""
+        on any failure drop them all and stay eager (one log line; strict: raise), rather than stop the engine."""
         if not self.capture_graphs:
             return
         if self.buffers.state_indices is not None and self.state_padding_slot is None:
             raise RuntimeError("decode graphs of a hybrid model: the state pool's padding slot is not bound")
-        # Reserved, not allocated, bytes: the intermediates a graph frees during capture stay in its private
-        # pool (reserved for replays) but no longer count as allocated, which would leave only the outputs.
-        torch.cuda.empty_cache()
-        before = torch.cuda.memory_reserved(self.device)
+        cuda = self.device.type == "cuda"
+        if cuda:
+            # Reserved, not allocated, bytes: the intermediates a graph frees during capture stay in its private
+            # pool (reserved for replays) but no longer count as allocated, which would leave only the outputs.
+            torch.cuda.empty_cache()
+            before = torch.cuda.memory_reserved(self.device)
         keys = [(b, c) for b in reversed(self.ladder) for c in reversed(self.contexts[b])]
+        if self.backend is None:
+            self.backend = CudaGraphBackend(self.device)
         try:
             self._capture_all(keys)
         except Exception as e:  # noqa: BLE001 - any capture error means "run eagerly", never a dead engine
             self.graphs.clear()
             self.outputs.clear()
             self.capture_graphs = False
-            torch.cuda.synchronize(self.device)
+            if cuda:
+                torch.cuda.synchronize(self.device)
+            if self.strict:
+                raise
             logger.warning("CUDA graph capture failed (%s: %s); decode steps run eagerly (slower, same results)",
                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
             return
-        torch.cuda.synchronize(self.device)
-        torch.cuda.empty_cache()  # the warm-up forwards' blocks in the ordinary pool: not the graphs'
-        self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
-        logger.info("captured %d CUDA graphs (%s, batch sizes %s, context lengths %s), %.0f MiB", len(self.graphs),
-                    "decode" if self.query_len == 1 else f"verify, {self.query_len} tokens per row", self.ladder,
-                    sorted({c for cs in self.contexts.values() for c in cs}), self.pool_bytes / 2**20)
+        self.backend.finish()
+        if cuda:
+            torch.cuda.empty_cache()  # the warm-up forwards' blocks in the ordinary pool: not the graphs'
+            self.pool_bytes = torch.cuda.memory_reserved(self.device) - before
+        logger.info("captured %d CUDA graphs (%s, batch sizes %s, context lengths %s), %.0f MiB in %.1f s",
+                    len(self.graphs), "decode" if self.query_len == 1 else f"verify, {self.query_len} tokens per row",
+                    self.ladder, sorted({c for cs in self.contexts.values() for c in cs}), self.pool_bytes / 2**20,
+                    self.capture_seconds)
 
     def _capture_all(self, keys: list[tuple[int, int]]) -> None:
-        pool = torch.cuda.graph_pool_handle()
+        self.backend.start()  # one memory pool for the set
         for batch, context in tqdm(keys, desc="Capturing CUDA graphs", unit="graph"):
             meta, tokens = self.buffers.meta(batch, context, self.block_size), batch * self.query_len
             self.model(self.buffers.input_ids[:tokens], self.buffers.positions[:tokens], meta)  # warm-up, compiles
-            torch.cuda.synchronize(self.device)
-            graph, error = torch.cuda.CUDAGraph(), None
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            error, start = None, time.perf_counter()
             try:
-                with torch.cuda.graph(graph, pool=pool):
+                with self.backend.graph() as graph:
                     out = self.model(self.buffers.input_ids[:tokens], self.buffers.positions[:tokens], meta)
             except Exception as e:  # noqa: BLE001 - decided together with the other ranks just below
                 error = e
+            self.capture_seconds += time.perf_counter() - start
             # Under tensor parallel every rank stops at the same graph (a capture only records its all-reduces;
             # this one runs), so the eager forwards that follow keep pairing up across ranks.
             failed = all_reduce(torch.tensor([error is not None], dtype=torch.int32, device=self.device))
@@ -195,26 +219,28 @@ class DecodeGraphs:
             self.graphs[batch, context] = graph
             self.outputs[batch, context] = out
 
-    def run(self, inputs, tables: torch.Tensor) -> torch.Tensor:
+    def run(self, inputs, tables: torch.Tensor, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states ``[num_seqs × query_len, hidden]`` of a decode (verify) batch through the padded static
-        buffers; `tables`: the step's ``[num_groups, num_seqs, width]`` block tables, already on the device."""
+        buffers; `tables`: the step's ``[num_groups, num_seqs, width]`` block tables, already on the device;
+        `input_ids`: the ids already on the device (async scheduling), else copied from `inputs`."""
         n = len(inputs.seq_lens)
         batch = next(b for b in self.ladder if b >= n)
         needed = max(int(inputs.max_seq_len), inputs.width * self.block_size)
         context = next((c for c in self.contexts[batch] if c >= needed), self.contexts[batch][-1])
-        self._fill(inputs, tables, n, batch)
+        self._fill(inputs, tables, n, batch, input_ids)
         real, tokens = n * self.query_len, batch * self.query_len
         if (batch, context) in self.graphs:
-            self.graphs[batch, context].replay()
+            self.backend.replay(self.graphs[batch, context])
             return self.outputs[batch, context][:real]
         meta = self.buffers.meta(batch, context, self.block_size)
         return self.model(self.buffers.input_ids[:tokens], self.buffers.positions[:tokens], meta)[:real]
 
-    def _fill(self, inputs, tables: torch.Tensor, n: int, batch: int) -> None:
+    def _fill(self, inputs, tables: torch.Tensor, n: int, batch: int, input_ids: torch.Tensor | None = None) -> None:
         buf = self.buffers
         width = tables.shape[2]
         real, tokens = n * self.query_len, batch * self.query_len  # token rows; n and batch count sequences
-        buf.input_ids[:real].copy_(torch.as_tensor(inputs.input_ids), non_blocking=True)
+        buf.input_ids[:real].copy_(torch.as_tensor(inputs.input_ids) if input_ids is None else input_ids,
+                                   non_blocking=True)
         buf.positions[:real].copy_(torch.as_tensor(inputs.positions), non_blocking=True)
         buf.slot_mapping[:real].copy_(torch.as_tensor(inputs.slot_mapping), non_blocking=True)
         buf.seq_lens[:n].copy_(torch.as_tensor(inputs.seq_lens), non_blocking=True)
@@ -231,7 +257,11 @@ class DecodeGraphs:
             buf.has_initial_state[:n].copy_(torch.as_tensor(inputs.has_initial_state), non_blocking=True)
             buf.state_indices[n:batch] = self.state_padding_slot
             buf.has_initial_state[n:batch] = False
-        if batch > n:  # padding rows: no write, query_len tokens of context in block 0, output discarded
+        # Padding rows hold no tokens: each starts where the real tokens end, so no kernel reads or writes for
+        # them (no KV, no linear-attention state: hybrid padding rows never race on their shared padding slot),
+        # and their token rows, past the last sequence, are left as the kernels leave them and discarded.
+        torch.clamp(self.row_starts[:batch + 1], max=real, out=buf.query_start_loc[:batch + 1])
+        if batch > n:
             buf.input_ids[real:tokens] = 0
             buf.positions[real:tokens] = 0
             buf.slot_mapping[real:tokens] = -1

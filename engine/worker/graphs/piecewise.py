@@ -1,22 +1,23 @@
 """Piecewise CUDA graphs for steps the decode graphs cannot take (prompt chunks, mixed prefill + decode).
 
-The forward is captured per padded token count (`token_buckets`, up to --max-num-batched-tokens) as a run of
-graph pieces split at every *eager point*: each attention layer (its kernels pick tiles per step from the
-real batch layout, which a graph would freeze), each Gated DeltaNet layer of a hybrid model (its state
-update goes through the step's slot indices, and its prefill kernels read the batch layout on the host; it
-runs on the step's real rows only) and each MoE layer whose experts run the torch loop (it asks
-the host how many tokens each expert got). While capturing, an eager point's `forward` is swapped for
-`_Capture.boundary`: it allocates the point's output inside the current piece (so it lives in the pieces'
-shared memory pool, reused like any activation), ends that piece, runs the point once eagerly, and begins
-the next piece. Replay fills the static token buffers (input ids, positions, slots; padding rows get slot -1:
-no KV write), then replays piece 0, runs eager point 0 on the tensors piece 0 left at fixed addresses with
-this step's real attention metadata, copies its result into the captured output, replays piece 1, and so
-on. Pure-decode steps keep the whole-forward decode graphs (engine/worker/graphs/decode.py: one launch instead of one
-per piece). The graph calls go through a small backend (start, watch_bucket, capturing, begin, end, abort,
-finish, replay, keep): `CudaGraphBackend` on a card; the CPU tests pass a stand-in (tests/graph_tape.py) that
-records each piece's aten ops and replays them on the same tensors, with CUDA graphs' semantics, and finds what a
-piece cannot contain (a host sync, a read of the attention metadata outside attention) at capture time. A
-capture that fails raises in strict mode (tests) and otherwise logs one line and leaves those steps eager.
+The forward is captured per padded token count (`token_buckets`, up to --max-num-batched-tokens) as a run of graph
+pieces split at every *eager point*: each attention layer (its kernels pick tiles per step from the real batch
+layout, which a graph would freeze), each Gated DeltaNet layer of a hybrid model (its state update goes through the
+step's slot indices, and its prefill kernels take a chunk table built on the host; it runs on the step's real rows
+only) and each MoE layer that is not graph-safe (the torch expert loop, off a card, asks the host how many tokens
+each expert got; on a card every weight format, packed ones included, runs the Triton kernel, which routes on the
+device and is captured inside the pieces). While capturing, an eager point's `forward` is swapped for
+`_Capture.boundary`: it allocates the point's output inside the current piece (so it lives in the pieces' shared
+memory pool, reused like any activation), ends that piece, runs the point once eagerly, and begins the next piece.
+Replay fills the static token buffers (input ids, positions, slots; padding rows get slot -1: no KV write), then
+replays piece 0, runs eager point 0 on the tensors piece 0 left at fixed addresses with this step's real attention
+metadata, copies its result into the captured output, replays piece 1, and so on. Pure-decode steps keep the
+whole-forward decode graphs (engine/worker/graphs/decode.py: one launch instead of one per piece). The graph calls
+go through the graph backend (engine/worker/graphs/backend.py): `CudaGraphBackend` on a card; the CPU tests pass a
+stand-in (tests/graph_tape.py) that records each piece's aten ops and replays them on the same tensors, with CUDA
+graphs' semantics, and finds what a piece cannot contain (a host sync, a host copy, a read of the attention metadata
+outside attention) at capture time. A capture that fails raises in strict mode (tests) and otherwise logs one line
+and leaves those steps eager.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ import torch
 from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.gated_deltanet import GatedDeltaNet
+from engine.worker.graphs.backend import CudaGraphBackend
 
 __all__ = ["PiecewiseGraphs", "token_buckets", "CudaGraphBackend", "eager_points", "MIN_BUCKET"]
 logger = logging.getLogger("pagedesk.engine")
@@ -50,14 +52,14 @@ def token_buckets(max_tokens: int, min_bucket: int = MIN_BUCKET) -> list[int]:
 
 def eager_points(model) -> list[torch.nn.Module]:
     """The modules that run eagerly between pieces, in model order: every attention layer, every Gated
-    DeltaNet layer, and every MoE layer that takes the torch expert loop (quantized experts, or not on a
-    card), which syncs with the host."""
+    DeltaNet layer, and every MoE layer that says it is not graph-safe (`FusedMoE.graph_safe`: the torch
+    expert loop off a card syncs with the host; on a card every weight format runs the Triton kernel)."""
     from engine.layers.fused_moe.layer import FusedMoE
     points = []
     for module in model.modules():
         if isinstance(module, (PagedAttention, GatedDeltaNet)):
             points.append(module)
-        elif isinstance(module, FusedMoE) and (module.quant is not None or module.w13_weight.device.type != "cuda"):
+        elif isinstance(module, FusedMoE) and not module.graph_safe:
             points.append(module)
     return points
 
@@ -65,63 +67,6 @@ def eager_points(model) -> list[torch.nn.Module]:
 def _output_like(module: torch.nn.Module, args: tuple) -> torch.Tensor:
     """An empty tensor shaped as the eager point's result: attention returns q's shape, MoE x's."""
     return torch.empty_like(args[0])
-
-
-# ---- graph backends -----------------------------------------------------------------------------------------
-
-class CudaGraphBackend:
-    """torch.cuda.CUDAGraph pieces on one side stream, all in one memory pool."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.pool = None
-        self.stream = None
-
-    def start(self) -> None:
-        self.pool = torch.cuda.graph_pool_handle()
-        self.stream = torch.cuda.Stream(self.device)
-        self.stream.wait_stream(torch.cuda.current_stream(self.device))
-
-    def watch_bucket(self, meta: AttentionMetadata) -> None:
-        """A CUDA graph cannot watch what its pieces read; a backend that can (the CPU tape in tests) refuses a
-        piece that reads `meta`'s batch layout."""
-
-    def capturing(self):
-        return torch.cuda.stream(self.stream)
-
-    def begin(self):
-        graph = torch.cuda.CUDAGraph()
-        graph.capture_begin(pool=self.pool)
-        return graph
-
-    def end(self, graph) -> None:
-        graph.capture_end()
-
-    def abort(self, graph) -> None:
-        try:
-            graph.capture_end()  # ends the stream's capture state; the graph is dropped
-        except Exception:  # noqa: BLE001 - the capture already broke; only its state must be cleared
-            pass
-
-    def finish(self) -> None:
-        torch.cuda.current_stream(self.device).wait_stream(self.stream)
-        torch.cuda.synchronize(self.device)
-
-    @staticmethod
-    def replay(graph) -> None:
-        graph.replay()
-
-    @staticmethod
-    def keep(t: torch.Tensor) -> torch.Tensor:
-        """A view of `t` that does not own its memory. Holding the tensors that cross pieces (an attention's q,
-        k, v and output, the bucket's result) strongly would keep every layer's and every bucket's in the
-        pool for good, about one forward's activations per layer; held this way the pool reuses them the way
-        the capture did, which replays correctly because the pieces of a bucket always replay in capture
-        order and rewrite each tensor before reading it (the private pool serves only captures, so nothing
-        else is ever given that memory). The approach of torch's cudagraph trees and vLLM's weak refs."""
-        storage = torch._C._construct_storage_from_data_pointer(
-            t.untyped_storage().data_ptr(), t.device, t.untyped_storage().nbytes())
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(storage, t.storage_offset(), t.size(), t.stride())
 
 
 # ---- capture and replay ---------------------------------------------------------------------------------------
@@ -285,13 +230,14 @@ class PiecewiseGraphs:
 
     # ---- replay ----
 
-    def run(self, inputs, meta: AttentionMetadata) -> torch.Tensor:
+    def run(self, inputs, meta: AttentionMetadata, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """Hidden states ``[num_tokens, hidden]`` of any step up to the budget: the pieces replayed in order,
-        the eager points run between them with `meta` (the step's own; its slots are padded here)."""
+        the eager points run between them with `meta` (the step's own; its slots are padded here); `input_ids`:
+        the ids already on the device (async scheduling), else copied from `inputs`."""
         n = len(inputs.input_ids)
         bucket = self.captured[self.bucket_for(n)]
         t = bucket.num_tokens
-        self._fill(inputs, n, t)
+        self._fill(inputs, n, t, input_ids)
         meta.slot_mapping = self.slot_mapping[:t]
         if self.group_slot_mappings is not None and meta.group_slot_mappings is not None:
             meta.group_slot_mappings = self.group_slot_mappings[:, :t]
@@ -310,8 +256,9 @@ class PiecewiseGraphs:
         self.replayed_tokens += n
         return bucket.output[:n]
 
-    def _fill(self, inputs, n: int, t: int) -> None:
-        self.input_ids[:n].copy_(torch.as_tensor(inputs.input_ids), non_blocking=True)
+    def _fill(self, inputs, n: int, t: int, input_ids: torch.Tensor | None = None) -> None:
+        self.input_ids[:n].copy_(torch.as_tensor(inputs.input_ids) if input_ids is None else input_ids,
+                                 non_blocking=True)
         self.positions[:n].copy_(torch.as_tensor(inputs.positions), non_blocking=True)
         self.slot_mapping[:n].copy_(torch.as_tensor(inputs.slot_mapping), non_blocking=True)
         if t > n:  # padding rows: token 0 at position 0, no KV write, output discarded
