@@ -272,3 +272,14 @@ def test_bidirectional_only_where_the_config_says_vision(switch, both_ways):
     vision = parse_vision_config(hf, "Gemma4ForConditionalGeneration")
     assert (vision.kind, vision.bidirectional, vision.start_token_id, vision.end_token_id) == ("gemma4", both_ways,
                                                                                               7, 8)
+
+
+def test_whole_images_run_ahead_under_async_scheduling(family):
+    """--async-scheduling: steps carrying Gemma 4's encoder work run ahead like any other; HF's ids, every image
+    entry released at the end."""
+    from engine import LLM
+    path, _, cases, expected = family
+    llm = LLM(str(path), device="cpu", max_num_batched_tokens=72, max_num_seqs=4, async_scheduling=True)
+    assert llm.engine.async_scheduling
+    assert run(llm, cases) == expected
+    assert not any(llm.engine.encoder_cache.holders.values())
