@@ -283,3 +283,25 @@ def test_whole_images_run_ahead_under_async_scheduling(family):
     assert llm.engine.async_scheduling
     assert run(llm, cases) == expected
     assert not any(llm.engine.encoder_cache.holders.values())
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_soft_tokens_match_hf_get_image_features(family, dtype, tol):
+    """The tower and embedder alone, image by image, against HF's get_image_features (padding patches and all),
+    in float32 and in bf16 (the pooled cells rounded to bf16 before the sqrt(hidden) scale, as HF does)."""
+    from engine.config.model import ModelConfig
+    from engine.models.registry import model_class
+    from engine.worker.loader import iterate_weights
+    path, _, cases, _ = family
+    cfg = ModelConfig.from_folder(path)
+    ours = model_class(cfg.architecture)(cfg)
+    ours.load_weights(iterate_weights(path))
+    ours.vision_tower.to(dtype), ours.embed_vision.to(dtype)
+    hf = hf_model(path).to(dtype)
+    for item in [item for case in cases for item in case.items]:
+        with torch.no_grad():
+            got = ours.encode_image(item.data).float()
+            want = hf.model.get_image_features(item.data["pixel_values"].to(dtype), item.data["image_position_ids"],
+                                               return_dict=True).pooler_output[0].float()
+        assert got.shape == want.shape == (item.length, cfg.hidden_size)
+        assert float((got - want).abs().max()) <= tol * float(want.abs().max())

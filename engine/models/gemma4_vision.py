@@ -150,9 +150,7 @@ class Gemma4VisionModel(nn.Module):
         self.encoder = Gemma4VisionEncoder(tower, eps, clipped)
         self.kernel, self.hidden = int(tower.get("pooling_kernel_size", 3)), hidden
         head_dim = int(tower.get("head_dim") or hidden // int(tower.get("num_attention_heads", 12)))
-        spatial = head_dim // 2
-        inv_freq = 1.0 / (float(rope.get("rope_theta", 100.0)) ** (torch.arange(0, spatial, 2).float() / spatial))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_theta, self.spatial_dim = float(rope.get("rope_theta", 100.0)), head_dim // 2
         self.standardize = bool(tower.get("standardize"))
         if self.standardize:
             self.std_bias = nn.Parameter(torch.zeros(hidden), requires_grad=False)
@@ -160,19 +158,22 @@ class Gemma4VisionModel(nn.Module):
 
     def rope(self, xy: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [N, head_dim]: x's angles twice, then y's twice (HF's H-H-W-W layout)."""
-        freqs = xy[..., None].float() * self.inv_freq.float()  # [N, 2, head_dim / 4]
+        # made here in float32, never a buffer a dtype cast of the model would round
+        exponents = torch.arange(0, self.spatial_dim, 2, device=xy.device).float() / self.spatial_dim
+        freqs = xy[..., None].float() * (1.0 / self.rope_theta ** exponents)  # [N, 2, head_dim / 4]
         layout = torch.cat([freqs[:, 0], freqs[:, 0], freqs[:, 1], freqs[:, 1]], dim=-1)
         return layout.cos().to(dtype), layout.sin().to(dtype)
 
     def pool(self, x: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
-        """Average each k x k cell of patches in float32, cells row by row, then scale by sqrt(hidden)."""
+        """Average each k x k cell of patches in float32, cells row by row, round to the tower's dtype (HF's
+        order), then scale by sqrt(hidden) in float32."""
         k = self.kernel
         cells_per_row = (int(xy[:, 0].max()) + 1) // k
         cell = torch.div(xy[:, 0], k, rounding_mode="floor") + cells_per_row * torch.div(xy[:, 1], k,
                                                                                             rounding_mode="floor")
         count = len(x) // (k * k)
         weights = F.one_hot(cell.long(), count).float() / (k * k)
-        return (weights.T @ x.float()) * self.hidden ** 0.5
+        return (weights.T @ x.float()).to(x.dtype).float() * self.hidden ** 0.5
 
     def forward(self, patches: torch.Tensor, xy: torch.Tensor) -> torch.Tensor:
         """Real patches [N, 3 * patch²] at positions [N, 2] (x, y) -> [N / k², hidden] soft tokens."""
