@@ -1,9 +1,12 @@
 """Images into Gemma 4 (its own vision tower: 2-D RoPE over patch positions, pooled to soft tokens, projected by
-`embed_vision`): greedy ids identical to HF `generate` on the same processor outputs for one image and two images
-in one prompt, a strip far from square, prefix caching (a hit with the same image, a miss with another) and TP=2. The tiny checkpoint is
-built as the E2B/E4B are (per-layer inputs, KV sharing by the last two of six layers, so a global layer's
-image rows reach a later layer's keys) with `use_bidirectional_attention: "vision"` (the 31B's
-switch: an image's tokens see each other both ways on the sliding layers only, as HF's mask has it)."""
+`embed_vision`): greedy ids identical to HF `generate` on the same processor outputs for one image, two images in
+one prompt and a strip far from square; under chunked prefill, prefix caching (a hit with the same image, a miss
+with another), forced preemption, n > 1, async scheduling and TP=2; the soft tokens themselves against HF's in
+float32 and bf16; the planner's count. The tiny checkpoint is built as the E2B/E4B are (per-layer inputs, KV
+sharing by the last two of six layers, so a global layer's image rows reach a later layer's keys) with
+`use_bidirectional_attention: "vision"` (HF's switch for the larger models: an image's tokens see each other both
+ways on the sliding layers only); a second one without it (causal images) has a tower that clips its projections.
+"""
 from __future__ import annotations
 
 import copy
