@@ -66,7 +66,7 @@ def axial_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Gemma4VisionAttention(nn.Module):
     def __init__(self, tower: dict, eps: float, clipped: bool) -> None:
         super().__init__()
-        hidden = int(tower["hidden_size"])
+        hidden = int(tower.get("hidden_size", 768))
         self.num_heads = int(tower.get("num_attention_heads", 12))
         self.num_kv_heads = int(tower.get("num_key_value_heads", self.num_heads))
         self.head_dim = d = int(tower.get("head_dim") or hidden // self.num_heads)
@@ -105,7 +105,7 @@ class Gemma4VisionMLP(nn.Module):
 class Gemma4VisionEncoderLayer(nn.Module):
     def __init__(self, tower: dict, eps: float, clipped: bool) -> None:
         super().__init__()
-        hidden = int(tower["hidden_size"])
+        hidden = int(tower.get("hidden_size", 768))
         self.self_attn = Gemma4VisionAttention(tower, eps, clipped)
         self.mlp = Gemma4VisionMLP(hidden, int(tower.get("intermediate_size", 3072)),
                                    tower.get("hidden_activation", "gelu_pytorch_tanh"), clipped)
