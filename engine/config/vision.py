@@ -20,6 +20,7 @@ VISION_KINDS = {
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Mistral3ForConditionalGeneration": "pixtral",
+    "Gemma4ForConditionalGeneration": "gemma4",
 }
 
 
@@ -69,4 +70,4 @@ def parse_vision_config(hf: dict[str, Any], architecture: str) -> VisionConfig |
                             projector={k: hf[k] for k in keys if k in hf})
     return VisionConfig(kind, int(hf.get("image_token_id", 258_880)), tower,
                         start_token_id=hf.get("boi_token_id"), end_token_id=hf.get("eoi_token_id"),
-                        bidirectional=True)
+                        bidirectional=text.get("use_bidirectional_attention") == "vision")  # HF's switch

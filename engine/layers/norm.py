@@ -1,5 +1,5 @@
-"""RMSNorm (and Gemma's (1 + w) variant), with the residual add fused in the way decoder layers use it, and the
-Gated DeltaNet's gated output norm."""
+"""RMSNorm (and Gemma's (1 + w) variant), with the residual add fused in the way decoder layers use it, the
+Gated DeltaNet's gated output norm, and Gemma 4's plain RMSNorm in HF's order (its text model and vision tower)."""
 from __future__ import annotations
 
 import torch
@@ -49,3 +49,19 @@ class GatedRMSNorm(RMSNorm):
         dtype = x.dtype
         out = self._norm(x)
         return (out * torch.nn.functional.silu(gate.float())).to(dtype)
+
+
+class Gemma4RMSNorm(nn.Module):
+    """x / rms(x) * w in float32, cast back after the weight (HF's order); without a weight for V."""
+
+    def __init__(self, size: int, eps: float = 1e-6, with_scale: bool = True) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(size), requires_grad=False) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            out = out * self.weight.float()
+        return out.to(x.dtype)

@@ -46,6 +46,7 @@ def check_supported(cfg: ModelConfig) -> None:
 class Gemma3ForCausalLM(LlamaForCausalLM):
     mlp_factory = GatedMLP
     gguf_names = {"gemma3": GEMMA_GGUF_NAMES, "gemma2": GEMMA_GGUF_NAMES}
+    check_supported = staticmethod(check_supported)  # Gemma 4 has its own (it takes "vision" bidirectional)
 
     @staticmethod
     def decoder_switches(cfg: ModelConfig) -> DecoderSwitches:
@@ -57,7 +58,7 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         return DecoderSwitches(attention, norm=GemmaRMSNorm, sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5)
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
-        check_supported(cfg)
+        self.check_supported(cfg)
         super().__init__(cfg, backend)
         self.final_softcap = cfg.hf_text_config.get("final_logit_softcapping")
 

@@ -1,4 +1,4 @@
-"""The Gemma 4 family: Gemma4ForCausalLM and Gemma4ForConditionalGeneration (served as text), dense layers.
+"""The Gemma 4 family: Gemma4ForCausalLM and Gemma4ForConditionalGeneration (images in), dense layers.
 
 Gemma 3's decoder (four norms per layer, GELU-tanh MLP, scaled embeddings, q/k norms, local/global layers on
 their own RoPE tables, final soft cap) with these differences, all read from ModelConfig:
@@ -15,12 +15,17 @@ their own RoPE tables, final soft cap) with these differences, all read from Mod
   embedding give each layer a P-wide input that gates a residual branch after its MLP; those layers' MLPs are
   twice as wide where `use_double_wide_mlp`;
 - a learned `layer_scalar` multiplies each layer's output.
-The mixture-of-experts variant (`enable_moe_block`, 26B-A4B) and bidirectional attention are refused by name.
-A VL checkpoint keeps the text model under `language_model`; its vision and audio towers and their embedders
-are skipped on purpose.
+The mixture-of-experts variant (`enable_moe_block`, 26B-A4B) and bidirectional attention over all tokens (`"all"`,
+an embedding model) are refused by name. A VL checkpoint keeps the text model under `language_model`; with its
+image processor beside it (ModelConfig.vision) the vision tower and `embed_vision` load too
+(engine/models/gemma4_vision.py), and as in HF an image's placeholders read the pad token's per-layer embedding
+and, where `use_bidirectional_attention` is "vision", an image's tokens see each other both ways on the sliding
+layers only (the global layers stay causal, HF's create_masks_for_vision_model). The audio tower and its
+embedder are skipped on purpose, audio never taken.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Iterator
 
 import torch
@@ -33,10 +38,12 @@ from engine.layers.attention import AttentionMetadata, PagedAttention
 from engine.layers.attention_block import AttentionSwitches
 from engine.layers.decoder import DecoderLayer, DecoderModel, DecoderSwitches
 from engine.layers.embedding import VocabParallelEmbedding
+from engine.layers.norm import Gemma4RMSNorm
 from engine.layers.linear import LinearBase, QKVParallelLinear, RowParallelLinear, checkpoint_modules
 from engine.layers.rotary import RotaryEmbedding, rotary_embeddings
 from engine.config.model import ModelConfig
 from engine.models.gemma3 import Gemma3ForCausalLM
+from engine.models.gemma4_vision import Gemma4VisionEmbedder, Gemma4VisionModel, encode_image
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.models.weights import WeightsMapper
 
@@ -52,22 +59,6 @@ def check_supported(cfg: ModelConfig) -> None:
     if cfg.hidden_act != "gelu_pytorch_tanh":
         raise ValueError(f"{cfg.architecture}: hidden_activation {cfg.hidden_act!r} is not supported "
                          "(gelu_pytorch_tanh only)")
-
-
-class Gemma4RMSNorm(nn.Module):
-    """x / rms(x) * w in float32, cast back after the weight (HF's order); without a weight for V."""
-
-    def __init__(self, size: int, eps: float = 1e-6, with_scale: bool = True) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(size), requires_grad=False) if with_scale else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        out = xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            out = out * self.weight.float()
-        return out.to(x.dtype)
 
 
 class ReplicatedLinear(LinearBase):
@@ -140,6 +131,7 @@ class Gemma4Attention(nn.Module):
         self.k_norm = norm(d, eps) if self.owns_kv else None
         self.v_norm = Gemma4RMSNorm(d, eps, with_scale=False) if self.owns_kv else None
         self.rotary_emb = rotary_emb
+        self.image_both_ways = cfg.layer_types[layer] == "sliding_attention"  # global layers stay causal (HF)
         self.replicas = kv_head_replicas(cfg, get_tp_size())[layer]  # equal KV pages in every cache layer
         if self.owns_kv:
             self.attn = PagedAttention(self.num_heads, self.num_kv_heads * self.replicas, d,
@@ -160,6 +152,8 @@ class Gemma4Attention(nn.Module):
             k = self.rotary_emb._apply(self.k_norm(k), cos, sin)
             if self.replicas > 1:
                 k, v = k.repeat_interleave(self.replicas, dim=1), v.repeat_interleave(self.replicas, dim=1)
+        if meta is not None and meta.key_limits is not None and not self.image_both_ways:
+            meta = replace(meta, key_limits=None)
         out = self.attn(q, k, v, meta)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
@@ -194,6 +188,7 @@ class Gemma4Model(DecoderModel):
         super().__init__(cfg, switches, layers)
         h, p, n = cfg.hidden_size, cfg.per_layer_input_size, cfg.num_layers
         self.per_layer_input_size = p
+        self.pad_token_id = int(cfg.hf_text_config.get("pad_token_id") or 0)
         if p:
             vocab = int(cfg.hf_text_config.get("vocab_size_per_layer_input") or cfg.vocab_size)
             self.embed_tokens_per_layer = VocabParallelEmbedding(vocab, n * p, scale=p ** 0.5)
@@ -211,9 +206,12 @@ class Gemma4Model(DecoderModel):
         projected = self.per_layer_projection_norm(projected.view(-1, n, p))
         return (projected + own) * self.per_layer_input_scale
 
-    def forward(self, input_ids, positions, meta):
-        x = self.embed_tokens(input_ids)
-        per_layer = self.per_layer_inputs(input_ids, x) if self.per_layer_input_size else None
+    def forward(self, input_ids, positions, meta, mm_embeds=None):
+        x = self.embed_input(input_ids, mm_embeds)
+        per_layer = None
+        if self.per_layer_input_size:  # an image's placeholders read the pad token's own per-layer embedding (HF)
+            ids = input_ids if mm_embeds is None else input_ids.index_fill(0, mm_embeds[0], self.pad_token_id)
+            per_layer = self.per_layer_inputs(ids, x)
         for i, layer in enumerate(self.layers):
             x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
         return self.norm(x)
@@ -227,9 +225,7 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
         attention = AttentionSwitches(qkv_bias=cfg.qkv_bias, o_bias=cfg.o_bias, qk_norm=Gemma4RMSNorm, scale=1.0)
         return DecoderSwitches(attention, norm=Gemma4RMSNorm, sandwich_norms=True, embed_scale=cfg.hidden_size ** 0.5)
 
-    def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
-        check_supported(cfg)
-        super().__init__(cfg, backend)
+    check_supported = staticmethod(check_supported)
 
     def decoder_layers(self, cfg: ModelConfig, backend: str) -> Iterator[nn.Module]:
         ropes = rotary_embeddings(cfg)
@@ -260,15 +256,30 @@ class Gemma4ForCausalLM(Gemma3ForCausalLM):
             yield name, tensor
 
 
-# The VL checkpoint's text model is under model.language_model (transformers 5) or language_model.model; its
-# vision and audio towers and their embedders are skipped on purpose.
+# The VL checkpoint's text model is under model.language_model (transformers 5) or language_model.model; served
+# as text, its vision and audio towers and their embedders are skipped on purpose.
+AUDIO_PARTS, VISION_PARTS = ("audio_tower", "embed_audio"), ("vision_tower", "embed_vision")
 GEMMA4_VL_MAPPER = WeightsMapper(
     renamed_prefixes=VL_TEXT_PREFIXES,
-    skipped_prefixes=tuple(f"{top}{part}." for top in ("", "model.")
-                           for part in ("vision_tower", "audio_tower", "embed_vision", "embed_audio")))
+    skipped_prefixes=tuple(f"{top}{part}." for top in ("", "model.") for part in VISION_PARTS + AUDIO_PARTS))
+# Images in: the tower and embedder load under their own names; audio is still skipped.
+GEMMA4_IMAGES_MAPPER = WeightsMapper(
+    renamed_prefixes=VL_TEXT_PREFIXES + tuple((f"model.{part}.", f"{part}.") for part in VISION_PARTS),
+    skipped_prefixes=tuple(f"{top}{part}." for top in ("", "model.") for part in AUDIO_PARTS))
 
 
 class Gemma4ForConditionalGeneration(Gemma4ForCausalLM):
-    """The VL checkpoint (E2B, E4B, 31B) served as text: the same decoder, vision and audio skipped."""
+    """The VL checkpoint (E2B, E4B, 31B): the same decoder, plus the vision tower and embedder when it takes
+    images; audio skipped."""
 
     weights_mapper = GEMMA4_VL_MAPPER
+
+    def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
+        super().__init__(cfg, backend)
+        if cfg.vision is not None:
+            self.weights_mapper = GEMMA4_IMAGES_MAPPER
+            self.vision_tower = Gemma4VisionModel(cfg.vision.tower)
+            self.embed_vision = Gemma4VisionEmbedder(cfg.vision.tower, cfg.hidden_size)
+
+    def encode_image(self, data: dict) -> torch.Tensor:
+        return encode_image(self.vision_tower, self.embed_vision, data)

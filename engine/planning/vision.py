@@ -39,7 +39,24 @@ def tower_params(vision: VisionConfig, text_hidden: int) -> int:
         projector = (hidden + hidden * vision.spatial_merge_size ** 2 * hidden + hidden * text_hidden
                      + text_hidden * text_hidden + 2 * bias)
         return hidden * channels * patch * patch + hidden + int(t.get("num_hidden_layers", 24)) * layer + projector
+    if vision.kind == "gemma4":
+        return _gemma4_tower_params(t, hidden, text_hidden)
     return 0
+
+
+def _gemma4_tower_params(t: dict, hidden: int, text_hidden: int) -> int:
+    """Gemma 4's tower (engine/models/gemma4_vision.py): bias-free projections, four RMSNorms and q/k norms per
+    layer, four clamp bounds per checkpoint projection where it clips, the x/y position tables, the
+    standardizing pair, and embed_vision's projection."""
+    heads = int(t.get("num_attention_heads", 12))
+    kv_heads, head_dim = int(t.get("num_key_value_heads", heads)), int(t.get("head_dim") or hidden // heads)
+    patch, intermediate = int(t.get("patch_size", 16)), int(t.get("intermediate_size", 3072))
+    clamps = 4 * 7 if t.get("use_clipped_linears") else 0  # q, k, v, o, gate, up, down
+    layer = (4 * hidden + 2 * head_dim + hidden * (heads + 2 * kv_heads) * head_dim + heads * head_dim * hidden
+             + 3 * hidden * intermediate + clamps)
+    embedder = int(t.get("output_proj_dims") or hidden) * text_hidden
+    return (3 * patch * patch * hidden + 2 * int(t.get("position_embedding_size", 10 * 1024)) * hidden
+            + int(t.get("num_hidden_layers", 16)) * layer + (2 * hidden if t.get("standardize") else 0) + embedder)
 
 
 def tower_patches(vision: VisionConfig, max_embeds: int) -> int:
@@ -47,15 +64,19 @@ def tower_patches(vision: VisionConfig, max_embeds: int) -> int:
     t = vision.tower
     if vision.kind == "gemma3":
         return (int(t.get("image_size", 896)) // int(t.get("patch_size", 14))) ** 2
+    if vision.kind == "gemma4":  # each soft token pools a k x k cell of patches
+        return max_embeds * int(t.get("pooling_kernel_size", 3)) ** 2
     return max_embeds * vision.spatial_merge_size ** 2
 
 
 def default_max_embeds(vision: VisionConfig) -> int:
     """The most embeddings one image becomes under the family's published processor settings, for a planner
     without the folder (the engine asks the folder's processor: MultiModalProcessor.max_embeds_per_image):
-    Gemma 3's fixed count; Pixtral's image_size square; Qwen's longest_edge of 16,777,216 pixels over (patch x merge)² = 32² pixels."""
+    Gemma 3's fixed count; Gemma 4's 280 soft tokens; Pixtral's image_size square; Qwen's longest_edge of 16,777,216 pixels over (patch x merge)² = 32² pixels."""
     if vision.kind == "gemma3":
         return vision.tokens_per_image
+    if vision.kind == "gemma4":  # the image processor's default max_soft_tokens
+        return 280
     if vision.kind == "pixtral":  # the tower's image_size is the processor's longest edge
         side = int(vision.tower.get("image_size", 1540)) // (vision.patch_size * vision.spatial_merge_size)
         return side * side
