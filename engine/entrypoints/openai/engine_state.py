@@ -6,7 +6,8 @@ packed as base64(zlib(state | ref_count | owner)): one byte of state and one of 
 per block, then a little-endian uint16 owner index (0 none, k → requests[k-1]). A model with several KV
 cache groups adds `kv_groups` (their names) and `block_groups`: base64(zlib(uint8 per block: 0 none,
 g → kv_groups[g-1])). An MoE model adds `expert_load`: the tokens routed to each expert of each MoE layer
-since the previous document (`ExpertLoadInterval` diffs the engine's cumulative counts).
+since the previous document (`ExpertLoadInterval` diffs the engine's cumulative counts). Blocks holding image
+tokens are listed by id in `image_blocks` (absent when none).
 """
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float],
         **({"spec_decode": s.spec_decode} if s.spec_decode is not None else {}),
         **({"expert_load": load} if load is not None else {}),
         **({"state_slots": raw.snapshot.state_slots} if raw.snapshot.state_slots is not None else {}),
+        **({"image_blocks": list(raw.snapshot.image_blocks)} if raw.snapshot.image_blocks else {}),
         **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
            if raw.snapshot.group is not None else {}),
     }
