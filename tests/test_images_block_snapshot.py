@@ -36,3 +36,26 @@ def test_the_engine_state_document_lists_image_blocks():
     snap.image_blocks = []
     assert "image_blocks" not in build_state(RawState(snap, EngineStats(num_blocks=4, block_size=16), {}, "cpu"),
                                              "m", (0.0, 0.0))
+
+
+def test_a_real_vl_engine_marks_the_blocks_of_its_image():
+    """A tiny Qwen3.5 VL engine after its first step: the blocks marked are those of the request's block table
+    that its image's placeholder tokens fall in."""
+    import tempfile
+
+    import pytest
+    pytest.importorskip("PIL")
+    from engine import LLM, SamplingParams
+    from tiny_vl_models import make_tiny_vl_model, random_image
+    with tempfile.TemporaryDirectory() as tmp:
+        llm = LLM(str(make_tiny_vl_model(tmp, "qwen3_5-vl")), device="cpu", max_num_seqs=2, block_size=16)
+        text = "<|im_start|>user\n" + "word " * 40 + "<|vision_start|><|image_pad|><|vision_end|>Describe.<|im_end|>\n"
+        inputs = llm.engine.process_images(text, [random_image(56, 84, 0)])
+        llm.engine.add_request("img", inputs.prompt_token_ids, SamplingParams(temperature=0, max_tokens=4), mm=inputs)
+        llm.engine.step()
+        (seq,) = llm.engine.scheduler.running
+        item = inputs.items[0]
+        table = seq.block_tables[0]
+        expected = sorted({table[i].block_id for i in range(item.offset // 16, (item.end - 1) // 16 + 1)})
+        assert item.offset >= 16 and llm.engine.block_pool_snapshot().image_blocks == expected
+        assert table[0].block_id not in expected  # the text before the image is not marked
