@@ -209,3 +209,13 @@ def test_image_blocks_decode_into_the_block_snapshot():
     image = decode_image_blocks([1, 5, 99], 8)
     assert image.tolist() == [False, True, False, False, False, True, False, False]
     assert decode_image_blocks(None, 8) is None and decode_image_blocks([], 8) is None
+
+
+def test_parse_state_carries_image_blocks_to_the_block_map():
+    import numpy as np
+    from app.engine_state import encode_blocks, parse_state
+    zeros = np.zeros(6, np.uint8)
+    doc = {"num_blocks": 6, "blocks": encode_blocks(zeros, zeros, zeros.astype(np.uint16)), "image_blocks": [2, 3]}
+    assert parse_state(doc).blocks.image.tolist() == [False, False, True, True, False, False]
+    del doc["image_blocks"]
+    assert parse_state(doc).blocks.image is None
