@@ -181,11 +181,11 @@ class ChatPanel(QWidget):
         """Every servable model (app.loaded_models.ModelRow): the picker offers them all."""
         self._rows = list(rows)
         self.model_choice.set_rows(rows)
-        self._update_buttons()
+        self._update_attach()
 
     def _pick_model(self, name: str) -> None:
         self.model = name
-        self._update_buttons()
+        self._update_attach()
 
     def takes_images(self) -> bool:
         """The model asked now lists image input in /v1/models."""
@@ -467,6 +467,11 @@ class ChatPanel(QWidget):
         asked = self.conversation_id is not None and any(
             role == "user" for role, *_ in self._transcript(self.conversation_id))
         self.regenerate_button.setEnabled(not self.generating and self.base_url is not None and asked)
+        self._update_attach()
+
+    def _update_attach(self) -> None:
+        """Attach needs a running engine and a model whose /v1/models entry lists image input (no store access:
+        model lists arrive until the window is gone)."""
         can_attach = self.base_url is not None and self.takes_images()
         self.attach_button.setEnabled(can_attach)
         self.attach_button.setToolTip(ATTACH_TIP if can_attach else ATTACH_NOT_RUNNING if self.base_url is None
