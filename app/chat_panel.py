@@ -133,7 +133,7 @@ class ChatPanel(QWidget):
         self.regenerate_button = QPushButton("Regenerate", clicked=self.regenerate)
         self.status = QLabel("")
         self.save_notice = QLabel("")  # says so while the history cannot be written (a full disk)
-        # Messages the store refused (conversation id -> (role, content, stats, model) in order): kept in memory,
+        # Messages the store refused (conversation id -> (role, content, stats, model, images) in order): kept in memory,
         # shown and sent as history, and written before the next message of that conversation.
         self._unsaved: dict[int, list[tuple[str, str, str, str, tuple[str, ...]]]] = {}
         self._reply_model = ""  # the model asked for the reply being written

@@ -1,8 +1,8 @@
 """The engine-state snapshot (docs/engine-state.md) as plain data, decoded from its JSON.
 
 `blocks` is base64(zlib(state | ref_count | owner)): n bytes of state, n bytes of ref count, then n
-little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block; `image_blocks` lists the blocks holding image
-tokens. `parse_state` turns one SSE payload
+little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block;
+`image_blocks` lists the blocks holding image tokens (a per-block flag here). `parse_state` turns one SSE payload
 into an `EngineState` whose `blocks` is the widget-ready `BlockSnapshot`; hybrid models' `state_slots` and
 MoE models' `expert_load` become their widgets' pictures, and `spec_decode` stays the engine's counters. Pure functions, no Qt, no I/O.
 """
