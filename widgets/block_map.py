@@ -196,7 +196,8 @@ class BlockMapWidget(QWidget):
         self._box.addItem(self._image)
         self._borders = pg.PlotCurveItem(connect="pairs", antialias=False)  # thin lines between large cells
         self._box.addItem(self._borders)
-        self._image_marks = pg.ScatterPlotItem(symbol="o", pen=None, brush=pg.mkBrush(*IMAGE_MARK_RGBA), pxMode=False)
+        self._image_marks = pg.ScatterPlotItem(symbol="o", pen=pg.mkPen(30, 30, 30, 200), brush=pg.mkBrush(*IMAGE_MARK_RGBA),
+                                               pxMode=False)  # the dark rim keeps it visible on pale colours
         self._box.addItem(self._image_marks)  # one dot per cell holding image tokens, over the cell's colour
         self.image_cells = np.zeros(0, np.int64)  # the cells marked now
         self._view.scene().sigMouseMoved.connect(self._on_mouse_moved)
