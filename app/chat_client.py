@@ -4,7 +4,9 @@
 by the server's /tokenize, Max tokens lowered or the oldest turns dropped, announced by `fitted`), then POSTs /v1/chat/completions with stream=true via httpx, emits each content delta,
 and finishes with a `ChatResult`: time to first token, generated tokens (from `usage` when the
 server sends it, else one per content chunk) and decode tokens/s (first to last token, omitted for replies
-shorter than MIN_RATE_TOKENS, whose few chunks can arrive at once). `context_used` reports the prompt's
+shorter than MIN_RATE_TOKENS, whose few chunks can arrive at once). A chat carrying images is sent without
+the fit: /tokenize cannot count an image's tokens (the engine's image processor makes them), so the meter takes
+the reply's `usage`, whose prompt count includes every image token, against the context /v1/models gave. `context_used` reports the prompt's
 count and the model's context after the fit, and the chat's total after the reply, for the context meter. `stop()` closes the stream at the
 next chunk, which makes the server abort the request. Failures come out as sentences a user can
 act on — the server's own error message (HTTP error or in-band stream error), "the engine stopped
@@ -36,6 +38,11 @@ class ChatRequest:
     top_p: float = 1.0
     max_tokens: int = 512
     fit_context: bool = True  # count through /tokenize first and fit (app/context_fit.py)
+    max_model_len: int = 0  # the model's context from /v1/models, for the meter when the fit is skipped (0: unknown)
+
+    def has_images(self) -> bool:
+        return any(isinstance(m.get("content"), list) and any(p.get("type") == "image_url" for p in m["content"])
+                   for m in self.messages)
 
     def body(self) -> dict:
         return {"model": self.model, "messages": self.messages, "stream": True, "temperature": self.temperature,
@@ -134,7 +141,9 @@ class ChatWorker(QObject):
         timeout = httpx.Timeout(10.0, read=120.0)
         with httpx.Client(timeout=timeout, headers=auth_headers(r.api_key)) as client:
             body = r.body()
-            if r.fit_context:
+            if r.fit_context and r.has_images():
+                result.max_model_len = r.max_model_len
+            elif r.fit_context:
                 fit = self._fit(client)
                 body.update(messages=fit.messages, max_tokens=fit.max_tokens)
                 if fit.max_model_len:

@@ -12,23 +12,37 @@ made for it, and asks again. Deleting a chat can be undone
 until the next deletion. New chats start from the default system prompt; sampling settings persist
 in QSettings. The endpoint (base URL, key, served model name) is set by the main window. When the store
 cannot write (a full disk), the chat says "chat history could not be saved: disk full", keeps the unsaved
-turns in memory (shown, and sent as history) and writes them before the next message.
+turns in memory (shown, and sent as history) and writes them before the next message. Images are attached by the
+Attach button, by dropping files or pictures on the chat, or by pasting into the input (app/chat_input.py); they
+are stored beside the chat (app/chat_images.py), shown as thumbnails in the message and sent as `image_url` parts
+with every later request of the chat (so Regenerate sends them again). The Attach button is off, its tooltip saying
+why, while the picked model's /v1/models entry does not list image input.
 """
 from __future__ import annotations
 
 import sqlite3
 
 from PySide6.QtCore import QSettings, Qt, Signal
-from PySide6.QtWidgets import (QDoubleSpinBox, QFormLayout, QHBoxLayout, QLabel, QListWidget, QListWidgetItem,
-                               QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter, QVBoxLayout, QWidget)
+from PySide6.QtWidgets import (QDoubleSpinBox, QFileDialog, QFormLayout, QHBoxLayout, QLabel, QListWidget,
+                               QListWidgetItem, QPlainTextEdit, QProgressBar, QPushButton, QSpinBox, QSplitter,
+                               QVBoxLayout, QWidget)
 
 from app.chat_client import ChatClient, ChatRequest, ChatResult
+from app.chat_images import ChatImages
+from app.chat_input import ChatInput, dropped_images, offers_images
 from app.chat_store import ChatStore
 from app.loaded_models import ChatModelChoice
-from widgets.chat_view import ChatMessage, ChatView
+from widgets.chat_view import ChatMessage, ChatView, thumbnail_html
 
 NOT_RUNNING = "The engine is not running. Choose a model and press **Start** (Engine tab), then send again."
 DEFAULT_SYSTEM_PROMPT = "You are a helpful assistant."
+ATTACH_TIP = "Attach images (or drop them on the chat, or paste one with Ctrl+V)"
+ATTACH_NOT_RUNNING = "Start the engine to attach images."
+
+
+def text_only_tip(model: str) -> str:
+    return (f"{model or 'This model'} takes text only: its /v1/models entry lists no image input. Serve a "
+            "vision-language checkpoint (with its image processor) to attach images.")
 
 
 def save_failed_text(exc: sqlite3.Error) -> str:
@@ -43,6 +57,9 @@ class ChatPanel(QWidget):
     def __init__(self, store: ChatStore, settings: QSettings | None = None, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.store = store
+        self.images = ChatImages.beside(store.path)
+        self.attached: list[str] = []  # image names attached to the message being written
+        self._rows: list = []  # app.loaded_models.ModelRow of every servable model: who takes images
         self.settings = settings
         self._deleted: tuple | None = None  # (Conversation, messages) of the last deleted chat
         self.client = ChatClient(self)
@@ -102,20 +119,26 @@ class ChatPanel(QWidget):
         params.addWidget(self.context_meter)
         params.addWidget(self.context_text)
         self.view = ChatView()
-        self.input = QPlainTextEdit(placeholderText="Message the model… (Ctrl+Enter to send)")
+        self.input = ChatInput(placeholderText="Message the model… (Ctrl+Enter to send)")
         self.input.setMaximumHeight(90)
+        self.input.images_given.connect(self.attach_images)
+        self.setAcceptDrops(True)  # a picture dropped anywhere on the chat is attached
+        self.attach_button = QPushButton("Attach image…", clicked=self._choose_images, enabled=False,
+                                         toolTip=ATTACH_NOT_RUNNING)
+        self.attachments = QLabel(visible=False)  # "2 images attached" with their thumbnails
+        self.clear_attachments = QPushButton("Remove images", clicked=self._clear_attached, visible=False)
         self.send_button = QPushButton("Send", clicked=self.send)
         self.send_button.setShortcut("Ctrl+Return")
         self.stop_button = QPushButton("Stop", clicked=self.stop, enabled=False)
         self.regenerate_button = QPushButton("Regenerate", clicked=self.regenerate)
         self.status = QLabel("")
         self.save_notice = QLabel("")  # says so while the history cannot be written (a full disk)
-        # Messages the store refused (conversation id -> (role, content, stats, model) in order): kept in memory,
+        # Messages the store refused (conversation id -> (role, content, stats, model, images) in order): kept in memory,
         # shown and sent as history, and written before the next message of that conversation.
-        self._unsaved: dict[int, list[tuple[str, str, str, str]]] = {}
+        self._unsaved: dict[int, list[tuple[str, str, str, str, tuple[str, ...]]]] = {}
         self._reply_model = ""  # the model asked for the reply being written
         actions = QVBoxLayout()
-        for b in (self.send_button, self.stop_button, self.regenerate_button):
+        for b in (self.send_button, self.stop_button, self.regenerate_button, self.attach_button):
             actions.addWidget(b)
         input_row = QHBoxLayout()
         input_row.addWidget(self.input, 1)
@@ -131,6 +154,10 @@ class ChatPanel(QWidget):
         right_layout.addLayout(form)
         right_layout.addLayout(params)
         right_layout.addWidget(self.view, 1)
+        attached_row = QHBoxLayout()
+        attached_row.addWidget(self.attachments, 1)
+        attached_row.addWidget(self.clear_attachments)
+        right_layout.addLayout(attached_row)
         right_layout.addLayout(input_row)
         right_layout.addWidget(self.status)
         right_layout.addWidget(self.save_notice)
@@ -152,10 +179,62 @@ class ChatPanel(QWidget):
 
     def set_models(self, rows) -> None:
         """Every servable model (app.loaded_models.ModelRow): the picker offers them all."""
+        self._rows = list(rows)
         self.model_choice.set_rows(rows)
+        self._update_attach()
 
     def _pick_model(self, name: str) -> None:
         self.model = name
+        self._update_attach()
+
+    def takes_images(self) -> bool:
+        """The model asked now lists image input in /v1/models."""
+        row = next((r for r in self._rows if r.name == self.model), None)
+        return row is not None and row.takes_images
+
+    # ---- images -----------------------------------------------------------------------------------------
+    def attach_images(self, images: list) -> None:
+        """Attach (bytes, mime type) pictures to the message being written; refused while the model takes none."""
+        if not self.attach_button.isEnabled():
+            self.status.setText(self.attach_button.toolTip())
+            return
+        for data, mime in images:
+            try:
+                self.attached.append(self.images.put(data, mime))
+            except (OSError, ValueError) as exc:
+                self.status.setText(str(exc))
+        self._show_attached()
+
+    def _choose_images(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "",
+                                                "Images (*.png *.jpg *.jpeg *.gif *.webp *.bmp)")
+        for path in paths:
+            try:
+                self.attached.append(self.images.put_file(path))
+            except (OSError, ValueError) as exc:
+                self.status.setText(str(exc))
+        self._show_attached()
+
+    def _clear_attached(self) -> None:
+        self.attached.clear()
+        self._show_attached()
+
+    def _show_attached(self) -> None:
+        n = len(self.attached)
+        self.attachments.setText(f"{n} image{'s' if n != 1 else ''} attached: " + " ".join(
+            thumbnail_html(str(self.images.path(name)), 48) for name in self.attached))
+        self.attachments.setVisible(bool(n))
+        self.clear_attachments.setVisible(bool(n))
+
+    def dragEnterEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        if offers_images(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event) -> None:  # noqa: N802 - Qt's name
+        images = dropped_images(event.mimeData())
+        if images:
+            self.attach_images(images)
+            event.acceptProposedAction()
 
     # ---- conversations --------------------------------------------------------------------------------
     def _load_conversations(self) -> None:
@@ -188,21 +267,21 @@ class ChatPanel(QWidget):
         self.system_prompt.blockSignals(True)
         self.system_prompt.setPlainText(conversation.system_prompt if conversation else "")
         self.system_prompt.blockSignals(False)
-        self.view.set_messages([_message(*m) for m in self._transcript(conversation_id)])
+        self.view.set_messages([self._message(*m) for m in self._transcript(conversation_id)])
         self._update_buttons()
 
-    def _transcript(self, conversation_id: int) -> list[tuple[str, str, str, str]]:
-        """(role, content, stats, model) of the stored messages, then those not saved yet."""
-        stored = [(m.role, m.content, m.stats, m.model) for m in self.store.messages(conversation_id)]
+    def _transcript(self, conversation_id: int) -> list[tuple[str, str, str, str, tuple[str, ...]]]:
+        """(role, content, stats, model, images) of the stored messages, then those not saved yet."""
+        stored = [(m.role, m.content, m.stats, m.model, m.images) for m in self.store.messages(conversation_id)]
         return stored + self._unsaved.get(conversation_id, [])
 
-    def _save(self, role: str, content: str, stats: str = "", model: str = "") -> None:
+    def _save(self, role: str, content: str, stats: str = "", model: str = "", images: tuple[str, ...] = ()) -> None:
         """Store a message of the open chat; when the store refuses (a full disk), keep it in memory, say so,
         and try again with the next message."""
         if self.conversation_id is None:
             return
         pending = self._unsaved.setdefault(self.conversation_id, [])
-        pending.append((role, content, stats, model))
+        pending.append((role, content, stats, model, images))
         try:
             while pending:
                 self.store.add_message(self.conversation_id, *pending[0])  # one transaction each: all or nothing
@@ -242,7 +321,7 @@ class ChatPanel(QWidget):
         self.undo_button.setVisible(False)
         self.conversation_id = self.store.restore_conversation(
             conversation.title, conversation.system_prompt, conversation.updated,
-            [(m.role, m.content, m.stats, m.model) for m in messages])
+            [(m.role, m.content, m.stats, m.model, m.images) for m in messages])
         self.view.set_messages([])
         self._load_conversations()
 
@@ -253,7 +332,7 @@ class ChatPanel(QWidget):
     # ---- sending ----------------------------------------------------------------------------------------
     def send(self) -> None:
         text = self.input.toPlainText().strip()
-        if not text or self.generating:
+        if not (text or self.attached) or self.generating:
             return
         if self.base_url is None:
             self.view.add_message(ChatMessage("error", NOT_RUNNING))
@@ -261,15 +340,17 @@ class ChatPanel(QWidget):
             return
         assert self.conversation_id is not None
         self.input.clear()
-        self._save("user", text)
+        images, self.attached = tuple(self.attached), []
+        self._show_attached()
+        self._save("user", text, images=images)
         conversation = self.store.conversation(self.conversation_id)
-        if conversation and conversation.title == "New chat":
+        if conversation and conversation.title == "New chat" and text:
             try:
                 self.store.update_conversation(self.conversation_id, title=text.splitlines()[0][:40])
             except sqlite3.Error as exc:
                 self.save_notice.setText(save_failed_text(exc))
             self._rename_current(text.splitlines()[0][:40])
-        self.view.add_message(ChatMessage("user", text))
+        self.view.add_message(self._message("user", text, images=images))
         self._ask()
 
     def regenerate(self) -> None:
@@ -286,7 +367,8 @@ class ChatPanel(QWidget):
                 keep -= 1
             for m in stored[keep:]:
                 self.store.delete_message(m.id)
-            self.view.set_messages([_message(m.role, m.content, m.stats, m.model) for m in stored[:keep]])
+            self.view.set_messages([self._message(m.role, m.content, m.stats, m.model, m.images)
+                                    for m in stored[:keep]])
         self._ask()
 
     def stop(self) -> None:
@@ -297,16 +379,26 @@ class ChatPanel(QWidget):
         messages = [{"role": "system", "content": self.system_prompt.toPlainText()}]
         if not messages[0]["content"].strip():
             messages = []
-        turns = [(role, content) for role, content, *_ in self._transcript(self.conversation_id)
-                 if role in ("user", "assistant")]
+        turns = [(role, content, images) for role, content, _stats, _model, images
+                 in self._transcript(self.conversation_id) if role in ("user", "assistant")]
         # A user turn whose reply failed is followed by another user turn: leave it out of the history.
-        messages += [{"role": role, "content": content} for i, (role, content) in enumerate(turns)
+        messages += [{"role": role, "content": self._content(content, images)}
+                     for i, (role, content, images) in enumerate(turns)
                      if not (role == "user" and i + 1 < len(turns) and turns[i + 1][0] == "user")]
         return messages
 
+    def _content(self, text: str, images: tuple[str, ...]):
+        """A turn's content: its text, or with images the parts (images first, as the model cards show)."""
+        if not images:
+            return text
+        parts = [{"type": "image_url", "image_url": {"url": self.images.data_url(name)}} for name in images]
+        return parts + ([{"type": "text", "text": text}] if text else [])
+
     def _ask(self) -> None:
+        row = next((r for r in self._rows if r.name == self.model), None)
         request = ChatRequest(self.base_url or "", self.model, self._history(), self.api_key,
-                              self.temperature.value(), self.top_p.value(), self.max_tokens.value())
+                              self.temperature.value(), self.top_p.value(), self.max_tokens.value(),
+                              max_model_len=(row.context or 0) if row is not None else 0)
         self._reply_model = self.model
         self.view.add_message(ChatMessage("assistant", "", model=self.model, pending=True))
         self._set_generating(True)
@@ -375,6 +467,15 @@ class ChatPanel(QWidget):
         asked = self.conversation_id is not None and any(
             role == "user" for role, *_ in self._transcript(self.conversation_id))
         self.regenerate_button.setEnabled(not self.generating and self.base_url is not None and asked)
+        self._update_attach()
+
+    def _update_attach(self) -> None:
+        """Attach needs a running engine and a model whose /v1/models entry lists image input (no store access:
+        model lists arrive until the window is gone)."""
+        can_attach = self.base_url is not None and self.takes_images()
+        self.attach_button.setEnabled(can_attach)
+        self.attach_button.setToolTip(ATTACH_TIP if can_attach else ATTACH_NOT_RUNNING if self.base_url is None
+                                      else text_only_tip(self.model))
 
     def _restore_sampling(self) -> None:
         if self.settings is None:
@@ -403,5 +504,7 @@ class ChatPanel(QWidget):
             item.setText(title)
 
 
-def _message(role: str, content: str, stats: str = "", model: str = "") -> ChatMessage:
-    return ChatMessage(role, content, stats, model=model)
+    def _message(self, role: str, content: str, stats: str = "", model: str = "",
+                 images: tuple[str, ...] = ()) -> ChatMessage:
+        return ChatMessage(role, content, stats, model=model,
+                           images=tuple(str(self.images.path(name)) for name in images))

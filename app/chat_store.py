@@ -1,8 +1,9 @@
 """Conversations kept in SQLite under the user's data directory (app.paths.data_dir()).
 
 Two tables: conversations (title, system prompt, sampling settings, times) and messages (role,
-content, a stats line such as "TTFT 120 ms · 35 tokens/s", and for a reply the model that wrote it; a
-file from before that column gets it, empty, when opened). Small synchronous queries on a local
+content, a stats line such as "TTFT 120 ms · 35 tokens/s", for a reply the model that wrote it, and for a user
+turn the names of its attached images, space-separated, in app/chat_images.py's folder beside this file; a file
+from before those columns gets them, empty, when opened). Small synchronous queries on a local
 file; the GUI calls them directly, as they take well under a millisecond.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ CREATE TABLE IF NOT EXISTS conversations (
 CREATE TABLE IF NOT EXISTS messages (
     id INTEGER PRIMARY KEY, conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
     role TEXT NOT NULL, content TEXT NOT NULL, stats TEXT NOT NULL DEFAULT '', created REAL NOT NULL,
-    model TEXT NOT NULL DEFAULT '');
+    model TEXT NOT NULL DEFAULT '', images TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
 """
 
@@ -39,6 +40,7 @@ class StoredMessage:
     content: str
     stats: str
     model: str = ""  # the model that wrote a reply
+    images: tuple[str, ...] = ()  # names of the attached images (app/chat_images.py), in order
 
 
 class ChatStore:
@@ -47,9 +49,11 @@ class ChatStore:
         self._db = sqlite3.connect(self.path)
         self._db.execute("PRAGMA foreign_keys = ON")
         self._db.executescript(SCHEMA)
-        if "model" not in {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}:
-            with self._db:
-                self._db.execute("ALTER TABLE messages ADD COLUMN model TEXT NOT NULL DEFAULT ''")
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(messages)")}
+        for column in ("model", "images"):
+            if column not in columns:
+                with self._db:
+                    self._db.execute(f"ALTER TABLE messages ADD COLUMN {column} TEXT NOT NULL DEFAULT ''")
 
     def close(self) -> None:
         self._db.close()
@@ -84,30 +88,33 @@ class ChatStore:
             self._db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
 
     def messages(self, conversation_id: int) -> list[StoredMessage]:
-        rows = self._db.execute("SELECT id, role, content, stats, model FROM messages WHERE conversation_id = ? "
-                                "ORDER BY id", (conversation_id,))
-        return [StoredMessage(*row) for row in rows]
+        rows = self._db.execute("SELECT id, role, content, stats, model, images FROM messages "
+                                "WHERE conversation_id = ? ORDER BY id", (conversation_id,))
+        return [StoredMessage(*row[:5], tuple(row[5].split())) for row in rows]
 
-    def add_message(self, conversation_id: int, role: str, content: str, stats: str = "", model: str = "") -> int:
+    def add_message(self, conversation_id: int, role: str, content: str, stats: str = "", model: str = "",
+                    images: tuple[str, ...] = ()) -> int:
         now = time.time()
         with self._db:
-            cur = self._db.execute("INSERT INTO messages (conversation_id, role, content, stats, model, created) "
-                                   "VALUES (?, ?, ?, ?, ?, ?)", (conversation_id, role, content, stats, model, now))
+            cur = self._db.execute("INSERT INTO messages (conversation_id, role, content, stats, model, images, "
+                                   "created) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                   (conversation_id, role, content, stats, model, " ".join(images), now))
             self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conversation_id))
         return int(cur.lastrowid)
 
     def restore_conversation(self, title: str, system_prompt: str, updated: float,
                              messages: list[tuple[str, ...]]) -> int:
-        """A deleted conversation back with its messages (role, content, stats[, model]) and its old `updated` time, so
+        """A deleted conversation back with its messages (role, content, stats[, model[, images]]) and its old `updated` time, so
         it returns to its place in the list (the list is newest first); one transaction."""
         now = time.time()
         with self._db:
             cur = self._db.execute("INSERT INTO conversations (title, system_prompt, created, updated) "
                                    "VALUES (?, ?, ?, ?)", (title, system_prompt, now, updated))
             conversation_id = int(cur.lastrowid)
-            self._db.executemany("INSERT INTO messages (conversation_id, role, content, stats, model, created) "
-                                 "VALUES (?, ?, ?, ?, ?, ?)",
-                                 [(conversation_id, *m[:3], m[3] if len(m) > 3 else "", now) for m in messages])
+            self._db.executemany("INSERT INTO messages (conversation_id, role, content, stats, model, images, created) "
+                                 "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                 [(conversation_id, *m[:3], m[3] if len(m) > 3 else "",
+                                   " ".join(m[4]) if len(m) > 4 else "", now) for m in messages])
         return conversation_id
 
     def delete_message(self, message_id: int) -> None:

@@ -1,7 +1,8 @@
 """The engine-state snapshot (docs/engine-state.md) as plain data, decoded from its JSON.
 
 `blocks` is base64(zlib(state | ref_count | owner)): n bytes of state, n bytes of ref count, then n
-little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block. `parse_state` turns one SSE payload
+little-endian uint16 owner indices; `block_groups` (several KV cache groups only) is one byte per block;
+`image_blocks` lists the blocks holding image tokens (a per-block flag here). `parse_state` turns one SSE payload
 into an `EngineState` whose `blocks` is the widget-ready `BlockSnapshot`; hybrid models' `state_slots` and
 MoE models' `expert_load` and the CPU-RAM tier's `kv_offload` become their widgets' pictures, `spec_decode` stays
 the engine's counters, and `sleep_level` says whether the engine sleeps. Pure functions, no Qt, no I/O.
@@ -93,11 +94,22 @@ def decode_block_groups(encoded: str, num_blocks: int) -> np.ndarray:
     return np.frombuffer(raw, np.uint8).copy()
 
 
+def decode_image_blocks(ids: list | None, num_blocks: int) -> np.ndarray | None:
+    """`image_blocks` (ids of blocks holding image tokens) as a bool per block; None when absent or empty."""
+    if not ids:
+        return None
+    image = np.zeros(num_blocks, bool)
+    ids = np.asarray(ids, np.int64)
+    image[ids[(ids >= 0) & (ids < num_blocks)]] = True
+    return image
+
+
 def parse_state(data: dict) -> EngineState:
     n = int(data.get("num_blocks", 0))
     state, ref_count, owner = decode_blocks(data.get("blocks", ""), n)
     kv_groups = [str(g) for g in data.get("kv_groups") or []]
     groups = decode_block_groups(data["block_groups"], n) if kv_groups and data.get("block_groups") else None
+    image = decode_image_blocks(data.get("image_blocks"), n)
     requests = list(data.get("requests") or [])
     owners = [str(r.get("id", "?")) for r in requests]
     memory = data.get("memory") or {}
@@ -105,7 +117,7 @@ def parse_state(data: dict) -> EngineState:
         time=float(data.get("time", 0.0)), model=str(data.get("model", "")), device=str(data.get("device", "")),
         block_size=int(data.get("block_size", 0)), num_blocks=n,
         blocks=BlockSnapshot(state, ref_count, owner, owners, groups,
-                             kv_groups if groups is not None else []),
+                             kv_groups if groups is not None else [], image),
         requests=requests, num_running=int(data.get("num_running", 0)), num_waiting=int(data.get("num_waiting", 0)),
         kv_cache_usage=float(data.get("kv_cache_usage", 0.0)),
         prefix_cache_hit_rate=float(data.get("prefix_cache_hit_rate", 0.0)),

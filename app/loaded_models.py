@@ -48,6 +48,11 @@ class ModelRow:
     error: str = ""
     managed: bool = True  # served by the router (load/unload work); False for a one-engine server
     loadable: bool = True  # loaded, or can be: its load has not failed and its config.json reads
+    input_modalities: tuple[str, ...] | None = None  # ("text", "image") for a model that takes images; None: not said
+
+    @property
+    def takes_images(self) -> bool:
+        return self.input_modalities is not None and "image" in self.input_modalities
 
     @property
     def loaded(self) -> bool:
@@ -81,7 +86,8 @@ def model_rows(payload: dict) -> list[ModelRow]:
                              sum(int(e.get("memory_bytes") or 0) for e in engines),
                              m.get("max_model_len"), m.get("quantization") or "none",
                              errors[0] if errors else m.get("error") or m.get("config_error", ""), "loaded" in m,
-                             state != "failed" and not m.get("config_error")))
+                             state != "failed" and not m.get("config_error"),
+                             tuple(m["input_modalities"]) if m.get("input_modalities") else None))
     return rows
 
 

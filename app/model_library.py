@@ -6,7 +6,9 @@ model folder counts too), GGUF files under those roots and in LM Studio's and ll
 described from its config.json and safetensors headers, or its GGUF header, only (`app.model_info`): a GGUF row
 shows llama.cpp's quant name with each tensor type's share, and one the engine cannot serve (an architecture it
 does not have, a type it does not read) says so instead of a verdict; size on disk, architecture, parameters,
-quantization, context (an MoE model's parameters with the active share). The verdict asks the capacity
+quantization, context (an MoE model's parameters with the active share), and whether it takes images
+(`app.model_vision`: the vision tower the engine runs, with the image processor; the tower's size, which the
+planner counts). The verdict asks the capacity
 planner (`app.capacity.plan_for`, the engine's own arithmetic) about the model's full context for a few
 layouts in order of preference — one card, all cards (tensor parallel), then each with an FP8 KV cache;
 on a machine without cards, the CPU — and names the first that fits with what fits in words
@@ -33,14 +35,16 @@ from PySide6.QtWidgets import (QFileDialog, QHBoxLayout, QHeaderView, QLabel, QP
 from app.capacity import cannot_plan, describe, fits_words, plan_for
 from app.hf_cache import cached_models
 from app.model_info import ModelInfo, format_count, read_model_info
+from app.model_vision import vision_cell
 from app.units import plural
 from engine.quantization.gguf.types import SUPPORTED_TYPES
 from engine.config.model_discovery import GgufRoot, cached_gguf_files, gguf_files, gguf_roots, model_folders
 from widgets.gpu_panel import format_bytes
 
-COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Fits on this machine",
-           "Path")
+COLUMNS = ("Model", "Source", "Size", "Architecture", "Parameters", "Quantization", "Context", "Vision",
+           "Fits on this machine", "Path")
 FITS_COLUMN = COLUMNS.index("Fits on this machine")
+VISION_COLUMN = COLUMNS.index("Vision")
 PATH_COLUMN = COLUMNS.index("Path")
 FOLDERS_KEY = "library/folders"
 DEFAULT_ROOT = Path.home() / "models"
@@ -276,7 +280,8 @@ class ModelLibrary(QWidget):
             info = e.info
             if info is None:
                 verdict = Verdict(False, f"✘ {e.problem}", f"{e.path}: {e.problem}")
-                cells = (e.name, e.source, format_bytes(e.size_bytes), "", "", "", "", verdict.short, str(e.path))
+                cells = (e.name, e.source, format_bytes(e.size_bytes), "", "", "", "", "", verdict.short, str(e.path))
+                vision = ("", "")
             else:
                 if e.unsupported:
                     verdict = Verdict(False, f"✘ {e.unsupported}", f"{e.path}: the engine cannot serve this file "
@@ -287,13 +292,16 @@ class ModelLibrary(QWidget):
                     verdict = Verdict(False, "✘ no weights", f"{e.path} has no *.safetensors weight files: the "
                                       "engine cannot load it. Download the weights into it, or choose another folder.")
                 quant = info.quantization if info.dtype == "gguf" else quantization_of(info.config, info.dtype)
+                vision = vision_cell(info)
                 cells = (e.name, e.source, format_bytes(e.size_bytes), info.architecture, parameters_text(info),
                          quant,
-                         f"{info.context_length:,}" if info.context_length else "?",
+                         f"{info.context_length:,}" if info.context_length else "?", vision[0],
                          verdict.cell(int(self.values.get("max_num_seqs") or 256)), str(e.path))
             for col, text in enumerate(cells):
                 item = QTableWidgetItem(text)
                 item.setData(Qt.ItemDataRole.UserRole, str(e.path))
+                if col == VISION_COLUMN:
+                    item.setToolTip(vision[1])
                 if col == FITS_COLUMN:
                     item.setToolTip(verdict.detail)
                     item.setForeground(Qt.GlobalColor.darkGreen if verdict.fits else Qt.GlobalColor.darkRed)

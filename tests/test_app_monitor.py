@@ -201,3 +201,21 @@ def test_the_expert_heat_map_reads_with_centred_cells_and_a_colour_scale(qtbot):
     assert low == 0 and high == 100 * 3 / 256  # percent of the layer's tokens, an even router mid-scale
     ticks = heatmap.plot.getAxis("left")._tickLevels[0]
     assert all(float(value).is_integer() for value, _ in ticks) and ticks[1][1] == str(state.expert_load.layers[ticks[1][0]])
+
+
+def test_image_blocks_decode_into_the_block_snapshot():
+    """Issue 35: the engine-state document's `image_blocks` (ids) become the widget's per-block image flags."""
+    from app.engine_state import decode_image_blocks
+    image = decode_image_blocks([1, 5, 99], 8)
+    assert image.tolist() == [False, True, False, False, False, True, False, False]
+    assert decode_image_blocks(None, 8) is None and decode_image_blocks([], 8) is None
+
+
+def test_parse_state_carries_image_blocks_to_the_block_map():
+    import numpy as np
+    from app.engine_state import encode_blocks, parse_state
+    zeros = np.zeros(6, np.uint8)
+    doc = {"num_blocks": 6, "blocks": encode_blocks(zeros, zeros, zeros.astype(np.uint16)), "image_blocks": [2, 3]}
+    assert parse_state(doc).blocks.image.tolist() == [False, False, True, True, False, False]
+    del doc["image_blocks"]
+    assert parse_state(doc).blocks.image is None

@@ -136,3 +136,31 @@ def test_used_only_packs_the_used_blocks_and_hover_names_the_real_block(qtbot):
     assert w.block_info(shown[3]).startswith("block 9000 · in use")
     w.used_only.setChecked(False)
     assert w.image_array().shape[0] * w.image_array().shape[1] >= n and w.block_at(0.5, 0.5) == 0
+
+
+def test_blocks_holding_image_tokens_are_marked_named_and_in_the_legend(qtbot):
+    """Issue 35, Monitor: a block holding image tokens carries a mark over its request's colour (the colour is
+    kept), the hover text and summary say so, the legend names the mark, and "Used only" keeps the marks on the
+    right cells."""
+    s = snapshot()
+    s.image = np.zeros(10, bool)
+    s.image[[1, 2, 4]] = True
+    w = BlockMapWidget(redraw_ms=10_000)
+    qtbot.addWidget(w)
+    w.set_blocks(s)
+    w.redraw()
+    assert w.image_cells.tolist() == [1, 2, 4]
+    xs, ys = w._image_marks.getData()
+    cols = w._columns
+    assert sorted(zip(ys.tolist(), xs.tolist())) == sorted((c // cols + 0.5, c % cols + 0.5) for c in (1, 2, 4))
+    assert (w.image_array().reshape(-1, 4)[1] == block_colors(s.state, s.ref_count, s.owner)[1]).all()
+    assert w.block_info(2).endswith("· holds image tokens") and "image" not in w.block_info(3)
+    assert "3 holding image tokens" in w.summary.text()
+    assert w.image_legend.text() == "holds image tokens"
+    s.state[0] = 0  # block 0 freed: "Used only" shifts every used block one cell left
+    w.set_blocks(s)
+    w.used_only.setChecked(True)
+    assert w.image_cells.tolist() == [0, 1, 3]
+    w.set_blocks(snapshot())  # no image blocks: no marks
+    w.redraw()
+    assert w.image_cells.tolist() == [] and len(w._image_marks.getData()[0]) == 0

@@ -7,7 +7,8 @@ Hovering a cell shows its block id, state, owner and ref count, and its KV cache
 several (sliding-window and full-attention layers share the pool; the summary counts each group's blocks).
 With several groups the in-use blocks are coloured by group kind (groups of one kind, e.g. four
 "window 1024" groups, share a colour) under a legend of the kinds; "Colour by" switches back to one colour per
-request. Given `min_cell_px` (the Monitor gives MIN_CELL_PX), the map keeps every cell at least that large on
+request. Blocks holding image tokens (a vision-language model's image placeholders) carry a mark over their colour,
+named in the legend and the hover text. Given `min_cell_px` (the Monitor gives MIN_CELL_PX), the map keeps every cell at least that large on
 screen while shown: when the pool has more
 blocks than that allows (16k blocks in a few hundred pixels), one cell stands for several neighbouring
 blocks, coloured by the most telling of them (in use, else cached, else free) and as strongly as they are
@@ -43,6 +44,7 @@ PADDING_RGBA = (0, 0, 0, 0)
 GROUP_RGBA = ((136, 192, 208, 255), (180, 142, 173, 255), (208, 135, 112, 255), (163, 190, 140, 255),
               (191, 97, 106, 255), (143, 188, 187, 255))
 COLOUR_BY_GROUP, COLOUR_BY_REQUEST = "KV cache group", "request"
+IMAGE_MARK_RGBA = (255, 255, 255, 230)  # the dot over a block holding image tokens, whatever its colour
 MIN_CELL_PX = 6  # below this a cell is no longer a block one can point at: neighbours share a cell
 BORDER_CELL_PX = 9  # from this size on, cells get borders
 
@@ -70,10 +72,12 @@ class BlockSnapshot:
     owners: list[str] = field(default_factory=list)
     group: np.ndarray | None = None  # uint8 per block: 0 none, g → group_names[g-1]; None with one group
     group_names: list[str] = field(default_factory=list)
+    image: np.ndarray | None = None  # bool per block: holds image tokens; None when none does
 
     def __post_init__(self) -> None:
         assert self.state.shape == self.ref_count.shape == self.owner.shape
         assert self.group is None or self.group.shape == self.state.shape
+        assert self.image is None or self.image.shape == self.state.shape
 
     @property
     def num_blocks(self) -> int:
@@ -151,6 +155,15 @@ def aggregate_cells(rgba: np.ndarray, state: np.ndarray, per_cell: int,
     return (free + (out - free) * strength).round().astype(np.uint8)
 
 
+def image_cells(image: np.ndarray | None, shown_ids: np.ndarray | None, per_cell: int) -> np.ndarray:
+    """Indices of the cells holding at least one image block, for the cells as drawn (after "Used only" and after
+    neighbouring blocks share a cell)."""
+    if image is None:
+        return np.zeros(0, np.int64)
+    marked = image[shown_ids] if shown_ids is not None else image
+    return np.unique(np.flatnonzero(marked) // per_cell)
+
+
 def free_color() -> tuple[int, int, int, int]:
     """Free blocks' colour for the application palette: dark on a dark theme, light on a light one."""
     return FREE_RGBA if pg.mkColor(palette_colors()[0]).lightness() < 128 else FREE_LIGHT_RGBA
@@ -183,6 +196,10 @@ class BlockMapWidget(QWidget):
         self._box.addItem(self._image)
         self._borders = pg.PlotCurveItem(connect="pairs", antialias=False)  # thin lines between large cells
         self._box.addItem(self._borders)
+        self._image_marks = pg.ScatterPlotItem(symbol="o", pen=pg.mkPen(30, 30, 30, 200), brush=pg.mkBrush(*IMAGE_MARK_RGBA),
+                                               pxMode=False)  # the dark rim keeps it visible on pale colours
+        self._box.addItem(self._image_marks)  # one dot per cell holding image tokens, over the cell's colour
+        self.image_cells = np.zeros(0, np.int64)  # the cells marked now
         self._view.scene().sigMouseMoved.connect(self._on_mouse_moved)
         self.summary = QLabel("No engine state yet")
         self.hover_label = QLabel(" ")
@@ -234,6 +251,12 @@ class BlockMapWidget(QWidget):
             row.addSpacing(10)
             if rgba in (tuple(_PALETTE[1]), SHARED_RGBA):
                 self._request_entries += [swatch, label]
+        mark = QLabel("●")
+        mark.setStyleSheet("color: rgb({},{},{}); background: rgb(94,129,172); padding: 0 2px;".format(
+            *IMAGE_MARK_RGBA[:3]))
+        self.image_legend = QLabel("holds image tokens")
+        row.addWidget(mark)
+        row.addWidget(self.image_legend)
         row.addStretch(1)
         return row
 
@@ -324,10 +347,16 @@ class BlockMapWidget(QWidget):
         grid = to_grid(colors, self._columns)
         self._image.setImage(grid, autoLevels=False)
         self._draw_borders(grid.shape[0], self._columns)
+        self._draw_image_marks(snap)
         text = self._summary_text(snap)
         if self.blocks_per_cell > 1:
             text += f"\none cell = {self.blocks_per_cell} neighbouring blocks (zoom in, or widen the window, for one each)"
         self.summary.setText(text)
+
+    def _draw_image_marks(self, snap: BlockSnapshot) -> None:
+        self.image_cells = image_cells(snap.image, self._shown_ids, self.blocks_per_cell)
+        rows, cols = np.divmod(self.image_cells, self._columns)
+        self._image_marks.setData(x=cols + 0.5, y=rows + 0.5, size=0.45)
 
     def _blocks_per_cell(self, num_blocks: int) -> int:
         """1 while each block can have a cell of `min_cell_px` on screen; else how many share one (only when shown:
@@ -371,6 +400,8 @@ class BlockMapWidget(QWidget):
         holders = len(np.unique(snap.owner[in_use & (snap.owner > 0)]))  # what the map shows, not a second count
         text = (f"{snap.num_blocks:,} blocks · {used:,} in use ({100 * used / n:.1f}%) · {cached:,} cached · "
                 f"{shared:,} shared · held by {holders} request{'s' if holders != 1 else ''}")
+        if snap.image is not None and snap.image.any():
+            text += f" · {int(np.count_nonzero(snap.image)):,} holding image tokens"
         if snap.group is not None and snap.group_names:
             counts = np.bincount(snap.group.astype(np.int64), minlength=len(snap.group_names) + 1)
             text += "\nin use by KV cache group: " + " · ".join(
@@ -390,6 +421,8 @@ class BlockMapWidget(QWidget):
         group = int(snap.group[block_id]) if snap.group is not None else 0
         if 0 < group <= len(snap.group_names):
             text += f" · group {snap.group_names[group - 1]}"
+        if snap.image is not None and snap.image[block_id]:
+            text += " · holds image tokens"
         return text
 
     def cell_blocks(self, x: float, y: float) -> list[int]:

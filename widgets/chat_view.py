@@ -4,7 +4,8 @@
 HTML through python-markdown. A reply's title names the model that wrote it ("Assistant · qwen"), and
 only a reply still being written shows "…". Streaming appends to the last message are cheap: they mark the view
 dirty and the HTML is rebuilt on a short timer, never per token. A message's reasoning ("thinking")
-shows as a collapsed block that a click on its header opens or closes. It knows nothing about HTTP.
+shows as a collapsed block that a click on its header opens or closes. A message's attached images (local files)
+show as thumbnails under its text, at most THUMBNAIL_PX on a side. It knows nothing about HTTP.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 import markdown
 from PySide6.QtCore import QTimer, QUrl
-from PySide6.QtGui import QDesktopServices
+from PySide6.QtGui import QDesktopServices, QImageReader
 from PySide6.QtWidgets import QTextBrowser, QWidget
 
 STYLE = """
@@ -29,6 +30,7 @@ STYLE = """
  code { background: #2e3440; color: #ebcb8b; font-family: monospace; }
 </style>
 """
+THUMBNAIL_PX = 120
 _MD_EXTENSIONS = ["fenced_code", "tables", "sane_lists", "nl2br"]
 
 
@@ -57,6 +59,18 @@ class ChatMessage:
     reasoning_open: bool = False
     model: str = ""  # for a reply: the model that wrote it
     pending: bool = False  # a reply still being written: "…" until its first text
+    images: tuple[str, ...] = ()  # paths of attached image files, shown as thumbnails
+
+
+def thumbnail_html(path: str, max_px: int = THUMBNAIL_PX) -> str:
+    """An <img> of a local image file scaled to fit `max_px` (aspect kept); a missing file says so in words."""
+    size = QImageReader(path).size()
+    if not size.isValid():
+        return f'<span class="stats">[image missing: {html.escape(path.rsplit("/", 1)[-1])}]</span>'
+    scale = min(1.0, max_px / max(size.width(), size.height(), 1))
+    url = html.escape(QUrl.fromLocalFile(path).toString(), quote=True)
+    return (f'<img src="{url}" width="{max(1, round(size.width() * scale))}" '
+            f'height="{max(1, round(size.height() * scale))}">')
 
 
 class ChatView(QTextBrowser):
@@ -124,6 +138,8 @@ class ChatView(QTextBrowser):
                     parts.append(f'<div class="thinking">{render_markdown(m.reasoning)}</div>')
             parts.append(render_markdown(m.text) if m.text else "<p>…</p>" if m.pending else
                          '<p class="stats">(no text)</p>')
+            if m.images:
+                parts.append(f'<p>{"&nbsp;".join(thumbnail_html(path) for path in m.images)}</p>')
             if m.stats:
                 parts.append(f'<div class="stats">{html.escape(m.stats)}</div>')
         self.setHtml("".join(parts))

@@ -1,5 +1,5 @@
-"""A picture of every physical KV block (state, ref count, owner, KV cache group) for the GUI's block map, and
-of a hybrid model's state slots beside it."""
+"""A picture of every physical KV block (state, ref count, owner, KV cache group, whether it holds image tokens) for
+the GUI's block map, and of a hybrid model's state slots beside it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,9 +16,11 @@ MAX_WAITING_LISTED = 256
 
 
 def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequence],
-                    group_names: list[str] | None = None, state_slots: StateSlots | None = None) -> BlockPoolSnapshot:
+                    group_names: list[str] | None = None, state_slots: StateSlots | None = None,
+                    block_size: int = 0) -> BlockPoolSnapshot:
     """`group_names`: one per KV cache group when there are several (then each block's group is recorded);
-    `state_slots`: a hybrid model's state pool, pictured slot by slot beside the blocks."""
+    `state_slots`: a hybrid model's state pool, pictured slot by slot beside the blocks; `block_size`: tokens per
+    block, which places a running request's image placeholders in its blocks (0: image blocks not marked)."""
     n = pool.num_blocks  # entry i pictures pool.blocks[i], block i + 1 (block 0 is the reserved null block)
     ref_count = np.fromiter((b.ref_count for b in pool.blocks), dtype=np.int32, count=n)
     state = np.where(ref_count > 0, USED, FREE).astype(np.uint8)
@@ -50,7 +52,21 @@ def snapshot_blocks(pool: BlockPool, running: list[Sequence], waiting: list[Sequ
             row.num_generated_tokens += seq.num_output_tokens
     slots = None if state_slots is None else state_slot_picture(state_slots, running, index)
     return BlockPoolSnapshot(state, ref_count, owner, owner_ids, list(requests.values()), group,
-                             list(group_names or []) if group is not None else [], slots)
+                             list(group_names or []) if group is not None else [], slots,
+                             image_blocks(running, block_size) if block_size else [])
+
+
+def image_blocks(running: list[Sequence], block_size: int) -> list[int]:
+    """Sorted entries of the picture (block id - 1, as every per-block array here) whose blocks hold an image's
+    placeholders (any KV cache group)."""
+    ids: set[int] = set()
+    for seq in running:
+        mm = seq.request.mm
+        for item in mm.items if mm is not None else ():
+            first, last = item.offset // block_size, (item.end - 1) // block_size
+            for table in seq.block_tables:
+                ids.update(b.block_id - 1 for b in table[first:last + 1] if b is not NULL_BLOCK)
+    return sorted(ids)
 
 
 @dataclass(frozen=True, slots=True)

@@ -592,7 +592,7 @@ class EngineCore:
             state = StateSlots(self.kv.state.pool.num_slots, tuple(self.kv.snapshots.values()),
                                self.kv.num_snapshot_slots, self.kv_layout.state_bytes_per_seq)
         return snapshot_blocks(self.kv.pool, self.scheduler.running, list(self.scheduler.waiting),
-                               self.kv_layout.group_names(), state)
+                               self.kv_layout.group_names(), state, self.kv.block_size)
 
     def memory_usage(self) -> dict[str, int]:
         """The target's weights and caches, with a speculative proposer's (a draft model's, an MTP head's) beside."""

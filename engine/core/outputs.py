@@ -126,3 +126,4 @@ class BlockPoolSnapshot:
     group: object = None  # int8 per block, None with one KV cache group
     group_names: list[str] = field(default_factory=list)  # e.g. ["full attention · 10 layers", "window 1024 · 13 layers"]
     state_slots: dict | None = None  # hybrid models: engine/block_snapshot.state_slot_picture
+    image_blocks: list[int] = field(default_factory=list)  # ids of blocks holding image placeholder tokens

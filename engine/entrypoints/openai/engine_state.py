@@ -7,7 +7,8 @@ per block, then a little-endian uint16 owner index (0 none, k → requests[k-1])
 cache groups adds `kv_groups` (their names) and `block_groups`: base64(zlib(uint8 per block: 0 none,
 g → kv_groups[g-1])). An MoE model adds `expert_load`: the tokens routed to each expert of each MoE layer
 since the previous document (`ExpertLoadInterval` diffs the engine's cumulative counts). An engine with the prefix
-cache's CPU-RAM tier adds `kv_offload`: its size, what it holds and its counters since start.
+cache's CPU-RAM tier adds `kv_offload`: its size, what it holds and its counters since start. Blocks holding image
+tokens are listed by id in `image_blocks` (absent when none).
 """
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ def build_state(raw: RawState, model_name: str, rates: tuple[float, float],
         **({"expert_load": load} if load is not None else {}),
         **({"kv_offload": s.kv_offload} if s.kv_offload is not None else {}),
         **({"state_slots": raw.snapshot.state_slots} if raw.snapshot.state_slots is not None else {}),
+        **({"image_blocks": list(raw.snapshot.image_blocks)} if raw.snapshot.image_blocks else {}),
         **({"kv_groups": raw.snapshot.group_names, "block_groups": pack_block_groups(raw.snapshot)}
            if raw.snapshot.group is not None else {}),
     }
