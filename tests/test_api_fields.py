@@ -286,7 +286,8 @@ def test_reasoning_effort_reaches_the_template(llama_dir, template, effort, kwar
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(llama_dir)
     tokenizer.chat_template = template
-    model = SimpleNamespace(name="m", tokenizer=tokenizer, supports_tools=False, max_model_len=256)
+    model = SimpleNamespace(name="m", tokenizer=tokenizer, supports_tools=False, max_model_len=256,
+                            supports_images=False)
     text = render_chat(model, [ChatMessage(role="user", content="hi")], None, add_generation_prompt=False,
                        chat_template_kwargs=template_kwargs(model, kwargs, effort))
     assert text == shown

@@ -14,7 +14,8 @@ cannot run (files, file_id images) is a 400 naming the input field.
 from __future__ import annotations
 
 import json
-from typing import Any
+from functools import partial
+from typing import Any, Callable
 
 from engine.entrypoints.openai.chat_request import chat_request
 from engine.entrypoints.openai.errors import bad_request
@@ -69,12 +70,17 @@ def _output_text(output: Any, where: str) -> str:
     return output if isinstance(output, str) else _text_of(output, where)
 
 
-def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The `input` as chat message dicts."""
+def input_messages(items: str | list[dict[str, Any]], sources: list[str] | None = None) -> list[dict[str, Any]]:
+    """The `input` as chat message dicts; `sources` gets each message's input path (its first item's)."""
     if isinstance(items, str):
+        if sources is not None:
+            sources.append("input")
         return [{"role": "user", "content": items}]
     messages: list[dict[str, Any]] = []
     for i, item in enumerate(items):
+        if sources is not None:
+            del sources[len(messages):]  # an item that added no message (reasoning, a joined call) names none
+            sources.append(f"input.{i}")
         where = f"input.{i}"
         kind = item.get("type", "message")
         if kind == "message":
@@ -116,6 +122,8 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
                               "function_call_output, reasoning and compaction", f"{where}.type")
     if not messages:
         raise bad_request("input holds no message", "input")
+    if sources is not None:
+        del sources[len(messages):]
     return messages
 
 
@@ -133,10 +141,12 @@ def response_format(text_format: dict[str, Any] | None) -> dict[str, Any] | None
 
 
 def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]]
-                    ) -> tuple[ChatCompletionRequest, list[dict[str, Any]], ResponsesTools]:
-    """The chat request, the conversation (without instructions) a stored response keeps for chaining, and the
-    tools as the model sees them."""
-    conversation = history + input_messages(req.input)
+                    ) -> tuple[ChatCompletionRequest, list[dict[str, Any]], ResponsesTools, Callable]:
+    """The chat request, the conversation (without instructions) a stored response keeps for chaining, the
+    tools as the model sees them, and how a chat field is named in this request (a message's by its input item)."""
+    sources: list[str] = []
+    conversation = history + input_messages(req.input, sources)
+    paths = ["instructions"] * bool(req.instructions) + ["previous_response_id"] * len(history) + sources
     tools = responses_tools(req.tools)
     system = [{"role": "system", "content": req.instructions}] if req.instructions else []
     # text.format shapes the reply's text; a forced call has none (the agents SDK sends both on a forced turn)
@@ -154,4 +164,14 @@ def to_chat_request(req: ResponsesRequest, history: list[dict[str, Any]]
         if req.structured_outputs else None, "request_id": req.request_id, "priority": req.priority,
         "cache_salt": req.cache_salt,
     }
-    return chat_request(payload, responses_field), conversation, tools
+    return chat_request(payload, responses_field), conversation, tools, partial(_input_field, paths)
+
+
+def _input_field(paths: list[str], chat_field: str | None) -> str | None:
+    """responses_field, with `messages.N...` named by the input item message N came from."""
+    if chat_field and chat_field.startswith("messages."):
+        index, _, rest = chat_field.removeprefix("messages.").partition(".")
+        if index.isdigit() and int(index) < len(paths):
+            path = paths[int(index)]
+            return path + (f".{rest}" if rest and path.startswith("input.") else "")
+    return responses_field(chat_field)

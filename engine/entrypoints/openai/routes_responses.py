@@ -22,7 +22,7 @@ from engine.entrypoints.openai.errors import OpenAIError, bad_request, engine_er
 from engine.entrypoints.openai.generation import close_all, merge, wait_for_finals
 from engine.entrypoints.openai.output_blocks import OutputBlocks
 from engine.entrypoints.openai.protocol_responses import ResponsesRequest, check_responses_supported
-from engine.entrypoints.openai.responses_input import responses_field, to_chat_request
+from engine.entrypoints.openai.responses_input import to_chat_request
 from engine.entrypoints.openai.responses_output import (ResponseItems, conversation_turn, response_object, usage_object)
 from engine.entrypoints.openai.responses_store import StoredResponse
 from engine.entrypoints.openai.responses_tools import ResponsesTools
@@ -68,11 +68,11 @@ async def create_response(req: ResponsesRequest, request: Request,
                               f"server keeps {ctx.responses.describe()} created without store=false, in memory, "
                               "until it restarts", "previous_response_id")
         history = stored.conversation
-    chat, conversation, tools = to_chat_request(req, history)
+    chat, conversation, tools, field = to_chat_request(req, history)
     try:
         run = await start_chat(chat, ctx, id_prefix="resp_")
     except OpenAIError as exc:
-        raise reraise_as(exc, responses_field) from None
+        raise reraise_as(exc, field) from None
     if req.max_tool_calls is not None:
         run.plan.max_calls = min(run.plan.max_calls or req.max_tool_calls, req.max_tool_calls)
     if req.stream:
