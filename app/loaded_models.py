@@ -101,11 +101,20 @@ def _single_engine_sleeps(root: str, headers: dict) -> bool:
 
 
 class _Relay(QObject):
-    """Carries results from worker threads to the GUI thread (queued signal delivery)."""
+    """Carries results from worker threads to the GUI thread (queued signal delivery). A child of the panel, so
+    Qt deletes it on the GUI thread; a worker thread holds only this relay (never the panel, whose last Python
+    reference must not drop there: a QObject deleted off its thread leaves its timers behind, and a later event
+    loop crashes on them), and `send` drops a reply whose panel is gone."""
 
     listed = Signal(object)  # list[ModelRow]
     failed = Signal(str)
     acted = Signal(str, str, bool, str)  # name, action, ok, message
+
+    def send(self, signal: str, *args) -> None:
+        try:
+            getattr(self, signal).emit(*args)
+        except RuntimeError:  # the panel (and with it this relay) was deleted while the request ran
+            pass
 
 
 class LoadedModelsPanel(QWidget):
@@ -119,7 +128,7 @@ class LoadedModelsPanel(QWidget):
         self.api_key: str | None = None
         self.rows: list[ModelRow] = []
         self.pending: dict[str, str] = {}  # model -> action in flight
-        self._relay = _Relay()
+        self._relay = _Relay(self)
         self._relay.listed.connect(self._show)
         self._relay.failed.connect(self._on_failed)  # bound slots: dropped with the panel, though threads still reply
         self._relay.acted.connect(self._on_acted)
@@ -209,7 +218,7 @@ class LoadedModelsPanel(QWidget):
     def refresh(self) -> None:
         if self.base_url is None:
             return
-        root, headers = self.base_url.rstrip("/"), self._headers()
+        root, headers, relay = self.base_url.rstrip("/"), self._headers(), self._relay
 
         def fetch() -> None:
             try:
@@ -218,9 +227,9 @@ class LoadedModelsPanel(QWidget):
                 rows = model_rows(response.json())
                 if len(rows) == 1 and not rows[0].managed and _single_engine_sleeps(root, headers):
                     rows = [replace(rows[0], state="sleeping")]
-                self._relay.listed.emit(rows)
+                relay.send("listed", rows)
             except (httpx.HTTPError, ValueError) as exc:
-                self._relay.failed.emit(f"Cannot list models: {exc}")
+                relay.send("failed", f"Cannot list models: {exc}")
 
         threading.Thread(target=fetch, name="models-list", daemon=True).start()
 
@@ -240,7 +249,7 @@ class LoadedModelsPanel(QWidget):
             url = f"{self.base_url.rstrip('/')}/{action}"
         else:
             url = f"{self.base_url.rstrip('/')}/v1/models/{quote(name, safe='/')}/{action}"
-        headers = self._headers()
+        headers, relay = self._headers(), self._relay
 
         def post() -> None:
             try:
@@ -249,7 +258,7 @@ class LoadedModelsPanel(QWidget):
                 message = "" if ok else (response.json().get("error") or {}).get("message", response.text)
             except (httpx.HTTPError, ValueError) as exc:
                 ok, message = False, str(exc)
-            self._relay.acted.emit(name, action, ok, message)
+            relay.send("acted", name, action, ok, message)
 
         threading.Thread(target=post, name=f"models-{action}", daemon=True).start()
         self._show(self.rows)
