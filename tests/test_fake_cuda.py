@@ -87,8 +87,10 @@ def fake_cuda(monkeypatch):
             raise RuntimeError(f"Expected a '{self.device.type}' device type for generator")
         return exponential(self)
 
+    # On FakeTensor, not torch.Tensor: setting a dunder on a type rewrites its C slots, and deleting it again
+    # leaves torch.Tensor a sequence type (sq_item), so torch.tensor([0-d tensors]) fails in later tests.
     for name in ("__getitem__", "__setitem__", "__invert__", "copy_"):
-        monkeypatch.setattr(torch.Tensor, name, _as_if_on_cpu(getattr(torch.Tensor, name)))
+        monkeypatch.setattr(FakeTensor, name, _as_if_on_cpu(getattr(torch.Tensor, name)))
     monkeypatch.setattr(torch.Tensor, "to", fake_to)
     monkeypatch.setattr(torch.Tensor, "cpu", fake_cpu)
     monkeypatch.setattr(FakeTensor, "tolist", fake_tolist, raising=False)

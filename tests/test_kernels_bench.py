@@ -39,6 +39,6 @@ def test_bench_smoke_run_prints_tables():
 def test_quick_kernel_variants_compile_for_sm86():
     result = run_module(["kernels.compile_check", "--quick", "--arch", "86"], TRITON_DEFAULT_FP_FUSION="1")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.count(": ok (") == 13, result.stdout  # incl. W4A16, MXFP4 and FP8 fused-MoE variants
+    assert result.stdout.count(": ok (") == 15, result.stdout  # incl. int4 KV, W4A16, MXFP4 and FP8 fused-MoE variants
     moe = [line for line in result.stdout.splitlines() if " moe " in line]
     assert len(moe) == 4 and all(line.endswith(" 0 B spilled") for line in moe), moe  # the default MoE tiles

@@ -113,11 +113,15 @@ VARYING = {
 FIXED = {
     "paged_attention_kernel": {"num_heads", "soft_cap", "stride_q_tok", "stride_q_head", "stride_o_tok", "stride_o_head",
                                "stride_kc_block", "stride_kc_tok", "stride_kc_head", "stride_vc_block",
-                               "stride_vc_tok", "stride_vc_head"},
+                               "stride_vc_tok", "stride_vc_head",
+                               # an integer cache's scales: allocated once beside the pages
+                               "stride_ks_block", "stride_ks_tok", "stride_ks_head", "stride_vs_block",
+                               "stride_vs_tok", "stride_vs_head"},
     "reduce_splits_kernel": {"num_heads", "stride_o_tok", "stride_o_head"},
     "write_kv_kernel": {"stride_key_tok", "stride_key_head", "stride_value_tok", "stride_value_head",
                         "stride_kc_block", "stride_kc_tok", "stride_kc_head", "stride_vc_block", "stride_vc_tok",
-                        "stride_vc_head", "num_kv_heads"},
+                        "stride_vc_head", "num_kv_heads", "stride_ks_block", "stride_ks_tok", "stride_ks_head",
+                        "stride_vs_block", "stride_vs_tok", "stride_vs_head"},
     "quant_gemv_kernel": {"N", "K", "stride_xm", "stride_wk", "stride_wn", "stride_sg", "stride_zg"},
     "quant_gemm_kernel": {"N", "K", "stride_xm", "stride_om", "stride_wk", "stride_wn", "stride_sg", "stride_zg"},
 }
