@@ -9,6 +9,7 @@ written on the fly (text: the benchmarks' 512-wide, 8-layer shape; tower: 4 laye
 from __future__ import annotations
 
 import argparse
+import itertools
 import tempfile
 import time
 from pathlib import Path
@@ -16,6 +17,8 @@ from pathlib import Path
 IMAGE_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
 PLACEHOLDER = "<|vision_start|><|image_pad|><|vision_end|>"
 
+
+_FRESH = itertools.count(1)  # perturbations of the bench image, one per request
 
 def make_random_qwen_vl(path: Path, seed: int = 0) -> Path:
     """A random-weight Qwen3.5-VL folder with a word-level tokenizer that knows the image tokens."""
@@ -74,11 +77,15 @@ def measure(llm, prompt: str, image, repeats: int) -> dict:
 
     if encode is not None:
         model.encode_image = timed_encode
-    request = prompt if image is None else {"prompt": prompt, "multi_modal_data": {"image": image}}
     params = SamplingParams(temperature=0, max_tokens=1)
     best, encoder = float("inf"), 0.0
     for _ in range(repeats):
         llm.engine.kv.pool.reset_prefix_cache()  # a cold request each time
+        if image is not None:  # a content hash never sent before, so the encoder's cache holds no embeddings for it
+            k = next(_FRESH)
+            image = image.copy()
+            image.putpixel((0, 0), (k % 256, k // 256 % 256, 7))
+        request = prompt if image is None else {"prompt": prompt, "multi_modal_data": {"image": image}}
         spent[0] = 0.0
         start = time.perf_counter()
         out = llm.generate([request], params, use_tqdm=False)[0]
