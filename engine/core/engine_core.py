@@ -14,6 +14,8 @@ tier's connector (engine/kv/offload/), tells it which copy batches the runner ha
 and hands each step's copies to the runner (with the forward, or alone when the step runs none; the tier keeps
 async scheduling off). Sleep mode (`sleep`, `wake_up`, vLLM's levels) preempts every sequence, stores what the
 tier can keep and has the runner free the device; requests that arrive meanwhile wait until it wakes.
+A request's images are checked and processed by engine/core/image_inputs.py, which also sizes the encoder cache
+the scheduler spends.
 Not thread-safe: one caller.
 """
 from __future__ import annotations
@@ -27,6 +29,7 @@ from typing import Any
 import torch
 
 from engine.core.beam_search import BeamGroup, BeamSearchParams
+from engine.core.image_inputs import ImageInputs
 from engine.config.flags import EngineConfig
 from engine.kv.kv_cache_manager import KVCacheManager
 from engine.kv.offload.connector import OffloadConnector
@@ -42,7 +45,6 @@ from engine.core.scheduler import ScheduledSeq, Scheduler, SchedulerOutput
 from engine.core.sequence import Request, Sequence
 from engine.core.started import StartedEngine
 from engine.core.step_timer import StepTimer
-from engine.multimodal.encoder_cache import EncoderCacheManager
 from engine.multimodal.inputs import MultiModalInputs
 from engine.spec_decode.speculator import SpecBatch, Speculator
 from engine.structured_output.bitmask import grammar_bitmask
@@ -77,35 +79,13 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots,
                                  offload)
-        vision = self.model_config.vision
-        self._mm_processor, self.encoder_cache = None, None
-        self.images_refused = None if vision is not None else \
-            f"{self.model_config.architecture} takes text only: images cannot be sent to it"
-        if vision is not None:
-            try:
-                largest = self.mm_processor.max_embeds_per_image()
-            except (OSError, ValueError) as exc:  # a folder without preprocessor_config.json, say
-                self.images_refused = (f"{self.model_config.architecture} at {self.model_path} cannot take images: "
-                                       f"its image processor does not load ({exc})")
-                logger.warning("%s; serving it as text", self.images_refused)
-                vision = None
-        if vision is not None:
-            # A step encodes up to the token budget, and at least the largest image the processor makes; the cache
-            # holds twice that: the image a prompt is consuming and the next (vLLM's encoder budget and cache size,
-            # counted in embeddings).
-            budget = max(self.max_num_batched_tokens, largest)
-            self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
-            # A chunk never ends inside such an image, so a step must hold one whole or the prompt waits forever
-            # (the prefill cap while streams decode only delays it: a step without decodes has none).
-            if vision.bidirectional and self.max_num_batched_tokens < largest:
-                raise ValueError(f"{self.model_config.architecture}: an image is {largest} tokens whose attention "
-                                 f"runs both ways, so one step must hold it whole; a step holds "
-                                 f"{self.max_num_batched_tokens} tokens: raise --max-num-batched-tokens to >= {largest}")
+        self.images = ImageInputs(config, self.model_config, self.model_path, self.tokenizer,
+                                  self.max_num_batched_tokens)
+        self.encoder_cache = self.images.encoder_cache
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,
                                    config.resolve_max_batch_prefill_tokens(self.device.type),
-                                   config.scheduling_policy, self.encoder_cache,
-                                   whole_images=vision is not None and vision.bidirectional)
+                                   config.scheduling_policy, self.encoder_cache, whole_images=self.images.whole)
         self.takes_images = self.encoder_cache is not None
         self.generator = make_generator(config.seed, self.runner.device)  # unseeded draws, on the sampling device
         self.grammars = GrammarCompiler(self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids)
@@ -155,45 +135,15 @@ class EngineCore:
 
     @property
     def mm_processor(self):
-        """The checkpoint's image processing (engine/multimodal/processor.py), built on first use; a ValueError
-        for a model that takes no images."""
-        if self.images_refused:
-            raise ValueError(self.images_refused)
-        if self._mm_processor is None:
-            from engine.multimodal.processor import MultiModalProcessor
-            self._mm_processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
-                                                     self.config.max_image_pixels)
-        return self._mm_processor
+        """The checkpoint's image processing (engine/core/image_inputs.py); a ValueError for a text-only model."""
+        return self.images.processor
+
+    @property
+    def images_refused(self) -> str | None:
+        return self.images.refused
 
     def process_images(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
-        """A text prompt with one placeholder per image -> the engine's multimodal inputs (checked here, so a bad
-        image is the caller's error before anything is queued)."""
-        self._check_image_count(len(images))
-        return self.mm_processor.process(prompt, images, add_special_tokens)
-
-    def _check_image_count(self, count: int) -> None:
-        limit = self.config.image_limit()
-        if limit is not None and count > limit:
-            raise ValueError(f"the prompt has {count} images, more than --limit-mm-per-prompt allows ({limit})")
-
-    def _check_images(self, mm: MultiModalInputs) -> None:
-        """Images the scheduler could never run: one larger than a step's encoder budget, one whose tokens a chunk
-        must take whole (Gemma) but no step can hold, all of a prompt's at once without chunked prefill."""
-        if self.encoder_cache is None:
-            raise ValueError(self.images_refused)
-        self._check_image_count(len(mm.items))
-        budget = self.max_num_batched_tokens
-        for index, item in enumerate(mm.items):
-            if item.num_embeds > self.encoder_cache.budget:
-                raise ValueError(f"image {index} becomes {item.num_embeds} embeddings, more than the engine encodes "
-                                 f"in one step ({self.encoder_cache.budget}, --max-num-batched-tokens); send a "
-                                 "smaller image")
-            if self.scheduler.whole_images and item.length > budget:
-                raise ValueError(f"image {index} is {item.length} tokens, more than one step holds ({budget}, "
-                                 "--max-num-batched-tokens), and this model attends within an image both ways")
-        if not self.config.enable_chunked_prefill and sum(i.num_embeds for i in mm.items) > self.encoder_cache.budget:
-            raise ValueError("the prompt's images together are more embeddings than one step encodes and chunked "
-                             "prefill is off; send fewer or smaller images")
+        return self.images.process(prompt, images, add_special_tokens)
 
     def add_request(self, request_id: str, prompt: str | list[int], params: SamplingParams | None,
                     arrival_time: float | None = None, cache_salt: str | None = None, priority: int = 0,
@@ -203,7 +153,7 @@ class EngineCore:
         if mm is not None:
             if pooling is not None:
                 raise ValueError("embedding requests take text only")
-            self._check_images(mm)
+            self.images.check(mm)
             prompt = mm.prompt_token_ids
             mm = mm if mm.items else None
         mismatch = task_mismatch(self.model_config.pooler, pooling is not None)

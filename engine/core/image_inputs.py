@@ -1,0 +1,89 @@
+"""A request's images on the engine's side: whether the model takes them (a tower the engine runs and an image
+processor that loads), the checkpoint's processor (engine/multimodal/processor.py, built on first use), the encoder
+budget and cache the scheduler spends, and the checks that refuse an image no step could ever run.
+
+vLLM's encoder budget and cache, counted in embeddings: a step encodes up to the token budget and at least the
+largest image the processor makes; the cache holds twice that (the image a prompt is consuming and the next). For
+a model whose image tokens attend to each other both ways (Gemma) a chunk never ends inside an image, so a step
+must hold the largest one whole or its prompt would wait forever.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from engine.config.flags import EngineConfig
+from engine.config.model import ModelConfig
+from engine.multimodal.encoder_cache import EncoderCacheManager
+from engine.multimodal.inputs import MultiModalInputs
+
+logger = logging.getLogger("pagedesk.engine")
+
+
+class ImageInputs:
+    def __init__(self, config: EngineConfig, model_config: ModelConfig, model_path: str | Path, tokenizer,
+                 max_num_batched_tokens: int) -> None:
+        self.config, self.model_config, self.model_path, self.tokenizer = config, model_config, model_path, tokenizer
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self._processor = None
+        self.encoder_cache: EncoderCacheManager | None = None  # None: the engine takes no images
+        self.whole = False  # an image's tokens must be computed in one step (they attend both ways)
+        vision = model_config.vision
+        self.refused = None if vision is not None else \
+            f"{model_config.architecture} takes text only: images cannot be sent to it"
+        if vision is None:
+            return
+        try:
+            largest = self.processor.max_embeds_per_image()
+        except (OSError, ValueError) as exc:  # a folder without preprocessor_config.json, say
+            self.refused = (f"{model_config.architecture} at {model_path} cannot take images: its image processor "
+                            f"does not load ({exc})")
+            logger.warning("%s; serving it as text", self.refused)
+            return
+        budget = max(max_num_batched_tokens, largest)
+        self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
+        self.whole = vision.bidirectional
+        if self.whole and max_num_batched_tokens < largest:
+            raise ValueError(f"{model_config.architecture}: an image is {largest} tokens whose attention runs both "
+                             f"ways, so one step must hold it whole; a step holds {max_num_batched_tokens} tokens: "
+                             f"raise --max-num-batched-tokens to >= {largest}")
+
+    @property
+    def processor(self):
+        """The checkpoint's image processing; a ValueError for a model that takes no images."""
+        if self.refused:
+            raise ValueError(self.refused)
+        if self._processor is None:
+            from engine.multimodal.processor import MultiModalProcessor
+            self._processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
+                                                  self.config.max_image_pixels)
+        return self._processor
+
+    def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
+        """A text prompt with one placeholder per image -> the engine's multimodal inputs (checked here, so a bad
+        image is the caller's error before anything is queued)."""
+        self.check_count(len(images))
+        return self.processor.process(prompt, images, add_special_tokens)
+
+    def check_count(self, count: int) -> None:
+        limit = self.config.image_limit()
+        if limit is not None and count > limit:
+            raise ValueError(f"the prompt has {count} images, more than --limit-mm-per-prompt allows ({limit})")
+
+    def check(self, mm: MultiModalInputs) -> None:
+        """Images the scheduler could never run: one larger than a step's encoder budget, one whose tokens a chunk
+        must take whole (Gemma) but no step can hold, all of a prompt's at once without chunked prefill."""
+        if self.encoder_cache is None:
+            raise ValueError(self.refused)
+        self.check_count(len(mm.items))
+        budget, encoder_budget = self.max_num_batched_tokens, self.encoder_cache.budget
+        for index, item in enumerate(mm.items):
+            if item.num_embeds > encoder_budget:
+                raise ValueError(f"image {index} becomes {item.num_embeds} embeddings, more than the engine encodes "
+                                 f"in one step ({encoder_budget}, --max-num-batched-tokens); send a smaller image")
+            if self.whole and item.length > budget:
+                raise ValueError(f"image {index} is {item.length} tokens, more than one step holds ({budget}, "
+                                 "--max-num-batched-tokens), and this model attends within an image both ways")
+        if not self.config.enable_chunked_prefill and sum(i.num_embeds for i in mm.items) > encoder_budget:
+            raise ValueError("the prompt's images together are more embeddings than one step encodes and chunked "
+                             "prefill is off; send fewer or smaller images")
