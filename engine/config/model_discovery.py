@@ -45,18 +45,21 @@ def model_folders(root: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "config.json").is_file())
 
 
-def cached_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
-    """Model repos in the hub cache that have a usable snapshot, largest first; [] without a cache."""
+def _cached_model_repos(cache_dir: str | Path | None) -> list:
+    """The hub cache's model repos (huggingface_hub's CachedRepoInfo); [] without a cache."""
     from huggingface_hub import scan_cache_dir
 
     try:
         info = scan_cache_dir(cache_dir)
     except Exception:  # no cache folder yet, or an unreadable one: nothing to list
         return []
+    return [repo for repo in info.repos if repo.repo_type == "model"]
+
+
+def cached_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
+    """Model repos in the hub cache that have a usable snapshot, largest first; [] without a cache."""
     found = []
-    for repo in info.repos:
-        if repo.repo_type != "model":
-            continue
+    for repo in _cached_model_repos(cache_dir):
         revisions = sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True)
         snapshot = next((r.snapshot_path for r in revisions if (r.snapshot_path / "config.json").exists()), None)
         if snapshot is not None:
@@ -122,15 +125,9 @@ def _is_gguf_model(path: Path) -> bool:
 
 def cached_gguf_files(cache_dir: str | Path | None = None) -> list[tuple[str, Path]]:
     """(repo id, file) for every GGUF model file in the hub cache's newest snapshot of each model repo."""
-    from huggingface_hub import scan_cache_dir
-
-    try:
-        info = scan_cache_dir(cache_dir)
-    except Exception:  # no cache folder yet, or an unreadable one: nothing to list
-        return []
     found = []
-    for repo in info.repos:
-        if repo.repo_type != "model" or not repo.revisions:
+    for repo in _cached_model_repos(cache_dir):
+        if not repo.revisions:
             continue
         newest = max(repo.revisions, key=lambda r: r.last_modified)
         found += [(repo.repo_id, f) for f in gguf_files(newest.snapshot_path)]
