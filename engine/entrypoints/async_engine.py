@@ -73,6 +73,7 @@ class _Call:
     fn: Callable[[Any], Any]
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future
+    refresh_stats: bool = False
 
 
 class _Stop:
@@ -218,13 +219,14 @@ class AsyncEngine:
     def wake(self) -> None:
         self._commands.put(_Wake())
 
-    async def call(self, fn: Callable[[Any], Any]) -> Any:
-        """Run fn(llm_engine) on the engine thread between steps and return its result."""
+    async def call(self, fn: Callable[[Any], Any], refresh_stats: bool = False) -> Any:
+        """Run fn(llm_engine) on the engine thread between steps and return its result; `refresh_stats` for a call
+        that changes what the stats say (a sleep, a wake), so /metrics shows it at once, not at the next tick."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         with self._lock:
             self.check_serving()
-            self._commands.put(_Call(fn, loop, future))
+            self._commands.put(_Call(fn, loop, future, refresh_stats))
         return await future
 
     def token_rates(self) -> tuple[float, float]:
@@ -373,7 +375,8 @@ class AsyncEngine:
                 result, error = cmd.fn(self.engine), None
             except Exception as exc:  # noqa: BLE001 - handed to the caller
                 result, error = None, exc
-            self._sample_stats(force=True)  # a call may change what the stats say (sleep, wake, a cache reset)
+            if cmd.refresh_stats:
+                self._sample_stats(force=True)
             cmd.loop.call_soon_threadsafe(_resolve, cmd.future, result, error)
 
     def _add(self, cmd: _Add) -> None:

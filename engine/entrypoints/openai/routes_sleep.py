@@ -18,7 +18,7 @@ router = APIRouter(include_in_schema=False)
 
 async def _call(ctx: ServerContext, fn):
     try:
-        return await ctx.async_engine.call(fn)
+        return await ctx.async_engine.call(fn, refresh_stats=True)
     except Exception as exc:  # noqa: BLE001 - loading/dead become 503, a bad level 400
         raise engine_error(exc) from None
 
