@@ -111,6 +111,12 @@ if ! python -c "import torchvision" 2>/dev/null; then
     else
         python -m pip install -q "torchvision==$TORCHVISION_VERSION" "${TORCH_ARGS[@]:1}" "torch==$TORCH_VERSION" \
             || echo "torchvision $TORCHVISION_VERSION could not be installed: images use the PIL image processors"
+        # A mirror in pip's own configuration can serve PyPI's torchvision (built for PyPI's CUDA torch), which
+        # breaks every transformers import beside a +cpu torch ("operator torchvision::nms does not exist").
+        if ! python -c "import torchvision.ops" 2>/dev/null; then
+            python -m pip uninstall -q -y torchvision 2>/dev/null || true
+            echo "torchvision $TORCHVISION_VERSION does not load beside this torch, removed: images use the PIL image processors"
+        fi
     fi
 fi
 python -m pip install -q -e "$PACKAGE"
