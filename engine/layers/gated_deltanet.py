@@ -12,7 +12,10 @@ the slot (engine/spec_decode/state_rollback.py has the whole protocol). The kern
 checkpoint spellings: Qwen3-Next's `in_proj_qkvz` / `in_proj_ba`, grouped per key head ([q, k, v, z] and
 [b, a] of each key head's value heads), and Qwen3.5's `in_proj_qkv` / `in_proj_z` / `in_proj_b` /
 `in_proj_a`. Under tensor parallel each rank keeps whole key heads with their value heads, their conv
-channels and their state (the out projection all-reduces).
+channels and their state (the out projection all-reduces). A llama.cpp qwen35 GGUF keeps the value heads tiled;
+the loader puts them back but for out_proj's columns (whole quant blocks can span two heads), which get the
+layer's output in that order (`out_order`); under tensor parallel, where a rank's columns must be its own heads,
+the loader dequantizes that one matrix and puts its columns back instead.
 """
 from __future__ import annotations
 
@@ -85,6 +88,11 @@ class GatedDeltaNet(nn.Module):
             param.weight_loader = self._load_heads
         self.norm = GatedRMSNorm(la.head_v_dim, rms_norm_eps)
         self.out_proj = RowParallelLinear(la.value_dim, hidden_size, False, quant, prefix, ("out_proj",))
+        order = None  # out_proj's columns in a llama.cpp qwen35 GGUF: the value heads tiled (one rank)
+        if la.out_proj_tiled and tp == 1:
+            ratio = la.num_v_heads // la.num_k_heads
+            order = torch.arange(la.value_dim).view(la.num_k_heads, ratio, la.head_v_dim).transpose(0, 1).reshape(-1)
+        self.register_buffer("out_order", order, persistent=False)
         self.causal_conv1d, self.gated_delta_rule = gated_delta_kernels(backend)
         self.conv_state = self.ssm_state = torch.empty(0)
         # speculative verify scratch: per verify token its pre-conv row [C], log-decay g and beta [Hv]
@@ -203,4 +211,5 @@ class GatedDeltaNet(nn.Module):
         out = self._rule(mixed, g, beta, conv_state, ssm_state, indices, query_start, has_initial, read_only,
                          max_len, getattr(meta, "deltanet_chunks", None))
         out = self.norm(out.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim))
-        return self.out_proj(out.reshape(T, self.value_dim))
+        out = out.reshape(T, self.value_dim)
+        return self.out_proj(out if self.out_order is None else out.index_select(-1, self.out_order))

@@ -38,7 +38,7 @@ class LlamaForCausalLM(nn.Module):
     weights_mapper = WeightsMapper()
     # GGUF architecture -> its tensor names (llama.cpp permutes Llama's q/k rows, not Qwen's)
     gguf_names = {"llama": GgufNames(LLAMA_GGUF_BLOCK, permuted_qk=True), "qwen2": LLAMA_GGUF_NAMES,
-                  "qwen3": LLAMA_GGUF_NAMES}
+                  "qwen3": LLAMA_GGUF_NAMES, "mistral3": GgufNames(LLAMA_GGUF_BLOCK, permuted_qk=True)}
     mlp_factory = LlamaMLP  # (cfg, layer, packed) -> the layer's MLP; MoE families put their experts here
     model_class = DecoderModel
 

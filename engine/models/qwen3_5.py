@@ -16,7 +16,7 @@ import torch
 
 from engine.config.model import ModelConfig
 from engine.models.qwen3_5_vision import Qwen3_5VisionTower
-from engine.models.qwen3_next import MTP_PREFIX, SHARED_EXPERT_INFIXES, Qwen3NextForCausalLM
+from engine.models.qwen3_next import HYBRID_GGUF_NAMES, MTP_PREFIX, SHARED_EXPERT_INFIXES, Qwen3NextForCausalLM
 from engine.models.weights import WeightsMapper
 
 TEXT_MAPPER = WeightsMapper(skipped_prefixes=(MTP_PREFIX,), renamed_infixes=SHARED_EXPERT_INFIXES)
@@ -33,6 +33,7 @@ VL_TEXT_ONLY_MAPPER = WeightsMapper(
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
     split_projections = True
     weights_mapper = TEXT_MAPPER
+    gguf_names = {"qwen35": HYBRID_GGUF_NAMES}
 
 
 class Qwen3_5VisionLanguage:
@@ -63,6 +64,8 @@ class Qwen3_5ForConditionalGeneration(Qwen3_5VisionLanguage, Qwen3_5ForCausalLM)
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
     """Every layer's MLP is the routed block with a gated shared expert (ModelConfig.moe)."""
+
+    gguf_names = {"qwen35moe": HYBRID_GGUF_NAMES}
 
 
 class Qwen3_5MoeForConditionalGeneration(Qwen3_5VisionLanguage, Qwen3_5MoeForCausalLM):

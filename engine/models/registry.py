@@ -126,12 +126,13 @@ ARCHITECTURES: dict[str, Architecture] = {
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # llama.cpp's `general.architecture` of a GGUF file -> the architecture above that serves it (each family file
-# declares its GGUF tensor names beside its packed-module mapping). Mistral's GGUFs say "llama".
+# declares its GGUF tensor names beside its packed-module mapping). Mistral's GGUFs say "llama", Mistral-Small-3.x's
+# text model (converted from Mistral3ForConditionalGeneration) "mistral3": a Llama block either way.
 GGUF_ARCHITECTURES = {
-    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-    "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM", "gemma3": "Gemma3ForCausalLM",
-    "phi3": "Phi3ForCausalLM",
-    "gpt-oss": "GptOssForCausalLM",
+    "llama": "LlamaForCausalLM", "mistral3": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM", "qwen3moe": "Qwen3MoeForCausalLM", "gemma2": "Gemma2ForCausalLM",
+    "gemma3": "Gemma3ForCausalLM", "phi3": "Phi3ForCausalLM", "gpt-oss": "GptOssForCausalLM",
+    "qwen3next": "Qwen3NextForCausalLM", "qwen35": "Qwen3_5ForCausalLM", "qwen35moe": "Qwen3_5MoeForCausalLM",
 }
 
 

@@ -11,7 +11,7 @@ loaded twice, or one never loaded is an error that names it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
@@ -72,17 +72,25 @@ class GgufNames:
     skipped: tuple[str, ...] = ("rope_freqs.weight",)
     permuted_qk: bool = False  # Llama: q/k rows interleaved for llama.cpp's RoPE
     norm_offset: float = 0.0  # Gemma: every norm weight stored as 1 + w
-    bare: tuple[str, ...] = ()  # block names whose `.weight` is a bare parameter of ours (gpt-oss's attn_sinks)
+    # block names that are a bare parameter of ours, with their `.weight`/`.bias` leaf or none (gpt-oss's
+    # attn_sinks.weight, the DeltaNet's ssm_a)
+    bare: tuple[str, ...] = ()
+    # the family's own converter edits, undone per tensor after the renaming: (our name, tensor, ModelConfig) ->
+    # (name, tensor) pairs (the hybrids' DeltaNet tensors, engine/models/qwen3_next.py)
+    edit: Callable[[str, Any, Any], Iterable[tuple[str, Any]]] | None = None
 
     def map(self, name: str) -> str | None:
         """Our name for GGUF tensor `name`, None for a skipped one; a ValueError for a name nobody expects."""
         if name in self.skipped:
             return None
-        stem, _, leaf = name.rpartition(".")
-        parts = stem.split(".")
-        if len(parts) == 3 and parts[0] == "blk" and parts[2] in self.blocks:
+        parts = name.split(".")
+        if parts[0] == "blk" and len(parts) in (3, 4) and parts[2] in self.blocks:
             ours = f"model.layers.{parts[1]}.{self.blocks[parts[2]]}"
-            return ours if parts[2] in self.bare else f"{ours}.{leaf}"
+            if parts[2] in self.bare:
+                return ours
+            if len(parts) == 4:
+                return f"{ours}.{parts[3]}"
+        stem, _, leaf = name.rpartition(".")
         if stem in self.top:
             return f"{self.top[stem]}.{leaf}"
         raise ValueError(f"GGUF tensor {name!r} has no counterpart in this model family")

@@ -4,10 +4,11 @@ Each part of the file is mapped copy-on-write (numpy memmap, mode "c"), so a ten
 the operating system pages in what the model's parameters copy from it, and the file is never read into memory
 whole. Names come from the family's `gguf_names` for the file's architecture (engine/models/weights.GgufNames);
 the converter's edits are undone on the way: Llama's q/k rows are put back in HF's rotate-half order (a row
-permutation, so quantized rows move as bytes), Gemma's norms get their stored 1 + w back to w. Float tensors
-(F32/F16/BF16) come as tensors; quantized ones as GgufWeight, kept in their blocks by the layers that can
-(engine/quantization/gguf/), dequantized by the loader for the others. The header was checked when the config
-was read (engine/config/gguf_file.py): types, splits and sizes.
+permutation, so quantized rows move as bytes), Gemma's norms get their stored 1 + w back to w, and a family's own
+`edit` undoes the rest (the hybrids' DeltaNet tensors); the MTP layers a converter appends after the target's
+(`blk.N`, N >= layers) are skipped. Float tensors (F32/F16/BF16) come as tensors; quantized ones as GgufWeight,
+kept in their blocks by the layers that can (engine/quantization/gguf/), dequantized by the loader for the others.
+The header was checked when the config was read (engine/config/gguf_file.py): types, splits and sizes.
 """
 from __future__ import annotations
 
@@ -40,6 +41,8 @@ def iterate_gguf_weights(path: str | Path, model: nn.Module) -> Iterator[tuple[s
     cfg = model.config
     maps = {file: np.memmap(file, dtype=np.uint8, mode="c") for file in header.files}
     for info in header.tensors.values():
+        if _nextn_block(info.name, cfg.num_layers):  # the MTP head's blocks follow the target's: not loaded here
+            continue
         name = names.map(info.name)
         if name is None:
             continue
@@ -49,7 +52,16 @@ def iterate_gguf_weights(path: str | Path, model: nn.Module) -> Iterator[tuple[s
             tensor = unpermute_rows(tensor, heads)
         if names.norm_offset and name.endswith("norm.weight"):
             tensor = tensor.to(torch.float32) - names.norm_offset
-        yield name, tensor
+        if names.edit is None:
+            yield name, tensor
+        else:
+            yield from names.edit(name, tensor, cfg)
+
+
+def _nextn_block(name: str, num_layers: int) -> bool:
+    """`blk.N.*` with N past the target's layers: llama.cpp's converter appends the MTP (nextn) layers there."""
+    parts = name.split(".")
+    return parts[0] == "blk" and parts[1].isdigit() and int(parts[1]) >= num_layers
 
 
 def gguf_tensor(info: GgufTensorInfo, mapping: np.memmap) -> torch.Tensor | GgufWeight:
