@@ -191,3 +191,26 @@ def test_gpt_oss_mxfp4_experts_split_along_their_blocks(tmp_path):
                           intermediate_size=64)
     prompts = make_prompts(400)[:2]
     assert engine_continuations(path, prompts, tensor_parallel_size=2) == engine_continuations(path, prompts)
+
+
+def test_cpu_dequant_cache_keeps_float_copies_within_its_budget(tmp_path):
+    """--cpu-dequant-cache: layers dequantized once at start, in the model's order while the budget lasts, and
+    the same ids as dequantizing per call; the blocks stay (the copies are beside them). Default: no copies."""
+    from engine.layers.embedding import ParallelLMHead
+    from engine.layers.linear import LinearBase
+    path = tiny(tmp_path, "llama", "Q8_0")
+    prompts = make_prompts(400)[:2]
+
+    def copies(llm) -> list[bool]:
+        layers = [m for m in llm.engine.runner.model.modules() if isinstance(m, (LinearBase, ParallelLMHead))]
+        assert all(m.weight.dtype == torch.uint8 for m in layers)
+        return [m.dequantized is not None for m in layers]
+
+    params = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    runs = {}
+    for gib in (0.0, 64 * 64 * 4 * 5 / 2**30, 1.0):  # none, the first few layers (80 KiB), all
+        llm = LLM(str(path), device="cpu", max_model_len=256, cpu_dequant_cache=gib)
+        runs[gib] = copies(llm), [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 2, use_tqdm=False)]
+    (none, base), (some, ids_some), (every, ids_all) = runs.values()
+    assert not any(none) and all(every) and 0 < sum(some) < len(some)
+    assert base == ids_some == ids_all

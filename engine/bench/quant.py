@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from engine.bench.random_model import make_random_llama
 from engine.bench.workload import sharegpt_like
@@ -75,16 +74,9 @@ def write_quantized(src: Path, dst: Path, method: str) -> Path:
 
 
 def cache_dequantized(model: torch.nn.Module) -> int:
-    """Bench only: give every quantized linear a float copy of its matrix, dequantized once; bytes added."""
-    from engine.layers.linear import LinearBase
-    from engine.quantization.methods import UnquantizedLinearMethod
-    added = 0
-    for module in model.modules():
-        if isinstance(module, LinearBase) and not isinstance(module.method, UnquantizedLinearMethod):
-            weight = module.dequantized_weight(torch.float32)
-            module.method.apply = lambda layer, x, bias, w=weight: F.linear(x, w, bias)
-            added += weight.numel() * weight.element_size()
-    return added
+    """Every quantized linear's matrix dequantized once, as --cpu-dequant-cache keeps them; bytes added."""
+    from engine.layers.linear import keep_dequantized
+    return keep_dequantized(model, float("inf"), torch.float32)
 
 
 def run(path: Path, requests, max_model_len: int, cached: bool = False, **engine_args) -> tuple[float, int]:

@@ -94,6 +94,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("compile_cpu_forward", bool, False, "On the CPU: run the model's forward through torch.compile, attention "
          "eager between the compiled pieces (fewer, fused ops per step for small models); the first steps wait for "
          "the compile, about a minute on two cores", "engine", gui=False),
+    Flag("cpu_dequant_cache", float, 0.0, "On the CPU: GiB of float copies of quantized (GGUF, GPTQ, ...) linear "
+         "weights, dequantized once at start, layer by layer while the budget lasts, so those layers multiply as "
+         "fast as float ones; 0 (default) keeps every weight only in its blocks, dequantized on each call",
+         "engine", gui=False, minimum=0.0),
     Flag("block_size", int, 16, "Tokens per KV-cache block", "cache", (8, 16, 32, 64)),
     Flag("gpu_memory_utilization", float, 0.9, "Fraction of each card's memory the engine may use", "cache",
          minimum=0.05, maximum=1.0),
@@ -224,6 +228,7 @@ class EngineConfig:
     attention_backend: str = "auto"
     async_scheduling: bool = False
     compile_cpu_forward: bool = False
+    cpu_dequant_cache: float = 0.0
     speculative_config: str | dict | None = None
     block_size: int = 16
     gpu_memory_utilization: float = 0.9
@@ -297,6 +302,9 @@ class EngineConfig:
         if self.compile_cpu_forward and self.tensor_parallel_size != 1:
             raise ValueError("--compile-cpu-forward is not supported yet with --tensor-parallel-size > 1 (its CPU "
                              "collectives run eager); leave one of them out")
+        if self.cpu_dequant_cache and self.tensor_parallel_size != 1:
+            raise ValueError("--cpu-dequant-cache is not supported yet with --tensor-parallel-size > 1; leave one of "
+                             "them out")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("--api-key is empty or blank, which no client could send; give a real key, or leave "
                              "the flag out to serve without one")

@@ -64,8 +64,18 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    dequantized: torch.Tensor | None = None  # a GGUF head's float copy, kept under --cpu-dequant-cache
+
+    def is_quantized(self) -> bool:
+        return self.weight.gguf_type is not None
+
+    def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize_gguf(self.weight, self.weight.gguf_type, dtype)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.weight.gguf_type is None:
+        if self.dequantized is not None:
+            logits = F.linear(hidden, self.dequantized)
+        elif self.weight.gguf_type is None:
             logits = F.linear(hidden, self.weight)
         elif hidden.is_cuda:
             from kernels.triton_gguf import gguf_linear_triton

@@ -11,11 +11,12 @@ and input dims, so the same loaders slice float and packed weights. With one ran
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel_state import all_reduce, divide, get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
-from engine.quantization.methods import linear_method
+from engine.quantization.methods import UnquantizedLinearMethod, linear_method
 
 
 def checkpoint_modules(packed_modules_mapping: dict, stacked: str) -> tuple[str, ...]:
@@ -41,7 +42,14 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
 
+    dequantized: torch.Tensor | None = None  # a quantized layer's float copy, kept under --cpu-dequant-cache
+
+    def is_quantized(self) -> bool:
+        return not isinstance(self.method, UnquantizedLinearMethod)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.dequantized is not None:
+            return F.linear(x, self.dequantized, self.bias)
         return self.method.apply(self, x, self.bias)
 
     shard_ids: tuple = (None,)  # the checkpoint matrices stacked in this layer, as the loader names them
@@ -209,3 +217,21 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x, self.bias)
         return all_reduce(out) if self.reduce_results else out
+
+
+def keep_dequantized(model: nn.Module, budget_bytes: float, dtype: torch.dtype) -> int:
+    """Float copies of quantized linears' weights (`dequantized`; a GGUF LM head's too), in the model's order
+    while `budget_bytes` lasts; the bytes they hold. On the CPU a quantized layer otherwise dequantizes its
+    blocks on every call (GGUF's run 3-7x slower than float there), while the blocks stay the only copy."""
+    held = 0
+    for module in model.modules():
+        if not hasattr(module, "dequantized") or not module.is_quantized():
+            continue
+        if module.dequantized is None:
+            weight = module.dequantized_weight(dtype)
+            nbytes = weight.numel() * weight.element_size()
+            if held + nbytes > budget_bytes:
+                continue
+            module.dequantized = weight
+        held += module.dequantized.numel() * module.dequantized.element_size()
+    return held

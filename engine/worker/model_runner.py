@@ -24,6 +24,7 @@ from engine.core.scheduler import ScheduledSeq
 from engine.distributed.parallel_state import get_tp_rank
 from engine.kv.kv_cache_interface import model_kv_layout
 from engine.layers.fused_moe.expert_load import ExpertLoad
+from engine.layers.linear import keep_dequantized
 from engine.models.registry import model_class
 from engine.platform.devices import indexed_device
 from engine.platform.host_copies import to_device
@@ -208,6 +209,10 @@ class ModelRunner:
         """After the KV cache exists: capture the planned graphs and compile the Triton variants
         (GraphDispatcher.capture)."""
         self.dispatch.capture()
+
+    def keep_dequantized(self, budget_bytes: float) -> int:
+        """--cpu-dequant-cache: float copies of the quantized linears' weights within the budget; bytes held."""
+        return keep_dequantized(self.model, budget_bytes, self.dtype)
 
     def compile_cpu_forward(self) -> None:
         """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""
