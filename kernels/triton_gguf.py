@@ -19,8 +19,8 @@ import triton
 import triton.language as tl
 
 from kernels.gguf_torch import IQ4_VALUES, block_format
-from kernels.triton_quant_linear import GEMM_BLOCK_M, GEMM_BLOCK_N, GEMV_BLOCK_N, QuantKernel, choose_quant_kernel, \
-    gemv_splits
+from kernels.triton_quant_linear import (GEMM_BLOCK_M, GEMM_BLOCK_N, GEMV_BLOCK_N, QuantKernel, dot_acc, gemm_program,
+                                         gemv_acc, gemv_program, launch_linear, load_rows, store_tile)
 
 GGUF_BLOCK_K = 32  # one K-quant sub-block; every format's scales are constant over an aligned 32
 
@@ -110,47 +110,28 @@ def gguf_tile(w_ptr, table_ptr, offs_k, offs_n, K, N, stride_wn, GGML_TYPE: tl.c
 def gguf_gemv_kernel(x_ptr, w_ptr, table_ptr, partial_ptr, M, N, K, k_per_split, stride_xm, stride_wn,
                      GGML_TYPE: tl.constexpr, TYPE_SIZE: tl.constexpr, USE_DOT: tl.constexpr, IEEE_FP32: tl.constexpr,
                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n, split = tl.program_id(0), tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_start = split * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    offs_m, offs_n, split, k_start, k_end = gemv_program(k_per_split, K, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_end), other=0.0)
+        x = load_rows(x_ptr, offs_m, offs_k, stride_xm, M, k_end)
         w = gguf_tile(w_ptr, table_ptr, offs_k, offs_n, k_end, N, stride_wn, GGML_TYPE, TYPE_SIZE)  # once, all rows
-        if USE_DOT:
-            if IEEE_FP32:
-                acc = tl.dot(x, w.to(x.dtype), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, w.to(x.dtype), acc)
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(partial_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
+        acc = gemv_acc(x, w, acc, USE_DOT, IEEE_FP32)
+    store_tile(partial_ptr + split * M * N, acc, offs_m, offs_n, N, M, N)
 
 
 @triton.jit(do_not_specialize=["M"])
 def gguf_gemm_kernel(x_ptr, w_ptr, table_ptr, out_ptr, M, N, K, stride_xm, stride_om, stride_wn,
                      GGML_TYPE: tl.constexpr, TYPE_SIZE: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n = gemm_program(BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        a = load_rows(x_ptr, offs_m, offs_k, stride_xm, M, K)
         w = gguf_tile(w_ptr, table_ptr, offs_k, offs_n, K, N, stride_wn, GGML_TYPE, TYPE_SIZE).to(a.dtype)
-        if IEEE_FP32:  # fp32 activations: no TF32 rounding, so the result matches the torch reference
-            acc = tl.dot(a, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, w, acc)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc = dot_acc(a, w, acc, IEEE_FP32)
+    store_tile(out_ptr, acc, offs_m, offs_n, stride_om, M, N)
 
 
 def gguf_linear_triton(x: torch.Tensor, weight: torch.Tensor, ggml_type: int, bias: torch.Tensor | None = None,
@@ -163,27 +144,15 @@ def gguf_linear_triton(x: torch.Tensor, weight: torch.Tensor, ggml_type: int, bi
     if weight.shape[1] * fmt.block_size != k * fmt.type_size or weight.stride(1) != 1:
         raise ValueError(f"GGUF {fmt.name} weight of {tuple(weight.shape)} bytes (row stride {weight.stride(0)}) does "
                          f"not hold rows of {k} weights")
-    x2 = x.reshape(-1, k).contiguous()
-    m = x2.shape[0]
     table = iq4_table(x.device)
     common = dict(GGML_TYPE=ggml_type, TYPE_SIZE=fmt.type_size, IEEE_FP32=x.dtype == torch.float32)
-    kernel = kernel or choose_quant_kernel(m)
-    stride_xm = x2.stride(0) if m > 1 else k
-    if kernel.name == "gemv":
-        splits = gemv_splits(n, k, m, fmt.type_size * 8 // fmt.block_size or 4)
-        k_per_split = triton.cdiv(triton.cdiv(k, splits), GGUF_BLOCK_K) * GGUF_BLOCK_K
-        splits = triton.cdiv(k, k_per_split)
-        partial = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(n, GEMV_BLOCK_N), splits)
+
+    def gemv(grid, x2, partial, m, k_per_split, stride_xm, kernel):
         gguf_gemv_kernel[grid](x2, weight, table, partial, m, n, k, k_per_split, stride_xm, weight.stride(0),
                                USE_DOT=kernel.use_dot, BLOCK_M=kernel.block_m, BLOCK_N=GEMV_BLOCK_N,
                                BLOCK_K=GGUF_BLOCK_K, **common)
-        out = (partial[0] if splits == 1 else partial.sum(0)).to(x.dtype)
-    else:
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(m, GEMM_BLOCK_M), triton.cdiv(n, GEMM_BLOCK_N))
+
+    def gemm(grid, x2, out, m, stride_xm):
         gguf_gemm_kernel[grid](x2, weight, table, out, m, n, k, stride_xm, out.stride(0), weight.stride(0),
                                BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GGUF_BLOCK_K, **common)
-    if bias is not None:
-        out += bias
-    return out.reshape(*x.shape[:-1], n)
+    return launch_linear(x, n, fmt.type_size * 8 // fmt.block_size or 4, GGUF_BLOCK_K, kernel, gemv, gemm, bias)

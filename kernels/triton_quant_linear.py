@@ -83,6 +83,57 @@ def dequant_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_k, offs_n, k_end,
     return (codes - zero.to(tl.int32)).to(tl.float32) * scale
 
 
+@triton.jit
+def gemv_program(k_per_split, K, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A GEMV program's rows (every row of the batch), output columns, K slice and its [k_start, k_end)."""
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    k_start = split * k_per_split
+    return (tl.arange(0, BLOCK_M), pid_n * BLOCK_N + tl.arange(0, BLOCK_N), split, k_start,
+            tl.minimum(k_start + k_per_split, K))
+
+
+@triton.jit
+def gemm_program(BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A GEMM program's M x N tile: its rows and output columns."""
+    return tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M), tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+
+
+@triton.jit
+def load_rows(x_ptr, offs_m, offs_k, stride_xm, M, k_end):
+    """The activation tile [BLOCK_M, BLOCK_K]: rows offs_m (< M), columns offs_k (< k_end), zeros outside."""
+    return tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                   mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_end), other=0.0)
+
+
+@triton.jit
+def dot_acc(a, w, acc, IEEE_FP32: tl.constexpr):
+    """acc + a @ w on the tensor cores; fp32 activations without TF32 rounding, so the result matches the torch
+    reference."""
+    if IEEE_FP32:
+        acc = tl.dot(a, w, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(a, w, acc)
+    return acc
+
+
+@triton.jit
+def gemv_acc(x, w, acc, USE_DOT: tl.constexpr, IEEE_FP32: tl.constexpr):
+    """acc + x @ w for a decode tile whose float32 weights serve every row: tl.dot with the rows padded to a
+    16-row tile, or CUDA-core FMAs for a few rows."""
+    if USE_DOT:
+        acc = dot_acc(x, w.to(x.dtype), acc, IEEE_FP32)
+    else:
+        acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
+    return acc
+
+
+@triton.jit
+def store_tile(ptr, acc, offs_m, offs_n, stride_m, M, N):
+    """The [BLOCK_M, BLOCK_N] tile into rows offs_m (< M) and columns offs_n (< N), in the pointer's dtype."""
+    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+    tl.store(ptr + offs_m[:, None] * stride_m + offs_n[None, :], acc.to(ptr.dtype.element_ty), mask=mask)
+
+
 # M (the batch's rows) and k_per_split change from step to step: no specialisation on their values, so a new
 # batch size never compiles a new variant (the row tile BLOCK_M is the only row-dependent choice).
 @triton.jit(do_not_specialize=["M", "k_per_split"])
@@ -91,28 +142,16 @@ def quant_gemv_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, partial_pt
                       GROUP: tl.constexpr, HAS_G_IDX: tl.constexpr, WEIGHT_FP8: tl.constexpr,
                       USE_DOT: tl.constexpr, IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr,
                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_n, split = tl.program_id(0), tl.program_id(1)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    k_start = split * k_per_split
-    k_end = tl.minimum(k_start + k_per_split, K)
+    offs_m, offs_n, split, k_start, k_end = gemv_program(k_per_split, K, BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(k_start, k_end, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        x = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < k_end), other=0.0)
+        x = load_rows(x_ptr, offs_m, offs_k, stride_xm, M, k_end)
         # Loaded and dequantized once, then applied to every row of the batch.
         w = dequant_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_k, offs_n, k_end, N, stride_wk, stride_wn,
                          stride_sg, stride_zg, BITS, GROUP, HAS_G_IDX, WEIGHT_FP8)
-        if USE_DOT:
-            if IEEE_FP32:
-                acc = tl.dot(x, w.to(x.dtype), acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, w.to(x.dtype), acc)
-        else:
-            acc += tl.sum(x.to(tl.float32)[:, :, None] * w[None, :, :], axis=1)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(partial_ptr + (split * M + offs_m[:, None]) * N + offs_n[None, :], acc, mask=mask)
+        acc = gemv_acc(x, w, acc, USE_DOT, IEEE_FP32)
+    store_tile(partial_ptr + split * M * N, acc, offs_m, offs_n, N, M, N)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -120,22 +159,15 @@ def quant_gemm_kernel(x_ptr, w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, out_ptr, M
                       stride_wk, stride_wn, stride_sg, stride_zg, BITS: tl.constexpr, GROUP: tl.constexpr,
                       HAS_G_IDX: tl.constexpr, WEIGHT_FP8: tl.constexpr, IEEE_FP32: tl.constexpr,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m, offs_n = gemm_program(BLOCK_M, BLOCK_N)
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         offs_k = k0 + tl.arange(0, BLOCK_K)
-        a = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                    mask=(offs_m[:, None] < M) & (offs_k[None, :] < K), other=0.0)
+        a = load_rows(x_ptr, offs_m, offs_k, stride_xm, M, K)
         w = dequant_tile(w_ptr, scales_ptr, zeros_ptr, g_idx_ptr, offs_k, offs_n, K, N, stride_wk, stride_wn,
                          stride_sg, stride_zg, BITS, GROUP, HAS_G_IDX, WEIGHT_FP8).to(a.dtype)
-        if IEEE_FP32:  # fp32 activations: no TF32 rounding, so the result matches the torch reference
-            acc = tl.dot(a, w, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(a, w, acc)
-    mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    tl.store(out_ptr + offs_m[:, None] * stride_om + offs_n[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+        acc = dot_acc(a, w, acc, IEEE_FP32)
+    store_tile(out_ptr, acc, offs_m, offs_n, stride_om, M, N)
 
 
 def gemv_splits(n: int, k: int, rows: int, weight_bits: int, target_programs: int = 256) -> int:
@@ -154,9 +186,7 @@ def quant_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
     """x [..., K] @ W.T for a packed int weight ([K / pack, N] words) or an FP8 weight ([N, K] bytes).
 
     `kernel` overrides `choose_quant_kernel` (the benchmark times both kernels at every row count)."""
-    k = x.shape[-1]
-    x2 = x.reshape(-1, k).contiguous()
-    m, n = x2.shape[0], out_features
+    k, n = x.shape[-1], out_features
     zeros = zeros if zeros is not None else scales  # unused by the FP8 branch, any pointer will do
     strides_sz = (scales.stride(0), zeros.stride(0))
     if weight_fp8:
@@ -173,25 +203,42 @@ def quant_linear_triton(x: torch.Tensor, weight: torch.Tensor, scales: torch.Ten
     common = dict(BITS=bits, GROUP=group_size, HAS_G_IDX=g_idx is not None, WEIGHT_FP8=weight_fp8,
                   IEEE_FP32=x.dtype == torch.float32)
     strides = (stride_wk, stride_wn, *strides_sz)
+
+    def gemv(grid, x2, partial, m, k_per_split, stride_xm, kernel):
+        quant_gemv_kernel[grid](x2, weight, scales, zeros, g_idx_arg, partial, m, n, k, k_per_split, stride_xm,
+                                *strides, USE_DOT=kernel.use_dot, BLOCK_M=kernel.block_m, BLOCK_N=GEMV_BLOCK_N,
+                                BLOCK_K=GEMV_BLOCK_K, **common)
+
+    def gemm(grid, x2, out, m, stride_xm):
+        quant_gemm_kernel[grid](x2, weight, scales, zeros, g_idx_arg, out, m, n, k, stride_xm, out.stride(0),
+                                *strides, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, **common)
+    return launch_linear(x, n, bits, GEMV_BLOCK_K, kernel, gemv, gemm, bias)
+
+
+def launch_linear(x: torch.Tensor, n: int, weight_bits: int, gemv_block_k: int, kernel: QuantKernel | None,
+                  gemv, gemm, bias: torch.Tensor | None) -> torch.Tensor:
+    """The launch every weight format shares (packed ints and FP8 here, GGUF blocks in kernels/triton_gguf.py):
+    x as [M, K] rows, the kernel `choose_quant_kernel` picks (or `kernel`), the GEMV's K slices (whole
+    `gemv_block_k`s) summed in fp32 afterwards or the GEMM's tiles, the bias, x's leading dims back. `gemv(grid,
+    x2, partial, m, k_per_split, stride_xm, kernel)` and `gemm(grid, x2, out, m, stride_xm)` launch the format's
+    kernels."""
+    k = x.shape[-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
     kernel = kernel or choose_quant_kernel(m)
     # A one-row view may carry any row stride (torch calls it contiguous): pass K, so it is no new variant.
     stride_xm = x2.stride(0) if m > 1 else k
     if kernel.name == "gemv":
         assert kernel.block_m >= m, f"GEMV row tile {kernel.block_m} cannot hold {m} rows"
-        splits = gemv_splits(n, k, m, bits)
-        k_per_split = triton.cdiv(triton.cdiv(k, splits), GEMV_BLOCK_K) * GEMV_BLOCK_K
+        splits = gemv_splits(n, k, m, weight_bits)
+        k_per_split = triton.cdiv(triton.cdiv(k, splits), gemv_block_k) * gemv_block_k
         splits = triton.cdiv(k, k_per_split)
         partial = torch.empty(splits, m, n, dtype=torch.float32, device=x.device)
-        grid = (triton.cdiv(n, GEMV_BLOCK_N), splits)
-        quant_gemv_kernel[grid](x2, weight, scales, zeros, g_idx_arg, partial, m, n, k, k_per_split, stride_xm,
-                                *strides, USE_DOT=kernel.use_dot, BLOCK_M=kernel.block_m, BLOCK_N=GEMV_BLOCK_N,
-                                BLOCK_K=GEMV_BLOCK_K, **common)
+        gemv((triton.cdiv(n, GEMV_BLOCK_N), splits), x2, partial, m, k_per_split, stride_xm, kernel)
         out = (partial[0] if splits == 1 else partial.sum(0)).to(x.dtype)
     else:
         out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(m, GEMM_BLOCK_M), triton.cdiv(n, GEMM_BLOCK_N))
-        quant_gemm_kernel[grid](x2, weight, scales, zeros, g_idx_arg, out, m, n, k, stride_xm, out.stride(0),
-                                *strides, BLOCK_M=GEMM_BLOCK_M, BLOCK_N=GEMM_BLOCK_N, BLOCK_K=GEMM_BLOCK_K, **common)
+        gemm((triton.cdiv(m, GEMM_BLOCK_M), triton.cdiv(n, GEMM_BLOCK_N)), x2, out, m, stride_xm)
     if bias is not None:
         out += bias
     return out.reshape(*x.shape[:-1], n)
