@@ -65,6 +65,20 @@ def test_converted_file_serves_as_its_folder(converted, arch):
     assert len({tuple(o) for o in ours}) > 1 and any(len(set(o)) > 2 for o in ours)  # not a degenerate model
 
 
+@pytest.mark.parametrize("arch", ["qwen3_5", "mistral3-vl"])
+def test_tokenizer_and_template_from_the_converted_file(converted, arch):
+    from transformers import AutoTokenizer
+
+    from engine.core.tokenizer import load_tokenizer
+    folder, path = converted[arch, "f32"]
+    ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(folder)
+    for text in ("The quick brown fox.", "Les élèves étudient l'été. 🚀 <|im_start|>user\nhi<|im_end|>"):
+        assert ours.encode(text) == theirs.encode(text)
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == \
+        theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+
+
 def test_q8_0_file_serves_as_its_dequantized_copy(converted, tmp_path):
     """qwen35 at Q8_0: the DeltaNet projections keep their blocks (out_proj's tiled columns answered by the layer's
     output order, the v-head rows put back as bytes) and give exactly the ids of the same values in F32."""
