@@ -90,6 +90,18 @@ def test_q8_0_file_serves_as_its_dequantized_copy(converted, tmp_path):
     assert ours == greedy(dequantized_copy(path, tmp_path / "dequantized.gguf"))[0]
 
 
+def test_mtp_layers_of_a_converted_file_are_not_the_target(converted, tmp_path):
+    """llama.cpp's converter keeps a Qwen3.5 checkpoint's MTP head by default, as one more block (block_count + 1,
+    nextn_predict_layers 1, blk.N.nextn.*): the engine serves the N target layers and leaves that block out."""
+    _, path = converted["qwen3_5", "f32"]
+    extra = {f"blk.4.{name}.weight": np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+             for name, shape in (("nextn.eh_proj", (64, 128)), ("nextn.enorm", (64,)), ("attn_norm", (64,)))}
+    with_mtp = dequantized_copy(path, tmp_path / "mtp.gguf", tensors=extra, fields={
+        "qwen35.block_count": 5, "qwen35.attention.recurrent_layers": [True, False, True, False, False],
+        "qwen35.nextn_predict_layers": 1})
+    assert greedy(with_mtp)[0] == greedy(path)[0]
+
+
 def test_tiled_out_proj_under_tensor_parallel(monkeypatch):
     """Two ranks: out_proj's blocks can span two tiled value heads, so no rank's columns would be whole heads of its
     own; that matrix is dequantized and its columns put back grouped, and the layer reorders nothing."""
@@ -113,8 +125,9 @@ def test_tiled_out_proj_under_tensor_parallel(monkeypatch):
     assert torch.equal(loaded[:, 2 * 32:3 * 32], tiled[:, 1 * 32:2 * 32])  # g 1, j 0 <- j 0, g 1
 
 
-def dequantized_copy(path: Path, out: Path) -> Path:
-    """The GGUF at `path` with every tensor dequantized to F32 by gguf-py, metadata as it is."""
+def dequantized_copy(path: Path, out: Path, fields: dict | None = None, tensors: dict | None = None) -> Path:
+    """The GGUF at `path` with every tensor dequantized to F32 by gguf-py, metadata as it is but for `fields`
+    (key -> value of the same type; a new key an unsigned int), and `tensors` (name -> float32 array) added."""
     import gguf
     reader = gguf.GGUFReader(path)
     writer = gguf.GGUFWriter(str(out), reader.fields["general.architecture"].contents())
@@ -122,9 +135,14 @@ def dequantized_copy(path: Path, out: Path) -> Path:
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-        writer.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+        writer.add_key_value(key, (fields or {}).get(key, field.contents()), field.types[0], sub_type=sub)
+    for key, value in (fields or {}).items():
+        if key not in reader.fields:
+            writer.add_uint32(key, value)
     for t in reader.tensors:
         writer.add_tensor(t.name, np.ascontiguousarray(gguf.quants.dequantize(t.data, t.tensor_type), np.float32))
+    for name, data in (tensors or {}).items():
+        writer.add_tensor(name, data)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
