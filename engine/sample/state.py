@@ -76,6 +76,14 @@ class SamplingMetadata:
     filter_width: int | None = None
 
     @classmethod
+    def greedy(cls, num_rows: int, max_num_logprobs: int | None = None) -> "SamplingMetadata":
+        """Rows that all take the argmax, unedited: no parameter tensor, no index."""
+        return cls(num_rows, sampled_rows=None, temperature=None, generators=[], filter_rows=None, top_k=None,
+                   top_p=None, min_p=None, penalty_rows=None, repetition_penalty=None, presence_penalty=None,
+                   frequency_penalty=None, penalty_slots=None, in_prompt=None, output_counts=None, bias=None,
+                   masked=None, max_num_logprobs=max_num_logprobs)
+
+    @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
         """From the rows alone, nothing kept: a throwaway SamplingState (the same code as a step's)."""
         return SamplingState(vocab_size, device, len(rows)).metadata(rows)
@@ -110,6 +118,11 @@ def masked_tensors(rows: list[SamplingRow], device: torch.device, which: list[in
         return None
     i, t = zip(*entries)
     return to_device(torch.tensor(i), device), to_device(torch.tensor(t), device)
+
+
+def max_logprobs(rows: list[SamplingRow]) -> int | None:
+    """The widest top log-probs a row asks for; None when none asks."""
+    return max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None)
 
 
 def penalized(p) -> bool:
@@ -321,6 +334,11 @@ class SamplingState:
         state_rows, cleared, marks, counts = self.update(rows)
         self.commit(cleared, marks, counts)
         flags = self.flags[state_rows]
+        if not flags.any():  # every row greedy, unfiltered, unpenalized, unbiased: no index to build
+            meta = SamplingMetadata.greedy(len(rows), max_logprobs(rows))
+            if bitmask is not None:
+                meta.bitmask = self.stage_bitmask(bitmask)
+            return meta
         sampled = np.flatnonzero(flags[:, 0])
         filt = np.flatnonzero(flags[sampled, 1])
         pen = np.flatnonzero(flags[:, 2])
@@ -350,7 +368,7 @@ class SamplingState:
             output_counts=self.output_counts if pen else None,
             bias=bias_tensors(rows, self.device, np.flatnonzero(flags[:, 3]).tolist()),
             masked=masked_tensors(rows, self.device, np.flatnonzero(flags[:, 4]).tolist()),
-            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None),
+            max_num_logprobs=max_logprobs(rows),
             filter_width=int(self.params_np[parts[2], TOP_K].max()) if filt else None)
         if bitmask is not None:
             meta.bitmask = self.stage_bitmask(bitmask)
