@@ -16,7 +16,8 @@ filled from the whole sequence when it joins and afterwards incremented with onl
 since the last step (one scatter-add of the step's new (slot, token) pairs). The grammar bitmask of a step is
 staged through a preallocated pinned buffer into a preallocated device buffer. Every per-step index crosses
 in one packed copy, so `metadata` makes a step's `SamplingMetadata` without waiting for the card, before the
-forward.
+forward; a step of the last step's rows in the same order, none joined or rewritten (decode after decode), keeps
+those index and parameter tensors and makes only the token masks that follow the drawn tokens again.
 
 Rows and slots: a key keeps its row while it samples step after step; a key absent from a step (finished,
 preempted, a speculative verify step, waiting for its next chunk) leaves and its row and slot go on free

@@ -1,8 +1,8 @@
 """Input preparation: a scheduled batch turned into flat host arrays, and those arrays into a step's device tensors.
 
-`InputPreparer.prepare` (rank 0) lays the batch out as plain numpy over its tokens (input_ids, positions,
-slot_mapping, seq_lens, query_start_loc, logits rows, prompt-logprobs rows, pooled spans, a hybrid model's state
-slots and verify rows) and brings the persistent input batch's block tables up to date (engine/worker/input_batch.py),
+`InputPreparer.prepare` (rank 0; a step of one-token decodes alone takes the short `prepare_decodes`) lays the
+batch out as plain numpy over its tokens (input_ids, positions, slot_mapping, seq_lens, query_start_loc, logits
+rows, prompt-logprobs rows, pooled spans, a hybrid model's state slots and verify rows) and brings the persistent input batch's block tables up to date (engine/worker/input_batch.py),
 keeping the diff, so the same small `StepInputs` can go to tensor-parallel workers (engine/worker/step_inputs.py).
 On every rank `step_tables` applies that diff to its own mirror and gathers the step's tables on the device, and
 `attention_metadata` / `token_tensors` / `logits_index` copy the rest host -> device (asynchronously on a card),
