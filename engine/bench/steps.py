@@ -195,8 +195,10 @@ def count_table(rows: list[tuple[int, dict]]) -> str:
     labels = [key[:-len(" calls")] for key in rows[0][1] if key.endswith(" calls")]
     lines = ["| phase |" + "".join(f" batch {b}: calls / torch ops |" for b, _ in rows), "|---|" + "---:|" * len(rows)]
     for label in labels:
-        lines.append(f"| {label} |" + "".join(f" {c[label + ' calls']:.0f} / {c[label + ' ops']:.1f} |" for _, c in rows))
-    totals = [(sum(c[k] for k in c if k.endswith(" calls")), sum(c[k] for k in c if k.endswith(" ops"))) for _, c in rows]
+        lines.append(f"| {label} |" + "".join(f" {c[label + ' calls']:.0f} / {c[label + ' ops']:.1f} |"
+                                             for _, c in rows))
+    totals = [(sum(v for k, v in c.items() if k.endswith(" calls")), sum(v for k, v in c.items() if k.endswith(" ops")))
+              for _, c in rows]
     lines.append("| outside the model |" + "".join(f" {a:.0f} / {b:.1f} |" for a, b in totals))
     return "\n".join(lines)
 

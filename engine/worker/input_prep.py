@@ -1,15 +1,15 @@
 """Input preparation: a scheduled batch turned into flat host arrays, and those arrays into a step's device tensors.
 
-`InputPreparer.prepare` (rank 0; a step of one-token decodes alone takes the short `prepare_decodes`) lays the
-batch out as plain numpy over its tokens (input_ids, positions, slot_mapping, seq_lens, query_start_loc, logits
-rows, prompt-logprobs rows, pooled spans, a hybrid model's state slots and verify rows) and brings the persistent input batch's block tables up to date (engine/worker/input_batch.py),
-keeping the diff, so the same small `StepInputs` can go to tensor-parallel workers (engine/worker/step_inputs.py).
-On every rank `step_tables` applies that diff to its own mirror and gathers the step's tables on the device, and
-`attention_metadata` / `token_tensors` / `logits_index` copy the rest host -> device (asynchronously on a card),
-all before the forward. A vision-language step also carries its encoder work and, per prompt chunk that reaches an
-image's placeholders, which embeddings go to which token rows (`image_rows`); with Qwen's mRoPE the positions are
-the model's (engine/multimodal/mrope.py), [3, T] where a chunk holds image placeholders, else one row. It runs no
-model and decides nothing about graphs.
+`InputPreparer.prepare` (rank 0; a step of one-token decodes alone takes the short `prepare_decodes`) lays the batch
+out as plain numpy over its tokens (input_ids, positions, slot_mapping, seq_lens, query_start_loc, logits rows,
+prompt-logprobs rows, pooled spans, a hybrid model's state slots and verify rows) and brings the persistent input
+batch's block tables up to date (engine/worker/input_batch.py), keeping the diff, so the same small `StepInputs` can
+go to tensor-parallel workers (engine/worker/step_inputs.py). On every rank `step_tables` applies that diff to its own
+mirror and gathers the step's tables on the device, and `attention_metadata` / `token_tensors` / `logits_index` copy
+the rest host -> device (asynchronously on a card), all before the forward. A vision-language step also carries its
+encoder work and, per prompt chunk that reaches an image's placeholders, which embeddings go to which token rows
+(`image_rows`); with Qwen's mRoPE the positions are the model's (engine/multimodal/mrope.py), [3, T] where a chunk
+holds image placeholders, else one row. It runs no model and decides nothing about graphs.
 """
 from __future__ import annotations
 
