@@ -119,12 +119,13 @@ def count_steps(engine, num_steps: int) -> dict[str, float]:
 
 
 def measure(engine, batch: int, num_steps: int, warm_up: int, prompt_len: int, vocab: int,
-            count: bool = False) -> dict:
+            count: bool = False, sampled: bool = False) -> dict:
     """Medians over `num_steps` decode steps of `batch` sequences (after `warm_up` steps: prompts, caches); with
     `count`, Python calls and torch ops per step and phase instead (count_steps)."""
     from engine.sample.sampling_params import SamplingParams
 
-    params = SamplingParams(temperature=0, max_tokens=warm_up + 2 * num_steps + 8, ignore_eos=True)  # 2: --count
+    draw = dict(temperature=0.8, top_p=0.95, seed=0) if sampled else dict(temperature=0)
+    params = SamplingParams(**draw, max_tokens=warm_up + 2 * num_steps + 8, ignore_eos=True)  # 2: --count
     ids = [f"steps-{batch}-{i}" for i in range(batch)]
     for i, request_id in enumerate(ids):
         engine.add_request(request_id, [4 + (i * 131 + j * 17) % (vocab - 4) for j in range(prompt_len)], params)
@@ -156,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--async-scheduling", action="store_true", help="the engine's --async-scheduling")
     parser.add_argument("--compile-cpu-forward", action="store_true",
                         help="the engine's --compile-cpu-forward (compiled during the warm-up steps)")
+    parser.add_argument("--sampled", action="store_true",
+                        help="requests that draw (temperature 0.8, top-p 0.95, seeded) instead of greedy ones")
     parser.add_argument("--count", action="store_true",
                         help="count Python calls and torch ops per step and phase instead of timing (a noisy machine)")
     args = parser.parse_args(argv)
@@ -171,15 +174,16 @@ def main(argv: list[str] | None = None) -> None:
         llm = LLM(str(path), device="cpu", max_model_len=args.prompt_len + args.warm_up + 2 * args.steps + 64,
                   max_num_seqs=max(args.batch), **extra)
         vocab = llm.engine.model_config.vocab_size
-        rows = [(b, measure(llm.engine, b, args.steps, args.warm_up, args.prompt_len, vocab, args.count))
-                for b in args.batch]
+        rows = [(b, measure(llm.engine, b, args.steps, args.warm_up, args.prompt_len, vocab, args.count,
+                            args.sampled)) for b in args.batch]
+    kind = "sampled (temperature 0.8, top-p 0.95)" if args.sampled else "greedy"
     if args.count:
-        print(f"\n{path.name}: Python calls / torch ops per decode step ({args.steps} steps), outside the model's "
-              f"forward and logits\n")
+        print(f"\n{path.name}: Python calls / torch ops per {kind} decode step ({args.steps} steps), outside the "
+              f"model's forward and logits\n")
         print(count_table(rows))
         return
     phases = [p for p in HOST_PHASES if p in rows[0][1]]
-    print(f"\n{path.name}: {args.steps} decode steps per batch size after {args.warm_up} warm-up steps, "
+    print(f"\n{path.name}: {args.steps} {kind} decode steps per batch size after {args.warm_up} warm-up steps, "
           f"{args.prompt_len}-token prompts{''.join(', ' + k.replace('_', ' ') for k in extra)}; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
     print("| batch | step ms | forward ms | outside the forward ms (best) |" + "".join(f" {p} ms |" for p in phases))
