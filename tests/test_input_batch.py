@@ -241,3 +241,51 @@ def test_no_host_sync_between_the_forward_launch_and_the_sampler(tiny_weights, f
             seq.num_tokens += 1
             r.token_ids.append(9)
     assert runner.sampling_state.num_joined == 0 and runner.sampling_state.num_count_writes == 2
+
+
+@pytest.mark.parametrize("layout", list(SPECS))
+def test_a_decode_step_takes_the_short_path_to_the_same_inputs(layout):
+    """`prepare_decodes` (one-token decodes only) gives `prepare_any`'s StepInputs, field by field, step after step:
+    decodes that cross into a new block, a sequence that leaves, one whose token is still on the device."""
+    from engine.worker.input_prep import InputPreparer
+    from engine.worker.step_inputs import StepInputs
+
+    specs = SPECS[layout]
+    kv = KVCacheManager(64, BS, False, specs)
+    shape = SimpleNamespace(groups=specs, state=None)
+    short, long = (InputPreparer(shape, BS, 128, torch.device("cpu")) for _ in range(2))
+    seqs = [fake_seq([3] * n) for n in (5, 8, 2)]
+    for seq in seqs:
+        assert kv.allocate_slots(seq, seq.num_tokens)
+        seq.num_computed_tokens = seq.num_tokens - 1  # the prompt ran; its last token is the next decode's input
+    for step in range(7):
+        if step == 4:
+            seqs.pop(1)  # finished: its row is freed
+        batch = [ScheduledSeq(s, 1) for s in seqs]
+        if step == 5:  # async scheduling: the last token is on its way, fed on the device
+            seqs[0].num_computed_tokens += 1
+            batch[0].num_pending = 1
+            for prep in (short, long):
+                prep.last_sample_rows = {seqs[0].seq_id: 3}
+        assert short.plain and all(i.num_new_tokens == 1 and not i.is_prefill for i in batch)
+        edits = [dict(s.table_edits) for s in seqs]  # the KV manager's marks, read (and cleared) by each input batch
+        fast = short.prepare(batch, [(1, 2)])
+        for seq, marks in zip(seqs, edits):
+            seq.table_edits.update(marks)
+        slow = long.prepare_any(batch, [(1, 2)])
+        for name in StepInputs.__slots__:
+            a, b = getattr(fast, name), getattr(slow, name)
+            if name == "table_diff":
+                assert [(w.row, w.group, w.start, w.block_ids.tolist(), w.truncate) for w in a.writes] == \
+                    [(w.row, w.group, w.start, w.block_ids.tolist(), w.truncate) for w in b.writes]
+                assert (a.freed_rows, a.num_rows) == (b.freed_rows, b.num_rows)
+            elif isinstance(b, np.ndarray):
+                assert a.dtype == b.dtype and a.shape == b.shape and (a == b).all(), name
+            else:
+                assert a == b, name
+        for seq in seqs:  # each decode appends its token and takes the next slot
+            if step != 5 or seq is not seqs[0]:
+                seq.num_computed_tokens += 1
+            seq.token_ids.append(4)
+            seq.num_tokens = len(seq.token_ids)
+            assert kv.allocate_slots(seq, 1)

@@ -155,3 +155,36 @@ def test_bias_and_masks_walk_only_the_rows_that_ask_and_match_a_walk_of_all():
     rows[1] = SamplingRow(SamplingParams(), biased.token_ids, 2, None, [0], 10)  # new parameters: no bias now
     meta = state.metadata(rows)
     assert meta.bias is None and sorted(zip(*(t.tolist() for t in meta.masked))) == [(4, 8)]
+
+
+def test_a_step_of_the_same_rows_keeps_the_index_and_remakes_only_the_masks():
+    """Decode after decode with the same rows in the same order: the index and parameter tensors are the last
+    step's (no join, no new parameters), token masks follow the tokens, and the sampler draws what it draws from
+    metadata built from the rows alone; a new order, or new parameters, builds them again."""
+    rng = random.Random(9)
+    rows = [make_row(k, KINDS[k % len(KINDS)], rng) for k in range(5)]
+    rows.append(SamplingRow(SamplingParams(temperature=0.7, min_tokens=2, stop_token_ids=[9], logit_bias={3: 1.0}),
+                            [1, 2], 2, torch.Generator().manual_seed(4), [0], 20))
+    state = SamplingState(VOCAB, CPU)
+    first = state.metadata(rows)
+    for step in range(4):
+        for r in rows:
+            r.token_ids.append(rng.randrange(VOCAB))
+        meta = state.metadata(rows)
+        assert meta.sampled_rows is first.sampled_rows and meta.temperature is first.temperature  # kept
+        fresh = SamplingMetadata.build(rows, VOCAB, CPU)
+        assert (meta.masked is None) == (fresh.masked is None) == (step >= 1)  # min_tokens reached after 2 tokens
+        if meta.masked is not None:
+            assert all(torch.equal(a, b) for a, b in zip(meta.masked, fresh.masked))
+        logits = torch.randn(len(rows), VOCAB, generator=torch.Generator().manual_seed(step))
+        draws = []
+        for m in (meta, fresh):
+            for r in rows:
+                if r.generator is not None:
+                    r.generator.manual_seed(3)
+            draws.append(sample_on_device(logits.clone(), m, torch.Generator().manual_seed(1)))
+        assert torch.equal(draws[0].token_ids, draws[1].token_ids) and torch.equal(draws[0].logprobs, draws[1].logprobs)
+    assert state.metadata(rows[::-1]).sampled_rows is not first.sampled_rows  # another order: built again
+    rows[0] = SamplingRow(SamplingParams(temperature=0.5), rows[0].token_ids, 2, None, [0], rows[0].key)
+    again = state.metadata(rows[::-1])
+    assert state.num_rewritten == 1 and again.temperature is not None and len(again.temperature) == 5

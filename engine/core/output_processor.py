@@ -246,7 +246,8 @@ class OutputProcessor:
         if request.beam is not None:
             return self._make_beam_output(request)
         outputs = []
-        for seq in sorted(request.seqs, key=lambda s: s.index):
+        seqs = request.seqs if len(request.seqs) == 1 else sorted(request.seqs, key=lambda s: s.index)
+        for seq in seqs:
             done = seq.is_finished
             outputs.append(CompletionOutput(
                 index=seq.index, text=seq.detokenizer.visible_text(done), token_ids=seq.output_token_ids,

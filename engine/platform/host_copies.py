@@ -47,6 +47,8 @@ def host_buffer(shape: tuple[int, ...], dtype, pin: bool) -> tuple[torch.Tensor,
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A host tensor on `device` without making the host wait: through pinned memory, `non_blocking`, on a
     card (PyTorch's pinned allocator keeps the staging memory alive until the copy has run)."""
+    if device.type == "cpu":  # the tensor is there already (a `to` would still go through the dispatcher)
+        return t
     if device.type != "cuda":
         return t.to(device)
     if torch.cuda.is_available():

@@ -16,7 +16,8 @@ filled from the whole sequence when it joins and afterwards incremented with onl
 since the last step (one scatter-add of the step's new (slot, token) pairs). The grammar bitmask of a step is
 staged through a preallocated pinned buffer into a preallocated device buffer. Every per-step index crosses
 in one packed copy, so `metadata` makes a step's `SamplingMetadata` without waiting for the card, before the
-forward.
+forward; a step of the last step's rows in the same order, none joined or rewritten (decode after decode), keeps
+those index and parameter tensors and makes only the token masks that follow the drawn tokens again.
 
 Rows and slots: a key keeps its row while it samples step after step; a key absent from a step (finished,
 preempted, a speculative verify step, waiting for its next chunk) leaves and its row and slot go on free
@@ -27,7 +28,7 @@ step only. Pinned host buffers are only rewritten after the copies issued from t
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 
 import numpy as np
@@ -76,9 +77,27 @@ class SamplingMetadata:
     filter_width: int | None = None
 
     @classmethod
+    def greedy(cls, num_rows: int, max_num_logprobs: int | None = None) -> "SamplingMetadata":
+        """Rows that all take the argmax, unedited: no parameter tensor, no index."""
+        return cls(num_rows, sampled_rows=None, temperature=None, generators=[], filter_rows=None, top_k=None,
+                   top_p=None, min_p=None, penalty_rows=None, repetition_penalty=None, presence_penalty=None,
+                   frequency_penalty=None, penalty_slots=None, in_prompt=None, output_counts=None, bias=None,
+                   masked=None, max_num_logprobs=max_num_logprobs)
+
+    @classmethod
     def build(cls, rows: list[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingMetadata":
         """From the rows alone, nothing kept: a throwaway SamplingState (the same code as a step's)."""
         return SamplingState(vocab_size, device, len(rows)).metadata(rows)
+
+
+@dataclass(slots=True)
+class IndexedRows:
+    """A step's rows as the sampling state indexed them, kept for the next step if it has the same rows."""
+
+    state_rows: np.ndarray  # each row's state row, in logits order
+    meta: SamplingMetadata  # without token masks or bitmask
+    masking: list[int]  # rows that may mask tokens this step (min_tokens, bad words)
+    sampled: list[int]  # rows that draw, in meta.generators' order
 
 
 def bias_tensors(rows: list[SamplingRow], device: torch.device, which: list[int] | None = None):
@@ -110,6 +129,11 @@ def masked_tensors(rows: list[SamplingRow], device: torch.device, which: list[in
         return None
     i, t = zip(*entries)
     return to_device(torch.tensor(i), device), to_device(torch.tensor(t), device)
+
+
+def max_logprobs(rows: list[SamplingRow]) -> int | None:
+    """The widest top log-probs a row asks for; None when none asks."""
+    return max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None)
 
 
 def penalized(p) -> bool:
@@ -174,6 +198,8 @@ class SamplingState:
         # What the last `metadata` wrote (tests, the bench): rows joined, (slot, token) count increments.
         self.num_joined = 0
         self.num_count_writes = 0
+        self.num_rewritten = 0  # rows whose parameters the last `update` wrote (a new SamplingParams)
+        self.last_step: IndexedRows | None = None  # the last `metadata`'s rows, reused by a step of the same rows
         self._grow(max(num_rows, 1))
 
     # ---- rows and slots ---------------------------------------------------------------------------------
@@ -245,7 +271,7 @@ class SamplingState:
         self.fence.wait()  # the parameter table is written below: its last copy must have run
         state_rows = np.empty(len(rows), dtype=np.int64)
         cleared, marks, counts = [], _Pairs(), _Pairs()
-        self.num_joined = 0
+        self.num_joined = self.num_rewritten = 0
         for i, (key, r) in enumerate(zip(keys, rows)):
             row = self.rows.get(key)
             if row is None:
@@ -256,6 +282,7 @@ class SamplingState:
             state_rows[i] = row
             if r.params is not self.param_refs[row]:
                 self._write_params(row, r.params)
+                self.num_rewritten += 1
             slot = int(self.pen_slots[row])
             if not self.flags[row, 2]:
                 if slot >= 0:
@@ -317,10 +344,27 @@ class SamplingState:
         return self.bitmask.narrow(0, 0, n)
 
     def metadata(self, rows, bitmask: torch.Tensor | None = None):
-        """This step's SamplingMetadata for `rows` (SamplingRow, in logits order), on the device."""
+        """This step's SamplingMetadata for `rows` (SamplingRow, in logits order), on the device. A step of the last
+        step's rows in the same order, none joined or rewritten (the common decode step), keeps the last step's
+        index and parameter tensors: only the token masks, which follow the tokens drawn so far, are made again."""
         state_rows, cleared, marks, counts = self.update(rows)
         self.commit(cleared, marks, counts)
+        last = self.last_step
+        if last is None or self.num_joined or self.num_rewritten or not np.array_equal(last.state_rows, state_rows) \
+                or any(rows[i].generator is not g for i, g in zip(last.sampled, last.meta.generators)):
+            last = self.last_step = self._indexed(rows, state_rows)
+        meta = last.meta
+        if last.masking or bitmask is not None:
+            meta = replace(meta, masked=masked_tensors(rows, self.device, last.masking) if last.masking else None)
+            if bitmask is not None:
+                meta.bitmask = self.stage_bitmask(bitmask)
+        return meta
+
+    def _indexed(self, rows, state_rows: np.ndarray) -> "IndexedRows":
+        """The rows' index and parameter tensors (no token masks, no bitmask), and which rows mask tokens."""
         flags = self.flags[state_rows]
+        if not flags.any():  # every row greedy, unfiltered, unpenalized, unbiased: no index to build
+            return IndexedRows(state_rows, SamplingMetadata.greedy(len(rows), max_logprobs(rows)), [], [])
         sampled = np.flatnonzero(flags[:, 0])
         filt = np.flatnonzero(flags[sampled, 1])
         pen = np.flatnonzero(flags[:, 2])
@@ -348,10 +392,7 @@ class SamplingState:
             frequency_penalty=p_params[:, FREQUENCY] if pen else None,
             penalty_slots=pen_slot, in_prompt=self.in_prompt if pen else None,
             output_counts=self.output_counts if pen else None,
-            bias=bias_tensors(rows, self.device, np.flatnonzero(flags[:, 3]).tolist()),
-            masked=masked_tensors(rows, self.device, np.flatnonzero(flags[:, 4]).tolist()),
-            max_num_logprobs=max((r.params.logprobs for r in rows if r.params.logprobs is not None), default=None),
+            bias=bias_tensors(rows, self.device, np.flatnonzero(flags[:, 3]).tolist()), masked=None,
+            max_num_logprobs=max_logprobs(rows),
             filter_width=int(self.params_np[parts[2], TOP_K].max()) if filt else None)
-        if bitmask is not None:
-            meta.bitmask = self.stage_bitmask(bitmask)
-        return meta
+        return IndexedRows(state_rows, meta, np.flatnonzero(flags[:, 4]).tolist(), sampled)

@@ -1,15 +1,15 @@
 """Input preparation: a scheduled batch turned into flat host arrays, and those arrays into a step's device tensors.
 
-`InputPreparer.prepare` (rank 0) lays the batch out as plain numpy over its tokens (input_ids, positions,
-slot_mapping, seq_lens, query_start_loc, logits rows, prompt-logprobs rows, pooled spans, a hybrid model's state
-slots and verify rows) and brings the persistent input batch's block tables up to date (engine/worker/input_batch.py),
-keeping the diff, so the same small `StepInputs` can go to tensor-parallel workers (engine/worker/step_inputs.py).
-On every rank `step_tables` applies that diff to its own mirror and gathers the step's tables on the device, and
-`attention_metadata` / `token_tensors` / `logits_index` copy the rest host -> device (asynchronously on a card),
-all before the forward. A vision-language step also carries its encoder work and, per prompt chunk that reaches an
-image's placeholders, which embeddings go to which token rows (`image_rows`); with Qwen's mRoPE the positions are
-the model's (engine/multimodal/mrope.py), [3, T] where a chunk holds image placeholders, else one row. It runs no
-model and decides nothing about graphs.
+`InputPreparer.prepare` (rank 0; a step of one-token decodes alone takes the short `prepare_decodes`) lays the batch
+out as plain numpy over its tokens (input_ids, positions, slot_mapping, seq_lens, query_start_loc, logits rows,
+prompt-logprobs rows, pooled spans, a hybrid model's state slots and verify rows) and brings the persistent input
+batch's block tables up to date (engine/worker/input_batch.py), keeping the diff, so the same small `StepInputs` can
+go to tensor-parallel workers (engine/worker/step_inputs.py). On every rank `step_tables` applies that diff to its own
+mirror and gathers the step's tables on the device, and `attention_metadata` / `token_tensors` / `logits_index` copy
+the rest host -> device (asynchronously on a card), all before the forward. A vision-language step also carries its
+encoder work and, per prompt chunk that reaches an image's placeholders, which embeddings go to which token rows
+(`image_rows`); with Qwen's mRoPE the positions are the model's (engine/multimodal/mrope.py), [3, T] where a chunk
+holds image placeholders, else one row. It runs no model and decides nothing about graphs.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from engine.sample.pooling import pooling_spans
 from engine.sample.prompt_logprobs import prompt_positions
 from engine.spec_decode.state_rollback import VerifyStates
 from engine.worker.input_batch import InputBatch
-from engine.worker.step_inputs import StepInputs, logits_rows, query_tokens
+from engine.worker.step_inputs import PENDING_TOKEN, StepInputs, logits_rows, query_tokens
 from kernels.gated_delta_chunks import ChunkTable, chunk_arrays
 
 
@@ -44,15 +44,51 @@ class InputPreparer:
         self.input_batch = InputBatch(len(layout.groups), cdiv(max_model_len, block_size), device)
         self.verify_states = VerifyStates()  # speculative verify rows of a hybrid model (rank 0 plans them)
         self.last_sample_rows: dict[int, int] = {}  # seq_id -> its row among the last launched step's samples
+        # Whether a step of one-token decodes can take `prepare_decodes`: nothing pooled, no state slots, one
+        # position stream (a decode then carries no prompt rows, image rows or key limits).
+        self.plain = layout.state is None and not pooling and not mrope
 
     def prepare(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
                 state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
         """Flat, device-free inputs for the whole batch, with the row of each sampling sequence's last token; a
         decode whose input token is still on the device (async scheduling) gets its row among the last launched
-        step's samples (`last_sample_rows`, which the runner keeps), and the device fills it in.
+        step's samples (`last_sample_rows`, which the runner keeps), and the device fills it in. A step of
+        one-token decodes alone (the common step) takes `prepare_decodes`, every other `prepare_any`."""
+        if self.plain and not encoder and all(item.num_new_tokens == 1 and not item.is_prefill for item in batch):
+            return self.prepare_decodes(batch, block_copies)
+        return self.prepare_any(batch, block_copies, state_copies, encoder)
 
-        The input batch takes only what changed in the block tables; positions, slots and offsets are numpy
-        over the batch, the slots read from the input batch's host tables."""
+    def prepare_decodes(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = ()) -> StepInputs:
+        """`prepare_any`'s inputs for one-token decodes (no drafts, no prompt chunk), from each sequence's position
+        alone: token row i is sequence i, its position its computed tokens, and every row samples. A handful of
+        numpy calls whatever the batch (issue 39: batch-1 host time)."""
+        n, bs, table = len(batch), self.block_size, self.input_batch
+        rows, diff = table.update(batch)
+        positions = table.num_computed[rows]  # `update` wrote each row's computed tokens
+        block_index, offset = np.divmod(positions, bs)
+        slots = table.host_np[:, rows, block_index].astype(np.int64) * bs + offset  # [groups, n]
+        input_ids = np.fromiter((PENDING_TOKEN if item.num_pending else item.seq.token_ids[-1] for item in batch),
+                                np.int64, n)
+        seq_lens = (positions + 1).astype(np.int32)
+        inputs = StepInputs(
+            input_ids=input_ids, positions=positions, slot_mapping=slots[0], seq_lens=seq_lens,
+            query_start_loc=np.arange(n + 1, dtype=np.int32), logits_rows=list(range(n)), max_query_len=1,
+            max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
+            group_slot_mappings=slots[1:] if len(slots) > 1 else None, rows=rows,
+            table_width=int(table.num_blocks[:, rows].max()), table_diff=diff)
+        pending = (input_ids == PENDING_TOKEN).nonzero()[0]
+        if len(pending):
+            sources = self.last_sample_rows
+            inputs.pending_rows = pending
+            inputs.pending_sources = np.fromiter((sources[batch[i].seq.seq_id] for i in pending.tolist()), np.int64,
+                                                 len(pending))
+        return inputs
+
+    def prepare_any(self, batch: list[ScheduledSeq], block_copies: list[tuple[int, int]] = (),
+                    state_copies: list[tuple[int, int]] = (), encoder: EncoderWork | None = None) -> StepInputs:
+        """Any batch: prompt chunks, decodes with drafts, images, pooled and hybrid steps. The input batch takes
+        only what changed in the block tables; positions, slots and offsets are numpy over the batch, the slots
+        read from the input batch's host tables."""
         bs = self.block_size
         num_new = np.fromiter((item.num_new_tokens for item in batch), np.int64, len(batch))
         computed = np.fromiter((item.seq.num_computed_tokens for item in batch), np.int64, len(batch))
