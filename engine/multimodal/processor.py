@@ -16,6 +16,7 @@ on the engine's step loop.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,29 @@ class MultiModalProcessor:
         side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
         return side * side
 
+    def largest_image(self):
+        """A blank square image as large as the processor takes before it shrinks one, within --max-image-pixels:
+        the image the startup profile encodes (its tower's peak is the largest an accepted image reaches)."""
+        kind, ip = self.vision.kind, self.image_processor
+        if kind == "qwen3_5":  # longest_edge is a pixel count here
+            pixels = int(ip.size["longest_edge"])
+        elif kind == "gemma3":  # every image becomes the tower's fixed square
+            pixels = int(ip.size["height"]) * int(ip.size["width"])
+        elif kind == "gemma4":  # each soft token pools a k x k cell of patches
+            cell = int(ip.patch_size) * int(ip.pooling_kernel_size)
+            pixels = self.max_embeds_per_image() * cell * cell
+        else:
+            pixels = int(ip.size.get("longest_edge", 1024)) ** 2
+        if self.max_pixels is not None:
+            pixels = min(pixels, self.max_pixels)
+        from PIL import Image
+        side = math.isqrt(pixels)
+        return Image.new("RGB", (side, side))
+
+    def pixels(self, image) -> dict[str, Any]:
+        """The processor's tensors for one image (what the family's `encode_image` reads)."""
+        return dict(self.image_processor(images=[image.convert("RGB")], return_tensors="pt"))
+
     def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
         """`prompt` holds one placeholder per image, in order (the chat template writes them for image parts)."""
         found = prompt.count(self.placeholder)
@@ -76,7 +100,7 @@ class MultiModalProcessor:
         datas, runs, pieces, rest = [], [], [], prompt
         for index, image in enumerate(images):
             check_image_size(image, self.max_pixels, f"image {index}")
-            data = dict(self.image_processor(images=[image.convert("RGB")], return_tensors="pt"))
+            data = self.pixels(image)
             run = self._expansion(data)
             head, _, rest = rest.partition(self.placeholder)
             pieces += [head, run]

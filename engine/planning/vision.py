@@ -97,11 +97,27 @@ def tower_activation_bytes(vision: VisionConfig, max_embeds: int, dtype_bytes: i
     return activations + (heads * n * n * 4 if materialized_scores else 0)
 
 
-def encoder_cache_bytes(cfg: ModelConfig, max_num_batched_tokens: int, max_embeds: int, dtype_bytes: int) -> int:
-    """The encoder cache at its fullest: twice the step's encoder budget of embeddings (engine/core/engine_core.py
-    sizes it so), each a text-width vector. It fills only while images are in flight: the planner leaves it out
-    of the step's peak (a known gap on CUDA, where the KV cache is sized before any image arrives)."""
-    return 2 * max(max_num_batched_tokens, max_embeds) * cfg.hidden_size * dtype_bytes
+def encoder_budget(max_num_batched_tokens: int, max_embeds: int) -> int:
+    """Embeddings one step may encode (vLLM's encoder budget): the step's token budget, and at least the largest
+    image, so every image the processor makes can be encoded in some step."""
+    return max(max_num_batched_tokens, max_embeds)
+
+
+def encoder_cache_capacity(max_num_batched_tokens: int, max_embeds: int) -> int:
+    """Embeddings the encoder cache holds: two steps' budgets (the image a prompt is consuming and the next)."""
+    return 2 * encoder_budget(max_num_batched_tokens, max_embeds)
+
+
+def encoder_cache_bytes(cfg: ModelConfig, max_num_batched_tokens: int, dtype_bytes: int,
+                        max_embeds: int | None = None) -> int:
+    """The encoder cache at its fullest on every card (each rank keeps the embeddings it encoded): its capacity
+    in text-width vectors of the model's dtype, as engine/worker/encoder_runner.py keeps them. `max_embeds`: the
+    folder's processor's largest image (the engine asks it), else the family's published default; 0 for a
+    model served as text. The KV sizing and the planner both set it aside before the KV cache."""
+    if cfg.vision is None:
+        return 0
+    largest = default_max_embeds(cfg.vision) if max_embeds is None else max_embeds
+    return encoder_cache_capacity(max_num_batched_tokens, largest) * cfg.hidden_size * dtype_bytes
 
 
 def tower_peak_over_forward(cfg: ModelConfig, forward_bytes: int, dtype_bytes: int) -> int:

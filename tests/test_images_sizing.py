@@ -1,0 +1,95 @@
+"""A VL model's image side in the KV sizing: the encoder cache at its fullest is set aside by one rule
+(engine/planning/vision.py) that the engine's sizing and the planner both apply, so they plan the same pool; and
+the startup profile runs the tower on the largest image the processor accepts, so its peak is measured."""
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from engine import LLM
+from engine.config.flags import EngineConfig
+from engine.config.model import ModelConfig
+from engine.planning.capacity import MemoryProfile
+from engine.planning.planner import estimate_profile, plan_capacity
+from engine.planning.units import GIB
+from engine.planning.vision import encoder_cache_bytes
+from engine.worker.kv_cache_sizing import choose_num_blocks
+from tiny_vl_models import make_tiny_vl_model
+
+pytest.importorskip("PIL")
+
+
+class MeasuredExecutor:
+    """A CUDA executor as choose_num_blocks sees it: what each rank's profile measured (the planner's estimate,
+    which holds no encoder cache, since nothing fills it at start) and, when asked, the profile on a real runner."""
+
+    device, dtype = torch.device("cuda"), torch.bfloat16
+
+    def __init__(self, profiles: list[MemoryProfile], runner=None) -> None:
+        self.profiles, self.runner, self.images = profiles, runner, []
+
+    def profile_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens=0, image=None):
+        self.images.append(image)
+        if self.runner is not None:
+            self.runner.profile_run(num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens, image)
+        return self.profiles
+
+
+def gemma3_27b() -> ModelConfig:
+    from test_model_families import GEMMA3_27B
+    return ModelConfig.from_hf_config(json.loads(json.dumps(GEMMA3_27B))).with_max_model_len(8192)
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_engine_and_planner_set_the_same_encoder_cache_aside(tp):
+    cfg, budget, seqs = gemma3_27b(), 2048, 16
+    cards = [80 * GIB] * tp  # bf16 27B: an 80 GB card holds it
+    planned = plan_capacity(cfg, cards, 0.9, tensor_parallel_size=tp, max_num_batched_tokens=budget,
+                            max_num_seqs=seqs)
+    # Gemma 3: 256 embeddings an image; the cache holds twice the step's budget of 5376-wide bf16 vectors.
+    assert planned.encoder_cache_bytes == encoder_cache_bytes(cfg, budget, 2) == 2 * 2048 * 5376 * 2
+    measured = [dataclasses.replace(estimate_profile(cfg, total, dtype_bytes=2, tensor_parallel_size=tp,
+                                                     max_num_batched_tokens=budget, max_num_seqs=seqs),
+                                    encoder_cache_bytes=0) for total in cards]
+    config = EngineConfig(model="m", tensor_parallel_size=tp, gpu_memory_utilization=0.9, max_num_seqs=seqs)
+    engine = choose_num_blocks(config, cfg, MeasuredExecutor(measured), torch.bfloat16, budget,
+                               max_embeds_per_image=256)
+    text_only = choose_num_blocks(config, cfg, MeasuredExecutor(measured), torch.bfloat16, budget)
+    assert engine == planned.num_blocks > 0
+    assert text_only > engine  # the same card without the cache set aside holds more blocks
+
+
+@pytest.fixture(scope="module")
+def qwen_llm(tmp_path_factory):
+    path = make_tiny_vl_model(tmp_path_factory.mktemp("qwen-sizing"), "qwen3_5-vl")
+    return LLM(str(path), device="cpu", max_num_seqs=2, max_num_batched_tokens=64)
+
+
+def test_the_engine_cache_is_the_rule(qwen_llm):
+    engine = qwen_llm.engine
+    images = engine.images
+    assert images.max_embeds == 16  # the tiny processor's 28·28·16 pixels over (14·2)² pixels an embedding
+    assert images.encoder_cache.capacity * engine.model_config.hidden_size * 4 == \
+        encoder_cache_bytes(engine.model_config, 64, 4, images.max_embeds)
+
+
+def test_the_profile_encodes_the_largest_image(qwen_llm):
+    engine = qwen_llm.engine
+    runner, images = engine.runner, engine.images
+    patches = []
+    encode = runner.model.encode_image
+    runner.model.encode_image = lambda data: patches.append(int(data["image_grid_thw"].prod())) or encode(data)
+    try:
+        config = dataclasses.replace(engine.config, gpu_memory_utilization=0.9)
+        profile = MemoryProfile("cuda:0", 8 * GIB, 8 * GIB, GIB, GIB // 4, 0)
+        executor = MeasuredExecutor([profile], runner)
+        choose_num_blocks(config, engine.model_config, executor, torch.float32, 64, None, 0, images.max_embeds,
+                          images.largest_image_pixels())
+    finally:
+        del runner.model.encode_image
+    # One pass of the tower, at the largest image: 16 embeddings of 2 x 2 merged patches.
+    assert patches == [images.max_embeds * 4]
+    assert executor.images[0] is not None
