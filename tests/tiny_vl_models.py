@@ -30,10 +30,15 @@ QWEN_VL_TEXT = dict(HYBRID, partial_rotary_factor=0.5, rope_parameters={
     "mrope_interleaved": True})
 QWEN_VL_VISION = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14, out_hidden_size=64,
                       num_position_embeddings=16, spatial_merge_size=2, temporal_patch_size=2)
+# Qwen3-VL: a Qwen3 text model, interleaved mRoPE over the whole 16-dim head (eight frequencies: t h w t h w t t).
+QWEN3_VL_TEXT = dict(head_dim=16, num_hidden_layers=3, tie_word_embeddings=False, rope_parameters={
+    "rope_type": "default", "rope_theta": 10_000.0, "mrope_section": [4, 2, 2], "mrope_interleaved": True})
 VL_FAMILIES = {
     "qwen3_5-vl": ("qwen3_5", dict(QWEN_VL_TEXT)),
     "qwen3_5_moe-vl": ("qwen3_5_moe", dict(QWEN_VL_TEXT, **HYBRID_MOE)),
+    "qwen3_vl": ("qwen3_vl", dict(QWEN3_VL_TEXT)),
 }
+DEEPSTACK = {"qwen3_vl": dict(deepstack_visual_indexes=[0, 1])}  # both tower blocks feed the first two layers
 MIN_PIXELS, MAX_PIXELS = 28 * 28 * 2, 28 * 28 * 16  # 2 to 16 merged tokens per image
 
 
@@ -51,7 +56,8 @@ def make_tiny_vl_model(tmp_dir: str | Path, arch: str = "qwen3_5-vl", seed: int 
                 num_key_value_heads=2, max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
                 eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, rms_norm_eps=1e-6)
     torch.manual_seed(seed)
-    config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=dict(QWEN_VL_VISION),
+    vision = dict(QWEN_VL_VISION, **DEEPSTACK.get(model_type, {}))
+    config = transformers.AutoConfig.for_model(model_type, text_config=text, vision_config=vision,
                                                tie_word_embeddings=False, **ids)
     model = transformers.AutoModelForImageTextToText.from_config(config).eval()
     with torch.no_grad():  # HF init leaves biases zero and norms one; randomize them so they matter

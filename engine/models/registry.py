@@ -106,6 +106,8 @@ ARCHITECTURES: dict[str, Architecture] = {
                                                      MISTRAL_TEXT_DEFAULTS, multimodal=True),
     "Gemma2ForCausalLM": Architecture("gemma2", "Gemma2ForCausalLM", GEMMA2_DEFAULTS, norms_per_layer=4,
                                       o_proj_bias=True),
+    "Qwen3VLForConditionalGeneration": Architecture("qwen3_vl", "Qwen3VLForConditionalGeneration", {"qk_norm": True},
+                                                    multimodal=True, o_proj_bias=True),
     "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}, o_proj_bias=True),
     "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
     "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),

@@ -23,10 +23,11 @@ def tower_params(vision: VisionConfig, text_hidden: int) -> int:
         patch, temporal = int(t.get("patch_size", 16)), int(t.get("temporal_patch_size", 2))
         merged = hidden * vision.spatial_merge_size ** 2
         layers = int(t.get("depth", 27)) * _encoder_layer_params(hidden, int(t.get("intermediate_size", 4304)))
-        merger = 2 * hidden + merged * merged + merged + merged * int(t.get("out_hidden_size", 3584)) + int(
+        projection = merged * merged + merged + merged * int(t.get("out_hidden_size", 3584)) + int(
             t.get("out_hidden_size", 3584))
+        mergers = 2 * hidden + projection + vision.num_deepstack * (2 * merged + projection)  # Qwen3-VL's DeepStack
         return (hidden * channels * temporal * patch * patch + hidden + int(t.get("num_position_embeddings", 2304))
-                * hidden + layers + merger)
+                * hidden + layers + mergers)
     if vision.kind == "gemma3":
         patch, side = int(t.get("patch_size", 14)), int(t.get("image_size", 896))
         layers = int(t.get("num_hidden_layers", 27)) * _encoder_layer_params(hidden, int(t.get("intermediate_size", 4304)))
@@ -111,13 +112,15 @@ def encoder_cache_capacity(max_num_batched_tokens: int, max_embeds: int) -> int:
 def encoder_cache_bytes(cfg: ModelConfig, max_num_batched_tokens: int, dtype_bytes: int,
                         max_embeds: int | None = None) -> int:
     """The encoder cache at its fullest on every card (each rank keeps the embeddings it encoded): its capacity
-    in text-width vectors of the model's dtype, as engine/worker/encoder_runner.py keeps them. `max_embeds`: the
+    in text-width vectors of the model's dtype (Qwen3-VL: one more per DeepStack layer), as
+    engine/worker/encoder_runner.py keeps them. `max_embeds`: the
     folder's processor's largest image (the engine asks it), else the family's published default; 0 for a
     model served as text. The KV sizing and the planner both set it aside before the KV cache."""
     if cfg.vision is None:
         return 0
     largest = default_max_embeds(cfg.vision) if max_embeds is None else max_embeds
-    return encoder_cache_capacity(max_num_batched_tokens, largest) * cfg.hidden_size * dtype_bytes
+    width = cfg.hidden_size * (1 + cfg.vision.num_deepstack)  # Qwen3-VL keeps DeepStack's embeddings beside them
+    return encoder_cache_capacity(max_num_batched_tokens, largest) * width * dtype_bytes
 
 
 def tower_peak_over_forward(cfg: ModelConfig, forward_bytes: int, dtype_bytes: int) -> int:
