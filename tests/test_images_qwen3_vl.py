@@ -64,3 +64,9 @@ def test_deepstack_rides_beside_the_embeddings_and_is_counted(family):
     tower = sum(p.numel() for name, p in model.named_parameters() if name.startswith("visual."))
     assert tower_params(cfg.vision, cfg.hidden_size) == tower
     assert encoder_cache_bytes(cfg, 64, 4, 16) == 2 * 64 * 3 * cfg.hidden_size * 4
+
+
+def test_qwen3_vl_moe_is_refused_by_name():
+    from engine.models.registry import get_architecture
+    with pytest.raises(ValueError, match="Qwen3-VL-MoE is not built: .*fused 3-D tensors"):
+        get_architecture("Qwen3VLMoeForConditionalGeneration")
