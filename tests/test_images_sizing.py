@@ -93,3 +93,17 @@ def test_the_profile_encodes_the_largest_image(qwen_llm):
     # One pass of the tower, at the largest image: 16 embeddings of 2 x 2 merged patches.
     assert patches == [images.max_embeds * 4]
     assert executor.images[0] is not None
+
+
+def test_the_start_sizes_with_the_largest_image(qwen_llm, monkeypatch):
+    """start_engine builds the image side before sizing and hands the sizing its largest image; the core then
+    serves with that same image side (one processor, one encoder budget)."""
+    import engine.executor.startup as startup
+    seen, built = [], []
+    real, image_inputs = startup.choose_num_blocks, startup.ImageInputs
+    monkeypatch.setattr(startup, "choose_num_blocks", lambda *args: seen.append(args) or real(*args))
+    monkeypatch.setattr(startup, "ImageInputs", lambda *args: built.append(image_inputs(*args)) or built[-1])
+    llm = LLM(str(qwen_llm.engine.model_path), device="cpu", max_num_seqs=2, max_num_batched_tokens=64)
+    assert llm.engine.images is built[0] and llm.engine.encoder_cache is built[0].encoder_cache
+    assert seen[0][7] == built[0].max_embeds == 16
+    assert seen[0][8] is None  # on CPU nothing is profiled: the image is made only for a card's profile
