@@ -231,7 +231,8 @@ def make_tiny_gemma4_vl(tmp_dir: str | Path, seed: int = 0, bidirectional: str |
     from transformers import GenerationConfig, Gemma4ImageProcessorPil
 
     tokenizer = copy.deepcopy(_tokenizer())
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"] + GEMMA4_IMAGE_TOKENS})
+    tokenizer.add_special_tokens(
+        {"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"] + GEMMA4_IMAGE_TOKENS})
     boi, eoi, image = tokenizer.convert_tokens_to_ids(GEMMA4_IMAGE_TOKENS)
     text = dict(ARCHS["gemma4"][2], vocab_size=len(tokenizer) + 12, hidden_size=64, intermediate_size=128,
                 num_attention_heads=4, max_position_embeddings=512, bos_token_id=tokenizer.bos_token_id,
@@ -240,7 +241,8 @@ def make_tiny_gemma4_vl(tmp_dir: str | Path, seed: int = 0, bidirectional: str |
                 layer_types=["sliding_attention", "full_attention"] * 3)
     text["vocab_size_per_layer_input"] = text["vocab_size"]
     torch.manual_seed(seed)
-    config = transformers.AutoConfig.for_model("gemma4", text_config=text, vision_config=dict(GEMMA4_VISION, use_clipped_linears=clipped),
+    vision = dict(GEMMA4_VISION, use_clipped_linears=clipped)
+    config = transformers.AutoConfig.for_model("gemma4", text_config=text, vision_config=vision,
                                                boi_token_id=boi, eoi_token_id=eoi, image_token_id=image,
                                                video_token_id=image + 1000, audio_token_id=image + 1001)
     model = transformers.AutoModelForImageTextToText.from_config(config).eval()

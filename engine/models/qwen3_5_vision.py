@@ -11,8 +11,9 @@ lays them out so), which is also the order of the merged embeddings. Qwen3-VL's 
 after each block named in `deepstack_visual_indexes` a merger of its own (normalising after the 2 x 2 concatenation)
 turns that block's output into one more set of embeddings, which the text model adds to its first layers' hidden
 states at the image's positions (engine/models/qwen3_vl.py); the tower returns them beside its main embeddings,
-concatenated along the width, so an image stays one tensor of rows through the encoder cache. Replicated on every tensor-parallel rank:
-the tower is small next to the text model, and replicating it costs no collective (engine/models/vision.py).
+concatenated along the width, so an image stays one tensor of rows through the encoder cache. Replicated on every
+tensor-parallel rank: the tower is small next to the text model, and replicating it costs no collective
+(engine/models/vision.py).
 """
 from __future__ import annotations
 

@@ -129,9 +129,10 @@ ARCHITECTURES: dict[str, Architecture] = {
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
 # Architectures people ask for that are not built, with what is missing (a refusal by name, not a bare "unsupported").
 NOT_BUILT = {
-    "Qwen3VLMoeForConditionalGeneration": "Qwen3-VL-MoE is not built: its tower and DeepStack are Qwen3-VL's (built), "
-                                          "but its text model's experts come as fused 3-D tensors (experts.gate_up_proj, "
-                                          "experts.down_proj) that the Qwen3-MoE loader does not split yet",
+    "Qwen3VLMoeForConditionalGeneration": (
+        "Qwen3-VL-MoE is not built: its tower and DeepStack are Qwen3-VL's (built), but its text model's experts "
+        "come as fused 3-D tensors (experts.gate_up_proj, experts.down_proj; the hub's layout and transformers 5's "
+        "saved one are transposed to each other) that the Qwen3-MoE loader does not split yet"),
 }
 # llama.cpp's `general.architecture` of a GGUF file -> the architecture above that serves it (each family file
 # declares its GGUF tensor names beside its packed-module mapping). Mistral's GGUFs say "llama".

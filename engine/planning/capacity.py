@@ -19,7 +19,8 @@ window plus one step's chunk. So "tokens that fit" is the longest single context
 "full-length sequences" divides the pool by one sequence's peak over all groups. A draft model's or MTP head's
 KV page at every block id shares the budget in proportion (`blocks_with_draft`); a hybrid model's state pool
 comes out of the budget first (`state_bytes`), and a VL model's encoder cache at its fullest beside the weights
-(`encoder_cache_bytes`: not there when the engine profiles, so counted by rule). Torch-free: the GUI's planner imports it.
+(`encoder_cache_bytes`: not there when the engine profiles, so counted by rule). Torch-free: the GUI's planner imports
+it.
 """
 from __future__ import annotations
 
