@@ -104,6 +104,7 @@ FAMILIES = {
     "qwen3_5-vl": _qwen("qwen3_5-vl"),
     "qwen3_5_moe-vl": _qwen("qwen3_5_moe-vl"),
     "qwen3_vl": _qwen("qwen3_vl"),
+    "qwen3_vl_moe": _qwen("qwen3_vl_moe"),
     "gemma3-vl": ImageFamily(
         "gemma3-vl", make_tiny_gemma3_vl, gemma3_prompt, GEMMA_CASES, hf_greedy_mm, gemma3_items, chunk_budget=10,
         tp_budget=10, preempt=dict(max_num_batched_tokens=16, num_gpu_blocks_override=14, max_num_seqs=3,

@@ -39,8 +39,12 @@ VL_FAMILIES = {
     "qwen3_5-vl": ("qwen3_5", dict(QWEN_VL_TEXT)),
     "qwen3_5_moe-vl": ("qwen3_5_moe", dict(QWEN_VL_TEXT, **HYBRID_MOE)),
     "qwen3_vl": ("qwen3_vl", dict(QWEN3_VL_TEXT)),
+    # 24-wide experts: 2 x 24 != 64 hidden, so a fused gate_up tensor's layout is never ambiguous
+    "qwen3_vl_moe": ("qwen3_vl_moe", dict(QWEN3_VL_TEXT, num_experts=4, num_experts_per_tok=2,
+                                          moe_intermediate_size=24)),
 }
-DEEPSTACK = {"qwen3_vl": dict(deepstack_visual_indexes=[0, 1])}  # both tower blocks feed the first two layers
+# Both tower blocks feed the first two decoder layers.
+DEEPSTACK = {"qwen3_vl": dict(deepstack_visual_indexes=[0, 1]), "qwen3_vl_moe": dict(deepstack_visual_indexes=[0, 1])}
 MIN_PIXELS, MAX_PIXELS = 28 * 28 * 2, 28 * 28 * 16  # 2 to 16 merged tokens per image
 
 

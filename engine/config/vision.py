@@ -19,6 +19,7 @@ VISION_KINDS = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
     "Qwen3VLForConditionalGeneration": "qwen3_5",  # Qwen3.5's tower, placeholders and mRoPE, plus DeepStack
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_5",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Mistral3ForConditionalGeneration": "pixtral",
     "Gemma4ForConditionalGeneration": "gemma4",

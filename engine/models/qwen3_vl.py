@@ -6,10 +6,17 @@ embeddings (engine/models/qwen3_5_vision.py returns them beside the main ones, a
 replaces the image's placeholder embeddings as in every VL family, and set i is added to the hidden states at the
 image's positions after decoder layer i, as HF's `_deepstack_process` does. The step's image rows carry all sets,
 so a chunk that cuts an image adds each layer's features to exactly the rows it holds. Served as text (no image
-processor beside the folder) the tower is skipped and the model is Qwen3 on plain positions. Qwen3-VL-MoE
-(Qwen3VLMoeForConditionalGeneration) is not built: its text model is Qwen3-MoE with fused expert tensors.
+processor beside the folder) the tower is skipped and the model is Qwen3 on plain positions.
+
+Qwen3-VL-MoE (Qwen3VLMoeForConditionalGeneration) is the same over Qwen3-MoE's layers (its router always
+renormalizes the top k), with each layer's experts stored as two tensors stacked over experts, gate and up fused
+(`experts.gate_up_proj`, `experts.down_proj`): in the hub's files transposed ([E, H, 2I], [E, I, H]), as
+transformers 5 saves them not ([E, 2I, H], [E, H, I]). `split_fused_experts` tells the two apart by the config's
+sizes and hands the loader per-projection tensors stacked over experts.
 """
 from __future__ import annotations
+
+from typing import Iterable, Iterator
 
 import torch
 
@@ -18,6 +25,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.decoder import DecoderModel
 from engine.models.llama import LlamaForCausalLM
 from engine.models.qwen3_5_vision import Qwen3_5VisionTower
+from engine.models.qwen3_moe import moe_block
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.models.weights import WeightsMapper
 
@@ -60,3 +68,36 @@ class Qwen3VLForConditionalGeneration(LlamaForCausalLM):
         device = self.visual.inv_freq.device
         grid = tuple(int(x) for x in data["image_grid_thw"][0])
         return self.visual(data["pixel_values"].to(device), grid)
+
+
+class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
+    mlp_factory = moe_block
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(split_fused_experts(weights, self.config.hidden_size, self.config.moe.intermediate_size))
+
+
+def split_fused_experts(weights: Iterable[tuple[str, torch.Tensor]], hidden: int,
+                        intermediate: int) -> Iterator[tuple[str, torch.Tensor]]:
+    """`experts.gate_up_proj` -> `experts.gate_proj.weight` and `experts.up_proj.weight`, `experts.down_proj` ->
+    `experts.down_proj.weight`, each [E, out, in] (stacked over experts, as the loader takes them); other tensors
+    pass through."""
+    for name, tensor in weights:
+        leaf = name.rsplit(".", 1)[-1]
+        if not name.endswith((".experts.gate_up_proj", ".experts.down_proj")):
+            yield name, tensor
+            continue
+        out = 2 * intermediate if leaf == "gate_up_proj" else hidden
+        inp = hidden if leaf == "gate_up_proj" else intermediate
+        shape = tuple(tensor.shape[1:])
+        if out == inp or shape not in ((out, inp), (inp, out)):
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)} is neither [E, {out}, {inp}] nor [E, {inp}, {out}]"
+                             f" (hidden {hidden}, moe_intermediate_size {intermediate}), or cannot tell which")
+        if shape == (inp, out):  # the hub's files: transposed
+            tensor = tensor.transpose(1, 2)
+        prefix = name[:-len(leaf)]
+        if leaf == "down_proj":
+            yield prefix + "down_proj.weight", tensor.contiguous()
+        else:
+            yield prefix + "gate_proj.weight", tensor[:, :intermediate].contiguous()
+            yield prefix + "up_proj.weight", tensor[:, intermediate:].contiguous()

@@ -108,6 +108,8 @@ ARCHITECTURES: dict[str, Architecture] = {
                                       o_proj_bias=True),
     "Qwen3VLForConditionalGeneration": Architecture("qwen3_vl", "Qwen3VLForConditionalGeneration", {"qk_norm": True},
                                                     multimodal=True, o_proj_bias=True),
+    "Qwen3VLMoeForConditionalGeneration": Architecture("qwen3_vl", "Qwen3VLMoeForConditionalGeneration",
+                                                       {"qk_norm": True}, multimodal=True, o_proj_bias=True),
     "Qwen3MoeForCausalLM": Architecture("qwen3_moe", "Qwen3MoeForCausalLM", {"qk_norm": True}, o_proj_bias=True),
     "MixtralForCausalLM": Architecture("qwen3_moe", "MixtralForCausalLM"),
     "Glm4MoeForCausalLM": Architecture("glm4_moe", "Glm4MoeForCausalLM", {"partial_rotary_factor": 0.5}),
@@ -127,13 +129,6 @@ ARCHITECTURES: dict[str, Architecture] = {
                                                        mtp_head=QWEN3_NEXT_MTP, o_proj_bias=True),
 }
 SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURES)
-# Architectures people ask for that are not built, with what is missing (a refusal by name, not a bare "unsupported").
-NOT_BUILT = {
-    "Qwen3VLMoeForConditionalGeneration": (
-        "Qwen3-VL-MoE is not built: its tower and DeepStack are Qwen3-VL's (built), but its text model's experts "
-        "come as fused 3-D tensors (experts.gate_up_proj, experts.down_proj; the hub's layout and transformers 5's "
-        "saved one are transposed to each other) that the Qwen3-MoE loader does not split yet"),
-}
 # llama.cpp's `general.architecture` of a GGUF file -> the architecture above that serves it (each family file
 # declares its GGUF tensor names beside its packed-module mapping). Mistral's GGUFs say "llama".
 GGUF_ARCHITECTURES = {
@@ -145,8 +140,6 @@ GGUF_ARCHITECTURES = {
 
 
 def get_architecture(name: str) -> Architecture:
-    if name in NOT_BUILT:
-        raise ValueError(f"model architecture {name!r}: {NOT_BUILT[name]}")
     if name not in ARCHITECTURES:
         raise ValueError(f"model architecture {name!r} is not supported; supported: "
                          f"{', '.join(SUPPORTED_ARCHITECTURES)}")
