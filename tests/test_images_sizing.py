@@ -107,3 +107,31 @@ def test_the_start_sizes_with_the_largest_image(qwen_llm, monkeypatch):
     assert llm.engine.images is built[0] and llm.engine.encoder_cache is built[0].encoder_cache
     assert seen[0][7] == built[0].max_embeds == 16
     assert seen[0][8] is None  # on CPU nothing is profiled: the image is made only for a card's profile
+
+
+def test_the_pixel_cap_shrinks_the_largest_image(qwen_llm):
+    """--max-image-pixels flows into the largest image by one rule: the engine's encoder budget and cache, its
+    profile image and the planner's cache; and no image within the cap, of any shape, becomes more embeddings
+    than that rule says (the processor's own resizing decides, checked here on the worst shapes)."""
+    from PIL import Image
+
+    from engine.core.image_inputs import ImageInputs
+    from engine.planning.vision import largest_image_embeds
+    engine, cap = qwen_llm.engine, 28 * 28 * 6
+    config = dataclasses.replace(engine.config, max_image_pixels=cap)
+    images = ImageInputs(config, engine.model_config, engine.model_path, engine.tokenizer, 4)
+    assert images.max_embeds == largest_image_embeds(engine.model_config.vision, cap, 16) < 16
+    assert images.encoder_cache.capacity == 2 * images.max_embeds
+    assert int(images.largest_image_pixels()["image_grid_thw"].prod()) <= images.max_embeds * 4
+    for width in (69, 100, 200, 300):  # a square to a strip 15 pixels high, each as many pixels as the cap allows
+        grid = images.processor.pixels(Image.new("RGB", (width, cap // width)))["image_grid_thw"]
+        assert int(grid.prod()) // 4 <= images.max_embeds
+    cfg = gemma3_27b()
+    assert largest_image_embeds(cfg.vision, 1) == 256  # Gemma 3's count is fixed: the cap changes nothing
+    from engine.bench.hybrid import QWEN3_6_27B
+    qwen = ModelConfig.from_hf_config(json.loads(json.dumps(QWEN3_6_27B)))
+    full, capped = (plan_capacity(qwen, [24 * GIB], 0.9, max_num_batched_tokens=2048, max_num_seqs=4,
+                                  max_image_pixels=p) for p in (None, 1920 * 1080))
+    assert capped.encoder_cache_bytes == encoder_cache_bytes(qwen, 2048, 2, largest_image_embeds(qwen.vision,
+                                                                                               1920 * 1080))
+    assert capped.encoder_cache_bytes < full.encoder_cache_bytes and capped.activation_bytes < full.activation_bytes

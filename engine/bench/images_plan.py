@@ -8,7 +8,9 @@ step's encoder budget of text-width embeddings; engine/planning/vision.py, the r
 too); as text none of it (a folder without its image processor is served so). Each model at its own table's
 settings: Qwen3.6-27B as `pagedesk-bench hybrid` plans it (AWQ, FP8 KV, 262,144 tokens, 4 seats, CUDA graphs),
 Gemma-3-27B as `pagedesk-bench families` does (16-bit KV, 8192-token steps, 256 seats), at 32,768 tokens and its
-own 131,072; both at --gpu-memory-utilization 0.9. Torch-free.
+own 131,072; both at --gpu-memory-utilization 0.9. Qwen's rows at its processor's own largest image (16.7 MP,
+16,384 embeddings) and at the --max-image-pixels default, each at 8,192- and pagedesk-serve's 2,048-token steps.
+Torch-free.
 """
 from __future__ import annotations
 
@@ -17,13 +19,16 @@ import dataclasses
 
 from engine.bench.families import GEMMA3_27B_IT
 from engine.bench.hybrid import AWQ_G128 as QWEN_AWQ, CONTEXT as QWEN_CONTEXT, QWEN3_6_27B
+from engine.config.flags import DEFAULT_MAX_IMAGE_PIXELS, SERVING_MAX_NUM_BATCHED_TOKENS
 
 GEMMA_AWQ = {"bits": 4, "group_size": 128, "modules_to_not_convert": ["vision_tower", "multi_modal_projector"],
              "quant_method": "awq", "version": "gemm", "zero_point": True}
-# (name, published config, planner keyword arguments)
+QWEN = ("Qwen3.6-27B AWQ", {**QWEN3_6_27B, "quantization_config": QWEN_AWQ},
+        dict(kv_cache_dtype="fp8", max_model_len=QWEN_CONTEXT, max_num_seqs=4, cuda_graphs=True))
+# (name, published config, planner keyword arguments); max_image_pixels None: the processor's own largest image
 CASES = [
-    ("Qwen3.6-27B AWQ", {**QWEN3_6_27B, "quantization_config": QWEN_AWQ},
-     dict(kv_cache_dtype="fp8", max_model_len=QWEN_CONTEXT, max_num_seqs=4, cuda_graphs=True)),
+    *((QWEN[0], QWEN[1], dict(QWEN[2], max_num_batched_tokens=step, max_image_pixels=cap))
+      for step in (8192, SERVING_MAX_NUM_BATCHED_TOKENS) for cap in (None, DEFAULT_MAX_IMAGE_PIXELS)),
     ("Gemma-3-27B-it (bf16)", GEMMA3_27B_IT, dict(max_model_len=32_768)),
     ("Gemma-3-27B-it (bf16)", GEMMA3_27B_IT, dict(max_model_len=131_072)),
     ("Gemma-3-27B-it (AWQ)", {**GEMMA3_27B_IT, "quantization_config": GEMMA_AWQ}, dict(max_model_len=32_768)),
@@ -50,14 +55,20 @@ def verdict(plan) -> str:
 
 
 def rows() -> list[str]:
-    from engine.planning.units import GIB, MIB
+    from engine.config.model import ModelConfig
+    from engine.planning.units import MIB
+    from engine.planning.vision import largest_image_embeds
     out = []
     for name, hf, kwargs in CASES:
+        cap = kwargs.get("max_image_pixels", DEFAULT_MAX_IMAGE_PIXELS)
+        largest = largest_image_embeds(ModelConfig.from_hf_config(hf).vision, cap)
+        image = f"{largest:,} ({'processor' if cap is None else f'{cap / 1e6:.1f} MP'})"
         for tp in (1, 2):
             text, images = plan_pair(hf, tp, **kwargs)
             tower = (images.weights_bytes - text.weights_bytes) / MIB
             peak = (images.activation_bytes - text.activation_bytes) / MIB
-            out.append(f"| {name} | {tp} × 24 GiB | {images.max_model_len:,} | {tower:,.0f} MiB | {peak:,.0f} MiB | "
+            out.append(f"| {name} | {tp} × 24 GiB | {images.max_model_len:,} | "
+                       f"{kwargs.get('max_num_batched_tokens', 8192):,} | {image} | {tower:,.0f} MiB | {peak:,.0f} MiB | "
                        f"{images.encoder_cache_bytes / MIB:,.0f} MiB | {text.num_tokens:,} ({verdict(text)}) | "
                        f"{images.num_tokens:,} ({verdict(images)}) | {images.num_tokens - text.num_tokens:+,} |")
     return out
@@ -66,9 +77,9 @@ def rows() -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench images-plan", description=__doc__.split("\n")[0])
     parser.parse_args(argv)
-    print("| model | cards (0.9) | max_model_len | tower weights/card | tower peak over the forward | "
-          "encoder cache/card | KV tokens as text | KV tokens with images | images cost |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| model | cards (0.9) | max_model_len | step tokens | largest image (embeddings) | tower weights/card | "
+          "tower peak over the forward | encoder cache/card | KV tokens as text | KV tokens with images | images cost |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows():
         print(row)
 

@@ -36,7 +36,10 @@ OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # decodes. Offline `LLM` keeps 8192 and no cap (throughput, no streams to stall).
 SERVING_MAX_NUM_BATCHED_TOKENS = 2048
 SERVING_MAX_BATCH_PREFILL_TOKENS = {"cuda": None, "cpu": 32}
-DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320  # an 8K frame; PIL's own decompression-bomb limit is ~5x that
+# A 12-megapixel phone photo (4032 x 3024), the largest common upload: Qwen's processor would take 16.7 MP (16,384
+# embeddings) and the encoder cache and tower peak are sized for the largest accepted image, so a lower cap leaves
+# more context (BENCHMARKS.md, images-plan); PIL's own decompression-bomb limit is ~15x that.
+DEFAULT_MAX_IMAGE_PIXELS = 4032 * 3024
 MM_MODALITIES = ("image",)  # what --limit-mm-per-prompt may name
 
 
@@ -149,7 +152,9 @@ FLAGS: tuple[Flag, ...] = (
     Flag("limit_mm_per_prompt", str, None, "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default: "
          "no count limit; the context and the encoder budget still bound them)", "engine", gui=False),
     Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height), "
-         "checked before it is decoded; a larger one is a 400", "engine", minimum=1, gui=False),
+         "checked before it is decoded; a larger one is a 400. The encoder budget and cache, the tower's profiled "
+         "peak and the planner follow it (Qwen, Mistral3: a lower cap leaves more KV cache). Default: a 12-MP "
+         "phone photo, 4032x3024", "engine", minimum=1, gui=False),
     Flag("allowed_local_media_path", str, None, "Folder whose files requests may name as file:// image URLs "
          "(default: none)", "server", gui=False),
     Flag("allowed_media_domains", str, None, "Comma-separated hosts whose http(s) image URLs the server fetches "

@@ -27,6 +27,7 @@ from engine.multimodal.hashing import hash_image
 from engine.multimodal.inputs import MultiModalInputs, MultiModalItem
 from engine.multimodal.media import check_image_size
 from engine.multimodal.mrope import mrope_positions
+from engine.planning.vision import largest_image_embeds
 
 
 class MultiModalProcessor:
@@ -55,18 +56,21 @@ class MultiModalProcessor:
         self.image_token = token(vision.image_token_id)
 
     def max_embeds_per_image(self) -> int:
-        """The most embeddings one image can become under the processor's own resizing (the encoder's budget
-        per step must hold one)."""
+        """The most embeddings one accepted image becomes: the processor's own resizing's largest, within
+        --max-image-pixels (engine/planning/vision.py's rule, the planner's; the encoder's budget per step must
+        hold one)."""
         kind, ip = self.vision.kind, self.image_processor
         if kind == "qwen3_5":
             unit = int(ip.patch_size) * int(ip.merge_size)
-            return int(ip.size["longest_edge"]) // (unit * unit)
-        if kind == "gemma3":
-            return self.tokens_per_image
-        if kind == "gemma4":
-            return int(getattr(ip, "max_soft_tokens", 0) or 280)
-        side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
-        return side * side
+            largest = int(ip.size["longest_edge"]) // (unit * unit)
+        elif kind == "gemma3":
+            largest = self.tokens_per_image
+        elif kind == "gemma4":
+            largest = int(getattr(ip, "max_soft_tokens", 0) or 280)
+        else:
+            side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
+            largest = side * side
+        return largest_image_embeds(self.vision, self.max_pixels, largest)
 
     def largest_image(self):
         """A blank square image as large as the processor takes before it shrinks one, within --max-image-pixels:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from engine.config.flags import DEFAULT_MAX_IMAGE_PIXELS
 from engine.config.model import DTYPE_BYTES, ModelConfig
 from engine.kv.kv_cache_interface import model_kv_layout
 from engine.planning.activations import estimate_activation_bytes
@@ -21,7 +22,7 @@ from engine.planning.graphs import estimate_cuda_graph_bytes
 from engine.planning.kv import blocks_per_full_seq, state_pool_bytes, verify_scratch_bytes
 from engine.planning.speculation import speculation_footprint
 from engine.planning.units import GIB, MIB, kv_dtype_bytes
-from engine.planning.vision import encoder_cache_bytes
+from engine.planning.vision import encoder_cache_bytes, largest_image_embeds
 from engine.planning.weights import QUANT_BITS, loaded_bytes_per_card, weights_bytes_per_card
 
 # The CUDA context and cuBLAS workspace: memory outside torch's allocator, which the engine measures (its
@@ -38,12 +39,14 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
     `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
     `num_speculative_tokens`, the verify step's 1 + k sampler rows per sequence, as the engine profiles them,
-    and the verify steps' graphs, which hybrid models do not capture; a VL model's encoder cache at its fullest,
-    for images of at most `max_embeds_per_image` embeddings, else the family's published default)."""
+    and the verify steps' graphs, which hybrid models do not capture; a VL model's tower peak and encoder cache
+    at its fullest, for images of at most `max_embeds_per_image` embeddings, else the family's published
+    default)."""
     tp = tensor_parallel_size
     weights = weights_bytes if weights_bytes is not None else loaded_bytes_per_card(cfg, dtype_bytes, tp, quant_bits)
     activations = activation_bytes if activation_bytes is not None else \
-        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens)
+        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens,
+                                  max_embeds_per_image)
     graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp, cuda_graph_mode,
                                        num_speculative_tokens) if cuda_graphs else 0
     return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs,
@@ -59,19 +62,23 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   enable_prefix_caching: bool = True, draft: ModelConfig | None = None,
                   num_speculative_tokens: int = 0, mtp: bool = False,
                   cuda_graph_mode: str = "full_and_piecewise",
-                  max_embeds_per_image: int | None = None) -> CapacityPlan:
+                  max_embeds_per_image: int | None = None,
+                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides. `draft`: speculative decoding's draft model, whose weights sit on the first card
     (`weights_bytes`, if given, is the target's alone); `num_speculative_tokens`: k of any speculative method,
     whose verify graphs the CUDA graphs' share counts; `mtp`: speculation by the checkpoint's MTP head, counted
     like a draft on the first card (with its own full embedding and LM head under tensor parallel);
     `max_embeds_per_image`: a VL model's largest image as its folder's processor makes it (the encoder cache's
-    size; default: the family's published processor settings)."""
+    size; default: the family's published processor settings), within `max_image_pixels` (--max-image-pixels)
+    as the engine caps it (vision.largest_image_embeds)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_dtype_bytes(kv_cache_dtype, dtype_bytes)
     if max_model_len:
         cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
     tp = tensor_parallel_size
+    if cfg.vision is not None:
+        max_embeds_per_image = largest_image_embeds(cfg.vision, max_image_pixels, max_embeds_per_image)
     layout = model_kv_layout(cfg, block_size, kv_bytes, tp, window_freeing, dtype_bytes)
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)

@@ -6,6 +6,8 @@ planner imports it.
 """
 from __future__ import annotations
 
+import math
+
 from engine.config.model import ModelConfig
 from engine.config.vision import VisionConfig
 
@@ -85,6 +87,40 @@ def default_max_embeds(vision: VisionConfig) -> int:
     return 16_777_216 // (unit * unit)
 
 
+def largest_image_embeds(vision: VisionConfig, max_image_pixels: int | None,
+                         processor_embeds: int | None = None) -> int:
+    """The most embeddings one accepted image becomes: the processor's own largest (`processor_embeds`, which the
+    engine asks its folder's processor for; else the family's published default), and where the count follows the
+    image's size (Qwen, Pixtral) no more than the largest image --max-image-pixels admits becomes. The encoder
+    budget, the encoder cache, the tower's planned peak and the profile image all follow from it. Gemma 3's count
+    is fixed and Gemma 4's processor resizes every image to its soft-token budget: the cap changes neither."""
+    largest = default_max_embeds(vision) if processor_embeds is None else processor_embeds
+    if max_image_pixels is None or vision.kind not in ("qwen3_5", "pixtral"):
+        return largest
+    return min(largest, _embeds_within_pixels(vision, max_image_pixels))
+
+
+def _embeds_within_pixels(vision: VisionConfig, max_pixels: int) -> int:
+    """The most embeddings any image of at most `max_pixels` pixels becomes before the processor's own limit,
+    over every shape (a thin image rounds up more than a square): Qwen rounds each side to patch x merge and
+    refuses beyond 200:1; Pixtral shrinks the longest side to its image_size and counts started patch cells.
+    A Qwen side under half a unit rounds to nothing and the processor scales such a strip up to its own minimum
+    instead (65,536 pixels, 64 embeddings: far inside any step's budget), so those shapes are left out."""
+    best = 0
+    if vision.kind == "qwen3_5":
+        unit = int(vision.tower.get("patch_size", 16)) * vision.spatial_merge_size
+        for short in range(unit // 2 + 1, math.isqrt(max_pixels) + 1):
+            long = min(max_pixels // short, 200 * short)
+            best = max(best, round(short / unit) * round(long / unit))
+        return best
+    cell, edge = vision.patch_size * vision.spatial_merge_size, int(vision.tower.get("image_size", 1540))
+    for short in range(1, math.isqrt(max_pixels) + 1):
+        long = max_pixels // short
+        ratio = max(1.0, long / edge)
+        best = max(best, math.ceil(math.floor(short / ratio) / cell) * math.ceil(math.floor(long / ratio) / cell))
+    return best
+
+
 def tower_activation_bytes(vision: VisionConfig, max_embeds: int, dtype_bytes: int,
                            materialized_scores: bool = False) -> int:
     """The tower's peak working memory for one image of `max_embeds` embeddings: the residual stream, its norm,
@@ -123,12 +159,15 @@ def encoder_cache_bytes(cfg: ModelConfig, max_num_batched_tokens: int, dtype_byt
     return encoder_cache_capacity(max_num_batched_tokens, largest) * width * dtype_bytes
 
 
-def tower_peak_over_forward(cfg: ModelConfig, forward_bytes: int, dtype_bytes: int) -> int:
+def tower_peak_over_forward(cfg: ModelConfig, forward_bytes: int, dtype_bytes: int,
+                            max_embeds: int | None = None) -> int:
     """What the tower adds to a step's peak: it runs before the forward and frees its working memory first, so only
-    the part of its peak at the largest image above the forward's own; 0 for a text model."""
+    the part of its peak at the largest image (`max_embeds`, else the family's published default) above the
+    forward's own; 0 for a text model."""
     if cfg.vision is None:
         return 0
-    return max(0, tower_activation_bytes(cfg.vision, default_max_embeds(cfg.vision), dtype_bytes) - forward_bytes)
+    largest = default_max_embeds(cfg.vision) if max_embeds is None else max_embeds
+    return max(0, tower_activation_bytes(cfg.vision, largest, dtype_bytes) - forward_bytes)
 
 
 def vision_weights_bytes(cfg: ModelConfig, dtype_bytes: int) -> int:
