@@ -67,7 +67,9 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     on_gpu = bool(gpu_memory_bytes)
     engine = EngineConfig(max_num_batched_tokens=values.get("max_num_batched_tokens"),
                           enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)),
+                          limit_mm_per_prompt=values.get("limit_mm_per_prompt"),
                           serving=True)  # the app runs pagedesk-serve: its step budget sizes the peak
+    cfg.with_image_limit(engine.image_limit())  # '{"image": 0}': served as text, no tower planned
     common = dict(dtype=resolve_dtype(values.get("dtype") or "auto", cfg.torch_dtype, on_gpu),
                   kv_cache_dtype=values.get("kv_cache_dtype") or "auto", max_model_len=cfg.max_model_len,
                   block_size=int(values.get("block_size") or 16),

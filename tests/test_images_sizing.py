@@ -135,3 +135,22 @@ def test_the_pixel_cap_shrinks_the_largest_image(qwen_llm):
     assert capped.encoder_cache_bytes == encoder_cache_bytes(qwen, 2048, 2, largest_image_embeds(qwen.vision,
                                                                                                1920 * 1080))
     assert capped.encoder_cache_bytes < full.encoder_cache_bytes and capped.activation_bytes < full.activation_bytes
+
+
+def test_no_images_allowed_serves_the_checkpoint_as_text(qwen_llm):
+    """--limit-mm-per-prompt '{"image": 0}' (vLLM's text-only mode): the tower is skipped by the loader, no encoder
+    cache or profile image, an image is refused saying why, and the planner counts no tower."""
+    from app.capacity import plan_for
+    limit = '{"image": 0}'
+    llm = LLM(str(qwen_llm.engine.model_path), device="cpu", max_num_seqs=2, max_num_batched_tokens=64,
+              limit_mm_per_prompt=limit)
+    engine = llm.engine
+    assert engine.model_config.vision is None and engine.images.encoder_cache is None
+    assert engine.images.largest_image_pixels() is None
+    assert not any(name.startswith("visual.") for name, _ in engine.runner.model.named_parameters())
+    assert engine.runner.weights_bytes() < qwen_llm.engine.runner.weights_bytes()
+    with pytest.raises(ValueError, match="--limit-mm-per-prompt"):
+        engine.images.process("<|image_pad|>", [object()])
+    hf = json.loads((engine.model_path / "config.json").read_text())
+    plans = [plan_for(hf, values, [24 * GIB])[1] for values in ({}, {"limit_mm_per_prompt": limit})]
+    assert plans[1].weights_bytes < plans[0].weights_bytes and plans[1].encoder_cache_bytes == 0

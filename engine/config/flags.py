@@ -150,7 +150,8 @@ FLAGS: tuple[Flag, ...] = (
          "server", gui=False),
     # Images (vision-language checkpoints; engine/multimodal): vLLM's names where vLLM has the flag.
     Flag("limit_mm_per_prompt", str, None, "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default: "
-         "no count limit; the context and the encoder budget still bound them)", "engine", gui=False),
+         "no count limit; the context and the encoder budget still bound them); '{\"image\": 0}' serves a "
+         "vision-language checkpoint as text: its tower is neither loaded nor planned", "engine", gui=False),
     Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height), "
          "checked before it is decoded; a larger one is a 400. The encoder budget and cache, the tower's profiled "
          "peak and the planner follow it (Qwen, Mistral3: a lower cap leaves more KV cache). Default: a 12-MP "

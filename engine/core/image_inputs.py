@@ -35,6 +35,9 @@ class ImageInputs:
         vision = model_config.vision
         self.refused = None if vision is not None else \
             f"{model_config.architecture} takes text only: images cannot be sent to it"
+        if config.image_limit() == 0:  # ModelConfig.with_image_limit dropped the tower
+            self.refused = (f"{model_config.architecture} is served as text here: --limit-mm-per-prompt allows no "
+                            "images")
         if vision is None:
             return
         try:

@@ -39,7 +39,8 @@ logger = logging.getLogger("pagedesk.engine")
 def start_engine(config: EngineConfig) -> StartedEngine:
     config.validate()
     model_path = resolve_model_path(config.model, config.revision)
-    model_config = ModelConfig.from_folder(model_path, config.quantization).with_max_model_len(config.max_model_len)
+    model_config = ModelConfig.from_folder(model_path, config.quantization).with_max_model_len(
+        config.max_model_len).with_image_limit(config.image_limit())
     model_config.pooler = pooler_for_task(config.task, model_path, model_config.hf_text_config,
                                           config.speculative_config is not None)
     tokenizer = load_tokenizer(config.tokenizer or model_path, config.trust_remote_code)

@@ -162,7 +162,8 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
     `process_bytes`: one engine process's baseline on the host (each tensor-parallel rank is a process)."""
     config = spec.engine_config()
     on_gpu = card.index != HOST
-    cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(config.max_model_len)
+    cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(
+        config.max_model_len).with_image_limit(config.image_limit())
     dtype = resolve_dtype(config.dtype, cfg.torch_dtype, on_gpu)
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_dtype_bytes(config.kv_cache_dtype, dtype_bytes)
