@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import pickle
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ import torch
 from engine import LLM
 from engine.config.flags import EngineConfig
 from engine.config.model import ModelConfig
+from engine.multimodal.processor import profile_pixels
 from engine.planning.capacity import MemoryProfile
 from engine.planning.planner import estimate_profile, plan_capacity
 from engine.planning.units import GIB
@@ -20,6 +22,7 @@ from engine.worker.kv_cache_sizing import choose_num_blocks
 from tiny_vl_models import make_tiny_vl_model
 
 pytest.importorskip("PIL")
+from PIL import Image  # noqa: E402
 
 
 class MeasuredExecutor:
@@ -87,12 +90,17 @@ def test_the_profile_encodes_the_largest_image(qwen_llm):
         profile = MemoryProfile("cuda:0", 8 * GIB, 8 * GIB, GIB, GIB // 4, 0)
         executor = MeasuredExecutor([profile], runner)
         choose_num_blocks(config, engine.model_config, executor, torch.float32, 64, None, 0, images.max_embeds,
-                          images.largest_image_pixels())
+                          images.largest_image())
     finally:
         del runner.model.encode_image
     # One pass of the tower, at the largest image: 16 embeddings of 2 x 2 merged patches.
     assert patches == [images.max_embeds * 4]
     assert executor.images[0] is not None
+    # What goes to every rank is the image's size, not its pixels: each rank makes the same tensors itself.
+    assert len(pickle.dumps(executor.images[0])) < 1024
+    spec = executor.images[0]
+    blank = images.processor.pixels(Image.new("RGB", (spec.width, spec.height)))
+    assert torch.equal(profile_pixels(spec)["pixel_values"], blank["pixel_values"])
 
 
 def test_the_start_sizes_with_the_largest_image(qwen_llm, monkeypatch):
@@ -113,8 +121,6 @@ def test_the_pixel_cap_shrinks_the_largest_image(qwen_llm):
     """--max-image-pixels flows into the largest image by one rule: the engine's encoder budget and cache, its
     profile image and the planner's cache; and no image within the cap, of any shape, becomes more embeddings
     than that rule says (the processor's own resizing decides, checked here on the worst shapes)."""
-    from PIL import Image
-
     from engine.core.image_inputs import ImageInputs
     from engine.planning.vision import largest_image_embeds
     engine, cap = qwen_llm.engine, 28 * 28 * 6
@@ -122,7 +128,7 @@ def test_the_pixel_cap_shrinks_the_largest_image(qwen_llm):
     images = ImageInputs(config, engine.model_config, engine.model_path, engine.tokenizer, 4)
     assert images.max_embeds == largest_image_embeds(engine.model_config.vision, cap, 16) < 16
     assert images.encoder_cache.capacity == 2 * images.max_embeds
-    assert int(images.largest_image_pixels()["image_grid_thw"].prod()) <= images.max_embeds * 4
+    assert int(profile_pixels(images.largest_image())["image_grid_thw"].prod()) <= images.max_embeds * 4
     for width in (69, 100, 200, 300):  # a square to a strip 15 pixels high, each as many pixels as the cap allows
         grid = images.processor.pixels(Image.new("RGB", (width, cap // width)))["image_grid_thw"]
         assert int(grid.prod()) // 4 <= images.max_embeds
@@ -146,7 +152,7 @@ def test_no_images_allowed_serves_the_checkpoint_as_text(qwen_llm):
               limit_mm_per_prompt=limit)
     engine = llm.engine
     assert engine.model_config.vision is None and engine.images.encoder_cache is None
-    assert engine.images.largest_image_pixels() is None
+    assert engine.images.largest_image() is None
     assert not any(name.startswith("visual.") for name, _ in engine.runner.model.named_parameters())
     assert engine.runner.weights_bytes() < qwen_llm.engine.runner.weights_bytes()
     with pytest.raises(ValueError, match="--limit-mm-per-prompt"):

@@ -5,7 +5,7 @@ budget and cache the scheduler spends, and the checks that refuse an image no st
 vLLM's encoder budget and cache, counted in embeddings: a step encodes up to the token budget and at least the
 largest image the processor makes; the cache holds twice that (the image a prompt is consuming and the next: the
 rule is engine/planning/vision.py's, which the KV sizing and the planner set aside by). The engine's start builds
-this before the KV cache is sized, and its profile encodes `largest_image_pixels`. For
+this before the KV cache is sized, and its profile encodes `largest_image`. For
 a model whose image tokens attend to each other both ways (Gemma) a chunk never ends inside an image, so a step
 must hold the largest one whole or its prompt would wait forever.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 from engine.config.flags import EngineConfig
 from engine.config.model import ModelConfig
 from engine.multimodal.encoder_cache import EncoderCacheManager
-from engine.multimodal.inputs import MultiModalInputs
+from engine.multimodal.inputs import MultiModalInputs, ProfileImage
 from engine.planning.vision import encoder_budget, encoder_cache_capacity
 
 logger = logging.getLogger("pagedesk.engine")
@@ -67,12 +67,12 @@ class ImageInputs:
                                                   self.config.max_image_pixels)
         return self._processor
 
-    def largest_image_pixels(self) -> dict | None:
-        """The processor's tensors of the largest image it accepts (the startup profile encodes it), or None for
-        an engine that takes no images."""
+    def largest_image(self) -> ProfileImage | None:
+        """The largest image the processor accepts, as its size (the startup profile encodes it on every rank),
+        or None for an engine that takes no images."""
         if self.encoder_cache is None:
             return None
-        return self.processor.pixels(self.processor.largest_image())
+        return self.processor.largest_image()
 
     def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
         """A text prompt with one placeholder per image -> the engine's multimodal inputs (checked here, so a bad

@@ -74,7 +74,7 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         # A draft model's or MTP head's KV shares the block ids: the budget covers both tensors.
         num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer,
                                        spec_config.k if spec_config is not None else 0, images.max_embeds,
-                                       images.largest_image_pixels() if device.type == "cuda" else None)
+                                       images.largest_image() if device.type == "cuda" else None)
         if proposer is not None:
             proposer.allocate_kv_cache(num_blocks, kv_dtype)
         layout = model_kv_layout(model_config, config.block_size)

@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.config.vision import VisionConfig
 from engine.multimodal.hashing import hash_image
-from engine.multimodal.inputs import MultiModalInputs, MultiModalItem
+from engine.multimodal.inputs import MultiModalInputs, MultiModalItem, ProfileImage
 from engine.multimodal.media import check_image_size
 from engine.multimodal.mrope import mrope_positions
 from engine.planning.vision import largest_image_embeds
@@ -34,7 +34,7 @@ class MultiModalProcessor:
     def __init__(self, model_path: str | Path, vision: VisionConfig, tokenizer, max_pixels: int | None = None) -> None:
         from transformers import AutoImageProcessor
 
-        self.vision, self.tokenizer, self.max_pixels = vision, tokenizer, max_pixels
+        self.vision, self.tokenizer, self.max_pixels, self.model_path = vision, tokenizer, max_pixels, model_path
         self.image_processor = AutoImageProcessor.from_pretrained(str(model_path))
         extra = _processor_config(Path(model_path))
         token = tokenizer.convert_ids_to_tokens
@@ -72,9 +72,10 @@ class MultiModalProcessor:
             largest = side * side
         return largest_image_embeds(self.vision, self.max_pixels, largest)
 
-    def largest_image(self):
+    def largest_image(self) -> ProfileImage:
         """A blank square image as large as the processor takes before it shrinks one, within --max-image-pixels:
-        the image the startup profile encodes (its tower's peak is the largest an accepted image reaches)."""
+        the image the startup profile encodes (its tower's peak is the largest an accepted image reaches), as
+        its size (each rank makes its tensors: profile_pixels)."""
         kind, ip = self.vision.kind, self.image_processor
         if kind == "qwen3_5":  # longest_edge is a pixel count here
             pixels = int(ip.size["longest_edge"])
@@ -87,13 +88,12 @@ class MultiModalProcessor:
             pixels = int(ip.size.get("longest_edge", 1024)) ** 2
         if self.max_pixels is not None:
             pixels = min(pixels, self.max_pixels)
-        from PIL import Image
         side = math.isqrt(pixels)
-        return Image.new("RGB", (side, side))
+        return ProfileImage(str(self.model_path), side, side)
 
     def pixels(self, image) -> dict[str, Any]:
         """The processor's tensors for one image (what the family's `encode_image` reads)."""
-        return dict(self.image_processor(images=[image.convert("RGB")], return_tensors="pt"))
+        return image_tensors(self.image_processor, image)
 
     def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
         """`prompt` holds one placeholder per image, in order (the chat template writes them for image parts)."""
@@ -161,6 +161,19 @@ class MultiModalProcessor:
             mask = arr[start:stop] == self.vision.image_token_id if self.vision.kind == "pixtral" else None
             spans.append((int(start), int(stop - start), mask))
         return spans
+
+
+def image_tensors(image_processor, image) -> dict[str, Any]:
+    """The checkpoint's image processor's tensors for one PIL image."""
+    return dict(image_processor(images=[image.convert("RGB")], return_tensors="pt"))
+
+
+def profile_pixels(image: ProfileImage) -> dict[str, Any]:
+    """The tensors of the startup profile's blank image, made where they are used (each tensor-parallel rank)."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+    return image_tensors(AutoImageProcessor.from_pretrained(image.model_path),
+                         Image.new("RGB", (image.width, image.height)))
 
 
 def _processor_config(path: Path) -> dict[str, Any]:

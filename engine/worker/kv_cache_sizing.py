@@ -21,6 +21,7 @@ import torch
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.config.model import ModelConfig
 from engine.kv.kv_cache_interface import model_kv_layout
+from engine.multimodal.inputs import ProfileImage
 from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, \
     plan_from_budget, plan_from_profile
 from engine.planning.kv import kv_bytes_per_block
@@ -34,14 +35,14 @@ logger = logging.getLogger("pagedesk.engine")
 
 def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,
                       max_num_batched_tokens: int, proposer=None, num_speculative_tokens: int = 0,
-                      max_embeds_per_image: int | None = None, profile_image: dict | None = None) -> int:
+                      max_embeds_per_image: int | None = None, profile_image: ProfileImage | None = None) -> int:
     """`runner` is a ModelRunner or the tensor-parallel executor (anything with .device and .profile_memory);
     `proposer`: speculative decoding's (engine/spec_decode/proposers/base.Proposer), already loaded on rank 0's
     card (so a draft model's or MTP head's weights are in that card's profile), whose own KV takes a page at
     every block id (an explicit override is kept as given); `num_speculative_tokens`: its k, so the profile's
     widest step is a verify step of 1 + k rows per sequence; `max_embeds_per_image`: a VL engine's largest image
     (None: it takes no images), whose encoder cache at its fullest is set aside by the planner's rule on CUDA;
-    `profile_image`: the processor's tensors of that image, which the profile encodes before its forward."""
+    `profile_image`: that image's size, which every rank's profile makes and encodes before its forward."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     # The model's dtype (a tensor-parallel executor's is its rank-0 runner's): a hybrid's conv states are in it.
@@ -113,7 +114,7 @@ def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: lis
 
 
 def measure_memory(runner, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
-                   num_speculative_tokens: int = 0, image: dict | None = None) -> MemoryProfile:
+                   num_speculative_tokens: int = 0, image: ProfileImage | None = None) -> MemoryProfile:
     """Run the profiling step on this rank's card and measure it (a verify step of 1 + k rows per sequence
     under speculative decoding; `image`, a VL model's largest, through its tower first). Every rank must call
     this together."""
