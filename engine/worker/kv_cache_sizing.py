@@ -24,7 +24,6 @@ from engine.kv.kv_cache_interface import model_kv_layout
 from engine.multimodal.inputs import ProfileImage
 from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, \
     plan_from_budget, plan_from_profile
-from engine.planning.kv import kv_bytes_per_block
 from engine.planning.planner import plan_cpu
 from engine.planning.units import GIB
 from engine.planning.vision import encoder_cache_bytes
