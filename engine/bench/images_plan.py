@@ -67,8 +67,9 @@ def rows() -> list[str]:
             text, images = plan_pair(hf, tp, **kwargs)
             tower = (images.weights_bytes - text.weights_bytes) / MIB
             peak = (images.activation_bytes - text.activation_bytes) / MIB
-            out.append(f"| {name} | {tp} × 24 GiB | {images.max_model_len:,} | "
-                       f"{kwargs.get('max_num_batched_tokens', 8192):,} | {image} | {tower:,.0f} MiB | {peak:,.0f} MiB | "
+            step = kwargs.get("max_num_batched_tokens", 8192)
+            out.append(f"| {name} | {tp} × 24 GiB | {images.max_model_len:,} | {step:,} | {image} | "
+                       f"{tower:,.0f} MiB | {peak:,.0f} MiB | "
                        f"{images.encoder_cache_bytes / MIB:,.0f} MiB | {text.num_tokens:,} ({verdict(text)}) | "
                        f"{images.num_tokens:,} ({verdict(images)}) | {images.num_tokens - text.num_tokens:+,} |")
     return out
@@ -78,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="pagedesk-bench images-plan", description=__doc__.split("\n")[0])
     parser.parse_args(argv)
     print("| model | cards (0.9) | max_model_len | step tokens | largest image (embeddings) | tower weights/card | "
-          "tower peak over the forward | encoder cache/card | KV tokens as text | KV tokens with images | images cost |")
+          "tower peak over the forward | encoder cache/card | KV tokens as text | KV tokens with images | "
+          "images cost |")
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for row in rows():
         print(row)
