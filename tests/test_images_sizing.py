@@ -160,3 +160,17 @@ def test_no_images_allowed_serves_the_checkpoint_as_text(qwen_llm):
     hf = json.loads((engine.model_path / "config.json").read_text())
     plans = [plan_for(hf, values, [24 * GIB])[1] for values in ({}, {"limit_mm_per_prompt": limit})]
     assert plans[1].weights_bytes < plans[0].weights_bytes and plans[1].encoder_cache_bytes == 0
+
+
+def test_the_server_processor_is_built_by_the_engine_image_side(qwen_llm):
+    """The server's processor comes from ImageInputs (one place for the folder, vision config and pixel cap),
+    over the server's own tokenizer copy."""
+    import copy
+
+    from engine.entrypoints.openai.served_model import image_side
+    engine = qwen_llm.engine
+    tokenizer = copy.deepcopy(engine.tokenizer)
+    served = image_side(engine, tokenizer)["mm_processor"]
+    assert served is not engine.images.processor and served.tokenizer is tokenizer
+    assert served.max_embeds_per_image() == engine.images.max_embeds
+    assert served.max_pixels == engine.config.max_image_pixels

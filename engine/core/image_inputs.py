@@ -62,10 +62,14 @@ class ImageInputs:
         if self.refused:
             raise ValueError(self.refused)
         if self._processor is None:
-            from engine.multimodal.processor import MultiModalProcessor
-            self._processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
-                                                  self.config.max_image_pixels)
+            self._processor = self.new_processor(self.tokenizer)
         return self._processor
+
+    def new_processor(self, tokenizer):
+        """Another processor of this engine's images over `tokenizer` (the server's own copy, so its worker
+        threads never share the engine's tokenizer): the same folder, vision config and --max-image-pixels."""
+        from engine.multimodal.processor import MultiModalProcessor
+        return MultiModalProcessor(self.model_path, self.model_config.vision, tokenizer, self.config.max_image_pixels)
 
     def largest_image(self) -> ProfileImage | None:
         """The largest image the processor accepts, as its size (the startup profile encodes it on every rank),
