@@ -27,7 +27,7 @@ from engine.multimodal.hashing import hash_image
 from engine.multimodal.inputs import MultiModalInputs, MultiModalItem, ProfileImage
 from engine.multimodal.media import check_image_size
 from engine.multimodal.mrope import mrope_positions
-from engine.planning.vision import largest_image_embeds
+from engine.planning.vision import largest_image_embeds, largest_image_within
 
 
 class MultiModalProcessor:
@@ -59,24 +59,31 @@ class MultiModalProcessor:
         """The most embeddings one accepted image becomes: the processor's own resizing's largest, within
         --max-image-pixels (engine/planning/vision.py's rule, the planner's; the encoder's budget per step must
         hold one)."""
+        return largest_image_embeds(self.vision, self.max_pixels, self._processor_max_embeds())
+
+    def _processor_max_embeds(self) -> int:
+        """The most embeddings the processor's own resizing lets one image become."""
         kind, ip = self.vision.kind, self.image_processor
         if kind == "qwen3_5":
             unit = int(ip.patch_size) * int(ip.merge_size)
-            largest = int(ip.size["longest_edge"]) // (unit * unit)
-        elif kind == "gemma3":
-            largest = self.tokens_per_image
-        elif kind == "gemma4":
-            largest = int(getattr(ip, "max_soft_tokens", 0) or 280)
-        else:
-            side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
-            largest = side * side
-        return largest_image_embeds(self.vision, self.max_pixels, largest)
+            return int(ip.size["longest_edge"]) // (unit * unit)
+        if kind == "gemma3":
+            return self.tokens_per_image
+        if kind == "gemma4":
+            return int(getattr(ip, "max_soft_tokens", 0) or 280)
+        side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
+        return side * side
 
     def largest_image(self) -> ProfileImage:
-        """A blank square image as large as the processor takes before it shrinks one, within --max-image-pixels:
-        the image the startup profile encodes (its tower's peak is the largest an accepted image reaches), as
-        its size (each rank makes its tensors: profile_pixels)."""
+        """A blank image that becomes the most embeddings an accepted one can: the square the processor takes
+        before it shrinks one, or where --max-image-pixels binds first the shape within it that rounds up the
+        most (engine/planning/vision.py's rule). The startup profile encodes it (its tower's peak is the largest
+        an accepted image reaches), as its size (each rank makes its tensors: profile_pixels)."""
         kind, ip = self.vision.kind, self.image_processor
+        if self.max_pixels is not None and kind in ("qwen3_5", "pixtral"):
+            embeds, height, width = largest_image_within(self.vision, self.max_pixels)
+            if embeds < self._processor_max_embeds():
+                return ProfileImage(str(self.model_path), width, height)
         if kind == "qwen3_5":  # longest_edge is a pixel count here
             pixels = int(ip.size["longest_edge"])
         elif kind == "gemma3":  # every image becomes the tower's fixed square

@@ -97,27 +97,29 @@ def largest_image_embeds(vision: VisionConfig, max_image_pixels: int | None,
     largest = default_max_embeds(vision) if processor_embeds is None else processor_embeds
     if max_image_pixels is None or vision.kind not in ("qwen3_5", "pixtral"):
         return largest
-    return min(largest, _embeds_within_pixels(vision, max_image_pixels))
+    return min(largest, largest_image_within(vision, max_image_pixels)[0])
 
 
-def _embeds_within_pixels(vision: VisionConfig, max_pixels: int) -> int:
-    """The most embeddings any image of at most `max_pixels` pixels becomes before the processor's own limit,
-    over every shape (a thin image rounds up more than a square): Qwen rounds each side to patch x merge and
-    refuses beyond 200:1; Pixtral shrinks the longest side to its image_size and counts started patch cells.
-    A Qwen side under half a unit rounds to nothing and the processor scales such a strip up to its own minimum
-    instead (65,536 pixels, 64 embeddings: far inside any step's budget), so those shapes are left out."""
-    best = 0
+def largest_image_within(vision: VisionConfig, max_pixels: int) -> tuple[int, int, int]:
+    """(embeddings, height, width) of the image of at most `max_pixels` pixels that becomes the most embeddings
+    before the processor's own limit (Qwen, Pixtral), over every shape: a thin image rounds up more than a
+    square. Qwen rounds each side to patch x merge and refuses beyond 200:1; Pixtral shrinks the longest side to
+    its image_size and counts started patch cells. A Qwen side under half a unit rounds to nothing and the
+    processor scales such a strip up to its own minimum instead (65,536 pixels, 64 embeddings: far inside any
+    step's budget), so those shapes are left out. The startup profile encodes this shape when the cap binds."""
+    best = (0, 0, 0)
     if vision.kind == "qwen3_5":
         unit = int(vision.tower.get("patch_size", 16)) * vision.spatial_merge_size
         for short in range(unit // 2 + 1, math.isqrt(max_pixels) + 1):
             long = min(max_pixels // short, 200 * short)
-            best = max(best, round(short / unit) * round(long / unit))
+            best = max(best, (round(short / unit) * round(long / unit), short, long))
         return best
     cell, edge = vision.patch_size * vision.spatial_merge_size, int(vision.tower.get("image_size", 1540))
     for short in range(1, math.isqrt(max_pixels) + 1):
         long = max_pixels // short
         ratio = max(1.0, long / edge)
-        best = max(best, math.ceil(math.floor(short / ratio) / cell) * math.ceil(math.floor(long / ratio) / cell))
+        embeds = math.ceil(math.floor(short / ratio) / cell) * math.ceil(math.floor(long / ratio) / cell)
+        best = max(best, (embeds, short, long))
     return best
 
 
