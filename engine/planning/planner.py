@@ -35,14 +35,17 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
                      quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
                      weights_bytes: int | None = None, activation_bytes: int | None = None,
                      cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0,
-                     max_embeds_per_image: int | None = None) -> MemoryProfile:
+                     max_embeds_per_image: int | None = None,
+                     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> MemoryProfile:
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
     `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
     `num_speculative_tokens`, the verify step's 1 + k sampler rows per sequence, as the engine profiles them,
     and the verify steps' graphs, which hybrid models do not capture; a VL model's tower peak and encoder cache
-    at its fullest, for images of at most `max_embeds_per_image` embeddings, else the family's published
-    default)."""
+    at its fullest, for images of at most `max_embeds_per_image` embeddings (else the family's published
+    default) within `max_image_pixels` (--max-image-pixels), as the engine caps them: vision.largest_image_embeds)."""
     tp = tensor_parallel_size
+    if cfg.vision is not None:
+        max_embeds_per_image = largest_image_embeds(cfg.vision, max_image_pixels, max_embeds_per_image)
     weights = weights_bytes if weights_bytes is not None else loaded_bytes_per_card(cfg, dtype_bytes, tp, quant_bits)
     activations = activation_bytes if activation_bytes is not None else \
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens,
@@ -70,15 +73,12 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
     whose verify graphs the CUDA graphs' share counts; `mtp`: speculation by the checkpoint's MTP head, counted
     like a draft on the first card (with its own full embedding and LM head under tensor parallel);
     `max_embeds_per_image`: a VL model's largest image as its folder's processor makes it (the encoder cache's
-    size; default: the family's published processor settings), within `max_image_pixels` (--max-image-pixels)
-    as the engine caps it (vision.largest_image_embeds)."""
+    size; default: the family's published processor settings), within `max_image_pixels` (--max-image-pixels)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_dtype_bytes(kv_cache_dtype, dtype_bytes)
     if max_model_len:
         cfg = dataclasses.replace(cfg, max_model_len=max_model_len)
     tp = tensor_parallel_size
-    if cfg.vision is not None:
-        max_embeds_per_image = largest_image_embeds(cfg.vision, max_image_pixels, max_embeds_per_image)
     layout = model_kv_layout(cfg, block_size, kv_bytes, tp, window_freeing, dtype_bytes)
     quant_bits = None if cfg.quantization is not None else QUANT_BITS.get(quantization)  # the folder's own wins
     others = other_programs_bytes or [0] * len(card_bytes)
@@ -92,7 +92,7 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes,
                                    num_speculative_tokens=num_speculative_tokens, cuda_graph_mode=cuda_graph_mode,
-                                   max_embeds_per_image=max_embeds_per_image)
+                                   max_embeds_per_image=max_embeds_per_image, max_image_pixels=max_image_pixels)
         extra = scratch + (draft_weights if i == 0 else 0)  # the scratch is allocated before sizing; a draft on rank 0
         if extra:
             profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + extra)
