@@ -175,3 +175,24 @@ def test_the_server_processor_is_built_by_the_engine_image_side(qwen_llm):
     assert served is not engine.images.processor and served.tokenizer is tokenizer
     assert served.max_embeds_per_image() == engine.images.max_embeds
     assert served.max_pixels == engine.config.max_image_pixels
+
+
+@pytest.mark.parametrize("cap", [3000, 8000])
+def test_the_pixel_cap_rule_is_pixtrals_processor(tmp_path_factory, cap):
+    """Pixtral (Mistral3): the rule's largest image under a cap is what its processor makes of the worst shape
+    (each side padded to whole patches, merged 2 x 2), and no shape within the cap becomes more."""
+    from engine.core.tokenizer import load_tokenizer
+    from engine.multimodal.processor import MultiModalProcessor
+    from tiny_vl_models import make_tiny_mistral3_vl
+    path = make_tiny_mistral3_vl(tmp_path_factory.mktemp("pixtral-cap"))
+    vision = ModelConfig.from_folder(path).vision
+    processor = MultiModalProcessor(path, vision, load_tokenizer(str(path)), cap)
+
+    def embeds(width: int, height: int) -> int:
+        rows, cols = (int(x) // processor.pixtral_patch for x in processor.pixels(
+            Image.new("RGB", (width, height)))["image_sizes"][0])
+        return rows * cols
+
+    spec = processor.largest_image()
+    assert embeds(spec.width, spec.height) == processor.max_embeds_per_image() < 16  # 16: the processor's own
+    assert max(embeds(w, cap // w) for w in range(20, cap // 20)) == processor.max_embeds_per_image()

@@ -104,9 +104,10 @@ def largest_image_within(vision: VisionConfig, max_pixels: int) -> tuple[int, in
     """(embeddings, height, width) of the image of at most `max_pixels` pixels that becomes the most embeddings
     before the processor's own limit (Qwen, Pixtral), over every shape: a thin image rounds up more than a
     square. Qwen rounds each side to patch x merge and refuses beyond 200:1; Pixtral shrinks the longest side to
-    its image_size and counts started patch cells. A Qwen side under half a unit rounds to nothing and the
-    processor scales such a strip up to its own minimum instead (65,536 pixels, 64 embeddings: far inside any
-    step's budget), so those shapes are left out. The startup profile encodes this shape when the cap binds."""
+    its image_size, pads each side to whole patches and merges them merge x merge. A Qwen side under half a unit
+    rounds to nothing and the processor scales such a strip up to its own minimum instead (65,536 pixels, 64
+    embeddings: far inside any step's budget), so those shapes are left out. The startup profile encodes this
+    shape when the cap binds."""
     best = (0, 0, 0)
     if vision.kind == "qwen3_5":
         unit = int(vision.tower.get("patch_size", 16)) * vision.spatial_merge_size
@@ -114,11 +115,12 @@ def largest_image_within(vision: VisionConfig, max_pixels: int) -> tuple[int, in
             long = min(max_pixels // short, 200 * short)
             best = max(best, (round(short / unit) * round(long / unit), short, long))
         return best
-    cell, edge = vision.patch_size * vision.spatial_merge_size, int(vision.tower.get("image_size", 1540))
+    patch, merge, edge = vision.patch_size, vision.spatial_merge_size, int(vision.tower.get("image_size", 1540))
     for short in range(1, math.isqrt(max_pixels) + 1):
         long = max_pixels // short
         ratio = max(1.0, long / edge)
-        embeds = math.ceil(math.floor(short / ratio) / cell) * math.ceil(math.floor(long / ratio) / cell)
+        embeds = (math.ceil(math.floor(short / ratio) / patch) // merge) * (
+            math.ceil(math.floor(long / ratio) / patch) // merge)
         best = max(best, (embeds, short, long))
     return best
 
