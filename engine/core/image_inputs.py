@@ -35,10 +35,10 @@ class ImageInputs:
         vision = model_config.vision
         self.refused = None if vision is not None else \
             f"{model_config.architecture} takes text only: images cannot be sent to it"
-        if config.image_limit() == 0:  # ModelConfig.with_image_limit dropped the tower
+        if config.image_limit() == 0:  # ModelConfig.with_image_limit drops the tower at the start
             self.refused = (f"{model_config.architecture} is served as text here: --limit-mm-per-prompt allows no "
                             "images")
-        if vision is None:
+        if vision is None or self.refused:
             return
         try:
             largest = self.processor.max_embeds_per_image()
