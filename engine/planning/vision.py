@@ -1,8 +1,9 @@
 """What a vision-language model's image side takes on each card: the tower's and projector's parameters (replicated
 on every rank and kept in the model's float dtype, as engine/models/vision.py loads them) and the tower's peak
-activations for the largest image the processor makes. Counted from the checkpoint's vision_config
-(ModelConfig.vision), family by family, exactly as the engine's tower modules are built. Torch-free: the GUI's
-planner imports it.
+activations and encoder cache for the largest image an accepted one becomes (the processor's own largest, within
+--max-image-pixels: `largest_image_embeds`, the one rule the engine's processor, its sizing and profile image and
+the planners follow). Counted from the checkpoint's vision_config (ModelConfig.vision), family by family, exactly
+as the engine's tower modules are built. Torch-free: the GUI's planner imports it.
 """
 from __future__ import annotations
 
