@@ -15,6 +15,7 @@ import logging
 from pathlib import Path
 
 from engine.config.flags import EngineConfig
+from engine.config.mm_processor import hf_processor_kwargs
 from engine.config.model import ModelConfig
 from engine.multimodal.encoder_cache import EncoderCacheManager
 from engine.multimodal.inputs import MultiModalInputs, ProfileImage
@@ -40,6 +41,7 @@ class ImageInputs:
                             "images")
         if vision is None or self.refused:
             return
+        hf_processor_kwargs(vision, config.processor_kwargs())  # an unknown key is refused at the start, by name
         try:
             largest = self.processor.max_embeds_per_image()
         except (OSError, ValueError) as exc:  # a folder without preprocessor_config.json, say
@@ -67,9 +69,11 @@ class ImageInputs:
 
     def new_processor(self, tokenizer):
         """Another processor of this engine's images over `tokenizer` (the server's own copy, so its worker
-        threads never share the engine's tokenizer): the same folder, vision config and --max-image-pixels."""
+        threads never share the engine's tokenizer): the same folder, vision config, --max-image-pixels and
+        --mm-processor-kwargs."""
         from engine.multimodal.processor import MultiModalProcessor
-        return MultiModalProcessor(self.model_path, self.model_config.vision, tokenizer, self.config.max_image_pixels)
+        return MultiModalProcessor(self.model_path, self.model_config.vision, tokenizer, self.config.max_image_pixels,
+                                   self.config.processor_kwargs())
 
     def largest_image(self) -> ProfileImage | None:
         """The largest image the processor accepts, as its size (the startup profile encodes it on every rank),

@@ -24,6 +24,7 @@ class ProfileImage:
     model_path: str  # the folder whose image processor makes the tensors
     width: int
     height: int
+    processor_kwargs: dict[str, Any] = field(default_factory=dict)  # HF's, from --mm-processor-kwargs
 
 
 @dataclass(slots=True)

@@ -22,6 +22,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.config.mm_processor import hf_processor_kwargs
 from engine.config.vision import VisionConfig
 from engine.multimodal.hashing import hash_image
 from engine.multimodal.inputs import MultiModalInputs, MultiModalItem, ProfileImage
@@ -31,11 +32,14 @@ from engine.planning.vision import largest_image_embeds, largest_image_within
 
 
 class MultiModalProcessor:
-    def __init__(self, model_path: str | Path, vision: VisionConfig, tokenizer, max_pixels: int | None = None) -> None:
+    def __init__(self, model_path: str | Path, vision: VisionConfig, tokenizer, max_pixels: int | None = None,
+                 processor_kwargs: dict[str, Any] | None = None) -> None:
         from transformers import AutoImageProcessor
 
         self.vision, self.tokenizer, self.max_pixels, self.model_path = vision, tokenizer, max_pixels, model_path
-        self.image_processor = AutoImageProcessor.from_pretrained(str(model_path))
+        # --mm-processor-kwargs as HF's processor takes them (checked: an unknown key is refused by name)
+        self.hf_kwargs = hf_processor_kwargs(vision, processor_kwargs or {})
+        self.image_processor = AutoImageProcessor.from_pretrained(str(model_path), **self.hf_kwargs)
         extra = _processor_config(Path(model_path))
         token = tokenizer.convert_ids_to_tokens
         kind = vision.kind
@@ -56,7 +60,8 @@ class MultiModalProcessor:
         self.image_token = token(vision.image_token_id)
 
     def max_embeds_per_image(self) -> int:
-        """The most embeddings one accepted image becomes: the processor's own resizing's largest, within
+        """The most embeddings one accepted image becomes: the processor's own resizing's largest (after
+        --mm-processor-kwargs), within
         --max-image-pixels (engine/planning/vision.py's rule, the planner's; the encoder's budget per step must
         hold one)."""
         return largest_image_embeds(self.vision, self.max_pixels, self._processor_max_embeds())
@@ -83,7 +88,7 @@ class MultiModalProcessor:
         if self.max_pixels is not None and kind in ("qwen3_5", "pixtral"):
             embeds, height, width = largest_image_within(self.vision, self.max_pixels)
             if embeds < self._processor_max_embeds():
-                return ProfileImage(str(self.model_path), width, height)
+                return ProfileImage(str(self.model_path), width, height, self.hf_kwargs)
         if kind == "qwen3_5":  # longest_edge is a pixel count here
             pixels = int(ip.size["longest_edge"])
         elif kind == "gemma3":  # every image becomes the tower's fixed square
@@ -96,7 +101,7 @@ class MultiModalProcessor:
         if self.max_pixels is not None:
             pixels = min(pixels, self.max_pixels)
         side = math.isqrt(pixels)
-        return ProfileImage(str(self.model_path), side, side)
+        return ProfileImage(str(self.model_path), side, side, self.hf_kwargs)
 
     def pixels(self, image) -> dict[str, Any]:
         """The processor's tensors for one image (what the family's `encode_image` reads)."""
@@ -179,7 +184,7 @@ def profile_pixels(image: ProfileImage) -> dict[str, Any]:
     """The tensors of the startup profile's blank image, made where they are used (each tensor-parallel rank)."""
     from PIL import Image
     from transformers import AutoImageProcessor
-    return image_tensors(AutoImageProcessor.from_pretrained(image.model_path),
+    return image_tensors(AutoImageProcessor.from_pretrained(image.model_path, **image.processor_kwargs),
                          Image.new("RGB", (image.width, image.height)))
 
 

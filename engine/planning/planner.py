@@ -36,16 +36,19 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
                      weights_bytes: int | None = None, activation_bytes: int | None = None,
                      cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0,
                      max_embeds_per_image: int | None = None,
-                     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> MemoryProfile:
+                     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                     processor_kwargs: dict | None = None) -> MemoryProfile:
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
     `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
     `num_speculative_tokens`, the verify step's 1 + k sampler rows per sequence, as the engine profiles them,
     and the verify steps' graphs, which hybrid models do not capture; a VL model's tower peak and encoder cache
     at its fullest, for images of at most `max_embeds_per_image` embeddings (else the family's published
-    default) within `max_image_pixels` (--max-image-pixels), as the engine caps them: vision.largest_image_embeds)."""
+    default as `processor_kwargs`, --mm-processor-kwargs, resize them) within `max_image_pixels`
+    (--max-image-pixels), as the engine caps them: vision.largest_image_embeds)."""
     tp = tensor_parallel_size
     if cfg.vision is not None:
-        max_embeds_per_image = largest_image_embeds(cfg.vision, max_image_pixels, max_embeds_per_image)
+        max_embeds_per_image = largest_image_embeds(cfg.vision, max_image_pixels, max_embeds_per_image,
+                                                    processor_kwargs)
     weights = weights_bytes if weights_bytes is not None else loaded_bytes_per_card(cfg, dtype_bytes, tp, quant_bits)
     activations = activation_bytes if activation_bytes is not None else \
         estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens,
@@ -66,14 +69,16 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   num_speculative_tokens: int = 0, mtp: bool = False,
                   cuda_graph_mode: str = "full_and_piecewise",
                   max_embeds_per_image: int | None = None,
-                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS) -> CapacityPlan:
+                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                  processor_kwargs: dict | None = None) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides. `draft`: speculative decoding's draft model, whose weights sit on the first card
     (`weights_bytes`, if given, is the target's alone); `num_speculative_tokens`: k of any speculative method,
     whose verify graphs the CUDA graphs' share counts; `mtp`: speculation by the checkpoint's MTP head, counted
     like a draft on the first card (with its own full embedding and LM head under tensor parallel);
     `max_embeds_per_image`: a VL model's largest image as its folder's processor makes it (the encoder cache's
-    size; default: the family's published processor settings), within `max_image_pixels` (--max-image-pixels)."""
+    size; default: the family's published processor settings as `processor_kwargs`, --mm-processor-kwargs, resize
+    them), within `max_image_pixels` (--max-image-pixels)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_dtype_bytes(kv_cache_dtype, dtype_bytes)
     if max_model_len:
@@ -92,7 +97,8 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes,
                                    num_speculative_tokens=num_speculative_tokens, cuda_graph_mode=cuda_graph_mode,
-                                   max_embeds_per_image=max_embeds_per_image, max_image_pixels=max_image_pixels)
+                                   max_embeds_per_image=max_embeds_per_image, max_image_pixels=max_image_pixels,
+                                   processor_kwargs=processor_kwargs)
         extra = scratch + (draft_weights if i == 0 else 0)  # the scratch is allocated before sizing; a draft on rank 0
         if extra:
             profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + extra)

@@ -1,14 +1,15 @@
 """What a vision-language model's image side takes on each card: the tower's and projector's parameters (replicated
 on every rank and kept in the model's float dtype, as engine/models/vision.py loads them) and the tower's peak
-activations and encoder cache for the largest image an accepted one becomes (the processor's own largest, within
---max-image-pixels: `largest_image_embeds`, the one rule the engine's processor, its sizing and profile image and
-the planners follow). Counted from the checkpoint's vision_config (ModelConfig.vision), family by family, exactly
+activations and encoder cache for the largest image an accepted one becomes (the processor's own largest after
+--mm-processor-kwargs resize it, within --max-image-pixels: `largest_image_embeds`, the one rule the engine's
+processor, its sizing and profile image and the planners follow). Counted from the checkpoint's vision_config (ModelConfig.vision), family by family, exactly
 as the engine's tower modules are built. Torch-free: the GUI's planner imports it.
 """
 from __future__ import annotations
 
 import math
 
+from engine.config.mm_processor import hf_processor_kwargs, processor_max_embeds
 from engine.config.model import ModelConfig
 from engine.config.vision import VisionConfig
 
@@ -89,13 +90,19 @@ def default_max_embeds(vision: VisionConfig) -> int:
 
 
 def largest_image_embeds(vision: VisionConfig, max_image_pixels: int | None,
-                         processor_embeds: int | None = None) -> int:
+                         processor_embeds: int | None = None, processor_kwargs: dict | None = None) -> int:
     """The most embeddings one accepted image becomes: the processor's own largest (`processor_embeds`, which the
-    engine asks its folder's processor for; else the family's published default), and where the count follows the
-    image's size (Qwen, Pixtral) no more than the largest image --max-image-pixels admits becomes. The encoder
-    budget, the encoder cache, the tower's planned peak and the profile image all follow from it. Gemma 3's count
-    is fixed and Gemma 4's processor resizes every image to its soft-token budget: the cap changes neither."""
-    largest = default_max_embeds(vision) if processor_embeds is None else processor_embeds
+    engine asks its folder's processor for, built with --mm-processor-kwargs; else the family's published default
+    as `processor_kwargs` resize it), and where the count follows the image's size (Qwen, Pixtral) no more than
+    the largest image --max-image-pixels admits becomes. The encoder budget, the encoder cache, the tower's
+    planned peak and the profile image all follow from it. Gemma 3's count is fixed and Gemma 4's processor
+    resizes every image to its soft-token budget: the cap changes neither."""
+    if processor_embeds is not None:
+        largest = processor_embeds
+    else:
+        kwargs = processor_kwargs or {}
+        hf_processor_kwargs(vision, kwargs)  # an unknown key is refused by name, as at the engine's start
+        largest = processor_max_embeds(vision, kwargs, default_max_embeds(vision))
     if max_image_pixels is None or vision.kind not in ("qwen3_5", "pixtral"):
         return largest
     return min(largest, largest_image_within(vision, max_image_pixels)[0])

@@ -175,7 +175,8 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
                                max_num_batched_tokens=step_tokens, max_num_seqs=seats,
                                cuda_graphs=on_gpu and not config.enforce_eager,
                                cuda_graph_mode=config.cuda_graph_mode, num_speculative_tokens=k,
-                               max_image_pixels=config.max_image_pixels)
+                               max_image_pixels=config.max_image_pixels,
+                               processor_kwargs=config.processor_kwargs())
     layout = model_kv_layout(cfg, block_size, kv_bytes, tp, act_dtype_bytes=dtype_bytes)
     draft, mtp = speculation_model(speculative)  # on the replica's first card; its KV pages share the budget
     draft_weights, draft_per_block = speculation_footprint(cfg, dtype_bytes, kv_bytes, block_size, tp, draft, mtp)
