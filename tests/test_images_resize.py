@@ -100,3 +100,22 @@ def test_the_budget_follows_the_kwargs_in_the_engine_and_the_planners(resized, t
     app_full, app_small = (plan_for(json.loads(json.dumps(QWEN3_6_27B)), dict(values, **extra), [24 * GIB])[1]
                            for extra in ({}, {"mm_processor_kwargs": json.dumps(hd)}))
     assert app_small.encoder_cache_bytes == small.encoder_cache_bytes < app_full.encoder_cache_bytes
+
+
+def test_the_router_places_a_replica_by_the_kwargs(resized):
+    """The router's placement sizes a VL replica's encoder cache by the processor's largest image after
+    --mm-processor-kwargs, through the planner's rule."""
+    from engine.config.model import DTYPE_BYTES
+    from engine.entrypoints.router.placement import Card, replica_need
+    from engine.entrypoints.router.specs import ModelSpec
+    from engine.planning.units import resolve_dtype
+    folder = str(resized.engine.model_path)
+    card, flags = Card(0, "cuda:0", 64 * GIB), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2}
+    full, small, text = (replica_need(ModelSpec("v", folder, {**flags, **extra}), card, None) for extra in (
+        {}, {"mm_processor_kwargs": json.dumps(KWARGS)}, {"limit_mm_per_prompt": '{"image": 0}'}))
+    cfg = ModelConfig.from_folder(folder)
+    config = ModelSpec("v", folder, flags).engine_config()
+    step, dtype_bytes = config.resolve_max_num_batched_tokens(256), DTYPE_BYTES[resolve_dtype(config.dtype,
+                                                                                              cfg.torch_dtype, True)]
+    assert small.overhead_bytes - text.overhead_bytes == encoder_cache_bytes(cfg, step, dtype_bytes, 6)
+    assert small.overhead_bytes < full.overhead_bytes
