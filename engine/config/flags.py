@@ -154,8 +154,8 @@ FLAGS: tuple[Flag, ...] = (
     Flag("limit_mm_per_prompt", str, None, "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default: "
          "no count limit; the context and the encoder budget still bound them); '{\"image\": 0}' serves a "
          "vision-language checkpoint as text: its tower is neither loaded nor planned", "engine", gui=False),
-    Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height): "
-         "refused above, before decoding (a 400 naming the part). Default: an 8K frame, 7680x4320. To make images "
+    Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height) "
+         "(refused above, before decoding: a 400 naming the part). Default: an 8K frame, 7680x4320. To make images "
          "cheaper, resize them with --mm-processor-kwargs instead", "engine", minimum=1, gui=False),
     Flag("mm_processor_kwargs", str, None, "Settings for the checkpoint's image processor, as JSON (vLLM's flag): "
          "Qwen '{\"max_pixels\": 1003520}' resizes larger images down to ~1 MP (and '{\"min_pixels\": N}'), "

@@ -54,6 +54,9 @@ def hf_processor_kwargs(vision: VisionConfig, kwargs: dict[str, Any]) -> dict[st
             GEMMA4_SOFT_TOKENS:
         raise ValueError(f"--mm-processor-kwargs: max_soft_tokens must be one of {list(GEMMA4_SOFT_TOKENS)}, got "
                          f"{kwargs['max_soft_tokens']}")
+    if kwargs.get("min_pixels", 0) > kwargs.get("max_pixels", kwargs.get("min_pixels", 0)):
+        raise ValueError(f"--mm-processor-kwargs: min_pixels {kwargs['min_pixels']} is above max_pixels "
+                         f"{kwargs['max_pixels']}")
     if vision.kind == "pixtral" and "longest_edge" in kwargs:
         edge = int(vision.tower.get("image_size", 1540))
         if kwargs["longest_edge"] > edge:  # the tower's 2-D positions reach image_size / patch_size per side
