@@ -88,6 +88,13 @@ def test_the_budget_follows_the_kwargs_in_the_engine_and_the_planners(resized, t
     processor = MultiModalProcessor(path, pixtral, load_tokenizer(str(path)), None, {"longest_edge": 56})
     assert processor.max_embeds_per_image() == largest_image_embeds(
         pixtral, None, processor_kwargs={"longest_edge": 56}) == 4 < 16
+    # Gemma 4: its soft-token budget, the engine's processor and the rule agree.
+    from tiny_vl_models import make_tiny_gemma4_vl
+    path = make_tiny_gemma4_vl(tmp_path / "gemma4")
+    gemma4 = ModelConfig.from_folder(path).vision
+    processor = MultiModalProcessor(path, gemma4, load_tokenizer(str(path)), None, {"max_soft_tokens": 140})
+    assert processor.max_embeds_per_image() == largest_image_embeds(
+        gemma4, None, processor_kwargs={"max_soft_tokens": 140}) == 140
     # The planners: Qwen3.6-27B resized to 1080p by the kwargs, through plan_capacity and the app's Models tab.
     from engine.bench.hybrid import QWEN3_6_27B
     qwen = ModelConfig.from_hf_config(json.loads(json.dumps(QWEN3_6_27B)))
