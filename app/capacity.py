@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from app.units import plural
-from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
+from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, DEFAULT_MAX_IMAGE_PIXELS, EngineConfig
 from engine.config.model import ModelConfig
 from engine.config.speculative import parse_speculative_config
 from engine.planning.capacity import CapacityPlan
@@ -67,7 +67,10 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
     on_gpu = bool(gpu_memory_bytes)
     engine = EngineConfig(max_num_batched_tokens=values.get("max_num_batched_tokens"),
                           enable_chunked_prefill=bool(values.get("enable_chunked_prefill", True)),
+                          limit_mm_per_prompt=values.get("limit_mm_per_prompt"),
+                          mm_processor_kwargs=values.get("mm_processor_kwargs"),
                           serving=True)  # the app runs pagedesk-serve: its step budget sizes the peak
+    cfg.with_image_limit(engine.image_limit())  # '{"image": 0}': served as text, no tower planned
     common = dict(dtype=resolve_dtype(values.get("dtype") or "auto", cfg.torch_dtype, on_gpu),
                   kv_cache_dtype=values.get("kv_cache_dtype") or "auto", max_model_len=cfg.max_model_len,
                   block_size=int(values.get("block_size") or 16),
@@ -80,7 +83,9 @@ def plan_for(hf_config: dict, values: dict[str, Any], gpu_memory_bytes: list[int
             max_num_batched_tokens=engine.resolve_max_num_batched_tokens(cfg.max_model_len),
             other_programs_bytes=gpu_used_bytes, cuda_graphs=not values.get("enforce_eager"),
             cuda_graph_mode=values.get("cuda_graph_mode") or "full_and_piecewise",
-            num_speculative_tokens=spec.k if spec is not None else 0, **common)
+            num_speculative_tokens=spec.k if spec is not None else 0,
+            max_image_pixels=int(values.get("max_image_pixels") or DEFAULT_MAX_IMAGE_PIXELS),
+            processor_kwargs=engine.processor_kwargs(), **common)
         return f"{plural(len(gpu_memory_bytes), 'GPU')}, smallest {min(gpu_memory_bytes) / GIB:.1f} GiB", plan
     budget = values.get("kv_cache_memory") or DEFAULT_CPU_KV_CACHE_GIB
     plan = plan_cpu(cfg, float(budget), max_num_batched_tokens=engine.resolve_max_num_batched_tokens(

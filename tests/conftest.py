@@ -105,3 +105,18 @@ def scripted_api_server(tmp_path_factory):
     yield srv
     srv.stop()
 
+
+
+@pytest.fixture(scope="session")
+def image_family(tmp_path_factory):
+    """image_family(name) -> tests/image_families.FamilyRun (checkpoint, engine, processed cases, HF's ids), built
+    once per session: the shared image tests and the family's own module use the same one."""
+    from image_families import FAMILIES, build
+    built = {}
+
+    def get(name):
+        if name not in built:
+            built[name] = build(FAMILIES[name], tmp_path_factory.mktemp(name))
+        return built[name]
+
+    return get

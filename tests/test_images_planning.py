@@ -54,3 +54,23 @@ def test_published_gemma3_27b_counts_its_siglip_tower():
     assert default_max_embeds(cfg.vision) == 256
     # SigLIP-So400m (27 layers of 1152, 4304) with its 4096 patch positions, and the 1152 x 5376 projection
     assert 400e6 < tower_params(cfg.vision, cfg.hidden_size) < 425e6
+
+
+def test_the_router_places_a_vl_replica_with_its_encoder_cache(vl_folder):
+    """The router's placement sets a VL replica's encoder cache aside as the engine's sizing does, sized by
+    --max-image-pixels through the planner's rule; '{"image": 0}' places it as text."""
+    from engine.entrypoints.router.placement import Card, replica_need
+    from engine.entrypoints.router.specs import ModelSpec
+    from engine.config.model import DTYPE_BYTES
+    from engine.planning.units import GIB, resolve_dtype
+    from engine.planning.vision import encoder_cache_bytes, largest_image_embeds
+    card, flags = Card(0, "cuda:0", 64 * GIB), {"max_model_len": 256, "enforce_eager": True, "max_num_seqs": 2}
+    need, text = (replica_need(ModelSpec("v", str(vl_folder), {**flags, **extra}), card, None)
+                  for extra in ({}, {"limit_mm_per_prompt": '{"image": 0}'}))
+    cfg = ModelConfig.from_folder(vl_folder)
+    config = ModelSpec("v", str(vl_folder), flags).engine_config()
+    step, dtype_bytes = config.resolve_max_num_batched_tokens(256), DTYPE_BYTES[resolve_dtype(config.dtype,
+                                                                                              cfg.torch_dtype, True)]
+    cache = encoder_cache_bytes(cfg, step, dtype_bytes, largest_image_embeds(cfg.vision, config.max_image_pixels))
+    assert need.overhead_bytes - text.overhead_bytes == cache > 0
+    assert need.weights_bytes > text.weights_bytes  # the tower, replicated

@@ -11,7 +11,7 @@ COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.mem
             "kv-groups": "engine.bench.kv_groups", "families": "engine.bench.families", "moe": "engine.bench.moe",
             "moe-tune": "engine.bench.moe_tune",
             "spec": "engine.bench.spec", "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare",
-            "images": "engine.bench.images",
+            "images": "engine.bench.images", "images-plan": "engine.bench.images_plan",
             "steps": "engine.bench.steps", "threads": "engine.bench.threads", "peer": "engine.bench.peer",
             "offload": "engine.bench.offload"}
 

@@ -64,13 +64,19 @@ DENSE_CASES = [("Qwen3-32B AWQ (dense attention)", QWEN3_32B), ("Qwen3-30B-A3B A
 SEATS = (4, 16)  # max_num_seqs: the state pool holds one slot per seat
 
 
-def plan(hf: dict, tp: int, max_num_seqs: int):
-    """The plan at CONTEXT tokens, AWQ weights, FP8 KV on `tp` 24 GiB cards at 0.9."""
+def plan(hf: dict, tp: int, max_num_seqs: int, images: bool = False):
+    """The plan at CONTEXT tokens, AWQ weights, FP8 KV on `tp` 24 GiB cards at 0.9; served as text (the tower
+    neither loaded nor run, as a folder without its image processor is served), or with `images` its tower,
+    its peak at the largest image and its encoder cache (`pagedesk-bench images --planner`)."""
+    import dataclasses
+
     from engine.config.model import ModelConfig
     from engine.planning.planner import plan_capacity
     from engine.planning.units import GIB
     hf = {**hf, "quantization_config": AWQ_G128}
     cfg = ModelConfig.from_hf_config(hf)
+    if not images:
+        cfg = dataclasses.replace(cfg, vision=None)
     cfg.max_position_embeddings = max(cfg.max_position_embeddings, CONTEXT)  # dense ones: planned as if extended
     return cfg, plan_capacity(cfg, [24 * GIB] * tp, 0.9, dtype="bfloat16", kv_cache_dtype="fp8", tensor_parallel_size=tp,
                               max_model_len=CONTEXT, max_num_seqs=max_num_seqs, cuda_graphs=True)

@@ -13,6 +13,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.config.mm_processor import parse_mm_processor_kwargs
+
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "int8", "int4")
 KV_OFFLOADING_BACKENDS = ("native",)  # vLLM's names; "lmcache" is not built
 MODEL_TTL_ACTIONS = ("unload", "sleep")
@@ -36,7 +38,10 @@ OFFLINE_MAX_NUM_BATCHED_TOKENS = 8192
 # decodes. Offline `LLM` keeps 8192 and no cap (throughput, no streams to stall).
 SERVING_MAX_NUM_BATCHED_TOKENS = 2048
 SERVING_MAX_BATCH_PREFILL_TOKENS = {"cuda": None, "cpu": 32}
-DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320  # an 8K frame; PIL's own decompression-bomb limit is ~5x that
+# The decompression-bomb guard: an 8K frame (7680 x 4320, 33 MP), above any screenshot or camera photo people send,
+# refused before it is decoded (PIL's own limit is ~5x that). It only sizes the encoder where it is below the
+# processor's largest image; --mm-processor-kwargs is how images are made smaller (resized, not refused).
+DEFAULT_MAX_IMAGE_PIXELS = 7680 * 4320
 MM_MODALITIES = ("image",)  # what --limit-mm-per-prompt may name
 
 
@@ -151,9 +156,18 @@ FLAGS: tuple[Flag, ...] = (
          "server", gui=False),
     # Images (vision-language checkpoints; engine/multimodal): vLLM's names where vLLM has the flag.
     Flag("limit_mm_per_prompt", str, None, "Most images one prompt may carry, as JSON: '{\"image\": 4}' (default: "
-         "no count limit; the context and the encoder budget still bound them)", "engine", gui=False),
-    Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height), "
-         "checked before it is decoded; a larger one is a 400", "engine", minimum=1, gui=False),
+         "no count limit; the context and the encoder budget still bound them); '{\"image\": 0}' serves a "
+         "vision-language checkpoint as text: its tower is neither loaded nor planned", "engine", gui=False),
+    Flag("max_image_pixels", int, DEFAULT_MAX_IMAGE_PIXELS, "Largest image accepted, in pixels (width x height) "
+         "(refused above, before decoding: a 400 naming the part). Default: an 8K frame, 7680x4320. To make images "
+         "cheaper, resize them with --mm-processor-kwargs instead", "engine", minimum=1, gui=False),
+    Flag("mm_processor_kwargs", str, None, "Settings for the checkpoint's image processor, as JSON (vLLM's flag): "
+         "Qwen '{\"max_pixels\": 1003520}' resizes larger images down to ~1 MP (and '{\"min_pixels\": N}'), "
+         "Mistral3 '{\"longest_edge\": 1024}', Gemma 4 '{\"max_soft_tokens\": 140}'; Gemma 3 takes none. The "
+         "encoder budget and cache, the tower's profiled peak and the planner follow the largest image the "
+         "processor then makes: a smaller one leaves more context (Qwen3.6-27B AWQ, one 24 GB card, 2,048-token "
+         "steps: 25,440 KV tokens at the processor's own 16.7 MP, 39,232 at max_pixels 12.2 MP; pagedesk-bench "
+         "images-plan). Default: the processor's own largest image", "engine", gui=False),
     Flag("allowed_local_media_path", str, None, "Folder whose files requests may name as file:// image URLs "
          "(default: none)", "server", gui=False),
     Flag("allowed_media_domains", str, None, "Comma-separated hosts whose http(s) image URLs the server fetches "
@@ -257,6 +271,7 @@ class EngineConfig:
     strict_request_fields: bool = False
     limit_mm_per_prompt: str | dict | None = None
     max_image_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
+    mm_processor_kwargs: str | dict | None = None
     allowed_local_media_path: str | None = None
     allowed_media_domains: str | None = None
     serving: bool = False  # set by pagedesk-serve: online defaults (a smaller step budget), not a flag
@@ -296,6 +311,7 @@ class EngineConfig:
             raise ValueError("--kv-offloading-size keeps prefix-cache blocks in CPU RAM, but prefix caching is off "
                              "(--no-enable-prefix-caching); turn it on or leave --kv-offloading-size out")
         self.image_limit()  # a malformed --limit-mm-per-prompt is refused at start
+        self.processor_kwargs()  # and a malformed --mm-processor-kwargs (its keys are the checkpoint's to judge)
         if self.data_parallel_size != 1:
             raise ValueError("--data-parallel-size > 1 runs one engine per replica behind pagedesk-serve's router; "
                              "one engine (or the offline LLM) serves one replica")
@@ -329,6 +345,10 @@ class EngineConfig:
         if unknown:
             raise ValueError(f"--limit-mm-per-prompt names {unknown}; this engine takes {list(MM_MODALITIES)} only")
         return value.get("image")
+
+    def processor_kwargs(self) -> dict[str, Any]:
+        """--mm-processor-kwargs as a dict ({} when not given)."""
+        return parse_mm_processor_kwargs(self.mm_processor_kwargs)
 
     def resolve_max_num_batched_tokens(self, max_model_len: int) -> int:
         if self.max_num_batched_tokens is not None:

@@ -211,6 +211,14 @@ class ModelConfig:
         self.max_model_len = max_model_len or self.max_position_embeddings
         return self
 
+    def with_image_limit(self, limit: int | None) -> "ModelConfig":
+        """Served as text when --limit-mm-per-prompt allows no image (vLLM's text-only mode for a VL checkpoint):
+        the tower is then skipped by the loader as for a folder without its image processor, and neither the
+        engine's sizing nor the planner counts it."""
+        if limit == 0:
+            self.vision = None
+        return self
+
     def layer_head_dim(self, layer: int) -> int:
         return self.layer_head_dims[layer] if self.layer_head_dims else self.head_dim
 

@@ -57,11 +57,12 @@ class MoEConfig:
 def parse_moe_config(hf: dict[str, Any], architecture: str) -> MoEConfig | None:
     """The MoE description of a config.json dict, or None for a dense architecture."""
     layers = hf["num_hidden_layers"]
-    if architecture == "Qwen3MoeForCausalLM":
+    if architecture in ("Qwen3MoeForCausalLM", "Qwen3VLMoeForConditionalGeneration"):
         step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
         moe = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+        vl = architecture == "Qwen3VLMoeForConditionalGeneration"  # its router always renormalizes the top k
         return MoEConfig(_experts(hf, "num_experts"), hf["num_experts_per_tok"], hf["moe_intermediate_size"], moe,
-                         renormalize=bool(hf.get("norm_topk_prob", False)))
+                         renormalize=vl or bool(hf.get("norm_topk_prob", False)))
     if architecture == "Qwen3NextForCausalLM":  # Qwen3-MoE's routing plus a sigmoid-gated shared expert
         step, dense = hf.get("decoder_sparse_step", 1), set(hf.get("mlp_only_layers") or ())
         if not hf.get("num_experts", 512):

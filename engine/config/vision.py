@@ -18,6 +18,8 @@ from typing import Any
 VISION_KINDS = {
     "Qwen3_5ForConditionalGeneration": "qwen3_5",
     "Qwen3_5MoeForConditionalGeneration": "qwen3_5",
+    "Qwen3VLForConditionalGeneration": "qwen3_5",  # Qwen3.5's tower, placeholders and mRoPE, plus DeepStack
+    "Qwen3VLMoeForConditionalGeneration": "qwen3_5",
     "Gemma3ForConditionalGeneration": "gemma3",
     "Mistral3ForConditionalGeneration": "pixtral",
     "Gemma4ForConditionalGeneration": "gemma4",
@@ -37,6 +39,11 @@ class VisionConfig:
     mrope_section: tuple[int, ...] | None = None  # Qwen: rotary frequencies per position stream (t, h, w)
     # Mistral3: the projector's top-level keys (vision_feature_layer, projector_hidden_act, multimodal_projector_bias)
     projector: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def num_deepstack(self) -> int:
+        """Qwen3-VL's DeepStack: sets of embeddings beyond the main one that each image becomes (0 elsewhere)."""
+        return len(self.tower.get("deepstack_visual_indexes") or ())
 
     @property
     def patch_size(self) -> int:

@@ -79,8 +79,8 @@ class EngineCore:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.enable_prefix_caching,
                                  [group.spec for group in self.kv_layout.groups], started.num_state_slots, snapshots,
                                  offload)
-        self.images = ImageInputs(config, self.model_config, self.model_path, self.tokenizer,
-                                  self.max_num_batched_tokens)
+        self.images = started.images if started.images is not None else ImageInputs(
+            config, self.model_config, self.model_path, self.tokenizer, self.max_num_batched_tokens)
         self.encoder_cache = self.images.encoder_cache
         self.scheduler = Scheduler(self.kv, config.max_num_seqs, self.max_num_batched_tokens,
                                    config.enable_chunked_prefill,

@@ -3,7 +3,9 @@ processor that loads), the checkpoint's processor (engine/multimodal/processor.p
 budget and cache the scheduler spends, and the checks that refuse an image no step could ever run.
 
 vLLM's encoder budget and cache, counted in embeddings: a step encodes up to the token budget and at least the
-largest image the processor makes; the cache holds twice that (the image a prompt is consuming and the next). For
+largest image the processor makes; the cache holds twice that (the image a prompt is consuming and the next: the
+rule is engine/planning/vision.py's, which the KV sizing and the planner set aside by). The engine's start builds
+this before the KV cache is sized, and its profile encodes `largest_image`. For
 a model whose image tokens attend to each other both ways (Gemma) a chunk never ends inside an image, so a step
 must hold the largest one whole or its prompt would wait forever.
 """
@@ -13,9 +15,11 @@ import logging
 from pathlib import Path
 
 from engine.config.flags import EngineConfig
+from engine.config.mm_processor import hf_processor_kwargs
 from engine.config.model import ModelConfig
 from engine.multimodal.encoder_cache import EncoderCacheManager
-from engine.multimodal.inputs import MultiModalInputs
+from engine.multimodal.inputs import MultiModalInputs, ProfileImage
+from engine.planning.vision import encoder_budget, encoder_cache_capacity
 
 logger = logging.getLogger("pagedesk.engine")
 
@@ -27,12 +31,17 @@ class ImageInputs:
         self.max_num_batched_tokens = max_num_batched_tokens
         self._processor = None
         self.encoder_cache: EncoderCacheManager | None = None  # None: the engine takes no images
+        self.max_embeds: int | None = None  # the most embeddings one image becomes (None: no images)
         self.whole = False  # an image's tokens must be computed in one step (they attend both ways)
         vision = model_config.vision
         self.refused = None if vision is not None else \
             f"{model_config.architecture} takes text only: images cannot be sent to it"
-        if vision is None:
+        if config.image_limit() == 0:  # ModelConfig.with_image_limit drops the tower at the start
+            self.refused = (f"{model_config.architecture} is served as text here: --limit-mm-per-prompt allows no "
+                            "images")
+        if vision is None or self.refused:
             return
+        hf_processor_kwargs(vision, config.processor_kwargs())  # an unknown key is refused at the start, by name
         try:
             largest = self.processor.max_embeds_per_image()
         except (OSError, ValueError) as exc:  # a folder without preprocessor_config.json, say
@@ -40,8 +49,9 @@ class ImageInputs:
                             f"does not load ({exc})")
             logger.warning("%s; serving it as text", self.refused)
             return
-        budget = max(max_num_batched_tokens, largest)
-        self.encoder_cache = EncoderCacheManager(budget, 2 * budget)
+        self.max_embeds = largest
+        self.encoder_cache = EncoderCacheManager(encoder_budget(max_num_batched_tokens, largest),
+                                                 encoder_cache_capacity(max_num_batched_tokens, largest))
         self.whole = vision.bidirectional
         if self.whole and max_num_batched_tokens < largest:
             raise ValueError(f"{model_config.architecture}: an image is {largest} tokens whose attention runs both "
@@ -54,10 +64,23 @@ class ImageInputs:
         if self.refused:
             raise ValueError(self.refused)
         if self._processor is None:
-            from engine.multimodal.processor import MultiModalProcessor
-            self._processor = MultiModalProcessor(self.model_path, self.model_config.vision, self.tokenizer,
-                                                  self.config.max_image_pixels)
+            self._processor = self.new_processor(self.tokenizer)
         return self._processor
+
+    def new_processor(self, tokenizer):
+        """Another processor of this engine's images over `tokenizer` (the server's own copy, so its worker
+        threads never share the engine's tokenizer): the same folder, vision config, --max-image-pixels and
+        --mm-processor-kwargs."""
+        from engine.multimodal.processor import MultiModalProcessor
+        return MultiModalProcessor(self.model_path, self.model_config.vision, tokenizer, self.config.max_image_pixels,
+                                   self.config.processor_kwargs())
+
+    def largest_image(self) -> ProfileImage | None:
+        """The largest image the processor accepts, as its size (the startup profile encodes it on every rank),
+        or None for an engine that takes no images."""
+        if self.encoder_cache is None:
+            return None
+        return self.processor.largest_image()
 
     def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
         """A text prompt with one placeholder per image -> the engine's multimodal inputs (checked here, so a bad

@@ -32,3 +32,4 @@ class StartedEngine:
     spec_config: SpeculativeConfig | None = None
     proposer: Any = None  # engine/spec_decode/proposers/base.Proposer, when speculating
     host_tier: HostTierPlan | None = None  # the prefix cache's CPU-RAM tier, allocated on every rank
+    images: Any = None  # engine/core/image_inputs.ImageInputs, built before sizing (None: the core builds its own)

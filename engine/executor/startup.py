@@ -1,6 +1,8 @@
 """Starting an engine: the checkpoint resolved and read, the executor started (one ModelRunner, or rank 0 of a
 tensor-parallel group and its workers), the KV cache sized from what is left and allocated on every rank, graphs
-planned and captured, and the speculative proposer checked before anything loads and built after the target. With
+planned and captured, and the speculative proposer checked before anything loads and built after the target.
+A VL model's image side (engine/core/image_inputs.py) is set up before sizing: the KV sizing sets its encoder cache
+aside and the profile encodes the largest image the processor accepts. With
 --kv-offloading-size each rank then allocates its share of the prefix cache's CPU-RAM tier (engine/planning/offload.py).
 
 The order matters: input rows and a hybrid model's verify scratch are reserved before sizing (the pool is what is
@@ -17,6 +19,7 @@ from engine.config.flags import EngineConfig
 from engine.config.model import ModelConfig
 from engine.config.pooler import pooler_for_task
 from engine.config.speculative import parse_speculative_config
+from engine.core.image_inputs import ImageInputs
 from engine.core.started import StartedEngine
 from engine.core.tokenizer import load_tokenizer
 from engine.executor.tp_executor import create_executor
@@ -36,7 +39,8 @@ logger = logging.getLogger("pagedesk.engine")
 def start_engine(config: EngineConfig) -> StartedEngine:
     config.validate()
     model_path = resolve_model_path(config.model, config.revision)
-    model_config = ModelConfig.from_folder(model_path, config.quantization).with_max_model_len(config.max_model_len)
+    model_config = ModelConfig.from_folder(model_path, config.quantization).with_max_model_len(
+        config.max_model_len).with_image_limit(config.image_limit())
     model_config.pooler = pooler_for_task(config.task, model_path, model_config.hf_text_config,
                                           config.speculative_config is not None)
     tokenizer = load_tokenizer(config.tokenizer or model_path, config.trust_remote_code)
@@ -54,6 +58,7 @@ def start_engine(config: EngineConfig) -> StartedEngine:
                              config.tensor_parallel_size)
     try:
         max_num_batched_tokens = config.resolve_max_num_batched_tokens(model_config.max_model_len)
+        images = ImageInputs(config, model_config, model_path, tokenizer, max_num_batched_tokens)
         kv_dtype = resolve_kv_cache_dtype(config.kv_cache_dtype, dtype)
         runner.reserve_input_rows(config.max_num_seqs)  # before sizing: the pool is what is left
         if spec_config is not None:  # a hybrid model's verify scratch (rollback of rejected drafts)
@@ -68,7 +73,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         proposer = load_proposer(spec_config, proposal, runner, model_path, backend)
         # A draft model's or MTP head's KV shares the block ids: the budget covers both tensors.
         num_blocks = choose_num_blocks(config, model_config, runner, kv_dtype, max_num_batched_tokens, proposer,
-                                       spec_config.k if spec_config is not None else 0)
+                                       spec_config.k if spec_config is not None else 0, images.max_embeds,
+                                       images.largest_image() if device.type == "cuda" else None)
         if proposer is not None:
             proposer.allocate_kv_cache(num_blocks, kv_dtype)
         layout = model_kv_layout(model_config, config.block_size)
@@ -86,7 +92,7 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         runner.shutdown()  # no worker outlives a failed start
         raise
     return StartedEngine(model_path, model_config, tokenizer, device, dtype, runner, max_num_batched_tokens, layout,
-                         num_blocks, state_slots, snapshots, spec_config, proposer, host_tier)
+                         num_blocks, state_slots, snapshots, spec_config, proposer, host_tier, images)
 
 
 def allocate_host_tier(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,

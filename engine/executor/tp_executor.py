@@ -32,6 +32,7 @@ from typing import Any, Callable
 import torch
 
 from engine.distributed.parallel_state import init_distributed
+from engine.multimodal.inputs import ProfileImage
 from engine.worker import gpu_baseline
 from engine.config.model import ModelConfig
 from engine.worker.model_runner import ModelRunner
@@ -179,10 +180,11 @@ class TensorParallelExecutor:
         self._run_everywhere("allocate_kv_cache", num_blocks, kv_dtype, num_state_slots)
 
     def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
-                       num_speculative_tokens: int = 0) -> list:
-        """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room."""
+                       num_speculative_tokens: int = 0, image: ProfileImage | None = None) -> list:
+        """Every rank's MemoryProfile, rank order; the caller sizes the pool by the card with least room (every
+        rank makes and encodes `image` from its size: the towers are replicated)."""
         local, remote = self._run_everywhere("profile_memory", num_tokens, max_num_seqs, kv_dtype,
-                                             num_speculative_tokens)
+                                             num_speculative_tokens, image)
         return local + [p for profiles in remote for p in profiles]
 
     def weights_bytes(self) -> int:

@@ -7,8 +7,13 @@ learned square grid of position embeddings, resampled bilinearly (corners aligne
 a quarter of each head rotates by the patch row, a quarter by its column, the pattern repeated over the head —
 then a GELU-tanh MLP); and a merger that concatenates each spatial_merge_size² block of patches, normalises,
 and projects through a GELU MLP to `out_hidden_size`. Patches arrive in merge-block order (the image processor
-lays them out so), which is also the order of the merged embeddings. Replicated on every tensor-parallel rank:
-the tower is small next to the text model, and replicating it costs no collective (engine/models/vision.py).
+lays them out so), which is also the order of the merged embeddings. Qwen3-VL's tower is this one plus DeepStack:
+after each block named in `deepstack_visual_indexes` a merger of its own (normalising after the 2 x 2 concatenation)
+turns that block's output into one more set of embeddings, which the text model adds to its first layers' hidden
+states at the image's positions (engine/models/qwen3_vl.py); the tower returns them beside its main embeddings,
+concatenated along the width, so an image stays one tensor of rows through the encoder cache. Replicated on every
+tensor-parallel rank: the tower is small next to the text model, and replicating it costs no collective
+(engine/models/vision.py).
 """
 from __future__ import annotations
 
@@ -66,15 +71,17 @@ class VisionBlock(nn.Module):
 
 
 class PatchMerger(nn.Module):
-    def __init__(self, hidden: int, merge: int, out_hidden: int) -> None:
+    def __init__(self, hidden: int, merge: int, out_hidden: int, postshuffle_norm: bool = False) -> None:
+        """`postshuffle_norm` (DeepStack's mergers): the LayerNorm runs over each merged block, not each patch."""
         super().__init__()
-        self.merged = hidden * merge * merge
-        self.norm = nn.LayerNorm(hidden, eps=1e-6)
+        self.merged, self.postshuffle_norm = hidden * merge * merge, postshuffle_norm
+        self.norm = nn.LayerNorm(self.merged if postshuffle_norm else hidden, eps=1e-6)
         self.linear_fc1 = nn.Linear(self.merged, self.merged)
         self.linear_fc2 = nn.Linear(self.merged, out_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear_fc2(F.gelu(self.linear_fc1(self.norm(x).view(-1, self.merged))))
+        x = self.norm(x.view(-1, self.merged)) if self.postshuffle_norm else self.norm(x).view(-1, self.merged)
+        return self.linear_fc2(F.gelu(self.linear_fc1(x)))
 
 
 class Qwen3_5VisionTower(nn.Module):
@@ -90,13 +97,19 @@ class Qwen3_5VisionTower(nn.Module):
         self.blocks = nn.ModuleList(VisionBlock(hidden, heads, int(tower.get("intermediate_size", 4304)))
                                     for _ in range(int(tower.get("depth", 27))))
         self.merger = PatchMerger(hidden, self.merge, int(tower.get("out_hidden_size", 3584)))
+        self.deepstack_visual_indexes = [int(i) for i in tower.get("deepstack_visual_indexes") or ()]
+        if self.deepstack_visual_indexes:  # Qwen3-VL; Qwen3.5's tower has none
+            self.deepstack_merger_list = nn.ModuleList(
+                PatchMerger(hidden, self.merge, int(tower.get("out_hidden_size", 3584)), postshuffle_norm=True)
+                for _ in self.deepstack_visual_indexes)
         head_dim = hidden // heads
         theta = float((tower.get("rope_parameters") or {}).get("rope_theta", 10_000.0))
         quarter = torch.arange(0, head_dim // 2, 2, dtype=torch.float32) / (head_dim // 2)
         self.register_buffer("inv_freq", 1.0 / theta ** quarter, persistent=False)
 
     def forward(self, pixel_values: torch.Tensor, grid_thw: tuple[int, int, int]) -> torch.Tensor:
-        """One image's patches [t * h * w, C * T * P * P] -> its embeddings [t * h * w / merge², out_hidden]."""
+        """One image's patches [t * h * w, C * T * P * P] -> its embeddings [t * h * w / merge², out_hidden], with
+        DeepStack's after them along the width ([.., (1 + len(deepstack_visual_indexes)) * out_hidden])."""
         t, h, w = grid_thw
         rows, cols = grid_positions(h, w, self.merge)
         rows, cols = rows.repeat(t).to(self.inv_freq.device), cols.repeat(t).to(self.inv_freq.device)
@@ -106,9 +119,12 @@ class Qwen3_5VisionTower(nn.Module):
         angles = torch.cat([rows[:, None] * self.inv_freq, cols[:, None] * self.inv_freq], dim=-1)
         angles = torch.cat([angles, angles], dim=-1)
         cos, sin = angles.cos()[:, None], angles.sin()[:, None]
-        for block in self.blocks:
+        deepstack = []
+        for index, block in enumerate(self.blocks):
             x = block(x, cos, sin)
-        return self.merger(x)
+            if index in self.deepstack_visual_indexes:
+                deepstack.append(self.deepstack_merger_list[self.deepstack_visual_indexes.index(index)](x))
+        return torch.cat([self.merger(x)] + deepstack, dim=-1) if deepstack else self.merger(x)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -1,12 +1,13 @@
 """What the vision towers share: bidirectional attention over one image's patches, patch-grid coordinates, the
 bilinear resampling of a learned position grid, and the hook every vision-language family implements.
 
-A family that takes images (Qwen3.5, Gemma 3, Mistral3, Gemma 4) has `encode_image(data) -> [num_embeds, hidden]`
-— the processor's tensors of one image (engine/multimodal/inputs.MultiModalItem.data) to the embeddings that
-replace its placeholders, already in the text model's width and dtype — and a forward that takes those
-embeddings at given token rows (`mm_embeds`). Towers are replicated on every tensor-parallel rank: a few hundred
-million parameters next to billions, and each rank then has the embeddings without a collective; sharding them
-would add two all-reduces per tower layer for a step that runs once per image.
+A family that takes images (Qwen3.5, Qwen3-VL, Gemma 3, Mistral3, Gemma 4) has `encode_image(data) -> [num_embeds,
+hidden]` — the processor's tensors of one image (engine/multimodal/inputs.MultiModalItem.data) to the embeddings
+that replace its placeholders, already in the text model's width and dtype (Qwen3-VL: DeepStack's sets after them,
+[num_embeds, (1 + k) * hidden]) — and a forward that takes those embeddings at given token rows (`mm_embeds`).
+Towers are replicated on every tensor-parallel rank: a few hundred million parameters next to billions, and each rank
+then has the embeddings without a collective; sharding them would add two all-reduces per tower layer for a step that
+runs once per image.
 """
 from __future__ import annotations
 

@@ -15,6 +15,18 @@ from typing import Any
 import numpy as np
 
 
+@dataclass(frozen=True)
+class ProfileImage:
+    """The startup profile's image as its size alone: each tensor-parallel rank makes the processor's tensors of
+    this blank image itself (engine/multimodal/processor.profile_pixels), since at Qwen's largest they are
+    ~400 MB of float32 pixels, too much for the command pipe to every worker."""
+
+    model_path: str  # the folder whose image processor makes the tensors
+    width: int
+    height: int
+    processor_kwargs: dict[str, Any] = field(default_factory=dict)  # HF's, from --mm-processor-kwargs
+
+
 @dataclass(slots=True)
 class MultiModalItem:
     mm_hash: str  # sha256 of the decoded image (mode, size, pixels): equal images share an encoding

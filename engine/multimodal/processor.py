@@ -16,24 +16,30 @@ on the engine's step loop.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from engine.config.mm_processor import hf_processor_kwargs
 from engine.config.vision import VisionConfig
 from engine.multimodal.hashing import hash_image
-from engine.multimodal.inputs import MultiModalInputs, MultiModalItem
+from engine.multimodal.inputs import MultiModalInputs, MultiModalItem, ProfileImage
 from engine.multimodal.media import check_image_size
 from engine.multimodal.mrope import mrope_positions
+from engine.planning.vision import largest_image_embeds, largest_image_within
 
 
 class MultiModalProcessor:
-    def __init__(self, model_path: str | Path, vision: VisionConfig, tokenizer, max_pixels: int | None = None) -> None:
+    def __init__(self, model_path: str | Path, vision: VisionConfig, tokenizer, max_pixels: int | None = None,
+                 processor_kwargs: dict[str, Any] | None = None) -> None:
         from transformers import AutoImageProcessor
 
-        self.vision, self.tokenizer, self.max_pixels = vision, tokenizer, max_pixels
-        self.image_processor = AutoImageProcessor.from_pretrained(str(model_path))
+        self.vision, self.tokenizer, self.max_pixels, self.model_path = vision, tokenizer, max_pixels, model_path
+        # --mm-processor-kwargs as HF's processor takes them (checked: an unknown key is refused by name)
+        self.hf_kwargs = hf_processor_kwargs(vision, processor_kwargs or {})
+        self.image_processor = AutoImageProcessor.from_pretrained(str(model_path), **self.hf_kwargs)
         extra = _processor_config(Path(model_path))
         token = tokenizer.convert_ids_to_tokens
         kind = vision.kind
@@ -54,8 +60,14 @@ class MultiModalProcessor:
         self.image_token = token(vision.image_token_id)
 
     def max_embeds_per_image(self) -> int:
-        """The most embeddings one image can become under the processor's own resizing (the encoder's budget
-        per step must hold one)."""
+        """The most embeddings one accepted image becomes: the processor's own resizing's largest (after
+        --mm-processor-kwargs), within
+        --max-image-pixels (engine/planning/vision.py's rule, the planner's; the encoder's budget per step must
+        hold one)."""
+        return largest_image_embeds(self.vision, self.max_pixels, self._processor_max_embeds())
+
+    def _processor_max_embeds(self) -> int:
+        """The most embeddings the processor's own resizing lets one image become."""
         kind, ip = self.vision.kind, self.image_processor
         if kind == "qwen3_5":
             unit = int(ip.patch_size) * int(ip.merge_size)
@@ -67,6 +79,34 @@ class MultiModalProcessor:
         side = int(ip.size.get("longest_edge", 1024)) // self.pixtral_patch
         return side * side
 
+    def largest_image(self) -> ProfileImage:
+        """A blank image that becomes the most embeddings an accepted one can: the square the processor takes
+        before it shrinks one, or where --max-image-pixels binds first the shape within it that rounds up the
+        most (engine/planning/vision.py's rule). The startup profile encodes it (its tower's peak is the largest
+        an accepted image reaches), as its size (each rank makes its tensors: profile_pixels)."""
+        kind, ip = self.vision.kind, self.image_processor
+        if self.max_pixels is not None and kind in ("qwen3_5", "pixtral"):
+            embeds, height, width = largest_image_within(self.vision, self.max_pixels)
+            if embeds < self._processor_max_embeds():
+                return ProfileImage(str(self.model_path), width, height, self.hf_kwargs)
+        if kind == "qwen3_5":  # longest_edge is a pixel count here
+            pixels = int(ip.size["longest_edge"])
+        elif kind == "gemma3":  # every image becomes the tower's fixed square
+            pixels = int(ip.size["height"]) * int(ip.size["width"])
+        elif kind == "gemma4":  # each soft token pools a k x k cell of patches
+            cell = int(ip.patch_size) * int(ip.pooling_kernel_size)
+            pixels = self.max_embeds_per_image() * cell * cell
+        else:
+            pixels = int(ip.size.get("longest_edge", 1024)) ** 2
+        if self.max_pixels is not None:
+            pixels = min(pixels, self.max_pixels)
+        side = math.isqrt(pixels)
+        return ProfileImage(str(self.model_path), side, side, self.hf_kwargs)
+
+    def pixels(self, image) -> dict[str, Any]:
+        """The processor's tensors for one image (what the family's `encode_image` reads)."""
+        return image_tensors(self.image_processor, image)
+
     def process(self, prompt: str, images: list, add_special_tokens: bool = True) -> MultiModalInputs:
         """`prompt` holds one placeholder per image, in order (the chat template writes them for image parts)."""
         found = prompt.count(self.placeholder)
@@ -76,7 +116,7 @@ class MultiModalProcessor:
         datas, runs, pieces, rest = [], [], [], prompt
         for index, image in enumerate(images):
             check_image_size(image, self.max_pixels, f"image {index}")
-            data = dict(self.image_processor(images=[image.convert("RGB")], return_tensors="pt"))
+            data = self.pixels(image)
             run = self._expansion(data)
             head, _, rest = rest.partition(self.placeholder)
             pieces += [head, run]
@@ -133,6 +173,19 @@ class MultiModalProcessor:
             mask = arr[start:stop] == self.vision.image_token_id if self.vision.kind == "pixtral" else None
             spans.append((int(start), int(stop - start), mask))
         return spans
+
+
+def image_tensors(image_processor, image) -> dict[str, Any]:
+    """The checkpoint's image processor's tensors for one PIL image."""
+    return dict(image_processor(images=[image.convert("RGB")], return_tensors="pt"))
+
+
+def profile_pixels(image: ProfileImage) -> dict[str, Any]:
+    """The tensors of the startup profile's blank image, made where they are used (each tensor-parallel rank)."""
+    from PIL import Image
+    from transformers import AutoImageProcessor
+    return image_tensors(AutoImageProcessor.from_pretrained(image.model_path, **image.processor_kwargs),
+                         Image.new("RGB", (image.width, image.height)))
 
 
 def _processor_config(path: Path) -> dict[str, Any]:

@@ -49,12 +49,14 @@ def forward_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int
 
 
 def estimate_activation_bytes(cfg: ModelConfig, num_tokens: int, dtype_bytes: int, tp: int = 1,
-                              max_num_seqs: int = 256, num_speculative_tokens: int = 0) -> int:
+                              max_num_seqs: int = 256, num_speculative_tokens: int = 0,
+                              max_embeds_per_image: int | None = None) -> int:
     """Peak transient memory of one step over `num_tokens` tokens (the planner's stand-in for profiling): the
     forward's activations plus sampling `sampler_rows` rows over the whole vocabulary (under speculative
     decoding with k drafts, a verify step's 1 + k rows per sequence, as the profile samples them), plus what a VL
-    model's tower at the largest image needs beyond the forward (engine/planning/vision.py)."""
+    model's tower at the largest image (`max_embeds_per_image` embeddings) needs beyond the forward
+    (engine/planning/vision.py)."""
     forward = forward_activation_bytes(cfg, num_tokens, dtype_bytes, tp)
     return forward + sampler_bytes(sampler_rows(max_num_seqs, num_tokens, num_speculative_tokens), cfg.vocab_size,
                                    verify=num_speculative_tokens > 0) + \
-        tower_peak_over_forward(cfg, forward, dtype_bytes)
+        tower_peak_over_forward(cfg, forward, dtype_bytes, max_embeds_per_image)

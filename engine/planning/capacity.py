@@ -18,7 +18,9 @@ and a sequence's need per group: a full-attention group grows with the context, 
 window plus one step's chunk. So "tokens that fit" is the longest single context the pool holds, and
 "full-length sequences" divides the pool by one sequence's peak over all groups. A draft model's or MTP head's
 KV page at every block id shares the budget in proportion (`blocks_with_draft`); a hybrid model's state pool
-comes out of the budget first (`state_bytes`). Torch-free: the GUI's planner imports it.
+comes out of the budget first (`state_bytes`), and a VL model's encoder cache at its fullest beside the weights
+(`encoder_cache_bytes`: not there when the engine profiles, so counted by rule). Torch-free: the GUI's planner imports
+it.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class CapacityPlan:
     # at every block id, which shares the budget with the target's (`blocks_with_draft`).
     draft_weights_bytes: int = 0
     draft_kv_bytes_per_block: int = 0
+    encoder_cache_bytes: int = 0  # per card: a VL model's image embeddings at the encoder cache's fullest
 
     @property
     def num_blocks(self) -> int:
@@ -92,6 +95,8 @@ class CapacityPlan:
             groups = f" · {len(kinds)} KV groups ({', '.join(f'window {k}' if k != 'full' else k for k in kinds)})"
         if self.state_bytes:
             groups += f" · linear-attention states {format_bytes(self.state_bytes)}/card"
+        if self.encoder_cache_bytes:
+            groups += f" · encoder cache {format_bytes(self.encoder_cache_bytes)}/card"
         if self.draft_kv_bytes_per_block:
             groups += (f" · draft model {format_bytes(self.draft_weights_bytes)} + KV "
                        f"{self.draft_kv_bytes_per_block / self.block_size / 1024:.1f} KiB/token")
@@ -122,6 +127,8 @@ class CapacityPlan:
             overhead += f" − linear-attention states {self.state_bytes / GIB:.2f} GiB"
             levers += (f". The state pool holds one slot per --max-num-seqs seat: fewer seats leave more room "
                        "for context")
+        if self.encoder_cache_bytes:
+            overhead += f" − encoder cache {self.encoder_cache_bytes / GIB:.2f} GiB"
         if self.draft_kv_bytes_per_block:  # counted in the weights and in the tokens that fit
             levers += (f". The draft model takes {format_bytes(self.draft_weights_bytes)} of weights and "
                        f"{self.draft_kv_bytes_per_block / self.block_size / 1024:.1f} KiB/token of KV beside the "
@@ -143,6 +150,9 @@ class MemoryProfile:
     weights_bytes: int  # allocated after loading
     activation_bytes: int  # peak of the profiling step above what was allocated before it
     overhead_bytes: int  # CUDA graphs and memory allocated outside torch's allocator (context, NCCL)
+    # A VL model's encoder cache at its fullest (engine/planning/vision.py): not allocated when the engine profiles
+    # (it fills as images arrive), so set aside by rule beside the measurements, by the engine and planner alike.
+    encoder_cache_bytes: int = 0
 
 
 def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_per_token: int, block_size: int,
@@ -153,11 +163,12 @@ def plan_from_profile(p: MemoryProfile, gpu_memory_utilization: float, kv_bytes_
     others = p.total_bytes - p.free_bytes_at_start
     usable = int(p.total_bytes * gpu_memory_utilization) - others
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)
-    budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes - states
+    budget = usable - p.weights_bytes - p.activation_bytes - p.overhead_bytes - p.encoder_cache_bytes - states
     return CapacityPlan(p.total_bytes, usable, p.weights_bytes, p.activation_bytes, kv_bytes_per_token, budget,
                         block_size, max_model_len, tensor_parallel_size, p.overhead_bytes, others, p.card,
                         gpu_memory_utilization, layout=layout, max_num_batched_tokens=max_num_batched_tokens,
-                        state_bytes=states, draft_kv_bytes_per_block=draft_kv_bytes_per_block)
+                        state_bytes=states, draft_kv_bytes_per_block=draft_kv_bytes_per_block,
+                        encoder_cache_bytes=p.encoder_cache_bytes)
 
 
 def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token: int, block_size: int,
@@ -167,12 +178,12 @@ def plan_from_budget(p: MemoryProfile, kv_budget_bytes: int, kv_bytes_per_token:
     """An absolute KV budget: the pool is `kv_budget_bytes` whatever else the card holds. The plan records the
     card's room after this engine's weights, activations and overhead as `usable_bytes`, so a caller can refuse a
     budget that is larger than the room (`budget_room_error`)."""
-    room = p.free_bytes_at_start - p.weights_bytes - p.activation_bytes - p.overhead_bytes
+    room = p.free_bytes_at_start - p.weights_bytes - p.activation_bytes - p.overhead_bytes - p.encoder_cache_bytes
     states = state_pool_bytes(layout, max_num_seqs, enable_prefix_caching)  # the budget holds the state pool too
     return CapacityPlan(p.total_bytes, room, p.weights_bytes, p.activation_bytes, kv_bytes_per_token,
                         kv_budget_bytes - states, block_size, max_model_len, tensor_parallel_size, p.overhead_bytes,
                         0, p.card, layout=layout, max_num_batched_tokens=max_num_batched_tokens, state_bytes=states,
-                        draft_kv_bytes_per_block=draft_kv_bytes_per_block)
+                        draft_kv_bytes_per_block=draft_kv_bytes_per_block, encoder_cache_bytes=p.encoder_cache_bytes)
 
 
 def budget_room_error(plan: CapacityPlan) -> str | None:

@@ -6,12 +6,14 @@ On CUDA `estimate_profile` is what the engine would measure on one card, built f
 On CPU the KV budget is explicit (--kv-cache-memory) and `plan_cpu` caps the pool at max_num_seqs full sequences,
 for the engine and the planner alike: there is nothing to measure. Speculative decoding's draft model or MTP head
 adds its weights on the first card and its KV page at every block id (speculation.py); a hybrid model's verify
-scratch sits beside the weights and its state pool comes out of the KV budget (kv.py). Torch-free.
+scratch sits beside the weights and its state pool comes out of the KV budget (kv.py); a VL model's encoder cache
+at its fullest is set aside on every card (vision.py, the rule the engine's sizing applies too). Torch-free.
 """
 from __future__ import annotations
 
 import dataclasses
 
+from engine.config.flags import DEFAULT_MAX_IMAGE_PIXELS
 from engine.config.model import DTYPE_BYTES, ModelConfig
 from engine.kv.kv_cache_interface import model_kv_layout
 from engine.planning.activations import estimate_activation_bytes
@@ -20,6 +22,7 @@ from engine.planning.graphs import estimate_cuda_graph_bytes
 from engine.planning.kv import blocks_per_full_seq, state_pool_bytes, verify_scratch_bytes
 from engine.planning.speculation import speculation_footprint
 from engine.planning.units import GIB, MIB, kv_dtype_bytes
+from engine.planning.vision import encoder_cache_bytes, largest_image_embeds
 from engine.planning.weights import QUANT_BITS, loaded_bytes_per_card, weights_bytes_per_card
 
 # The CUDA context and cuBLAS workspace: memory outside torch's allocator, which the engine measures (its
@@ -31,18 +34,29 @@ def estimate_profile(cfg: ModelConfig, total_bytes: int, *, dtype_bytes: int, te
                      max_num_batched_tokens: int, max_num_seqs: int, other_programs_bytes: int = 0,
                      quant_bits: int | None = None, cuda_graphs: bool = False, card: str = "",
                      weights_bytes: int | None = None, activation_bytes: int | None = None,
-                     cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0) -> MemoryProfile:
+                     cuda_graph_mode: str = "full_and_piecewise", num_speculative_tokens: int = 0,
+                     max_embeds_per_image: int | None = None,
+                     max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                     processor_kwargs: dict | None = None) -> MemoryProfile:
     """The planner's MemoryProfile of one card: what the engine would measure, from the model's shape (with
     `cuda_graphs`, the graphs of `cuda_graph_mode`: piecewise pieces count beside the decode graphs; with
     `num_speculative_tokens`, the verify step's 1 + k sampler rows per sequence, as the engine profiles them,
-    and the verify steps' graphs, which hybrid models do not capture)."""
+    and the verify steps' graphs, which hybrid models do not capture; a VL model's tower peak and encoder cache
+    at its fullest, for images of at most `max_embeds_per_image` embeddings (else the family's published
+    default as `processor_kwargs`, --mm-processor-kwargs, resize them) within `max_image_pixels`
+    (--max-image-pixels), as the engine caps them: vision.largest_image_embeds)."""
     tp = tensor_parallel_size
+    if cfg.vision is not None:
+        max_embeds_per_image = largest_image_embeds(cfg.vision, max_image_pixels, max_embeds_per_image,
+                                                    processor_kwargs)
     weights = weights_bytes if weights_bytes is not None else loaded_bytes_per_card(cfg, dtype_bytes, tp, quant_bits)
     activations = activation_bytes if activation_bytes is not None else \
-        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens)
+        estimate_activation_bytes(cfg, max_num_batched_tokens, dtype_bytes, tp, max_num_seqs, num_speculative_tokens,
+                                  max_embeds_per_image)
     graphs = estimate_cuda_graph_bytes(cfg, max_num_seqs, max_num_batched_tokens, dtype_bytes, tp, cuda_graph_mode,
                                        num_speculative_tokens) if cuda_graphs else 0
-    return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs)
+    return MemoryProfile(card, total_bytes, total_bytes - other_programs_bytes, weights, activations, graphs,
+                         encoder_cache_bytes(cfg, max_num_batched_tokens, dtype_bytes, max_embeds_per_image))
 
 
 def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilization: float, *, dtype: str = "bfloat16",
@@ -53,12 +67,18 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                   activation_bytes: int | None = None, window_freeing: bool = True,
                   enable_prefix_caching: bool = True, draft: ModelConfig | None = None,
                   num_speculative_tokens: int = 0, mtp: bool = False,
-                  cuda_graph_mode: str = "full_and_piecewise") -> CapacityPlan:
+                  cuda_graph_mode: str = "full_and_piecewise",
+                  max_embeds_per_image: int | None = None,
+                  max_image_pixels: int | None = DEFAULT_MAX_IMAGE_PIXELS,
+                  processor_kwargs: dict | None = None) -> CapacityPlan:
     """The planner on CUDA: each card's estimated profile through `plan_from_profile`; the card with the
     fewest blocks decides. `draft`: speculative decoding's draft model, whose weights sit on the first card
     (`weights_bytes`, if given, is the target's alone); `num_speculative_tokens`: k of any speculative method,
     whose verify graphs the CUDA graphs' share counts; `mtp`: speculation by the checkpoint's MTP head, counted
-    like a draft on the first card (with its own full embedding and LM head under tensor parallel)."""
+    like a draft on the first card (with its own full embedding and LM head under tensor parallel);
+    `max_embeds_per_image`: a VL model's largest image as its folder's processor makes it (the encoder cache's
+    size; default: the family's published processor settings as `processor_kwargs`, --mm-processor-kwargs, resize
+    them), within `max_image_pixels` (--max-image-pixels)."""
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_dtype_bytes(kv_cache_dtype, dtype_bytes)
     if max_model_len:
@@ -76,7 +96,9 @@ def plan_capacity(cfg: ModelConfig, card_bytes: list[int], gpu_memory_utilizatio
                                    other_programs_bytes=other, quant_bits=quant_bits,
                                    cuda_graphs=cuda_graphs, card=f"cuda:{i}" if len(card_bytes) > 1 else "",
                                    weights_bytes=weights_bytes, activation_bytes=activation_bytes,
-                                   num_speculative_tokens=num_speculative_tokens, cuda_graph_mode=cuda_graph_mode)
+                                   num_speculative_tokens=num_speculative_tokens, cuda_graph_mode=cuda_graph_mode,
+                                   max_embeds_per_image=max_embeds_per_image, max_image_pixels=max_image_pixels,
+                                   processor_kwargs=processor_kwargs)
         extra = scratch + (draft_weights if i == 0 else 0)  # the scratch is allocated before sizing; a draft on rank 0
         if extra:
             profile = dataclasses.replace(profile, weights_bytes=profile.weights_bytes + extra)

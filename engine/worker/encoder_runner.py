@@ -26,7 +26,7 @@ class EncoderRunner:
             self.cache.pop(mm_hash, None)
         for mm_hash, data in inputs.mm_encode:
             if mm_hash not in self.cache:
-                self.cache[mm_hash] = self.model.encode_image(data).to(self.dtype)
+                self.cache[mm_hash] = self.encode(data)
         if inputs.mm_rows is None:
             return None
         parts = []
@@ -41,6 +41,10 @@ class EncoderRunner:
             parts.append(embeds[lo:hi])
         rows = to_device(torch.from_numpy(inputs.mm_rows), self.device)
         return rows, torch.cat(parts)
+
+    def encode(self, data: dict) -> torch.Tensor:
+        """One image's embeddings [num_embeds, hidden] from the processor's tensors, in the model's dtype."""
+        return self.model.encode_image(data).to(self.dtype)
 
     def cache_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.cache.values())

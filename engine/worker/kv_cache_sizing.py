@@ -5,12 +5,15 @@ CUDA every tensor-parallel rank measures its own card (`measure_memory`): what t
 shard, the peak of a profiling step at max_num_batched_tokens (attention over a temporary KV cache, then the sampler
 at max_num_seqs × vocab with a grammar bitmask on every row, or under speculative decoding a verify step at
 max_num_seqs × (1 + k) rows, while the step's hidden states and logits are still held), memory outside torch's
-allocator (CUDA context, cuBLAS, NCCL buffers) and the CUDA graphs' share. Each card gets its own plan and the pool
+allocator (CUDA context, cuBLAS, NCCL buffers) and the CUDA graphs' share. A VL model's profile first runs its
+tower on the largest image the processor accepts (so the tower's peak is measured); its encoder cache, empty at
+start, is set aside by engine/planning/vision.py's rule, the planner's. Each card gets its own plan and the pool
 takes the smallest block count, since every rank must hold the same blocks: mixed cards (a 3090 next to a 4090, the
 desktop on one of them) are sized by the card with the least room.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import torch
@@ -18,23 +21,27 @@ import torch
 from engine.config.flags import DEFAULT_CPU_KV_CACHE_GIB, EngineConfig
 from engine.config.model import ModelConfig
 from engine.kv.kv_cache_interface import model_kv_layout
+from engine.multimodal.inputs import ProfileImage
 from engine.planning.capacity import CapacityPlan, MemoryProfile, budget_room_error, other_programs_note, \
     plan_from_budget, plan_from_profile
-from engine.planning.kv import kv_bytes_per_block
 from engine.planning.planner import plan_cpu
 from engine.planning.units import GIB
+from engine.planning.vision import encoder_cache_bytes
 from engine.platform.devices import kv_storage
 
 logger = logging.getLogger("pagedesk.engine")
 
 
 def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, kv_dtype: torch.dtype,
-                      max_num_batched_tokens: int, proposer=None, num_speculative_tokens: int = 0) -> int:
+                      max_num_batched_tokens: int, proposer=None, num_speculative_tokens: int = 0,
+                      max_embeds_per_image: int | None = None, profile_image: ProfileImage | None = None) -> int:
     """`runner` is a ModelRunner or the tensor-parallel executor (anything with .device and .profile_memory);
     `proposer`: speculative decoding's (engine/spec_decode/proposers/base.Proposer), already loaded on rank 0's
     card (so a draft model's or MTP head's weights are in that card's profile), whose own KV takes a page at
     every block id (an explicit override is kept as given); `num_speculative_tokens`: its k, so the profile's
-    widest step is a verify step of 1 + k rows per sequence."""
+    widest step is a verify step of 1 + k rows per sequence; `max_embeds_per_image`: a VL engine's largest image
+    (None: it takes no images), whose encoder cache at its fullest is set aside by the planner's rule on CUDA;
+    `profile_image`: that image's size, which every rank's profile makes and encodes before its forward."""
     if config.num_gpu_blocks_override is not None:
         return config.num_gpu_blocks_override
     # The model's dtype (a tensor-parallel executor's is its rank-0 runner's): a hybrid's conv states are in it.
@@ -44,8 +51,12 @@ def choose_num_blocks(config: EngineConfig, model_config: ModelConfig, runner, k
     if runner.device.type == "cuda":
         layout = model_kv_layout(model_config, config.block_size, kv_storage(kv_dtype), config.tensor_parallel_size,
                                  act_dtype_bytes=dtype.itemsize)
+        image = () if profile_image is None else (profile_image,)  # a text model's runner is asked as before
         profiles = runner.profile_memory(max_num_batched_tokens, config.max_num_seqs, kv_dtype,
-                                         num_speculative_tokens)
+                                         num_speculative_tokens, *image)
+        if max_embeds_per_image is not None:  # filled only as images arrive: not in what the profile measured
+            cache = encoder_cache_bytes(model_config, max_num_batched_tokens, dtype.itemsize, max_embeds_per_image)
+            profiles = [dataclasses.replace(p, encoder_cache_bytes=cache) for p in profiles]
         plan = smallest_plan(config, model_config, profiles, layout.bytes_per_block // config.block_size, layout,
                              max_num_batched_tokens, proposer_per_block)
     else:
@@ -102,15 +113,17 @@ def smallest_plan(config: EngineConfig, model_config: ModelConfig, profiles: lis
 
 
 def measure_memory(runner, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
-                   num_speculative_tokens: int = 0) -> MemoryProfile:
+                   num_speculative_tokens: int = 0, image: ProfileImage | None = None) -> MemoryProfile:
     """Run the profiling step on this rank's card and measure it (a verify step of 1 + k rows per sequence
-    under speculative decoding). Every rank must call this together."""
+    under speculative decoding; `image`, a VL model's largest, through its tower first). Every rank must call
+    this together."""
     device = runner.device
     torch.cuda.synchronize(device)
     torch.cuda.empty_cache()
     held_after_loading = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
-    temporary_kv_bytes = runner.profile_run(num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens)
+    temporary_kv_bytes = runner.profile_run(num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens,
+                                            *(() if image is None else (image,)))
     torch.cuda.synchronize(device)
     # The temporary KV cache is part of the peak but the real pool takes its place: not an activation.
     activations = max(0, torch.cuda.max_memory_allocated(device) - held_after_loading - temporary_kv_bytes)

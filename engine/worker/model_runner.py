@@ -31,6 +31,8 @@ from engine.platform.host_copies import to_device
 from engine.sample.metadata import SamplingBatch
 from engine.sample.pooling import drop_lm_head, embedding_weights, pool_hidden
 from engine.multimodal.encoder_cache import EncoderWork
+from engine.multimodal.inputs import ProfileImage
+from engine.multimodal.processor import profile_pixels
 from engine.worker.encoder_runner import EncoderRunner
 from engine.worker.gpu_baseline import free_bytes_at_start
 from engine.worker.graphs.dispatch import GraphDispatcher
@@ -347,17 +349,21 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
-                    num_speculative_tokens: int = 0) -> int:
+                    num_speculative_tokens: int = 0, image: ProfileImage | None = None) -> int:
         """One step at the memory peak: prefills of `num_tokens` dummy tokens through the real attention
         path against a temporary KV cache, logits for the batch's sampler rows, then `sample` over them at the
         sampler's widest (with `num_speculative_tokens` k: a verify step, 1 + k rows per sequence through the
         rejection sampler), with the hidden states and logits still held as `run` holds them. Returns the
-        temporary cache's bytes (the real pool replaces them)."""
+        temporary cache's bytes (the real pool replaces them). `image`: a VL model's largest image (its size:
+        this rank makes the processor's tensors), encoded first as a step encodes before its forward; its
+        embeddings go to the encoder cache, which the sizing counts by rule, so they are dropped here."""
         batch = profile_batch(num_tokens, max_num_seqs, self.config.max_model_len, self.block_size,
                               num_speculative_tokens)
         self.pools.allocate_pages(batch.num_blocks, kv_dtype)  # no pool behind it: no null page either
         temporary_kv_bytes = self.pools.kv_cache_bytes()
         try:
+            if image is not None:  # the tower's peak; its output is the encoder cache's (counted by rule)
+                self.encoder.encode(profile_pixels(image))
             hidden = self.model(torch.from_numpy(batch.input_ids).to(self.device),
                                 torch.from_numpy(batch.positions).to(self.device), batch.metadata(self.device))
             num_rows = batch.num_sampler_rows
@@ -376,9 +382,9 @@ class ModelRunner:
         return temporary_kv_bytes
 
     def profile_memory(self, num_tokens: int, max_num_seqs: int, kv_dtype: torch.dtype,
-                       num_speculative_tokens: int = 0) -> list:
+                       num_speculative_tokens: int = 0, image: ProfileImage | None = None) -> list:
         """This card's MemoryProfile after a profiling step (a list: one entry per rank, like the executor)."""
-        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens)]
+        return [measure_memory(self, num_tokens, max_num_seqs, kv_dtype, num_speculative_tokens, image)]
 
     def check_health(self) -> None:
         """Nothing to check on one device (the tensor-parallel executor checks its workers)."""

@@ -49,3 +49,19 @@ def test_images_on_cuda_match_hf(family, make_llm, tmp_path):
                            mm=inputs)
     got = llm._run(["gpu-images"], use_tqdm=False)[0].outputs[0].token_ids
     assert got == hf_greedy_mm(hf_model(path), inputs, 10)
+
+
+def test_the_start_profiles_the_largest_image_and_sets_the_encoder_cache_aside(make_llm, tmp_path, monkeypatch,
+                                                                              caplog):
+    """On a card the KV sizing's profile runs the tower on the largest image the processor accepts (once: one
+    rank), and the plan sets the encoder cache aside (engine/planning/vision.py's rule, the planner's)."""
+    from engine.models.qwen3_5 import Qwen3_5ForConditionalGeneration
+    from tiny_vl_models import make_tiny_vl_model
+    patches = []
+    encode = Qwen3_5ForConditionalGeneration.encode_image
+    monkeypatch.setattr(Qwen3_5ForConditionalGeneration, "encode_image",
+                        lambda self, data: patches.append(int(data["image_grid_thw"].prod())) or encode(self, data))
+    with caplog.at_level("INFO", logger="pagedesk.engine"):
+        llm = make_llm(make_tiny_vl_model(tmp_path, "qwen3_5-vl"), dtype="float32", max_num_batched_tokens=64)
+    assert patches == [llm.engine.images.max_embeds * 4]  # 2 x 2 patches per embedding
+    assert "encoder cache" in caplog.text

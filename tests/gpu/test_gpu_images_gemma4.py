@@ -9,7 +9,8 @@ pytestmark = pytest.mark.gpu
 
 def test_gemma4_images_on_cuda_match_hf(make_llm, tmp_path):
     from engine import SamplingParams
-    from test_images_gemma4 import hf_greedy, make_tiny_gemma4_vl, prompt
+    from image_families import gemma4_prompt as prompt
+    from tiny_vl_models import hf_greedy_mm as hf_greedy, make_tiny_gemma4_vl
     from tiny_models import hf_model
     from tiny_vl_models import random_image
     path = make_tiny_gemma4_vl(tmp_path)

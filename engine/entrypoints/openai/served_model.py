@@ -61,12 +61,11 @@ class ServedModel:
 
 def image_side(llm_engine: Any, tokenizer: Any) -> dict[str, Any]:
     """The ServedModel fields of an engine that takes images (none for a text-only one)."""
-    vision, config = llm_engine.model_config.vision, llm_engine.config
+    config = llm_engine.config
     if not getattr(llm_engine, "takes_images", False) or llm_engine.model_config.pooler is not None:
         return {}
     from engine.multimodal.media import MediaLimits
-    from engine.multimodal.processor import MultiModalProcessor
-    return {"mm_processor": MultiModalProcessor(llm_engine.model_path, vision, tokenizer, config.max_image_pixels),
+    return {"mm_processor": llm_engine.images.new_processor(tokenizer),
             "media_limits": MediaLimits.from_config(config), "image_limit": config.image_limit()}
 
 

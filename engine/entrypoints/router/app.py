@@ -242,7 +242,7 @@ def model_facts(entry: ModelEntry) -> dict:
         try:
             config = spec.engine_config()
             cfg = ModelConfig.from_folder(model_folder(spec), config.quantization)
-            cfg.with_max_model_len(config.max_model_len)
+            cfg.with_max_model_len(config.max_model_len).with_image_limit(config.image_limit())
             quant = cfg.quantization.describe() if cfg.quantization is not None else None
             entry.facts = {"max_model_len": cfg.max_model_len, "context_length": cfg.max_model_len,
                            "quantization": quant,

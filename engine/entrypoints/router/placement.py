@@ -162,7 +162,8 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
     `process_bytes`: one engine process's baseline on the host (each tensor-parallel rank is a process)."""
     config = spec.engine_config()
     on_gpu = card.index != HOST
-    cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(config.max_model_len)
+    cfg = ModelConfig.from_folder(model_folder(spec), config.quantization).with_max_model_len(
+        config.max_model_len).with_image_limit(config.image_limit())
     dtype = resolve_dtype(config.dtype, cfg.torch_dtype, on_gpu)
     dtype_bytes = DTYPE_BYTES[dtype]
     kv_bytes = kv_dtype_bytes(config.kv_cache_dtype, dtype_bytes)
@@ -173,12 +174,16 @@ def replica_need(spec: ModelSpec, card: Card, max_loaded_models: int | None,
     profile = estimate_profile(cfg, card.budget_bytes, dtype_bytes=dtype_bytes, tensor_parallel_size=tp,
                                max_num_batched_tokens=step_tokens, max_num_seqs=seats,
                                cuda_graphs=on_gpu and not config.enforce_eager,
-                               cuda_graph_mode=config.cuda_graph_mode, num_speculative_tokens=k)
+                               cuda_graph_mode=config.cuda_graph_mode, num_speculative_tokens=k,
+                               max_image_pixels=config.max_image_pixels,
+                               processor_kwargs=config.processor_kwargs())
     layout = model_kv_layout(cfg, block_size, kv_bytes, tp, act_dtype_bytes=dtype_bytes)
     draft, mtp = speculation_model(speculative)  # on the replica's first card; its KV pages share the budget
     draft_weights, draft_per_block = speculation_footprint(cfg, dtype_bytes, kv_bytes, block_size, tp, draft, mtp)
     weights = profile.weights_bytes + draft_weights + verify_scratch_bytes(layout, seats, k, step_tokens)
-    overhead = profile.overhead_bytes + (CUDA_CONTEXT_BYTES if on_gpu else process_bytes * tp)
+    # A VL model's encoder cache at its fullest is set aside on every card, as the engine's sizing does.
+    overhead = profile.overhead_bytes + profile.encoder_cache_bytes + (CUDA_CONTEXT_BYTES if on_gpu else
+                                                                      process_bytes * tp)
     fixed = weights + profile.activation_bytes + overhead
     caching = config.enable_prefix_caching
     if config.num_gpu_blocks_override is not None:
