@@ -1,6 +1,7 @@
 """Shared fixtures: tiny random-weight model folders made once per test session."""
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -24,6 +25,24 @@ if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
 
 from tiny_models import make_tiny_model  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def qt_garbage_on_the_gui_thread(request):
+    """A Qt test runs with the cyclic garbage collector paused and collects on this (the GUI) thread at its end.
+
+    Otherwise a collection can start in whichever thread allocates next (a fake server's handler, a relay thread)
+    and destroy a Qt object there: its timers cannot be unregistered from that thread, fire later for the freed
+    object, and the process segfaults (seen under two xdist workers in QTimerInfoList::activateTimers)."""
+    if "qtbot" not in request.fixturenames:
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.collect()
 
 
 @pytest.fixture(scope="session")

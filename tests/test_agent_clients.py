@@ -99,9 +99,11 @@ def test_codex_exec(scripted_api_server, tmp_path):
     wired = wiring("codex", endpoint(scripted_api_server))
     (tmp_path / "codex").mkdir()
     (tmp_path / "instructions.md").write_text(SHORT_PROMPT)
-    # web_search back on (the wiring turns it off): the request must carry Codex's hosted tool, which is ignored
+    # web_search back on (the wiring turns it off): the request must carry Codex's hosted tool, which is ignored.
+    # The goal tools and the bundled skills' list are off: with them the prompt is ~17k tokens, without ~13k,
+    # and the CPU prefill of it is most of this test's time; the namespace tool (multi_agent_v1) stays.
     extra = ["-c", f"model_instructions_file={json.dumps(str(tmp_path / 'instructions.md'))}",
-             "-c", 'web_search="cached"']
+             "-c", 'web_search="cached"', "-c", "features.goals=false", "-c", "skills.bundled.enabled=false"]
     run_agent(scripted_api_server, tmp_path, [codex, "exec", "--skip-git-repo-check", *wired.args, *extra, "hello"],
               {**wired.env, "CODEX_HOME": str(tmp_path / "codex")}, "/v1/responses")
 
