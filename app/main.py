@@ -8,7 +8,10 @@ starts serving the last model at once and stays in the tray, keeping the engine 
 is closed; without a tray it shows the window, since nothing else could bring it back. A second
 `pagedesk` for the same data folder brings the first one's window to the front and exits
 (app/single_instance.py). Where no window can open (no display, or not the X libraries Qt needs) it says
-so and what to do instead (app/display_check.py), and exits 1 before Qt could abort.
+so and what to do instead (app/display_check.py), and exits 1 before Qt could abort. Python's cyclic garbage
+collector runs only on the GUI thread (pyqtgraph's GarbageCollector: automatic collection off, a timer collects):
+a collection started in a worker or relay thread would destroy Qt objects there, whose timers then fire on freed
+memory (the segfault the test suite met under two workers).
 """
 from __future__ import annotations
 
@@ -38,6 +41,7 @@ def run_gui(argv: list[str]) -> int:
     from PySide6.QtCore import QTimer
     from PySide6.QtGui import QIcon
     from PySide6.QtWidgets import QApplication
+    from pyqtgraph.util.garbage_collector import GarbageCollector
 
     from app.display_check import display_problem
     from app.main_window import MainWindow
@@ -70,6 +74,7 @@ def run_gui(argv: list[str]) -> int:
         signal.signal(sig, lambda *_: app.quit())
     wake = QTimer(interval=250, timeout=lambda: None)  # lets Python run its signal handlers
     wake.start()
+    collector = GarbageCollector(interval=1.0)  # noqa: F841 -- held for the loop's lifetime: its timer collects
     serving = False
     if args.serve_at_login:
         window.keep_serving_for_session = True
