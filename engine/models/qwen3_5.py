@@ -37,18 +37,20 @@ class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
 
 
 class Qwen3_5VisionLanguage:
-    """The VL checkpoints' additions to their text model: the tower, mRoPE on every attention layer, encode_image."""
+    """The VL checkpoints' additions to their text model: the tower, mRoPE on every attention layer, encode_image.
+    Qwen3-VL shares it (engine/models/qwen3_vl.py) with its own mappers."""
 
     weights_mapper = VL_MAPPER
+    text_only_mapper = VL_TEXT_ONLY_MAPPER
 
     def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
         super().__init__(cfg, backend)
         if cfg.vision is None:  # served as text: on text positions mRoPE is the plain table
-            self.weights_mapper = VL_TEXT_ONLY_MAPPER
+            self.weights_mapper = self.text_only_mapper
             return
         self.visual = Qwen3_5VisionTower(cfg.vision.tower)
         tables = {id(layer.self_attn.rotary_emb): layer.self_attn.rotary_emb
-                  for layer in self.model.layers if not layer.is_linear}
+                  for layer in self.model.layers if not getattr(layer, "is_linear", False)}
         for table in tables.values():
             table.use_mrope(cfg.vision.mrope_section)
 

@@ -20,11 +20,10 @@ from typing import Iterable, Iterator
 
 import torch
 
-from engine.config.model import ModelConfig
 from engine.layers.attention import AttentionMetadata
 from engine.layers.decoder import DecoderModel
 from engine.models.llama import LlamaForCausalLM
-from engine.models.qwen3_5_vision import Qwen3_5VisionTower
+from engine.models.qwen3_5 import Qwen3_5VisionLanguage
 from engine.models.qwen3_moe import moe_block
 from engine.models.registry import VL_TEXT_PREFIXES
 from engine.models.weights import WeightsMapper
@@ -50,24 +49,10 @@ class DeepStackDecoderModel(DecoderModel):
         return x
 
 
-class Qwen3VLForConditionalGeneration(LlamaForCausalLM):
+class Qwen3VLForConditionalGeneration(Qwen3_5VisionLanguage, LlamaForCausalLM):
     model_class = DeepStackDecoderModel
     weights_mapper = VL_MAPPER
-
-    def __init__(self, cfg: ModelConfig, backend: str = "torch") -> None:
-        super().__init__(cfg, backend)
-        if cfg.vision is None:  # served as text: on text positions mRoPE is the plain table
-            self.weights_mapper = TEXT_ONLY_MAPPER
-            return
-        self.visual = Qwen3_5VisionTower(cfg.vision.tower)
-        tables = {id(layer.self_attn.rotary_emb): layer.self_attn.rotary_emb for layer in self.model.layers}
-        for table in tables.values():
-            table.use_mrope(cfg.vision.mrope_section)
-
-    def encode_image(self, data: dict) -> torch.Tensor:
-        device = self.visual.inv_freq.device
-        grid = tuple(int(x) for x in data["image_grid_thw"][0])
-        return self.visual(data["pixel_values"].to(device), grid)
+    text_only_mapper = TEXT_ONLY_MAPPER
 
 
 class Qwen3VLMoeForConditionalGeneration(Qwen3VLForConditionalGeneration):
