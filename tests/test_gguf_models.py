@@ -214,3 +214,12 @@ def test_cpu_dequant_cache_keeps_float_copies_within_its_budget(tmp_path):
     (none, base), (some, ids_some), (every, ids_all) = runs.values()
     assert not any(none) and all(every) and 0 < sum(some) < len(some)
     assert base == ids_some == ids_all
+
+    class NoDequantize:  # with every layer copied, no layer may decode its blocks (row-parallel ones skipped it)
+        def apply(self, *args):
+            raise AssertionError("a cached layer dequantized per call")
+
+    for layer in llm.engine.runner.model.modules():
+        if isinstance(layer, LinearBase):
+            layer.method = NoDequantize()
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 2, use_tqdm=False)] == ids_all
