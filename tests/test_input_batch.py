@@ -56,6 +56,31 @@ def rebuilt(seqs, num_groups: int, width: int) -> np.ndarray:
     return out
 
 
+
+def test_a_step_that_changed_nothing_reuses_the_last_gathered_tables():
+    """Issue 39: a decode inside its last block gathers no tables (no op); a new block, a left row or other rows
+    gather afresh, and what they gather equals the sequences' tables."""
+    blocks = [Block(i) for i in range(1, 40)]
+    a = fake_seq([1] * 8, [[blocks[0], blocks[1]]], computed=8)
+    b = fake_seq([1] * 12, [[blocks[2], blocks[3], blocks[4]]], computed=12)
+    ib = InputBatch(1, 16, torch.device("cpu"))
+
+    def step(*seqs):
+        rows, _ = ib.update([ScheduledSeq(s, 1) for s in seqs])
+        ib.commit()
+        width = int(ib.num_blocks[:, rows].max())
+        tables = ib.step_tables(rows, width)
+        assert (tables.numpy() == rebuilt(seqs, 1, width)).all()
+        return tables
+
+    first = step(a, b)
+    assert step(a, b) is first  # nothing changed: the same tensor
+    b.block_tables[0].append(blocks[5])  # a new block: the commit drops the reuse
+    second = step(a, b)
+    assert second is not first and step(a, b) is second
+    assert step(b) is not second  # a left: other rows (and its row zeroed)
+    assert step(b, a) is not second
+
 def test_a_growing_sequence_writes_only_its_new_block():
     blocks = [Block(i) for i in range(1, 40)]
     a = fake_seq([1] * 8, [[blocks[0], blocks[1]]], computed=8)

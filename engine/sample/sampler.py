@@ -44,7 +44,9 @@ class SampledTokens:
 
     def to_host(self) -> SamplerOutput:
         """One device -> host copy: every result packed into float64 (token ids < 2**53 stay exact)."""
-        return self._unpack(self._pack().cpu().tolist())
+        packed = self._pack()
+        # .cpu() of a host tensor is still a dispatched op: a batch-1 step's host path counts them
+        return self._unpack((packed if packed.device.type == "cpu" else packed.cpu()).tolist())
 
     def start_host_copy(self) -> "PendingSamples":
         """The same copy, started without waiting for it (async scheduling): into pinned memory on a card, with
@@ -59,6 +61,8 @@ class SampledTokens:
         return PendingSamples(self, host, event)
 
     def _pack(self) -> torch.Tensor:
+        if self.ranks is None:  # the common step: the stack promotes the long ids to float64 itself
+            return torch.stack((self.token_ids, self.logprobs.double()), dim=1)
         parts = [self.token_ids[:, None], self.logprobs[:, None]]
         if self.ranks is not None:
             parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
@@ -196,11 +200,16 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
     edits = meta.bias is not None or meta.masked is not None or meta.bitmask is not None or \
         meta.penalty_rows is not None
     # The working logits: a float32 copy that edits may change, `raw` staying as the model gave it; without edits,
-    # float32 logits are read in place.
-    logits = logits.to(torch.float32, copy=edits)
+    # float32 logits are read in place (not even a no-op .to(): each dispatched op is a batch-1 step's cost).
+    if edits or logits.dtype != torch.float32:
+        logits = logits.to(torch.float32, copy=edits)
     apply_bias_and_masks(logits, meta)
     apply_penalties(logits, meta)
-    chosen = logits.argmax(dim=-1)
+    chosen_logits = None  # the chosen tokens' raw logits, when the greedy reduction already gave them
+    if edits or meta.sampled_rows is not None:
+        chosen = logits.argmax(dim=-1)
+    else:  # greedy over the raw logits: one reduction gives the tokens (first maximum, as argmax) and their logits
+        chosen_logits, chosen = logits.max(dim=-1)
     if meta.sampled_rows is not None:
         probs = torch.softmax(logits[meta.sampled_rows] / meta.temperature[:, None], dim=-1)
         del logits  # not needed past here: full-vocabulary temporaries are what the sampler's peak is made of
@@ -210,9 +219,12 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
         chosen.index_copy_(0, meta.sampled_rows, drawn)
     # Log-probs of the model's raw distribution, computed last so they never coexist with the filters' temporaries;
     # the chosen tokens' alone need no [rows, vocab] tensor.
-    raw = raw.float()
+    if raw.dtype != torch.float32:
+        raw = raw.float()
     if meta.max_num_logprobs is None:
-        token_logprobs = raw.gather(1, chosen[:, None])[:, 0] - torch.logsumexp(raw, dim=-1)
+        if chosen_logits is None:
+            chosen_logits = raw.gather(1, chosen[:, None])[:, 0]
+        token_logprobs = chosen_logits - torch.logsumexp(raw, dim=-1)
         return SampledTokens(chosen, token_logprobs, None, None, None)
     raw_logprobs = torch.log_softmax(raw, dim=-1)
     token_logprobs = raw_logprobs.gather(1, chosen[:, None])[:, 0]

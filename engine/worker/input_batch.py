@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.platform.host_copies import CopyFence, host_buffer
+from engine.platform.host_copies import CopyFence, host_buffer, to_device
 
 FIRST_ROWS = 16  # rows allocated before the first step; doubled whenever a step needs more
 
@@ -79,6 +79,9 @@ class InputBatch:
         self.device_tables: torch.Tensor = torch.zeros(0)
         self.dirty: list[tuple[int, int, int, int]] = []  # (group, row, start, stop) not yet on the device
         self.fence = CopyFence(self.pin)  # the host tables' last copy to the device
+        # The last gather (rows' bytes, width, tables): a step whose rows, width and device tables are those of
+        # the last one (a decode between two new blocks) reuses it, no op at all; a commit or a grow drops it.
+        self.last_gather: tuple[bytes, int, torch.Tensor] | None = None
         self._grow(FIRST_ROWS)
 
     # ---- rows -----------------------------------------------------------------------------------------
@@ -93,7 +96,7 @@ class InputBatch:
                                     device=self.device)
         if old:
             device_tables[:, :old].copy_(self.device_tables[:, :old])
-        self.device_tables = device_tables
+        self.device_tables, self.last_gather = device_tables, None
         self.table_refs += [None] * (num_rows - old)
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros((self.num_groups, num_rows - old), np.int64)], 1)
         for name in ("num_computed", "query_lens"):
@@ -216,6 +219,7 @@ class InputBatch:
         before the forward, on the same stream, so the forward reads them and the host never waits."""
         if not self.dirty:
             return
+        self.last_gather = None
         # Every copy's source is contiguous (a row segment, or whole rows of one plane): a strided source would
         # be staged through pageable memory and the copy would no longer be asynchronous.
         if len(self.dirty) > 64:  # many small copies cost more than one copy of the rows in use
@@ -233,6 +237,17 @@ class InputBatch:
     def gather(self, rows: torch.Tensor, width: int) -> torch.Tensor:
         """This step's `[num_groups, num_seqs, width]` tables, gathered on the device from `rows`."""
         return self.device_tables[:, :, :width].index_select(1, rows)
+
+    def step_tables(self, rows: np.ndarray, width: int) -> torch.Tensor:
+        """`gather` from host rows, or the last step's tables when nothing they hold changed since (the gather is
+        a copy that nobody writes, so sharing it between steps is safe on a card's stream and on the host)."""
+        key = rows.tobytes()
+        last = self.last_gather
+        if last is not None and last[0] == key and last[1] == width:
+            return last[2]
+        tables = self.gather(to_device(torch.from_numpy(rows), self.device), width)
+        self.last_gather = (key, width, tables)
+        return tables
 
     def host_tables(self, rows: np.ndarray, width: int) -> np.ndarray:
         """The same tables from the host buffer (slot mapping, tests)."""

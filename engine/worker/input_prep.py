@@ -152,8 +152,7 @@ class InputPreparer:
             return to_device(torch.from_numpy(np.ascontiguousarray(tables)), self.device)
         self.input_batch.apply(inputs.table_diff)
         self.input_batch.commit()
-        rows = to_device(torch.from_numpy(inputs.rows), self.device)
-        return self.input_batch.gather(rows, inputs.table_width)
+        return self.input_batch.step_tables(inputs.rows, inputs.table_width)
 
 
 def image_rows(batch: list[ScheduledSeq], computed: np.ndarray,

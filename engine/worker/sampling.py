@@ -62,7 +62,9 @@ def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling, defer: boo
     """The step's draws; with `defer` their copy to the host is started, not waited for (`ModelRunnerOutput.result`)."""
     out, sampling = ModelRunnerOutput(), prepared.batch
     if prepared.meta is not None:
-        rows = logits.narrow(0, 0, len(sampling.rows)) if prepared.rows_index is None else logits[prepared.rows_index]
+        rows = logits if prepared.rows_index is None else logits[prepared.rows_index]
+        if rows.shape[0] != len(sampling.rows):  # logits past the sampling rows (a verify step's, a beam's)
+            rows = rows.narrow(0, 0, len(sampling.rows))
         tokens = sample_on_device(rows, prepared.meta, sampling.generator)
         if defer:
             out.pending = tokens.start_host_copy()
@@ -111,7 +113,9 @@ class DeviceSampler:
         pooled = pool_hidden(hidden, inputs.pool_owners, inputs.pool_spans) if inputs.pool_spans and rank0 else None
         if logits_index is None:
             return ModelRunnerOutput(prompt_logprobs=prompt_logprobs, pooled=pooled) if rank0 else None
-        logits = self.model.compute_logits(hidden[logits_index])
+        if not (isinstance(logits_index, slice) and logits_index == slice(0, hidden.shape[0])):
+            hidden = hidden[logits_index]  # else every row samples: no slice op (a batch-1 decode's)
+        logits = self.model.compute_logits(hidden)
         if not rank0:
             return None
         out = sample_prepared(logits, prepared, defer)
