@@ -148,3 +148,24 @@ def run(llm, cases, n: int = 1) -> list[list[list[int]]]:
 
 def first_ids(llm, cases) -> list[list[int]]:
     return [outs[0] for outs in run(llm, cases)]
+
+
+def mask_logprobs(llm, hf, inputs, first: int, hf_logits: Callable) -> tuple[float, float, float]:
+    """Token `first`'s logprob after `inputs`' prompt: ours, HF's with the image token types (an image's tokens
+    both ways) and HF's with none (causal): the Gemma families' check that the image mask decides.
+    `hf_logits(ids, token_types)` runs HF with the family's own keyword arguments."""
+    import torch
+
+    from engine import SamplingParams
+    ids = torch.tensor([inputs.prompt_token_ids])
+
+    def hf_logprob(token_types: torch.Tensor) -> float:
+        with torch.no_grad():
+            logits = hf_logits(ids, token_types)[0, -1]
+        return logits.float().log_softmax(-1)[first].item()
+
+    request_id = f"mask-{next(_REQUEST_IDS)}"
+    llm.engine.add_request(request_id, inputs.prompt_token_ids,
+                           SamplingParams(temperature=0, max_tokens=1, logprobs=0), mm=inputs)
+    ours = llm._run([request_id], use_tqdm=False)[0].outputs[0].logprobs[0][first].logprob
+    return ours, hf_logprob((ids == hf.config.image_token_id).long()), hf_logprob(torch.zeros_like(ids))

@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from engine import LLM
+from image_families import mask_logprobs
 from tiny_models import hf_model
 
 pytest.importorskip("PIL")
@@ -24,20 +25,9 @@ def test_the_image_mask_decides(family):
     HF's without them (causal image tokens): the key limits are what the parity above rests on."""
     path, llm, cases, expected = family
     hf, inputs = hf_model(path), cases[1]
-    ids = torch.tensor([inputs.prompt_token_ids])
     pixels = torch.cat([item.data["pixel_values"] for item in inputs.items])
-    first = expected[1][0]
-
-    def hf_logprob(token_types: torch.Tensor) -> float:
-        with torch.no_grad():
-            logits = hf(ids, pixel_values=pixels, token_type_ids=token_types).logits[0, -1]
-        return logits.float().log_softmax(-1)[first].item()
-
-    request_id = f"mask-{len(llm.engine.requests)}"
-    llm.engine.add_request(request_id, inputs.prompt_token_ids,
-                           SamplingParams(temperature=0, max_tokens=1, logprobs=0), mm=inputs)
-    ours = llm._run([request_id], use_tqdm=False)[0].outputs[0].logprobs[0][first].logprob
-    bidirectional, causal = hf_logprob((ids == hf.config.image_token_id).long()), hf_logprob(torch.zeros_like(ids))
+    ours, bidirectional, causal = mask_logprobs(
+        llm, hf, inputs, expected[1][0], lambda ids, types: hf(ids, pixel_values=pixels, token_type_ids=types).logits)
     assert abs(bidirectional - causal) > 1e-3
     assert abs(ours - bidirectional) < 1e-4
 

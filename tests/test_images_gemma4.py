@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from image_families import GEMMA4_CASES as CASES, MAX_TOKENS, gemma4_prompt as prompt, run as run_all
+from image_families import GEMMA4_CASES as CASES, MAX_TOKENS, gemma4_prompt as prompt, mask_logprobs, run as run_all
 from tiny_models import hf_model
 from tiny_vl_models import GEMMA4_VISION as VISION, hf_greedy_mm, make_tiny_gemma4_vl, random_image
 
@@ -37,25 +37,14 @@ def run(llm, cases):
 def test_the_image_mask_decides(family):
     """The first token's logprob is HF's with the token types (both ways within an image, sliding layers only),
     not HF's without them: the key limits, and their absence on the global layers, are what the parity rests on."""
-    from engine import SamplingParams
     path, llm, cases, expected = family
     hf, inputs = hf_model(path), cases[1]
-    ids = torch.tensor([inputs.prompt_token_ids])
     pixels = torch.cat([item.data["pixel_values"] for item in inputs.items])
     positions = torch.cat([item.data["image_position_ids"] for item in inputs.items])
-    first = expected[1][0]
-
-    def hf_logprob(token_types: torch.Tensor) -> float:
-        with torch.no_grad():
-            logits = hf(ids, pixel_values=pixels, image_position_ids=positions, mm_token_type_ids=token_types,
-                        attention_mask=torch.ones_like(ids)).logits[0, -1]
-        return logits.float().log_softmax(-1)[first].item()
-
-    request_id = f"mask-{len(llm.engine.requests)}"
-    llm.engine.add_request(request_id, inputs.prompt_token_ids,
-                           SamplingParams(temperature=0, max_tokens=1, logprobs=0), mm=inputs)
-    ours = llm._run([request_id], use_tqdm=False)[0].outputs[0].logprobs[0][first].logprob
-    bidirectional, causal = hf_logprob((ids == hf.config.image_token_id).long()), hf_logprob(torch.zeros_like(ids))
+    ours, bidirectional, causal = mask_logprobs(
+        llm, hf, inputs, expected[1][0],
+        lambda ids, types: hf(ids, pixel_values=pixels, image_position_ids=positions, mm_token_type_ids=types,
+                              attention_mask=torch.ones_like(ids)).logits)
     assert abs(bidirectional - causal) > 1e-3
     assert abs(ours - bidirectional) < 1e-4
 
