@@ -63,9 +63,7 @@ class SampledTokens:
     def _pack(self) -> torch.Tensor:
         if self.ranks is None:  # the common step: the stack promotes the long ids to float64 itself
             return torch.stack((self.token_ids, self.logprobs.double()), dim=1)
-        parts = [self.token_ids[:, None], self.logprobs[:, None]]
-        if self.ranks is not None:
-            parts += [self.ranks[:, None], self.top_ids, self.top_logprobs]
+        parts = [self.token_ids[:, None], self.logprobs[:, None], self.ranks[:, None], self.top_ids, self.top_logprobs]
         return torch.cat([p.double() for p in parts], dim=1)
 
     def _unpack(self, packed: list[list[float]]) -> SamplerOutput:
