@@ -7,27 +7,20 @@ per chunk, where the gather is paid once per chunk). Integer caches (int8, packe
 value times its group's scale (`_kv`, resolved per cache dtype when numba compiles, so the float32 path carries
 none of it). Caches numba cannot read (FP8, bfloat16) and non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
 (BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change.
-Imports nothing of ours outside kernels/.
+Imports nothing of ours outside kernels/; runs on the pool kernels/numba_pool.py picks.
 """
 from __future__ import annotations
 
 import math
-import os
-import types
 
 import numba
 import numpy as np
 import torch
 from numba.extending import overload
 
+from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
 from kernels.kv_int_torch import is_int_kv
-
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    # numba's own thread pool: its OpenMP layer would start a second libgomp runtime beside torch's, and
-    # two OpenMP pools spin-waiting against each other on few cores slow both.
-    numba.config.THREADING_LAYER = "workqueue"
-
 
 def _kv(cache, scales, blk, off, head, d):  # pragma: no cover - only ever compiled, through the overload below
     """Value d of (block, offset, head) of a cache as float32."""
@@ -115,16 +108,8 @@ def _decode(query, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens,
                 out[row, kvh * group + g, d] = acc_out[g, d]
 
 
-def _renamed(fn, name: str):
-    """The same code under another name: numba's on-disk cache files are named by the function, and the
-    serial and parallel builds must not load each other."""
-    copy = types.FunctionType(fn.__code__, fn.__globals__, name, fn.__defaults__, fn.__closure__)
-    copy.__qualname__ = name
-    return copy
-
-
 _decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_decode)
-_decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(_renamed(_decode, "_decode_serial"))  # prange: range
+_decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_decode, "_decode_serial"))  # prange: range
 
 _NO_SINKS = np.empty(0, dtype=np.float32)
 _NO_SCALES = np.ones((1, 1, 1, 1), dtype=np.float32)

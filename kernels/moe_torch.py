@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_linear
 from kernels.gguf_torch import block_format, dequantize_gguf
 from kernels.quant_torch import MXFP4_BLOCK, dequantize_fp8, dequantize_int, dequantize_mxfp4
 
@@ -99,8 +100,8 @@ def fused_moe_torch(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor, topk_i
         entries = order[start:start + count]  # positions in the flattened [T * k] routing table
         start += count
         tokens = entries // topk_ids.shape[1]
-        gate_up = F.linear(x[tokens], w13[expert], None if w13_bias is None else w13_bias[expert])
-        hidden = F.linear(moe_activation(gate_up, activation, alpha, limit), w2[expert],
+        gate_up = cpu_linear.linear(x[tokens], w13[expert], None if w13_bias is None else w13_bias[expert])
+        hidden = cpu_linear.linear(moe_activation(gate_up, activation, alpha, limit), w2[expert],
                           None if w2_bias is None else w2_bias[expert])
         weights = topk_weights.reshape(-1)[entries].unsqueeze(1)
         out.index_add_(0, tokens, (hidden * weights).to(out.dtype))

@@ -83,6 +83,8 @@ def start_engine(config: EngineConfig) -> StartedEngine:
         runner.allocate_kv_cache(num_blocks, kv_dtype, state_slots + snapshots)
         host_tier = allocate_host_tier(config, model_config, runner, kv_dtype, dtype)
         runner.capture_decode_graphs()
+        if device.type == "cpu":
+            runner.set_cpu_linear(config.cpu_linear)
         if device.type == "cpu" and config.cpu_dequant_cache:
             held = runner.keep_dequantized(config.cpu_dequant_cache * 2**30)
             logger.info("--cpu-dequant-cache: %s of float weights beside the quantized blocks", format_bytes(held))

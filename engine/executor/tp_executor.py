@@ -167,6 +167,9 @@ class TensorParallelExecutor:
     def wake_up(self) -> None:
         self._run_everywhere("wake_up")  # every rank captures its graphs again: their all-reduces pair up
 
+    def set_cpu_linear(self, name: str) -> None:
+        self._run_everywhere("set_cpu_linear", name)
+
     def reserve_input_rows(self, max_num_seqs: int) -> None:
         self._run_everywhere("reserve_input_rows", max_num_seqs)
 

@@ -14,6 +14,7 @@ from torch import nn
 
 from engine.distributed.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
 from engine.quantization.gguf.weight import GgufWeight
+from kernels import cpu_linear
 from kernels.gguf_torch import dequantize_gguf, gguf_linear_torch
 
 
@@ -74,9 +75,9 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.dequantized is not None:
-            logits = F.linear(hidden, self.dequantized)
+            logits = cpu_linear.linear(hidden, self.dequantized)
         elif self.weight.gguf_type is None:
-            logits = F.linear(hidden, self.weight)
+            logits = cpu_linear.linear(hidden, self.weight)
         elif hidden.is_cuda:
             from kernels.triton_gguf import gguf_linear_triton
             logits = gguf_linear_triton(hidden, self.weight, self.weight.gguf_type)

@@ -17,6 +17,7 @@ from torch import nn
 from engine.distributed.parallel_state import all_reduce, divide, get_tp_rank, get_tp_size
 from engine.quantization.config import QuantConfig
 from engine.quantization.methods import UnquantizedLinearMethod, linear_method
+from kernels import cpu_linear
 
 
 def checkpoint_modules(packed_modules_mapping: dict, stacked: str) -> tuple[str, ...]:
@@ -49,7 +50,7 @@ class LinearBase(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.dequantized is not None:
-            return F.linear(x, self.dequantized, self.bias)
+            return cpu_linear.linear(x, self.dequantized, self.bias)
         return self.method.apply(self, x, self.bias)
 
     shard_ids: tuple = (None,)  # the checkpoint matrices stacked in this layer, as the loader names them

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.quantization.config import QuantConfig
+from kernels import cpu_linear
 from kernels.quant_torch import awq_unpack, dequantize_fp8, dequantize_int, pack_int32, unpack_int32
 
 # Checkpoint tensor names of each int family, by role in the packed layout.
@@ -64,7 +65,7 @@ class UnquantizedLinearMethod:
         return layer.weight.to(dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        return cpu_linear.linear(x, layer.weight, bias)
 
 
 class IntLinearMethod:
@@ -131,7 +132,7 @@ class IntLinearMethod:
         if x.is_cuda:
             from engine.quantization.gpu import int_linear_cuda
             return int_linear_cuda(self, layer, x, bias)
-        return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
+        return cpu_linear.linear(x, self.dequantized_weight(layer, x.dtype), bias)
 
 
 def fp8_scale_name(quant: QuantConfig) -> str:
@@ -188,7 +189,7 @@ class Fp8LinearMethod:
         if x.is_cuda:
             from engine.quantization.gpu import fp8_linear_cuda
             return fp8_linear_cuda(self, layer, x, bias)
-        return F.linear(x, self.dequantized_weight(layer, x.dtype), bias)
+        return cpu_linear.linear(x, self.dequantized_weight(layer, x.dtype), bias)
 
 
 def _check_int32(loaded: torch.Tensor, role: str) -> None:

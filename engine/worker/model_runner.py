@@ -47,6 +47,7 @@ from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
 from engine.worker.step_inputs import ModelRunnerOutput, StepInputs
+from kernels import cpu_linear
 
 
 def draft_token_rows(inputs: StepInputs, spec) -> np.ndarray:
@@ -215,6 +216,11 @@ class ModelRunner:
     def keep_dequantized(self, budget_bytes: float) -> int:
         """--cpu-dequant-cache: float copies of the quantized linears' weights within the budget; bytes held."""
         return keep_dequantized(self.model, budget_bytes, self.dtype)
+
+    def set_cpu_linear(self, name: str) -> None:
+        """--cpu-linear: how this process's float32 CPU linears run (kernels/cpu_linear.py); compiled now."""
+        cpu_linear.set_backend(name)
+        cpu_linear.warm_up()
 
     def compile_cpu_forward(self) -> None:
         """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""

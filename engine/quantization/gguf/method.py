@@ -20,6 +20,7 @@ from torch import nn
 
 from engine.distributed.parallel_state import get_tp_rank
 from engine.quantization.gguf.weight import GgufWeight
+from kernels import cpu_linear
 from kernels.gguf_torch import block_format, dequantize_gguf, gguf_linear_torch, row_bytes
 
 FLOAT = -1  # a run's type when it holds floats in the model dtype
@@ -108,7 +109,7 @@ class GgufLinearMethod:
     def _run(self, layer: nn.Module, run: GgufRun, x: torch.Tensor) -> torch.Tensor:
         w = self.run_weight(layer, run)
         if run.type_id == FLOAT:
-            return F.linear(x, w.to(x.dtype))
+            return cpu_linear.linear(x, w.to(x.dtype))
         if x.is_cuda:
             from kernels.triton_gguf import gguf_linear_triton
             return gguf_linear_triton(x, w, run.type_id)
