@@ -54,7 +54,8 @@ ACTIVITY = {"load": "loading its weights", "run": "running a forward step", "pro
             "allocate_kv_cache": "allocating its KV cache", "join": "joining the tensor-parallel group",
             "plan_decode_graphs": "preparing CUDA graphs", "capture_decode_graphs": "capturing CUDA graphs",
             "allocate_kv_offload": "allocating its CPU-RAM KV tier", "transfer_kv": "copying KV to or from the tier",
-            "sleep": "going to sleep", "wake_up": "waking up"}
+            "sleep": "going to sleep", "wake_up": "waking up",
+            "set_cpu_linear": "compiling its CPU linear kernels"}
 
 
 def create_executor(model_config: ModelConfig, model_path, device: torch.device, dtype: torch.dtype,

@@ -40,7 +40,7 @@ from engine.distributed.step_ring import StepReader
 # ModelRunner methods rank 0 may ask for over the pipe (forward steps come through the ring, unanswered).
 COMMANDS = ("reserve_input_rows", "reserve_verify_tokens", "allocate_kv_cache", "profile_memory", "weights_bytes",
             "kv_cache_bytes", "plan_decode_graphs", "capture_decode_graphs", "allocate_kv_offload", "transfer_kv", "sleep",
-            "wake_up")
+            "wake_up", "set_cpu_linear")
 CAPTURES = frozenset({"capture_decode_graphs", "wake_up"})  # commands during which the heartbeat must not touch the card
 HEARTBEAT_S = 0.5
 WAKE_POLL_S = 0.1  # an idle worker's sleep between looks at its pipe (rank 0's wake-up ends it early)
