@@ -111,3 +111,12 @@ def test_flag_reaches_the_engine_and_both_give_hf_greedy(choice, reference):
     path, prompts, expected = reference("llama")
     assert engine_greedy(path, prompts, MAX_TOKENS, max_model_len=512, cpu_linear=choice) == expected
     assert cpu_linear.backend() == choice
+
+
+def test_bench_prints_a_row_per_batch(capsys):
+    from kernels.bench_cpu_linear import main
+    main(["--hidden", "32", "--layers", "1", "--vocab", "64", "--rows", "1", "3", "--cache-mib", "0",
+          "--repeats", "1"])
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")]
+    assert [line.split("|")[1].strip() for line in lines[1:]] == ["1", "3"]
+    assert all(line.rstrip().endswith("x |") for line in lines[1:])
