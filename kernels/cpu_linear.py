@@ -7,13 +7,15 @@ into panels before multiplying, a second pass over it: on the 2-core AMD machine
 kernel, which reads each weight row once (BENCHMARKS.md, "CPU linears"). Up to `MAX_ROWS` rows run there; above
 it the GEMM is compute-bound and `F.linear` is as fast. Another dtype or device, a non-contiguous weight, a fake
 or compiled trace, gradients, or no numba (a GPU machine's bare environment) go to `F.linear`, as does
-everything under `set_backend("torch")` (`--cpu-linear torch`). Results equal `F.linear`'s to float32 rounding
+everything under `set_backend("torch")` (`--cpu-linear torch`) and under a TorchDispatchMode, which could not
+see the kernel's work (a CPU graph tape, an op count). Results equal `F.linear`'s to float32 rounding
 (the sums run in another order). Imports nothing of ours outside kernels/; numba only when a row kernel runs.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 BACKENDS = ("rows", "torch")
 MAX_ROWS = 16  # the weight is read twice at 16 rows: still less than the BLAS's pack and read
@@ -53,7 +55,8 @@ def _rows_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
             and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
             and x.dim() >= 1 and x.numel() <= MAX_ROWS * x.shape[-1] and weight.dim() == 2
             and weight.stride(1) == 1 and weight.stride(0) == weight.shape[1]
-            and not (x.requires_grad or weight.requires_grad) and not torch.compiler.is_compiling())
+            and not (x.requires_grad or weight.requires_grad) and not torch.compiler.is_compiling()
+            and _get_current_dispatch_mode() is None)  # a mode (a graph tape, an op count) sees F.linear
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -22,8 +22,10 @@ ABSENT = ("fastapi", "uvicorn", "starlette", "pydantic", "pydantic_core", "PySid
           "numba", "llvmlite", "xgrammar", "markdown", "platformdirs", "accelerate", "openai", "hypothesis",
           "pytestqt", "pytest_timeout", "schemathesis", "instructor", "langchain_openai", "lm_eval")
 # Modules that need an absent package by design and that nothing on the GPU path imports: the HTTP server
-# (the GPU suite drives LLM directly) and the numba CPU decode kernel (kernels/__init__.py falls back).
-SERVER_OR_CPU_ONLY = {"engine.entrypoints.openai", "kernels.attention_cpu", "kernels.bench_cpu_attention"}
+# (the GPU suite drives LLM directly) and the numba CPU kernels (kernels/__init__.py and kernels/cpu_linear.py
+# fall back).
+SERVER_OR_CPU_ONLY = {"engine.entrypoints.openai", "kernels.attention_cpu", "kernels.bench_cpu_attention",
+                      "kernels.cpu_rows_gemm", "kernels.numba_pool"}
 
 BLOCKER = f"""
 import sys
