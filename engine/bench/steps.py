@@ -157,6 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--async-scheduling", action="store_true", help="the engine's --async-scheduling")
     parser.add_argument("--compile-cpu-forward", action="store_true",
                         help="the engine's --compile-cpu-forward (compiled during the warm-up steps)")
+    parser.add_argument("--cpu-linear", choices=("rows", "torch"),
+                        help="the engine's --cpu-linear (default: the engine's; an older tree has no such flag)")
     parser.add_argument("--sampled", action="store_true",
                         help="requests that draw (temperature 0.8, top-p 0.95, seeded) instead of greedy ones")
     parser.add_argument("--count", action="store_true",
@@ -171,6 +173,8 @@ def main(argv: list[str] | None = None) -> None:
             from engine.bench.random_model import PEER_LLAMA, make_random_llama
         path = args.model or make_random_llama(Path(tmp) / "peer-llama", **PEER_LLAMA)
         extra = {name: True for name in ("async_scheduling", "compile_cpu_forward") if getattr(args, name)}
+        if args.cpu_linear:
+            extra["cpu_linear"] = args.cpu_linear
         llm = LLM(str(path), device="cpu", max_model_len=args.prompt_len + args.warm_up + 2 * args.steps + 64,
                   max_num_seqs=max(args.batch), **extra)
         vocab = llm.engine.model_config.vocab_size
@@ -183,8 +187,9 @@ def main(argv: list[str] | None = None) -> None:
         print(count_table(rows))
         return
     phases = [p for p in HOST_PHASES if p in rows[0][1]]
+    settings = "".join(f", {k.replace('_', ' ')}" + ("" if v is True else f" {v}") for k, v in extra.items())
     print(f"\n{path.name}: {args.steps} {kind} decode steps per batch size after {args.warm_up} warm-up steps, "
-          f"{args.prompt_len}-token prompts{''.join(', ' + k.replace('_', ' ') for k in extra)}; torch "
+          f"{args.prompt_len}-token prompts{settings}; torch "
           f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}\n")
     print("| batch | step ms | forward ms | outside the forward ms (best) |" + "".join(f" {p} ms |" for p in phases))
     print("|---:|---:|---:|---:|" + "---:|" * len(phases))
