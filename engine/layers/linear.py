@@ -11,7 +11,6 @@ and input dims, so the same loaders slice float and packed weights. With one ran
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.distributed.parallel_state import all_reduce, divide, get_tp_rank, get_tp_size

@@ -13,7 +13,6 @@ are bytes (8-bit ones int16: GPTQ v1's stored zero + 1 can be 256).
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.quantization.config import QuantConfig
