@@ -69,6 +69,37 @@ def test_greedy_rows_without_edits_match_the_full_path(dtype):
     torch.testing.assert_close(plain.logprobs, full.logprobs, rtol=1e-5, atol=1e-5)
 
 
+def test_rows_without_logprobs_need_no_logsumexp():
+    """A caller that reads no logprob of rows that ask none (the engine) gets the same tokens without any, and
+    the step runs no logsumexp over the vocabulary."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(0))
+    rows = [SamplingRow(SamplingParams(temperature=0), [1, 2], 1, None, [0]) for _ in range(3)]
+    meta = SamplingMetadata.build(rows, 300, logits.device)
+    full = sample_on_device(logits, meta, torch.Generator())
+    seen = []
+    with Ops():
+        lean = sample_on_device(logits, meta, torch.Generator(), chosen_logprobs=False)
+        host = lean.to_host()
+    assert seen == ["aten.max.dim"]  # the greedy reduction alone
+    assert lean.logprobs is None and host.logprobs is None and host.token_ids == full.token_ids.tolist()
+
+
+def test_cumulative_logprob_only_where_logprobs_are_asked(llama_dir):
+    llm = LLM(str(llama_dir), device="cpu")
+    asked, plain = llm.generate(["Hello", "Hello"], [SamplingParams(temperature=0, max_tokens=4, logprobs=0),
+                                                     SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
+    a, p = asked.outputs[0], plain.outputs[0]
+    assert a.token_ids == p.token_ids and p.cumulative_logprob is None and p.logprobs is None
+    assert a.cumulative_logprob == pytest.approx(sum(s[t].logprob for t, s in zip(a.token_ids, a.logprobs)))
+
+
 def test_async_scheduling_caches_the_same_prefix_blocks(llama_dir):
     """A block completed by a token still on the device is hashed once that token is known: a second request
     sharing the first's prompt and output hits as many cached tokens either way."""

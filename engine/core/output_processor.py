@@ -80,6 +80,7 @@ class OutputProcessor:
         if not plan.targets:
             return
         sampled: SamplerOutput = result.sampled
+        logprobs = sampled.logprobs or [None] * len(plan.targets)  # None: no target asked for any
         discarded = 0
         for i, seq in enumerate(plan.targets):
             if seq.is_finished:
@@ -88,8 +89,7 @@ class OutputProcessor:
             if seq.request in self.faults:
                 continue
             with self.faults.guard(seq.request, "processing its new token"):
-                self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i],
-                                  self._top_logprobs(seq, i, sampled))
+                self.append_token(seq, sampled.token_ids[i], logprobs[i], self._top_logprobs(seq, i, sampled))
             self._after_tokens(outcome, seq, now)
         self.stats.generation_tokens_total += len(plan.targets) - discarded
 
@@ -153,7 +153,8 @@ class OutputProcessor:
             request.metrics.first_scheduled_time = now
             request.num_cached_tokens = start
 
-    def append_token(self, seq: Sequence, token: int, logprob: float, top: dict[int, Logprob] | None) -> None:
+    def append_token(self, seq: Sequence, token: int, logprob: float | None,
+                     top: dict[int, Logprob] | None) -> None:
         """Every generated token joins its sequence here, sampled or a beam's; sampled ones are then
         detokenized and checked against the stop rules (beams are decoded once, at the end)."""
         seq.append_token(token, logprob, top)
