@@ -5,9 +5,9 @@ repetition / presence / frequency penalties, then temperature, top-k, top-p, min
 is an exponential race (argmax of p / E with E ~ Exp(1)), which is exactly sampling from p; a seeded
 request draws its noise from its own generator, so its output never depends on what else is in the batch.
 Logprobs are those of the model's raw distribution; a step whose rows ask none skips even the chosen tokens'
-when its caller says it reads none (the engine: `SamplingBatch.chosen_logprobs`). Everything runs on the logits' device over the whole
-batch (`SamplingMetadata` tensors, one sort for the filters); only the small results cross to the host, in
-one transfer (`SampledTokens.to_host`).
+when its caller reads none (the engine: `SamplingBatch.chosen_logprobs`). Everything runs on the logits'
+device over the whole batch (`SamplingMetadata` tensors, one sort for the filters); only the small results
+cross to the host, in one transfer (`SampledTokens.to_host`).
 """
 from __future__ import annotations
 
