@@ -191,3 +191,18 @@ def test_rows_read_in_place_when_they_are_the_first_rows():
     assert b.token_ids[0] == int(logits[1].argmax())
     _, c = draw([1, 1])  # two rows off one logits row (n > 1): gathered
     assert c.token_ids[0] == b.token_ids[0]
+
+
+def test_async_decodes_of_the_same_batch_read_the_samples_in_place(llama_dir):
+    """Decode after decode of the same sequences under async scheduling: the last step's sampled ids are this
+    step's input ids as they are, no tensor made for them; the outputs are the synchronous engine's."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = LLM(str(llama_dir), device="cpu", async_scheduling=True)
+    runner, fed = llm.engine.runner, []
+    feed = runner._fed_input_ids
+    runner._fed_input_ids = lambda inputs: fed.append((feed(inputs), runner.last_sampled)) or fed[-1][0]
+    got = [o.outputs[0].token_ids for o in llm.generate(["a b", "c d e"], params, use_tqdm=False)]
+    assert any(ids is sampled for ids, sampled in fed)
+    want = [o.outputs[0].token_ids for o in LLM(str(llama_dir), device="cpu").generate(["a b", "c d e"], params,
+                                                                                       use_tqdm=False)]
+    assert got == want

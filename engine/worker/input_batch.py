@@ -224,12 +224,11 @@ class InputBatch:
         if not self.dirty:
             return
         self.last_gather = None
-        if self.device_tables is self.host:
-            self.dirty.clear()
-            return
         # Every copy's source is contiguous (a row segment, or whole rows of one plane): a strided source would
         # be staged through pageable memory and the copy would no longer be asynchronous.
-        if len(self.dirty) > 64:  # many small copies cost more than one copy of the rows in use
+        if self.device_tables is self.host:  # the CPU's: nothing to copy
+            pass
+        elif len(self.dirty) > 64:  # many small copies cost more than one copy of the rows in use
             used = max(r for _, r, _, _ in self.dirty) + 1
             for g in range(self.num_groups):
                 self.device_tables[g, :used].copy_(self.host[g, :used], non_blocking=True)
