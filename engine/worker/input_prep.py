@@ -64,9 +64,10 @@ class InputPreparer:
         rows, diff = table.update(batch)
         positions = table.num_computed[rows]  # `update` wrote each row's computed tokens
         block_index, offset = np.divmod(positions, bs)
-        slots = table.host_np[:, rows, block_index].astype(np.int64) * bs + offset  # [groups, n]
-        input_ids = np.fromiter((PENDING_TOKEN if item.num_pending else item.seq.token_ids[-1] for item in batch),
-                                np.int64, n)
+        # int32 block ids times the block size stay int32 (ids < 2**31 / block_size); the int64 offset widens them
+        slots = table.host_np[:, rows, block_index] * bs + offset  # [groups, n]
+        ids = [PENDING_TOKEN if item.num_pending else item.seq.token_ids[-1] for item in batch]
+        input_ids = np.array(ids, np.int64)
         seq_lens = (positions + 1).astype(np.int32)
         inputs = StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots[0], seq_lens=seq_lens,
@@ -74,8 +75,8 @@ class InputPreparer:
             max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             group_slot_mappings=slots[1:] if len(slots) > 1 else None, rows=rows,
             table_width=int(table.num_blocks[:, rows].max()), table_diff=diff)
-        pending = (input_ids == PENDING_TOKEN).nonzero()[0]
-        if len(pending):
+        if PENDING_TOKEN in ids:
+            pending = (input_ids == PENDING_TOKEN).nonzero()[0]
             sources = self.last_sample_rows
             inputs.pending_rows = pending
             inputs.pending_sources = np.fromiter((sources[batch[i].seq.seq_id] for i in pending.tolist()), np.int64,
