@@ -86,7 +86,7 @@ class OutputProcessor:
             if seq.is_finished:
                 discarded += 1
                 continue
-            if seq.request in self.faults:
+            if self.faults.failed and seq.request in self.faults:  # no call per token while none failed
                 continue
             with self.faults.guard(seq.request, "processing its new token"):
                 self.append_token(seq, sampled.token_ids[i], logprobs[i], self._top_logprobs(seq, i, sampled))
@@ -119,7 +119,7 @@ class OutputProcessor:
     def _after_tokens(self, outcome: StepOutcome, seq, now: float) -> bool:
         """A sequence took this step's tokens: its timing, the request touched, finished if it is; False (and
         nothing recorded) when processing them failed the request."""
-        if seq.request in self.faults:
+        if self.faults.failed and seq.request in self.faults:
             return False
         metrics = seq.request.metrics
         metrics.first_token_time = metrics.first_token_time or now
