@@ -91,3 +91,26 @@ def test_on_a_card_two_sets_alternate(fake_cuda):  # noqa: F811
     assert (host_ids(buffers, 1) == decode_inputs(2, 1).input_ids).all()
     c = buffers.load(decode_inputs(2, 2), tables)
     assert c[0] is a[0] and (host_ids(buffers, 0) == decode_inputs(2, 2).input_ids).all()
+
+
+def test_a_graph_step_is_padded_on_the_host_and_copied_once_per_field():
+    """Verify rows of 2 tokens, 2 real sequences padded to 3: padding ids and positions 0, slots -1 (no KV write),
+    lengths of one row, offsets ending where the real tokens end; past the padded batch nothing is touched."""
+    from types import SimpleNamespace
+
+    from engine.worker.graphs.staging import GraphStaging
+    static = SimpleNamespace(**{name: torch.full((8,), 9) for name in ("input_ids", "positions", "slot_mapping")},
+                             seq_lens=torch.full((4,), 9, dtype=torch.int32),
+                             query_start_loc=torch.full((5,), 9, dtype=torch.int32))
+    staging = GraphStaging(static, 2, torch.device("cpu"))
+    step = SimpleNamespace(input_ids=np.array([1, 2, 3, 4]), positions=np.array([5, 6, 7, 8]),
+                           slot_mapping=np.array([10, 11, 12, 13]), seq_lens=np.array([6, 8], np.int32))
+    staging.fill(SimpleNamespace(input_ids=np.zeros(4), positions=np.zeros(4), slot_mapping=np.zeros(4),
+                                 seq_lens=np.zeros(2)), 2, 3)  # the (2, 3) views made once
+    with Ops() as ops:
+        staging.fill(step, 2, 3)
+    assert ops.seen == ["aten.copy_.default"] * 5
+    assert static.input_ids.tolist() == [1, 2, 3, 4, 0, 0, 9, 9]
+    assert static.positions.tolist() == [5, 6, 7, 8, 0, 0, 9, 9]
+    assert static.slot_mapping.tolist() == [10, 11, 12, 13, -1, -1, 9, 9]
+    assert static.seq_lens.tolist() == [6, 8, 2, 9] and static.query_start_loc.tolist() == [0, 2, 4, 4, 9]
