@@ -89,7 +89,8 @@ class OutputProcessor:
             if self.faults.failed and seq.request in self.faults:  # no call per token while none failed
                 continue
             with self.faults.guard(seq.request, "processing its new token"):
-                self.append_token(seq, sampled.token_ids[i], logprobs[i], self._top_logprobs(seq, i, sampled))
+                top = None if seq.logprobs is None else self._top_logprobs(seq, i, sampled)
+                self.append_token(seq, sampled.token_ids[i], logprobs[i], top)
             self._after_tokens(outcome, seq, now)
         self.stats.generation_tokens_total += len(plan.targets) - discarded
 
@@ -163,9 +164,8 @@ class OutputProcessor:
         if seq.request.beam is None:
             self._check_stop(seq, token, seq.detokenizer.add_token(token))
 
-    def _top_logprobs(self, seq: Sequence, i: int, result: SamplerOutput) -> dict[int, Logprob] | None:
-        if seq.logprobs is None:
-            return None
+    def _top_logprobs(self, seq: Sequence, i: int, result: SamplerOutput) -> dict[int, Logprob]:
+        """Row i's top log-probs entry (a sequence that asked for logprobs; `process` calls it only then)."""
         return self._top_entry(seq, result.token_ids[i], result.logprobs[i], result.ranks[i], result.top_ids[i],
                                result.top_logprobs[i])
 
@@ -222,9 +222,10 @@ class OutputProcessor:
                 return self.finish(seq, "stop", token)
             if token in p.stop_token_ids:
                 return self.finish(seq, "stop", token)
-            stop = seq.detokenizer.find_stop(len(new_text))
-            if stop is not None:
-                return self.finish(seq, "stop", stop)
+            if new_text and p.stop_strings:  # no call per token for a request without stop strings
+                stop = seq.detokenizer.find_stop(len(new_text))
+                if stop is not None:
+                    return self.finish(seq, "stop", stop)
         if seq.grammar is not None and (seq.grammar.terminated or seq.grammar.rejected):
             return self.finish(seq, "stop", token)  # the grammar is complete: nothing more may follow
         if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len:
