@@ -56,7 +56,9 @@ class OutputProcessor:
     def record_scheduled(self, scheduled: list[ScheduledSeq], now: float) -> None:
         """Statistics of the chunks a step runs, taken as it is launched (before the scheduler counts them)."""
         for item in scheduled:
-            self._record_scheduled(item, now)
+            seq = item.seq  # a decode past its prompt, scheduled before, changes none of them: no call for it
+            if seq.num_computed_tokens < seq.num_prompt_tokens or seq.request.metrics.first_scheduled_time is None:
+                self._record_scheduled(item, now)
 
     def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
                 now: float) -> None:
