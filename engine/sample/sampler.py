@@ -209,8 +209,9 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default_gener
     # float32 logits are read in place (not even a no-op .to(): each dispatched op is a batch-1 step's cost).
     if edits or logits.dtype != torch.float32:
         logits = logits.to(torch.float32, copy=edits)
-    apply_bias_and_masks(logits, meta)
-    apply_penalties(logits, meta)
+    if edits:
+        apply_bias_and_masks(logits, meta)
+        apply_penalties(logits, meta)
     chosen_logits = None  # the chosen tokens' raw logits, when the greedy reduction already gave them
     if edits or meta.sampled_rows is not None:
         chosen = logits.argmax(dim=-1)
