@@ -69,6 +69,37 @@ def test_greedy_rows_without_edits_match_the_full_path(dtype):
     torch.testing.assert_close(plain.logprobs, full.logprobs, rtol=1e-5, atol=1e-5)
 
 
+def test_rows_without_logprobs_need_no_logsumexp():
+    """A caller that reads no logprob of rows that ask none (the engine) gets the same tokens without any, and
+    the step runs no logsumexp over the vocabulary."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    logits = torch.randn(3, 300, generator=torch.Generator().manual_seed(0))
+    rows = [SamplingRow(SamplingParams(temperature=0), [1, 2], 1, None, [0]) for _ in range(3)]
+    meta = SamplingMetadata.build(rows, 300, logits.device)
+    full = sample_on_device(logits, meta, torch.Generator())
+    seen = []
+    with Ops():
+        lean = sample_on_device(logits, meta, torch.Generator(), chosen_logprobs=False)
+        host = lean.to_host()
+    assert seen == ["aten.max.dim"]  # the greedy reduction alone
+    assert lean.logprobs is None and host.logprobs is None and host.token_ids == full.token_ids.tolist()
+
+
+def test_cumulative_logprob_only_where_logprobs_are_asked(llama_dir):
+    llm = LLM(str(llama_dir), device="cpu")
+    asked, plain = llm.generate(["Hello", "Hello"], [SamplingParams(temperature=0, max_tokens=4, logprobs=0),
+                                                     SamplingParams(temperature=0, max_tokens=4)], use_tqdm=False)
+    a, p = asked.outputs[0], plain.outputs[0]
+    assert a.token_ids == p.token_ids and p.cumulative_logprob is None and p.logprobs is None
+    assert a.cumulative_logprob == pytest.approx(sum(s[t].logprob for t, s in zip(a.token_ids, a.logprobs)))
+
+
 def test_async_scheduling_caches_the_same_prefix_blocks(llama_dir):
     """A block completed by a token still on the device is hashed once that token is known: a second request
     sharing the first's prompt and output hits as many cached tokens either way."""
@@ -160,3 +191,18 @@ def test_rows_read_in_place_when_they_are_the_first_rows():
     assert b.token_ids[0] == int(logits[1].argmax())
     _, c = draw([1, 1])  # two rows off one logits row (n > 1): gathered
     assert c.token_ids[0] == b.token_ids[0]
+
+
+def test_async_decodes_of_the_same_batch_read_the_samples_in_place(llama_dir):
+    """Decode after decode of the same sequences under async scheduling: the last step's sampled ids are this
+    step's input ids as they are, no tensor made for them; the outputs are the synchronous engine's."""
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    llm = LLM(str(llama_dir), device="cpu", async_scheduling=True)
+    runner, fed = llm.engine.runner, []
+    feed = runner._fed_input_ids
+    runner._fed_input_ids = lambda inputs: fed.append((feed(inputs), runner.last_sampled)) or fed[-1][0]
+    got = [o.outputs[0].token_ids for o in llm.generate(["a b", "c d e"], params, use_tqdm=False)]
+    assert any(ids is sampled for ids, sampled in fed)
+    want = [o.outputs[0].token_ids for o in LLM(str(llama_dir), device="cpu").generate(["a b", "c d e"], params,
+                                                                                       use_tqdm=False)]
+    assert got == want

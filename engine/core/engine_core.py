@@ -357,7 +357,7 @@ class EngineCore:
         outputs = []
         for request in outcome.touched.values():
             with self.faults.guard(request, "building its output"):
-                if request not in self.faults:
+                if not self.faults.failed or request not in self.faults:
                     outputs.append(self.output.make_output(request))
         for output in outputs:
             if output.finished:
@@ -460,8 +460,9 @@ class EngineCore:
         """What the runner must draw this step: a row per sequence that samples (a request with n > 1
         forks its other outputs off the first once its prompt is computed: they all draw their first token
         from the same logits row), and the top log-probs of every beam row."""
-        plan = StepPlan(SamplingBatch(generator=self.generator))
-        spec = SpecBatch() if any(item.num_draft_tokens for item in sampling) else None
+        # cumulative_logprob is kept only where logprobs were asked (Sequence): no other row needs its logprob
+        plan = StepPlan(SamplingBatch(generator=self.generator, chosen_logprobs=False))
+        spec = SpecBatch() if self.spec is not None and any(item.num_draft_tokens for item in sampling) else None
         row = 0  # logits row: one per sampling sequence, 1 + k for one verifying drafts
         for item in sampling:
             with self.faults.guard(item.seq.request, "preparing its sampling rows"):

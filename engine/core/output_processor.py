@@ -56,7 +56,9 @@ class OutputProcessor:
     def record_scheduled(self, scheduled: list[ScheduledSeq], now: float) -> None:
         """Statistics of the chunks a step runs, taken as it is launched (before the scheduler counts them)."""
         for item in scheduled:
-            self._record_scheduled(item, now)
+            seq = item.seq  # a decode past its prompt, scheduled before, changes none of them: no call for it
+            if seq.num_computed_tokens < seq.num_prompt_tokens or seq.request.metrics.first_scheduled_time is None:
+                self._record_scheduled(item, now)
 
     def process(self, outcome: StepOutcome, scheduled: list[ScheduledSeq], plan: StepPlan, result,
                 now: float) -> None:
@@ -80,16 +82,17 @@ class OutputProcessor:
         if not plan.targets:
             return
         sampled: SamplerOutput = result.sampled
+        logprobs = sampled.logprobs or [None] * len(plan.targets)  # None: no target asked for any
         discarded = 0
         for i, seq in enumerate(plan.targets):
             if seq.is_finished:
                 discarded += 1
                 continue
-            if seq.request in self.faults:
+            if self.faults.failed and seq.request in self.faults:  # no call per token while none failed
                 continue
             with self.faults.guard(seq.request, "processing its new token"):
-                self.append_token(seq, sampled.token_ids[i], sampled.logprobs[i],
-                                  self._top_logprobs(seq, i, sampled))
+                top = None if seq.logprobs is None else self._top_logprobs(seq, i, sampled)
+                self.append_token(seq, sampled.token_ids[i], logprobs[i], top)
             self._after_tokens(outcome, seq, now)
         self.stats.generation_tokens_total += len(plan.targets) - discarded
 
@@ -119,7 +122,7 @@ class OutputProcessor:
     def _after_tokens(self, outcome: StepOutcome, seq, now: float) -> bool:
         """A sequence took this step's tokens: its timing, the request touched, finished if it is; False (and
         nothing recorded) when processing them failed the request."""
-        if seq.request in self.faults:
+        if self.faults.failed and seq.request in self.faults:
             return False
         metrics = seq.request.metrics
         metrics.first_token_time = metrics.first_token_time or now
@@ -153,7 +156,8 @@ class OutputProcessor:
             request.metrics.first_scheduled_time = now
             request.num_cached_tokens = start
 
-    def append_token(self, seq: Sequence, token: int, logprob: float, top: dict[int, Logprob] | None) -> None:
+    def append_token(self, seq: Sequence, token: int, logprob: float | None,
+                     top: dict[int, Logprob] | None) -> None:
         """Every generated token joins its sequence here, sampled or a beam's; sampled ones are then
         detokenized and checked against the stop rules (beams are decoded once, at the end)."""
         seq.append_token(token, logprob, top)
@@ -162,9 +166,8 @@ class OutputProcessor:
         if seq.request.beam is None:
             self._check_stop(seq, token, seq.detokenizer.add_token(token))
 
-    def _top_logprobs(self, seq: Sequence, i: int, result: SamplerOutput) -> dict[int, Logprob] | None:
-        if seq.logprobs is None:
-            return None
+    def _top_logprobs(self, seq: Sequence, i: int, result: SamplerOutput) -> dict[int, Logprob]:
+        """Row i's top log-probs entry (a sequence that asked for logprobs; `process` calls it only then)."""
         return self._top_entry(seq, result.token_ids[i], result.logprobs[i], result.ranks[i], result.top_ids[i],
                                result.top_logprobs[i])
 
@@ -221,9 +224,10 @@ class OutputProcessor:
                 return self.finish(seq, "stop", token)
             if token in p.stop_token_ids:
                 return self.finish(seq, "stop", token)
-            stop = seq.detokenizer.find_stop(len(new_text))
-            if stop is not None:
-                return self.finish(seq, "stop", stop)
+            if new_text and p.stop_strings:  # no call per token for a request without stop strings
+                stop = seq.detokenizer.find_stop(len(new_text))
+                if stop is not None:
+                    return self.finish(seq, "stop", stop)
         if seq.grammar is not None and (seq.grammar.terminated or seq.grammar.rejected):
             return self.finish(seq, "stop", token)  # the grammar is complete: nothing more may follow
         if (p.max_tokens is not None and n_out >= p.max_tokens) or seq.num_tokens >= self.max_model_len:

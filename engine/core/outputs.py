@@ -20,7 +20,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    cumulative_logprob: float | None
+    cumulative_logprob: float | None  # None unless logprobs were asked (vLLM v1)
     logprobs: list[dict[int, Logprob]] | None  # per generated token: chosen token + top-k
     finish_reason: str | None = None  # "stop" | "length" | "abort" | None while running
     stop_reason: int | str | None = None  # the stop string or stop token id that ended it

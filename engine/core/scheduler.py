@@ -216,10 +216,12 @@ class Scheduler:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # preempted earlier in this step
             num_new = min(left, budget) if prefill_left is None else min(left, budget, prefill_left)
-            num_new = self._snapshot_aligned(seq, seq.num_computed_tokens, num_new)
-            num_new, images = self._fit_images(seq, seq.num_computed_tokens, num_new, out)
-            if not num_new:
-                continue  # its next image waits for encoder room
+            images = []
+            if seq.num_computed_tokens < seq.num_prompt_tokens:  # past its prompt: no image, no snapshot to align
+                num_new = self._snapshot_aligned(seq, seq.num_computed_tokens, num_new)
+                num_new, images = self._fit_images(seq, seq.num_computed_tokens, num_new, out)
+                if not num_new:
+                    continue  # its next image waits for encoder room
             drafts = 0
             if left == 1 and seq.spec_token_ids:  # a decode with speculative drafts: 1 + k query tokens
                 drafts = min(len(seq.spec_token_ids), budget - 1)
@@ -248,7 +250,8 @@ class Scheduler:
                 if victim is seq:
                     break
             else:
-                self._encode(seq, images, out)
+                if images:
+                    self._encode(seq, images, out)
                 picked[seq.seq_id] = ScheduledSeq(seq, num_new, is_prefill=left > 1, num_draft_tokens=drafts,
                                                   num_pending=seq.num_pending)
                 out.scheduled.append(picked[seq.seq_id])

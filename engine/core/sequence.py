@@ -53,7 +53,8 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.generator = generator
         self.sampling_row = None  # its SamplingRow (engine/sample/metadata.py), made at its first sampling step
-        self.cumulative_logprob = 0.0
+        # Only where logprobs were asked, as vLLM v1 reports it: the sampler then skips the others' logprobs.
+        self.cumulative_logprob: float | None = 0.0 if request.params.logprobs is not None else None
         self.logprobs: list[dict[int, Logprob]] | None = [] if request.params.logprobs is not None else None
         self.detokenizer = IncrementalDetokenizer(request.tokenizer, request.params, self.num_prompt_tokens)
         self.grammar = None  # GrammarState of a structured-output request
@@ -97,9 +98,10 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int, logprob: float, top: dict[int, Logprob] | None) -> None:
+    def append_token(self, token_id: int, logprob: float | None, top: dict[int, Logprob] | None) -> None:
         self.token_ids.append(token_id)
-        self.cumulative_logprob += logprob
+        if self.cumulative_logprob is not None:
+            self.cumulative_logprob += logprob
         if self.logprobs is not None and top is not None:
             self.logprobs.append(top)
 

@@ -53,3 +53,6 @@ class SamplingBatch:
     generator: torch.Generator | None = None  # the engine's, on the logits' device: unseeded rows draw from it
     bitmask: torch.Tensor | None = None  # structured outputs: packed int32 [len(rows), ceil(vocab / 32)], host side
     spec: object | None = None  # speculative verify rows (engine/spec_decode/speculator.SpecBatch), or None
+    # The chosen token's logprob of rows that ask no logprobs too (tools and tests read it); the engine reports
+    # cumulative_logprob only where logprobs were asked (vLLM v1) and turns this off: no logsumexp per step.
+    chosen_logprobs: bool = True

@@ -4,9 +4,10 @@ Order, as in vLLM: logit bias, min_tokens (EOS and stop ids masked), the structu
 repetition / presence / frequency penalties, then temperature, top-k, top-p, min-p, then a draw. The draw
 is an exponential race (argmax of p / E with E ~ Exp(1)), which is exactly sampling from p; a seeded
 request draws its noise from its own generator, so its output never depends on what else is in the batch.
-Logprobs are those of the model's raw distribution. Everything runs on the logits' device over the whole
-batch (`SamplingMetadata` tensors, one sort for the filters); only the small results cross to the host, in
-one transfer (`SampledTokens.to_host`).
+Logprobs are those of the model's raw distribution; a step whose rows ask none skips even the chosen tokens'
+when its caller reads none (the engine: `SamplingBatch.chosen_logprobs`). Everything runs on the logits'
+device over the whole batch (`SamplingMetadata` tensors, one sort for the filters); only the small results
+cross to the host, in one transfer (`SampledTokens.to_host`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ __all__ = ["SamplerOutput", "SamplingRow", "apply_penalties", "sample", "sample_
 @dataclass(slots=True)
 class SamplerOutput:
     token_ids: list[int]
-    logprobs: list[float]  # of the chosen token
+    logprobs: list[float] | None  # of the chosen token; None: not computed (no row asked, nor the caller)
     top_ids: list[list[int]] | None  # per row, the top-k ids by logprob (k = max requested)
     top_logprobs: list[list[float]] | None
     ranks: list[int] | None  # rank of the chosen token
@@ -37,7 +38,7 @@ class SampledTokens:
     """The sampler's results, still on the device."""
 
     token_ids: torch.Tensor  # [rows] long
-    logprobs: torch.Tensor  # [rows] float32
+    logprobs: torch.Tensor | None  # [rows] float32; None: not computed
     top_ids: torch.Tensor | None  # [rows, k] long
     top_logprobs: torch.Tensor | None  # [rows, k] float32
     ranks: torch.Tensor | None  # [rows] long
@@ -61,12 +62,16 @@ class SampledTokens:
         return PendingSamples(self, host, event)
 
     def _pack(self) -> torch.Tensor:
+        if self.logprobs is None:  # the ids alone: nothing to pack (a greedy step without logprobs)
+            return self.token_ids
         if self.ranks is None:  # the common step: the stack promotes the long ids to float64 itself
             return torch.stack((self.token_ids, self.logprobs.double()), dim=1)
         parts = [self.token_ids[:, None], self.logprobs[:, None], self.ranks[:, None], self.top_ids, self.top_logprobs]
         return torch.cat([p.double() for p in parts], dim=1)
 
-    def _unpack(self, packed: list[list[float]]) -> SamplerOutput:
+    def _unpack(self, packed: list) -> SamplerOutput:
+        if self.logprobs is None:
+            return SamplerOutput(packed, None, None, None, None)
         out = SamplerOutput([int(r[0]) for r in packed], [r[1] for r in packed], None, None, None)
         if self.ranks is not None:
             k = self.top_ids.shape[1]
@@ -192,8 +197,11 @@ def _exponential(out: torch.Tensor, generator: torch.Generator) -> None:
     out.exponential_(generator=generator)
 
 
-def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
-                     default_generator: torch.Generator) -> SampledTokens:
+def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata, default_generator: torch.Generator,
+                     chosen_logprobs: bool = True) -> SampledTokens:
+    """The rows' tokens and log-probs on the device. Without `chosen_logprobs`, rows that ask no logprobs get
+    none (`logprobs` None when no row asks): a logsumexp over the vocabulary per row saved, the larger part of
+    a greedy decode step's sampling on the CPU."""
     raw = logits
     edits = meta.bias is not None or meta.masked is not None or meta.bitmask is not None or \
         meta.penalty_rows is not None
@@ -201,8 +209,9 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
     # float32 logits are read in place (not even a no-op .to(): each dispatched op is a batch-1 step's cost).
     if edits or logits.dtype != torch.float32:
         logits = logits.to(torch.float32, copy=edits)
-    apply_bias_and_masks(logits, meta)
-    apply_penalties(logits, meta)
+    if edits:
+        apply_bias_and_masks(logits, meta)
+        apply_penalties(logits, meta)
     chosen_logits = None  # the chosen tokens' raw logits, when the greedy reduction already gave them
     if edits or meta.sampled_rows is not None:
         chosen = logits.argmax(dim=-1)
@@ -220,6 +229,8 @@ def sample_on_device(logits: torch.Tensor, meta: SamplingMetadata,
     if raw.dtype != torch.float32:
         raw = raw.float()
     if meta.max_num_logprobs is None:
+        if not chosen_logprobs:
+            return SampledTokens(chosen, None, None, None, None)
         if chosen_logits is None:
             chosen_logits = raw.gather(1, chosen[:, None])[:, 0]
         token_logprobs = chosen_logits - torch.logsumexp(raw, dim=-1)

@@ -25,7 +25,7 @@ def grammar_bitmask(grammars: list, vocab_size: int, allowed_ids: list | None = 
     """The step's bitmask: each row's grammar (GrammarState or None) and its allowed_token_ids (a list or
     None) both apply; None when no row has either."""
     allowed_ids = allowed_ids or [None] * len(grammars)
-    if all(g is None for g in grammars) and all(a is None for a in allowed_ids):
+    if grammars.count(None) == len(grammars) and allowed_ids.count(None) == len(allowed_ids):  # every step asks
         return None
     bitmask = allocate_bitmask(len(grammars), vocab_size)
     for row, (grammar, ids) in enumerate(zip(grammars, allowed_ids)):

@@ -2,8 +2,9 @@
 
 Each sequence scheduled in a step owns a row (slot) of a `[num_groups, max_rows, max_blocks]` int32 table, one
 plane per KV cache group, on the host (pinned on CUDA, so the copy to the device is truly asynchronous) and
-mirrored on the device (a `CopyFence` keeps a host write from overtaking a queued copy). A step only writes
-what changed since the last step: a joining sequence's whole tables, a growing sequence's appended block ids, and entries its KV manager edited in place (a copy-on-write
+mirrored on the device (a `CopyFence` keeps a host write from overtaking a queued copy; on the CPU the host
+tables are the device's). A step only writes what changed since the last step: a joining sequence's whole
+tables, a growing sequence's appended block ids, and entries its KV manager edited in place (a copy-on-write
 block, window blocks turned NULL_BLOCK, a freed table), which the managers mark on the sequence with
 `Sequence.mark_table_edit`. Those writes are the step's `BatchDiff`: rank 0 applies it while preparing and
 ships only it to tensor-parallel workers, which apply it to their own mirror (`apply`). The dirty cells are
@@ -92,10 +93,13 @@ class InputBatch:
         host, host_np = host_buffer((self.num_groups, num_rows, self.max_blocks), np.int32, self.pin)
         host_np[:, :old] = self.host_np[:, :old]
         self.host, self.host_np = host, host_np
-        device_tables = torch.zeros((self.num_groups, num_rows, self.max_blocks), dtype=torch.int32,
-                                    device=self.device)
-        if old:
-            device_tables[:, :old].copy_(self.device_tables[:, :old])
+        if self.device.type == "cpu":  # the host tables are the device's: a commit has nothing to copy
+            device_tables = host
+        else:
+            device_tables = torch.zeros((self.num_groups, num_rows, self.max_blocks), dtype=torch.int32,
+                                        device=self.device)
+            if old:
+                device_tables[:, :old].copy_(self.device_tables[:, :old])
         self.device_tables, self.last_gather = device_tables, None
         self.table_refs += [None] * (num_rows - old)
         self.num_blocks = np.concatenate([self.num_blocks, np.zeros((self.num_groups, num_rows - old), np.int64)], 1)
@@ -222,7 +226,9 @@ class InputBatch:
         self.last_gather = None
         # Every copy's source is contiguous (a row segment, or whole rows of one plane): a strided source would
         # be staged through pageable memory and the copy would no longer be asynchronous.
-        if len(self.dirty) > 64:  # many small copies cost more than one copy of the rows in use
+        if self.device_tables is self.host:  # the CPU's: nothing to copy
+            pass
+        elif len(self.dirty) > 64:  # many small copies cost more than one copy of the rows in use
             used = max(r for _, r, _, _ in self.dirty) + 1
             for g in range(self.num_groups):
                 self.device_tables[g, :used].copy_(self.host[g, :used], non_blocking=True)

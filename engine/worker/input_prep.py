@@ -5,11 +5,11 @@ out as plain numpy over its tokens (input_ids, positions, slot_mapping, seq_lens
 prompt-logprobs rows, pooled spans, a hybrid model's state slots and verify rows) and brings the persistent input
 batch's block tables up to date (engine/worker/input_batch.py), keeping the diff, so the same small `StepInputs` can
 go to tensor-parallel workers (engine/worker/step_inputs.py). On every rank `step_tables` applies that diff to its own
-mirror and gathers the step's tables on the device, and `attention_metadata` / `token_tensors` / `logits_index` copy
-the rest host -> device (asynchronously on a card), all before the forward. A vision-language step also carries its
-encoder work and, per prompt chunk that reaches an image's placeholders, which embeddings go to which token rows
-(`image_rows`); with Qwen's mRoPE the positions are the model's (engine/multimodal/mrope.py), [3, T] where a chunk
-holds image placeholders, else one row. It runs no model and decides nothing about graphs.
+mirror and gathers the step's tables on the device, and `logits_index` copies the rows to sample (the rest goes
+through the persistent step buffers, engine/worker/step_buffers.py), all before the forward. A vision-language step
+also carries its encoder work and, per prompt chunk that reaches an image's placeholders, which embeddings go to
+which token rows (`image_rows`); with Qwen's mRoPE the positions are the model's (engine/multimodal/mrope.py),
+[3, T] where a chunk holds image placeholders, else one row. It runs no model and decides nothing about graphs.
 """
 from __future__ import annotations
 
@@ -20,7 +20,6 @@ import torch
 
 from engine.core.scheduler import ScheduledSeq
 from engine.kv.kv_cache_interface import KVCacheLayout, cdiv
-from engine.layers.attention import AttentionMetadata
 from engine.multimodal.encoder_cache import EncoderWork
 from engine.multimodal.mrope import positions_for
 from engine.platform.host_copies import to_device
@@ -29,7 +28,6 @@ from engine.sample.prompt_logprobs import prompt_positions
 from engine.spec_decode.state_rollback import VerifyStates
 from engine.worker.input_batch import InputBatch
 from engine.worker.step_inputs import PENDING_TOKEN, StepInputs, logits_rows, query_tokens
-from kernels.gated_delta_chunks import ChunkTable, chunk_arrays
 
 
 class InputPreparer:
@@ -66,9 +64,10 @@ class InputPreparer:
         rows, diff = table.update(batch)
         positions = table.num_computed[rows]  # `update` wrote each row's computed tokens
         block_index, offset = np.divmod(positions, bs)
-        slots = table.host_np[:, rows, block_index].astype(np.int64) * bs + offset  # [groups, n]
-        input_ids = np.fromiter((PENDING_TOKEN if item.num_pending else item.seq.token_ids[-1] for item in batch),
-                                np.int64, n)
+        # int32 block ids times the block size stay int32 (ids < 2**31 / block_size); the int64 offset widens them
+        slots = table.host_np[:, rows, block_index] * bs + offset  # [groups, n]
+        ids = [PENDING_TOKEN if item.num_pending else item.seq.token_ids[-1] for item in batch]
+        input_ids = np.array(ids, np.int64)
         seq_lens = (positions + 1).astype(np.int32)
         inputs = StepInputs(
             input_ids=input_ids, positions=positions, slot_mapping=slots[0], seq_lens=seq_lens,
@@ -76,8 +75,8 @@ class InputPreparer:
             max_seq_len=int(seq_lens.max()), block_copies=list(block_copies),
             group_slot_mappings=slots[1:] if len(slots) > 1 else None, rows=rows,
             table_width=int(table.num_blocks[:, rows].max()), table_diff=diff)
-        pending = (input_ids == PENDING_TOKEN).nonzero()[0]
-        if len(pending):
+        if PENDING_TOKEN in ids:
+            pending = (input_ids == PENDING_TOKEN).nonzero()[0]
             sources = self.last_sample_rows
             inputs.pending_rows = pending
             inputs.pending_sources = np.fromiter((sources[batch[i].seq.seq_id] for i in pending.tolist()), np.int64,
@@ -225,36 +224,6 @@ def prompt_logits_rows(batch: list[ScheduledSeq], computed: np.ndarray,
             targets += item.seq.token_ids[scored.start + 1:scored.stop + 1]
             k = max(k, item.seq.request.params.prompt_logprobs)
     return rows, targets, k
-
-
-def attention_metadata(inputs: StepInputs, tables: torch.Tensor, dev: torch.device) -> AttentionMetadata:
-    """The step's attention metadata on the device (the eager and piecewise paths; the decode graphs copy
-    the same arrays into their static buffers instead)."""
-    meta = AttentionMetadata(
-        slot_mapping=to_device(torch.from_numpy(inputs.slot_mapping), dev), block_tables=tables[0],
-        seq_lens=to_device(torch.from_numpy(inputs.seq_lens), dev),
-        query_start_loc=to_device(torch.from_numpy(inputs.query_start_loc), dev),
-        max_query_len=inputs.max_query_len, max_seq_len=inputs.max_seq_len)
-    if inputs.key_limits is not None:
-        meta.key_limits = to_device(torch.from_numpy(inputs.key_limits), dev)
-    if inputs.group_slot_mappings is not None:
-        meta.group_block_tables = tables[1:]
-        meta.group_slot_mappings = to_device(torch.from_numpy(inputs.group_slot_mappings), dev)
-    if inputs.state_indices is not None:
-        meta.state_indices = to_device(torch.from_numpy(inputs.state_indices), dev)
-        meta.has_initial_state = to_device(torch.from_numpy(inputs.has_initial_state), dev)
-        if inputs.max_query_len > 1:  # prefill rows: the DeltaNet layers' chunk table, once for all of them
-            meta.deltanet_chunks = ChunkTable(*(to_device(torch.from_numpy(a), dev)
-                                                for a in chunk_arrays(inputs.query_start_loc)))
-    if inputs.state_read_only is not None:
-        meta.state_read_only = to_device(torch.from_numpy(inputs.state_read_only), dev)
-        meta.verify_token_rows = to_device(torch.from_numpy(inputs.verify_token_rows), dev)
-    return meta
-
-
-def token_tensors(inputs: StepInputs, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The step's input ids and positions on the device."""
-    return to_device(torch.from_numpy(inputs.input_ids), dev), to_device(torch.from_numpy(inputs.positions), dev)
 
 
 def logits_index(inputs: StepInputs, dev: torch.device) -> torch.Tensor | slice | None:

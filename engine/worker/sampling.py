@@ -65,7 +65,7 @@ def sample_prepared(logits: torch.Tensor, prepared: PreparedSampling, defer: boo
         rows = logits if prepared.rows_index is None else logits[prepared.rows_index]
         if rows.shape[0] != len(sampling.rows):  # logits past the sampling rows (a verify step's, a beam's)
             rows = rows.narrow(0, 0, len(sampling.rows))
-        tokens = sample_on_device(rows, prepared.meta, sampling.generator)
+        tokens = sample_on_device(rows, prepared.meta, sampling.generator, sampling.chosen_logprobs)
         if defer:
             out.pending = tokens.start_host_copy()
         else:

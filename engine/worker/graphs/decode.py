@@ -37,6 +37,7 @@ from engine.distributed.parallel_state import all_reduce
 from engine.layers.attention import AttentionMetadata
 from engine.planning.graphs import batch_size_ladder, context_length_ladder
 from engine.worker.graphs.backend import CudaGraphBackend
+from engine.worker.graphs.staging import GraphStaging
 
 __all__ = ["DecodeGraphs", "batch_size_ladder", "context_buckets", "triton_split_key"]
 logger = logging.getLogger("pagedesk.engine")
@@ -130,13 +131,13 @@ class DecodeGraphs:
                 block_tables=torch.zeros(b, self.max_blocks, dtype=torch.int32),
                 seq_lens=torch.full((b,), q, dtype=torch.int32),
                 query_start_loc=torch.arange(b + 1, dtype=torch.int32) * q, query_len=q)
-            self.row_starts = torch.arange(b + 1, dtype=torch.int32) * q  # every row full: capture's offsets
             if num_kv_groups > 1:
                 self.buffers.group_slot_mappings = torch.full((num_kv_groups - 1, b * q), -1, dtype=torch.long)
                 self.buffers.group_block_tables = torch.zeros(num_kv_groups - 1, b, self.max_blocks, dtype=torch.int32)
             if has_state:
                 self.buffers.state_indices = torch.zeros(b, dtype=torch.int32)
                 self.buffers.has_initial_state = torch.zeros(b, dtype=torch.bool)
+        self.staging = GraphStaging(self.buffers, q, device)  # pinned mirrors: host memory, outside the device scope
         self.state_padding_slot: int | None = None
         self.graphs: dict[tuple[int, int], object] = {}  # (batch, context length) -> the backend's graph
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}
@@ -239,11 +240,9 @@ class DecodeGraphs:
         buf = self.buffers
         width = tables.shape[2]
         real, tokens = n * self.query_len, batch * self.query_len  # token rows; n and batch count sequences
-        buf.input_ids[:real].copy_(torch.as_tensor(inputs.input_ids) if input_ids is None else input_ids,
-                                   non_blocking=True)
-        buf.positions[:real].copy_(torch.as_tensor(inputs.positions), non_blocking=True)
-        buf.slot_mapping[:real].copy_(torch.as_tensor(inputs.slot_mapping), non_blocking=True)
-        buf.seq_lens[:n].copy_(torch.as_tensor(inputs.seq_lens), non_blocking=True)
+        self.staging.fill(inputs, n, batch)  # ids, positions, slots, lengths and offsets, padding rows included
+        if input_ids is not None:  # ids the device wrote (async scheduling), over the host's placeholders
+            buf.input_ids[:real].copy_(input_ids, non_blocking=True)
         buf.block_tables[:n, :width].copy_(tables[0], non_blocking=True)
         buf.block_tables[:n, width:] = 0
         if buf.group_block_tables is not None:
@@ -257,13 +256,6 @@ class DecodeGraphs:
             buf.has_initial_state[:n].copy_(torch.as_tensor(inputs.has_initial_state), non_blocking=True)
             buf.state_indices[n:batch] = self.state_padding_slot
             buf.has_initial_state[n:batch] = False
-        # Padding rows hold no tokens: each starts where the real tokens end, so no kernel reads or writes for
-        # them (no KV, no linear-attention state: hybrid padding rows never race on their shared padding slot),
-        # and their token rows, past the last sequence, are left as the kernels leave them and discarded.
-        torch.clamp(self.row_starts[:batch + 1], max=real, out=buf.query_start_loc[:batch + 1])
+        # Padding rows' token rows, past the last sequence, are left as the kernels leave them and discarded.
         if batch > n:
-            buf.input_ids[real:tokens] = 0
-            buf.positions[real:tokens] = 0
-            buf.slot_mapping[real:tokens] = -1
-            buf.seq_lens[n:batch] = self.query_len
             buf.block_tables[n:batch] = 0

@@ -22,7 +22,7 @@ from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes,
 from engine.worker.graphs.cpu_compile import CompiledForward
 from engine.worker.graphs.decode import DecodeGraphs, triton_split_key
 from engine.worker.graphs.piecewise import PiecewiseGraphs
-from engine.worker.input_prep import attention_metadata, token_tensors
+from engine.worker.step_buffers import StepBuffers
 from engine.worker.step_inputs import StepInputs
 from engine.worker.warm_up import triton_tiles_for, warm_up_kernels
 
@@ -65,6 +65,7 @@ class GraphDispatcher:
         # check sets a stand-in (tests/graph_tape.py) and `strict`, so a capture failure raises.
         self.backend, self.strict = None, False
         self.compiled: CompiledForward | None = None  # the CPU forward through torch.compile (cpu_compile.py)
+        self.buffers = StepBuffers(device)  # the eager and piecewise paths' inputs, written in place
 
     def plan(self, max_batch: int, capture: bool = True, piecewise_tokens: int = 0, verify_query_len: int = 0) -> None:
         """Decode steps of up to `max_batch` sequences will replay CUDA graphs (captured after the KV cache
@@ -155,15 +156,13 @@ class GraphDispatcher:
         graphs; a step with image embeddings or mRoPE's three position streams runs eagerly (the graphs' buffers
         hold token ids and one position row)."""
         if mm_embeds is not None or inputs.positions.ndim > 1:
-            meta = attention_metadata(inputs, tables, self.device)
-            ids, positions = token_tensors(inputs, self.device)
+            ids, positions, meta = self.buffers.load(inputs, tables)
             return self.model(ids if input_ids is None else input_ids, positions, meta, mm_embeds)
         graphs = self.graphs if inputs.max_query_len == 1 else self.verify_graphs
         fed = () if input_ids is None else (input_ids,)  # only when the device wrote ids: `run` wrappers take two
         if graphs is not None and inputs.state_read_only is None and graphs.can_run(inputs):
             return graphs.run(inputs, tables, *fed)  # copies into its static buffers: no metadata tensors to make
-        meta = attention_metadata(inputs, tables, self.device)
+        ids, positions, meta = self.buffers.load(inputs, tables)
         if self.piecewise is not None and self.piecewise.can_run(inputs):
             return self.piecewise.run(inputs, meta, *fed)  # the pieces, attention eager between them
-        ids, positions = token_tensors(inputs, self.device)
         return (self.compiled or self.model)(ids if input_ids is None else input_ids, positions, meta)
