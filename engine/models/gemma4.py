@@ -143,7 +143,7 @@ class Gemma4Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
         parts = self.qkv_proj(x).split(self.qkv_proj.output_sizes(), dim=-1)
         q = self.q_norm(parts[0].view(-1, self.num_heads, self.head_dim))
-        cos, sin = self.rotary_emb.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = self.rotary_emb.cos_sin_at(positions)
         q = self.rotary_emb._apply(q, cos, sin)
         k = v = None
         if self.owns_kv:
