@@ -38,6 +38,8 @@ class GemmaRMSNorm(RMSNorm):
         self.weight.data.zero_()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype == torch.float32:  # HF's casts are no-ops: its math in torch's one op
+            return F.rms_norm(x, self.weight.shape, 1.0 + self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

@@ -212,8 +212,12 @@ class Gemma4Model(DecoderModel):
         if self.per_layer_input_size:  # an image's placeholders read the pad token's own per-layer embedding (HF)
             ids = input_ids if mm_embeds is None else input_ids.index_fill(0, mm_embeds[0], self.pad_token_id)
             per_layer = self.per_layer_inputs(ids, x)
-        for i, layer in enumerate(self.layers):
-            x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
+        self.begin_step(positions)
+        try:
+            for i, layer in enumerate(self.layers):
+                x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
+        finally:
+            self.end_step()
         return self.norm(x)
 
 
