@@ -143,7 +143,7 @@ def step_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_
                 slot_mapping: torch.Tensor | None = None) -> StepLayout:
     starts, lens = query_start_loc.numpy(), seq_lens.numpy()
     decode = np.flatnonzero(np.diff(starts) == 1)
-    slots = None if slot_mapping is None else slot_mapping.long()
+    slots = slot_mapping if slot_mapping is None or slot_mapping.dtype == torch.int64 else slot_mapping.long()
     return StepLayout(starts, lens, decode, lens[decode].astype(np.int64), starts[decode].astype(np.int64),
                       block_tables.numpy()[decode], slots if slots is not None and bool((slots >= 0).all()) else None)
 
