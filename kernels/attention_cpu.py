@@ -179,8 +179,9 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         work = int(np.minimum(layout.decode_lens, window).sum()) * query.shape[1] * query.shape[2] * 2
         kernel = _decode_kernel if work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else _decode_serial
         k_array, v_array = caches or (k_cache.numpy(), v_cache.numpy())
-        kernel(query.contiguous().numpy(), k_array, v_array, _scales(k_cache, k_scale),
-               _scales(v_cache, v_scale), layout.decode_tables, layout.decode_lens, layout.decode_rows, np.float32(scale), window, np.float32(soft_cap or 0.0),
+        kernel(query.contiguous().numpy(), k_array, v_array, _scales(k_cache, k_scale), _scales(v_cache, v_scale),
+               layout.decode_tables, layout.decode_lens, layout.decode_rows, np.float32(scale), window,
+               np.float32(soft_cap or 0.0),
                _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out_array)
     if decode.size < len(layout.starts) - 1:
         prefill_attention_torch(query, k_cache, v_cache, block_tables, layout.seq_lens.tolist(),

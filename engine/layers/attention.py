@@ -91,7 +91,7 @@ class PagedAttention(nn.Module):
         (int8, packed int4) passes its scale tensors ``[num_blocks, block_size, num_kv_heads, head_dim / group]``
         instead: the KV write fills them with the values, every read multiplies by them."""
         self.k_cache, self.v_cache = k_cache, v_cache
-        self.host_caches = None  # the CPU kernel's arrays of these caches, made at the first call that reads them
+        self.host_caches = None  # (k_cache, the CPU kernel's arrays of the caches), made by the first call reading them
         if isinstance(k_scale, torch.Tensor):
             self.k_scale, self.v_scale = k_scale, v_scale
             return
@@ -114,10 +114,10 @@ class PagedAttention(nn.Module):
             step_layout = getattr(self.paged_attention, "step_layout", None)  # the CPU kernel's host arrays
             if step_layout is not None and meta.seq_lens.device.type == "cpu":
                 variants["layout"] = layout = self.layout(step_layout, meta, slot_mapping, block_tables)
-                if self.host_caches is None:
-                    self.host_caches = self.paged_attention.host_caches(self.k_cache, self.v_cache) or ()
-                if self.host_caches:
-                    variants["caches"] = self.host_caches
+                if self.host_caches is None or self.host_caches[0] is not self.k_cache:  # Gemma 4's sharing swaps
+                    self.host_caches = (self.k_cache, self.paged_attention.host_caches(self.k_cache, self.v_cache))
+                if self.host_caches[1] is not None:
+                    variants["caches"] = self.host_caches[1]
                 if layout.slots is not None:
                     slot_mapping, checked["checked"] = layout.slots, True
             if k is not None:  # None: a layer reading another layer's cache (Gemma 4's KV sharing)
