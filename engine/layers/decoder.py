@@ -3,7 +3,8 @@
 A layer is a token mixer (self-attention, engine/layers/attention_block.py, or a hybrid model's Gated DeltaNet)
 and an MLP (the gated MLP below, or a family's experts) around norms: pre-norm (two norms, Llama) or Gemma's
 "sandwich" (four: each sublayer's output is normed too before it joins the residual). The residual add is fused
-into the next norm, so a layer returns (its output, the residual) and the next layer's first norm adds them.
+into the next norm, so a layer returns (its output, the residual) and the next layer's first norm adds them. What
+every layer would redo per forward is done once before them (`DecoderModel.begin_step`: each RoPE table's cos/sin).
 `DecoderSwitches` say which of these a family has; the family builds them once from its ModelConfig
 (engine/models/*). Module names are the checkpoints' (embed_tokens, layers.N.self_attn / linear_attn, mlp,
 input_layernorm, post_attention_layernorm, pre/post_feedforward_layernorm, norm).

@@ -8,7 +8,8 @@ rotary frequency taking its stream's angle (`use_mrope`: HF's interleaved layout
 row (text and decodes: the three streams are equal) reads the plain table.
 The float32 cos/sin table is [max_position_embeddings, rotary_dim] (64 MiB at 128k positions and 128 dims),
 so `rotary_embeddings` builds ONE per distinct parameter set and every layer of that kind shares it (Gemma 3:
-two, its local and global bases). An unsupported type is an error naming it.
+two, its local and global bases); a forward gathers each table's cos/sin at its positions once for all its layers
+(`begin_step`). An unsupported type is an error naming it.
 """
 from __future__ import annotations
 
