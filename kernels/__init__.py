@@ -3,8 +3,11 @@
 `get_attention_backend(name)` returns the pair (write_kv_cache, paged_attention) of one backend; every
 backend takes the same arguments (see kernels/attention_torch.py for the layout). "torch" is the host path:
 the compiled CPU decode kernel (kernels/attention_cpu.py) in front of the torch oracle, which it falls back to
-for anything it cannot read (prefill chunks, FP8/bf16 caches, tensors off the CPU). Quantized linear layers
-have the same pairing: kernels/quant_torch.py (reference, CPU) and kernels/triton_quant_linear.py (CUDA).
+for anything it cannot read (prefill chunks, FP8/bf16 caches, tensors off the CPU); its `step_layout` and
+`host_caches` attributes make the host arrays it reads once per step and once per bound cache, passed back as its
+`layout` and `caches` keywords (and the torch KV write's `checked`), so a layer does not convert them again.
+Quantized linear layers have the same pairing: kernels/quant_torch.py (reference, CPU) and
+kernels/triton_quant_linear.py (CUDA).
 Imports nothing of ours.
 """
 from __future__ import annotations

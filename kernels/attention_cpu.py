@@ -12,6 +12,7 @@ Imports nothing of ours outside kernels/; runs on the pool kernels/numba_pool.py
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -124,33 +125,73 @@ def _scales(cache: torch.Tensor, scale) -> np.ndarray:
     return scale.numpy() if is_int_kv(cache.dtype) else _NO_SCALES
 
 
+@dataclass(slots=True)
+class StepLayout:
+    """One step's batch layout as this kernel reads it, made once per step for every layer that shares it (a
+    layer's own conversions would repeat per layer): the host arrays of the decode rows, and the slot mapping the
+    KV write can take without checking it again."""
+    starts: np.ndarray  # query_start_loc
+    seq_lens: np.ndarray  # every sequence's
+    decode: np.ndarray  # the sequences with a one-token query
+    decode_lens: np.ndarray  # their seq lens, int64
+    decode_rows: np.ndarray  # their query rows, int64
+    decode_tables: np.ndarray  # their block tables
+    slots: torch.Tensor | None  # int64 slot mapping without padding slots (-1); None: the KV write checks
+
+
+def step_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
+                slot_mapping: torch.Tensor | None = None) -> StepLayout:
+    starts, lens = query_start_loc.numpy(), seq_lens.numpy()
+    decode = np.flatnonzero(np.diff(starts) == 1)
+    slots = slot_mapping if slot_mapping is None or slot_mapping.dtype == torch.int64 else slot_mapping.long()
+    return StepLayout(starts, lens, decode, lens[decode].astype(np.int64), starts[decode].astype(np.int64),
+                      block_tables.numpy()[decode], slots if slots is not None and bool((slots >= 0).all()) else None)
+
+
+def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
+    """The caches as numpy arrays over the same memory, for a layer to keep while it keeps the caches (a conversion
+    per call would repeat per layer and step); None for caches this kernel does not read."""
+    if k_cache.device.type != "cpu" or not (k_cache.dtype == torch.float32 or is_int_kv(k_cache.dtype)):
+        return None
+    return k_cache.numpy(), v_cache.numpy()
+
+
 def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                         scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None, *,
                         soft_cap: float | None = None, sinks: torch.Tensor | None = None,
-                        key_limits: torch.Tensor | None = None) -> torch.Tensor:
+                        key_limits: torch.Tensor | None = None, layout: StepLayout | None = None,
+                        caches: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
+    """`layout`: `step_layout` of these block tables, seq lens and query starts, made once for the step's layers;
+    `caches`: `host_caches` of these caches, made once by the layer that keeps them."""
     if not supports(query, k_cache):
         return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                      sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks,
                                      key_limits=key_limits)
     check_variants(query.shape[1], sliding_window, soft_cap, sinks)
-    out = torch.empty_like(query)
-    starts_np = query_start_loc.numpy()
-    query_lens = np.diff(starts_np)
-    decode = np.flatnonzero(query_lens == 1)
+    if layout is None:
+        layout = step_layout(block_tables, seq_lens, query_start_loc)
+    out_array = np.empty(query.shape, dtype=np.float32)  # the kernel's and the caller's, no conversion
+    out = torch.from_numpy(out_array)
+    decode = layout.decode
     if decode.size:
         window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
-        lens = seq_lens.numpy()[decode].astype(np.int64)
-        work = int(np.minimum(lens, window).sum()) * query.shape[1] * query.shape[2] * 2
+        work = int(np.minimum(layout.decode_lens, window).sum()) * query.shape[1] * query.shape[2] * 2
         kernel = _decode_kernel if work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else _decode_serial
-        kernel(query.contiguous().numpy(), k_cache.numpy(), v_cache.numpy(), _scales(k_cache, k_scale),
-               _scales(v_cache, v_scale), block_tables.numpy()[decode], lens,
-               starts_np[decode].astype(np.int64), np.float32(scale), window, np.float32(soft_cap or 0.0),
-               _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out.numpy())
-    if decode.size < len(query_lens):
-        prefill_attention_torch(query, k_cache, v_cache, block_tables, seq_lens.tolist(), starts_np.tolist(),
-                                scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks, key_limits)
+        k_array, v_array = caches or (k_cache.numpy(), v_cache.numpy())
+        kernel(query.contiguous().numpy(), k_array, v_array, _scales(k_cache, k_scale), _scales(v_cache, v_scale),
+               layout.decode_tables, layout.decode_lens, layout.decode_rows, np.float32(scale), window,
+               np.float32(soft_cap or 0.0),
+               _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out_array)
+    if decode.size < len(layout.starts) - 1:
+        prefill_attention_torch(query, k_cache, v_cache, block_tables, layout.seq_lens.tolist(),
+                                layout.starts.tolist(), scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks,
+                                key_limits)
     return out
+
+
+# The layers find what they make once for this kernel here (engine/layers/attention.py); another backend has none.
+paged_attention_cpu.step_layout, paged_attention_cpu.host_caches = step_layout, host_caches
 
 
 def warm_up() -> None:

@@ -57,12 +57,14 @@ def read_kv(cache: torch.Tensor, scale, take, dtype: torch.dtype) -> torch.Tenso
 
 def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                          slot_mapping: torch.Tensor, k_scale: torch.Tensor | float | None = None,
-                         v_scale: torch.Tensor | float | None = None) -> None:
-    """Store key/value ``[num_tokens, num_kv_heads, head_dim]`` at their slots of the paged cache."""
-    slot_mapping = slot_mapping.long()  # index_copy_ takes int64 indices only
-    keep = slot_mapping >= 0
-    if not bool(keep.all()):
-        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+                         v_scale: torch.Tensor | float | None = None, *, checked: bool = False) -> None:
+    """Store key/value ``[num_tokens, num_kv_heads, head_dim]`` at their slots of the paged cache. `checked`: the
+    slot mapping is int64 with no padding slot (-1), as the caller made sure once for every layer of its step."""
+    if not checked:
+        slot_mapping = slot_mapping.long()  # index_copy_ takes int64 indices only
+        keep = slot_mapping >= 0
+        if not bool(keep.all()):
+            key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     num_blocks, block_size, heads, dim = k_cache.shape
     for src, cache, scale in ((key, k_cache, k_scale), (value, v_cache, v_scale)):
         flat = cache.view(num_blocks * block_size, heads, dim)
@@ -75,7 +77,7 @@ def write_kv_cache_torch(key: torch.Tensor, value: torch.Tensor, k_cache: torch.
             data = quantize_fp8(src, 1.0 if scale is None else scale, cache.dtype)
             flat.view(torch.uint8).index_copy_(0, slot_mapping, data.view(torch.uint8))
         else:
-            flat.index_copy_(0, slot_mapping, src.to(cache.dtype))
+            flat.index_copy_(0, slot_mapping, src if src.dtype == cache.dtype else src.to(cache.dtype))
 
 
 def gather_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_len: int, first_block: int = 0) -> torch.Tensor:

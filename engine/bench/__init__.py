@@ -13,7 +13,7 @@ COMMANDS = {"throughput": "engine.bench.throughput", "memory": "engine.bench.mem
             "spec": "engine.bench.spec", "hybrid": "engine.bench.hybrid", "prepare": "engine.bench.prepare",
             "images": "engine.bench.images", "images-plan": "engine.bench.images_plan",
             "steps": "engine.bench.steps", "threads": "engine.bench.threads", "peer": "engine.bench.peer",
-            "offload": "engine.bench.offload"}
+            "offload": "engine.bench.offload", "forward-ops": "engine.bench.forward_ops"}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -48,6 +48,9 @@ class AttentionMetadata:
     # The Triton chunked DeltaNet kernels' chunk table (kernels/gated_delta_chunks.ChunkTable), built once per step
     # on the host for every DeltaNet layer; None: a layer that needs one reads query_start_loc itself.
     deltanet_chunks: object | None = None
+    # The CPU attention kernel's host view of this step's layout per KV cache group (kernels/attention_cpu.py
+    # StepLayout), made by the group's first layer for the others: every metadata serves one forward.
+    host_layouts: dict | None = None
 
 
 class PagedAttention(nn.Module):
@@ -68,6 +71,7 @@ class PagedAttention(nn.Module):
             self.register_parameter("sinks", None)
         self.write_kv_cache, self.paged_attention = get_attention_backend(backend)
         self.k_cache = self.v_cache = torch.empty(0)
+        self.host_caches: tuple | None = None
         self.k_scale = self.v_scale = None
         self.kv_group = 0  # which KV cache group's block table this layer reads (engine/kv/kv_cache_interface.py)
 
@@ -87,6 +91,7 @@ class PagedAttention(nn.Module):
         (int8, packed int4) passes its scale tensors ``[num_blocks, block_size, num_kv_heads, head_dim / group]``
         instead: the KV write fills them with the values, every read multiplies by them."""
         self.k_cache, self.v_cache = k_cache, v_cache
+        self.host_caches = None  # (k_cache, the CPU kernel's arrays of the caches), made by the first call reading them
         if isinstance(k_scale, torch.Tensor):
             self.k_scale, self.v_scale = k_scale, v_scale
             return
@@ -104,9 +109,20 @@ class PagedAttention(nn.Module):
             if self.kv_group and meta.group_block_tables is not None:
                 slot_mapping = meta.group_slot_mappings[self.kv_group - 1]
                 block_tables = meta.group_block_tables[self.kv_group - 1]
-            if k is not None:  # None: a layer reading another layer's cache (Gemma 4's KV sharing)
-                self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale)
             variants = {}  # only what is set, so the plain call stays the plain call
+            checked = {}
+            step_layout = getattr(self.paged_attention, "step_layout", None)  # the CPU kernel's host arrays
+            if step_layout is not None and meta.seq_lens.device.type == "cpu":
+                variants["layout"] = layout = self.layout(step_layout, meta, slot_mapping, block_tables)
+                if self.host_caches is None or self.host_caches[0] is not self.k_cache:  # Gemma 4's sharing swaps
+                    self.host_caches = (self.k_cache, self.paged_attention.host_caches(self.k_cache, self.v_cache))
+                if self.host_caches[1] is not None:
+                    variants["caches"] = self.host_caches[1]
+                if layout.slots is not None:
+                    slot_mapping, checked["checked"] = layout.slots, True
+            if k is not None:  # None: a layer reading another layer's cache (Gemma 4's KV sharing)
+                self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale,
+                                    **checked)
             if self.soft_cap is not None:
                 variants["soft_cap"] = self.soft_cap
             if self.sinks is not None:
@@ -119,3 +135,13 @@ class PagedAttention(nn.Module):
         if gate is not None:
             out = out * torch.sigmoid(gate.view(out.shape))
         return out
+
+    def layout(self, step_layout, meta: AttentionMetadata, slot_mapping: torch.Tensor, block_tables: torch.Tensor):
+        """This step's layout (`step_layout`'s) for this layer's KV cache group, made by the group's first layer."""
+        group = self.kv_group if meta.group_block_tables is not None else 0
+        layouts = meta.host_layouts
+        if layouts is None:
+            layouts = meta.host_layouts = {}
+        if group not in layouts:
+            layouts[group] = step_layout(block_tables, meta.seq_lens, meta.query_start_loc, slot_mapping)
+        return layouts[group]

@@ -66,13 +66,13 @@ class SelfAttention(nn.Module):
 
     def split_qkv(self, qkv: torch.Tensor):
         """[T, q | k | v] -> q [T, H, D], k and v [T, Hkv, D], and the output gate [T, H, D] or None."""
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        gate = None
         if self.output_gate:
+            q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
             qg, k, v = qkv.split([2 * q_size, kv_size, kv_size], dim=-1)
             q, gate = qg.view(-1, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            q = q.contiguous()
-        else:
-            q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
-            q = q.view(-1, self.num_heads, self.head_dim)
-        return q, k.view(-1, self.num_kv_heads, self.head_dim), v.view(-1, self.num_kv_heads, self.head_dim), gate
+            kv = (-1, self.num_kv_heads, self.head_dim)
+            return q.contiguous(), k.view(kv), v.view(kv), gate
+        # Split by heads: one view and one split, the same strided views as splitting the features first.
+        heads = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+        q, k, v = heads.split([self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
+        return q, k, v, None

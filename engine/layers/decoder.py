@@ -3,7 +3,8 @@
 A layer is a token mixer (self-attention, engine/layers/attention_block.py, or a hybrid model's Gated DeltaNet)
 and an MLP (the gated MLP below, or a family's experts) around norms: pre-norm (two norms, Llama) or Gemma's
 "sandwich" (four: each sublayer's output is normed too before it joins the residual). The residual add is fused
-into the next norm, so a layer returns (its output, the residual) and the next layer's first norm adds them.
+into the next norm, so a layer returns (its output, the residual) and the next layer's first norm adds them. What
+every layer would redo per forward is done once before them (`DecoderModel.begin_step`: each RoPE table's cos/sin).
 `DecoderSwitches` say which of these a family has; the family builds them once from its ModelConfig
 (engine/models/*). Module names are the checkpoints' (embed_tokens, layers.N.self_attn / linear_attn, mlp,
 input_layernorm, post_attention_layernorm, pre/post_feedforward_layernorm, norm).
@@ -24,6 +25,7 @@ from engine.layers.embedding import VocabParallelEmbedding
 from engine.layers.gated_deltanet import GatedDeltaNet
 from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, checkpoint_modules
 from engine.layers.norm import RMSNorm
+from engine.layers.rotary import RotaryEmbedding
 from engine.quantization.gguf.types import is_gguf_model
 
 # HF's hidden_act names -> the function (HF's gelu_pytorch_tanh is torch's tanh approximation).
@@ -101,15 +103,30 @@ class DecoderModel(nn.Module):
                                                    gguf=is_gguf_model(cfg))
         self.layers = nn.ModuleList(layers)
         self.norm = switches.norm(cfg.hidden_size, cfg.rms_norm_eps)
+        # The layers' distinct RoPE tables (shared by the layers of a kind): cos/sin gathered once per forward.
+        self.ropes = tuple(m for m in self.layers.modules() if isinstance(m, RotaryEmbedding))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
                 mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """`mm_embeds`: (token rows, embeddings) of a vision-language step's image placeholders."""
         x, residual = self.embed_input(input_ids, mm_embeds), None
-        for layer in self.layers:
-            x, residual = layer(positions, x, residual, meta)
+        self.begin_step(positions)
+        try:
+            for layer in self.layers:
+                x, residual = layer(positions, x, residual, meta)
+        finally:
+            self.end_step()
         x, _ = self.norm(x, residual)
         return x
+
+    def begin_step(self, positions: torch.Tensor) -> None:
+        """Per forward, what every layer would otherwise redo: each RoPE table's cos/sin at `positions`."""
+        for rope in self.ropes:
+            rope.begin_step(positions)
+
+    def end_step(self) -> None:
+        for rope in self.ropes:
+            rope.end_step()
 
     def embed_input(self, input_ids: torch.Tensor,
                     mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:

@@ -3,6 +3,7 @@ Gated DeltaNet's gated output norm, and Gemma 4's plain RMSNorm in HF's order (i
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -13,6 +14,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size), requires_grad=False)
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype == torch.float32:  # HF's casts are no-ops: its math in torch's one op
+            return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -35,6 +38,8 @@ class GemmaRMSNorm(RMSNorm):
         self.weight.data.zero_()
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == self.weight.dtype == torch.float32:  # HF's casts are no-ops: its math in torch's one op
+            return F.rms_norm(x, self.weight.shape, 1.0 + self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)

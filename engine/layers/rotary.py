@@ -8,7 +8,8 @@ rotary frequency taking its stream's angle (`use_mrope`: HF's interleaved layout
 row (text and decodes: the three streams are equal) reads the plain table.
 The float32 cos/sin table is [max_position_embeddings, rotary_dim] (64 MiB at 128k positions and 128 dims),
 so `rotary_embeddings` builds ONE per distinct parameter set and every layer of that kind shares it (Gemma 3:
-two, its local and global bases). An unsupported type is an error naming it.
+two, its local and global bases); a forward gathers each table's cos/sin at its positions once for all its layers
+(`begin_step`). An unsupported type is an error naming it.
 """
 from __future__ import annotations
 
@@ -126,6 +127,7 @@ class RotaryEmbedding(nn.Module):
             table = table * attention_factor
         self.register_buffer("cos_sin", table, persistent=False)
         self.register_buffer("mrope_streams", None, persistent=False)
+        self.step: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None  # (positions, cos, sin): begin_step
 
     def use_mrope(self, section: tuple[int, ...]) -> None:
         """Read three position streams: frequency j takes the height stream where j % 3 == 1 and j < 3 * section[1],
@@ -138,14 +140,27 @@ class RotaryEmbedding(nn.Module):
         self.mrope_streams = torch.cat([streams, streams]).to(self.cos_sin.device)
 
     def cos_sin_at(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, rotary_dim / 2] at `positions` [T], or with mRoPE at [3, T] streams."""
+        """cos and sin [T, 1, rotary_dim] at `positions` [T] (or mRoPE's [3, T] streams), laid out for `_rotate`:
+        (cos, cos) and (-sin, sin) over the two halves. The forward's own when `begin_step` gathered them."""
+        step = self.step
+        if step is not None and step[0] is positions:
+            return step[1], step[2]
         if positions.dim() == 1:
             table = self.cos_sin[positions]
         else:
             streams = self.cos_sin[positions]  # [3, T, rotary_dim]
             pick = self.mrope_streams.view(1, 1, -1).expand(1, streams.shape[1], -1)
             table = streams.gather(0, pick)[0]
-        return table.unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = table.unsqueeze(1).chunk(2, dim=-1)
+        return torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1)
+
+    def begin_step(self, positions: torch.Tensor) -> None:
+        """Gather cos/sin at this forward's positions once for every layer sharing the table (DecoderModel.forward;
+        `end_step` drops them, so a later forward over the same positions buffer never reads stale ones)."""
+        self.step = (positions, *self.cos_sin_at(positions))
+
+    def end_step(self) -> None:
+        self.step = None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hkv, D] rotated at `positions` [T] (or mRoPE's [3, T]), their first rotary_dim
@@ -154,6 +169,7 @@ class RotaryEmbedding(nn.Module):
         return self._apply(q, cos, sin), self._apply(k, cos, sin)
 
     def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x rotated by `cos_sin_at`'s cos and sin."""
         if self.rotary_dim == self.head_dim:
             return _rotate(x, cos, sin)
         rot, rest = x.split([self.rotary_dim, self.head_dim - self.rotary_dim], dim=-1)
@@ -161,8 +177,11 @@ class RotaryEmbedding(nn.Module):
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).to(x.dtype)
+    """Rotate-half in float32: x * (cos, cos) + (x2, x1) * (-sin, sin), the halves swapped by one roll — bit for bit
+    HF's (x1 cos - x2 sin, x2 cos + x1 sin), in four ops (no cast when x is float32 already)."""
+    xf = x if x.dtype == torch.float32 else x.float()
+    out = xf * cos + xf.roll(x.shape[-1] // 2, dims=-1) * sin
+    return out if x.dtype == torch.float32 else out.to(x.dtype)
 
 
 def get_rope(head_dim: int, max_position: int, params: dict, max_model_len: int | None = None) -> RotaryEmbedding:

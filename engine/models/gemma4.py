@@ -143,7 +143,7 @@ class Gemma4Attention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata | None) -> torch.Tensor:
         parts = self.qkv_proj(x).split(self.qkv_proj.output_sizes(), dim=-1)
         q = self.q_norm(parts[0].view(-1, self.num_heads, self.head_dim))
-        cos, sin = self.rotary_emb.cos_sin[positions].unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = self.rotary_emb.cos_sin_at(positions)
         q = self.rotary_emb._apply(q, cos, sin)
         k = v = None
         if self.owns_kv:
@@ -212,8 +212,12 @@ class Gemma4Model(DecoderModel):
         if self.per_layer_input_size:  # an image's placeholders read the pad token's own per-layer embedding (HF)
             ids = input_ids if mm_embeds is None else input_ids.index_fill(0, mm_embeds[0], self.pad_token_id)
             per_layer = self.per_layer_inputs(ids, x)
-        for i, layer in enumerate(self.layers):
-            x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
+        self.begin_step(positions)
+        try:
+            for i, layer in enumerate(self.layers):
+                x = layer(positions, x, per_layer[:, i] if per_layer is not None else None, meta)
+        finally:
+            self.end_step()
         return self.norm(x)
 
 

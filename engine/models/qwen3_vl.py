@@ -41,10 +41,14 @@ class DeepStackDecoderModel(DecoderModel):
         rows, embeds = mm_embeds
         main, *deepstack = embeds.split(self.embed_tokens.hidden_size, dim=-1)
         x, residual = self.embed_input(input_ids, (rows, main)), None
-        for index, layer in enumerate(self.layers):
-            x, residual = layer(positions, x, residual, meta)
-            if index < len(deepstack):  # x is still to be added to residual: adding here adds to the stream
-                x = x.index_add(0, rows, deepstack[index].to(x.dtype))
+        self.begin_step(positions)
+        try:
+            for index, layer in enumerate(self.layers):
+                x, residual = layer(positions, x, residual, meta)
+                if index < len(deepstack):  # x is still to be added to residual: adding here adds to the stream
+                    x = x.index_add(0, rows, deepstack[index].to(x.dtype))
+        finally:
+            self.end_step()
         x, _ = self.norm(x, residual)
         return x
 
