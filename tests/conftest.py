@@ -15,6 +15,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # models' ops are too small to split, and a second OpenMP thread spinning after each of them takes the core
 # that the other process of a test (a tensor-parallel rank, a server, the router's engines) needs.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# The engine's thread budget for this process too, before numba loads: numba refuses a NUMBA_NUM_THREADS that
+# changes once its pool runs, so a test that ran a kernel before the first engine import broke later compiles.
+import engine  # noqa: E402,F401  (importing the package sets the budget's environment; torch is not loaded)
 # The test command's PYTEST_ADDOPTS ("-n 2 --dist loadfile") was read before this file: a pytest that a test starts
 # in a subprocess (the GPU machine's bare collection, an interpreted Triton module) must not inherit it.
 os.environ.pop("PYTEST_ADDOPTS", None)
