@@ -19,9 +19,10 @@ import numpy as np
 import torch
 from numba.extending import overload
 
-from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
 from kernels.kv_int_torch import is_int_kv
+from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
+
 
 def _kv(cache, scales, blk, off, head, d):  # pragma: no cover - only ever compiled, through the overload below
     """Value d of (block, offset, head) of a cache as float32."""

@@ -34,6 +34,11 @@ class CopyFence:
             self.pending = False
 
 
+def pins_host_buffers(device: torch.device) -> bool:
+    """Whether host buffers feeding `device` are page-locked: on a real card (fake CUDA tensors have no driver)."""
+    return device.type == "cuda" and torch.cuda.is_available()
+
+
 def host_buffer(shape: tuple[int, ...], dtype, pin: bool) -> tuple[torch.Tensor, np.ndarray]:
     """A zeroed host buffer as a tensor and a numpy view of the same memory: page-locked with `pin` (the
     copy to the card is then a true asynchronous DMA), plain numpy memory otherwise."""

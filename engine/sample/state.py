@@ -34,7 +34,7 @@ from itertools import chain
 import numpy as np
 import torch
 
-from engine.platform.host_copies import CopyFence, host_buffer, to_device
+from engine.platform.host_copies import CopyFence, host_buffer, pins_host_buffers, to_device
 from engine.sample.metadata import SamplingRow
 
 FIRST_ROWS = 16
@@ -169,7 +169,7 @@ class _Pairs:
 class SamplingState:
     def __init__(self, vocab_size: int, device: torch.device, num_rows: int = FIRST_ROWS) -> None:
         self.vocab_size, self.device = vocab_size, device
-        self.pin = device.type == "cuda" and torch.cuda.is_available()
+        self.pin = pins_host_buffers(device)
         self.fence = CopyFence(self.pin)  # the parameter table's last copy
         self.bitmask_fence = CopyFence(self.pin)  # the bitmask staging buffer's
         # Penalty slots are allocated this many at once (the runner's: max_num_seqs): no growth, no copies.

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from engine.platform.host_copies import CopyFence, host_buffer, to_device
+from engine.platform.host_copies import CopyFence, host_buffer, pins_host_buffers, to_device
 
 FIRST_ROWS = 16  # rows allocated before the first step; doubled whenever a step needs more
 
@@ -63,7 +63,7 @@ class BatchDiff:
 class InputBatch:
     def __init__(self, num_groups: int, max_blocks: int, device: torch.device) -> None:
         self.num_groups, self.max_blocks, self.device = num_groups, max_blocks, device
-        self.pin = device.type == "cuda" and torch.cuda.is_available()
+        self.pin = pins_host_buffers(device)
         self.step = 0  # diffs made (rank 0) or applied (a mirror)
         self.rows: dict[int, int] = {}  # seq_id -> row
         self.free_rows: list[int] = []  # heap: the lowest hole first

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from engine.layers.attention import AttentionMetadata
-from engine.platform.host_copies import CopyFence, host_buffer, to_device
+from engine.platform.host_copies import CopyFence, host_buffer, pins_host_buffers, to_device
 from engine.worker.step_inputs import StepInputs
 from kernels.gated_delta_chunks import ChunkTable, chunk_arrays
 
@@ -70,7 +70,7 @@ class StepBuffers:
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
-        pin = device.type == "cuda" and torch.cuda.is_available()
+        pin = pins_host_buffers(device)
         # Two sets on a card (a queued copy may still read pinned memory), one on the CPU (nothing is queued).
         self.sets = [_BufferSet(device, pin) for _ in range(2 if device.type == "cuda" else 1)]
         self.turn = 0

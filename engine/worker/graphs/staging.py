@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from engine.platform.host_copies import CopyFence, host_buffer
+from engine.platform.host_copies import CopyFence, host_buffer, pins_host_buffers
 
 # The static buffers' fields staged here, with their host dtypes and what a padding row holds (query_start_loc:
 # computed, each padding row starting where the real tokens end).
@@ -26,7 +26,7 @@ class GraphStaging:
     def __init__(self, buffers, query_len: int, device: torch.device) -> None:
         """`buffers`: the graphs' StaticBuffers (engine/worker/graphs/decode.py), sized for their largest batch."""
         self.buffers, self.query_len = buffers, query_len
-        pin = device.type == "cuda" and torch.cuda.is_available()
+        pin = pins_host_buffers(device)
         self.sets = [([host_buffer(tuple(getattr(buffers, name).shape), dtype, pin) for name, dtype in FIELDS],
                       CopyFence(pin), {}) for _ in range(2 if device.type == "cuda" else 1)]
         self.turn = 0
