@@ -195,8 +195,21 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 paged_attention_cpu.step_layout, paged_attention_cpu.host_caches = step_layout, host_caches
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) both builds once, so the first real step does not pay for it."""
+def warm_up(k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None, k_scale=None,
+            v_scale=None) -> None:
+    """Compile (or load from numba's cache) both builds now, so the first real step does not pay for it: for tiny
+    contiguous caches, or with a layer's caches for exactly the arrays its steps pass (a view of the block pool,
+    an integer cache with its scales), over no decode rows."""
+    if k_cache is not None:
+        caches = host_caches(k_cache, v_cache)
+        if caches is None:
+            return
+        query = np.zeros((0, 1, k_cache.shape[-1]), np.float32)
+        for kernel in (_decode_kernel, _decode_serial):
+            kernel(query, *caches, _scales(k_cache, k_scale), _scales(v_cache, v_scale), np.zeros((0, 1), np.int32),
+                   np.zeros(0, np.int64), np.zeros(0, np.int64), np.float32(1.0), np.iinfo(np.int64).max,
+                   np.float32(0.0), _NO_SINKS, query)
+        return
     q = torch.zeros(1, 1, 4)
     cache = torch.zeros(1, 1, 1, 4)
     paged_attention_cpu(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
@@ -205,3 +218,6 @@ def warm_up() -> None:
             np.zeros(1, np.int64), np.float32(1.0), np.iinfo(np.int64).max, np.float32(0.0), _NO_SINKS, q.numpy())
     _decode_kernel(*args)
     assert math.isfinite(float(q.sum()))
+
+
+paged_attention_cpu.warm_up = warm_up  # the layers compile for their caches at start (engine/layers/attention.py)

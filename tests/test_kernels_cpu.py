@@ -97,3 +97,30 @@ def test_serial_and_parallel_builds_both_match_the_oracle(monkeypatch, min_work)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     want = "_decode_serial" if min_work or attention_cpu.numba.get_num_threads() == 1 else "_decode_kernel"
     assert calls == [want]
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
+def test_engine_start_compiles_the_decode_kernel_for_its_caches(llama_dir, kv_cache_dtype):
+    """The engine compiles both builds for its layers' cache arrays (a view of the block pool; int8 with scale
+    arrays) while it starts: the first requests' decodes, serial and parallel, compile nothing more."""
+    import numba
+
+    import kernels.attention_cpu as attention_cpu
+    from engine.entrypoints.llm import LLM
+    from engine.layers.attention import PagedAttention
+    from engine.sample.sampling_params import SamplingParams
+
+    llm = LLM(str(llama_dir), device="cpu", kv_cache_dtype=kv_cache_dtype, max_model_len=96)
+    kernels = (attention_cpu._decode_kernel, attention_cpu._decode_serial)
+    cache = next(m for m in llm.engine.runner.model.modules() if isinstance(m, PagedAttention)).k_cache
+    for kernel in kernels:
+        assert any(numba.typeof(cache.numpy()) in signature for signature in kernel.signatures)
+    compiled = [list(kernel.signatures) for kernel in kernels]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    for min_work in (1 << 40, 0):
+        attention_cpu.PARALLEL_MIN_WORK, saved = min_work, attention_cpu.PARALLEL_MIN_WORK
+        try:
+            llm.generate([[5, 6, 7], [8, 9]], params)
+        finally:
+            attention_cpu.PARALLEL_MIN_WORK = saved
+    assert [list(kernel.signatures) for kernel in kernels] == compiled

@@ -98,6 +98,13 @@ class PagedAttention(nn.Module):
         self.k_scale = torch.full((1,), k_scale, dtype=torch.float32, device=k_cache.device)
         self.v_scale = torch.full((1,), v_scale, dtype=torch.float32, device=k_cache.device)
 
+    def compile_host_kernel(self) -> None:
+        """Compile the backend's host kernel (the CPU decode attention) for the bound caches now, at start, not
+        on the first request; a backend without one has nothing to do."""
+        warm_up = getattr(self.paged_attention, "warm_up", None)
+        if warm_up is not None and self.k_cache.numel():
+            warm_up(self.k_cache, self.v_cache, self.k_scale, self.v_scale)
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata | None,
                 gate: torch.Tensor | None = None) -> torch.Tensor:
         """q: [T, H, D]; k, v: [T, Hkv, D]; gate (gated attention): [T, H, D] or [T, H * D], returns

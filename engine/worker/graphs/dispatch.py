@@ -18,6 +18,7 @@ import torch
 
 from engine.config.model import ModelConfig
 from engine.distributed.parallel_state import all_reduce, get_tp_rank, get_tp_size
+from engine.layers.attention import PagedAttention
 from engine.planning.graphs import VERIFY_GRAPH_MAX_BATCH, estimate_graph_bytes, estimate_piecewise_graph_bytes
 from engine.worker.graphs.cpu_compile import CompiledForward
 from engine.worker.graphs.decode import DecodeGraphs, triton_split_key
@@ -113,6 +114,10 @@ class GraphDispatcher:
                 logger.warning("CUDA graphs took %.0f MiB, %.0f MiB more than the KV sizing planned for; lower "
                                "--gpu-memory-utilization if the card runs out of memory", captured / 2**20,
                                (captured - planned) / 2**20)
+        if self.device.type == "cpu":  # numba compiles the decode attention for the caches' arrays now
+            for module in self.model.modules():
+                if isinstance(module, PagedAttention):
+                    module.compile_host_kernel()
         if self.device.type == "cuda" and self.attention_backend == "triton":
             max_batch = self.graphs.max_batch if self.graphs is not None else WARM_UP_MAX_BATCH
             facts = rank_facts(self.device)
