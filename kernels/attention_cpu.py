@@ -56,58 +56,70 @@ PARALLEL_MIN_WORK = 1 << 20
 
 
 def _decode(query, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens, rows, scale, window, soft_cap,
-            sinks, out):  # pragma: no cover
+            sinks, heads_per_item, out):  # pragma: no cover
     """out[rows[s], h] = softmax(q·Kᵀ·scale) V over the last min(seq_len, window) tokens of sequence s.
 
-    Two passes per (sequence, KV head): scores for the whole group of query heads sharing the KV head
-    (each K row is read once for the group), then the weighted sum of V rows. soft_cap 0 means none;
-    an empty `sinks` means none, else sinks[h] is one more logit of head h in the denominator. `k_scales` and
-    `v_scales`: an integer cache's scales (unused for a float32 cache)."""
+    One work item per (sequence, run of `heads_per_item` KV heads), two passes over its tokens in cache order:
+    scores for every query head of the run (each K row read once for the heads sharing it), then the weighted sum
+    of V rows. Token-major on purpose: a token's heads lie side by side in a block, so the item reads its K and
+    V as contiguous runs the hardware prefetcher follows; a head-major walk (every token's slice of one head,
+    then the next head) strides through the block and, with the cache cold after the step's weights streamed
+    through it, ran 4-7x slower. soft_cap 0 means none; an empty `sinks` means none, else sinks[h] is one more
+    logit of head h in the denominator. `k_scales` and `v_scales`: an integer cache's scales (unused for a
+    float32 cache)."""
     num_seqs = rows.shape[0]
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], query.shape[2]
     group = query.shape[1] // num_kv_heads
-    for work in numba.prange(num_seqs * num_kv_heads):
-        s, kvh = work // num_kv_heads, work % num_kv_heads
+    runs = (num_kv_heads + heads_per_item - 1) // heads_per_item
+    for work in numba.prange(num_seqs * runs):
+        s, run = work // runs, work % runs
+        kv_first = run * heads_per_item
+        kv_last = min(num_kv_heads, kv_first + heads_per_item)
+        h_first, h_count = kv_first * group, (kv_last - kv_first) * group
         row, seq_len = rows[s], seq_lens[s]
         first = max(0, seq_len - window)
         n = seq_len - first
-        scores = np.empty((group, n), dtype=np.float32)
+        scores = np.empty((h_count, n), dtype=np.float32)
         for t in range(n):
             pos = first + t
             blk, off = block_tables[s, pos // block_size], pos % block_size
-            for g in range(group):
-                acc = np.float32(0.0)
-                for d in range(head_dim):
-                    acc += query[row, kvh * group + g, d] * _kv(k_cache, k_scales, blk, off, kvh, d)
-                score = acc * scale
-                if soft_cap > 0:
-                    score = np.float32(np.tanh(score / soft_cap)) * soft_cap
-                scores[g, t] = score
-        for g in range(group):
-            m = scores[g].max()
+            for kvh in range(kv_first, kv_last):
+                for g in range(group):
+                    h = kvh * group + g
+                    acc = np.float32(0.0)
+                    for d in range(head_dim):
+                        acc += query[row, h, d] * _kv(k_cache, k_scales, blk, off, kvh, d)
+                    score = acc * scale
+                    if soft_cap > 0:
+                        score = np.float32(np.tanh(score / soft_cap)) * soft_cap
+                    scores[h - h_first, t] = score
+        for i in range(h_count):
+            m = scores[i].max()
             total = np.float32(0.0)
             if sinks.shape[0] > 0:
-                sink = sinks[kvh * group + g]
+                sink = sinks[h_first + i]
                 m = max(m, sink)
                 total = np.float32(np.exp(sink - m))
             for t in range(n):
-                e = np.exp(scores[g, t] - m)
-                scores[g, t] = e
+                e = np.exp(scores[i, t] - m)
+                scores[i, t] = e
                 total += e
             inv = np.float32(1.0) / total
             for t in range(n):
-                scores[g, t] *= inv
-        acc_out = np.zeros((group, head_dim), dtype=np.float32)
+                scores[i, t] *= inv
+        acc_out = np.zeros((h_count, head_dim), dtype=np.float32)
         for t in range(n):
             pos = first + t
             blk, off = block_tables[s, pos // block_size], pos % block_size
-            for g in range(group):
-                p = scores[g, t]
-                for d in range(head_dim):
-                    acc_out[g, d] += p * _kv(v_cache, v_scales, blk, off, kvh, d)
-        for g in range(group):
+            for kvh in range(kv_first, kv_last):
+                for g in range(group):
+                    h = kvh * group + g
+                    p = scores[h - h_first, t]
+                    for d in range(head_dim):
+                        acc_out[h - h_first, d] += p * _kv(v_cache, v_scales, blk, off, kvh, d)
+        for i in range(h_count):
             for d in range(head_dim):
-                out[row, kvh * group + g, d] = acc_out[g, d]
+                out[row, h_first + i, d] = acc_out[i, d]
 
 
 _decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_decode)
@@ -115,6 +127,13 @@ _decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_decode, "_d
 
 _NO_SINKS = np.empty(0, dtype=np.float32)
 _NO_SCALES = np.ones((1, 1, 1, 1), dtype=np.float32)
+
+
+def heads_per_item(num_kv_heads: int, num_seqs: int, threads: int) -> int:
+    """KV heads per work item: a sequence's all on one thread, split into runs only when there are too few
+    sequences to give every thread two items (a long single-sequence context)."""
+    runs = min(num_kv_heads, max(1, -(-2 * threads // num_seqs))) if threads > 1 else 1
+    return -(-num_kv_heads // runs)
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
@@ -178,12 +197,13 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if decode.size:
         window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
         work = int(np.minimum(layout.decode_lens, window).sum()) * query.shape[1] * query.shape[2] * 2
-        kernel = _decode_kernel if work >= PARALLEL_MIN_WORK and numba.get_num_threads() > 1 else _decode_serial
+        threads = numba.get_num_threads()
+        kernel = _decode_kernel if work >= PARALLEL_MIN_WORK and threads > 1 else _decode_serial
         k_array, v_array = caches or (k_cache.numpy(), v_cache.numpy())
         kernel(query.contiguous().numpy(), k_array, v_array, _scales(k_cache, k_scale), _scales(v_cache, v_scale),
                layout.decode_tables, layout.decode_lens, layout.decode_rows, np.float32(scale), window,
-               np.float32(soft_cap or 0.0),
-               _NO_SINKS if sinks is None else sinks.detach().float().numpy(), out_array)
+               np.float32(soft_cap or 0.0), _NO_SINKS if sinks is None else sinks.detach().float().numpy(),
+               heads_per_item(k_cache.shape[2], decode.size, threads if kernel is _decode_kernel else 1), out_array)
     if decode.size < len(layout.starts) - 1:
         prefill_attention_torch(query, k_cache, v_cache, block_tables, layout.seq_lens.tolist(),
                                 layout.starts.tolist(), scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks,
@@ -208,14 +228,14 @@ def warm_up(k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = 
         for kernel in (_decode_kernel, _decode_serial):
             kernel(query, *caches, _scales(k_cache, k_scale), _scales(v_cache, v_scale), np.zeros((0, 1), np.int32),
                    np.zeros(0, np.int64), np.zeros(0, np.int64), np.float32(1.0), np.iinfo(np.int64).max,
-                   np.float32(0.0), _NO_SINKS, query)
+                   np.float32(0.0), _NO_SINKS, 1, query)
         return
     q = torch.zeros(1, 1, 4)
     cache = torch.zeros(1, 1, 1, 4)
     paged_attention_cpu(q, cache, cache, torch.zeros(1, 1, dtype=torch.int32), torch.ones(1, dtype=torch.int32),
                         torch.tensor([0, 1], dtype=torch.int32), 1.0)
     args = (q.numpy(), cache.numpy(), cache.numpy(), np.zeros((1, 1), np.int32), np.ones(1, np.int64),
-            np.zeros(1, np.int64), np.float32(1.0), np.iinfo(np.int64).max, np.float32(0.0), _NO_SINKS, q.numpy())
+            np.zeros(1, np.int64), np.float32(1.0), np.iinfo(np.int64).max, np.float32(0.0), _NO_SINKS, 1, q.numpy())
     _decode_kernel(*args)
     assert math.isfinite(float(q.sum()))
 

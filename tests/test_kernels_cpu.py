@@ -124,3 +124,16 @@ def test_engine_start_compiles_the_decode_kernel_for_its_caches(llama_dir, kv_ca
         finally:
             attention_cpu.PARALLEL_MIN_WORK = saved
     assert [list(kernel.signatures) for kernel in kernels] == compiled
+
+
+@pytest.mark.parametrize("per_item", [1, 2, 3])
+def test_runs_of_kv_heads_per_work_item_match_the_oracle(monkeypatch, per_item):
+    """A sequence's KV heads in one work item or split into runs (an uneven last run too): same results."""
+    import kernels.attention_cpu as attention_cpu
+    assert attention_cpu.heads_per_item(4, 1, 2) == 1 and attention_cpu.heads_per_item(4, 8, 2) == 4
+    assert attention_cpu.heads_per_item(4, 8, 1) == 4
+    monkeypatch.setattr(attention_cpu, "heads_per_item", lambda kv_heads, seqs, threads: per_item)
+    monkeypatch.setattr(attention_cpu, "PARALLEL_MIN_WORK", 0)
+    batch = make_paged_batch([1] * 3, [5, 40, 17], num_kv_heads=3, group=2, head_dim=16)
+    got, expected = both(batch, sliding_window=11)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
