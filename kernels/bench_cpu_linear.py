@@ -1,4 +1,5 @@
-"""CPU float32 linears of a decode step: `F.linear` (torch's BLAS) against the row kernel (kernels/cpu_linear.py),
+"""CPU float32 linears of a decode step: `F.linear` (torch's BLAS) against the row kernels (kernels/cpu_linear.py:
+numba's and the native build, when this machine has a C compiler),
 over every matrix of a Llama-shaped model once per pass, as a decode step reads them; prints a markdown table
 (`python -m kernels.bench_cpu_linear [--hidden 512 --layers 2]`). The model's matrices are kept in several copies
 whose total exceeds the L3 cache, cycled, so each pass reads its weights from memory as a real step does (a
@@ -13,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_linear
+from kernels import cpu_linear, native_build
 
 
 def model_matrices(hidden: int, layers: int, vocab: int, generator: torch.Generator) -> list[torch.Tensor]:
@@ -50,17 +51,26 @@ def main(argv: list[str] | None = None) -> None:
     one = model_matrices(args.hidden, args.layers, args.vocab, generator)
     model_mb = sum(w.numel() * 4 for w in one) / 2**20
     copies = [one] + [[w.clone() for w in one] for _ in range(int(2 * args.cache_mib // model_mb))]
-    cpu_linear.set_backend("rows")
-    cpu_linear.warm_up()
+    kernels = {"numba": None, "rows": None}
+    for name in kernels:
+        cpu_linear.set_backend(name)
+        cpu_linear.warm_up()
+        kernels[name] = cpu_linear.implementation()
+    columns = ["numba"] + (["native"] if kernels["rows"] == "native" else [])
     print(f"\nLlama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}: {model_mb:.0f} MiB of float32 "
           f"weights per pass, {len(copies)} copies cycled; torch {torch.__version__}, {torch.get_num_threads()} "
-          f"threads\n")
-    print("| rows | F.linear ms | row kernel ms | F.linear / row kernel |")
-    print("|---:|---:|---:|---:|")
+          f"threads" + ("" if "native" in columns else f"; no native build ({native_build.why_not})") + "\n")
+    print("| rows | F.linear ms |" + "".join(f" {c} ms |" for c in columns) + "".join(f" F.linear / {c} |" for c in columns))
+    print("|---:|---:|" + "---:|" * 2 * len(columns))
+    backends = {"numba": "numba", "native": "rows"}
     for rows in args.rows:
         torch_ms = pass_ms(F.linear, copies, rows, args.repeats)
-        rows_ms = pass_ms(cpu_linear.linear, copies, rows, args.repeats)
-        print(f"| {rows} | {torch_ms:.2f} | {rows_ms:.2f} | {torch_ms / rows_ms:.2f}x |", flush=True)
+        ms = []
+        for column in columns:
+            cpu_linear.set_backend(backends[column])
+            ms.append(pass_ms(cpu_linear.linear, copies, rows, args.repeats))
+        print(f"| {rows} | {torch_ms:.2f} |" + "".join(f" {m:.2f} |" for m in ms)
+              + "".join(f" {torch_ms / m:.2f}x |" for m in ms), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,16 +1,25 @@
-"""A float32 GEMM for a few rows on the CPU that reads each weight row once (numba).
+"""A float32 GEMM for a few rows on the CPU that reads each weight row once: the native build and numba's.
 
-`out[m, n] = sum_k x[m, k] * w[n, k]`, w in torch's [out, in] layout. Parallel over output features; each
-weight row is multiplied by up to eight input rows at a time, their sums in registers, so a decode step's
-weights stream from memory once per eight sequences with no packing pass (the BLAS GEMMs' first pass over the
-weights). kernels/cpu_linear.py decides when it runs; its oracle is `F.linear` (tests/test_cpu_linear.py).
+`out[m, n] = sum_k x[m, k] * w[n, k]`, w in torch's [out, in] layout. Parallel over output features, so a decode
+step's weights stream from memory once, with no packing pass (the BLAS GEMMs' first pass over the weights). Two
+builds of the same loop:
+- native (`native_kernels`): kernels/rows_gemm.c, built for this CPU by kernels/native_build.py: tiles of 3 weight
+  rows by 4 input rows in SIMD registers and the next weight rows prefetched, over raw pointers (no array
+  conversions per call), driven over numba's pool without the GIL;
+- portable (`rows_gemm_parallel` / `rows_gemm_serial`): numba, each weight row times up to eight input rows held in
+  registers; where no C compiler is.
+kernels/cpu_linear.py decides when and which runs; their oracle is `F.linear` (tests/test_cpu_linear.py).
 Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
+import ctypes
+from pathlib import Path
+
 import numba
 import numpy as np
 
+from kernels import native_build
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -61,10 +70,54 @@ rows_gemm_parallel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_
 rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm, "_rows_gemm_serial"))
 
 
-def warm_up() -> None:
-    """Compile (or load from numba's cache) both builds for float32 C-contiguous arrays."""
-    x, w = np.ones((13, 4), np.float32), np.ones((3, 4), np.float32)
-    for kernel in (rows_gemm_parallel, rows_gemm_serial):
-        out = np.zeros((13, 3), np.float32)
-        kernel(x, w, out)
-        assert (out == 4.0).all()
+NATIVE_SOURCE = Path(__file__).with_name("rows_gemm.c")
+NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are multiples of it
+_native = None  # (parallel, serial) once built; False where it cannot be
+
+
+def native_kernels():
+    """(parallel, serial) of the native build, both over `(x_ptr, rows, depth, w_ptr, n_out, out_ptr)`
+    (parallel: then the number of chunks), or None where it cannot be built (native_build.why_not says why)."""
+    global _native
+    if _native is None:
+        library = native_build.load(NATIVE_SOURCE)
+        _native = False if library is None else _drive(library.pagedesk_rows_gemm)
+    return _native or None
+
+
+def _drive(gemm):
+    gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
+                     ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
+    gemm.restype = None
+
+    def parallel(x, rows, depth, w, n_out, out, chunks):  # pragma: no cover - only ever compiled
+        step = -(-n_out // chunks)
+        step += -step % NATIVE_TILE_ROWS
+        for chunk in numba.prange(chunks):
+            first = chunk * step
+            gemm(x, rows, depth, w, n_out, out, first, min(n_out, first + step))
+
+    def serial(x, rows, depth, w, n_out, out):  # ctypes lets the GIL go during the call
+        gemm(x, rows, depth, w, n_out, out, 0, n_out)
+
+    # Not cached on disk: the compiled driver holds this process's address of the library's function.
+    return numba.njit(parallel=True, nogil=True)(parallel), serial
+
+
+def warm_up(native: bool = False) -> None:
+    """Compile both builds of the kernel that runs: numba's for float32 C-contiguous arrays (from its cache when
+    there), or the native build's driver."""
+    if not native:
+        x, w = np.ones((13, 4), np.float32), np.ones((3, 4), np.float32)
+        for kernel in (rows_gemm_parallel, rows_gemm_serial):
+            out = np.zeros((13, 3), np.float32)
+            kernel(x, w, out)
+            assert (out == 4.0).all()
+        return
+    native = native_kernels()
+    if native is not None:
+        x, w = np.ones((13, 20), np.float32), np.ones((7, 20), np.float32)
+        for run in (lambda *args: native[0](*args, 2), native[1]):
+            out = np.zeros((13, 7), np.float32)
+            run(x.ctypes.data, 13, 20, w.ctypes.data, 7, out.ctypes.data)
+            assert (out == 20.0).all()

@@ -1,5 +1,6 @@
-"""The CPU row kernel for decode-sized float32 linears (kernels/cpu_linear.py, kernels/cpu_rows_gemm.py) against
-its oracle `F.linear`, what it hands back to `F.linear`, and `--cpu-linear` reaching the engine."""
+"""The CPU row kernels for decode-sized float32 linears (kernels/cpu_linear.py, kernels/cpu_rows_gemm.py: numba's and
+the native build of kernels/rows_gemm.c) against their oracle `F.linear`, what they hand back to `F.linear`, the
+native build's cache and fallbacks (kernels/native_build.py), and `--cpu-linear` reaching the engine."""
 from __future__ import annotations
 
 import pytest
@@ -7,45 +8,113 @@ import torch
 import torch.nn.functional as F
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from kernels import cpu_linear
+from kernels import cpu_linear, cpu_rows_gemm, native_build
 from kernels.cpu_rows_gemm import rows_gemm_parallel, rows_gemm_serial
+
+NO_NATIVE = "no native build of kernels/rows_gemm.c here: install a C compiler (apt install gcc)"
 
 
 @pytest.fixture(autouse=True)
-def rows_backend():
+def rows_backend(monkeypatch):
     before = cpu_linear.backend()
     cpu_linear.set_backend("rows")
+    monkeypatch.setattr(cpu_linear, "_kernels", None)  # loaded afresh by each test
     yield
     cpu_linear.set_backend(before)
+
+
+def use(implementation: str) -> None:
+    """The row backend on numba's kernel or the native build (skipped where it cannot be built)."""
+    cpu_linear.set_backend("numba" if implementation == "numba" else "rows")
+    if cpu_linear.implementation() != implementation:
+        pytest.skip(NO_NATIVE)
 
 
 def calls_of(monkeypatch) -> list[str]:
     """Which build ran, per call (the kernels are wrapped where cpu_linear looks them up)."""
     seen = []
     cpu_linear._load_kernels()
-    parallel, serial, threads = cpu_linear._kernels
+    parallel, serial, threads, native = cpu_linear._kernels
 
     def tag(name, kernel):
         def run(*args):
             seen.append(name)
             return kernel(*args)
         return run
-    monkeypatch.setattr(cpu_linear, "_kernels", (tag("parallel", parallel), tag("serial", serial), threads))
+    monkeypatch.setattr(cpu_linear, "_kernels", (tag("parallel", parallel), tag("serial", serial), threads, native))
     return seen
 
 
-# Every tile of the kernel (8, 4 and single rows, and their mixes) on both builds, odd depths and widths.
+# Every tile of both kernels (numba's 8, 4 and single rows; the native 4, 2 and single rows by 3 or single weight
+# rows) and their mixes, serial and parallel, odd depths (not a multiple of the 8-wide vectors) and widths.
+@pytest.mark.parametrize("implementation", ["numba", "native"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16])
-@pytest.mark.parametrize("shape", [(37, 19), (640, 512)])  # (out, in): serial by size, then parallel
-def test_rows_match_f_linear(rows, shape, monkeypatch):
+@pytest.mark.parametrize("shape", [(37, 19), (640, 512), (1001, 133)])  # (out, in): serial by size, then parallel
+def test_rows_match_f_linear(implementation, rows, shape, monkeypatch):
+    use(implementation)
     torch.manual_seed(rows)
     x, w = torch.randn(rows, shape[1]), torch.randn(*shape)
     seen = calls_of(monkeypatch)
     got = cpu_linear.linear(x, w)
     torch.testing.assert_close(got, F.linear(x, w), atol=1e-4, rtol=1e-4)
     work = rows * shape[0] * shape[1]
-    wanted = "parallel" if work >= cpu_linear.PARALLEL_MIN_WORK and cpu_linear._kernels[2]() > 1 else "serial"
+    wanted = "parallel" if work >= cpu_linear.PARALLEL_MIN_WORK and cpu_linear._kernels[2] > 1 else "serial"
     assert seen == [wanted]
+
+
+def test_native_chunks_cover_every_output_feature():
+    """The parallel driver's chunks (multiples of the tile's weight rows) leave no feature out and none twice,
+    for more chunks than features too."""
+    native = cpu_rows_gemm.native_kernels()
+    if native is None:
+        pytest.skip(NO_NATIVE)
+    torch.manual_seed(3)
+    for n_out, chunks in [(1, 8), (5, 8), (37, 4), (38, 3), (640, 16)]:
+        x, w = torch.randn(3, 24), torch.randn(n_out, 24)
+        out = torch.full((3, n_out), float("nan"))
+        native[0](x.data_ptr(), 3, 24, w.data_ptr(), n_out, out.data_ptr(), chunks)
+        torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+FAKE_CC = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-cc 1.0; exit 0; fi\necho 'error: no such thing' >&2\nexit 1\n"
+
+
+def test_native_build_is_cached_per_source_compiler_and_cpu(tmp_path, monkeypatch):
+    compiler = native_build.find_compiler()
+    if compiler is None:
+        pytest.skip(NO_NATIVE)
+    monkeypatch.setenv("PAGEDESK_KERNEL_CACHE", str(tmp_path))
+    built = native_build.build(cpu_rows_gemm.NATIVE_SOURCE, compiler)
+    assert built.parent == tmp_path and built.is_file()
+    stamp = built.stat().st_mtime_ns
+    assert native_build.build(cpu_rows_gemm.NATIVE_SOURCE, compiler) == built  # found, not built again
+    assert built.stat().st_mtime_ns == stamp
+    monkeypatch.setattr(native_build, "cpu_features", lambda: "flags : another cpu")
+    assert native_build.build(cpu_rows_gemm.NATIVE_SOURCE, compiler) != built  # never run on a CPU it was not for
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no partial file left
+
+
+@pytest.mark.parametrize("compiler", ["none", "failing"])
+def test_rows_fall_back_to_numba_without_a_native_build(compiler, tmp_path, monkeypatch):
+    """No C compiler, or one that fails: the row backend runs numba's kernel, the reason kept, results equal."""
+    monkeypatch.setenv("PAGEDESK_KERNEL_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(native_build, "_loaded", {})
+    monkeypatch.setattr(native_build, "why_not", {})
+    monkeypatch.setattr(cpu_rows_gemm, "_native", None)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    monkeypatch.delenv("CC", raising=False)
+    if compiler == "failing":
+        fake = bin_dir / "cc"
+        fake.write_text(FAKE_CC)
+        fake.chmod(0o755)
+    cpu_linear.set_backend("rows")
+    assert cpu_linear.implementation() == "numba"
+    reason = native_build.why_not["rows_gemm.c"]
+    assert ("no C compiler" in reason) if compiler == "none" else ("no such thing" in reason)
+    x, w = torch.randn(5, 40), torch.randn(30, 40)
+    torch.testing.assert_close(cpu_linear.linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("kernel", [rows_gemm_parallel, rows_gemm_serial])
@@ -100,11 +169,11 @@ def test_fake_tensors_never_reach_numba(monkeypatch):
 
 
 def test_unknown_backend_is_refused():
-    with pytest.raises(ValueError, match="rows, torch"):
+    with pytest.raises(ValueError, match="rows, numba, torch"):
         cpu_linear.set_backend("mkl")
 
 
-@pytest.mark.parametrize("choice", ["rows", "torch"])
+@pytest.mark.parametrize("choice", ["rows", "numba", "torch"])
 def test_flag_reaches_the_engine_and_both_give_hf_greedy(choice, reference):
     from hf_reference import MAX_TOKENS, engine_greedy
 

@@ -22,7 +22,7 @@ SLEEP_LEVELS = (1, 2)
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 DEVICES = ("auto", "cuda", "cpu")
 ATTENTION_BACKENDS = ("auto", "triton", "torch")
-CPU_LINEARS = ("rows", "torch")  # kernels/cpu_linear.py's backends (this module stays torch-free)
+CPU_LINEARS = ("rows", "numba", "torch")  # kernels/cpu_linear.py's backends (this module stays torch-free)
 CUDA_GRAPH_MODES = ("full_and_piecewise", "full_decode_only")  # vLLM's cudagraph_mode names; --enforce-eager: none
 SCHEDULING_POLICIES = ("fcfs", "priority")
 TOOL_CALL_PARSERS = ("hermes", "llama3_json", "mistral", "qwen3_coder", "openai", "harmony")  # engine/tool_parsers
@@ -101,7 +101,9 @@ FLAGS: tuple[Flag, ...] = (
          "eager between the compiled pieces (fewer, fused ops per step for small models); the first steps wait for "
          "the compile, about a minute on two cores", "engine", gui=False),
     Flag("cpu_linear", str, "rows", "On the CPU: float32 linears of up to 16 rows (decode steps) through a kernel "
-         "that reads each weight once (rows), or always torch's F.linear (torch)", "engine", CPU_LINEARS, gui=False),
+         "that reads each weight once: built for this CPU by the system C compiler where there is one, else "
+         "numba's (rows); numba's always (numba); or always torch's F.linear (torch)", "engine", CPU_LINEARS,
+         gui=False),
     Flag("cpu_dequant_cache", float, 0.0, "On the CPU: GiB of float copies of quantized (GGUF, GPTQ, ...) linear "
          "weights, dequantized once at start, layer by layer while the budget lasts, so those layers multiply as "
          "fast as float ones; 0 (default) keeps every weight only in its blocks, dequantized on each call",

@@ -1,0 +1,103 @@
+"""Build a small C kernel of ours on the user's machine, once, and load it (ctypes).
+
+Some CPU kernels need what numba cannot express: explicit SIMD tiles and prefetch hints (kernels/rows_gemm.c). They
+are compiled here with the system C compiler (`$CC`, else `cc`, `gcc` or `clang`) for this CPU (`-O3
+-march=native`) into the user's cache folder (`$PAGEDESK_KERNEL_CACHE`, else `$XDG_CACHE_HOME/pagedesk/kernels`,
+else `~/.cache/pagedesk/kernels`), named by a hash of the source, the compiler, the flags and the CPU's feature
+flags, so an edit, another compiler or another CPU builds anew and a cached build never runs on a CPU it was not
+built for. The build writes a temporary file and renames it, so processes starting together (tensor-parallel
+workers) never load half a file. No compiler, a failed build or a library that does not load: `load` returns
+None with the reason in `why_not`, and the caller keeps its portable kernel. Imports nothing of ours.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+logger = logging.getLogger(__name__)
+
+FLAGS = ("-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC")
+BUILD_TIMEOUT_S = 120.0
+_loaded: dict[str, ctypes.CDLL | None] = {}
+why_not: dict[str, str] = {}  # source name -> why it has no native build in this process
+
+
+def cache_dir() -> Path:
+    if os.environ.get("PAGEDESK_KERNEL_CACHE"):
+        return Path(os.environ["PAGEDESK_KERNEL_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "pagedesk" / "kernels"
+
+
+def find_compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def cpu_features() -> str:
+    """What -march=native depends on: the CPU's model and feature flags (Linux), else the platform's words."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [line for line in f if line.startswith(("flags", "Features", "model name"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+
+
+def _compiler_version(compiler: str) -> str:
+    done = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30)
+    return done.stdout
+
+
+def build(source: Path, compiler: str) -> Path:
+    """The library built from `source` for this CPU, from the cache when it is there; raises with the compiler's
+    message when the build fails."""
+    text = source.read_bytes()
+    key = hashlib.sha256(b"\0".join([text, _compiler_version(compiler).encode(), " ".join(FLAGS).encode(),
+                                     cpu_features().encode()])).hexdigest()[:20]
+    folder = cache_dir()
+    target = folder / f"{source.stem}-{key}.so"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial], capture_output=True, text=True,
+                              timeout=BUILD_TIMEOUT_S)
+        if done.returncode != 0:
+            raise RuntimeError(f"{Path(compiler).name} failed on {source.name}: {done.stderr.strip()[-800:]}")
+        os.replace(partial, target)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
+    return target
+
+
+def load(source: Path) -> ctypes.CDLL | None:
+    """`source` built (or found in the cache) and loaded, once per process; None, with `why_not[source.name]`,
+    where it cannot be."""
+    if source.name in _loaded:
+        return _loaded[source.name]
+    library = None
+    compiler = find_compiler()
+    if compiler is None:
+        why_not[source.name] = "no C compiler (set CC, or install gcc)"
+    else:
+        try:
+            library = ctypes.CDLL(str(build(source, compiler)))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
+            why_not[source.name] = str(exc)
+    if library is None:
+        logger.info("%s: the portable kernel runs (%s)", source.name, why_not[source.name])
+    _loaded[source.name] = library
+    return library
