@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nLlama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}: {model_mb:.0f} MiB of float32 "
           f"weights per pass, {len(copies)} copies cycled; torch {torch.__version__}, {torch.get_num_threads()} "
           f"threads" + ("" if "native" in columns else f"; no native build ({native_build.why_not})") + "\n")
-    print("| rows | F.linear ms |" + "".join(f" {c} ms |" for c in columns) + "".join(f" F.linear / {c} |" for c in columns))
+    print("| rows | F.linear ms |" + "".join(f" {c} ms |" for c in columns)
+          + "".join(f" F.linear / {c} |" for c in columns))
     print("|---:|---:|" + "---:|" * 2 * len(columns))
     backends = {"numba": "numba", "native": "rows"}
     for rows in args.rows:

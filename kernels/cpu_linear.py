@@ -4,14 +4,16 @@ A decode step multiplies a few rows (one per running sequence) by every weight m
 linears are bound by how fast the weights stream from memory. The BLAS behind `F.linear` (MKL) packs a weight
 into panels before multiplying, a second pass over it: on the 2-core AMD machine a 42 MB model's matrices took
 4.1-4.8 ms through `F.linear` for one row and 5.9-9.3 ms for eight, against 1.6-2.3 and 3.3-4.5 ms for the numba
-row kernel, which reads each weight row once, and the native build (SIMD tiles, the next weights prefetched) 20-30%
-less again (BENCHMARKS.md, "CPU linears"). Up to `MAX_ROWS` rows run there; above it the GEMM is compute-bound and
-`F.linear` is as fast. Backends (`--cpu-linear`): "rows", the native build where a C compiler built it
-(kernels/native_build.py), else numba's; "numba", numba's always; "torch", `F.linear` always. Another dtype or
-device, a non-contiguous weight, a fake or compiled trace, gradients, or no numba (a GPU machine's bare
-environment) go to `F.linear`, as does everything under a TorchDispatchMode, which could not see the kernel's work
-(a CPU graph tape, an op count). Results equal `F.linear`'s to float32 rounding (the sums run in another order).
-Imports nothing of ours outside kernels/; numba only when a row kernel runs.
+row kernel, which reads each weight row once; the native build (SIMD tiles, the next weights prefetched) takes
+10-25% less again (BENCHMARKS.md, "CPU linears"). Up to `MAX_ROWS` rows run there (`NATIVE_MAX_ROWS` on the
+native build); above it the GEMM is compute-bound and `F.linear` is as fast.
+
+Backends (`--cpu-linear`): "rows", the native build where a C compiler built it (kernels/native_build.py), else
+numba's; "numba", numba's always; "torch", `F.linear` always. Another dtype or device, a non-contiguous weight, a
+fake or compiled trace, gradients, or no numba (a GPU machine's bare environment) go to `F.linear`, as does
+everything under a TorchDispatchMode, which could not see the kernel's work (a CPU graph tape, an op count).
+Results equal `F.linear`'s to float32 rounding (the sums run in another order). Imports nothing of ours outside
+kernels/; numba only when a row kernel runs.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 BACKENDS = ("rows", "numba", "torch")
-MAX_ROWS = 16  # the weight is read twice at 16 rows: still less than the BLAS's pack and read
+MAX_ROWS = 16  # numba's kernel: the weight is read twice at 16 rows, still less than the BLAS's pack and read
+NATIVE_MAX_ROWS = 32  # the native build still beat F.linear at 48 rows on the 2-core AMD machine: a margin kept
+_max_rows = MAX_ROWS  # the loaded kernel's
 PARALLEL_MIN_WORK = 1 << 17  # multiply-adds under which waking numba's pool costs more than it gives
 _backend = "rows"
 NATIVE_CHUNKS_PER_THREAD = 4  # the native driver's chunks of output features per numba thread
@@ -30,11 +34,11 @@ _kernels = None  # (parallel, serial, numba's thread count, native?), loaded at 
 def set_backend(name: str) -> None:
     """The process's float32 CPU linear: "rows" (decode-sized batches through the native row kernel, else numba's),
     "numba" (through numba's) or "torch"."""
-    global _backend, _kernels
+    global _backend, _kernels, _max_rows
     if name not in BACKENDS:
         raise ValueError(f"unknown CPU linear backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name != _backend:
-        _backend, _kernels = name, None
+        _backend, _kernels, _max_rows = name, None, MAX_ROWS
 
 
 def backend() -> str:
@@ -42,7 +46,7 @@ def backend() -> str:
 
 
 def _load_kernels():
-    global _kernels, _backend
+    global _kernels, _backend, _max_rows
     try:
         from numba import get_num_threads
 
@@ -53,6 +57,7 @@ def _load_kernels():
     native = native_kernels() if _backend == "rows" else None
     # numba's thread count is fixed when its pool starts (the thread budget's NUMBA_NUM_THREADS): asked once
     _kernels = (*(native or (rows_gemm_parallel, rows_gemm_serial)), get_num_threads(), native is not None)
+    _max_rows = NATIVE_MAX_ROWS if native else MAX_ROWS
     return _kernels
 
 
@@ -67,15 +72,15 @@ def _rows_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # type() is exact on purpose: FakeTensor and other subclasses have no storage numba could read.
     return (_backend != "torch" and type(x) is torch.Tensor and x.dtype == torch.float32
             and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
-            and x.dim() >= 1 and x.numel() <= MAX_ROWS * x.shape[-1] and weight.dim() == 2
+            and x.dim() >= 1 and x.numel() <= _max_rows * x.shape[-1] and weight.dim() == 2
             and weight.stride(1) == 1 and weight.stride(0) == weight.shape[1]
             and not (x.requires_grad or weight.requires_grad) and not torch.compiler.is_compiling()
             and _get_current_dispatch_mode() is None)  # a mode (a graph tape, an op count) sees F.linear
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)`; up to MAX_ROWS float32 rows on the CPU through the row kernel. Every tensor op
-    here costs a batch-1 step microseconds (ten linears a layer pass): a 2-D contiguous input is used as it is."""
+    """`F.linear(x, weight, bias)`; up to MAX_ROWS (NATIVE_MAX_ROWS) float32 rows on the CPU through the row
+    kernel. Every tensor op here costs a batch-1 step microseconds: a 2-D contiguous input is used as it is."""
     if not _rows_ok(x, weight) or (_kernels is None and _load_kernels() is None):
         return F.linear(x, weight, bias)
     depth, n_out = x.shape[-1], weight.shape[0]

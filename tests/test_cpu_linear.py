@@ -47,8 +47,10 @@ def calls_of(monkeypatch) -> list[str]:
 
 # Every tile of both kernels (numba's 8, 4 and single rows; the native 4, 2 and single rows by 3 or single weight
 # rows) and their mixes, serial and parallel, odd depths (not a multiple of the 8-wide vectors) and widths.
-@pytest.mark.parametrize("implementation", ["numba", "native"])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16])
+@pytest.mark.parametrize("implementation, rows", [
+    (implementation, rows)
+    for implementation, limit in [("numba", cpu_linear.MAX_ROWS), ("native", cpu_linear.NATIVE_MAX_ROWS)]
+    for rows in [1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 15, 16, 17, 31, 32] if rows <= limit])
 @pytest.mark.parametrize("shape", [(37, 19), (640, 512), (1001, 133)])  # (out, in): serial by size, then parallel
 def test_rows_match_f_linear(implementation, rows, shape, monkeypatch):
     use(implementation)
@@ -76,7 +78,8 @@ def test_native_chunks_cover_every_output_feature():
         torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
 
 
-FAKE_CC = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-cc 1.0; exit 0; fi\necho 'error: no such thing' >&2\nexit 1\n"
+FAKE_CC = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-cc 1.0; exit 0; fi\n" \
+          "echo 'error: no such thing' >&2\nexit 1\n"
 
 
 def test_native_build_is_cached_per_source_compiler_and_cpu(tmp_path, monkeypatch):
@@ -141,12 +144,17 @@ def test_no_rows():
     assert out.shape == (0, 5)
 
 
-@pytest.mark.parametrize("case", ["17 rows", "bfloat16", "strided weight", "grad", "torch backend"])
+@pytest.mark.parametrize("case", ["numba: 17 rows", "native: 33 rows", "bfloat16", "strided weight", "grad",
+                                  "torch backend"])
 def test_everything_else_is_f_linear(case, monkeypatch):
     torch.manual_seed(2)
     x, w = torch.randn(3, 16), torch.randn(8, 16)
-    if case == "17 rows":
+    if case == "numba: 17 rows":
+        use("numba")
         x = torch.randn(cpu_linear.MAX_ROWS + 1, 16)
+    elif case == "native: 33 rows":
+        use("native")
+        x = torch.randn(cpu_linear.NATIVE_MAX_ROWS + 1, 16)
     elif case == "bfloat16":
         x, w = x.bfloat16(), w.bfloat16()
     elif case == "strided weight":

@@ -100,10 +100,10 @@ FLAGS: tuple[Flag, ...] = (
     Flag("compile_cpu_forward", bool, False, "On the CPU: run the model's forward through torch.compile, attention "
          "eager between the compiled pieces (fewer, fused ops per step for small models); the first steps wait for "
          "the compile, about a minute on two cores", "engine", gui=False),
-    Flag("cpu_linear", str, "rows", "On the CPU: float32 linears of up to 16 rows (decode steps) through a kernel "
-         "that reads each weight once: built for this CPU by the system C compiler where there is one, else "
-         "numba's (rows); numba's always (numba); or always torch's F.linear (torch)", "engine", CPU_LINEARS,
-         gui=False),
+    Flag("cpu_linear", str, "rows", "On the CPU: float32 linears of decode steps through a kernel that reads each "
+         "weight once: built for this CPU by the system C compiler where there is one (up to 32 rows), else "
+         "numba's (up to 16 rows) (rows); numba's always (numba); or always torch's F.linear (torch)", "engine",
+         CPU_LINEARS, gui=False),
     Flag("cpu_dequant_cache", float, 0.0, "On the CPU: GiB of float copies of quantized (GGUF, GPTQ, ...) linear "
          "weights, dequantized once at start, layer by layer while the budget lasts, so those layers multiply as "
          "fast as float ones; 0 (default) keeps every weight only in its blocks, dequantized on each call",
