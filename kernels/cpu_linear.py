@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+from kernels.host_gate import eager_cpu_float32
 
 BACKENDS = ("rows", "numba", "torch")
 MAX_ROWS = 16  # numba's kernel: the weight is read twice at 16 rows, still less than the BLAS's pack and read
@@ -69,13 +70,8 @@ def implementation() -> str:
 
 
 def _rows_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    # type() is exact on purpose: FakeTensor and other subclasses have no storage numba could read.
-    return (_backend != "torch" and type(x) is torch.Tensor and x.dtype == torch.float32
-            and weight.dtype == torch.float32 and x.device.type == "cpu" and weight.device.type == "cpu"
-            and x.dim() >= 1 and x.numel() <= _max_rows * x.shape[-1] and weight.dim() == 2
-            and weight.stride(1) == 1 and weight.stride(0) == weight.shape[1]
-            and not (x.requires_grad or weight.requires_grad) and not torch.compiler.is_compiling()
-            and _get_current_dispatch_mode() is None)  # a mode (a graph tape, an op count) sees F.linear
+    return (_backend != "torch" and x.dim() >= 1 and x.numel() <= _max_rows * x.shape[-1] and weight.dim() == 2
+            and weight.stride(1) == 1 and weight.stride(0) == weight.shape[1] and eager_cpu_float32(x, weight))
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

@@ -139,6 +139,15 @@ def test_bias_leading_dims_and_strided_input(monkeypatch):
     torch.testing.assert_close(got, F.linear(x, w, b), atol=1e-4, rtol=1e-4)
 
 
+def test_a_layer_weight_parameter_is_read_in_place(monkeypatch):
+    """Model weights are nn.Parameters: the kernel reads them (a fake tensor inside one it would not)."""
+    seen = calls_of(monkeypatch)
+    w = torch.nn.Parameter(torch.randn(24, 16), requires_grad=False)
+    x = torch.randn(3, 16)
+    torch.testing.assert_close(cpu_linear.linear(x, w), F.linear(x, w), atol=1e-4, rtol=1e-4)
+    assert seen
+
+
 def test_no_rows():
     out = cpu_linear.linear(torch.empty(0, 8), torch.randn(5, 8), torch.randn(5))
     assert out.shape == (0, 5)

@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--async-scheduling", action="store_true", help="the engine's --async-scheduling")
     parser.add_argument("--compile-cpu-forward", action="store_true",
                         help="the engine's --compile-cpu-forward (compiled during the warm-up steps)")
-    parser.add_argument("--cpu-linear", choices=("rows", "torch"),
+    parser.add_argument("--cpu-linear", choices=("rows", "numba", "torch"),
                         help="the engine's --cpu-linear (default: the engine's; an older tree has no such flag)")
     parser.add_argument("--sampled", action="store_true",
                         help="requests that draw (temperature 0.8, top-p 0.95, seeded) instead of greedy ones")

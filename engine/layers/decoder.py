@@ -27,6 +27,7 @@ from engine.layers.linear import MergedColumnParallelLinear, RowParallelLinear, 
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.quantization.gguf.types import is_gguf_model
+from kernels import cpu_host_ops
 
 # HF's hidden_act names -> the function (HF's gelu_pytorch_tanh is torch's tanh approximation).
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -56,7 +57,11 @@ class GatedMLP(nn.Module):
         self.down_proj = RowParallelLinear(width, cfg.hidden_size, False, cfg.quantization, prefix, ("down_proj",))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        fused = cpu_host_ops.silu_mul(gate_up) if self.act is F.silu else None  # a CPU decode batch: one call
+        if fused is not None:
+            return self.down_proj(fused)
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(self.act(gate) * up)
 
 

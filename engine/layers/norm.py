@@ -6,8 +6,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kernels import cpu_host_ops
+
 
 class RMSNorm(nn.Module):
+    weight_offset = 0.0  # applied as weight + offset (Gemma's: 1)
+
     def __init__(self, size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.eps = eps
@@ -22,7 +26,11 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Without residual: norm(x). With residual: (norm(x + residual), x + residual)."""
+        """Without residual: norm(x). With residual: (norm(x + residual), x + residual). A float32 decode batch on
+        the CPU: one native call (kernels/cpu_host_ops.py) instead of torch's seven ops."""
+        fused = cpu_host_ops.rms_norm(x, self.weight, self.eps, residual, self.weight_offset)
+        if fused is not None:
+            return fused[0] if residual is None else fused
         if residual is None:
             return self._norm(x)
         x = x + residual
@@ -32,6 +40,7 @@ class RMSNorm(nn.Module):
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: the weight is stored as w - 1 (zeros init) and applied as (1 + w), in float32, before
     the cast back — HF's order, which differs from Llama's in half precision."""
+    weight_offset = 1.0
 
     def __init__(self, size: int, eps: float = 1e-6) -> None:
         super().__init__(size, eps)

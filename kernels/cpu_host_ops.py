@@ -1,0 +1,74 @@
+"""A decode step's small float32 ops on the CPU in one native call each (kernels/host_ops.c): the residual add fused
+into RMSNorm, and SiLU(gate) times up. At a few rows torch runs each as several ops whose dispatch costs more than
+their arithmetic, and more again once the step's weights have streamed through the cache (BENCHMARKS.md).
+
+Each function returns None where it does not apply, and the caller runs torch's ops: more than `MAX_ELEMENTS` values
+(prefill chunks, where torch's vectorised, parallel ops win), anything `host_gate.eager_cpu_float32` refuses, a
+non-contiguous input, `set_enabled(False)` (the engine's `--cpu-linear torch`: torch's ops everywhere), or no
+native build (no C compiler: kernels/native_build.py). Results equal torch's to float32 rounding (the sum of
+squares runs in another order). Imports nothing of ours outside kernels/.
+"""
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from kernels import native_build
+from kernels.host_gate import eager_cpu_float32
+
+SOURCE = Path(__file__).with_name("host_ops.c")
+MAX_ELEMENTS = 32 * 8192  # decode batches of a wide model; a prefill chunk goes to torch
+_library = None  # loaded at the first call; False where there is no native build
+_enabled = True
+
+
+def set_enabled(on: bool) -> None:
+    global _enabled
+    _enabled = on
+
+
+def _load():
+    global _library
+    library = native_build.load(SOURCE)
+    if library is not None:
+        pointer, size, real = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+        library.pagedesk_rms_norm.argtypes = [pointer, pointer, pointer, real, real, size, size, pointer, pointer]
+        library.pagedesk_silu_mul.argtypes = [pointer, size, size, pointer]
+        library.pagedesk_rms_norm.restype = library.pagedesk_silu_mul.restype = None
+    _library = library or False
+    return library
+
+
+def available() -> bool:
+    return _enabled and bool(_library if _library is not None else _load())
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+             offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """(RMSNorm(s) * (weight + offset), s) with s = x + residual (s None without a residual), or None."""
+    if not (_enabled and x.numel() <= MAX_ELEMENTS and x.is_contiguous() and weight.is_contiguous()
+            and (residual is None or (residual.is_contiguous() and residual.shape == x.shape))
+            and eager_cpu_float32(x, weight, *(() if residual is None else (residual,)))
+            and (_library or (_library is None and _load()))):
+        return None
+    n = x.shape[-1]
+    out = torch.empty_like(x)
+    total = None if residual is None else torch.empty_like(x)
+    _library.pagedesk_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                               offset, eps, x.numel() // n if n else 0, n, out.data_ptr(),
+                               None if total is None else total.data_ptr())
+    return out, total
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up of a [..., 2 * width] tensor (gate first), or None."""
+    if not (_enabled and gate_up.numel() <= 2 * MAX_ELEMENTS and gate_up.is_contiguous() and gate_up.shape[-1] % 2 == 0
+            and eager_cpu_float32(gate_up) and (_library or (_library is None and _load()))):
+        return None
+    width = gate_up.shape[-1] // 2
+    out = torch.empty((*gate_up.shape[:-1], width), dtype=torch.float32)
+    _library.pagedesk_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * width) if width else 0, width,
+                               out.data_ptr())
+    return out

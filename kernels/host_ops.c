@@ -1,0 +1,57 @@
+/* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, and SiLU(gate)
+ * times up. Torch runs each as several ops (RMSNorm: add, pow, mean, add, rsqrt, mul, mul), microseconds of dispatch
+ * apiece at a few rows, more once the step's weights have streamed through the cache. Compiled on the user's
+ * machine by kernels/native_build.py and called by kernels/cpu_host_ops.py; the oracles are torch's ops
+ * (tests/test_cpu_host_ops.py): the same formulas in the same order, the sums of squares in another order. */
+#include <math.h>
+#include <stddef.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, v8 v) { memcpy(p, &v, sizeof v); }
+
+/* out = s * (1 / sqrt(mean(s^2) + eps)) * (weight + offset) per row, s = x + residual (residual may be NULL);
+ * sum_out (may be NULL) gets s. Gemma's norm passes offset 1 (its weight is stored as w - 1). */
+void pagedesk_rms_norm(const float *x, const float *residual, const float *weight, float offset, float eps,
+                       long rows, long n, float *out, float *sum_out) {
+    for (long r = 0; r < rows; r++) {
+        const float *xr = x + (size_t)r * n;
+        const float *rr = residual ? residual + (size_t)r * n : NULL;
+        float *sr = sum_out ? sum_out + (size_t)r * n : NULL;
+        const float *src = sr ? sr : xr;
+        v8 acc = (v8){0};
+        long i = 0;
+        for (; i + 8 <= n; i += 8) {
+            v8 v = load8(xr + i);
+            if (rr) v += load8(rr + i);
+            if (sr) store8(sr + i, v);
+            acc += v * v;
+        }
+        float squares = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+        for (; i < n; i++) {
+            float v = rr ? xr[i] + rr[i] : xr[i];
+            if (sr) sr[i] = v;
+            squares += v * v;
+        }
+        float inv = 1.0f / sqrtf(squares / (float)n + eps);
+        float *orow = out + (size_t)r * n;
+        for (i = 0; i < n; i++) orow[i] = src[i] * inv * (weight[i] + offset);
+    }
+}
+
+/* out[r, i] = silu(g) * u with g = gate_up[r, i], u = gate_up[r, width + i]; silu(g) = g / (1 + exp(-g)). */
+void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) {
+    for (long r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * width;
+        const float *u = g + width;
+        float *o = out + (size_t)r * width;
+        for (long i = 0; i < width; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}

@@ -1,0 +1,88 @@
+"""The fused host ops of a CPU decode batch (kernels/cpu_host_ops.py, kernels/host_ops.c) against torch's ops, where
+they hand back to torch, and the engine's greedy ids with them on and off."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from engine.layers.norm import GemmaRMSNorm, RMSNorm
+from kernels import cpu_host_ops
+
+
+@pytest.fixture(autouse=True)
+def native():
+    if not cpu_host_ops.available():
+        pytest.skip("no native build of kernels/host_ops.c here: install a C compiler (apt install gcc)")
+
+
+@pytest.mark.parametrize("shape", [(1, 512), (8, 19), (3, 2, 40), (0, 16)])
+@pytest.mark.parametrize("norm_class", [RMSNorm, GemmaRMSNorm])
+def test_norm_with_and_without_residual_matches_torch(shape, norm_class):
+    torch.manual_seed(0)
+    norm = norm_class(shape[-1], eps=1e-5)
+    norm.weight.data.normal_()
+    x, residual = torch.randn(shape), torch.randn(shape)
+    assert cpu_host_ops.rms_norm(x, norm.weight, norm.eps, residual) is not None  # a parameter is read in place
+    alone = norm(x)
+    out, total = norm(x, residual)
+    cpu_host_ops.set_enabled(False)
+    try:
+        want_alone = norm(x)
+        want_out, want_total = norm(x, residual)
+    finally:
+        cpu_host_ops.set_enabled(True)
+    torch.testing.assert_close(alone, want_alone, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out, want_out, atol=1e-5, rtol=1e-5)
+    assert torch.equal(total, want_total)  # the add is the add
+    assert not x.numel() or total.data_ptr() not in (x.data_ptr(), residual.data_ptr())  # inputs untouched
+
+
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (5, 2 * 7), (2, 3, 16), (0, 8)])
+def test_silu_mul_matches_torch(shape):
+    torch.manual_seed(1)
+    gate_up = torch.randn(shape) * 4
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_host_ops.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["prefill-sized", "bfloat16", "strided", "grad", "disabled", "fake"])
+def test_everything_else_is_left_to_torch(case):
+    x, w = torch.randn(2, 64), torch.ones(64)
+    if case == "prefill-sized":
+        x = torch.randn(2 * cpu_host_ops.MAX_ELEMENTS // 64 + 1, 64)
+    elif case == "bfloat16":
+        x, w = x.bfloat16(), w.bfloat16()
+    elif case == "strided":
+        x = torch.randn(64, 2).T
+    elif case == "grad":
+        x.requires_grad_(True)
+    elif case == "disabled":
+        cpu_host_ops.set_enabled(False)
+    try:
+        if case == "fake":
+            with FakeTensorMode():
+                assert cpu_host_ops.rms_norm(torch.empty(2, 64), torch.empty(64), 1e-6) is None
+                assert cpu_host_ops.silu_mul(torch.empty(2, 64)) is None
+        else:
+            assert cpu_host_ops.rms_norm(x, w, 1e-6) is None
+            assert cpu_host_ops.silu_mul(x) is None
+    finally:
+        cpu_host_ops.set_enabled(True)
+
+
+@pytest.mark.parametrize("cpu_linear", ["rows", "torch"])
+def test_engine_greedy_equals_hf_with_the_fused_ops_on_and_off(cpu_linear, reference, monkeypatch):
+    """`--cpu-linear torch` turns the fused ops off too: both give HF's greedy ids (on: the engine's default)."""
+    from hf_reference import MAX_TOKENS, engine_greedy
+
+    path, prompts, expected = reference("llama")
+    calls, norm = [], cpu_host_ops.rms_norm
+    monkeypatch.setattr(cpu_host_ops, "rms_norm", lambda *args: calls.append(norm(*args)) or calls[-1])
+    try:
+        assert engine_greedy(path, prompts, MAX_TOKENS, max_model_len=512, cpu_linear=cpu_linear) == expected
+        assert cpu_host_ops.available() == (cpu_linear != "torch")
+        assert calls and all((c is not None) == (cpu_linear != "torch") for c in calls)  # the decode steps' norms
+    finally:
+        cpu_host_ops.set_enabled(True)
