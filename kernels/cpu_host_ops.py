@@ -1,6 +1,7 @@
 """A decode step's small float32 ops on the CPU in one native call each (kernels/host_ops.c): the residual add fused
-into RMSNorm, and SiLU(gate) times up. At a few rows torch runs each as several ops whose dispatch costs more than
-their arithmetic, and more again once the step's weights have streamed through the cache (BENCHMARKS.md).
+into RMSNorm, SiLU(gate) times up, and the rotary embedding of q and k in place. At a few rows torch runs each as
+several ops whose dispatch costs more than their arithmetic, and more again once the step's weights have streamed
+through the cache (BENCHMARKS.md).
 
 Each function returns None where it does not apply, and the caller runs torch's ops: more than `MAX_ELEMENTS` values
 (prefill chunks, where torch's vectorised, parallel ops win), anything `host_gate.eager_cpu_float32` refuses, a
@@ -36,7 +37,8 @@ def _load():
         pointer, size, real = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
         library.pagedesk_rms_norm.argtypes = [pointer, pointer, pointer, real, real, size, size, pointer, pointer]
         library.pagedesk_silu_mul.argtypes = [pointer, size, size, pointer]
-        library.pagedesk_rms_norm.restype = library.pagedesk_silu_mul.restype = None
+        library.pagedesk_rope.argtypes = [pointer, size, size, size, size, size, pointer, pointer]
+        library.pagedesk_rms_norm.restype = library.pagedesk_silu_mul.restype = library.pagedesk_rope.restype = None
     _library = library or False
     return library
 
@@ -72,3 +74,20 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     _library.pagedesk_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * width) if width else 0, width,
                                out.data_ptr())
     return out
+
+
+def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> bool:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by cos and sin [T, 1, rotary_dim] (rotary.py's layout) when k's
+    heads follow q's in one buffer (the QKV projection's output split by heads): True when done, else False and
+    nothing changed."""
+    rows, q_heads, head_dim = q.shape
+    if not (_enabled and q.numel() <= MAX_ELEMENTS and q.stride(2) == 1 and q.stride(1) == head_dim
+            and k.stride() == q.stride() and k.shape[0] == rows and k.shape[2] == head_dim
+            and k.data_ptr() == q.data_ptr() + 4 * q_heads * head_dim and rotary_dim % 2 == 0
+            and cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == rotary_dim
+            and cos.numel() == rows * rotary_dim and eager_cpu_float32(q, k, cos, sin)
+            and (_library or (_library is None and _load()))):
+        return False
+    _library.pagedesk_rope(q.data_ptr(), rows, q.stride(0), q_heads + k.shape[1], head_dim, rotary_dim,
+                           cos.data_ptr(), sin.data_ptr())
+    return True

@@ -1,7 +1,7 @@
 """Whether a host kernel (numba's, or a native build's over raw pointers) may run on some tensors instead of torch's
-ops: plain float32 CPU tensors or parameters (not fake or subclassed: those have no memory to read), no gradient, no trace
-compiling them and no TorchDispatchMode watching (a CPU graph tape or an op count must see torch's ops). Shared by
-kernels/cpu_linear.py and kernels/cpu_host_ops.py. Imports nothing of ours.
+ops: plain float32 CPU tensors or parameters (not fake or subclassed: those have no memory to read), no gradient,
+no trace compiling them and no TorchDispatchMode watching (a CPU graph tape or an op count must see torch's ops).
+Shared by kernels/cpu_linear.py and kernels/cpu_host_ops.py. Imports nothing of ours.
 """
 from __future__ import annotations
 
@@ -10,9 +10,13 @@ from torch import nn
 from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 
+PLAIN = (torch.Tensor, nn.Parameter)  # a Parameter over a tensor subclass (a fake one) has the subclass's type instead
+
+
 def eager_cpu_float32(*tensors: torch.Tensor) -> bool:
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:  # first: asks nothing of a tensor
+        return False
     for t in tensors:  # type() is exact on purpose: FakeTensor and other subclasses have no storage to read
-        if not (type(t) is torch.Tensor or (type(t) is nn.Parameter and type(t.data) is torch.Tensor)) or \
-                t.dtype != torch.float32 or t.device.type != "cpu" or t.requires_grad:
+        if type(t) not in PLAIN or t.dtype != torch.float32 or t.device.type != "cpu" or t.requires_grad:
             return False
-    return not torch.compiler.is_compiling() and _get_current_dispatch_mode() is None
+    return True

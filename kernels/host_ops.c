@@ -1,5 +1,5 @@
-/* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, and SiLU(gate)
- * times up. Torch runs each as several ops (RMSNorm: add, pow, mean, add, rsqrt, mul, mul), microseconds of dispatch
+/* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, SiLU(gate)
+ * times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add, pow, mean, add, rsqrt, mul, mul), microseconds of dispatch
  * apiece at a few rows, more once the step's weights have streamed through the cache. Compiled on the user's
  * machine by kernels/native_build.py and called by kernels/cpu_host_ops.py; the oracles are torch's ops
  * (tests/test_cpu_host_ops.py): the same formulas in the same order, the sums of squares in another order. */
@@ -53,5 +53,28 @@ void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) 
         const float *u = g + width;
         float *o = out + (size_t)r * width;
         for (long i = 0; i < width; i++) o[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+    }
+}
+
+/* Rotate-half RoPE in place on `heads` heads of head_dim floats per row (q's heads then k's, side by side in the QKV
+ * projection's output), the first rotary_dim of each: x * (cos, cos) + (x2, x1) * (-sin, sin), cos and sin laid out
+ * so per row (engine/layers/rotary.py cos_sin_at). Each product rounded, then the sum, as torch's three ops: no
+ * contraction into a fused multiply-add, so the result is torch's bit for bit. */
+__attribute__((optimize("fp-contract=off"))) void pagedesk_rope(float *x, long rows, long row_stride, long heads,
+                                                               long head_dim, long rotary_dim, const float *cos,
+                                                               const float *sin) {
+    long half = rotary_dim / 2;
+    for (long r = 0; r < rows; r++) {
+        const float *c = cos + (size_t)r * rotary_dim, *s = sin + (size_t)r * rotary_dim;
+        for (long h = 0; h < heads; h++) {
+            float *p = x + (size_t)r * row_stride + (size_t)h * head_dim;
+            for (long i = 0; i < half; i++) {
+                float a = p[i], b = p[i + half];
+                float lo = a * c[i], lo_rolled = b * s[i];
+                float hi = b * c[i + half], hi_rolled = a * s[i + half];
+                p[i] = lo + lo_rolled;
+                p[i + half] = hi + hi_rolled;
+            }
+        }
     }
 }

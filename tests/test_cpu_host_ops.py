@@ -13,6 +13,7 @@ from kernels import cpu_host_ops
 
 @pytest.fixture(autouse=True)
 def native():
+    cpu_host_ops.set_enabled(True)  # an engine started with --cpu-linear torch in this process turned them off
     if not cpu_host_ops.available():
         pytest.skip("no native build of kernels/host_ops.c here: install a C compiler (apt install gcc)")
 
@@ -45,6 +46,36 @@ def test_silu_mul_matches_torch(shape):
     gate_up = torch.randn(shape) * 4
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(cpu_host_ops.silu_mul(gate_up), F.silu(gate) * up, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_rope_in_place_on_the_qkv_output_is_torch_bit_for_bit(rotary_fraction, rows):
+    """q and k, split by heads from one QKV output, rotated there in place: torch's values exactly (partial rotary
+    leaves the rest of each head alone; v is never touched)."""
+    from engine.layers.rotary import get_rope
+    torch.manual_seed(2)
+    q_heads, kv_heads, head_dim = 4, 2, 16
+    rope = get_rope(head_dim, 128, {"rope_theta": 10000.0, "partial_rotary_factor": rotary_fraction})
+    qkv = torch.randn(rows, (q_heads + 2 * kv_heads) * head_dim)
+    q, k, v = qkv.view(rows, -1, head_dim).split([q_heads, kv_heads, kv_heads], dim=1)
+    positions = torch.arange(rows) * 7 + 3
+    v_before = v.clone()
+    cpu_host_ops.set_enabled(False)
+    try:
+        want_q, want_k = rope(positions, q.clone(), k.clone())
+    finally:
+        cpu_host_ops.set_enabled(True)
+    got_q, got_k = rope(positions, q, k)
+    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()  # in place, in the QKV output
+    assert torch.equal(got_q, want_q) and torch.equal(got_k, want_k) and torch.equal(v, v_before)
+
+
+def test_rope_of_separate_q_and_k_is_left_to_torch():
+    """q and k that are not side by side in one buffer (after per-head norms, say): torch's ops."""
+    q, k = torch.randn(2, 4, 16), torch.randn(2, 2, 16)
+    cos, sin = torch.randn(2, 1, 16), torch.randn(2, 1, 16)
+    assert not cpu_host_ops.rope_(q, k, cos, sin, 16)
 
 
 @pytest.mark.parametrize("case", ["prefill-sized", "bfloat16", "strided", "grad", "disabled", "fake"])

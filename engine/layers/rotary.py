@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.config.model import ROPE_TYPES, ModelConfig
+from kernels import cpu_host_ops
 
 
 def llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict) -> torch.Tensor:
@@ -164,8 +165,11 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hkv, D] rotated at `positions` [T] (or mRoPE's [3, T]), their first rotary_dim
-        dims."""
+        dims. A float32 decode batch on the CPU whose k follows q in the QKV output: rotated there, in place, by one
+        native call (kernels/cpu_host_ops.py) instead of torch's eight ops."""
         cos, sin = self.cos_sin_at(positions)
+        if cpu_host_ops.rope_(q, k, cos, sin, self.rotary_dim):
+            return q, k
         return self._apply(q, cos, sin), self._apply(k, cos, sin)
 
     def _apply(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
