@@ -122,9 +122,9 @@ def _decode(query, k_cache, v_cache, k_scales, v_scales, block_tables, seq_lens,
                 out[row, h_first + i, d] = acc_out[i, d]
 
 
-_decode_kernel = numba.njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)(_decode)
-# nogil: the server's event loop streams tokens while a step's kernels run. The serial build's prange is a range.
-_decode_serial = numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(renamed(_decode, "_decode_serial"))
+_decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_decode)
+# The serial build's prange is a range. Both keep the GIL (kernels/native_build.py says why).
+_decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_decode, "_decode_serial"))
 
 _NO_SINKS = np.empty(0, dtype=np.float32)
 _NO_SCALES = np.ones((1, 1, 1, 1), dtype=np.float32)

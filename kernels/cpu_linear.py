@@ -28,7 +28,6 @@ NATIVE_MAX_ROWS = 32  # the native build still beat F.linear at 48 rows on the 2
 _max_rows = MAX_ROWS  # the loaded kernel's
 PARALLEL_MIN_WORK = 1 << 17  # multiply-adds under which waking numba's pool costs more than it gives
 _backend = "rows"
-NATIVE_CHUNKS_PER_THREAD = 4  # the native driver's chunks of output features per numba thread
 _kernels = None  # (parallel, serial, numba's thread count, native?), loaded at the first row kernel call
 
 
@@ -91,7 +90,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         if native:  # raw pointers: no array conversion per call
             args = (rows.data_ptr(), n_rows, depth, weight.data_ptr(), n_out, out.data_ptr())
             if threads > 1:
-                parallel(*args, NATIVE_CHUNKS_PER_THREAD * threads)
+                parallel(*args, threads)
             else:
                 serial(*args)
         else:

@@ -5,7 +5,8 @@ step's weights stream from memory once, with no packing pass (the BLAS GEMMs' fi
 builds of the same loop:
 - native (`native_kernels`): kernels/rows_gemm.c, built for this CPU by kernels/native_build.py: tiles of 3 weight
   rows by 4 input rows in SIMD registers and the next weight rows prefetched, over raw pointers (no array
-  conversions per call), driven over numba's pool without the GIL;
+  conversions per call), driven over numba's pool, its threads taking chunks of output features
+  first come first served (a preempted thread does not hold up a fixed share);
 - portable (`rows_gemm_parallel` / `rows_gemm_serial`): numba, each weight row times up to eight input rows held in
   registers; where no C compiler is.
 kernels/cpu_linear.py decides when and which runs; their oracle is `F.linear` (tests/test_cpu_linear.py).
@@ -66,43 +67,46 @@ def _rows_gemm(x, w, out):  # pragma: no cover - only ever compiled
             m += 1
 
 
-rows_gemm_parallel = numba.njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)(_rows_gemm)
-rows_gemm_serial = numba.njit(nogil=True, cache=True, fastmath=_FASTMATH)(
+rows_gemm_parallel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_rows_gemm)
+rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(
     renamed(_rows_gemm, "_rows_gemm_serial"))
 
 
 NATIVE_SOURCE = Path(__file__).with_name("rows_gemm.c")
 NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are multiples of it
+CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
 _native = None  # (parallel, serial) once built; False where it cannot be
 
 
 def native_kernels():
     """(parallel, serial) of the native build, both over `(x_ptr, rows, depth, w_ptr, n_out, out_ptr)`
-    (parallel: then the number of chunks), or None where it cannot be built (native_build.why_not says why)."""
+    (parallel: then the number of threads), or None where it cannot be built (native_build.why_not says why)."""
     global _native
     if _native is None:
         library = native_build.load(NATIVE_SOURCE)
-        _native = False if library is None else _drive(library.pagedesk_rows_gemm)
+        _native = False if library is None else _drive(library)
     return _native or None
 
 
-def _drive(gemm):
-    gemm.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long,
-                     ctypes.c_void_p, ctypes.c_long, ctypes.c_long]
-    gemm.restype = None
+def _drive(library):
+    pointer, size = ctypes.c_void_p, ctypes.c_long
+    gemm, chunks = library.pagedesk_rows_gemm, library.pagedesk_rows_gemm_chunks
+    gemm.argtypes = [pointer, size, size, pointer, size, pointer, size, size]
+    chunks.argtypes = [pointer, size, size, pointer, size, pointer, size, pointer]
+    gemm.restype = chunks.restype = None
 
-    def parallel(x, rows, depth, w, n_out, out, chunks):  # pragma: no cover - only ever compiled
-        step = -(-n_out // chunks)
-        step += -step % NATIVE_TILE_ROWS
-        for chunk in numba.prange(chunks):
-            first = chunk * step
-            gemm(x, rows, depth, w, n_out, out, first, min(n_out, first + step))
+    def parallel(x, rows, depth, w, n_out, out, threads):  # pragma: no cover - only ever compiled
+        chunk = max(NATIVE_TILE_ROWS, -(-n_out // (CHUNKS_PER_THREAD * threads)))
+        chunk += -chunk % NATIVE_TILE_ROWS
+        next_chunk = np.zeros(1, np.int64)  # the threads' shared counter
+        for _ in numba.prange(threads):
+            chunks(x, rows, depth, w, n_out, out, chunk, next_chunk.ctypes.data)
 
-    def serial(x, rows, depth, w, n_out, out):  # ctypes lets the GIL go during the call
+    def serial(x, rows, depth, w, n_out, out):
         gemm(x, rows, depth, w, n_out, out, 0, n_out)
 
     # Not cached on disk: the compiled driver holds this process's address of the library's function.
-    return numba.njit(parallel=True, nogil=True)(parallel), serial
+    return numba.njit(parallel=True)(parallel), serial
 
 
 def warm_up(native: bool = False) -> None:

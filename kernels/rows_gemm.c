@@ -1,6 +1,8 @@
 /* out[m, n] = sum_k x[m, k] * w[n, k] for the output features n in [n0, n1): a float32 GEMM for the few rows of a
  * decode step on the CPU, compiled on the user's machine by kernels/native_build.py (-O3 -march=native) and driven
- * in parallel over output features by kernels/cpu_rows_gemm.py. x [M, K], w [N, K] (torch's [out, in]) and
+ * in parallel over output features by kernels/cpu_rows_gemm.py: each of its threads takes chunks of `chunk_rows`
+ * features from a shared counter until none is left, so a thread the OS preempts (the server's event loop, another
+ * program) holds up only the chunk it is in, not a fixed half of the matrix. x [M, K], w [N, K] (torch's [out, in]) and
  * out [M, N] are C-contiguous.
  *
  * Each tile multiplies NW weight rows by MR input rows with NW x MR vector accumulators (12 of the 16 AVX2
@@ -67,4 +69,14 @@ void pagedesk_rows_gemm(const float *x, long M, long K, const float *w, long N, 
     long n = n0;
     for (; n + NW <= n1; n += NW) rows_of(x, M, K, w, N, out, n, NW, n1);
     for (; n < n1; n++) rows_of(x, M, K, w, N, out, n, 1, n1);
+}
+
+/* The features in chunks of chunk_rows taken from *next_chunk (shared by the calling threads, 0 at the start). */
+void pagedesk_rows_gemm_chunks(const float *x, long M, long K, const float *w, long N, float *out, long chunk_rows,
+                               long *next_chunk) {
+    for (;;) {
+        long first = __atomic_fetch_add(next_chunk, 1, __ATOMIC_RELAXED) * chunk_rows;
+        if (first >= N) return;
+        pagedesk_rows_gemm(x, M, K, w, N, out, first, first + chunk_rows < N ? first + chunk_rows : N);
+    }
 }

@@ -65,16 +65,16 @@ def test_rows_match_f_linear(implementation, rows, shape, monkeypatch):
 
 
 def test_native_chunks_cover_every_output_feature():
-    """The parallel driver's chunks (multiples of the tile's weight rows) leave no feature out and none twice,
-    for more chunks than features too."""
+    """The parallel driver's chunks (multiples of the tile's weight rows, taken from a shared counter) leave no
+    feature out and none twice, for more threads than chunks too."""
     native = cpu_rows_gemm.native_kernels()
     if native is None:
         pytest.skip(NO_NATIVE)
     torch.manual_seed(3)
-    for n_out, chunks in [(1, 8), (5, 8), (37, 4), (38, 3), (640, 16)]:
+    for n_out, threads in [(1, 8), (5, 8), (37, 4), (38, 3), (640, 16), (1001, 2)]:
         x, w = torch.randn(3, 24), torch.randn(n_out, 24)
         out = torch.full((3, n_out), float("nan"))
-        native[0](x.data_ptr(), 3, 24, w.data_ptr(), n_out, out.data_ptr(), chunks)
+        native[0](x.data_ptr(), 3, 24, w.data_ptr(), n_out, out.data_ptr(), threads)
         torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
 
 
