@@ -68,8 +68,7 @@ def _rows_gemm(x, w, out):  # pragma: no cover - only ever compiled
 
 
 rows_gemm_parallel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_rows_gemm)
-rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(
-    renamed(_rows_gemm, "_rows_gemm_serial"))
+rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm, "_rows_gemm_serial"))
 
 
 NATIVE_SOURCE = Path(__file__).with_name("rows_gemm.c")
