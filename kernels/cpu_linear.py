@@ -39,6 +39,8 @@ def set_backend(name: str) -> None:
         raise ValueError(f"unknown CPU linear backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if name != _backend:
         _backend, _kernels, _max_rows = name, None, MAX_ROWS
+        if name != "torch":
+            _load_kernels()  # now: the row limit is the loaded kernel's
 
 
 def backend() -> str:

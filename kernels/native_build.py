@@ -101,6 +101,7 @@ def load(source: Path) -> ctypes.CDLL | None:
         except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
             why_not[source.name] = str(exc)
     if library is None:
-        logger.info("%s: the portable kernel runs (%s)", source.name, why_not[source.name])
+        logger.warning("%s: not built for this CPU, the portable kernels run instead (%s)", source.name,
+                       why_not[source.name])
     _loaded[source.name] = library
     return library

@@ -185,6 +185,16 @@ def test_fake_tensors_never_reach_numba(monkeypatch):
     assert out.shape == (2, 8) and seen == []
 
 
+def test_switching_backends_takes_the_new_kernel_s_row_limit_at_once():
+    """A 32-row linear right after switching to the native build runs there, not on numba's 16-row limit."""
+    cpu_linear.set_backend("numba")
+    cpu_linear.set_backend("rows")
+    taken = cpu_linear._rows_ok(torch.randn(32, 8), torch.randn(4, 8))  # before anything else loads the kernels
+    if cpu_linear.implementation() != "native":
+        pytest.skip(NO_NATIVE)
+    assert taken
+
+
 def test_unknown_backend_is_refused():
     with pytest.raises(ValueError, match="rows, numba, torch"):
         cpu_linear.set_backend("mkl")
