@@ -1,5 +1,6 @@
-"""Compiled CPU decode attention that reads K/V in place from the block pool (numba, parallel over
-sequences × KV heads): no per-step gather of every sequence's context, no padding.
+"""Compiled CPU decode attention that reads K/V in place from the block pool (numba, parallel over sequences, and
+over runs of KV heads when there are fewer sequences than threads): no per-step gather of every sequence's context,
+no padding.
 
 Same signature and results (to float tolerance) as `kernels.attention_torch.paged_attention_torch`, which
 stays the oracle. One-token queries (decodes) run here; prefill chunks keep the torch path (one SDPA call
