@@ -3,15 +3,15 @@ into RMSNorm, SiLU(gate) times up, and the rotary embedding of q and k in place.
 several ops whose dispatch costs more than their arithmetic, and more again once the step's weights have streamed
 through the cache (BENCHMARKS.md).
 
-Each function returns None where it does not apply, and the caller runs torch's ops: more than `MAX_ELEMENTS` values
-(prefill chunks, where torch's vectorised, parallel ops win), anything `host_gate.eager_cpu_float32` refuses, a
+Each function returns None where it does not apply, and the caller runs torch's ops: anything
+`host_gate.eager_cpu_float32` refuses (asked first: a card's tensors and a compile's trace leave at once), more
+than `MAX_ELEMENTS` values (prefill chunks, where torch's vectorised, parallel ops win), a
 non-contiguous input, `set_enabled(False)` (the engine's `--cpu-linear torch`: torch's ops everywhere), or no
 native build (no C compiler: kernels/native_build.py). Results equal torch's to float32 rounding (the sum of
 squares runs in another order). Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import torch
@@ -20,8 +20,10 @@ from kernels import native_build
 from kernels.host_gate import eager_cpu_float32
 
 SOURCE = Path(__file__).with_name("host_ops.c")
+_P, _N, _F = native_build.POINTER, native_build.SIZE, native_build.FLOAT
+FUNCTIONS = {"pagedesk_rms_norm": [_P, _P, _P, _F, _F, _N, _N, _P, _P], "pagedesk_silu_mul": [_P, _N, _N, _P],
+             "pagedesk_rope": [_P, _N, _N, _N, _N, _N, _P, _P]}
 MAX_ELEMENTS = 32 * 8192  # decode batches of a wide model; a prefill chunk goes to torch
-_library = None  # loaded at the first call; False where there is no native build
 _enabled = True
 
 
@@ -30,49 +32,51 @@ def set_enabled(on: bool) -> None:
     _enabled = on
 
 
-def _load():
-    global _library
-    library = native_build.load(SOURCE)
-    if library is not None:
-        pointer, size, real = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-        library.pagedesk_rms_norm.argtypes = [pointer, pointer, pointer, real, real, size, size, pointer, pointer]
-        library.pagedesk_silu_mul.argtypes = [pointer, size, size, pointer]
-        library.pagedesk_rope.argtypes = [pointer, size, size, size, size, size, pointer, pointer]
-        library.pagedesk_rms_norm.restype = library.pagedesk_silu_mul.restype = library.pagedesk_rope.restype = None
-    _library = library or False
-    return library
+def _native():
+    """The built library (native_build keeps it per process), None without one or while turned off."""
+    return native_build.load(SOURCE, FUNCTIONS) if _enabled else None
 
 
 def available() -> bool:
-    return _enabled and bool(_library if _library is not None else _load())
+    return _native() is not None
+
+
+def warm_up() -> None:
+    """Build (or find in the cache) and load the library now, not in the first request."""
+    _native()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
              offset: float = 0.0) -> tuple[torch.Tensor, torch.Tensor | None] | None:
     """(RMSNorm(s) * (weight + offset), s) with s = x + residual (s None without a residual), or None."""
-    if not (_enabled and x.numel() <= MAX_ELEMENTS and x.is_contiguous() and weight.is_contiguous()
-            and (residual is None or (residual.is_contiguous() and residual.shape == x.shape))
-            and eager_cpu_float32(x, weight, *(() if residual is None else (residual,)))
-            and (_library or (_library is None and _load()))):
+    if not (eager_cpu_float32(x, weight, *(() if residual is None else (residual,)))
+            and x.numel() <= MAX_ELEMENTS and x.is_contiguous() and weight.is_contiguous()
+            and (residual is None or (residual.is_contiguous() and residual.shape == x.shape))):
+        return None
+    library = _native()
+    if library is None:
         return None
     n = x.shape[-1]
     out = torch.empty_like(x)
     total = None if residual is None else torch.empty_like(x)
-    _library.pagedesk_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
-                               offset, eps, x.numel() // n if n else 0, n, out.data_ptr(),
-                               None if total is None else total.data_ptr())
+    library.pagedesk_rms_norm(x.data_ptr(), None if residual is None else residual.data_ptr(), weight.data_ptr(),
+                              offset, eps, x.numel() // n if n else 0, n, out.data_ptr(),
+                              None if total is None else total.data_ptr())
     return out, total
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up of a [..., 2 * width] tensor (gate first), or None."""
-    if not (_enabled and gate_up.numel() <= 2 * MAX_ELEMENTS and gate_up.is_contiguous() and gate_up.shape[-1] % 2 == 0
-            and eager_cpu_float32(gate_up) and (_library or (_library is None and _load()))):
+    if not (eager_cpu_float32(gate_up) and gate_up.numel() <= 2 * MAX_ELEMENTS and gate_up.is_contiguous()
+            and gate_up.shape[-1] % 2 == 0):
+        return None
+    library = _native()
+    if library is None:
         return None
     width = gate_up.shape[-1] // 2
     out = torch.empty((*gate_up.shape[:-1], width), dtype=torch.float32)
-    _library.pagedesk_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * width) if width else 0, width,
-                               out.data_ptr())
+    library.pagedesk_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * width) if width else 0, width,
+                              out.data_ptr())
     return out
 
 
@@ -80,14 +84,18 @@ def rope_(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     """Rotate q [T, Hq, D] and k [T, Hkv, D] in place by cos and sin [T, 1, rotary_dim] (rotary.py's layout) when k's
     heads follow q's in one buffer (the QKV projection's output split by heads): True when done, else False and
     nothing changed."""
+    if not eager_cpu_float32(q, k, cos, sin):
+        return False
     rows, q_heads, head_dim = q.shape
-    if not (_enabled and q.numel() <= MAX_ELEMENTS and q.stride(2) == 1 and q.stride(1) == head_dim
+    if not (q.numel() <= MAX_ELEMENTS and q.stride(2) == 1 and q.stride(1) == head_dim
             and k.stride() == q.stride() and k.shape[0] == rows and k.shape[2] == head_dim
             and k.data_ptr() == q.data_ptr() + 4 * q_heads * head_dim and rotary_dim % 2 == 0
             and cos.is_contiguous() and sin.is_contiguous() and cos.shape[-1] == rotary_dim
-            and cos.numel() == rows * rotary_dim and eager_cpu_float32(q, k, cos, sin)
-            and (_library or (_library is None and _load()))):
+            and cos.numel() == rows * rotary_dim):
         return False
-    _library.pagedesk_rope(q.data_ptr(), rows, q.stride(0), q_heads + k.shape[1], head_dim, rotary_dim,
-                           cos.data_ptr(), sin.data_ptr())
+    library = _native()
+    if library is None:
+        return False
+    library.pagedesk_rope(q.data_ptr(), rows, q.stride(0), q_heads + k.shape[1], head_dim, rotary_dim,
+                          cos.data_ptr(), sin.data_ptr())
     return True

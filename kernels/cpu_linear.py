@@ -71,8 +71,10 @@ def implementation() -> str:
 
 
 def _rows_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (_backend != "torch" and x.dim() >= 1 and x.numel() <= _max_rows * x.shape[-1] and weight.dim() == 2
-            and weight.stride(1) == 1 and weight.stride(0) == weight.shape[1] and eager_cpu_float32(x, weight))
+    # The gate first: a card's tensors and a compile's trace leave before any shape is asked (no guard on it).
+    return (_backend != "torch" and eager_cpu_float32(x, weight) and x.dim() >= 1
+            and x.numel() <= _max_rows * x.shape[-1] and weight.dim() == 2 and weight.stride(1) == 1
+            and weight.stride(0) == weight.shape[1])
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

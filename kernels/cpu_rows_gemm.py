@@ -14,7 +14,6 @@ Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import numba
@@ -74,6 +73,9 @@ rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm
 NATIVE_SOURCE = Path(__file__).with_name("rows_gemm.c")
 NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are multiples of it
 CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
+_P, _N = native_build.POINTER, native_build.SIZE
+NATIVE_FUNCTIONS = {"pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
+                    "pagedesk_rows_gemm_chunks": [_P, _N, _N, _P, _N, _P, _N, _P]}
 _native = None  # (parallel, serial) once built; False where it cannot be
 
 
@@ -82,17 +84,13 @@ def native_kernels():
     (parallel: then the number of threads), or None where it cannot be built (native_build.why_not says why)."""
     global _native
     if _native is None:
-        library = native_build.load(NATIVE_SOURCE)
+        library = native_build.load(NATIVE_SOURCE, NATIVE_FUNCTIONS)
         _native = False if library is None else _drive(library)
     return _native or None
 
 
 def _drive(library):
-    pointer, size = ctypes.c_void_p, ctypes.c_long
     gemm, chunks = library.pagedesk_rows_gemm, library.pagedesk_rows_gemm_chunks
-    gemm.argtypes = [pointer, size, size, pointer, size, pointer, size, size]
-    chunks.argtypes = [pointer, size, size, pointer, size, pointer, size, pointer]
-    gemm.restype = chunks.restype = None
 
     def parallel(x, rows, depth, w, n_out, out, threads):  # pragma: no cover - only ever compiled
         chunk = max(NATIVE_TILE_ROWS, -(-n_out // (CHUNKS_PER_THREAD * threads)))

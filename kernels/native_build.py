@@ -28,7 +28,8 @@ logger = logging.getLogger(__name__)
 
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC")
 BUILD_TIMEOUT_S = 120.0
-_loaded: dict[str, ctypes.CDLL | None] = {}
+POINTER, SIZE, FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float  # the argument types `load` declares
+_loaded: dict[Path, ctypes.CDLL | None] = {}
 why_not: dict[str, str] = {}  # source name -> why it has no native build in this process
 
 
@@ -86,11 +87,11 @@ def build(source: Path, compiler: str) -> Path:
     return target
 
 
-def load(source: Path) -> ctypes.CDLL | None:
-    """`source` built (or found in the cache) and loaded, once per process; None, with `why_not[source.name]`,
-    where it cannot be."""
-    if source.name in _loaded:
-        return _loaded[source.name]
+def load(source: Path, functions: dict[str, list]) -> ctypes.CDLL | None:
+    """`source` built (or found in the cache) and loaded, once per process, its `functions` declared (name ->
+    argument types; they return nothing); None, with `why_not[source.name]`, where it cannot be."""
+    if source in _loaded:
+        return _loaded[source]
     library = None
     compiler = find_compiler()
     if compiler is None:
@@ -98,10 +99,13 @@ def load(source: Path) -> ctypes.CDLL | None:
     else:
         try:
             library = ctypes.PyDLL(str(build(source, compiler)))
-        except (OSError, RuntimeError, subprocess.SubprocessError) as exc:
-            why_not[source.name] = str(exc)
+            for name, argtypes in functions.items():
+                function = getattr(library, name)
+                function.argtypes, function.restype = argtypes, None
+        except (OSError, RuntimeError, AttributeError, subprocess.SubprocessError) as exc:
+            library, why_not[source.name] = None, str(exc)
     if library is None:
         logger.warning("%s: not built for this CPU, the portable kernels run instead (%s)", source.name,
                        why_not[source.name])
-    _loaded[source.name] = library
+    _loaded[source] = library
     return library

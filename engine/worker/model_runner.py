@@ -224,7 +224,7 @@ class ModelRunner:
         cpu_linear.set_backend(name)
         cpu_linear.warm_up()
         cpu_host_ops.set_enabled(name != "torch")
-        cpu_host_ops.available()  # built (or found in the cache) now, not in the first request
+        cpu_host_ops.warm_up()
 
     def compile_cpu_forward(self) -> None:
         """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""
