@@ -26,7 +26,7 @@ BACKENDS = ("rows", "numba", "torch")
 MAX_ROWS = 16  # numba's kernel: the weight is read twice at 16 rows, still less than the BLAS's pack and read
 NATIVE_MAX_ROWS = 32  # the native build still beat F.linear at 48 rows on the 2-core AMD machine: a margin kept
 _max_rows = MAX_ROWS  # the loaded kernel's
-PARALLEL_MIN_WORK = 1 << 17  # multiply-adds under which waking numba's pool costs more than it gives
+PARALLEL_MIN_WORK = 1 << 17  # multiply-adds under which waking a thread pool costs more than it gives
 _backend = "rows"
 _kernels = None  # (parallel, serial, numba's thread count, native?), loaded at the first row kernel call
 

@@ -5,8 +5,9 @@ step's weights stream from memory once, with no packing pass (the BLAS GEMMs' fi
 builds of the same loop:
 - native (`native_kernels`): kernels/rows_gemm.c, built for this CPU by kernels/native_build.py: tiles of 3 weight
   rows by 4 input rows in SIMD registers and the next weight rows prefetched, over raw pointers (no array
-  conversions per call), driven over numba's pool, its threads taking chunks of output features
-  first come first served (a preempted thread does not hold up a fixed share);
+  conversions per call), on the library's own thread pool, whose threads take chunks of output features first
+  come first served and whose caller waits for the chunks, not for the threads (a preempted worker holds up
+  nothing);
 - portable (`rows_gemm_parallel` / `rows_gemm_serial`): numba, each weight row times up to eight input rows held in
   registers; where no C compiler is.
 kernels/cpu_linear.py decides when and which runs; their oracle is `F.linear` (tests/test_cpu_linear.py).
@@ -75,7 +76,7 @@ NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are m
 CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
 _P, _N = native_build.POINTER, native_build.SIZE
 NATIVE_FUNCTIONS = {"pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
-                    "pagedesk_rows_gemm_chunks": [_P, _N, _N, _P, _N, _P, _N, _P]}
+                    "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N]}
 _native = None  # (parallel, serial) once built; False where it cannot be
 
 
@@ -90,20 +91,16 @@ def native_kernels():
 
 
 def _drive(library):
-    gemm, chunks = library.pagedesk_rows_gemm, library.pagedesk_rows_gemm_chunks
+    gemm, gemm_parallel = library.pagedesk_rows_gemm, library.pagedesk_rows_gemm_parallel
 
-    def parallel(x, rows, depth, w, n_out, out, threads):  # pragma: no cover - only ever compiled
+    def parallel(x, rows, depth, w, n_out, out, threads):
         chunk = max(NATIVE_TILE_ROWS, -(-n_out // (CHUNKS_PER_THREAD * threads)))
-        chunk += -chunk % NATIVE_TILE_ROWS
-        next_chunk = np.zeros(1, np.int64)  # the threads' shared counter
-        for _ in numba.prange(threads):
-            chunks(x, rows, depth, w, n_out, out, chunk, next_chunk.ctypes.data)
+        gemm_parallel(x, rows, depth, w, n_out, out, chunk + -chunk % NATIVE_TILE_ROWS, threads)
 
     def serial(x, rows, depth, w, n_out, out):
         gemm(x, rows, depth, w, n_out, out, 0, n_out)
 
-    # Not cached on disk: the compiled driver holds this process's address of the library's function.
-    return numba.njit(parallel=True)(parallel), serial
+    return parallel, serial
 
 
 def warm_up(native: bool = False) -> None:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-FLAGS = ("-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_S = 120.0
 POINTER, SIZE, FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float  # the argument types `load` declares
 _loaded: dict[Path, ctypes.CDLL | None] = {}

@@ -64,18 +64,61 @@ def test_rows_match_f_linear(implementation, rows, shape, monkeypatch):
     assert seen == [wanted]
 
 
-def test_native_chunks_cover_every_output_feature():
-    """The parallel driver's chunks (multiples of the tile's weight rows, taken from a shared counter) leave no
-    feature out and none twice, for more threads than chunks too."""
+def native_or_skip():
     native = cpu_rows_gemm.native_kernels()
     if native is None:
         pytest.skip(NO_NATIVE)
+    return native
+
+
+def test_native_chunks_cover_every_output_feature():
+    """The parallel driver's chunks (multiples of the tile's weight rows, taken from a shared counter) leave no
+    feature out and none twice, for more threads than chunks too."""
+    native = native_or_skip()
     torch.manual_seed(3)
     for n_out, threads in [(1, 8), (5, 8), (37, 4), (38, 3), (640, 16), (1001, 2)]:
         x, w = torch.randn(3, 24), torch.randn(n_out, 24)
         out = torch.full((3, n_out), float("nan"))
         native[0](x.data_ptr(), 3, 24, w.data_ptr(), n_out, out.data_ptr(), threads)
         torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def test_native_pool_runs_jobs_back_to_back():
+    """The pool's jobs one after another, as a step's linears come (its workers spinning or asleep between them,
+    a late one finding the job done): every result whole, whatever the sizes and thread counts before it."""
+    parallel = native_or_skip()[0]
+    generator = torch.Generator().manual_seed(4)
+    for call in range(300):
+        rows = int(torch.randint(1, 9, (1,), generator=generator))
+        n_out = int(torch.randint(1, 700, (1,), generator=generator))
+        x, w = torch.randn(rows, 40, generator=generator), torch.randn(n_out, 40, generator=generator)
+        out = torch.full((rows, n_out), float("nan"))
+        parallel(x.data_ptr(), rows, 40, w.data_ptr(), n_out, out.data_ptr(), 2 + call % 3)
+        torch.testing.assert_close(out, F.linear(x, w), atol=1e-4, rtol=1e-4)
+
+
+def _forked_child_gemm(x, w, expected, ok) -> None:
+    # Only the kernel and a small compare: a forked child of a process whose OpenMP pools ran must not start them.
+    out = torch.empty(expected.shape)
+    cpu_rows_gemm.native_kernels()[0](x.data_ptr(), x.shape[0], x.shape[1], w.data_ptr(), w.shape[0], out.data_ptr(), 2)
+    ok.value = bool((out - expected).abs().max() < 1e-4)
+
+
+def test_native_pool_works_in_a_forked_child():
+    """A child forked after the parent's pool started has none of its workers: it starts its own (no hang)."""
+    import multiprocessing
+
+    parallel = native_or_skip()[0]
+    x, w, out = torch.randn(2, 64), torch.randn(999, 64), torch.empty(2, 999)
+    parallel(x.data_ptr(), 2, 64, w.data_ptr(), 999, out.data_ptr(), 2)
+    context = multiprocessing.get_context("fork")
+    ok = context.Value("b", False)
+    child = context.Process(target=_forked_child_gemm, args=(x, w, F.linear(x, w), ok))
+    child.start()
+    child.join(timeout=120)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0 and ok.value
 
 
 FAKE_CC = "#!/bin/sh\nif [ \"$1\" = --version ]; then echo fake-cc 1.0; exit 0; fi\n" \
