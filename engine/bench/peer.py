@@ -147,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine-args", default="", help="more pagedesk-serve flags, one string")
     parser.add_argument("--engine-threads", type=int,
                         help="our server's compute threads (torch and numba; default: the thread budget, every core)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="llama.cpp's server then ours, this many times over (each started afresh): every cell "
+                             "is the median, and the ratio the median of the rounds' ratios (a shared machine "
+                             "drifts by 2x within minutes; one round compares two moments)")
     args = parser.parse_args(argv)
     from engine.bench.random_model import PEER_LLAMA, PEER_WIDE, make_random_llama
 
@@ -165,20 +169,34 @@ def main(argv: list[str] | None = None) -> None:
         from transformers import AutoConfig
         vocab = AutoConfig.from_pretrained(model).vocab_size
         common = (args.streams, args.prompt_len, args.tokens, vocab)
-        theirs = side_by_side("llama-server", lambda port: start_llama(
-            args.llama_server, gguf, port, ctx, slots, shlex.split(args.llama_args)), *common)
-        ours = side_by_side("pagedesk-serve", lambda port: start_ours(
-            model, port, ctx, slots, shlex.split(args.engine_args), args.engine_threads), *common)
+        rounds = []
+        for _ in range(max(1, args.rounds)):
+            theirs = side_by_side("llama-server", lambda port: start_llama(
+                args.llama_server, gguf, port, ctx, slots, shlex.split(args.llama_args)), *common)
+            ours = side_by_side("pagedesk-serve", lambda port: start_ours(
+                model, port, ctx, slots, shlex.split(args.engine_args), args.engine_threads), *common)
+            rounds.append((theirs, ours))
+    print_table(model.name, args, rounds)
+
+
+def print_table(name: str, args, rounds: list[tuple[dict, dict]]) -> None:
+    """The table over the rounds: each cell the median of its rounds, each ratio the median of the rounds'."""
+    median = lambda side, key: statistics.median(r[side][key] for r in rounds)  # noqa: E731
     rows = [("batch-1 decode, tok/s", "decode", "{:,.0f}")]
     rows += [(f"{s} concurrent stream{'s' if s > 1 else ''}, total tok/s", s, "{:,.0f}") for s in args.streams]
-    print(f"\n{model.name}{' (wide)' if args.wide else ''}: prompts of {args.prompt_len} token ids, {args.tokens} "
-          f"tokens per stream, greedy, EOS ignored; {os.cpu_count()} cores\n")
+    print(f"\n{name}{' (wide)' if args.wide else ''}: prompts of {args.prompt_len} token ids, {args.tokens} "
+          f"tokens per stream, greedy, EOS ignored; {os.cpu_count()} cores"
+          + (f"; medians of {len(rounds)} rounds, the servers alternating" if len(rounds) > 1 else "") + "\n")
     print("| | llama.cpp's server | PagedDesk | ratio |")
     print("|---|---:|---:|---:|")
     for label, key, fmt in rows:
-        print(f"| {label} | {fmt.format(theirs[key])} | {fmt.format(ours[key])} | {ours[key] / theirs[key]:.2f}× |")
-    print(f"| TTFT (batch 1) | {1e3 * theirs['ttft']:.0f} ms | {1e3 * ours['ttft']:.0f} ms | |")
-
+        ratio = statistics.median(ours[key] / theirs[key] for theirs, ours in rounds)
+        print(f"| {label} | {fmt.format(median(0, key))} | {fmt.format(median(1, key))} | {ratio:.2f}× |")
+    print(f"| TTFT (batch 1) | {1e3 * median(0, 'ttft'):.0f} ms | {1e3 * median(1, 'ttft'):.0f} ms | |")
+    if len(rounds) > 1:
+        for i, (theirs, ours) in enumerate(rounds, 1):
+            print(f"round {i}: " + ", ".join(f"{label.split(',')[0]} {theirs[key]:.0f} / {ours[key]:.0f}"
+                                              for label, key, _ in rows))
 
 if __name__ == "__main__":
     main()
