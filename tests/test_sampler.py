@@ -95,6 +95,35 @@ def llm(llama_dir):
     return LLM(str(llama_dir), device="cpu", seed=0)
 
 
+def test_host_argmax_is_torch_s_on_ties_nan_and_greedy_rows():
+    """numpy's argmax on the CPU's float32 logits (sampler.host_argmax_applies) gives torch's ids: the first of
+    equal maxima, a NaN as the maximum; greedy rows with and without logprobs come out the same under a dispatch
+    mode (torch's path) as without it."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from engine.sample.sampler import host_argmax_applies
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    torch.manual_seed(5)
+    logits = torch.randn(6, 300)
+    logits[1, 7] = logits[1, 250] = 99.0  # a tie: the first wins
+    logits[2] = 1.0  # every token equal
+    logits[3, 40] = float("nan")
+    logits[4, 41] = float("inf")
+    assert host_argmax_applies(logits) and not host_argmax_applies(logits.double())
+    assert torch.equal(torch.from_numpy(logits.numpy().argmax(axis=-1)), logits.argmax(dim=-1))
+    rows = [row(temperature=0.0, logprobs=k) for k in (None, 0, 2, None, 1, None)]
+    host = sample(logits, rows, torch.Generator().manual_seed(0))
+    with Watch():
+        assert not host_argmax_applies(logits)
+        reference = sample(logits, rows, torch.Generator().manual_seed(0))
+    assert host.token_ids == reference.token_ids == logits.argmax(dim=-1).tolist()
+
+
+
 def test_seed_is_independent_of_batch_composition(llm):
     seeded = SamplingParams(temperature=1.0, seed=1234, max_tokens=24)
     alone = llm.generate(["Hello there"], seeded, use_tqdm=False)[0].outputs[0].token_ids
