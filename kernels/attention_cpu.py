@@ -7,7 +7,9 @@ stays the oracle. One-token queries (decodes) run here; prefill chunks keep the 
 per chunk, where the gather is paid once per chunk). Integer caches (int8, packed int4) are read in place too, each
 value times its group's scale (`_kv`, resolved per cache dtype when numba compiles, so the float32 path carries
 none of it). Caches numba cannot read (FP8, bfloat16) and non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
-(BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change.
+(BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change. A float32
+cache's decodes run the native build instead (kernels/decode_attention.c: SIMD dots, an online softmax, on the
+thread pool the native linears use) where a C compiler built it and `set_native` left it on.
 Imports nothing of ours outside kernels/; runs on the pool kernels/numba_pool.py picks.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 from numba.extending import overload
 
 from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
+from kernels import native_kernels
 from kernels.kv_int_torch import is_int_kv
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 
@@ -126,6 +129,25 @@ _decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_deco
 # The serial build's prange is a range. Both keep the GIL (kernels/native_build.py says why).
 _decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_decode, "_decode_serial"))
 
+_native_on = True
+
+
+def set_native(on: bool) -> None:
+    """Whether float32 caches take the native kernel (the engine's `--cpu-linear rows`, the default) or numba's."""
+    global _native_on
+    _native_on = on
+
+
+def _native_decode(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: np.ndarray):
+    """The native kernel where it can read these caches and tables: float32, the same strides, contiguous head
+    dims, int32 tables; else None (numba's runs)."""
+    if not _native_on or k_cache.dtype != torch.float32 or k_cache.stride() != v_cache.stride() or \
+            k_cache.stride(3) != 1 or tables.dtype != np.int32 or not tables.flags.c_contiguous:
+        return None
+    library = native_kernels.library()
+    return None if library is None else library.pagedesk_decode_attention
+
+
 _NO_SINKS = np.empty(0, dtype=np.float32)
 _NO_SCALES = np.ones((1, 1, 1, 1), dtype=np.float32)
 
@@ -177,6 +199,27 @@ def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarra
     return k_cache.numpy(), v_cache.numpy()
 
 
+def _run_native(native, query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads,
+                out_array, caches) -> None:
+    sink_values = None if sinks is None else sinks.detach().float().contiguous()
+    tables = layout.decode_tables
+    native(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), query.shape[1], k_cache.shape[2], query.shape[2],
+           k_cache.shape[1], *k_cache.stride()[:3], tables.ctypes.data, tables.shape[1], layout.decode_lens.ctypes.data,
+           layout.decode_rows.ctypes.data, layout.decode.size, float(scale), window, float(soft_cap or 0.0),
+           None if sink_values is None else sink_values.data_ptr(),
+           heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array.ctypes.data, threads)
+
+
+def _run_numba(native, query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads,
+               out_array, caches) -> None:
+    kernel = _decode_kernel if threads > 1 else _decode_serial
+    k_array, v_array = caches or (k_cache.numpy(), v_cache.numpy())
+    kernel(query.numpy(), k_array, v_array, _scales(k_cache, k_scale), _scales(v_cache, v_scale),
+           layout.decode_tables, layout.decode_lens, layout.decode_rows, np.float32(scale), window,
+           np.float32(soft_cap or 0.0), _NO_SINKS if sinks is None else sinks.detach().float().numpy(),
+           heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array)
+
+
 def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                         block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                         scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None, *,
@@ -198,13 +241,11 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     if decode.size:
         window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
         work = int(np.minimum(layout.decode_lens, window).sum()) * query.shape[1] * query.shape[2] * 2
-        threads = numba.get_num_threads()
-        kernel = _decode_kernel if work >= PARALLEL_MIN_WORK and threads > 1 else _decode_serial
-        k_array, v_array = caches or (k_cache.numpy(), v_cache.numpy())
-        kernel(query.contiguous().numpy(), k_array, v_array, _scales(k_cache, k_scale), _scales(v_cache, v_scale),
-               layout.decode_tables, layout.decode_lens, layout.decode_rows, np.float32(scale), window,
-               np.float32(soft_cap or 0.0), _NO_SINKS if sinks is None else sinks.detach().float().numpy(),
-               heads_per_item(k_cache.shape[2], decode.size, threads if kernel is _decode_kernel else 1), out_array)
+        threads = numba.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+        native = _native_decode(k_cache, v_cache, layout.decode_tables)
+        run = _run_native if native is not None else _run_numba
+        run(native, query.contiguous(), k_cache, v_cache, k_scale, v_scale, layout, scale,
+            min(window, int(layout.decode_lens.max())), soft_cap, sinks, threads, out_array, caches)
     if decode.size < len(layout.starts) - 1:
         prefill_attention_torch(query, k_cache, v_cache, block_tables, layout.seq_lens.tolist(),
                                 layout.starts.tolist(), scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks,

@@ -15,12 +15,11 @@ Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import numba
 import numpy as np
 
-from kernels import native_build
+from kernels import native_kernels as native_library
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -71,21 +70,19 @@ rows_gemm_parallel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_
 rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm, "_rows_gemm_serial"))
 
 
-NATIVE_SOURCE = Path(__file__).with_name("rows_gemm.c")
+NATIVE_SOURCE = native_library.SOURCES  # the GEMM with the pool (and the attention) it shares
 NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are multiples of it
 CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
-_P, _N = native_build.POINTER, native_build.SIZE
-NATIVE_FUNCTIONS = {"pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
-                    "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N]}
 _native = None  # (parallel, serial) once built; False where it cannot be
 
 
 def native_kernels():
     """(parallel, serial) of the native build, both over `(x_ptr, rows, depth, w_ptr, n_out, out_ptr)`
-    (parallel: then the number of threads), or None where it cannot be built (native_build.why_not says why)."""
+    (parallel: then the number of threads), or None where it cannot be built (kernels/native_build.py's `why_not`
+    says why)."""
     global _native
     if _native is None:
-        library = native_build.load(NATIVE_SOURCE, NATIVE_FUNCTIONS)
+        library = native_library.library()
         _native = False if library is None else _drive(library)
     return _native or None
 

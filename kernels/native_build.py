@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 FLAGS = ("-O3", "-march=native", "-std=gnu11", "-shared", "-fPIC", "-pthread")
 BUILD_TIMEOUT_S = 120.0
 POINTER, SIZE, FLOAT = ctypes.c_void_p, ctypes.c_long, ctypes.c_float  # the argument types `load` declares
-_loaded: dict[Path, ctypes.CDLL | None] = {}
+_loaded: dict[Path | tuple[Path, ...], ctypes.CDLL | None] = {}
 why_not: dict[str, str] = {}  # source name -> why it has no native build in this process
 
 
@@ -62,12 +62,13 @@ def _compiler_version(compiler: str) -> str:
     return done.stdout
 
 
-def build(source: Path, compiler: str) -> Path:
-    """The library built from `source` for this CPU, from the cache when it is there; raises with the compiler's
-    message when the build fails."""
-    text = source.read_bytes()
-    key = hashlib.sha256(b"\0".join([text, _compiler_version(compiler).encode(), " ".join(FLAGS).encode(),
-                                     cpu_features().encode()])).hexdigest()[:20]
+def build(source: Path | tuple[Path, ...], compiler: str) -> Path:
+    """The library built from `source` (one C file, or several linked into one library, named after the first)
+    for this CPU, from the cache when it is there; raises with the compiler's message when the build fails."""
+    sources = (source,) if isinstance(source, Path) else tuple(source)
+    source = sources[0]
+    key = hashlib.sha256(b"\0".join([*(s.read_bytes() for s in sources), _compiler_version(compiler).encode(),
+                                     " ".join(FLAGS).encode(), cpu_features().encode()])).hexdigest()[:20]
     folder = cache_dir()
     target = folder / f"{source.stem}-{key}.so"
     if target.is_file():
@@ -76,7 +77,7 @@ def build(source: Path, compiler: str) -> Path:
     fd, partial = tempfile.mkstemp(prefix=f".{source.stem}-", suffix=".so", dir=folder)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", partial], capture_output=True, text=True,
+        done = subprocess.run([compiler, *FLAGS, *map(str, sources), "-o", partial], capture_output=True, text=True,
                               timeout=BUILD_TIMEOUT_S)
         if done.returncode != 0:
             raise RuntimeError(f"{Path(compiler).name} failed on {source.name}: {done.stderr.strip()[-800:]}")
@@ -87,18 +88,20 @@ def build(source: Path, compiler: str) -> Path:
     return target
 
 
-def load(source: Path, functions: dict[str, list]) -> ctypes.CDLL | None:
-    """`source` built (or found in the cache) and loaded, once per process, its `functions` declared (name ->
-    argument types; they return nothing); None, with `why_not[source.name]`, where it cannot be."""
+def load(source: Path | tuple[Path, ...], functions: dict[str, list]) -> ctypes.CDLL | None:
+    """`source` (one C file or several, as `build` takes them) built (or found in the cache) and loaded, once per
+    process, its `functions` declared (name -> argument types; they return nothing); None, with
+    `why_not[name of the first source]`, where it cannot be."""
     if source in _loaded:
         return _loaded[source]
+    key, source = source, source if isinstance(source, Path) else source[0]
     library = None
     compiler = find_compiler()
     if compiler is None:
         why_not[source.name] = "no C compiler (set CC, or install gcc)"
     else:
         try:
-            library = ctypes.PyDLL(str(build(source, compiler)))
+            library = ctypes.PyDLL(str(build(key, compiler)))
             for name, argtypes in functions.items():
                 function = getattr(library, name)
                 function.argtypes, function.restype = argtypes, None
@@ -107,5 +110,5 @@ def load(source: Path, functions: dict[str, list]) -> ctypes.CDLL | None:
     if library is None:
         logger.warning("%s: not built for this CPU, the portable kernels run instead (%s)", source.name,
                        why_not[source.name])
-    _loaded[source] = library
+    _loaded[key] = library
     return library

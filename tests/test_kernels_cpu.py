@@ -1,8 +1,9 @@
 """The compiled CPU attention (kernels/attention_cpu.py) against the torch oracle it replaces on CPU.
 
 Batches from kernels/paged_batch.py (shuffled blocks, NaN in every slot no sequence owns, so reading
-outside a sequence's blocks shows up as NaN). Decodes go through the numba kernel, prefill chunks through
-the torch path; caches numba cannot read fall back to the oracle whole.
+outside a sequence's blocks shows up as NaN). Decodes go through the numba kernel or, every test again, the
+native build of a float32 cache's (kernels/decode_attention.c); prefill chunks through the torch path; caches
+numba cannot read fall back to the oracle whole.
 """
 from __future__ import annotations
 
@@ -14,6 +15,23 @@ from kernels.attention_torch import paged_attention_torch, write_kv_cache_torch
 from kernels.paged_batch import free_blocks_behind_window, make_paged_batch
 
 MIXED = ([1, 7, 1, 1, 20, 1], [1, 30, 45, 17, 33, 64])  # decode at position 0, decodes across blocks, chunks
+NUMBA_ONLY = pytest.mark.numba_only  # a test of numba's builds themselves: run once, on numba's
+
+
+@pytest.fixture(autouse=True, params=["numba", "native"])
+def decode_kernel(request):
+    """Every test on numba's decode kernel and on the native one (float32 caches; integer ones stay on numba's)."""
+    import kernels.attention_cpu as attention_cpu
+    from kernels import native_kernels
+
+    native = request.param == "native"
+    if native and request.node.get_closest_marker("numba_only"):
+        pytest.skip("a test of numba's builds")
+    if native and native_kernels.library() is None:
+        pytest.skip("no native build here: install a C compiler (apt install gcc)")
+    attention_cpu.set_native(native)
+    yield request.param
+    attention_cpu.set_native(True)
 
 
 def both(batch, scale=0.125, sliding_window=None):
@@ -83,6 +101,7 @@ def test_window_never_reads_blocks_freed_behind_it():
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@NUMBA_ONLY
 @pytest.mark.parametrize("min_work", [0, 1 << 40], ids=["parallel", "serial"])
 def test_serial_and_parallel_builds_both_match_the_oracle(monkeypatch, min_work):
     """Small decode batches run the kernel on the calling thread, large ones on numba's pool: same results."""
@@ -99,6 +118,7 @@ def test_serial_and_parallel_builds_both_match_the_oracle(monkeypatch, min_work)
     assert calls == [want]
 
 
+@NUMBA_ONLY
 @pytest.mark.parametrize("kv_cache_dtype", ["auto", "int8"])
 def test_engine_start_compiles_the_decode_kernel_for_its_caches(llama_dir, kv_cache_dtype):
     """The engine compiles both builds for its layers' cache arrays (a view of the block pool; int8 with scale

@@ -47,7 +47,7 @@ from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
 from engine.worker.step_inputs import ModelRunnerOutput, StepInputs
-from kernels import cpu_host_ops, cpu_linear
+from kernels import attention_cpu, cpu_host_ops, cpu_linear
 
 
 def draft_token_rows(inputs: StepInputs, spec) -> np.ndarray:
@@ -218,13 +218,15 @@ class ModelRunner:
         return keep_dequantized(self.model, budget_bytes, self.dtype)
 
     def set_cpu_linear(self, name: str) -> None:
-        """--cpu-linear: how this process's float32 CPU linears run (kernels/cpu_linear.py), and whether a decode
-        batch's norms and activations take their fused native calls (kernels/cpu_host_ops.py; not under "torch");
+        """--cpu-linear: how this process's float32 CPU linears run (kernels/cpu_linear.py), whether a decode
+        batch's norms and activations take their fused native calls (kernels/cpu_host_ops.py; not under "torch"),
+        and whether its float32 attention takes the native kernel (kernels/decode_attention.c; under "rows");
         compiled now."""
         cpu_linear.set_backend(name)
         cpu_linear.warm_up()
         cpu_host_ops.set_enabled(name != "torch")
         cpu_host_ops.warm_up()
+        attention_cpu.set_native(name == "rows")  # the native decode attention shares the linears' library
 
     def compile_cpu_forward(self) -> None:
         """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""

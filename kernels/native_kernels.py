@@ -1,0 +1,27 @@
+"""The native library of a CPU decode step's parallel kernels: the row GEMM of the linears (kernels/rows_gemm.c), the
+float32 paged decode attention (kernels/decode_attention.c) and the thread pool both run on
+(kernels/native_pool.c), built as one library by kernels/native_build.py so the process has one pool. Its users:
+kernels/cpu_rows_gemm.py and kernels/attention_cpu.py. Imports nothing of ours outside kernels/.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from kernels import native_build
+
+_HERE = Path(__file__).parent
+SOURCES = (_HERE / "rows_gemm.c", _HERE / "decode_attention.c", _HERE / "native_pool.c")
+_P, _N, _F = native_build.POINTER, native_build.SIZE, native_build.FLOAT
+FUNCTIONS = {
+    "pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
+    "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N],
+    # q, k_cache, v_cache, heads, kv heads, head dim, block size, the caches' block, token and head strides,
+    # tables, table width, seq lens, rows, sequences, scale, window, soft cap, sinks, heads per item, out, threads
+    "pagedesk_decode_attention": [_P, _P, _P, _N, _N, _N, _N, _N, _N, _N, _P, _N, _P, _P, _N, _F, _N, _F, _P, _N,
+                                  _P, _N],
+}
+
+
+def library():
+    """The loaded library (once per process), or None where it cannot be built (native_build.why_not says why)."""
+    return native_build.load(SOURCES, FUNCTIONS)
