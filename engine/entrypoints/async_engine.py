@@ -408,6 +408,9 @@ class AsyncEngine:
             log.exception("abort of %s failed", request_id)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
+        """A step's outputs to their streams, in one event-loop callback per loop: each cross-thread call wakes
+        the loop (a write to its self-pipe), and a wake-up is a GIL hand-over in the middle of the next step."""
+        deliveries: dict[asyncio.AbstractEventLoop, list] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
@@ -419,7 +422,13 @@ class AsyncEngine:
                 if stream.unread_since is None:
                     stream.unread_since = time.monotonic()
             error = getattr(out, "error", None)
-            stream.put_threadsafe(out if error is None else RequestFailedError(error))
+            item = out if error is None else RequestFailedError(error)
+            deliveries.setdefault(stream.loop, []).append((stream, item))
+        for loop, items in deliveries.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
 
     def _sample_stats(self, force: bool = False) -> None:
         now = time.monotonic()
@@ -473,6 +482,11 @@ class AsyncEngine:
                 cmd.stream.put_threadsafe(error)
             elif isinstance(cmd, _Call):
                 cmd.loop.call_soon_threadsafe(_resolve, cmd.future, None, error)
+
+
+def _deliver(items: list[tuple[RequestStream, object]]) -> None:
+    for stream, item in items:
+        stream._put(item)
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
