@@ -130,6 +130,15 @@ _decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_deco
 _decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_decode, "_decode_serial"))
 
 _native_on = True
+_native_kernel = None  # the loaded function, False where there is no native build
+_thread_count = None  # numba's pool size, fixed once its pool starts (the thread budget's NUMBA_NUM_THREADS)
+
+
+def _threads() -> int:
+    global _thread_count
+    if _thread_count is None:
+        _thread_count = numba.get_num_threads()
+    return _thread_count
 
 
 def set_native(on: bool) -> None:
@@ -141,11 +150,14 @@ def set_native(on: bool) -> None:
 def _native_decode(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: np.ndarray):
     """The native kernel where it can read these caches and tables: float32, the same strides, contiguous head
     dims, int32 tables; else None (numba's runs)."""
+    global _native_kernel
     if not _native_on or k_cache.dtype != torch.float32 or k_cache.stride() != v_cache.stride() or \
             k_cache.stride(3) != 1 or tables.dtype != np.int32 or not tables.flags.c_contiguous:
         return None
-    library = native_kernels.library()
-    return None if library is None else library.pagedesk_decode_attention
+    if _native_kernel is None:
+        library = native_kernels.library()
+        _native_kernel = False if library is None else library.pagedesk_decode_attention
+    return _native_kernel or None
 
 
 _NO_SINKS = np.empty(0, dtype=np.float32)
@@ -180,6 +192,9 @@ class StepLayout:
     decode_rows: np.ndarray  # their query rows, int64
     decode_tables: np.ndarray  # their block tables
     slots: torch.Tensor | None  # int64 slot mapping without padding slots (-1); None: the KV write checks
+    decode_tokens: int = 0  # the decodes' context tokens, all of them (the work, without a window)
+    longest: int = 0  # the longest decode's
+    addresses: tuple[int, int, int] | None = None  # the native kernel's: decode_tables, decode_lens, decode_rows
 
 
 def step_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
@@ -187,8 +202,10 @@ def step_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_
     starts, lens = query_start_loc.numpy(), seq_lens.numpy()
     decode = np.flatnonzero(np.diff(starts) == 1)
     slots = slot_mapping if slot_mapping is None or slot_mapping.dtype == torch.int64 else slot_mapping.long()
-    return StepLayout(starts, lens, decode, lens[decode].astype(np.int64), starts[decode].astype(np.int64),
-                      block_tables.numpy()[decode], slots if slots is not None and bool((slots >= 0).all()) else None)
+    decode_lens = lens[decode].astype(np.int64)
+    return StepLayout(starts, lens, decode, decode_lens, starts[decode].astype(np.int64), block_tables.numpy()[decode],
+                      slots if slots is not None and bool((slots >= 0).all()) else None,
+                      int(decode_lens.sum()), int(decode_lens.max()) if decode.size else 0)
 
 
 def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarray, np.ndarray] | None:
@@ -202,10 +219,13 @@ def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarra
 def _run_native(native, query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads,
                 out_array, caches) -> None:
     sink_values = None if sinks is None else sinks.detach().float().contiguous()
-    tables = layout.decode_tables
+    if layout.addresses is None:  # once per step, for all its layers (each `.ctypes` costs microseconds)
+        layout.addresses = (layout.decode_tables.ctypes.data, layout.decode_lens.ctypes.data,
+                            layout.decode_rows.ctypes.data)
+    tables, lens, rows = layout.addresses
     native(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), query.shape[1], k_cache.shape[2], query.shape[2],
-           k_cache.shape[1], *k_cache.stride()[:3], tables.ctypes.data, tables.shape[1], layout.decode_lens.ctypes.data,
-           layout.decode_rows.ctypes.data, layout.decode.size, float(scale), window, float(soft_cap or 0.0),
+           k_cache.shape[1], *k_cache.stride()[:3], tables, layout.decode_tables.shape[1], lens, rows,
+           layout.decode.size, float(scale), window, float(soft_cap or 0.0),
            None if sink_values is None else sink_values.data_ptr(),
            heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array.ctypes.data, threads)
 
@@ -239,13 +259,15 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.from_numpy(out_array)
     decode = layout.decode
     if decode.size:
-        window = np.iinfo(np.int64).max if sliding_window is None else int(sliding_window)
-        work = int(np.minimum(layout.decode_lens, window).sum()) * query.shape[1] * query.shape[2] * 2
-        threads = numba.get_num_threads() if work >= PARALLEL_MIN_WORK else 1
+        window, tokens = layout.longest, layout.decode_tokens
+        if sliding_window is not None and sliding_window < window:
+            window, tokens = int(sliding_window), int(np.minimum(layout.decode_lens, sliding_window).sum())
+        work = tokens * query.shape[1] * query.shape[2] * 2
+        threads = _threads() if work >= PARALLEL_MIN_WORK else 1
         native = _native_decode(k_cache, v_cache, layout.decode_tables)
         run = _run_native if native is not None else _run_numba
-        run(native, query.contiguous(), k_cache, v_cache, k_scale, v_scale, layout, scale,
-            min(window, int(layout.decode_lens.max())), soft_cap, sinks, threads, out_array, caches)
+        run(native, query.contiguous(), k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks,
+            threads, out_array, caches)
     if decode.size < len(layout.starts) - 1:
         prefill_attention_torch(query, k_cache, v_cache, block_tables, layout.seq_lens.tolist(),
                                 layout.starts.tolist(), scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks,

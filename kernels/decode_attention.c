@@ -3,15 +3,16 @@
  * kernels/attention_cpu.py's numba kernel for float32 caches (integer caches stay on numba's), compiled on the
  * user's machine by kernels/native_build.py and run on the pool of kernels/native_pool.c.
  *
- * One chunk per (sequence, run of heads_per_item KV heads), one pass over its tokens in cache order with an online
- * softmax (a running maximum and sum per query head; the accumulated values rescaled when the maximum grows), so
- * K and V rows are read once each, token by token, as the contiguous runs a block lays out, and no scores buffer
- * of the context's length is needed. soft_cap 0 means none; sinks NULL means none, else sinks[h] is one more logit
+ * One chunk per (sequence, run of heads_per_item KV heads), two passes over its tokens in cache order, as numba's:
+ * the scores of every query head of the run (each K row read once for the heads sharing it), a softmax per head,
+ * then the weighted sum of V rows, so K and V are read as the contiguous runs a block lays out. (A one-pass online
+ * softmax measured 2-3x slower on one sequence: an exp and a dependent rescale per token and head.) soft_cap 0 means none; sinks NULL means none, else sinks[h] is one more logit
  * of head h in the denominator. Caches are [blocks, block_size, kv_heads, head_dim] with any strides but the last
  * (a view of the engine's block pool); q and out are contiguous [tokens, heads, head_dim]. Sums run in another
  * order than numba's and torch's: results agree to float32 rounding. */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -46,9 +47,9 @@ static inline float dot(const float *a, const float *b, long n) {
     return s;
 }
 
-/* acc = acc * c + p * v, over n floats. */
-static inline void scale_add(float *acc, float c, float p, const float *v, long n) {
-    for (long d = 0; d < n; d++) acc[d] = acc[d] * c + p * v[d];
+/* acc += p * v, over n floats. */
+static inline void add_scaled(float *acc, float p, const float *v, long n) {
+    for (long d = 0; d < n; d++) acc[d] += p * v[d];
 }
 
 static void attention_item(const void *args, long item) {
@@ -59,41 +60,53 @@ static void attention_item(const void *args, long item) {
     long group = j->num_heads / j->num_kv_heads, D = j->head_dim, bs = j->block_size;
     long h_first = kv_first * group, count = (kv_last - kv_first) * group;
     long row = j->rows[s], seq_len = j->seq_lens[s];
-    long first = seq_len > j->window ? seq_len - j->window : 0;
-    float acc[count * D], top[count], total[count];
+    long first = seq_len > j->window ? seq_len - j->window : 0, n = seq_len - first;
+    float acc[count * D], small[count * 64];
+    float *scores = count * n <= count * 64 ? small : malloc((size_t)(count * n) * sizeof(float));
+    if (!scores) abort();  /* a few hundred KiB not to be had: no result is better than a wrong one */
     memset(acc, 0, sizeof acc);
-    for (long i = 0; i < count; i++) top[i] = -INFINITY, total[i] = 0.0f;
     const float *q = j->q + (row * j->num_heads + h_first) * D;
     const int32_t *table = j->tables + s * j->table_width;
-    for (long pos = first; pos < seq_len; pos++) {
-        long at = (long)table[pos / bs] * j->block_stride + pos % bs * j->token_stride;
+    for (long t = 0; t < n; t++) {  /* scores, token by token: each K row read once for the heads sharing it */
+        long pos = first + t, at = (long)table[pos / bs] * j->block_stride + pos % bs * j->token_stride;
         for (long kvh = kv_first; kvh < kv_last; kvh++) {
-            const float *k = j->k_cache + at + kvh * j->head_stride, *v = j->v_cache + at + kvh * j->head_stride;
+            const float *k = j->k_cache + at + kvh * j->head_stride;
             for (long g = 0; g < group; g++) {
                 long i = (kvh - kv_first) * group + g;
                 float score = dot(q + i * D, k, D) * j->scale;
                 if (j->soft_cap > 0.0f) score = tanhf(score / j->soft_cap) * j->soft_cap;
-                float c = 1.0f;
-                if (score > top[i]) {  /* a new maximum: what was summed so far shrinks by exp(old - new) */
-                    c = expf(top[i] - score);
-                    top[i] = score;
-                }
-                float p = expf(score - top[i]);
-                total[i] = total[i] * c + p;
-                scale_add(acc + i * D, c, p, v, D);
+                scores[i * n + t] = score;
             }
         }
     }
-    for (long i = 0; i < count; i++) {
-        float factor = 1.0f, sum = total[i];
+    for (long i = 0; i < count; i++) {  /* softmax per head, the sink as one more logit */
+        float *sc = scores + i * n, m = -INFINITY, total = 0.0f;
+        for (long t = 0; t < n; t++) m = sc[t] > m ? sc[t] : m;
         if (j->sinks) {
-            float sink = j->sinks[h_first + i], m = top[i] > sink ? top[i] : sink;
-            factor = expf(top[i] - m);
-            sum = sum * factor + expf(sink - m);
+            float sink = j->sinks[h_first + i];
+            m = sink > m ? sink : m;
+            total = expf(sink - m);
         }
-        float *o = j->out + (row * j->num_heads + h_first + i) * D, inv = factor / sum;
-        for (long d = 0; d < D; d++) o[d] = acc[i * D + d] * inv;
+        for (long t = 0; t < n; t++) {
+            sc[t] = expf(sc[t] - m);
+            total += sc[t];
+        }
+        float inv = 1.0f / total;
+        for (long t = 0; t < n; t++) sc[t] *= inv;
     }
+    for (long t = 0; t < n; t++) {  /* the weighted sum of V rows, token by token */
+        long pos = first + t, at = (long)table[pos / bs] * j->block_stride + pos % bs * j->token_stride;
+        for (long kvh = kv_first; kvh < kv_last; kvh++) {
+            const float *v = j->v_cache + at + kvh * j->head_stride;
+            for (long g = 0; g < group; g++) {
+                long i = (kvh - kv_first) * group + g;
+                add_scaled(acc + i * D, scores[i * n + t], v, D);
+            }
+        }
+    }
+    for (long i = 0; i < count; i++) memcpy(j->out + (row * j->num_heads + h_first + i) * D, acc + i * D,
+                                            (size_t)D * sizeof(float));
+    if (scores != small) free(scores);
 }
 
 void pagedesk_decode_attention(const float *q, const float *k_cache, const float *v_cache, long num_heads,
