@@ -8,8 +8,9 @@ per chunk, where the gather is paid once per chunk). Integer caches (int8, packe
 value times its group's scale (`_kv`, resolved per cache dtype when numba compiles, so the float32 path carries
 none of it). Caches numba cannot read (FP8, bfloat16) and non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
 (BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change. A float32
-cache's decodes run the native build instead (kernels/decode_attention.c: SIMD dots, an online softmax, on the
-thread pool the native linears use) where a C compiler built it and `set_native` left it on.
+cache's decodes run the native build instead (kernels/decode_attention.c: the same two passes with SIMD dots, on
+the thread pool the native linears use, called on raw addresses) where a C compiler built it and
+`native_kernels.set_attention` left it on.
 Imports nothing of ours outside kernels/; runs on the pool kernels/numba_pool.py picks.
 """
 from __future__ import annotations
@@ -22,8 +23,8 @@ import torch
 from numba.extending import overload
 
 from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
-from kernels import native_kernels
 from kernels.kv_int_torch import is_int_kv
+from kernels.native_kernels import attention_enabled, library as native_library
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 
 
@@ -129,7 +130,6 @@ _decode_kernel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_deco
 # The serial build's prange is a range. Both keep the GIL (kernels/native_build.py says why).
 _decode_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_decode, "_decode_serial"))
 
-_native_on = True
 _native_kernel = None  # the loaded function, False where there is no native build
 _thread_count = None  # numba's pool size, fixed once its pool starts (the thread budget's NUMBA_NUM_THREADS)
 
@@ -141,21 +141,15 @@ def _threads() -> int:
     return _thread_count
 
 
-def set_native(on: bool) -> None:
-    """Whether float32 caches take the native kernel (the engine's `--cpu-linear rows`, the default) or numba's."""
-    global _native_on
-    _native_on = on
-
-
 def _native_decode(k_cache: torch.Tensor, v_cache: torch.Tensor, tables: np.ndarray):
     """The native kernel where it can read these caches and tables: float32, the same strides, contiguous head
     dims, int32 tables; else None (numba's runs)."""
     global _native_kernel
-    if not _native_on or k_cache.dtype != torch.float32 or k_cache.stride() != v_cache.stride() or \
+    if not attention_enabled() or k_cache.dtype != torch.float32 or k_cache.stride() != v_cache.stride() or \
             k_cache.stride(3) != 1 or tables.dtype != np.int32 or not tables.flags.c_contiguous:
         return None
     if _native_kernel is None:
-        library = native_kernels.library()
+        library = native_library()
         _native_kernel = False if library is None else library.pagedesk_decode_attention
     return _native_kernel or None
 

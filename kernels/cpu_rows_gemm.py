@@ -15,11 +15,10 @@ Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
-
 import numba
 import numpy as np
 
-from kernels import native_kernels as native_library
+from kernels.native_kernels import SOURCES, library as native_library
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -70,7 +69,7 @@ rows_gemm_parallel = numba.njit(parallel=True, cache=True, fastmath=_FASTMATH)(_
 rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm, "_rows_gemm_serial"))
 
 
-NATIVE_SOURCE = native_library.SOURCES  # the GEMM with the pool (and the attention) it shares
+NATIVE_SOURCE = SOURCES  # the GEMM with the pool (and the attention) it shares
 NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are multiples of it
 CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
 _native = None  # (parallel, serial) once built; False where it cannot be
@@ -82,7 +81,7 @@ def native_kernels():
     says why)."""
     global _native
     if _native is None:
-        library = native_library.library()
+        library = native_library()
         _native = False if library is None else _drive(library)
     return _native or None
 

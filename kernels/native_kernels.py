@@ -1,17 +1,18 @@
 """The native library of a CPU decode step's parallel kernels: the row GEMM of the linears (kernels/rows_gemm.c), the
 float32 paged decode attention (kernels/decode_attention.c) and the thread pool both run on
 (kernels/native_pool.c), built as one library by kernels/native_build.py so the process has one pool. Its users:
-kernels/cpu_rows_gemm.py and kernels/attention_cpu.py. Imports nothing of ours outside kernels/.
+kernels/cpu_rows_gemm.py and kernels/attention_cpu.py. Neither numba nor torch: the engine sets `set_attention` on
+machines without numba too. Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
-from kernels import native_build
+from kernels.native_build import FLOAT, POINTER, SIZE, load
 
 _HERE = Path(__file__).parent
 SOURCES = (_HERE / "rows_gemm.c", _HERE / "decode_attention.c", _HERE / "native_pool.c")
-_P, _N, _F = native_build.POINTER, native_build.SIZE, native_build.FLOAT
+_P, _N, _F = POINTER, SIZE, FLOAT
 FUNCTIONS = {
     "pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
     "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N],
@@ -22,6 +23,19 @@ FUNCTIONS = {
 }
 
 
+_attention = True  # whether float32 decode attention takes this library's kernel (the engine's --cpu-linear rows)
+
+
+def set_attention(on: bool) -> None:
+    """Float32 CPU decode attention through this library's kernel (True) or numba's (kernels/attention_cpu.py)."""
+    global _attention
+    _attention = on
+
+
+def attention_enabled() -> bool:
+    return _attention
+
+
 def library():
     """The loaded library (once per process), or None where it cannot be built (native_build.why_not says why)."""
-    return native_build.load(SOURCES, FUNCTIONS)
+    return load(SOURCES, FUNCTIONS)

@@ -122,7 +122,7 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_no_import_cycles():
     graph = import_graph(ROOT, PACKAGES)
     cycles = import_cycles(graph)
-    assert not cycles, f"{len(new)} import cycle(s) (function-level imports count):\n" + "\n".join(
+    assert not cycles, f"{len(cycles)} import cycle(s) (function-level imports count):\n" + "\n".join(
         f"  {' -> '.join(shortest_loop(c, graph))}" + (f"\n    (all of: {', '.join(c)})" if len(c) > 2 else "")
         for c in cycles)
 

@@ -21,7 +21,6 @@ NUMBA_ONLY = pytest.mark.numba_only  # a test of numba's builds themselves: run 
 @pytest.fixture(autouse=True, params=["numba", "native"])
 def decode_kernel(request):
     """Every test on numba's decode kernel and on the native one (float32 caches; integer ones stay on numba's)."""
-    import kernels.attention_cpu as attention_cpu
     from kernels import native_kernels
 
     native = request.param == "native"
@@ -29,9 +28,9 @@ def decode_kernel(request):
         pytest.skip("a test of numba's builds")
     if native and native_kernels.library() is None:
         pytest.skip("no native build here: install a C compiler (apt install gcc)")
-    attention_cpu.set_native(native)
+    native_kernels.set_attention(native)
     yield request.param
-    attention_cpu.set_native(True)
+    native_kernels.set_attention(True)
 
 
 def both(batch, scale=0.125, sliding_window=None):

@@ -101,9 +101,10 @@ FLAGS: tuple[Flag, ...] = (
          "eager between the compiled pieces (fewer, fused ops per step for small models); the first steps wait for "
          "the compile, about a minute on two cores", "engine", gui=False),
     Flag("cpu_linear", str, "rows", "On the CPU: float32 linears of decode steps through a kernel that reads each "
-         "weight once: built for this CPU by the system C compiler where there is one (up to 32 rows), else "
-         "numba's (up to 16 rows) (rows); numba's always (numba); or always torch's F.linear, and torch's ops for "
-         "the norms and activations that a decode batch otherwise runs as one native call each (torch)", "engine",
+         "weight once: built for this CPU by the system C compiler where there is one (up to 32 rows; the float32 "
+         "decode attention natively too), else numba's (up to 16 rows) (rows); numba's always, attention too "
+         "(numba); or always torch's F.linear, and torch's ops for the norms and activations that a decode batch "
+         "otherwise runs as one native call each (torch)", "engine",
          CPU_LINEARS, gui=False),
     Flag("cpu_dequant_cache", float, 0.0, "On the CPU: GiB of float copies of quantized (GGUF, GPTQ, ...) linear "
          "weights, dequantized once at start, layer by layer while the budget lasts, so those layers multiply as "

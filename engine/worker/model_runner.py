@@ -47,7 +47,7 @@ from engine.worker.loader import iterate_weights
 from engine.worker.profiling import profile_batch, profile_sampling_batch, profile_verify_batch
 from engine.worker.sampling import DeviceSampler, sample
 from engine.worker.step_inputs import ModelRunnerOutput, StepInputs
-from kernels import attention_cpu, cpu_host_ops, cpu_linear
+from kernels import cpu_host_ops, cpu_linear, native_kernels
 
 
 def draft_token_rows(inputs: StepInputs, spec) -> np.ndarray:
@@ -226,7 +226,7 @@ class ModelRunner:
         cpu_linear.warm_up()
         cpu_host_ops.set_enabled(name != "torch")
         cpu_host_ops.warm_up()
-        attention_cpu.set_native(name == "rows")  # the native decode attention shares the linears' library
+        native_kernels.set_attention(name == "rows")  # the native decode attention shares the linears' library
 
     def compile_cpu_forward(self) -> None:
         """On the CPU: the eager forward through torch.compile (GraphDispatcher.compile_cpu_forward)."""
