@@ -6,11 +6,11 @@ Same signature and results (to float tolerance) as `kernels.attention_torch.page
 stays the oracle. One-token queries (decodes) run here; prefill chunks keep the torch path (one SDPA call
 per chunk, where the gather is paid once per chunk). Integer caches (int8, packed int4) are read in place too, each
 value times its group's scale (`_kv`, resolved per cache dtype when numba compiles, so the float32 path carries
-none of it). Caches numba cannot read (FP8, bfloat16) and non-float32 queries fall back to the oracle whole. Numba was chosen over torch.compile by measurement
-(BENCHMARKS.md): inductor still materialises the gathered context and recompiles as batch shapes change. A float32
-cache's decodes run the native build instead (kernels/decode_attention.c: the same two passes with SIMD dots, on
-the thread pool the native linears use, called on raw addresses) where a C compiler built it and
-`native_kernels.set_attention` left it on.
+none of it). Caches numba cannot read (FP8, bfloat16) and non-float32 queries fall back to the oracle whole. Numba
+was chosen over torch.compile by measurement (BENCHMARKS.md): inductor still materialises the gathered context and
+recompiles as batch shapes change. A float32 cache's decodes run the native build instead
+(kernels/decode_attention.c: the same two passes with SIMD dots, on the thread pool the native linears use, called
+on raw addresses) where a C compiler built it and `native_kernels.set_attention` left it on.
 Imports nothing of ours outside kernels/; runs on the pool kernels/numba_pool.py picks.
 """
 from __future__ import annotations
@@ -210,8 +210,7 @@ def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarra
     return k_cache.numpy(), v_cache.numpy()
 
 
-def _run_native(native, query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads,
-                out_array, caches) -> None:
+def _run_native(native, query, k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads, out_array) -> None:
     sink_values = None if sinks is None else sinks.detach().float().contiguous()
     if layout.addresses is None:  # once per step, for all its layers (each `.ctypes` costs microseconds)
         layout.addresses = (layout.decode_tables.ctypes.data, layout.decode_lens.ctypes.data,
@@ -224,8 +223,8 @@ def _run_native(native, query, k_cache, v_cache, k_scale, v_scale, layout, scale
            heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array.ctypes.data, threads)
 
 
-def _run_numba(native, query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads,
-               out_array, caches) -> None:
+def _run_numba(query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads, out_array,
+               caches) -> None:
     kernel = _decode_kernel if threads > 1 else _decode_serial
     k_array, v_array = caches or (k_cache.numpy(), v_cache.numpy())
     kernel(query.numpy(), k_array, v_array, _scales(k_cache, k_scale), _scales(v_cache, v_scale),
@@ -259,9 +258,12 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         work = tokens * query.shape[1] * query.shape[2] * 2
         threads = _threads() if work >= PARALLEL_MIN_WORK else 1
         native = _native_decode(k_cache, v_cache, layout.decode_tables)
-        run = _run_native if native is not None else _run_numba
-        run(native, query.contiguous(), k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks,
-            threads, out_array, caches)
+        if native is not None:
+            _run_native(native, query.contiguous(), k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads,
+                        out_array)
+        else:
+            _run_numba(query.contiguous(), k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks,
+                       threads, out_array, caches)
     if decode.size < len(layout.starts) - 1:
         prefill_attention_torch(query, k_cache, v_cache, block_tables, layout.seq_lens.tolist(),
                                 layout.starts.tolist(), scale, sliding_window, k_scale, v_scale, out, soft_cap, sinks,

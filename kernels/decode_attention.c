@@ -6,8 +6,8 @@
  * One chunk per (sequence, run of heads_per_item KV heads), two passes over its tokens in cache order, as numba's:
  * the scores of every query head of the run (each K row read once for the heads sharing it), a softmax per head,
  * then the weighted sum of V rows, so K and V are read as the contiguous runs a block lays out. (A one-pass online
- * softmax measured 2-3x slower on one sequence: an exp and a dependent rescale per token and head.) soft_cap 0 means none; sinks NULL means none, else sinks[h] is one more logit
- * of head h in the denominator. Caches are [blocks, block_size, kv_heads, head_dim] with any strides but the last
+ * softmax measured 2-3x slower on one sequence: an exp and a dependent rescale per token and head.) soft_cap 0
+ * means none; sinks NULL means none, else sinks[h] is one more logit of head h in the denominator. Caches are [blocks, block_size, kv_heads, head_dim] with any strides but the last
  * (a view of the engine's block pool); q and out are contiguous [tokens, heads, head_dim]. Sums run in another
  * order than numba's and torch's: results agree to float32 rounding. */
 #include <math.h>
@@ -61,8 +61,8 @@ static void attention_item(const void *args, long item) {
     long h_first = kv_first * group, count = (kv_last - kv_first) * group;
     long row = j->rows[s], seq_len = j->seq_lens[s];
     long first = seq_len > j->window ? seq_len - j->window : 0, n = seq_len - first;
-    float acc[count * D], small[count * 64];
-    float *scores = count * n <= count * 64 ? small : malloc((size_t)(count * n) * sizeof(float));
+    float acc[count * D], small[count * 64];  /* the scores of contexts up to 64 tokens stay on the stack */
+    float *scores = n <= 64 ? small : malloc((size_t)(count * n) * sizeof(float));
     if (!scores) abort();  /* a few hundred KiB not to be had: no result is better than a wrong one */
     memset(acc, 0, sizeof acc);
     const float *q = j->q + (row * j->num_heads + h_first) * D;

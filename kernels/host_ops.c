@@ -1,6 +1,7 @@
 /* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, SiLU(gate)
- * times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add, pow, mean, add, rsqrt, mul, mul), microseconds of dispatch
- * apiece at a few rows, more once the step's weights have streamed through the cache. Compiled on the user's
+ * times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add, pow, mean,
+ * add, rsqrt, mul, mul), microseconds of dispatch apiece at a few rows, more once the step's weights have streamed
+ * through the cache. Compiled on the user's
  * machine by kernels/native_build.py and called by kernels/cpu_host_ops.py; the oracles are torch's ops
  * (tests/test_cpu_host_ops.py): the same formulas in the same order, the sums of squares in another order. */
 #include <math.h>
@@ -51,18 +52,17 @@ void pagedesk_rms_norm(const float *x, const float *residual, const float *weigh
  * vectorised time with it): x = n ln2 + r with |r| <= ln2 / 2, e^r by its Taylor series to r^7 (relative error
  * under 1e-7 there), times 2^n put into the exponent bits. x is clamped to [-87, 88], where 2^n stays a normal
  * float: exp(-87) is 1.6e-38, and silu, its one user, needs no less. GCC/Clang vector extensions. */
-typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 
-static inline v8f exp8(v8f x) {
-    v8f lo = (v8f){0} - 87.0f, hi = (v8f){0} + 88.0f;
+static inline v8 exp8(v8 x) {
+    v8 lo = (v8){0} - 87.0f, hi = (v8){0} + 88.0f;
     v8i below = x < lo, above = x > hi;
-    x = (v8f)((below & (v8i)lo) | (~below & (v8i)x));
-    x = (v8f)((above & (v8i)hi) | (~above & (v8i)x));
+    x = (v8)((below & (v8i)lo) | (~below & (v8i)x));
+    x = (v8)((above & (v8i)hi) | (~above & (v8i)x));
     const float magic = 12582912.0f;  /* 1.5 * 2^23: adding and subtracting it rounds to an integer */
-    v8f n = (x * 1.44269504088896341f + magic) - magic;
-    v8f r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  /* ln2 in two parts */
-    v8f p = (v8f){0} + 1.0f / 5040.0f;
+    v8 n = (x * 1.44269504088896341f + magic) - magic;
+    v8 r = (x - n * 0.693145751953125f) - n * 1.428606765330187e-06f;  /* ln2 in two parts */
+    v8 p = (v8){0} + 1.0f / 5040.0f;
     p = p * r + 1.0f / 720.0f;
     p = p * r + 1.0f / 120.0f;
     p = p * r + 1.0f / 24.0f;
@@ -71,11 +71,11 @@ static inline v8f exp8(v8f x) {
     p = p * r + 1.0f;
     p = p * r + 1.0f;
     v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return p * (v8f)bits;
+    return p * (v8)bits;
 }
 
 /* out[r, i] = silu(g) * u with g = gate_up[r, i], u = gate_up[r, width + i]; silu(g) = g / (1 + exp(-g)), 8 values
- * at a time (the row's last few through the same exp8, padded). */
+ * at a time. */
 void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) {
     for (long r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * width;
@@ -83,17 +83,14 @@ void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) 
         float *o = out + (size_t)r * width;
         long i = 0;
         for (; i + 8 <= width; i += 8) {
-            v8f gv, uv;
-            memcpy(&gv, g + i, sizeof gv);
-            memcpy(&uv, u + i, sizeof uv);
-            v8f ov = gv / (1.0f + exp8(-gv)) * uv;
-            memcpy(o + i, &ov, sizeof ov);
+            v8 gv = load8(g + i);
+            store8(o + i, gv / (1.0f + exp8(-gv)) * load8(u + i));
         }
-        if (i < width) {
-            v8f gv = {0}, uv = {0};
+        if (i < width) {  /* the row's last few, through the same vectors padded with zeros */
+            v8 gv = {0}, uv = {0};
             memcpy(&gv, g + i, (width - i) * sizeof(float));
             memcpy(&uv, u + i, (width - i) * sizeof(float));
-            v8f ov = gv / (1.0f + exp8(-gv)) * uv;
+            v8 ov = gv / (1.0f + exp8(-gv)) * uv;
             memcpy(o + i, &ov, (width - i) * sizeof(float));
         }
     }

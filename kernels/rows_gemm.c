@@ -1,7 +1,7 @@
 /* out[m, n] = sum_k x[m, k] * w[n, k] for the output features n in [n0, n1): a float32 GEMM for the few rows of a
  * decode step on the CPU, compiled on the user's machine by kernels/native_build.py (-O3 -march=native), and run in
- * parallel over output features on the library's thread pool (kernels/native_pool.c). x [M, K], w [N, K] (torch's [out, in]) and
- * out [M, N] are C-contiguous.
+ * parallel over output features on the library's thread pool (kernels/native_pool.c). x [M, K], w [N, K] (torch's
+ * [out, in]) and out [M, N] are C-contiguous.
  *
  * Each tile multiplies NW weight rows by MR input rows with NW x MR vector accumulators (12 of the 16 AVX2
  * registers), so a loaded weight vector serves MR rows and a loaded input vector NW weight rows; the weight rows
@@ -68,8 +68,6 @@ void pagedesk_rows_gemm(const float *x, long M, long K, const float *w, long N, 
     for (; n + NW <= n1; n += NW) rows_of(x, M, K, w, N, out, n, NW, n1);
     for (; n < n1; n++) rows_of(x, M, K, w, N, out, n, 1, n1);
 }
-
-
 
 void pagedesk_pool_run(void (*run)(const void *args, long chunk), const void *args, long chunks, long threads);
 
