@@ -396,3 +396,33 @@ def test_check_models_serves_a_broken_folder_as_failed_unless_none_is_left(tmp_p
     alone = build_specs(*args_of("--model", f"bad={broken}", "--model", f"bad2={broken}", "--device", "cpu"))
     with pytest.raises(ValueError, match="model bad"):
         check_models(alone)
+
+
+def test_a_cut_relay_stops_relaying_what_the_engine_had_already_sent():
+    """A cut relay whose reader still finds the engine's bytes in its buffer (the engine went on streaming, then
+    ended with its own shutdown error) relays none of them: the client reads the router's reason."""
+    import asyncio
+    import json
+
+    from engine.entrypoints.router.proxy import Relay, _events
+
+    handle, closed = Relay(True), []
+
+    class Upstream:  # what httpx's response gives: raw chunks, then aclose
+        async def aiter_raw(self):
+            yield b'data: {"n": 1}\n\n'
+            handle.cut("model a was unloaded", "model_unloaded")
+            yield b'data: {"n": 2}\n\ndata: {"error": {"code": "engine_dead"}}\n\n'
+
+        async def aclose(self):
+            closed.append(True)
+
+    async def relayed() -> bytes:
+        return b"".join([chunk async for chunk in _events(Upstream(), "a", lambda: closed.append("done"), handle)])
+
+    body = asyncio.run(relayed()).decode()
+    events = [line[len("data: "):] for line in body.split("\n\n") if line]
+    assert events[0] == '{"n": 1}' and events[-1] == "[DONE]" and len(events) == 3, events
+    error = json.loads(events[1])["error"]
+    assert error["code"] == "model_unloaded" and error["message"] == "model a was unloaded"
+    assert "done" in closed

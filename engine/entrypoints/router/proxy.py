@@ -137,6 +137,8 @@ async def _events(upstream: httpx.Response, engine_label: str, done: Callable[[]
     tail = b"\n\n"
     try:
         async for chunk in upstream.aiter_raw():
+            if handle.reason is not None:  # cut: what the engine sent since (read from the buffer) is not relayed
+                raise httpx.StreamClosed()
             if chunk:
                 tail = chunk[-2:]
                 yield chunk
