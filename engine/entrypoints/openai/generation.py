@@ -52,6 +52,11 @@ def close_all(streams: list[RequestStream]) -> None:
 async def merge(streams: list[RequestStream], metrics: ServerMetrics) -> AsyncIterator[tuple[int, RequestOutput]]:
     """(prompt index, cumulative output) in arrival order, until every stream finished."""
     timers = [metrics.timer() for _ in streams]
+    if len(streams) == 1:  # most requests: read the one stream directly, no task and wait per output
+        async for out in streams[0]:
+            timers[0].on_output(out)
+            yield 0, out
+        return
     pending = {asyncio.ensure_future(s.__anext__()): i for i, s in enumerate(streams)}
     try:
         while pending:

@@ -160,8 +160,8 @@ async def _stream(req: CompletionRequest, ctx: ServerContext, model: ServedModel
                         done.add(index)
                     usage = usage_of(list(latest.values())) if continuous else None
                     yield sse_event(CompletionResponse(id=request_id, created=created, model=model.name,
-                                                       choices=[choice], usage=usage).model_dump(
-                                        exclude=None if continuous else {"usage"}))
+                                                       choices=[choice], usage=usage),
+                                    exclude=None if continuous else {"usage"})
                 if out.finished:
                     finals.append(out)
         if req.stream_options and req.stream_options.include_usage:

@@ -11,8 +11,10 @@ from pydantic import BaseModel
 DONE = "data: [DONE]\n\n"
 
 
-def sse_event(data: BaseModel | dict) -> str:
-    body = data.model_dump_json() if isinstance(data, BaseModel) else json.dumps(data, separators=(",", ":"))
+def sse_event(data: BaseModel | dict, exclude: set[str] | None = None) -> str:
+    """One `data:` event; a model is serialised by pydantic straight to JSON (`exclude`: its fields left out)."""
+    body = (data.model_dump_json(exclude=exclude) if isinstance(data, BaseModel)
+            else json.dumps(data, separators=(",", ":")))
     return f"data: {body}\n\n"
 
 
