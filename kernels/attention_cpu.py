@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numba.extending import overload
 
-from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch
+from kernels.attention_torch import check_variants, paged_attention_torch, prefill_attention_torch, write_kv_cache_torch
 from kernels.kv_int_torch import is_int_kv
 from kernels.native_kernels import attention_enabled, library as native_library
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
@@ -210,8 +210,19 @@ def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarra
     return k_cache.numpy(), v_cache.numpy()
 
 
-def _run_native(native, query, k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads, out_array) -> None:
+def _fusable(new_kv: tuple[torch.Tensor, torch.Tensor], query: torch.Tensor, layout: StepLayout) -> bool:
+    """Whether the native kernel writes these new keys and values itself: a step of decodes only, each row [kv heads,
+    head dim] contiguous and keys and values laid out alike (the QKV projection's output split by heads)."""
+    k, v = new_kv
+    return (layout.decode.size == query.shape[0] and k.dtype == v.dtype == torch.float32 and k.stride() == v.stride()
+            and k.stride(2) == 1 and k.stride(1) == k.shape[2])
+
+
+def _run_native(native, query, k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads, out_array,
+                new_kv) -> None:
     sink_values = None if sinks is None else sinks.detach().float().contiguous()
+    k_new, v_new, new_stride = (None, None, 0) if new_kv is None else (new_kv[0].data_ptr(), new_kv[1].data_ptr(),
+                                                                       new_kv[0].stride(0))
     if layout.addresses is None:  # once per step, for all its layers (each `.ctypes` costs microseconds)
         layout.addresses = (layout.decode_tables.ctypes.data, layout.decode_lens.ctypes.data,
                             layout.decode_rows.ctypes.data)
@@ -220,7 +231,8 @@ def _run_native(native, query, k_cache, v_cache, layout, scale, window, soft_cap
            k_cache.shape[1], *k_cache.stride()[:3], tables, layout.decode_tables.shape[1], lens, rows,
            layout.decode.size, float(scale), window, float(soft_cap or 0.0),
            None if sink_values is None else sink_values.data_ptr(),
-           heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array.ctypes.data, threads)
+           heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array.ctypes.data, k_new, v_new,
+           new_stride, None if new_kv is None else layout.slots.data_ptr(), threads)
 
 
 def _run_numba(query, k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks, threads, out_array,
@@ -238,9 +250,20 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
                         scale: float, sliding_window: int | None = None, k_scale=None, v_scale=None, *,
                         soft_cap: float | None = None, sinks: torch.Tensor | None = None,
                         key_limits: torch.Tensor | None = None, layout: StepLayout | None = None,
-                        caches: tuple[np.ndarray, np.ndarray] | None = None) -> torch.Tensor:
+                        caches: tuple[np.ndarray, np.ndarray] | None = None,
+                        new_kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """`layout`: `step_layout` of these block tables, seq lens and query starts, made once for the step's layers;
-    `caches`: `host_caches` of these caches, made once by the layer that keeps them."""
+    `caches`: `host_caches` of these caches, made once by the layer that keeps them; `new_kv`: the step's keys and
+    values, written into the caches at `layout.slots` (which must be set) before anything reads them: by the native
+    kernel as it goes in a step of decodes only, else by `write_kv_cache_torch` first."""
+    if new_kv is not None and (layout is None or layout.slots is None):
+        raise ValueError("new_kv needs a step layout with its slots (no padding slot)")
+    native = None
+    if supports(query, k_cache) and layout is not None and layout.decode.size:
+        native = _native_decode(k_cache, v_cache, layout.decode_tables)
+    if new_kv is not None and (native is None or not _fusable(new_kv, query, layout)):
+        write_kv_cache_torch(*new_kv, k_cache, v_cache, layout.slots, k_scale, v_scale, checked=True)
+        new_kv = None
     if not supports(query, k_cache):
         return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                      sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks,
@@ -257,10 +280,10 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             window, tokens = int(sliding_window), int(np.minimum(layout.decode_lens, sliding_window).sum())
         work = tokens * query.shape[1] * query.shape[2] * 2
         threads = _threads() if work >= PARALLEL_MIN_WORK else 1
-        native = _native_decode(k_cache, v_cache, layout.decode_tables)
+        native = native or _native_decode(k_cache, v_cache, layout.decode_tables)
         if native is not None:
             _run_native(native, query.contiguous(), k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads,
-                        out_array)
+                        out_array, new_kv)
         else:
             _run_numba(query.contiguous(), k_cache, v_cache, k_scale, v_scale, layout, scale, window, soft_cap, sinks,
                        threads, out_array, caches)
@@ -271,8 +294,10 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     return out
 
 
-# The layers find what they make once for this kernel here (engine/layers/attention.py); another backend has none.
+# The layers find what they make once for this kernel here (engine/layers/attention.py), and that it takes the step's
+# new keys and values (`new_kv`) to write itself; another backend has none of these.
 paged_attention_cpu.step_layout, paged_attention_cpu.host_caches = step_layout, host_caches
+paged_attention_cpu.takes_new_kv = True
 
 
 def warm_up(k_cache: torch.Tensor | None = None, v_cache: torch.Tensor | None = None, k_scale=None,

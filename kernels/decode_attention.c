@@ -7,9 +7,14 @@
  * the scores of every query head of the run (each K row read once for the heads sharing it), a softmax per head,
  * then the weighted sum of V rows, so K and V are read as the contiguous runs a block lays out. (A one-pass online
  * softmax measured 2-3x slower on one sequence: an exp and a dependent rescale per token and head.) soft_cap 0
- * means none; sinks NULL means none, else sinks[h] is one more logit of head h in the denominator. Caches are [blocks, block_size, kv_heads, head_dim] with any strides but the last
- * (a view of the engine's block pool); q and out are contiguous [tokens, heads, head_dim]. Sums run in another
- * order than numba's and torch's: results agree to float32 rounding. */
+ * means none; sinks NULL means none, else sinks[h] is one more logit of head h in the denominator. Caches are
+ * [blocks, block_size, kv_heads, head_dim] with any strides but the last (a view of the engine's block pool); q
+ * and out are contiguous [tokens, heads, head_dim]. Sums run in another order than numba's and torch's: results
+ * agree to float32 rounding.
+ *
+ * k_new and v_new (NULL: none), a decode-only step's new keys and values [tokens, kv_heads, head_dim] with rows
+ * new_stride floats apart, are written at slots[row] of the caches by the chunk that reads them, before it reads:
+ * the step's KV write without a call, a conversion and a cold pass of its own. */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +25,8 @@ typedef float v8 __attribute__((vector_size(32)));
 void pagedesk_pool_run(void (*run)(const void *args, long chunk), const void *args, long chunks, long threads);
 
 typedef struct {
-    const float *q, *k_cache, *v_cache;
+    const float *q;
+    float *k_cache, *v_cache;
     long num_heads, num_kv_heads, head_dim, block_size;
     long block_stride, token_stride, head_stride;  /* the caches', in floats */
     const int32_t *tables;
@@ -31,6 +37,9 @@ typedef struct {
     const float *sinks;
     long heads_per_item;
     float *out;
+    const float *k_new, *v_new;
+    long new_stride;
+    const int64_t *slots;
 } attention_job;
 
 static inline float dot(const float *a, const float *b, long n) {
@@ -67,6 +76,14 @@ static void attention_item(const void *args, long item) {
     memset(acc, 0, sizeof acc);
     const float *q = j->q + (row * j->num_heads + h_first) * D;
     const int32_t *table = j->tables + s * j->table_width;
+    if (j->k_new) {  /* this row's new key and value at its slot, before the passes read them */
+        long slot = j->slots[row], at = slot / bs * j->block_stride + slot % bs * j->token_stride;
+        for (long kvh = kv_first; kvh < kv_last; kvh++) {
+            long from = row * j->new_stride + kvh * D, to = at + kvh * j->head_stride;
+            memcpy(j->k_cache + to, j->k_new + from, (size_t)D * sizeof(float));
+            memcpy(j->v_cache + to, j->v_new + from, (size_t)D * sizeof(float));
+        }
+    }
     for (long t = 0; t < n; t++) {  /* scores, token by token: each K row read once for the heads sharing it */
         long pos = first + t, at = (long)table[pos / bs] * j->block_stride + pos % bs * j->token_stride;
         for (long kvh = kv_first; kvh < kv_last; kvh++) {
@@ -109,15 +126,16 @@ static void attention_item(const void *args, long item) {
     if (scores != small) free(scores);
 }
 
-void pagedesk_decode_attention(const float *q, const float *k_cache, const float *v_cache, long num_heads,
+void pagedesk_decode_attention(const float *q, float *k_cache, float *v_cache, long num_heads,
                                long num_kv_heads, long head_dim, long block_size, long block_stride,
                                long token_stride, long head_stride, const int32_t *tables, long table_width,
                                const int64_t *seq_lens, const int64_t *rows, long num_seqs, float scale,
                                long window, float soft_cap, const float *sinks, long heads_per_item, float *out,
+                               const float *k_new, const float *v_new, long new_stride, const int64_t *slots,
                                long threads) {
     attention_job job = {q, k_cache, v_cache, num_heads, num_kv_heads, head_dim, block_size, block_stride,
                          token_stride, head_stride, tables, table_width, seq_lens, rows, scale, soft_cap, window,
-                         sinks, heads_per_item, out};
+                         sinks, heads_per_item, out, k_new, v_new, new_stride, slots};
     long runs = (num_kv_heads + heads_per_item - 1) / heads_per_item;
     pagedesk_pool_run(attention_item, &job, num_seqs * runs, threads);
 }

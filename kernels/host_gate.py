@@ -17,6 +17,6 @@ def eager_cpu_float32(*tensors: torch.Tensor) -> bool:
     if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:  # first: asks nothing of a tensor
         return False
     for t in tensors:  # type() is exact on purpose: FakeTensor and other subclasses have no storage to read
-        if type(t) not in PLAIN or t.dtype != torch.float32 or t.device.type != "cpu" or t.requires_grad:
+        if type(t) not in PLAIN or t.dtype != torch.float32 or not t.is_cpu or t.requires_grad:  # is_cpu: no device
             return False
     return True

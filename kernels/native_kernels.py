@@ -17,9 +17,10 @@ FUNCTIONS = {
     "pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
     "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N],
     # q, k_cache, v_cache, heads, kv heads, head dim, block size, the caches' block, token and head strides,
-    # tables, table width, seq lens, rows, sequences, scale, window, soft cap, sinks, heads per item, out, threads
+    # tables, table width, seq lens, rows, sequences, scale, window, soft cap, sinks, heads per item, out, the new
+    # keys and values (or NULL), their row stride, their slots, threads
     "pagedesk_decode_attention": [_P, _P, _P, _N, _N, _N, _N, _N, _N, _N, _P, _N, _P, _P, _N, _F, _N, _F, _P, _N,
-                                  _P, _N],
+                                  _P, _P, _P, _N, _P, _N],
 }
 
 

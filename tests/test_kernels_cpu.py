@@ -156,3 +156,35 @@ def test_runs_of_kv_heads_per_work_item_match_the_oracle(monkeypatch, per_item):
     batch = make_paged_batch([1] * 3, [5, 40, 17], num_kv_heads=3, group=2, head_dim=16)
     got, expected = both(batch, sliding_window=11)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lens", [([1] * 5, [3, 17, 40, 1, 64]), MIXED], ids=["decodes", "mixed"])
+@pytest.mark.parametrize("cache_dtype", [None, torch.int8], ids=["float32", "int8"])
+def test_new_kv_written_by_the_kernel_equals_writing_first(lens, cache_dtype):
+    """`new_kv`: the step's keys and values written by the kernel (the native one in its own chunks for a step of
+    decodes into a float32 cache; else the torch write first) leave the same caches and give the same output as the
+    write before the call. Keys and values are views of one projection output, as the layers split it."""
+    from kernels.attention_cpu import step_layout
+
+    batch = make_paged_batch(*lens, num_kv_heads=2, group=2, head_dim=16, cache_dtype=cache_dtype)
+    heads, kv_heads, dim = batch.query.shape[1], batch.new_key.shape[1], batch.new_key.shape[2]
+    qkv = torch.cat([t.flatten(1) for t in (batch.query, batch.new_key, batch.new_value)], dim=1)
+    _, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=1)
+    caches = [t.clone() for t in (batch.k_cache, batch.v_cache)]
+    scales = [t.clone() if isinstance(t, torch.Tensor) else t for t in (batch.k_scale, batch.v_scale)]
+    layout = step_layout(batch.block_tables, batch.seq_lens, batch.query_start_loc, batch.slot_mapping)
+    got = paged_attention_cpu(batch.query, *caches, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125,
+                              None, *scales, layout=layout, new_kv=(k.view(-1, kv_heads, dim), v.view(-1, kv_heads, dim)))
+    expected, oracle = both(batch)
+    torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, oracle, atol=1e-5, rtol=1e-5)
+    for mine, theirs in zip(caches + scales, [batch.k_cache, batch.v_cache, batch.k_scale, batch.v_scale]):
+        if isinstance(mine, torch.Tensor):
+            assert torch.equal(mine.view(torch.uint8), theirs.view(torch.uint8))  # NaN in unowned slots: bytes
+
+
+def test_new_kv_needs_the_layouts_slots():
+    batch = make_paged_batch([1], [5], num_kv_heads=1, group=1, head_dim=8)
+    with pytest.raises(ValueError, match="slots"):
+        paged_attention_cpu(batch.query, batch.k_cache, batch.v_cache, batch.block_tables, batch.seq_lens,
+                            batch.query_start_loc, 0.125, new_kv=(batch.new_key, batch.new_value))

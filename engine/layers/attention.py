@@ -127,7 +127,9 @@ class PagedAttention(nn.Module):
                     variants["caches"] = self.host_caches[1]
                 if layout.slots is not None:
                     slot_mapping, checked["checked"] = layout.slots, True
-            if k is not None:  # None: a layer reading another layer's cache (Gemma 4's KV sharing)
+                    if k is not None and getattr(self.paged_attention, "takes_new_kv", False):
+                        variants["new_kv"], k = (k, v), None  # the kernel writes them as it reads the caches
+            if k is not None:  # None: a layer reading another layer's cache (Gemma 4's KV sharing), or new_kv
                 self.write_kv_cache(k, v, self.k_cache, self.v_cache, slot_mapping, self.k_scale, self.v_scale,
                                     **checked)
             if self.soft_cap is not None:
