@@ -258,13 +258,13 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kernel as it goes in a step of decodes only, else by `write_kv_cache_torch` first."""
     if new_kv is not None and (layout is None or layout.slots is None):
         raise ValueError("new_kv needs a step layout with its slots (no padding slot)")
-    native = None
-    if supports(query, k_cache) and layout is not None and layout.decode.size:
+    supported, native = supports(query, k_cache), None
+    if supported and layout is not None and layout.decode.size:
         native = _native_decode(k_cache, v_cache, layout.decode_tables)
     if new_kv is not None and (native is None or not _fusable(new_kv, query, layout)):
         write_kv_cache_torch(*new_kv, k_cache, v_cache, layout.slots, k_scale, v_scale, checked=True)
         new_kv = None
-    if not supports(query, k_cache):
+    if not supported:
         return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                      sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks,
                                      key_limits=key_limits)

@@ -174,7 +174,8 @@ def test_new_kv_written_by_the_kernel_equals_writing_first(lens, cache_dtype):
     scales = [t.clone() if isinstance(t, torch.Tensor) else t for t in (batch.k_scale, batch.v_scale)]
     layout = step_layout(batch.block_tables, batch.seq_lens, batch.query_start_loc, batch.slot_mapping)
     got = paged_attention_cpu(batch.query, *caches, batch.block_tables, batch.seq_lens, batch.query_start_loc, 0.125,
-                              None, *scales, layout=layout, new_kv=(k.view(-1, kv_heads, dim), v.view(-1, kv_heads, dim)))
+                              None, *scales, layout=layout,
+                              new_kv=(k.view(-1, kv_heads, dim), v.view(-1, kv_heads, dim)))
     expected, oracle = both(batch)
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(got, oracle, atol=1e-5, rtol=1e-5)

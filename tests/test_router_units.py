@@ -1,5 +1,6 @@
 """The router's pure parts: flags and the TOML file into model specs, placement over tiny budgets (LRU eviction,
-the 503 sentence), the replica choice, the merged metrics, and the engine's absolute KV budget on a shared card."""
+the 503 sentence), the replica choice, the merged metrics, the engine's absolute KV budget on a shared card, and
+a cut relay's stream."""
 from __future__ import annotations
 
 import pytest
