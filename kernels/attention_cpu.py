@@ -258,9 +258,12 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     kernel as it goes in a step of decodes only, else by `write_kv_cache_torch` first."""
     if new_kv is not None and (layout is None or layout.slots is None):
         raise ValueError("new_kv needs a step layout with its slots (no padding slot)")
-    supported, native = supports(query, k_cache), None
-    if supported and layout is not None and layout.decode.size:
-        native = _native_decode(k_cache, v_cache, layout.decode_tables)
+    supported = supports(query, k_cache)
+    if supported:
+        check_variants(query.shape[1], sliding_window, soft_cap, sinks)
+        if layout is None:
+            layout = step_layout(block_tables, seq_lens, query_start_loc)
+    native = _native_decode(k_cache, v_cache, layout.decode_tables) if supported and layout.decode.size else None
     if new_kv is not None and (native is None or not _fusable(new_kv, query, layout)):
         write_kv_cache_torch(*new_kv, k_cache, v_cache, layout.slots, k_scale, v_scale, checked=True)
         new_kv = None
@@ -268,9 +271,6 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         return paged_attention_torch(query, k_cache, v_cache, block_tables, seq_lens, query_start_loc, scale,
                                      sliding_window, k_scale, v_scale, soft_cap=soft_cap, sinks=sinks,
                                      key_limits=key_limits)
-    check_variants(query.shape[1], sliding_window, soft_cap, sinks)
-    if layout is None:
-        layout = step_layout(block_tables, seq_lens, query_start_loc)
     out_array = np.empty(query.shape, dtype=np.float32)  # the kernel's and the caller's, no conversion
     out = torch.from_numpy(out_array)
     decode = layout.decode
@@ -280,7 +280,6 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
             window, tokens = int(sliding_window), int(np.minimum(layout.decode_lens, sliding_window).sum())
         work = tokens * query.shape[1] * query.shape[2] * 2
         threads = _threads() if work >= PARALLEL_MIN_WORK else 1
-        native = native or _native_decode(k_cache, v_cache, layout.decode_tables)
         if native is not None:
             _run_native(native, query.contiguous(), k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads,
                         out_array, new_kv)

@@ -257,7 +257,7 @@ def test_slow_reader_gets_the_newest_output_and_close_releases_it():
     async def run():
         engine = _Engine()
         stream = RequestStream("r", engine, asyncio.get_running_loop())
-        stream._put(stream_accepted())
+        stream.put(stream_accepted())
         for n in range(1, 1001):  # a thousand steps while the client reads nothing
             stream.put_threadsafe(_output(n))
         await asyncio.sleep(0)
@@ -266,12 +266,12 @@ def test_slow_reader_gets_the_newest_output_and_close_releases_it():
         assert stream.pending_output() is None  # and nothing else was held
         last = _output(1001)
         ref = weakref.ref(last)
-        stream._put(last)
+        stream.put(last)
         del last
         stream.close()  # the client went away: the pending output is dropped and the request aborted
         gc.collect()
         assert ref() is None and engine.aborted == "r"
-        stream._put(_output(1002))  # late outputs after close are not kept either
+        stream.put(_output(1002))  # late outputs after close are not kept either
         assert stream.pending_output() is None
 
     asyncio.run(run())
@@ -285,10 +285,10 @@ def stream_accepted():
 def test_error_replaces_pending_output():
     async def run():
         stream = RequestStream("r", _Engine(), asyncio.get_running_loop())
-        stream._put(stream_accepted())
-        stream._put(_output(3))
-        stream._put(EngineDeadError("gone"))
-        stream._put(_output(4))  # an error is final
+        stream.put(stream_accepted())
+        stream.put(_output(3))
+        stream.put(EngineDeadError("gone"))
+        stream.put(_output(4))  # an error is final
         with pytest.raises(EngineDeadError):
             await stream.__anext__()
 

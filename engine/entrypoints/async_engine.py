@@ -107,11 +107,12 @@ class RequestStream:
 
     def put_threadsafe(self, item: object) -> None:
         try:
-            self.loop.call_soon_threadsafe(self._put, item)
+            self.loop.call_soon_threadsafe(self.put, item)
         except RuntimeError:  # the loop is closed: nobody is listening any more
             pass
 
-    def _put(self, item: object) -> None:
+    def put(self, item: object) -> None:
+        """On the stream's event loop (`put_threadsafe` from any other thread): the newest output, or an error."""
         if not self.accepted.done():
             if item is _ACCEPTED:
                 self.accepted.set_result(None)
@@ -486,7 +487,7 @@ class AsyncEngine:
 
 def _deliver(items: list[tuple[RequestStream, object]]) -> None:
     for stream, item in items:
-        stream._put(item)
+        stream.put(item)
 
 
 def _resolve(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
