@@ -134,7 +134,8 @@ _native_kernel = None  # the loaded function, False where there is no native bui
 _thread_count = None  # numba's pool size, fixed once its pool starts (the thread budget's NUMBA_NUM_THREADS)
 
 
-def _threads() -> int:
+def pool_threads() -> int:
+    """The kernels' thread count: numba's pool size, which the native pool takes too."""
     global _thread_count
     if _thread_count is None:
         _thread_count = numba.get_num_threads()
@@ -190,6 +191,14 @@ class StepLayout:
     longest: int = 0  # the longest decode's
     addresses: tuple[int, int, int] | None = None  # the native kernel's: decode_tables, decode_lens, decode_rows
 
+    def native_addresses(self) -> tuple[int, int, int]:
+        """The addresses of decode_tables, decode_lens and decode_rows, taken once per step for all its layers (each
+        `.ctypes` costs microseconds)."""
+        if self.addresses is None:
+            self.addresses = (self.decode_tables.ctypes.data, self.decode_lens.ctypes.data,
+                              self.decode_rows.ctypes.data)
+        return self.addresses
+
 
 def step_layout(block_tables: torch.Tensor, seq_lens: torch.Tensor, query_start_loc: torch.Tensor,
                 slot_mapping: torch.Tensor | None = None) -> StepLayout:
@@ -210,6 +219,15 @@ def host_caches(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[np.ndarra
     return k_cache.numpy(), v_cache.numpy()
 
 
+def decode_plan(layout: StepLayout, heads: int, head_dim: int, sliding_window: int | None) -> tuple[int, int]:
+    """(window, threads) of a step's decodes: the tokens a sequence reads back at most (the longest context, or the
+    sliding window), and the threads their work is worth (one under PARALLEL_MIN_WORK multiply-adds)."""
+    window, tokens = layout.longest, layout.decode_tokens
+    if sliding_window is not None and sliding_window < window:
+        window, tokens = int(sliding_window), int(np.minimum(layout.decode_lens, sliding_window).sum())
+    return window, pool_threads() if tokens * heads * head_dim * 2 >= PARALLEL_MIN_WORK else 1
+
+
 def _fusable(new_kv: tuple[torch.Tensor, torch.Tensor], query: torch.Tensor, layout: StepLayout) -> bool:
     """Whether the native kernel writes these new keys and values itself: a step of decodes only, each row [kv heads,
     head dim] contiguous and keys and values laid out alike (the QKV projection's output split by heads)."""
@@ -223,11 +241,8 @@ def _run_native(native, query, k_cache, v_cache, layout, scale, window, soft_cap
     sink_values = None if sinks is None else sinks.detach().float().contiguous()
     k_new, v_new, new_stride = (None, None, 0) if new_kv is None else (new_kv[0].data_ptr(), new_kv[1].data_ptr(),
                                                                        new_kv[0].stride(0))
-    if layout.addresses is None:  # once per step, for all its layers (each `.ctypes` costs microseconds)
-        layout.addresses = (layout.decode_tables.ctypes.data, layout.decode_lens.ctypes.data,
-                            layout.decode_rows.ctypes.data)
-    tables, lens, rows = layout.addresses
-    native(query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), query.shape[1], k_cache.shape[2], query.shape[2],
+    tables, lens, rows = layout.native_addresses()
+    native(query.data_ptr(), query.shape[1] * query.shape[2], k_cache.data_ptr(), v_cache.data_ptr(), query.shape[1], k_cache.shape[2], query.shape[2],
            k_cache.shape[1], *k_cache.stride()[:3], tables, layout.decode_tables.shape[1], lens, rows,
            layout.decode.size, float(scale), window, float(soft_cap or 0.0),
            None if sink_values is None else sink_values.data_ptr(),
@@ -275,11 +290,7 @@ def paged_attention_cpu(query: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     out = torch.from_numpy(out_array)
     decode = layout.decode
     if decode.size:
-        window, tokens = layout.longest, layout.decode_tokens
-        if sliding_window is not None and sliding_window < window:
-            window, tokens = int(sliding_window), int(np.minimum(layout.decode_lens, sliding_window).sum())
-        work = tokens * query.shape[1] * query.shape[2] * 2
-        threads = _threads() if work >= PARALLEL_MIN_WORK else 1
+        window, threads = decode_plan(layout, query.shape[1], query.shape[2], sliding_window)
         if native is not None:
             _run_native(native, query.contiguous(), k_cache, v_cache, layout, scale, window, soft_cap, sinks, threads,
                         out_array, new_kv)

@@ -70,7 +70,6 @@ rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm
 
 
 NATIVE_SOURCE = SOURCES  # the GEMM with the pool (and the attention) it shares
-NATIVE_TILE_ROWS = 3  # the native tile's weight rows: the parallel chunks are multiples of it
 CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
 _native = None  # (parallel, serial) once built; False where it cannot be
 
@@ -90,8 +89,7 @@ def _drive(library):
     gemm, gemm_parallel = library.pagedesk_rows_gemm, library.pagedesk_rows_gemm_parallel
 
     def parallel(x, rows, depth, w, n_out, out, threads):
-        chunk = max(NATIVE_TILE_ROWS, -(-n_out // (CHUNKS_PER_THREAD * threads)))
-        gemm_parallel(x, rows, depth, w, n_out, out, chunk + -chunk % NATIVE_TILE_ROWS, threads)
+        gemm_parallel(x, rows, depth, w, n_out, out, CHUNKS_PER_THREAD, threads)
 
     def serial(x, rows, depth, w, n_out, out):
         gemm(x, rows, depth, w, n_out, out, 0, n_out)

@@ -9,7 +9,8 @@
  * softmax measured 2-3x slower on one sequence: an exp and a dependent rescale per token and head.) soft_cap 0
  * means none; sinks NULL means none, else sinks[h] is one more logit of head h in the denominator. Caches are
  * [blocks, block_size, kv_heads, head_dim] with any strides but the last (a view of the engine's block pool); q
- * and out are contiguous [tokens, heads, head_dim]. Sums run in another order than numba's and torch's: results
+ * out is contiguous [tokens, heads, head_dim], q's rows are q_stride floats apart (its heads contiguous within a row:
+ * the QKV projection's output is read in place). Sums run in another order than numba's and torch's: results
  * agree to float32 rounding.
  *
  * k_new and v_new (NULL: none), a decode-only step's new keys and values [tokens, kv_heads, head_dim] with rows
@@ -26,6 +27,7 @@ void pagedesk_pool_run(void (*run)(const void *args, long chunk), const void *ar
 
 typedef struct {
     const float *q;
+    long q_stride;
     float *k_cache, *v_cache;
     long num_heads, num_kv_heads, head_dim, block_size;
     long block_stride, token_stride, head_stride;  /* the caches', in floats */
@@ -74,7 +76,7 @@ static void attention_item(const void *args, long item) {
     float *scores = n <= 64 ? small : malloc((size_t)(count * n) * sizeof(float));
     if (!scores) abort();  /* a few hundred KiB not to be had: no result is better than a wrong one */
     memset(acc, 0, sizeof acc);
-    const float *q = j->q + (row * j->num_heads + h_first) * D;
+    const float *q = j->q + row * j->q_stride + h_first * D;
     const int32_t *table = j->tables + s * j->table_width;
     if (j->k_new) {  /* this row's new key and value at its slot, before the passes read them */
         long slot = j->slots[row], at = slot / bs * j->block_stride + slot % bs * j->token_stride;
@@ -126,14 +128,14 @@ static void attention_item(const void *args, long item) {
     if (scores != small) free(scores);
 }
 
-void pagedesk_decode_attention(const float *q, float *k_cache, float *v_cache, long num_heads,
+void pagedesk_decode_attention(const float *q, long q_stride, float *k_cache, float *v_cache, long num_heads,
                                long num_kv_heads, long head_dim, long block_size, long block_stride,
                                long token_stride, long head_stride, const int32_t *tables, long table_width,
                                const int64_t *seq_lens, const int64_t *rows, long num_seqs, float scale,
                                long window, float soft_cap, const float *sinks, long heads_per_item, float *out,
                                const float *k_new, const float *v_new, long new_stride, const int64_t *slots,
                                long threads) {
-    attention_job job = {q, k_cache, v_cache, num_heads, num_kv_heads, head_dim, block_size, block_stride,
+    attention_job job = {q, q_stride, k_cache, v_cache, num_heads, num_kv_heads, head_dim, block_size, block_stride,
                          token_stride, head_stride, tables, table_width, seq_lens, rows, scale, soft_cap, window,
                          sinks, heads_per_item, out, k_new, v_new, new_stride, slots};
     long runs = (num_kv_heads + heads_per_item - 1) / heads_per_item;

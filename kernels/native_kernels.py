@@ -1,7 +1,8 @@
 """The native library of a CPU decode step's parallel kernels: the row GEMM of the linears (kernels/rows_gemm.c), the
-float32 paged decode attention (kernels/decode_attention.c) and the thread pool both run on
-(kernels/native_pool.c), built as one library by kernels/native_build.py so the process has one pool. Its users:
-kernels/cpu_rows_gemm.py and kernels/attention_cpu.py. Neither numba nor torch: the engine sets `set_attention` on
+float32 paged decode attention (kernels/decode_attention.c), the thread pool both run on (kernels/native_pool.c)
+and a Llama-style decoder's layers in one call (kernels/decoder_layers.c, over those and the small ops of
+kernels/host_ops.c), built as one library by kernels/native_build.py so the process has one pool. Its users:
+kernels/cpu_rows_gemm.py, kernels/attention_cpu.py and kernels/cpu_decoder.py. Neither numba nor torch: the engine sets `set_attention` on
 machines without numba too. Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
@@ -11,16 +12,20 @@ from pathlib import Path
 from kernels.native_build import FLOAT, POINTER, SIZE, load
 
 _HERE = Path(__file__).parent
-SOURCES = (_HERE / "rows_gemm.c", _HERE / "decode_attention.c", _HERE / "native_pool.c")
+SOURCES = (_HERE / "rows_gemm.c", _HERE / "decode_attention.c", _HERE / "native_pool.c", _HERE / "host_ops.c",
+           _HERE / "decoder_layers.c")
 _P, _N, _F = POINTER, SIZE, FLOAT
 FUNCTIONS = {
     "pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
     "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N],
-    # q, k_cache, v_cache, heads, kv heads, head dim, block size, the caches' block, token and head strides,
+    # q, its row stride, k_cache, v_cache, heads, kv heads, head dim, block size, the caches' block, token and head strides,
     # tables, table width, seq lens, rows, sequences, scale, window, soft cap, sinks, heads per item, out, the new
     # keys and values (or NULL), their row stride, their slots, threads
-    "pagedesk_decode_attention": [_P, _P, _P, _N, _N, _N, _N, _N, _N, _N, _P, _N, _P, _P, _N, _F, _N, _F, _P, _N,
+    "pagedesk_decode_attention": [_P, _N, _P, _P, _N, _N, _N, _N, _N, _N, _N, _P, _N, _P, _P, _N, _F, _N, _F, _P, _N,
                                   _P, _P, _P, _N, _P, _N],
+    # the model's spec, rows, x, residual, scratch, cos, sin, tables, table width, seq lens, rows of the sequences,
+    # sequences, slots, window, attention threads, heads per item, threads
+    "pagedesk_decoder_layers": [_P, _N, _P, _P, _P, _P, _P, _P, _N, _P, _P, _N, _P, _N, _N, _N, _N],
 }
 
 

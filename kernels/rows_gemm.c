@@ -84,9 +84,12 @@ static void gemm_chunk(const void *args, long chunk) {
                        first + job->chunk_rows < job->N ? first + job->chunk_rows : job->N);
 }
 
-/* out = x w^T on `threads` threads, chunk_rows output features a chunk. */
+/* out = x w^T on `threads` threads, the output features cut into about chunks_per_thread chunks per thread (each a
+ * multiple of the tile's NW rows), taken first come first served. */
 void pagedesk_rows_gemm_parallel(const float *x, long M, long K, const float *w, long N, float *out,
-                                 long chunk_rows, long threads) {
+                                 long chunks_per_thread, long threads) {
+    long chunk_rows = (N + chunks_per_thread * threads - 1) / (chunks_per_thread * threads);
+    chunk_rows = chunk_rows < NW ? NW : chunk_rows + (NW - chunk_rows % NW) % NW;
     gemm_job job = {x, w, out, M, K, N, chunk_rows};
     pagedesk_pool_run(gemm_chunk, &job, (N + chunk_rows - 1) / chunk_rows, threads);
 }

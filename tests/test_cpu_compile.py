@@ -21,13 +21,25 @@ from hf_reference import MAX_TOKENS, engine_greedy
 def test_steps_run_through_the_compiled_forward_with_attention_eager(llama_dir, monkeypatch):
     compiled_calls, attention_calls = [], []
 
-    def fake_compile(fn, dynamic):  # stands in for torch.compile: records the calls, runs them as they are
-        assert dynamic
-        return lambda *args: compiled_calls.append(len(args[0])) or fn(*args)
+    compiling = []
+
+    def fake_compile(fn, dynamic):  # stands in for torch.compile: records the calls, runs them as they are, with
+        assert dynamic              # torch.compiler.is_compiling() true as it is while dynamo traces them
+
+        def traced(*args):
+            compiled_calls.append(len(args[0]))
+            compiling.append(True)
+            try:
+                return fn(*args)
+            finally:
+                compiling.pop()
+        return traced
 
     def fake_disable(fn, recursive):
         assert recursive
         return lambda *args, **kwargs: attention_calls.append(1) or fn(*args, **kwargs)
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: bool(compiling))
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch.compiler, "disable", fake_disable)

@@ -28,6 +28,7 @@ from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding
 from engine.quantization.gguf.types import is_gguf_model
 from kernels import cpu_host_ops
+from kernels.host_gate import eager_cpu_float32
 
 # HF's hidden_act names -> the function (HF's gelu_pytorch_tanh is torch's tanh approximation).
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
@@ -110,6 +111,7 @@ class DecoderModel(nn.Module):
         self.norm = switches.norm(cfg.hidden_size, cfg.rms_norm_eps)
         # The layers' distinct RoPE tables (shared by the layers of a kind): cos/sin gathered once per forward.
         self.ropes = tuple(m for m in self.layers.modules() if isinstance(m, RotaryEmbedding))
+        self.fused: object | None = None  # a CPU decode step's layers in one call (fused_decode.py); False: never
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None,
                 mm_embeds: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
@@ -117,12 +119,30 @@ class DecoderModel(nn.Module):
         x, residual = self.embed_input(input_ids, mm_embeds), None
         self.begin_step(positions)
         try:
-            for layer in self.layers:
-                x, residual = layer(positions, x, residual, meta)
+            done = self.fused_layers(x, positions, meta) if mm_embeds is None else None
+            if done is not None:
+                x, residual = done
+            else:
+                for layer in self.layers:
+                    x, residual = layer(positions, x, residual, meta)
         finally:
             self.end_step()
         x, _ = self.norm(x, residual)
         return x
+
+    def fused_layers(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None):
+        """(x, residual) after every layer through one native call on a CPU decode step of a plain Llama-style
+        model (engine/layers/fused_decode.py), or None: the layers run one by one."""
+        if self.fused is False or not eager_cpu_float32(x):
+            return None
+        if self.fused is None:
+            from engine.layers.fused_decode import FusedDecode  # it reads this module's classes
+            try:
+                self.fused = FusedDecode(self.layers, DecoderLayer, GatedMLP)
+            except ValueError:
+                self.fused = False
+                return None
+        return self.fused(x, positions, meta)
 
     def begin_step(self, positions: torch.Tensor) -> None:
         """Per forward, what every layer would otherwise redo: each RoPE table's cos/sin at `positions`."""

@@ -1,0 +1,118 @@
+"""A Llama-style decoder's float32 decode step on the CPU, every layer in one native call (kernels/decoder_layers.c).
+
+The layer modules already run each piece natively (the row GEMMs, the norms, RoPE, the KV write inside the paged
+attention), but a layer still makes ~25 Python calls between them, and after each GEMM has streamed its weights
+through the cache every one of those frames, dispatch tables and tensor headers comes back from memory: on the
+2-core machine the glue of a batch-1 step cost ~2 ms on the tiny model and 5-6 ms beside 15-16 ms of GEMMs on the
+wide one (BENCHMARKS.md). Here the layers' tensors are turned into pointers once (`DecoderLayers`), and a step is
+one call with the step's rows, its cos/sin and its attention layout. The C side calls the same functions as the
+modules with the same settings (the GEMMs' and the attention's thread rules are shared: `cpu_linear`'s work
+threshold, `cpu_rows_gemm`'s chunking, `attention_cpu.decode_plan`), so its outputs equal the modules' bit for
+bit (tests/test_cpu_decoder.py). The engine decides when a model and a step qualify
+(engine/layers/fused_decode.py). Imports nothing of ours outside kernels/.
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import NamedTuple, Sequence
+
+import torch
+
+from kernels import cpu_linear
+from kernels.attention_cpu import StepLayout, decode_plan, heads_per_item, pool_threads
+from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD
+from kernels.native_kernels import library
+
+_P, _N, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [(name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "qkv_bias",
+                                        "o_bias", "gate_up_bias", "down_bias", "k_cache", "v_cache")]
+
+
+class _Spec(ctypes.Structure):
+    _fields_ = [*((name, _N) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "rotary_dim",
+                                          "intermediate", "block_size", "block_stride", "token_stride",
+                                          "head_stride")),
+                ("eps", _F), ("norm_offset", _F), ("scale", _F), ("linear_min_work", _N),
+                ("chunks_per_thread", _N), ("layer", ctypes.POINTER(_Layer))]
+
+
+class LayerTensors(NamedTuple):
+    """One layer's float32 weights ([out, in] for the linears: QKV stacked q | k | v, gate/up stacked gate | up),
+    the linears' biases (None: none) and its KV caches [blocks, block_size, kv_heads, head_dim]."""
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    o_bias: torch.Tensor | None
+    gate_up_bias: torch.Tensor | None
+    down_bias: torch.Tensor | None
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+
+
+class DecoderLayers:
+    def __init__(self, layers: Sequence[LayerTensors], *, heads: int, kv_heads: int, head_dim: int, rotary_dim: int,
+                 eps: float, norm_offset: float, scale: float, sliding_window: int | None) -> None:
+        """Raises ValueError where a tensor is not what the kernel reads (the caller keeps the module path)."""
+        native = library()
+        if native is None or not layers:
+            raise ValueError("no native build of the decoder kernel")
+        self._run = native.pagedesk_decoder_layers
+        hidden, intermediate = layers[0].qkv.shape[1], layers[0].down.shape[1]
+        shapes = {"input_norm": (hidden,), "qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
+                  "o": (hidden, heads * head_dim), "post_norm": (hidden,), "gate_up": (2 * intermediate, hidden),
+                  "down": (hidden, intermediate)}
+        shapes.update({f"{name}_bias": (shapes[name][0],) for name in ("qkv", "o", "gate_up", "down")})
+        cache = layers[0].k_cache
+        for layer in layers:
+            for name, shape in shapes.items():
+                t = getattr(layer, name)
+                if t is None and name.endswith("_bias"):
+                    continue
+                if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous():
+                    raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not a contiguous float32 {shape}")
+            for c in (layer.k_cache, layer.v_cache):
+                if c.dtype != torch.float32 or not c.is_cpu or c.dim() != 4 or c.stride() != cache.stride() \
+                        or c.stride(3) != 1 or tuple(c.shape[1:]) != (cache.shape[1], kv_heads, head_dim):
+                    raise ValueError(f"KV cache {tuple(c.shape)} {c.dtype} is not one the kernel reads")
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim or heads % kv_heads:
+            raise ValueError(f"rotary dim {rotary_dim}, {heads} heads over {kv_heads} KV heads")
+        self.layers = tuple(layers)  # kept: the kernel reads their memory
+        self.heads, self.kv_heads, self.head_dim, self.sliding_window = heads, kv_heads, head_dim, sliding_window
+        self.row_floats = hidden + (2 * heads + 2 * kv_heads) * head_dim + 3 * intermediate  # scratch per row
+        self.hidden = hidden
+        self._layers = (_Layer * len(layers))(*(_Layer(*(None if t is None else t.data_ptr() for t in layer))
+                                                 for layer in layers))
+        self._spec = _Spec(len(layers), hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, cache.shape[1],
+                           *cache.stride()[:3], eps, norm_offset, scale, cpu_linear.PARALLEL_MIN_WORK,
+                           CHUNKS_PER_THREAD, self._layers)
+        self._spec_address = ctypes.addressof(self._spec)
+        self._scratch = torch.empty(0)
+
+    def reads(self, k_caches: Sequence[torch.Tensor]) -> bool:
+        """Whether these are still the caches it was made over (a rebound pool, sleep mode, makes another)."""
+        return len(k_caches) == len(self.layers) and all(a is b.k_cache for a, b in zip(k_caches, self.layers))
+
+    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every layer over x [rows, hidden] (contiguous float32, overwritten: the caller's own), a step of one decode
+        per row whose `layout` has its slots; cos and sin [rows, 1, rotary_dim] as engine/layers/rotary.py lays them
+        out. Returns (the last layer's output, the residual) as the layer modules do."""
+        rows = x.shape[0]
+        if self._scratch.numel() < rows * self.row_floats:
+            self._scratch = torch.empty(rows * self.row_floats, dtype=torch.float32)
+        residual = torch.empty_like(x)
+        window, attention_threads = decode_plan(layout, self.heads, self.head_dim, self.sliding_window)
+        tables, lens, seq_rows = layout.native_addresses()
+        threads = pool_threads()
+        self._run(self._spec_address, rows, x.data_ptr(), residual.data_ptr(), self._scratch.data_ptr(),
+                  cos.data_ptr(), sin.data_ptr(), tables, layout.decode_tables.shape[1], lens, seq_rows,
+                  layout.decode.size, layout.slots.data_ptr(), window, attention_threads,
+                  heads_per_item(self.kv_heads, layout.decode.size, attention_threads), threads)
+        return x, residual

@@ -1,0 +1,163 @@
+"""A Llama-style decoder's CPU decode step in one native call (kernels/cpu_decoder.py, kernels/decoder_layers.c,
+engine/layers/fused_decode.py) against the layer modules it replaces: the same hidden states and the same KV
+caches bit for bit, which models and steps it takes, and the engine's greedy ids (HF's) with it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.config.model import ModelConfig
+from engine.layers.attention import AttentionMetadata
+from engine.layers.fused_decode import FusedDecode
+from engine.models.registry import model_class
+from engine.worker.loader import iterate_weights
+from kernels import cpu_decoder, cpu_host_ops, cpu_linear
+from kernels.native_kernels import library
+
+BLOCK = 4
+
+
+@pytest.fixture(autouse=True)
+def native():
+    if library() is None or not cpu_host_ops.available():
+        pytest.skip("no native build of the CPU kernels here: install a C compiler (apt install gcc)")
+    if cpu_linear.backend() != "rows":  # an engine of another test file may have left torch's
+        cpu_linear.set_backend("rows")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """The fused calls made while the test runs."""
+    calls = []
+    run = cpu_decoder.DecoderLayers.__call__
+    monkeypatch.setattr(cpu_decoder.DecoderLayers, "__call__", lambda self, *a: calls.append(1) or run(self, *a))
+    return calls
+
+
+def _model(path):
+    cfg = ModelConfig.from_folder(path)
+    model = model_class(cfg.architecture)(cfg)
+    model.load_weights(iterate_weights(path))
+    return cfg, model
+
+
+def _bind(model, cfg, blocks: int, seed: int) -> list[torch.Tensor]:
+    """Random KV caches (as if earlier steps had filled them), one [2, blocks, BLOCK, kv heads, head dim] per layer
+    as views of one pool."""
+    gen = torch.Generator().manual_seed(seed)
+    layers = model.attention_layers()
+    pool = torch.randn(len(layers), 2, blocks, BLOCK, layers[0].num_kv_heads, layers[0].head_dim, generator=gen)
+    for i, layer in enumerate(layers):
+        layer.bind_cache(pool[i, 0], pool[i, 1])
+    return pool
+
+
+def _decode_step(seq_lens: list[int], blocks: int, seed: int) -> tuple[torch.Tensor, AttentionMetadata]:
+    """Positions and metadata of one decode per sequence; every sequence's blocks drawn at random from the pool."""
+    gen = torch.Generator().manual_seed(seed)
+    width = max(-(-n // BLOCK) for n in seq_lens)
+    order = torch.randperm(blocks, generator=gen).tolist()
+    tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)  # padded with block 0, as the engine pads
+    for i, n in enumerate(seq_lens):
+        tables[i, :-(-n // BLOCK)] = torch.tensor([order.pop() for _ in range(-(-n // BLOCK))])
+    positions = torch.tensor([n - 1 for n in seq_lens])
+    slots = torch.tensor([int(tables[i, (n - 1) // BLOCK]) * BLOCK + (n - 1) % BLOCK for i, n in enumerate(seq_lens)])
+    meta = AttentionMetadata(slots, tables, torch.tensor(seq_lens, dtype=torch.int32),
+                             torch.arange(len(seq_lens) + 1, dtype=torch.int32), 1, max(seq_lens))
+    return positions, meta
+
+
+def _forward(model, ids, positions, meta, fused: bool):
+    """The decoder's hidden states; `fused` False: through the layer modules (the fused call kept for later)."""
+    decoder = model.model
+    kept = decoder.fused
+    if not fused:
+        decoder.fused = False
+    try:
+        with torch.inference_mode():
+            return decoder(ids, positions, meta)
+    finally:
+        if not fused:
+            decoder.fused = kept
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3"])
+@pytest.mark.parametrize("seq_lens", [[9], [1, 5, 17, 33, 60], [70] * 3 + [2] * 30])
+def test_one_call_equals_the_layer_modules_bit_for_bit(tiny_model_dir, counted, arch, seq_lens):
+    """Batch 1, a mixed batch (contexts shorter and longer than Mistral's 48-token window, a one-token one) and 33
+    rows (past the thread thresholds of the GEMMs and the attention): the hidden states and every layer's caches."""
+    cfg, model = _model(tiny_model_dir(arch))
+    blocks = sum(-(-n // BLOCK) for n in seq_lens) + 5
+    ids = torch.randint(5, cfg.vocab_size, (len(seq_lens),), generator=torch.Generator().manual_seed(3))
+    positions, meta = _decode_step(seq_lens, blocks, seed=1)
+    pool = _bind(model, cfg, blocks, seed=2)
+    before = pool.clone()
+    want = _forward(model, ids, positions, meta, fused=False)
+    want_pool, pool[:] = pool.clone(), before
+    got = _forward(model, ids, positions, _decode_step(seq_lens, blocks, seed=1)[1], fused=True)
+    fused_steps = len(counted)
+    assert fused_steps == (1 if len(seq_lens) <= cpu_linear.NATIVE_MAX_ROWS else 0)
+    assert torch.equal(got, want)
+    assert torch.equal(pool, want_pool)  # the new keys and values at their slots, nothing else touched
+    assert not torch.equal(pool, before)
+
+
+def test_models_it_does_not_take_keep_their_modules(tiny_model_dir):
+    """q/k norms (Qwen3), a NoPE layer (SmolLM3), soft caps and sandwich norms (Gemma 2), a hybrid's DeltaNet."""
+    for arch in ("qwen3", "smollm3", "gemma2", "qwen3_5"):
+        cfg, model = _model(tiny_model_dir(arch))
+        if not hasattr(model.model, "fused_layers"):
+            continue
+        assert model.model.fused_layers(torch.zeros(1, cfg.hidden_size), torch.zeros(1, dtype=torch.long),
+                                        None) is None
+        assert model.model.fused is False, arch
+
+
+def test_steps_it_does_not_take_run_the_modules(tiny_model_dir, counted):
+    """A prefill chunk, a padding slot, `--cpu-linear torch`: the modules, and the same result as before."""
+    cfg, model = _model(tiny_model_dir("llama"))
+    seq_lens, blocks = [6, 11], 12
+    ids = torch.tensor([7, 8])
+    _bind(model, cfg, blocks, seed=4)
+    positions, meta = _decode_step(seq_lens, blocks, seed=5)
+    _forward(model, ids, positions, meta, fused=True)
+    assert len(counted) == 1 and isinstance(model.model.fused, FusedDecode)
+    padded = _decode_step(seq_lens, blocks, seed=5)[1]
+    padded.slot_mapping[1] = -1  # a padding row (CUDA graphs' batches)
+    _forward(model, ids, positions, padded, fused=True)
+    prefill = AttentionMetadata(torch.arange(2), meta.block_tables[:1], torch.tensor([2], dtype=torch.int32),
+                                torch.tensor([0, 2], dtype=torch.int32), 2, 2)
+    _forward(model, ids, torch.arange(2), prefill, fused=True)
+    cpu_linear.set_backend("torch")
+    try:
+        _forward(model, ids, positions, _decode_step(seq_lens, blocks, seed=5)[1], fused=True)
+    finally:
+        cpu_linear.set_backend("rows")
+    assert len(counted) == 1
+
+
+def test_a_rebound_cache_makes_the_call_anew(tiny_model_dir, counted):
+    """Sleep mode and a re-sized pool bind new caches: the call reads those, not the freed ones."""
+    cfg, model = _model(tiny_model_dir("llama"))
+    seq_lens, blocks = [5], 4
+    ids = torch.tensor([9])
+    positions, meta = _decode_step(seq_lens, blocks, seed=6)
+    _bind(model, cfg, blocks, seed=7)
+    _forward(model, ids, positions, meta, fused=True)
+    first = model.model.fused.kernel
+    pool = _bind(model, cfg, blocks, seed=8)
+    before = pool.clone()
+    want = _forward(model, ids, positions, _decode_step(seq_lens, blocks, seed=6)[1], fused=False)
+    pool[:] = before
+    got = _forward(model, ids, positions, _decode_step(seq_lens, blocks, seed=6)[1], fused=True)
+    assert model.model.fused.kernel is not first and len(counted) == 2
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("arch", ["llama", "mistral"])
+def test_engine_greedy_equals_hf_through_the_one_call(reference, counted, arch):
+    from hf_reference import MAX_TOKENS, engine_greedy
+
+    path, prompts, expected = reference(arch)
+    assert engine_greedy(path, prompts, MAX_TOKENS, max_model_len=512) == expected
+    assert len(counted) > 50  # the decode steps went through it
