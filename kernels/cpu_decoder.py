@@ -8,7 +8,7 @@ wide one (BENCHMARKS.md). Here the layers' tensors are turned into pointers once
 one call with the step's rows, its cos/sin and its attention layout. The C side calls the same functions as the
 modules with the same settings (the GEMMs' and the attention's thread rules are shared: `cpu_linear`'s work
 threshold, `cpu_rows_gemm`'s chunking, `attention_cpu.decode_plan`), so its outputs equal the modules' bit for
-bit (tests/test_cpu_decoder.py). The engine decides when a model and a step qualify
+bit (tests/test_cpu_decoder.py; Qwen3's q/k norms to float32 rounding: the modules leave those to torch). The engine decides when a model and a step qualify
 (engine/layers/fused_decode.py). Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
@@ -28,7 +28,8 @@ _P, _N, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
 class _Layer(ctypes.Structure):
     _fields_ = [(name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "qkv_bias",
-                                        "o_bias", "gate_up_bias", "down_bias", "k_cache", "v_cache")]
+                                        "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm", "k_cache",
+                                        "v_cache")]
 
 
 class _Spec(ctypes.Structure):
@@ -41,7 +42,8 @@ class _Spec(ctypes.Structure):
 
 class LayerTensors(NamedTuple):
     """One layer's float32 weights ([out, in] for the linears: QKV stacked q | k | v, gate/up stacked gate | up),
-    the linears' biases (None: none) and its KV caches [blocks, block_size, kv_heads, head_dim]."""
+    the linears' biases and the per-head q/k norms' weights (None: none), and its KV caches [blocks, block_size,
+    kv_heads, head_dim]."""
     input_norm: torch.Tensor
     qkv: torch.Tensor
     o: torch.Tensor
@@ -52,6 +54,8 @@ class LayerTensors(NamedTuple):
     o_bias: torch.Tensor | None
     gate_up_bias: torch.Tensor | None
     down_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None
+    k_norm: torch.Tensor | None
     k_cache: torch.Tensor
     v_cache: torch.Tensor
 
@@ -68,12 +72,13 @@ class DecoderLayers:
         shapes = {"input_norm": (hidden,), "qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
                   "o": (hidden, heads * head_dim), "post_norm": (hidden,), "gate_up": (2 * intermediate, hidden),
                   "down": (hidden, intermediate)}
-        shapes.update({f"{name}_bias": (shapes[name][0],) for name in ("qkv", "o", "gate_up", "down")})
+        shapes.update({f"{name}_bias": (shapes[name][0],) for name in ("qkv", "o", "gate_up", "down")},
+                      q_norm=(head_dim,), k_norm=(head_dim,))
         cache = layers[0].k_cache
         for layer in layers:
             for name, shape in shapes.items():
                 t = getattr(layer, name)
-                if t is None and name.endswith("_bias"):
+                if t is None and name not in LayerTensors._fields[:6]:
                     continue
                 if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous():
                     raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not a contiguous float32 {shape}")

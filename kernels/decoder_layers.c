@@ -1,10 +1,12 @@
 /* Every layer of a Llama-style decoder over a decode step's rows, in one call: per layer RMSNorm (the residual add
- * fused in), the QKV GEMM, RoPE on q and k, the KV write and paged attention, the O GEMM, the second norm, the
- * gate/up GEMM, SiLU(gate) * up and the down GEMM. Each piece is the library's own function, the one the layer
- * modules call one at a time (kernels/rows_gemm.c, kernels/decode_attention.c, kernels/host_ops.c), so the result
- * is theirs bit for bit; what goes is the Python between them: ~40 frames, tensor headers and dispatches a layer,
- * each run on caches the step's weights have just streamed through (BENCHMARKS.md). Built into the native library
- * by kernels/native_kernels.py, driven by kernels/cpu_decoder.py.
+ * fused in), the QKV GEMM (and its bias), Qwen3's per-head q/k norms, RoPE on q and k, the KV write and paged
+ * attention, the O GEMM, the second norm, the gate/up GEMM, SiLU(gate) * up and the down GEMM. Each piece is the
+ * library's own function, the one the layer modules call one at a time (kernels/rows_gemm.c,
+ * kernels/decode_attention.c, kernels/host_ops.c), so the result is theirs bit for bit (the q/k norms excepted: the
+ * modules leave those strided views to torch, whose sum of squares runs in another order); what goes is the Python
+ * between them: ~40 frames, tensor headers and dispatches a layer, each run on caches the step's weights have just
+ * streamed through (BENCHMARKS.md). Built into the native library by kernels/native_kernels.py, driven by
+ * kernels/cpu_decoder.py.
  *
  * x [rows, hidden] holds the embeddings on entry and the last layer's output (its MLP's, before the residual add)
  * on return; residual [rows, hidden] the sum the last layer's MLP adds to, as the module path's layers return
@@ -28,9 +30,10 @@ void pagedesk_decode_attention(const float *q, long q_stride, float *k_cache, fl
                                const float *k_new, const float *v_new, long new_stride, const int64_t *slots,
                                long threads);
 
-typedef struct {  /* one layer's weights ([out, in], C-contiguous), the linears' biases (NULL: none), KV caches */
+typedef struct {  /* one layer's weights ([out, in], C-contiguous), the linears' biases and the per-head q/k norms'
+                   * weights (NULL: none), its KV caches */
     const float *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
-    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias;
+    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm;
     float *k_cache, *v_cache;
 } decoder_layer;
 
@@ -74,6 +77,12 @@ void pagedesk_decoder_layers(const decoder_spec *s, long M, float *x, float *res
             pagedesk_rms_norm(x, residual, layer->input_norm, s->norm_offset, s->eps, M, H, normed, residual);
         }
         linear(s, normed, M, H, layer->qkv, layer->qkv_bias, qkv_width, qkv, threads);
+        if (layer->q_norm)  /* Qwen3: each head of q and k normed, in place, before RoPE */
+            for (long m = 0; m < M; m++) {
+                float *q = qkv + m * qkv_width, *k = q + q_width;
+                pagedesk_rms_norm(q, NULL, layer->q_norm, s->norm_offset, s->eps, s->heads, D, q, NULL);
+                pagedesk_rms_norm(k, NULL, layer->k_norm, s->norm_offset, s->eps, s->kv_heads, D, k, NULL);
+            }
         pagedesk_rope(qkv, M, qkv_width, s->heads + s->kv_heads, D, s->rotary_dim, cos, sin);
         pagedesk_decode_attention(qkv, qkv_width, layer->k_cache, layer->v_cache, s->heads, s->kv_heads, D,
                                   s->block_size, s->block_stride, s->token_stride, s->head_stride, tables,

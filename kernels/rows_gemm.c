@@ -6,7 +6,10 @@
  * Each tile multiplies NW weight rows by MR input rows with NW x MR vector accumulators (12 of the 16 AVX2
  * registers), so a loaded weight vector serves MR rows and a loaded input vector NW weight rows; the weight rows
  * PREFETCH_ROWS ahead are prefetched as the tile walks k (1 line per 8 floats; weights stream from memory once
- * per step, and the hardware prefetcher alone left the 2-core machine's linears 20-30% slower, BENCHMARKS.md).
+ * per step, and the hardware prefetcher alone left the 2-core AMD machine's linears 20-30% slower, BENCHMARKS.md)
+ * into every cache level (T0): a non-temporal prefetch, which on that machine did as well, made the 2-core Intel
+ * Xeon's (480 MiB L3, which holds a small model whole) linears 4x slower: its lines skip the L3, so every pass read
+ * the weights from memory again.
  * The sums run in another order than torch's BLAS: results agree to float32 rounding. GCC/Clang vector extensions,
  * no intrinsics: the same source builds for AVX2, AVX-512 (as 256-bit) and NEON. */
 #include <stddef.h>
@@ -36,7 +39,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, long K, c
     for (; k + 8 <= K; k += 8) {
         v8 wv[NW];
         for (int i = 0; i < nw; i++) {
-            if (ahead) __builtin_prefetch(ahead + (size_t)i * K + k, 0, 0);
+            if (ahead) __builtin_prefetch(ahead + (size_t)i * K + k, 0, 3);
             wv[i] = load8(w + (size_t)(n + i) * K + k);
         }
         for (int j = 0; j < mr; j++) {

@@ -101,36 +101,42 @@ def measure(base: str, model: str, streams: list[int], prompt_len: int, tokens: 
     return out
 
 
-def start_llama(server: Path, gguf: Path, port: int, ctx: int, slots: int, extra: list[str]) -> subprocess.Popen:
+def start_llama(server: Path, gguf: Path, port: int, ctx: int, slots: int, extra: list[str], log) -> subprocess.Popen:
     cmd = [str(server), "-m", str(gguf), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
            "-c", str(ctx * slots), *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log)
 
 
-def start_ours(model: Path, port: int, ctx: int, slots: int, extra: list[str],
+def start_ours(model: Path, port: int, ctx: int, slots: int, extra: list[str], log,
                threads: int | None = None) -> subprocess.Popen:
-    """pagedesk-serve on the model; `threads`: its compute pools' size (OMP_NUM_THREADS, which the thread budget
-    reads), else the budget's default (every core)."""
+    """pagedesk-serve on the model, its log to `log`; `threads`: its compute pools' size (OMP_NUM_THREADS, which the
+    thread budget reads), else the budget's default (every core)."""
     cmd = [sys.executable, "-m", "engine.entrypoints.serve", "--model", str(model), "--port", str(port),
            "--device", "cpu", "--max-model-len", str(ctx), "--max-num-seqs", str(slots), "--served-model-name",
            "peer", *extra]
     env = None if threads is None else {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, env=env)
 
 
 def side_by_side(name: str, start, streams, prompt_len, tokens, vocab) -> dict:
+    """`start(port, log)` the server, measure it, stop it; where it fails, its name and the end of its log."""
     port = free_port()
-    process = start(port)
+    log = tempfile.TemporaryFile()
+    process = start(port, log)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_ready(process, base, name)
         return measure(base, "peer", streams, prompt_len, tokens, vocab)
+    except SystemExit as failed:
+        log.seek(0)
+        raise SystemExit(f"{name}: {failed}\n{name}'s log ends:\n{log.read()[-3000:].decode(errors='replace')}")
     finally:
         process.terminate()
         try:
             process.wait(30)
         except subprocess.TimeoutExpired:
             process.kill()
+        log.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -171,10 +177,10 @@ def main(argv: list[str] | None = None) -> None:
         common = (args.streams, args.prompt_len, args.tokens, vocab)
         rounds = []
         for _ in range(max(1, args.rounds)):
-            theirs = side_by_side("llama-server", lambda port: start_llama(
-                args.llama_server, gguf, port, ctx, slots, shlex.split(args.llama_args)), *common)
-            ours = side_by_side("pagedesk-serve", lambda port: start_ours(
-                model, port, ctx, slots, shlex.split(args.engine_args), args.engine_threads), *common)
+            theirs = side_by_side("llama-server", lambda port, log: start_llama(
+                args.llama_server, gguf, port, ctx, slots, shlex.split(args.llama_args), log), *common)
+            ours = side_by_side("pagedesk-serve", lambda port, log: start_ours(
+                model, port, ctx, slots, shlex.split(args.engine_args), log, args.engine_threads), *common)
             rounds.append((theirs, ours))
     print_table(model.name, args, rounds)
 

@@ -1,13 +1,14 @@
 """When a decoder's CPU decode step runs every layer in one native call (kernels/cpu_decoder.py), and its tensors.
 
 A model qualifies as a whole, once: every layer a plain Llama-style `DecoderLayer` (self-attention, no sandwich
-norms) whose attention has no q/k norm, output gate, sinks or soft cap (biases are fine), one RoPE table (not
-mRoPE) for all of them and one sliding window (or none), a SiLU `GatedMLP`, float32 weights (a quantized layer's
-`--cpu-dequant-cache` copy counts), one tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral and
-Qwen2 do; Qwen3 (q/k norms) and SmolLM3 (NoPE layers) keep the modules. A step qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
+norms) whose attention has no output gate, sinks or soft cap (biases and RMSNorm q/k norms are fine), one RoPE
+table (not mRoPE) for all of them and one sliding window (or none), a SiLU `GatedMLP`, float32 weights (a quantized
+layer's `--cpu-dequant-cache` copy counts), one tensor-parallel rank, the float32 CPU attention kernel: Llama,
+Mistral, Qwen2 and Qwen3 do; SmolLM3 (NoPE layers), Gemma, the MoE and hybrid families keep the modules. A step qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
 `NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler),
 with one KV cache group, no image embeddings and no per-token key limits; any other step, and every step on a
-card or under a trace, runs the modules, whose outputs the fused call equals bit for bit.
+card or under a trace, runs the modules, whose outputs the fused call equals bit for bit (to float32 rounding with
+q/k norms, which the modules leave to torch).
 """
 from __future__ import annotations
 
@@ -47,16 +48,17 @@ class FusedDecode:
             if type(layer).forward is not layer_class.forward or layer.is_linear or layer.sandwich_norms \
                     or type(attn) is not SelfAttention:
                 raise ValueError(f"{type(layer).__name__} is not a plain decoder layer")
-            if attn.q_norm is not None or attn.output_gate or attn.attn.sinks is not None \
-                    or attn.attn.soft_cap is not None or attn.rotary_emb is None \
-                    or attn.rotary_emb.mrope_streams is not None or attn.attn.kv_group != 0:
+            if attn.output_gate or attn.attn.sinks is not None or attn.attn.soft_cap is not None \
+                    or attn.rotary_emb is None or attn.rotary_emb.mrope_streams is not None or attn.attn.kv_group != 0:
                 raise ValueError("an attention variant the kernel does not run")
             mlp = layer.mlp
             if not isinstance(mlp, mlp_class) or type(mlp).forward is not mlp_class.forward or mlp.act is not F.silu:
                 raise ValueError(f"{type(mlp).__name__} is not a SiLU gated MLP")
-            if not (_plain_norm(layer.input_layernorm) and type(layer.post_attention_layernorm)
-                    is type(layer.input_layernorm)):
-                raise ValueError("not an RMSNorm")
+            norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
+            norms = norms if attn.q_norm is not None else norms[:2]
+            first_norm = self.modules[0].input_layernorm
+            if not all(_plain_norm(n) and type(n) is type(first_norm) and n.eps == first_norm.eps for n in norms):
+                raise ValueError("norms of other kinds or epsilons")
             self.attentions.append(attn)
         first = self.attentions[0]
         if any(a.rotary_emb is not first.rotary_emb or a.attn.sliding_window != first.attn.sliding_window
@@ -75,7 +77,10 @@ class FusedDecode:
             linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
             tensors.append(LayerTensors(layer.input_layernorm.weight, weights[0], weights[1],
                                         layer.post_attention_layernorm.weight, weights[2], weights[3],
-                                        *(linear.bias for linear in linears), attn.attn.k_cache, attn.attn.v_cache))
+                                        *(linear.bias for linear in linears),
+                                        *((None, None) if attn.q_norm is None else (attn.q_norm.weight,
+                                                                                    attn.k_norm.weight)),
+                                        attn.attn.k_cache, attn.attn.v_cache))
         first, norm = self.attentions[0], self.modules[0].input_layernorm
         try:
             return DecoderLayers(tensors, heads=first.num_heads, kv_heads=first.num_kv_heads,
