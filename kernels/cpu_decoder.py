@@ -8,20 +8,23 @@ wide one (BENCHMARKS.md). Here the layers' tensors are turned into pointers once
 one call with the step's rows, its cos/sin and its attention layout. The C side calls the same functions as the
 modules with the same settings (the GEMMs' and the attention's thread rules are shared: `cpu_linear`'s work
 threshold, `cpu_rows_gemm`'s chunking, `attention_cpu.decode_plan`), so its outputs equal the modules' bit for
-bit (tests/test_cpu_decoder.py; Qwen3's q/k norms to float32 rounding: the modules leave those to torch). The engine decides when a model and a step qualify
-(engine/layers/fused_decode.py). Imports nothing of ours outside kernels/.
+bit (tests/test_cpu_decoder.py; Qwen3's q/k norms to float32 rounding: the modules leave those to torch). The
+engine decides when a model and a step qualify (engine/layers/fused_decode.py). Imports nothing of ours outside
+kernels/.
 """
 from __future__ import annotations
 
 import ctypes
-from typing import NamedTuple, Sequence
+import weakref
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
 
 from kernels import cpu_linear
-from kernels.attention_cpu import StepLayout, decode_plan, heads_per_item, pool_threads
-from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD
 from kernels.native_kernels import library
+
+if TYPE_CHECKING:
+    from kernels.attention_cpu import StepLayout
 
 _P, _N, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
 
@@ -67,7 +70,12 @@ class DecoderLayers:
         native = library()
         if native is None or not layers:
             raise ValueError("no native build of the decoder kernel")
+        # numba's modules, imported here, not above: a GPU machine's bare environment has no numba and never gets here
+        from kernels import attention_cpu
+        from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD
         self._run = native.pagedesk_decoder_layers
+        self._decode_plan, self._heads_per_item = attention_cpu.decode_plan, attention_cpu.heads_per_item
+        self._pool_threads = attention_cpu.pool_threads
         hidden, intermediate = layers[0].qkv.shape[1], layers[0].down.shape[1]
         shapes = {"input_norm": (hidden,), "qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
                   "o": (hidden, heads * head_dim), "post_norm": (hidden,), "gate_up": (2 * intermediate, hidden),
@@ -88,10 +96,12 @@ class DecoderLayers:
                     raise ValueError(f"KV cache {tuple(c.shape)} {c.dtype} is not one the kernel reads")
         if rotary_dim % 2 or not 0 < rotary_dim <= head_dim or heads % kv_heads:
             raise ValueError(f"rotary dim {rotary_dim}, {heads} heads over {kv_heads} KV heads")
-        self.layers = tuple(layers)  # kept: the kernel reads their memory
+        # The weights are kept (the kernel reads them); the caches only weakly: a released pool (sleep mode) must
+        # leave the process, and a layer bound to another cache is told apart by `reads`.
+        self.weights = tuple(layer[:-2] for layer in layers)
+        self._caches = tuple((weakref.ref(layer.k_cache), weakref.ref(layer.v_cache)) for layer in layers)
         self.heads, self.kv_heads, self.head_dim, self.sliding_window = heads, kv_heads, head_dim, sliding_window
         self.row_floats = hidden + (2 * heads + 2 * kv_heads) * head_dim + 3 * intermediate  # scratch per row
-        self.hidden = hidden
         self._layers = (_Layer * len(layers))(*(_Layer(*(None if t is None else t.data_ptr() for t in layer))
                                                  for layer in layers))
         self._spec = _Spec(len(layers), hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, cache.shape[1],
@@ -102,7 +112,7 @@ class DecoderLayers:
 
     def reads(self, k_caches: Sequence[torch.Tensor]) -> bool:
         """Whether these are still the caches it was made over (a rebound pool, sleep mode, makes another)."""
-        return len(k_caches) == len(self.layers) and all(a is b.k_cache for a, b in zip(k_caches, self.layers))
+        return len(k_caches) == len(self._caches) and all(k is ref() for k, (ref, _) in zip(k_caches, self._caches))
 
     def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                  layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,11 +123,10 @@ class DecoderLayers:
         if self._scratch.numel() < rows * self.row_floats:
             self._scratch = torch.empty(rows * self.row_floats, dtype=torch.float32)
         residual = torch.empty_like(x)
-        window, attention_threads = decode_plan(layout, self.heads, self.head_dim, self.sliding_window)
+        window, attention_threads = self._decode_plan(layout, self.heads, self.head_dim, self.sliding_window)
         tables, lens, seq_rows = layout.native_addresses()
-        threads = pool_threads()
         self._run(self._spec_address, rows, x.data_ptr(), residual.data_ptr(), self._scratch.data_ptr(),
                   cos.data_ptr(), sin.data_ptr(), tables, layout.decode_tables.shape[1], lens, seq_rows,
                   layout.decode.size, layout.slots.data_ptr(), window, attention_threads,
-                  heads_per_item(self.kv_heads, layout.decode.size, attention_threads), threads)
+                  self._heads_per_item(self.kv_heads, layout.decode.size, attention_threads), self._pool_threads())
         return x, residual

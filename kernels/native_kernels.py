@@ -2,8 +2,8 @@
 float32 paged decode attention (kernels/decode_attention.c), the thread pool both run on (kernels/native_pool.c)
 and a Llama-style decoder's layers in one call (kernels/decoder_layers.c, over those and the small ops of
 kernels/host_ops.c), built as one library by kernels/native_build.py so the process has one pool. Its users:
-kernels/cpu_rows_gemm.py, kernels/attention_cpu.py and kernels/cpu_decoder.py. Neither numba nor torch: the engine sets `set_attention` on
-machines without numba too. Imports nothing of ours outside kernels/.
+kernels/cpu_rows_gemm.py, kernels/attention_cpu.py and kernels/cpu_decoder.py. Neither numba nor torch: the engine
+sets `set_attention` on machines without numba too. Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ _P, _N, _F = POINTER, SIZE, FLOAT
 FUNCTIONS = {
     "pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
     "pagedesk_rows_gemm_parallel": [_P, _N, _N, _P, _N, _P, _N, _N],
-    # q, its row stride, k_cache, v_cache, heads, kv heads, head dim, block size, the caches' block, token and head strides,
-    # tables, table width, seq lens, rows, sequences, scale, window, soft cap, sinks, heads per item, out, the new
-    # keys and values (or NULL), their row stride, their slots, threads
+    # q, its row stride, k_cache, v_cache, heads, kv heads, head dim, block size, the caches' block, token and head
+    # strides, tables, table width, seq lens, rows, sequences, scale, window, soft cap, sinks, heads per item, out,
+    # the new keys and values (or NULL), their row stride, their slots, threads
     "pagedesk_decode_attention": [_P, _N, _P, _P, _N, _N, _N, _N, _N, _N, _N, _P, _N, _P, _P, _N, _F, _N, _F, _P, _N,
                                   _P, _P, _P, _N, _P, _N],
     # the model's spec, rows, x, residual, scratch, cos, sin, tables, table width, seq lens, rows of the sequences,

@@ -166,3 +166,21 @@ def test_engine_greedy_equals_hf_through_the_one_call(reference, counted, arch):
     path, prompts, expected = reference(arch)
     assert engine_greedy(path, prompts, MAX_TOKENS, max_model_len=512) == expected
     assert len(counted) > 50  # the decode steps went through it
+
+
+def test_quantized_weights_take_the_call_through_their_float_copies(tmp_path, counted):
+    """A Q8_0 GGUF model decodes its blocks per call on the modules; with `--cpu-dequant-cache` covering every layer
+    the float copies go through the one call, with the same greedy ids."""
+    from gguf_files import make_tiny_gguf
+
+    from engine import LLM, SamplingParams
+    from hf_reference import make_prompts
+
+    path = make_tiny_gguf(tmp_path, "llama", "Q8_0", initializer_range=0.2)
+    prompts, params = make_prompts(400)[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    runs = []
+    for gib in (0.0, 1.0):
+        llm = LLM(str(path), device="cpu", max_model_len=256, cpu_dequant_cache=gib)
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 2, use_tqdm=False)])
+        assert (len(counted) > 0) == (gib > 0)
+    assert runs[0] == runs[1]

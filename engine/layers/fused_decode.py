@@ -4,7 +4,8 @@ A model qualifies as a whole, once: every layer a plain Llama-style `DecoderLaye
 norms) whose attention has no output gate, sinks or soft cap (biases and RMSNorm q/k norms are fine), one RoPE
 table (not mRoPE) for all of them and one sliding window (or none), a SiLU `GatedMLP`, float32 weights (a quantized
 layer's `--cpu-dequant-cache` copy counts), one tensor-parallel rank, the float32 CPU attention kernel: Llama,
-Mistral, Qwen2 and Qwen3 do; SmolLM3 (NoPE layers), Gemma, the MoE and hybrid families keep the modules. A step qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
+Mistral, Qwen2 and Qwen3 do; SmolLM3 (NoPE layers), Gemma, the MoE and hybrid families keep the modules. A step
+qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
 `NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler),
 with one KV cache group, no image embeddings and no per-token key limits; any other step, and every step on a
 card or under a trace, runs the modules, whose outputs the fused call equals bit for bit (to float32 rounding with
@@ -19,7 +20,6 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.attention_block import SelfAttention
 from engine.layers.norm import RMSNorm
 from kernels import cpu_host_ops, cpu_linear
-from kernels.attention_cpu import paged_attention_cpu
 from kernels.cpu_decoder import DecoderLayers, LayerTensors
 from kernels.native_kernels import attention_enabled
 
@@ -43,6 +43,7 @@ class FusedDecode:
         if get_tp_size() != 1:
             raise ValueError("tensor parallel")
         self.attentions, self.modules = [], list(layers)
+        first_norm = self.modules[0].input_layernorm if self.modules else None
         for layer in self.modules:
             attn = getattr(layer, "self_attn", None)
             if type(layer).forward is not layer_class.forward or layer.is_linear or layer.sandwich_norms \
@@ -56,10 +57,11 @@ class FusedDecode:
                 raise ValueError(f"{type(mlp).__name__} is not a SiLU gated MLP")
             norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
             norms = norms if attn.q_norm is not None else norms[:2]
-            first_norm = self.modules[0].input_layernorm
             if not all(_plain_norm(n) and type(n) is type(first_norm) and n.eps == first_norm.eps for n in norms):
                 raise ValueError("norms of other kinds or epsilons")
             self.attentions.append(attn)
+        if not self.attentions:
+            raise ValueError("no layers")
         first = self.attentions[0]
         if any(a.rotary_emb is not first.rotary_emb or a.attn.sliding_window != first.attn.sliding_window
                or a.head_dim != first.head_dim for a in self.attentions):
@@ -100,14 +102,17 @@ class FusedDecode:
                 or cpu_linear.implementation() != "native" or not (attention_enabled() and cpu_host_ops.available()):
             return None
         attn = self.attentions[0].attn
-        if attn.paged_attention is not paged_attention_cpu:
+        step_layout = getattr(attn.paged_attention, "step_layout", None)  # the CPU kernel's (kernels/attention_cpu.py)
+        if step_layout is None or not getattr(attn.paged_attention, "takes_new_kv", False):
             return None
         if self.kernel is None or not self.kernel.reads([a.attn.k_cache for a in self.attentions]):
             self.kernel = self._make()
             if self.kernel is None:
                 return None
-        layout = attn.layout(paged_attention_cpu.step_layout, meta, meta.slot_mapping, meta.block_tables)
+        layout = attn.layout(step_layout, meta, meta.slot_mapping, meta.block_tables)
         if layout.slots is None or layout.decode.size != rows:
             return None
         cos, sin = self.rope.cos_sin_at(positions)
+        if cos.dtype != x.dtype or not (cos.is_contiguous() and sin.is_contiguous()):
+            return None
         return self.kernel(x, cos, sin, layout)
