@@ -28,17 +28,20 @@ def spin(stop) -> None:  # pragma: no cover - a hog process
             x += 1
 
 
+PROMPT_LEN = 16
+
+
 def measure(model: Path, streams: list[int], tokens: int) -> dict[int, float]:
     """Output tokens per second of `s` concurrent requests, for each s (in this process)."""
     from engine import LLM, SamplingParams
 
-    llm = LLM(str(model), device="cpu", max_model_len=256, max_num_seqs=max(streams))
+    llm = LLM(str(model), device="cpu", max_model_len=PROMPT_LEN + tokens + 8, max_num_seqs=max(streams))
     vocab = llm.engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.generate([[4, 5, 6, 7]], SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)  # warm-up
     rates = {}
     for s in streams:
-        prompts = [[4 + (i * 31 + j) % (vocab - 4) for j in range(16)] for i in range(s)]
+        prompts = [[4 + (i * 31 + j) % (vocab - 4) for j in range(PROMPT_LEN)] for i in range(s)]
         start = time.perf_counter()
         llm.generate(prompts, params, use_tqdm=False)
         rates[s] = s * tokens / (time.perf_counter() - start)
@@ -48,7 +51,9 @@ def measure(model: Path, streams: list[int], tokens: int) -> dict[int, float]:
 def run_config(env: dict[str, str], model: Path, streams: list[int], tokens: int) -> dict[int, float]:
     child = [sys.executable, "-m", "engine.bench.threads", "--child", str(model), "--tokens", str(tokens),
              "--streams", *map(str, streams)]
-    done = subprocess.run(child, env={**os.environ, **env}, capture_output=True, text=True, check=True)
+    done = subprocess.run(child, env={**os.environ, **env}, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"the measuring process failed ({env or 'thread budget'}):\n{done.stderr[-3000:]}")
     return {int(k): v for k, v in json.loads(done.stdout.strip().splitlines()[-1]).items()}
 
 
