@@ -243,7 +243,8 @@ def _run_native(native, query, k_cache, v_cache, layout, scale, window, soft_cap
                                                                        new_kv[0].stride(0))
     tables, lens, rows = layout.native_addresses()
     native(query.data_ptr(), query.shape[1] * query.shape[2], k_cache.data_ptr(), v_cache.data_ptr(), query.shape[1],
-           k_cache.shape[2], query.shape[2], k_cache.shape[1], *k_cache.stride()[:3], tables, layout.decode_tables.shape[1], lens, rows,
+           k_cache.shape[2], query.shape[2], k_cache.shape[1], *k_cache.stride()[:3], tables,
+           layout.decode_tables.shape[1], lens, rows,
            layout.decode.size, float(scale), window, float(soft_cap or 0.0),
            None if sink_values is None else sink_values.data_ptr(),
            heads_per_item(k_cache.shape[2], layout.decode.size, threads), out_array.ctypes.data, k_new, v_new,
