@@ -11,7 +11,7 @@ from engine.layers.attention import AttentionMetadata
 from engine.layers.fused_decode import FusedDecode
 from engine.models.registry import model_class
 from engine.worker.loader import iterate_weights
-from kernels import cpu_decoder, cpu_host_ops, cpu_linear
+from kernels import cpu_decoder, cpu_host_ops, cpu_linear, native_kernels
 from kernels.native_kernels import library
 
 BLOCK = 4
@@ -19,10 +19,13 @@ BLOCK = 4
 
 @pytest.fixture(autouse=True)
 def native():
+    """The engine's default CPU backends (`--cpu-linear rows`): an engine of another test file in this process may
+    have left others (the runner sets them per process)."""
+    cpu_linear.set_backend("rows")
+    cpu_host_ops.set_enabled(True)
+    native_kernels.set_attention(True)
     if library() is None or not cpu_host_ops.available():
         pytest.skip("no native build of the CPU kernels here: install a C compiler (apt install gcc)")
-    if cpu_linear.backend() != "rows":  # an engine of another test file may have left torch's
-        cpu_linear.set_backend("rows")
 
 
 @pytest.fixture
