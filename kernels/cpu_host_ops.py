@@ -1,5 +1,5 @@
 """A decode step's small float32 ops on the CPU in one native call each (kernels/host_ops.c): the residual add fused
-into RMSNorm, SiLU(gate) times up, and the rotary embedding of q and k in place. At a few rows torch runs each as
+into RMSNorm, SiLU(gate) or GELU-tanh(gate) times up, and the rotary embedding of q and k in place. At a few rows torch runs each as
 several ops whose dispatch costs more than their arithmetic, and more again once the step's weights have streamed
 through the cache (BENCHMARKS.md).
 
@@ -22,7 +22,7 @@ from kernels.host_gate import eager_cpu_float32
 SOURCE = Path(__file__).with_name("host_ops.c")
 _P, _N, _F = native_build.POINTER, native_build.SIZE, native_build.FLOAT
 FUNCTIONS = {"pagedesk_rms_norm": [_P, _P, _P, _F, _F, _N, _N, _P, _P], "pagedesk_silu_mul": [_P, _N, _N, _P],
-             "pagedesk_rope": [_P, _N, _N, _N, _N, _N, _P, _P]}
+             "pagedesk_gelu_tanh_mul": [_P, _N, _N, _P], "pagedesk_rope": [_P, _N, _N, _N, _N, _N, _P, _P]}
 MAX_ELEMENTS = 32 * 8192  # decode batches of a wide model; a prefill chunk goes to torch
 _enabled = True
 
@@ -67,6 +67,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     """silu(gate) * up of a [..., 2 * width] tensor (gate first), or None."""
+    return _gated(gate_up, "pagedesk_silu_mul")
+
+
+def gelu_tanh_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """gelu(gate, approximate="tanh") * up of a [..., 2 * width] tensor (gate first), or None."""
+    return _gated(gate_up, "pagedesk_gelu_tanh_mul")
+
+
+def _gated(gate_up: torch.Tensor, function: str) -> torch.Tensor | None:
     if not (eager_cpu_float32(gate_up) and gate_up.numel() <= 2 * MAX_ELEMENTS and gate_up.is_contiguous()
             and gate_up.shape[-1] % 2 == 0):
         return None
@@ -75,8 +84,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
         return None
     width = gate_up.shape[-1] // 2
     out = torch.empty((*gate_up.shape[:-1], width), dtype=torch.float32)
-    library.pagedesk_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * width) if width else 0, width,
-                              out.data_ptr())
+    getattr(library, function)(gate_up.data_ptr(), gate_up.numel() // (2 * width) if width else 0, width,
+                               out.data_ptr())
     return out
 
 

@@ -1,5 +1,5 @@
 /* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, SiLU(gate)
- * times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add, pow, mean,
+ * or GELU-tanh(gate) times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add, pow, mean,
  * add, rsqrt, mul, mul), microseconds of dispatch apiece at a few rows, more once the step's weights have streamed
  * through the cache. Compiled on the user's machine by kernels/native_build.py and called by kernels/cpu_host_ops.py;
  * the oracles are torch's ops (tests/test_cpu_host_ops.py): the same formulas in the same order, the sums of squares
@@ -91,6 +91,31 @@ void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) 
             memcpy(&gv, g + i, (width - i) * sizeof(float));
             memcpy(&uv, u + i, (width - i) * sizeof(float));
             v8 ov = gv / (1.0f + exp8(-gv)) * uv;
+            memcpy(o + i, &ov, (width - i) * sizeof(float));
+        }
+    }
+}
+
+/* out[r, i] = gelu_tanh(g) * u, the tanh approximation of GELU (HF's gelu_pytorch_tanh, torch's
+ * approximate="tanh"): 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + exp(-2y)),
+ * the same value without 1 + tanh's cancellation where tanh(y) is near -1. Gemma's MLP. */
+static inline v8 gelu_tanh8(v8 g) {
+    v8 y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return g / (1.0f + exp8(-2.0f * y));
+}
+
+void pagedesk_gelu_tanh_mul(const float *gate_up, long rows, long width, float *out) {
+    for (long r = 0; r < rows; r++) {
+        const float *g = gate_up + (size_t)r * 2 * width;
+        const float *u = g + width;
+        float *o = out + (size_t)r * width;
+        long i = 0;
+        for (; i + 8 <= width; i += 8) store8(o + i, gelu_tanh8(load8(g + i)) * load8(u + i));
+        if (i < width) {
+            v8 gv = {0}, uv = {0};
+            memcpy(&gv, g + i, (width - i) * sizeof(float));
+            memcpy(&uv, u + i, (width - i) * sizeof(float));
+            v8 ov = gelu_tanh8(gv) * uv;
             memcpy(o + i, &ov, (width - i) * sizeof(float));
         }
     }

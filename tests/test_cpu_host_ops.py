@@ -52,6 +52,19 @@ def test_silu_mul_matches_torch(shape):
                                equal_nan=True)
 
 
+@pytest.mark.parametrize("shape", [(1, 2 * 1536), (5, 2 * 7), (2, 3, 16), (0, 8), (3, 2 * 21)])
+def test_gelu_tanh_mul_matches_torch(shape):
+    """Gemma's MLP: torch's tanh-approximated GELU of the gate times up, gates near zero (tanh's cancellation) and far
+    out on both sides (exp's clamps: tanh saturates to +-1), NaN."""
+    torch.manual_seed(3)
+    gate_up = torch.randn(shape) * 3
+    if gate_up.numel() and shape[-1] // 2 >= 7:
+        gate_up.view(-1, shape[-1])[0, :7] = torch.tensor([-300.0, -9.0, -1e-4, 1e-6, 9.0, 300.0, float("nan")])
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(cpu_host_ops.gelu_tanh_mul(gate_up), F.gelu(gate, approximate="tanh") * up,
+                               atol=1e-6, rtol=1e-5, equal_nan=True)
+
+
 @pytest.mark.parametrize("rotary_fraction", [1.0, 0.5])
 @pytest.mark.parametrize("rows", [1, 5])
 def test_rope_in_place_on_the_qkv_output_is_torch_bit_for_bit(rotary_fraction, rows):

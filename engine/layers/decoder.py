@@ -30,8 +30,10 @@ from engine.quantization.gguf.types import is_gguf_model
 from kernels import cpu_host_ops
 from kernels.host_gate import eager_cpu_float32
 
-# HF's hidden_act names -> the function (HF's gelu_pytorch_tanh is torch's tanh approximation).
+# HF's hidden_act names -> the function (HF's gelu_pytorch_tanh is torch's tanh approximation), and the native
+# act(gate) * up of a CPU decode batch (kernels/cpu_host_ops.py).
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh")}
+GATED_HOST_OPS = {"silu": cpu_host_ops.silu_mul, "gelu_pytorch_tanh": cpu_host_ops.gelu_tanh_mul}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,7 @@ class GatedMLP(nn.Module):
         if cfg.hidden_act not in ACTIVATIONS:
             raise ValueError(f"{cfg.architecture}: hidden_act {cfg.hidden_act!r} is not supported; supported: "
                              f"{', '.join(ACTIVATIONS)}")
-        self.act = ACTIVATIONS[cfg.hidden_act]
+        self.act_name, self.act = cfg.hidden_act, ACTIVATIONS[cfg.hidden_act]
         prefix = f"model.layers.{layer}.mlp"
         width = cfg.layer_intermediate_size(layer)  # Gemma 4's KV-sharing layers may be double-wide
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [width] * 2, False, cfg.quantization, prefix,
@@ -59,7 +61,7 @@ class GatedMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        fused = cpu_host_ops.silu_mul(gate_up) if self.act is F.silu else None  # a CPU decode batch: one call
+        fused = GATED_HOST_OPS[self.act_name](gate_up)  # a CPU decode batch: one call
         if fused is not None:
             return self.down_proj(fused)
         gate, up = gate_up.chunk(2, dim=-1)
