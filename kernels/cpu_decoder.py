@@ -27,26 +27,38 @@ if TYPE_CHECKING:
     from kernels.attention_cpu import StepLayout
 
 _P, _N, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
+MAX_GROUPS, MAX_ROPES = 16, 4  # decoder_layers.c's: KV cache groups (Gemma 3 27B has 5) and RoPE tables
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [(name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "qkv_bias",
-                                        "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm", "k_cache",
-                                        "v_cache")]
+    _fields_ = [*((name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "qkv_bias",
+                                          "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm", "pre_ff_norm",
+                                          "post_ff_norm", "k_cache", "v_cache")),
+                ("group", _N), ("rope", _N)]
 
 
 class _Spec(ctypes.Structure):
-    _fields_ = [*((name, _N) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "rotary_dim",
-                                          "intermediate", "block_size", "block_stride", "token_stride",
-                                          "head_stride")),
-                ("eps", _F), ("norm_offset", _F), ("scale", _F), ("linear_min_work", _N),
-                ("chunks_per_thread", _N), ("layer", ctypes.POINTER(_Layer))]
+    _fields_ = [*((name, _N) for name in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate",
+                                          "block_size", "block_stride", "token_stride", "head_stride")),
+                ("eps", _F), ("norm_offset", _F), ("scale", _F), ("soft_cap", _F), ("gelu", _N),
+                ("linear_min_work", _N), ("chunks_per_thread", _N), ("rotary_dim", _N * MAX_ROPES),
+                ("layer", ctypes.POINTER(_Layer))]
+
+
+class _Group(ctypes.Structure):
+    _fields_ = [("tables", _P), ("table_width", _N), ("slots", _P), ("window", _N), ("attention_threads", _N),
+                ("heads_per_item", _N)]
+
+
+class _Step(ctypes.Structure):
+    _fields_ = [("seq_lens", _P), ("rows", _P), ("num_seqs", _N), ("group", _Group * MAX_GROUPS),
+                ("cos", _P * MAX_ROPES), ("sin", _P * MAX_ROPES)]
 
 
 class LayerTensors(NamedTuple):
     """One layer's float32 weights ([out, in] for the linears: QKV stacked q | k | v, gate/up stacked gate | up),
-    the linears' biases and the per-head q/k norms' weights (None: none), and its KV caches [blocks, block_size,
-    kv_heads, head_dim]."""
+    the linears' biases, the per-head q/k norms' and Gemma's pre- and post-MLP norms' weights (None: none), and its
+    KV caches [blocks, block_size, kv_heads, head_dim]."""
     input_norm: torch.Tensor
     qkv: torch.Tensor
     o: torch.Tensor
@@ -59,17 +71,26 @@ class LayerTensors(NamedTuple):
     down_bias: torch.Tensor | None
     q_norm: torch.Tensor | None
     k_norm: torch.Tensor | None
+    pre_ff_norm: torch.Tensor | None
+    post_ff_norm: torch.Tensor | None
     k_cache: torch.Tensor
     v_cache: torch.Tensor
 
 
 class DecoderLayers:
-    def __init__(self, layers: Sequence[LayerTensors], *, heads: int, kv_heads: int, head_dim: int, rotary_dim: int,
-                 eps: float, norm_offset: float, scale: float, sliding_window: int | None) -> None:
-        """Raises ValueError where a tensor is not what the kernel reads (the caller keeps the module path)."""
+    def __init__(self, layers: Sequence[LayerTensors], *, groups: Sequence[int], ropes: Sequence[int], heads: int,
+                 kv_heads: int, head_dim: int, rotary_dims: Sequence[int], windows: Sequence[int | None],
+                 eps: float, norm_offset: float, scale: float, soft_cap: float | None, gelu: bool) -> None:
+        """`groups[i]` and `ropes[i]`: layer i's KV cache group and RoPE table (indices into `windows`, each group's
+        sliding window or None, and `rotary_dims`, each table's rotated dims). Raises ValueError where a tensor is not
+        what the kernel reads (the caller keeps the module path)."""
         native = library()
         if native is None or not layers:
             raise ValueError("no native build of the decoder kernel")
+        if not (len(windows) <= MAX_GROUPS and len(rotary_dims) <= MAX_ROPES and len(groups) == len(ropes)
+                == len(layers) and set(groups) <= set(range(len(windows)))
+                and set(ropes) <= set(range(len(rotary_dims)))):
+            raise ValueError(f"{len(windows)} KV cache groups, {len(rotary_dims)} RoPE tables")
         # numba's modules, imported here, not above: a GPU machine's bare environment has no numba and never gets here
         from kernels import attention_cpu
         from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD
@@ -81,7 +102,7 @@ class DecoderLayers:
                   "o": (hidden, heads * head_dim), "post_norm": (hidden,), "gate_up": (2 * intermediate, hidden),
                   "down": (hidden, intermediate)}
         shapes.update({f"{name}_bias": (shapes[name][0],) for name in ("qkv", "o", "gate_up", "down")},
-                      q_norm=(head_dim,), k_norm=(head_dim,))
+                      q_norm=(head_dim,), k_norm=(head_dim,), pre_ff_norm=(hidden,), post_ff_norm=(hidden,))
         cache = layers[0].k_cache
         for layer in layers:
             for name, shape in shapes.items():
@@ -94,39 +115,52 @@ class DecoderLayers:
                 if c.dtype != torch.float32 or not c.is_cpu or c.dim() != 4 or c.stride() != cache.stride() \
                         or c.stride(3) != 1 or tuple(c.shape[1:]) != (cache.shape[1], kv_heads, head_dim):
                     raise ValueError(f"KV cache {tuple(c.shape)} {c.dtype} is not one the kernel reads")
-        if rotary_dim % 2 or not 0 < rotary_dim <= head_dim or heads % kv_heads:
-            raise ValueError(f"rotary dim {rotary_dim}, {heads} heads over {kv_heads} KV heads")
+            if (layer.q_norm is None) != (layer.k_norm is None) or \
+                    (layer.pre_ff_norm is None) != (layer.post_ff_norm is None):
+                raise ValueError("q without k norms, or one of the sandwich norms without the other")
+        if any(d % 2 or not 0 < d <= head_dim for d in rotary_dims) or heads % kv_heads:
+            raise ValueError(f"rotary dims {list(rotary_dims)}, {heads} heads over {kv_heads} KV heads")
         # The weights are kept (the kernel reads them); the caches only weakly: a released pool (sleep mode) must
         # leave the process, and a layer bound to another cache is told apart by `reads`.
         self.weights = tuple(layer[:-2] for layer in layers)
         self._caches = tuple((weakref.ref(layer.k_cache), weakref.ref(layer.v_cache)) for layer in layers)
-        self.heads, self.kv_heads, self.head_dim, self.sliding_window = heads, kv_heads, head_dim, sliding_window
+        self.heads, self.kv_heads, self.head_dim, self.windows = heads, kv_heads, head_dim, tuple(windows)
         self.row_floats = hidden + (2 * heads + 2 * kv_heads) * head_dim + 3 * intermediate  # scratch per row
-        self._layers = (_Layer * len(layers))(*(_Layer(*(None if t is None else t.data_ptr() for t in layer))
-                                                 for layer in layers))
-        self._spec = _Spec(len(layers), hidden, heads, kv_heads, head_dim, rotary_dim, intermediate, cache.shape[1],
-                           *cache.stride()[:3], eps, norm_offset, scale, cpu_linear.PARALLEL_MIN_WORK,
-                           CHUNKS_PER_THREAD, self._layers)
+        self._layers = (_Layer * len(layers))(*(
+            _Layer(*(None if t is None else t.data_ptr() for t in layer), group, rope)
+            for layer, group, rope in zip(layers, groups, ropes)))
+        self._spec = _Spec(len(layers), hidden, heads, kv_heads, head_dim, intermediate, cache.shape[1],
+                           *cache.stride()[:3], eps, norm_offset, scale, soft_cap or 0.0, int(gelu),
+                           cpu_linear.PARALLEL_MIN_WORK, CHUNKS_PER_THREAD, (_N * MAX_ROPES)(*rotary_dims),
+                           self._layers)
         self._spec_address = ctypes.addressof(self._spec)
+        self._step = _Step()
+        self._step_address = ctypes.addressof(self._step)
         self._scratch = torch.empty(0)
 
     def reads(self, k_caches: Sequence[torch.Tensor]) -> bool:
         """Whether these are still the caches it was made over (a rebound pool, sleep mode, makes another)."""
         return len(k_caches) == len(self._caches) and all(k is ref() for k, (ref, _) in zip(k_caches, self._caches))
 
-    def __call__(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                 layout: StepLayout) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, x: torch.Tensor, cos_sin: Sequence[tuple[torch.Tensor, torch.Tensor]],
+                 layouts: Sequence[StepLayout]) -> tuple[torch.Tensor, torch.Tensor]:
         """Every layer over x [rows, hidden] (contiguous float32, overwritten: the caller's own), a step of one decode
-        per row whose `layout` has its slots; cos and sin [rows, 1, rotary_dim] as engine/layers/rotary.py lays them
-        out. Returns (the last layer's output, the residual) as the layer modules do."""
+        per row: each RoPE table's cos and sin [rows, 1, rotary_dim] as engine/layers/rotary.py lays them out, and
+        each KV cache group's `layout` (with its slots). Returns (the last layer's output, the residual) as the layer
+        modules do."""
         rows = x.shape[0]
         if self._scratch.numel() < rows * self.row_floats:
             self._scratch = torch.empty(rows * self.row_floats, dtype=torch.float32)
         residual = torch.empty_like(x)
-        window, attention_threads = self._decode_plan(layout, self.heads, self.head_dim, self.sliding_window)
-        tables, lens, seq_rows = layout.native_addresses()
+        step = self._step
+        for i, layout in enumerate(layouts):
+            window, threads = self._decode_plan(layout, self.heads, self.head_dim, self.windows[i])
+            tables, lens, seq_rows = layout.native_addresses()
+            step.group[i] = _Group(tables, layout.decode_tables.shape[1], layout.slots.data_ptr(), window, threads,
+                                   self._heads_per_item(self.kv_heads, layout.decode.size, threads))
+        step.seq_lens, step.rows, step.num_seqs = lens, seq_rows, layouts[0].decode.size
+        for i, (cos, sin) in enumerate(cos_sin):
+            step.cos[i], step.sin[i] = cos.data_ptr(), sin.data_ptr()
         self._run(self._spec_address, rows, x.data_ptr(), residual.data_ptr(), self._scratch.data_ptr(),
-                  cos.data_ptr(), sin.data_ptr(), tables, layout.decode_tables.shape[1], lens, seq_rows,
-                  layout.decode.size, layout.slots.data_ptr(), window, attention_threads,
-                  self._heads_per_item(self.kv_heads, layout.decode.size, attention_threads), self._pool_threads())
+                  self._step_address, self._pool_threads())
         return x, residual

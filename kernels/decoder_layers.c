@@ -1,12 +1,13 @@
 /* Every layer of a Llama-style decoder over a decode step's rows, in one call: per layer RMSNorm (the residual add
- * fused in), the QKV GEMM (and its bias), Qwen3's per-head q/k norms, RoPE on q and k, the KV write and paged
- * attention, the O GEMM, the second norm, the gate/up GEMM, SiLU(gate) * up and the down GEMM. Each piece is the
- * library's own function, the one the layer modules call one at a time (kernels/rows_gemm.c,
- * kernels/decode_attention.c, kernels/host_ops.c), so the result is theirs bit for bit (the q/k norms excepted: the
- * modules leave those strided views to torch, whose sum of squares runs in another order); what goes is the Python
- * between them: ~40 frames, tensor headers and dispatches a layer, each run on caches the step's weights have just
- * streamed through (BENCHMARKS.md). Built into the native library by kernels/native_kernels.py, driven by
- * kernels/cpu_decoder.py.
+ * fused in), the QKV GEMM (and its bias), per-head q/k norms (Qwen3, Gemma 3), RoPE on q and k (each layer's table),
+ * the KV write and paged attention (each layer's KV cache group: its block tables, slots and window; Gemma 2's soft
+ * cap), the O GEMM, the second norm (Gemma's sandwich: the attention's and the MLP's outputs normed too), the
+ * gate/up GEMM, SiLU or GELU-tanh of the gate times up, and the down GEMM. Each piece is the library's own function,
+ * the one the layer modules call one at a time (kernels/rows_gemm.c, kernels/decode_attention.c,
+ * kernels/host_ops.c), so the result is theirs bit for bit (the q/k norms excepted: the modules leave those strided
+ * views to torch, whose sum of squares runs in another order); what goes is the Python between them: ~40 frames,
+ * tensor headers and dispatches a layer, each run on caches the step's weights have just streamed through
+ * (BENCHMARKS.md). Built into the native library by kernels/native_kernels.py, driven by kernels/cpu_decoder.py.
  *
  * x [rows, hidden] holds the embeddings on entry and the last layer's output (its MLP's, before the residual add)
  * on return; residual [rows, hidden] the sum the last layer's MLP adds to, as the module path's layers return
@@ -20,6 +21,7 @@ void pagedesk_rows_gemm_parallel(const float *x, long M, long K, const float *w,
 void pagedesk_rms_norm(const float *x, const float *residual, const float *weight, float offset, float eps,
                        long rows, long n, float *out, float *sum_out);
 void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out);
+void pagedesk_gelu_tanh_mul(const float *gate_up, long rows, long width, float *out);
 void pagedesk_rope(float *x, long rows, long row_stride, long heads, long head_dim, long rotary_dim,
                    const float *cos, const float *sin);
 void pagedesk_decode_attention(const float *q, long q_stride, float *k_cache, float *v_cache, long num_heads,
@@ -30,21 +32,40 @@ void pagedesk_decode_attention(const float *q, long q_stride, float *k_cache, fl
                                const float *k_new, const float *v_new, long new_stride, const int64_t *slots,
                                long threads);
 
-typedef struct {  /* one layer's weights ([out, in], C-contiguous), the linears' biases and the per-head q/k norms'
-                   * weights (NULL: none), its KV caches */
+enum { MAX_GROUPS = 16, MAX_ROPES = 4 };  /* kernels/cpu_decoder.py has the same */
+
+typedef struct {  /* one layer's weights ([out, in], C-contiguous), the linears' biases, the per-head q/k norms' and the
+                   * sandwich norms' weights (NULL: none), its KV caches, its KV cache group and RoPE table */
     const float *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
-    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm;
+    const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm, *pre_ff_norm, *post_ff_norm;
     float *k_cache, *v_cache;
+    long group, rope;
 } decoder_layer;
 
 typedef struct {  /* the model's shapes and the kernels' settings, the same for every layer */
-    long layers, hidden, heads, kv_heads, head_dim, rotary_dim, intermediate;
+    long layers, hidden, heads, kv_heads, head_dim, intermediate;
     long block_size, block_stride, token_stride, head_stride;  /* the caches', in floats */
-    float eps, norm_offset, scale;
+    float eps, norm_offset, scale, soft_cap;                  /* soft_cap 0: none */
+    long gelu;                /* the MLP's activation: 0 SiLU, 1 GELU-tanh */
     long linear_min_work;     /* multiply-adds under which a GEMM runs on the calling thread */
     long chunks_per_thread;   /* a parallel GEMM's chunks per thread */
+    long rotary_dim[MAX_ROPES];
     const decoder_layer *layer;
 } decoder_spec;
+
+typedef struct {  /* a KV cache group's view of the step, as pagedesk_decode_attention takes it */
+    const int32_t *tables;
+    long table_width;
+    const int64_t *slots;
+    long window, attention_threads, heads_per_item;
+} step_group;
+
+typedef struct {  /* the step: sequence i is row rows[i] (one decode each); each RoPE table's cos and sin */
+    const int64_t *seq_lens, *rows;
+    long num_seqs;
+    step_group group[MAX_GROUPS];
+    const float *cos[MAX_ROPES], *sin[MAX_ROPES];
+} decoder_step;
 
 /* out = x w^T (+ bias, added after the sum as the module's `out += bias`). */
 static void linear(const decoder_spec *s, const float *x, long M, long K, const float *w, const float *bias, long N,
@@ -58,41 +79,52 @@ static void linear(const decoder_spec *s, const float *x, long M, long K, const 
             for (long n = 0; n < N; n++) out[m * N + n] += bias[n];
 }
 
-/* Sequence i is row rows[i] (a decode step: one row each); window, attention_threads and heads_per_item as
- * pagedesk_decode_attention takes them; threads: the GEMMs' pool size. */
+/* A norm over rows of n floats with the model's eps and offset; sum_out / residual as pagedesk_rms_norm's. */
+static void norm(const decoder_spec *s, const float *x, const float *residual, const float *weight, long rows, long n,
+                 float *out, float *sum_out) {
+    pagedesk_rms_norm(x, residual, weight, s->norm_offset, s->eps, rows, n, out, sum_out);
+}
+
+/* threads: the GEMMs' pool size. */
 void pagedesk_decoder_layers(const decoder_spec *s, long M, float *x, float *residual, float *scratch,
-                             const float *cos, const float *sin, const int32_t *tables, long table_width,
-                             const int64_t *seq_lens, const int64_t *rows, long num_seqs, const int64_t *slots,
-                             long window, long attention_threads, long heads_per_item, long threads) {
+                             const decoder_step *step, long threads) {
     long H = s->hidden, D = s->head_dim, I = s->intermediate;
     long q_width = s->heads * D, kv_width = s->kv_heads * D, qkv_width = q_width + 2 * kv_width;
     float *normed = scratch, *qkv = normed + M * H, *attended = qkv + M * qkv_width;
     float *gate_up = attended + M * q_width, *act = gate_up + M * 2 * I;
     for (long l = 0; l < s->layers; l++) {
         const decoder_layer *layer = s->layer + l;
+        const step_group *g = step->group + layer->group;
         if (l == 0) {  /* no residual yet: the embeddings are it */
             memcpy(residual, x, (size_t)(M * H) * sizeof(float));
-            pagedesk_rms_norm(residual, NULL, layer->input_norm, s->norm_offset, s->eps, M, H, normed, NULL);
+            norm(s, residual, NULL, layer->input_norm, M, H, normed, NULL);
         } else {
-            pagedesk_rms_norm(x, residual, layer->input_norm, s->norm_offset, s->eps, M, H, normed, residual);
+            norm(s, x, residual, layer->input_norm, M, H, normed, residual);
         }
         linear(s, normed, M, H, layer->qkv, layer->qkv_bias, qkv_width, qkv, threads);
-        if (layer->q_norm)  /* Qwen3: each head of q and k normed, in place, before RoPE */
+        if (layer->q_norm)  /* Qwen3, Gemma 3: each head of q and k normed, in place, before RoPE */
             for (long m = 0; m < M; m++) {
                 float *q = qkv + m * qkv_width, *k = q + q_width;
-                pagedesk_rms_norm(q, NULL, layer->q_norm, s->norm_offset, s->eps, s->heads, D, q, NULL);
-                pagedesk_rms_norm(k, NULL, layer->k_norm, s->norm_offset, s->eps, s->kv_heads, D, k, NULL);
+                norm(s, q, NULL, layer->q_norm, s->heads, D, q, NULL);
+                norm(s, k, NULL, layer->k_norm, s->kv_heads, D, k, NULL);
             }
-        pagedesk_rope(qkv, M, qkv_width, s->heads + s->kv_heads, D, s->rotary_dim, cos, sin);
+        pagedesk_rope(qkv, M, qkv_width, s->heads + s->kv_heads, D, s->rotary_dim[layer->rope],
+                      step->cos[layer->rope], step->sin[layer->rope]);
         pagedesk_decode_attention(qkv, qkv_width, layer->k_cache, layer->v_cache, s->heads, s->kv_heads, D,
-                                  s->block_size, s->block_stride, s->token_stride, s->head_stride, tables,
-                                  table_width, seq_lens, rows, num_seqs, s->scale, window, 0.0f, NULL,
-                                  heads_per_item, attended, qkv + q_width, qkv + q_width + kv_width, qkv_width,
-                                  slots, attention_threads);
+                                  s->block_size, s->block_stride, s->token_stride, s->head_stride, g->tables,
+                                  g->table_width, step->seq_lens, step->rows, step->num_seqs, s->scale, g->window,
+                                  s->soft_cap, NULL, g->heads_per_item, attended, qkv + q_width,
+                                  qkv + q_width + kv_width, qkv_width, g->slots, g->attention_threads);
         linear(s, attended, M, q_width, layer->o, layer->o_bias, H, x, threads);
-        pagedesk_rms_norm(x, residual, layer->post_norm, s->norm_offset, s->eps, M, H, normed, residual);
+        if (layer->pre_ff_norm) {  /* Gemma's sandwich: the attention's output normed, then added */
+            norm(s, x, NULL, layer->post_norm, M, H, x, NULL);
+            norm(s, x, residual, layer->pre_ff_norm, M, H, normed, residual);
+        } else {
+            norm(s, x, residual, layer->post_norm, M, H, normed, residual);
+        }
         linear(s, normed, M, H, layer->gate_up, layer->gate_up_bias, 2 * I, gate_up, threads);
-        pagedesk_silu_mul(gate_up, M, I, act);
+        (s->gelu ? pagedesk_gelu_tanh_mul : pagedesk_silu_mul)(gate_up, M, I, act);
         linear(s, act, M, I, layer->down, layer->down_bias, H, x, threads);
+        if (layer->post_ff_norm) norm(s, x, NULL, layer->post_ff_norm, M, H, x, NULL);
     }
 }

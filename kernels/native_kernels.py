@@ -23,9 +23,8 @@ FUNCTIONS = {
     # the new keys and values (or NULL), their row stride, their slots, threads
     "pagedesk_decode_attention": [_P, _N, _P, _P, _N, _N, _N, _N, _N, _N, _N, _P, _N, _P, _P, _N, _F, _N, _F, _P, _N,
                                   _P, _P, _P, _N, _P, _N],
-    # the model's spec, rows, x, residual, scratch, cos, sin, tables, table width, seq lens, rows of the sequences,
-    # sequences, slots, window, attention threads, heads per item, threads
-    "pagedesk_decoder_layers": [_P, _N, _P, _P, _P, _P, _P, _P, _N, _P, _P, _N, _P, _N, _N, _N, _N],
+    # the model's spec, rows, x, residual, scratch, the step, threads
+    "pagedesk_decoder_layers": [_P, _N, _P, _P, _P, _P, _N],
 }
 
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.config.model import ModelConfig
+from engine.kv.kv_cache_interface import build_layout, layer_specs
 from engine.layers.attention import AttentionMetadata
 from engine.layers.fused_decode import FusedDecode
 from engine.models.registry import model_class
@@ -44,30 +45,45 @@ def _model(path):
     return cfg, model
 
 
-def _bind(model, cfg, blocks: int, seed: int) -> list[torch.Tensor]:
+def _bind(model, cfg, blocks: int, seed: int) -> torch.Tensor:
     """Random KV caches (as if earlier steps had filled them), one [2, blocks, BLOCK, kv heads, head dim] per layer
-    as views of one pool."""
+    as views of one pool, and each layer's KV cache group as the engine groups them (windowed layers apart)."""
     gen = torch.Generator().manual_seed(seed)
     layers = model.attention_layers()
+    groups = build_layout(layer_specs(cfg.sliding_windows, BLOCK, layers[0].num_kv_heads, layers[0].head_dim,
+                                      4)).layer_groups
     pool = torch.randn(len(layers), 2, blocks, BLOCK, layers[0].num_kv_heads, layers[0].head_dim, generator=gen)
     for i, layer in enumerate(layers):
         layer.bind_cache(pool[i, 0], pool[i, 1])
+        layer.kv_group = groups[i]
     return pool
 
 
-def _decode_step(seq_lens: list[int], blocks: int, seed: int) -> tuple[torch.Tensor, AttentionMetadata]:
-    """Positions and metadata of one decode per sequence; every sequence's blocks drawn at random from the pool."""
-    gen = torch.Generator().manual_seed(seed)
+def _tables(seq_lens: list[int], blocks: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block tables with every sequence's blocks drawn at random from the pool, and the slots of its last token."""
     width = max(-(-n // BLOCK) for n in seq_lens)
     order = torch.randperm(blocks, generator=gen).tolist()
     tables = torch.zeros(len(seq_lens), width, dtype=torch.int32)  # padded with block 0, as the engine pads
     for i, n in enumerate(seq_lens):
         tables[i, :-(-n // BLOCK)] = torch.tensor([order.pop() for _ in range(-(-n // BLOCK))])
-    positions = torch.tensor([n - 1 for n in seq_lens])
     slots = torch.tensor([int(tables[i, (n - 1) // BLOCK]) * BLOCK + (n - 1) % BLOCK for i, n in enumerate(seq_lens)])
-    meta = AttentionMetadata(slots, tables, torch.tensor(seq_lens, dtype=torch.int32),
+    return tables, slots
+
+
+def _decode_step(seq_lens: list[int], blocks: int, seed: int, groups: int = 1) -> tuple[torch.Tensor,
+                                                                                          AttentionMetadata]:
+    """Positions and metadata of one decode per sequence, with block tables and slots per KV cache group."""
+    gen = torch.Generator().manual_seed(seed)
+    tables, slots = zip(*(_tables(seq_lens, blocks, gen) for _ in range(groups)))
+    meta = AttentionMetadata(slots[0], tables[0], torch.tensor(seq_lens, dtype=torch.int32),
                              torch.arange(len(seq_lens) + 1, dtype=torch.int32), 1, max(seq_lens))
-    return positions, meta
+    if groups > 1:
+        meta.group_block_tables, meta.group_slot_mappings = torch.stack(tables[1:]), torch.stack(slots[1:])
+    return torch.tensor([n - 1 for n in seq_lens]), meta
+
+
+def _groups(model) -> int:
+    return 1 + max(layer.kv_group for layer in model.attention_layers())
 
 
 def _forward(model, ids, positions, meta, fused: bool):
@@ -89,24 +105,28 @@ def _forward(model, ids, positions, meta, fused: bool):
 ODD = dict(hidden_size=60, num_attention_heads=5, num_key_value_heads=1, head_dim=12, intermediate_size=70)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3", "qwen3", "llama-odd"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3", "qwen3", "llama-odd", "gemma2", "gemma3"])
 @pytest.mark.parametrize("seq_lens", [[9], [1, 5, 17, 33, 60], [70] * 3 + [2] * 30])
 def test_one_call_equals_the_layer_modules_bit_for_bit(tiny_model_dir, counted, arch, seq_lens):
     """Batch 1, a mixed batch (contexts shorter and longer than Mistral's 48-token window, a one-token one) and 33
     rows (past the thread thresholds of the GEMMs and the attention): the hidden states and every layer's caches.
-    Qwen3's per-head q/k norms are torch's on the module path (strided views): equal to float32 rounding there."""
+    Qwen3's and Gemma 3's per-head q/k norms are torch's on the module path (strided views): equal to float32
+    rounding there. Gemma 2 and 3: sandwich norms, GELU-tanh, KV cache groups (windowed and global layers), Gemma
+    2's soft cap, Gemma 3's two RoPE tables."""
     cfg, model = _model(tiny_model_dir("llama", **ODD) if arch == "llama-odd" else tiny_model_dir(arch))
     blocks = sum(-(-n // BLOCK) for n in seq_lens) + 5
     ids = torch.randint(5, cfg.vocab_size, (len(seq_lens),), generator=torch.Generator().manual_seed(3))
-    positions, meta = _decode_step(seq_lens, blocks, seed=1)
     pool = _bind(model, cfg, blocks, seed=2)
+    groups = _groups(model)
+    assert (groups > 1) == arch.startswith("gemma")
+    positions, meta = _decode_step(seq_lens, blocks, seed=1, groups=groups)
     before = pool.clone()
     want = _forward(model, ids, positions, meta, fused=False)
     want_pool, pool[:] = pool.clone(), before
-    got = _forward(model, ids, positions, _decode_step(seq_lens, blocks, seed=1)[1], fused=True)
+    got = _forward(model, ids, positions, _decode_step(seq_lens, blocks, seed=1, groups=groups)[1], fused=True)
     fused_steps = len(counted)
     assert fused_steps == (1 if len(seq_lens) <= cpu_linear.NATIVE_MAX_ROWS else 0)
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(pool, want_pool, rtol=1e-5, atol=1e-5)
     else:
@@ -116,8 +136,8 @@ def test_one_call_equals_the_layer_modules_bit_for_bit(tiny_model_dir, counted, 
 
 
 def test_models_it_does_not_take_keep_their_modules(tiny_model_dir):
-    """A NoPE layer (SmolLM3), soft caps and sandwich norms (Gemma 2), a hybrid's DeltaNet, experts (Qwen3-MoE)."""
-    for arch in ("smollm3", "gemma2", "qwen3_5", "qwen3_moe"):
+    """A NoPE layer (SmolLM3), a hybrid's DeltaNet, experts (Qwen3-MoE), Gemma 4's layers."""
+    for arch in ("smollm3", "qwen3_5", "qwen3_moe", "gemma4"):
         cfg, model = _model(tiny_model_dir(arch))
         if not hasattr(model.model, "fused_layers"):
             continue
@@ -167,7 +187,7 @@ def test_a_rebound_cache_makes_the_call_anew(tiny_model_dir, counted):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2", "gemma3"])
 def test_engine_greedy_equals_hf_through_the_one_call(reference, counted, arch):
     from hf_reference import MAX_TOKENS, engine_greedy
 

@@ -112,10 +112,7 @@ class PagedAttention(nn.Module):
         if meta is None or self.k_cache.numel() == 0:
             out = q
         else:
-            slot_mapping, block_tables = meta.slot_mapping, meta.block_tables
-            if self.kv_group and meta.group_block_tables is not None:
-                slot_mapping = meta.group_slot_mappings[self.kv_group - 1]
-                block_tables = meta.group_block_tables[self.kv_group - 1]
+            slot_mapping, block_tables = self.group_tables(meta)
             variants = {}  # only what is set, so the plain call stays the plain call
             checked = {}
             step_layout = getattr(self.paged_attention, "step_layout", None)  # the CPU kernel's host arrays
@@ -144,6 +141,12 @@ class PagedAttention(nn.Module):
         if gate is not None:
             out = out * torch.sigmoid(gate.view(out.shape))
         return out
+
+    def group_tables(self, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's KV cache group's slot mapping and block tables (the first group's in dummy metadata)."""
+        if self.kv_group and meta.group_block_tables is not None:
+            return meta.group_slot_mappings[self.kv_group - 1], meta.group_block_tables[self.kv_group - 1]
+        return meta.slot_mapping, meta.block_tables
 
     def layout(self, step_layout, meta: AttentionMetadata, slot_mapping: torch.Tensor, block_tables: torch.Tensor):
         """This step's layout (`step_layout`'s) for this layer's KV cache group, made by the group's first layer."""

@@ -1,27 +1,27 @@
 """When a decoder's CPU decode step runs every layer in one native call (kernels/cpu_decoder.py), and its tensors.
 
-A model qualifies as a whole, once: every layer a plain Llama-style `DecoderLayer` (self-attention, no sandwich
-norms) whose attention has no output gate, sinks or soft cap (biases and RMSNorm q/k norms are fine), one RoPE
-table (not mRoPE) for all of them and one sliding window (or none), a SiLU `GatedMLP`, float32 weights (a quantized
-layer's `--cpu-dequant-cache` copy counts), one tensor-parallel rank, the float32 CPU attention kernel: Llama,
-Mistral, Qwen2 and Qwen3 do; SmolLM3 (NoPE layers), Gemma, the MoE and hybrid families keep the modules. A step
-qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
-`NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler),
-with one KV cache group, no image embeddings and no per-token key limits; any other step, and every step on a
-card or under a trace, runs the modules, whose outputs the fused call equals bit for bit (to float32 rounding with
-q/k norms, which the modules leave to torch).
+A model qualifies as a whole, once: every layer a `DecoderLayer` with self-attention (pre-norm, or Gemma's sandwich
+norms), no output gate or sinks (biases, RMSNorm q/k norms, a soft cap are fine), RoPE (not mRoPE) from up to
+`MAX_ROPES` tables, up to `MAX_GROUPS` KV cache groups of one sliding window (or none) each, a SiLU or GELU-tanh
+`GatedMLP`, float32 weights (a quantized layer's `--cpu-dequant-cache` copy counts), one tensor-parallel rank, the
+float32 CPU attention kernel: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3 do; SmolLM3 (NoPE layers),
+Gemma 4, the MoE and hybrid families keep the modules. A step qualifies when it is decodes only (one token per
+sequence, no padding slot), up to the row GEMM's `NATIVE_MAX_ROWS`, in a process whose CPU backends are the native
+ones (`--cpu-linear rows` with a C compiler), with no image embeddings and no per-token key limits; any other step,
+and every step on a card or under a trace, runs the modules, whose outputs the fused call equals bit for bit (to
+float32 rounding with q/k norms, which the modules leave to torch).
 """
 from __future__ import annotations
-
-import torch.nn.functional as F
 
 from engine.distributed.parallel_state import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.layers.attention_block import SelfAttention
 from engine.layers.norm import RMSNorm
 from kernels import cpu_host_ops, cpu_linear
-from kernels.cpu_decoder import DecoderLayers, LayerTensors
+from kernels.cpu_decoder import MAX_GROUPS, MAX_ROPES, DecoderLayers, LayerTensors
 from kernels.native_kernels import attention_enabled
+
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # what kernels/decoder_layers.c applies to the gate
 
 
 def _weight(linear):
@@ -43,30 +43,38 @@ class FusedDecode:
         if get_tp_size() != 1:
             raise ValueError("tensor parallel")
         self.attentions, self.modules = [], list(layers)
-        first_norm = self.modules[0].input_layernorm if self.modules else None
+        if not self.modules:
+            raise ValueError("no layers")
+        first_norm, first_mlp = self.modules[0].input_layernorm, self.modules[0].mlp
         for layer in self.modules:
             attn = getattr(layer, "self_attn", None)
-            if type(layer).forward is not layer_class.forward or layer.is_linear or layer.sandwich_norms \
-                    or type(attn) is not SelfAttention:
+            if type(layer).forward is not layer_class.forward or layer.is_linear or type(attn) is not SelfAttention:
                 raise ValueError(f"{type(layer).__name__} is not a plain decoder layer")
-            if attn.output_gate or attn.attn.sinks is not None or attn.attn.soft_cap is not None \
-                    or attn.rotary_emb is None or attn.rotary_emb.mrope_streams is not None or attn.attn.kv_group != 0:
+            if attn.output_gate or attn.attn.sinks is not None or attn.rotary_emb is None \
+                    or attn.rotary_emb.mrope_streams is not None:
                 raise ValueError("an attention variant the kernel does not run")
             mlp = layer.mlp
-            if not isinstance(mlp, mlp_class) or type(mlp).forward is not mlp_class.forward or mlp.act is not F.silu:
-                raise ValueError(f"{type(mlp).__name__} is not a SiLU gated MLP")
-            norms = [layer.input_layernorm, layer.post_attention_layernorm, attn.q_norm, attn.k_norm]
-            norms = norms if attn.q_norm is not None else norms[:2]
+            if not isinstance(mlp, mlp_class) or type(mlp).forward is not mlp_class.forward \
+                    or mlp.act_name not in GATED_ACTIVATIONS or mlp.act_name != first_mlp.act_name:
+                raise ValueError(f"{type(mlp).__name__} is not a SiLU or GELU-tanh gated MLP")
+            norms = [layer.input_layernorm, layer.post_attention_layernorm]
+            norms += [attn.q_norm, attn.k_norm] if attn.q_norm is not None else []
+            norms += [layer.pre_feedforward_layernorm, layer.post_feedforward_layernorm] if layer.sandwich_norms else []
             if not all(_plain_norm(n) and type(n) is type(first_norm) and n.eps == first_norm.eps for n in norms):
                 raise ValueError("norms of other kinds or epsilons")
             self.attentions.append(attn)
-        if not self.attentions:
-            raise ValueError("no layers")
         first = self.attentions[0]
-        if any(a.rotary_emb is not first.rotary_emb or a.attn.sliding_window != first.attn.sliding_window
-               or a.head_dim != first.head_dim for a in self.attentions):
-            raise ValueError("layers of different RoPE tables, windows or head widths")
-        self.rope = first.rotary_emb
+        if any(a.head_dim != first.head_dim or a.attn.scale != first.attn.scale or a.attn.soft_cap !=
+               first.attn.soft_cap for a in self.attentions):
+            raise ValueError("layers of different head widths, scales or soft caps")
+        self.ropes = list(dict.fromkeys(a.rotary_emb for a in self.attentions))  # each distinct table once
+        groups = sorted({a.attn.kv_group for a in self.attentions})
+        if len(self.ropes) > MAX_ROPES or groups != list(range(len(groups))) or len(groups) > MAX_GROUPS:
+            raise ValueError(f"{len(self.ropes)} RoPE tables, KV cache groups {groups}")
+        # Each group's first layer stands for it: the step's layout is made once per group.
+        self.group_layers = [next(a.attn for a in self.attentions if a.attn.kv_group == g) for g in groups]
+        if any(a.attn.sliding_window != self.group_layers[a.attn.kv_group].sliding_window for a in self.attentions):
+            raise ValueError("layers of one KV cache group with different windows")
         self.kernel: DecoderLayers | None = None  # made over the bound caches at the first step that can use them
 
     def _make(self) -> DecoderLayers | None:
@@ -77,18 +85,22 @@ class FusedDecode:
             if any(w is None for w in weights) or attn.attn.k_cache.numel() == 0:
                 return None
             linears = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
-            tensors.append(LayerTensors(layer.input_layernorm.weight, weights[0], weights[1],
-                                        layer.post_attention_layernorm.weight, weights[2], weights[3],
-                                        *(linear.bias for linear in linears),
-                                        *((None, None) if attn.q_norm is None else (attn.q_norm.weight,
-                                                                                    attn.k_norm.weight)),
-                                        attn.attn.k_cache, attn.attn.v_cache))
+            tensors.append(LayerTensors(
+                layer.input_layernorm.weight, weights[0], weights[1], layer.post_attention_layernorm.weight,
+                weights[2], weights[3], *(linear.bias for linear in linears),
+                *((None, None) if attn.q_norm is None else (attn.q_norm.weight, attn.k_norm.weight)),
+                *((layer.pre_feedforward_layernorm.weight, layer.post_feedforward_layernorm.weight)
+                  if layer.sandwich_norms else (None, None)),
+                attn.attn.k_cache, attn.attn.v_cache))
         first, norm = self.attentions[0], self.modules[0].input_layernorm
         try:
-            return DecoderLayers(tensors, heads=first.num_heads, kv_heads=first.num_kv_heads,
-                                 head_dim=first.head_dim, rotary_dim=self.rope.rotary_dim, eps=norm.eps,
-                                 norm_offset=norm.weight_offset, scale=first.attn.scale,
-                                 sliding_window=first.attn.sliding_window)
+            return DecoderLayers(
+                tensors, groups=[a.attn.kv_group for a in self.attentions],
+                ropes=[self.ropes.index(a.rotary_emb) for a in self.attentions], heads=first.num_heads,
+                kv_heads=first.num_kv_heads, head_dim=first.head_dim, rotary_dims=[r.rotary_dim for r in self.ropes],
+                windows=[a.sliding_window for a in self.group_layers], eps=norm.eps, norm_offset=norm.weight_offset,
+                scale=first.attn.scale, soft_cap=first.attn.soft_cap,
+                gelu=self.modules[0].mlp.act_name == "gelu_pytorch_tanh")
         except ValueError:
             return None
 
@@ -96,23 +108,23 @@ class FusedDecode:
         """(x, residual) after every layer, or None where this step runs the modules. `x`: the embeddings, the
         forward's own (overwritten)."""
         rows = x.shape[0]
-        if meta is None or meta.key_limits is not None or meta.group_block_tables is not None \
-                or not 0 < rows <= cpu_linear.NATIVE_MAX_ROWS or x.dim() != 2 or not x.is_contiguous() \
-                or positions.dim() != 1 or meta.max_query_len != 1 or not meta.seq_lens.is_cpu \
+        if meta is None or meta.key_limits is not None or not 0 < rows <= cpu_linear.NATIVE_MAX_ROWS \
+                or x.dim() != 2 or not x.is_contiguous() or positions.dim() != 1 or meta.max_query_len != 1 \
+                or not meta.seq_lens.is_cpu or (len(self.group_layers) > 1 and meta.group_block_tables is None) \
                 or cpu_linear.implementation() != "native" or not (attention_enabled() and cpu_host_ops.available()):
             return None
-        attn = self.attentions[0].attn
-        step_layout = getattr(attn.paged_attention, "step_layout", None)  # the CPU kernel's (kernels/attention_cpu.py)
-        if step_layout is None or not getattr(attn.paged_attention, "takes_new_kv", False):
+        kernel = self.attentions[0].attn.paged_attention
+        step_layout = getattr(kernel, "step_layout", None)  # the CPU kernel's (kernels/attention_cpu.py)
+        if step_layout is None or not getattr(kernel, "takes_new_kv", False):
             return None
         if self.kernel is None or not self.kernel.reads([a.attn.k_cache for a in self.attentions]):
             self.kernel = self._make()
             if self.kernel is None:
                 return None
-        layout = attn.layout(step_layout, meta, meta.slot_mapping, meta.block_tables)
-        if layout.slots is None or layout.decode.size != rows:
+        layouts = [attn.layout(step_layout, meta, *attn.group_tables(meta)) for attn in self.group_layers]
+        if any(layout.slots is None or layout.decode.size != rows for layout in layouts):
             return None
-        cos, sin = self.rope.cos_sin_at(positions)
-        if cos.dtype != x.dtype or not (cos.is_contiguous() and sin.is_contiguous()):
+        cos_sin = [rope.cos_sin_at(positions) for rope in self.ropes]
+        if any(cos.dtype != x.dtype or not (cos.is_contiguous() and sin.is_contiguous()) for cos, sin in cos_sin):
             return None
-        return self.kernel(x, cos, sin, layout)
+        return self.kernel(x, cos_sin, layouts)
