@@ -3,14 +3,14 @@
 The layer modules already run each piece natively (the row GEMMs, the norms, RoPE, the KV write inside the paged
 attention), but a layer still makes ~25 Python calls between them, and after each GEMM has streamed its weights
 through the cache every one of those frames, dispatch tables and tensor headers comes back from memory: on the
-2-core machine the glue of a batch-1 step cost ~2 ms on the tiny model and 5-6 ms beside 15-16 ms of GEMMs on the
-wide one (BENCHMARKS.md). Here the layers' tensors are turned into pointers once (`DecoderLayers`), and a step is
-one call with the step's rows, its cos/sin and its attention layout. The C side calls the same functions as the
-modules with the same settings (the GEMMs' and the attention's thread rules are shared: `cpu_linear`'s work
-threshold, `cpu_rows_gemm`'s chunking, `attention_cpu.decode_plan`), so its outputs equal the modules' bit for
-bit (tests/test_cpu_decoder.py; Qwen3's q/k norms to float32 rounding: the modules leave those to torch). The
-engine decides when a model and a step qualify (engine/layers/fused_decode.py). Imports nothing of ours outside
-kernels/.
+2-core AMD machine the glue of a batch-1 step cost ~2 ms on the tiny model and 5-6 ms beside 15-16 ms of GEMMs on
+the wide one (BENCHMARKS.md). Here the layers' tensors are turned into pointers once (`DecoderLayers`), and a step
+is one call with the step's rows, each RoPE table's cos/sin and each KV cache group's attention layout. The C side
+calls the same functions as the modules with the same settings (the GEMMs' and the attention's thread rules are
+shared: `cpu_linear`'s work threshold, `cpu_rows_gemm`'s chunking, `attention_cpu.decode_plan`), so its outputs
+equal the modules' bit for bit (tests/test_cpu_decoder.py; per-head q/k norms to float32 rounding: the modules
+leave those to torch). The engine decides when a model and a step qualify (engine/layers/fused_decode.py).
+Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
 
