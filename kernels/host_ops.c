@@ -74,51 +74,43 @@ static inline v8 exp8(v8 x) {
     return p * (v8)bits;
 }
 
-/* out[r, i] = silu(g) * u with g = gate_up[r, i], u = gate_up[r, width + i]; silu(g) = g / (1 + exp(-g)), 8 values
- * at a time. */
-void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) {
-    for (long r = 0; r < rows; r++) {
-        const float *g = gate_up + (size_t)r * 2 * width;
-        const float *u = g + width;
-        float *o = out + (size_t)r * width;
-        long i = 0;
-        for (; i + 8 <= width; i += 8) {
-            v8 gv = load8(g + i);
-            store8(o + i, gv / (1.0f + exp8(-gv)) * load8(u + i));
-        }
-        if (i < width) {  /* the row's last few, through the same vectors padded with zeros */
-            v8 gv = {0}, uv = {0};
-            memcpy(&gv, g + i, (width - i) * sizeof(float));
-            memcpy(&uv, u + i, (width - i) * sizeof(float));
-            v8 ov = gv / (1.0f + exp8(-gv)) * uv;
-            memcpy(o + i, &ov, (width - i) * sizeof(float));
-        }
-    }
-}
+/* silu(g) = g / (1 + exp(-g)) */
+static inline v8 silu8(v8 g) { return g / (1.0f + exp8(-g)); }
 
-/* out[r, i] = gelu_tanh(g) * u, the tanh approximation of GELU (HF's gelu_pytorch_tanh, torch's
- * approximate="tanh"): 0.5 g (1 + tanh(y)), y = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + exp(-2y)),
- * the same value without 1 + tanh's cancellation where tanh(y) is near -1. Gemma's MLP. */
+/* The tanh approximation of GELU (HF's gelu_pytorch_tanh, torch's approximate="tanh"): 0.5 g (1 + tanh(y)),
+ * y = sqrt(2 / pi) (g + 0.044715 g^3), computed as g / (1 + exp(-2y)), the same value without 1 + tanh's
+ * cancellation where tanh(y) is near -1. Gemma's MLP. */
 static inline v8 gelu_tanh8(v8 g) {
     v8 y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
     return g / (1.0f + exp8(-2.0f * y));
 }
 
-void pagedesk_gelu_tanh_mul(const float *gate_up, long rows, long width, float *out) {
+/* out[r, i] = act(g) * u with g = gate_up[r, i], u = gate_up[r, width + i], 8 values at a time; act is a constant
+ * after inlining. */
+static inline __attribute__((always_inline)) void gated_mul(const float *gate_up, long rows, long width, float *out,
+                                                            v8 (*act)(v8)) {
     for (long r = 0; r < rows; r++) {
         const float *g = gate_up + (size_t)r * 2 * width;
         const float *u = g + width;
         float *o = out + (size_t)r * width;
         long i = 0;
-        for (; i + 8 <= width; i += 8) store8(o + i, gelu_tanh8(load8(g + i)) * load8(u + i));
-        if (i < width) {
+        for (; i + 8 <= width; i += 8) store8(o + i, act(load8(g + i)) * load8(u + i));
+        if (i < width) {  /* the row's last few, through the same vectors padded with zeros */
             v8 gv = {0}, uv = {0};
             memcpy(&gv, g + i, (width - i) * sizeof(float));
             memcpy(&uv, u + i, (width - i) * sizeof(float));
-            v8 ov = gelu_tanh8(gv) * uv;
+            v8 ov = act(gv) * uv;
             memcpy(o + i, &ov, (width - i) * sizeof(float));
         }
     }
+}
+
+void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out) {
+    gated_mul(gate_up, rows, width, out, silu8);
+}
+
+void pagedesk_gelu_tanh_mul(const float *gate_up, long rows, long width, float *out) {
+    gated_mul(gate_up, rows, width, out, gelu_tanh8);
 }
 
 /* Rotate-half RoPE in place on `heads` heads of head_dim floats per row (q's heads then k's, side by side in the QKV
