@@ -82,14 +82,14 @@ class DecoderLayers:
                  kv_heads: int, head_dim: int, rotary_dims: Sequence[int], windows: Sequence[int | None],
                  eps: float, norm_offset: float, scale: float, soft_cap: float | None, gelu: bool) -> None:
         """`groups[i]` and `ropes[i]`: layer i's KV cache group and RoPE table (indices into `windows`, each group's
-        sliding window or None, and `rotary_dims`, each table's rotated dims). Raises ValueError where a tensor is not
+        sliding window or None, and `rotary_dims`, each table's rotated dims; -1: a layer without RoPE). Raises ValueError where a tensor is not
         what the kernel reads (the caller keeps the module path)."""
         native = library()
         if native is None or not layers:
             raise ValueError("no native build of the decoder kernel")
         if not (len(windows) <= MAX_GROUPS and len(rotary_dims) <= MAX_ROPES and len(groups) == len(ropes)
                 == len(layers) and set(groups) <= set(range(len(windows)))
-                and set(ropes) <= set(range(len(rotary_dims)))):
+                and set(ropes) <= set(range(-1, len(rotary_dims)))):
             raise ValueError(f"{len(windows)} KV cache groups, {len(rotary_dims)} RoPE tables")
         # numba's modules, imported here, not above: a GPU machine's bare environment has no numba and never gets here
         from kernels import attention_cpu

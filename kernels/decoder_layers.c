@@ -39,7 +39,7 @@ typedef struct {  /* one layer's weights ([out, in], C-contiguous), the linears'
     const float *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
     const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm, *pre_ff_norm, *post_ff_norm;
     float *k_cache, *v_cache;
-    long group, rope;
+    long group, rope;  /* rope -1: none */
 } decoder_layer;
 
 typedef struct {  /* the model's shapes and the kernels' settings, the same for every layer */
@@ -108,8 +108,9 @@ void pagedesk_decoder_layers(const decoder_spec *s, long M, float *x, float *res
                 norm(s, q, NULL, layer->q_norm, s->heads, D, q, NULL);
                 norm(s, k, NULL, layer->k_norm, s->kv_heads, D, k, NULL);
             }
-        pagedesk_rope(qkv, M, qkv_width, s->heads + s->kv_heads, D, s->rotary_dim[layer->rope],
-                      step->cos[layer->rope], step->sin[layer->rope]);
+        if (layer->rope >= 0)  /* -1: a layer without positions (SmolLM3's NoPE layers) */
+            pagedesk_rope(qkv, M, qkv_width, s->heads + s->kv_heads, D, s->rotary_dim[layer->rope],
+                          step->cos[layer->rope], step->sin[layer->rope]);
         pagedesk_decode_attention(qkv, qkv_width, layer->k_cache, layer->v_cache, s->heads, s->kv_heads, D,
                                   s->block_size, s->block_stride, s->token_stride, s->head_stride, g->tables,
                                   g->table_width, step->seq_lens, step->rows, step->num_seqs, s->scale, g->window,

@@ -105,14 +105,15 @@ def _forward(model, ids, positions, meta, fused: bool):
 ODD = dict(hidden_size=60, num_attention_heads=5, num_key_value_heads=1, head_dim=12, intermediate_size=70)
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3", "qwen3", "llama-odd", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "phi3", "qwen3", "llama-odd", "smollm3", "gemma2",
+                                  "gemma3"])
 @pytest.mark.parametrize("seq_lens", [[9], [1, 5, 17, 33, 60], [70] * 3 + [2] * 30])
 def test_one_call_equals_the_layer_modules_bit_for_bit(tiny_model_dir, counted, arch, seq_lens):
     """Batch 1, a mixed batch (contexts shorter and longer than Mistral's 48-token window, a one-token one) and 33
     rows (past the thread thresholds of the GEMMs and the attention): the hidden states and every layer's caches.
     Qwen3's and Gemma 3's per-head q/k norms are torch's on the module path (strided views): equal to float32
     rounding there. Gemma 2 and 3: sandwich norms, GELU-tanh, KV cache groups (windowed and global layers), Gemma
-    2's soft cap, Gemma 3's two RoPE tables."""
+    2's soft cap, Gemma 3's two RoPE tables; SmolLM3's NoPE layer and biases."""
     cfg, model = _model(tiny_model_dir("llama", **ODD) if arch == "llama-odd" else tiny_model_dir(arch))
     blocks = sum(-(-n // BLOCK) for n in seq_lens) + 5
     ids = torch.randint(5, cfg.vocab_size, (len(seq_lens),), generator=torch.Generator().manual_seed(3))
@@ -136,8 +137,8 @@ def test_one_call_equals_the_layer_modules_bit_for_bit(tiny_model_dir, counted, 
 
 
 def test_models_it_does_not_take_keep_their_modules(tiny_model_dir):
-    """A NoPE layer (SmolLM3), a hybrid's DeltaNet, experts (Qwen3-MoE), Gemma 4's layers."""
-    for arch in ("smollm3", "qwen3_5", "qwen3_moe", "gemma4"):
+    """A hybrid's DeltaNet, experts (Qwen3-MoE), Gemma 4's layers."""
+    for arch in ("qwen3_5", "qwen3_moe", "gemma4"):
         cfg, model = _model(tiny_model_dir(arch))
         if not hasattr(model.model, "fused_layers"):
             continue
@@ -187,7 +188,7 @@ def test_a_rebound_cache_makes_the_call_anew(tiny_model_dir, counted):
     assert torch.equal(got, want)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "smollm3", "gemma2", "gemma3"])
 def test_engine_greedy_equals_hf_through_the_one_call(reference, counted, arch):
     from hf_reference import MAX_TOKENS, engine_greedy
 

@@ -2,10 +2,10 @@
 
 A model qualifies as a whole, once: every layer a `DecoderLayer` with self-attention (pre-norm, or Gemma's sandwich
 norms), no output gate or sinks (biases, RMSNorm q/k norms, a soft cap are fine), RoPE (not mRoPE) from up to
-`MAX_ROPES` tables, up to `MAX_GROUPS` KV cache groups of one sliding window (or none) each, a SiLU or GELU-tanh
-`GatedMLP`, float32 weights (a quantized layer's `--cpu-dequant-cache` copy counts), one tensor-parallel rank, the
-float32 CPU attention kernel: Llama, Mistral, Qwen2, Qwen3, Phi-3, Gemma 2 and Gemma 3 do; SmolLM3 (NoPE layers),
-Gemma 4, the MoE and hybrid families keep the modules. A step qualifies when it is decodes only (one token per
+`MAX_ROPES` tables or none (NoPE layers), up to `MAX_GROUPS` KV cache groups of one sliding window (or none) each, a
+SiLU or GELU-tanh `GatedMLP`, float32 weights (a quantized layer's `--cpu-dequant-cache` copy counts), one
+tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 2 and
+Gemma 3 do; Gemma 4, the MoE and hybrid families keep the modules. A step qualifies when it is decodes only (one token per
 sequence, no padding slot), up to the row GEMM's `NATIVE_MAX_ROWS`, in a process whose CPU backends are the native
 ones (`--cpu-linear rows` with a C compiler), with no image embeddings and no per-token key limits; any other step,
 and every step on a card or under a trace, runs the modules, whose outputs the fused call equals bit for bit (to
@@ -50,8 +50,8 @@ class FusedDecode:
             attn = getattr(layer, "self_attn", None)
             if type(layer).forward is not layer_class.forward or layer.is_linear or type(attn) is not SelfAttention:
                 raise ValueError(f"{type(layer).__name__} is not a plain decoder layer")
-            if attn.output_gate or attn.attn.sinks is not None or attn.rotary_emb is None \
-                    or attn.rotary_emb.mrope_streams is not None:
+            if attn.output_gate or attn.attn.sinks is not None \
+                    or (attn.rotary_emb is not None and attn.rotary_emb.mrope_streams is not None):
                 raise ValueError("an attention variant the kernel does not run")
             mlp = layer.mlp
             if not isinstance(mlp, mlp_class) or type(mlp).forward is not mlp_class.forward \
@@ -67,7 +67,8 @@ class FusedDecode:
         if any(a.head_dim != first.head_dim or a.attn.scale != first.attn.scale or a.attn.soft_cap !=
                first.attn.soft_cap for a in self.attentions):
             raise ValueError("layers of different head widths, scales or soft caps")
-        self.ropes = list(dict.fromkeys(a.rotary_emb for a in self.attentions))  # each distinct table once
+        # each distinct table once (a layer without positions has none: SmolLM3's NoPE layers)
+        self.ropes = list(dict.fromkeys(a.rotary_emb for a in self.attentions if a.rotary_emb is not None))
         groups = sorted({a.attn.kv_group for a in self.attentions})
         if len(self.ropes) > MAX_ROPES or groups != list(range(len(groups))) or len(groups) > MAX_GROUPS:
             raise ValueError(f"{len(self.ropes)} RoPE tables, KV cache groups {groups}")
@@ -96,7 +97,8 @@ class FusedDecode:
         try:
             return DecoderLayers(
                 tensors, groups=[a.attn.kv_group for a in self.attentions],
-                ropes=[self.ropes.index(a.rotary_emb) for a in self.attentions], heads=first.num_heads,
+                ropes=[-1 if a.rotary_emb is None else self.ropes.index(a.rotary_emb) for a in self.attentions],
+                heads=first.num_heads,
                 kv_heads=first.num_kv_heads, head_dim=first.head_dim, rotary_dims=[r.rotary_dim for r in self.ropes],
                 windows=[a.sliding_window for a in self.group_layers], eps=norm.eps, norm_offset=norm.weight_offset,
                 scale=first.attn.scale, soft_cap=first.attn.soft_cap,
