@@ -15,7 +15,6 @@ Imports nothing of ours outside kernels/.
 from __future__ import annotations
 
 import ctypes
-import weakref
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import torch
@@ -120,10 +119,9 @@ class DecoderLayers:
                 raise ValueError("q without k norms, or one of the sandwich norms without the other")
         if any(d % 2 or not 0 < d <= head_dim for d in rotary_dims) or heads % kv_heads:
             raise ValueError(f"rotary dims {list(rotary_dims)}, {heads} heads over {kv_heads} KV heads")
-        # The weights are kept (the kernel reads them); the caches only weakly: a released pool (sleep mode) must
-        # leave the process, and a layer bound to another cache is told apart by `reads`.
+        # The weights are kept (the kernel reads them), the caches not: a released pool (sleep mode) must leave the
+        # process; the caller makes another of these for caches bound anew.
         self.weights = tuple(layer[:-2] for layer in layers)
-        self._caches = tuple((weakref.ref(layer.k_cache), weakref.ref(layer.v_cache)) for layer in layers)
         self.heads, self.kv_heads, self.head_dim, self.windows = heads, kv_heads, head_dim, tuple(windows)
         self.row_floats = hidden + (2 * heads + 2 * kv_heads) * head_dim + 3 * intermediate  # scratch per row
         self._layers = (_Layer * len(layers))(*(
@@ -137,10 +135,6 @@ class DecoderLayers:
         self._step = _Step()
         self._step_address = ctypes.addressof(self._step)
         self._scratch = torch.empty(0)
-
-    def reads(self, k_caches: Sequence[torch.Tensor]) -> bool:
-        """Whether these are still the caches it was made over (a rebound pool, sleep mode, makes another)."""
-        return len(k_caches) == len(self._caches) and all(k is ref() for k, (ref, _) in zip(k_caches, self._caches))
 
     def __call__(self, x: torch.Tensor, cos_sin: Sequence[tuple[torch.Tensor, torch.Tensor]],
                  layouts: Sequence[StepLayout]) -> tuple[torch.Tensor, torch.Tensor]:

@@ -170,6 +170,22 @@ def test_steps_it_does_not_take_run_the_modules(tiny_model_dir, counted):
     assert len(counted) == 1
 
 
+def test_caches_it_does_not_read_are_asked_about_once(tiny_model_dir, counted, monkeypatch):
+    """An FP8 KV cache: the model keeps its modules, and the one call is not made again every step."""
+    cfg, model = _model(tiny_model_dir("llama"))
+    layers = model.attention_layers()
+    pool = torch.zeros(len(layers), 2, 8, BLOCK, layers[0].num_kv_heads, layers[0].head_dim, dtype=torch.float8_e4m3fn)
+    for i, layer in enumerate(layers):
+        layer.bind_cache(pool[i, 0], pool[i, 1])
+    made = []
+    make = FusedDecode._make
+    monkeypatch.setattr(FusedDecode, "_make", lambda self: made.append(1) or make(self))
+    for _ in range(3):
+        positions, meta = _decode_step([5, 9], 8, seed=9)
+        _forward(model, torch.tensor([7, 8]), positions, meta, fused=True)
+    assert made == [1] and model.model.fused.kernel is None and not counted
+
+
 def test_a_rebound_cache_makes_the_call_anew(tiny_model_dir, counted):
     """Sleep mode and a re-sized pool bind new caches: the call reads those, not the freed ones."""
     cfg, model = _model(tiny_model_dir("llama"))

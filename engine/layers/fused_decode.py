@@ -13,6 +13,8 @@ float32 rounding with q/k norms, which the modules leave to torch).
 """
 from __future__ import annotations
 
+import weakref
+
 from engine.distributed.parallel_state import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.layers.attention_block import SelfAttention
@@ -76,7 +78,8 @@ class FusedDecode:
         self.group_layers = [next(a.attn for a in self.attentions if a.attn.kv_group == g) for g in groups]
         if any(a.attn.sliding_window != self.group_layers[a.attn.kv_group].sliding_window for a in self.attentions):
             raise ValueError("layers of one KV cache group with different windows")
-        self.kernel: DecoderLayers | None = None  # made over the bound caches at the first step that can use them
+        self.kernel: DecoderLayers | None = None  # made over the bound caches (None: they are not what it reads)
+        self.made_for: list | None = None  # weak references to the caches it was made for: a rebound pool remakes it
 
     def _make(self) -> DecoderLayers | None:
         tensors = []
@@ -119,10 +122,12 @@ class FusedDecode:
         step_layout = getattr(kernel, "step_layout", None)  # the CPU kernel's (kernels/attention_cpu.py)
         if step_layout is None or not getattr(kernel, "takes_new_kv", False):
             return None
-        if self.kernel is None or not self.kernel.reads([a.attn.k_cache for a in self.attentions]):
-            self.kernel = self._make()
-            if self.kernel is None:
-                return None
+        caches = [a.attn.k_cache for a in self.attentions]
+        if self.made_for is None or not all(ref() is cache for ref, cache in zip(self.made_for, caches)):
+            self.kernel = self._make()  # once per binding, also where it says no (an FP8 or integer cache)
+            self.made_for = [weakref.ref(cache) for cache in caches]
+        if self.kernel is None:
+            return None
         layouts = [attn.layout(step_layout, meta, *attn.group_tables(meta)) for attn in self.group_layers]
         if any(layout.slots is None or layout.decode.size != rows for layout in layouts):
             return None
