@@ -15,6 +15,7 @@ from engine import LLM, SamplingParams
 from engine.config.flags import EngineConfig
 from engine.layers.attention import PagedAttention
 from engine.worker.graphs import cpu_compile
+from kernels import cpu_decoder
 from hf_reference import MAX_TOKENS, engine_greedy
 
 
@@ -40,6 +41,9 @@ def test_steps_run_through_the_compiled_forward_with_attention_eager(llama_dir, 
         return lambda *args, **kwargs: attention_calls.append(1) or fn(*args, **kwargs)
 
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: bool(compiling))
+    one_calls = []
+    run = cpu_decoder.DecoderLayers.__call__
+    monkeypatch.setattr(cpu_decoder.DecoderLayers, "__call__", lambda self, *a: one_calls.append(1) or run(self, *a))
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     monkeypatch.setattr(torch.compiler, "disable", fake_disable)
@@ -55,6 +59,19 @@ def test_steps_run_through_the_compiled_forward_with_attention_eager(llama_dir, 
     assert got == want
     num_layers = sum(isinstance(m, PagedAttention) for m in llm.engine.runner.model.modules())
     assert compiled_calls and len(attention_calls) == num_layers * len(compiled_calls)
+    # The decode steps ran their layers as one native call, eager: the compiled forward saw the prefills only.
+    assert compiled_calls == [13] and one_calls
+
+
+def test_without_the_one_call_every_step_runs_compiled(llama_dir, monkeypatch):
+    """`--cpu-linear numba`: no native one-call decode, so the decode steps go through the compiled forward too."""
+    compiled_calls = []
+    monkeypatch.setattr(torch, "compile", lambda fn, dynamic: lambda *args: compiled_calls.append(len(args[0])) or fn(
+        *args))
+    monkeypatch.setattr(torch.compiler, "disable", lambda fn, recursive: fn)
+    llm = LLM(str(llama_dir), device="cpu", compile_cpu_forward=True, cpu_linear="numba")
+    llm.generate(["The quick brown fox", "def main():"], SamplingParams(temperature=0, max_tokens=6))
+    assert compiled_calls[0] == 13 and compiled_calls[1:] == [2] * 5
 
 
 def test_a_failed_compile_leaves_the_steps_eager(llama_dir, monkeypatch, caplog):

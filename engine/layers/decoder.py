@@ -133,18 +133,30 @@ class DecoderModel(nn.Module):
         return x
 
     def fused_layers(self, x: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None):
-        """(x, residual) after every layer through one native call on a CPU decode step of a plain Llama-style
-        model (engine/layers/fused_decode.py), or None: the layers run one by one."""
-        if self.fused is False or not eager_cpu_float32(x):
-            return None
+        """(x, residual) after every layer through one native call on a CPU decode step (engine/layers/fused_decode.py),
+        or None: the layers run one by one."""
+        fused = self.one_call() if eager_cpu_float32(x) else None
+        return None if fused is None else fused(x, positions, meta)
+
+    def one_call(self):
+        """The layers as one native call takes them (engine/layers/fused_decode.py), made at the first ask; None
+        where this model's layers do not qualify."""
         if self.fused is None:
             from engine.layers.fused_decode import FusedDecode  # it reads this module's classes
             try:
                 self.fused = FusedDecode(self.layers, DecoderLayer, GatedMLP)
             except ValueError:
                 self.fused = False
-                return None
-        return self.fused(x, positions, meta)
+        return self.fused or None
+
+    def takes_one_call(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None) -> bool:
+        """Whether the eager forward of this step would run its layers as one native call: the compiled CPU forward
+        (engine/worker/graphs/cpu_compile.py) leaves such steps to it, which it does not beat."""
+        weight = self.embed_tokens.weight
+        if torch.compiler.is_compiling() or not (input_ids.is_cpu and weight.is_cpu and weight.dtype == torch.float32):
+            return False
+        fused = self.one_call()
+        return fused is not None and fused.plan(input_ids.shape[0], positions, meta) is not None
 
     def begin_step(self, positions: torch.Tensor) -> None:
         """Per forward, what every layer would otherwise redo: each RoPE table's cos/sin at `positions`."""

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import weakref
 
+import torch
+
 from engine.distributed.parallel_state import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.layers.attention_block import SelfAttention
@@ -109,13 +111,12 @@ class FusedDecode:
         except ValueError:
             return None
 
-    def __call__(self, x, positions, meta: AttentionMetadata | None):
-        """(x, residual) after every layer, or None where this step runs the modules. `x`: the embeddings, the
-        forward's own (overwritten)."""
-        rows = x.shape[0]
+    def plan(self, rows: int, positions, meta: AttentionMetadata | None):
+        """(each RoPE table's cos and sin, each KV cache group's layout) of a step of `rows` float32 CPU rows that the
+        one call can run, or None."""
         if meta is None or meta.key_limits is not None or not 0 < rows <= cpu_linear.NATIVE_MAX_ROWS \
-                or x.dim() != 2 or not x.is_contiguous() or positions.dim() != 1 or meta.max_query_len != 1 \
-                or not meta.seq_lens.is_cpu or (len(self.group_layers) > 1 and meta.group_block_tables is None) \
+                or positions.dim() != 1 or meta.max_query_len != 1 or not meta.seq_lens.is_cpu \
+                or (len(self.group_layers) > 1 and meta.group_block_tables is None) \
                 or cpu_linear.implementation() != "native" or not (attention_enabled() and cpu_host_ops.available()):
             return None
         kernel = self.attentions[0].attn.paged_attention
@@ -132,6 +133,14 @@ class FusedDecode:
         if any(layout.slots is None or layout.decode.size != rows for layout in layouts):
             return None
         cos_sin = [rope.cos_sin_at(positions) for rope in self.ropes]
-        if any(cos.dtype != x.dtype or not (cos.is_contiguous() and sin.is_contiguous()) for cos, sin in cos_sin):
+        if any(cos.dtype != torch.float32 or not (cos.is_contiguous() and sin.is_contiguous()) for cos, sin in cos_sin):
             return None
-        return self.kernel(x, cos_sin, layouts)
+        return cos_sin, layouts
+
+    def __call__(self, x, positions, meta: AttentionMetadata | None):
+        """(x, residual) after every layer, or None where this step runs the modules. `x`: the embeddings, the
+        forward's own (overwritten)."""
+        if x.dim() != 2 or not x.is_contiguous():
+            return None
+        planned = self.plan(x.shape[0], positions, meta)
+        return None if planned is None else self.kernel(x, *planned)

@@ -10,7 +10,9 @@ dynamic (one compile serves every token count; a batch of one is specialized onc
 compile (about a minute on two busy cores for a 2-layer model; inductor's on-disk cache makes a later start of
 the same model far shorter), so it is off unless asked: the flag, or `PAGEDESK_COMPILE_CPU_FORWARD=1` in the
 environment, which is how the oracle parity tests are rerun with it on. One process only: tensor parallel's CPU
-collectives stay eager, so it stays off there.
+collectives stay eager, so it stays off there. A step whose eager forward runs every layer in one native call (a
+decode step of a Llama-style float32 model: engine/layers/fused_decode.py) is left to it: on the 2-core Xeon the
+compiled tiny model's batch-1 step took 3.67 ms, the one call's 1.51 (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -43,10 +45,15 @@ class CompiledForward:
         for module in eager_points(model):
             module.forward = torch.compiler.disable(module.forward, recursive=True)
         self.eager = model.forward
+        # A step whose layers the eager forward runs as one native call (a decode step of a Llama-style float32
+        # model: engine/layers/fused_decode.py) stays eager: the compiled graph runs them op by op, 2-3x slower.
+        self.takes_one_call = getattr(getattr(model, "model", None), "takes_one_call", None)
         self.compiled: Callable | None = torch.compile(model.forward, dynamic=True)
         logger.info("compiling the CPU forward (torch.compile; the first steps wait for it)")
 
     def __call__(self, *args) -> torch.Tensor:
+        if self.takes_one_call is not None and len(args) == 3 and self.takes_one_call(*args):
+            return self.eager(*args)
         if self.compiled is not None:
             try:
                 return self.compiled(*args)
