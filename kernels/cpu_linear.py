@@ -70,6 +70,11 @@ def implementation() -> str:
     return "native" if _kernels[3] else "numba"
 
 
+def threads() -> int:
+    """The row kernels' thread count (numba's pool size, which the native pool takes too); 1 under "torch"."""
+    return 1 if implementation() == "torch" else _kernels[2]
+
+
 def _rows_ok(x: torch.Tensor, weight: torch.Tensor) -> bool:
     # The gate first: a card's tensors and a compile's trace leave before any shape is asked (no guard on it).
     return (_backend != "torch" and eager_cpu_float32(x, weight) and x.dim() >= 1

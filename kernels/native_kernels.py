@@ -1,8 +1,9 @@
 """The native library of a CPU decode step's parallel kernels: the row GEMM of the linears (kernels/rows_gemm.c), the
 float32 paged decode attention (kernels/decode_attention.c), the thread pool both run on (kernels/native_pool.c)
-and a Llama-style decoder's layers in one call (kernels/decoder_layers.c, over those and the small ops of
-kernels/host_ops.c), built as one library by kernels/native_build.py so the process has one pool. Its users:
-kernels/cpu_rows_gemm.py, kernels/attention_cpu.py and kernels/cpu_decoder.py. Neither numba nor torch: the engine
+a Llama-style decoder's layers in one call (kernels/decoder_layers.c, over those and the small ops of
+kernels/host_ops.c) and the GEMM of GGUF blocks (kernels/gguf_gemm.c), built as one library by
+kernels/native_build.py so the process has one pool. Its users: kernels/cpu_rows_gemm.py, kernels/attention_cpu.py,
+kernels/cpu_decoder.py and kernels/gguf_cpu.py. Neither numba nor torch: the engine
 sets `set_attention` on machines without numba too. Imports nothing of ours outside kernels/.
 """
 from __future__ import annotations
@@ -13,7 +14,7 @@ from kernels.native_build import FLOAT, POINTER, SIZE, load
 
 _HERE = Path(__file__).parent
 SOURCES = (_HERE / "rows_gemm.c", _HERE / "decode_attention.c", _HERE / "native_pool.c", _HERE / "host_ops.c",
-           _HERE / "decoder_layers.c")
+           _HERE / "decoder_layers.c", _HERE / "gguf_gemm.c")
 _P, _N, _F = POINTER, SIZE, FLOAT
 FUNCTIONS = {
     "pagedesk_rows_gemm": [_P, _N, _N, _P, _N, _P, _N, _N],
@@ -25,6 +26,8 @@ FUNCTIONS = {
                                   _P, _P, _P, _N, _P, _N],
     # the model's spec, rows, x, residual, scratch, the step, threads
     "pagedesk_decoder_layers": [_P, _N, _P, _P, _P, _P, _N],
+    # ggml type, x, rows, depth, blocks, row bytes, output features, out, chunks per thread, threads
+    "pagedesk_gguf_gemm": [_N, _P, _N, _N, _P, _N, _N, _P, _N, _N],
 }
 
 

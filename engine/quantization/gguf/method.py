@@ -21,6 +21,7 @@ from engine.distributed.parallel_state import get_tp_rank
 from engine.quantization.gguf.weight import GgufWeight
 from kernels import cpu_linear
 from kernels.gguf_torch import block_format, dequantize_gguf, gguf_linear_torch, row_bytes
+from kernels.gguf_cpu import gguf_linear
 
 FLOAT = -1  # a run's type when it holds floats in the model dtype
 
@@ -112,7 +113,8 @@ class GgufLinearMethod:
         if x.is_cuda:
             from kernels.triton_gguf import gguf_linear_triton
             return gguf_linear_triton(x, w, run.type_id)
-        return gguf_linear_torch(x, w, run.type_id)
+        native = gguf_linear(x, w, run.type_id)  # a CPU decode batch of Q8_0 / Q4_K / Q6_K blocks
+        return gguf_linear_torch(x, w, run.type_id) if native is None else native
 
     def describe(self) -> str:
         return " + ".join(f"{run.rows} rows {'float' if run.type_id == FLOAT else block_format(run.type_id).name}"

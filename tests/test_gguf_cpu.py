@@ -1,0 +1,78 @@
+"""The native GEMM over GGUF blocks of a CPU decode batch (kernels/gguf_cpu.py, kernels/gguf_gemm.c) against the
+torch path that dequantizes (kernels/gguf_torch.py), where it hands back to that path, and a GGUF model's greedy ids
+through it."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_linear, gguf_cpu, native_kernels
+from kernels.bench_gguf import random_blocks
+from kernels.gguf_torch import gguf_linear_torch
+
+NAMES = {8: "Q8_0", 12: "Q4_K", 14: "Q6_K"}
+
+
+@pytest.fixture(autouse=True)
+def native():
+    cpu_linear.set_backend("rows")
+    if native_kernels.library() is None:
+        pytest.skip("no native build of the CPU kernels here: install a C compiler (apt install gcc)")
+
+
+@pytest.mark.parametrize("ggml_type", list(NAMES))
+@pytest.mark.parametrize("rows", [1, 3, 32])
+def test_matches_the_dequantizing_torch_path(ggml_type, rows):
+    """Random codes under finite scales, 512 inputs (2 Q4_K / Q6_K super-blocks, 16 Q8_0 blocks) to 67 outputs (an odd
+    count over the pool's chunks), batch 1 to the row limit."""
+    torch.manual_seed(ggml_type * 100 + rows)
+    _, weight = random_blocks(NAMES[ggml_type], 67, 512, torch.device("cpu"))
+    x = torch.randn(rows, 512)
+    got = gguf_cpu.gguf_linear(x, weight, ggml_type)
+    want = gguf_linear_torch(x, weight, ggml_type)
+    assert got is not None and got.shape == (rows, 67)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3 * want.abs().max().item())
+
+
+@pytest.mark.parametrize("case", ["Q4_0", "prefill-sized", "bfloat16", "torch backend"])
+def test_everything_else_is_left_to_torch(case):
+    torch.manual_seed(7)
+    cpu = torch.device("cpu")
+    (ggml_type, weight), x = random_blocks("Q4_K", 8, 256, cpu), torch.randn(2, 256)
+    if case == "Q4_0":
+        ggml_type, weight = random_blocks("Q4_0", 8, 256, cpu)
+    elif case == "prefill-sized":
+        x = torch.randn(gguf_cpu.MAX_ROWS + 1, 256)
+    elif case == "bfloat16":
+        x = x.bfloat16()
+    else:
+        cpu_linear.set_backend("torch")
+    try:
+        assert gguf_cpu.gguf_linear(x, weight, ggml_type) is None
+    finally:
+        cpu_linear.set_backend("rows")
+
+
+@pytest.mark.parametrize("quant", ["Q8_0", "Q4_K", "Q6_K"])
+def test_a_gguf_model_decodes_through_it_with_the_torch_paths_ids(tmp_path, quant, monkeypatch):
+    """Greedy ids of a GGUF Llama with the native GEMM (the default backend) and with numba's backend (the torch
+    path for every GGUF linear): the same, and the decode steps' linears went through the native GEMM."""
+    from gguf_files import make_tiny_gguf
+
+    from engine import LLM, SamplingParams
+    from hf_reference import make_prompts
+
+    path = make_tiny_gguf(tmp_path, "llama", quant, big=True, initializer_range=0.2)
+    prompts, params = make_prompts(400)[:3], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    calls, native = [], gguf_cpu.gguf_linear
+    monkeypatch.setattr(gguf_cpu, "gguf_linear", lambda *a: calls.append(native(*a)) or calls[-1])
+    import engine.quantization.gguf.method as method
+    monkeypatch.setattr(method, "gguf_linear", gguf_cpu.gguf_linear)
+    runs = {}
+    for backend in ("rows", "numba"):
+        llm = LLM(str(path), device="cpu", max_model_len=256, cpu_linear=backend)
+        runs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)]
+        if backend == "rows":
+            assert any(c is not None for c in calls)
+    cpu_linear.set_backend("rows")
+    assert runs["rows"] == runs["numba"]
