@@ -26,14 +26,48 @@ if TYPE_CHECKING:
     from kernels.attention_cpu import StepLayout
 
 _P, _N, _F = ctypes.c_void_p, ctypes.c_long, ctypes.c_float
-MAX_GROUPS, MAX_ROPES = 16, 4  # decoder_layers.c's: KV cache groups (Gemma 3 27B has 5) and RoPE tables
+# decoder_layers.c's: KV cache groups (Gemma 3 27B has 5), RoPE tables, GGUF runs of one linear
+MAX_GROUPS, MAX_ROPES, MAX_RUNS = 16, 4, 4
+LINEARS = ("qkv", "o", "gate_up", "down")
+# A GGUF linear's weight as its file holds it: per run of output features, (ggml type, blocks [rows, row bytes])
+GgufRuns = tuple[tuple[int, torch.Tensor], ...]
+
+
+class _Run(ctypes.Structure):
+    _fields_ = [("type", _N), ("w", _P), ("rows", _N), ("row_bytes", _N)]
+
+
+class _Weight(ctypes.Structure):
+    _fields_ = [("runs", _N), ("run", _Run * MAX_RUNS)]
 
 
 class _Layer(ctypes.Structure):
-    _fields_ = [*((name, _P) for name in ("input_norm", "qkv", "o", "post_norm", "gate_up", "down", "qkv_bias",
-                                          "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm", "pre_ff_norm",
-                                          "post_ff_norm", "k_cache", "v_cache")),
+    _fields_ = [("input_norm", _P), ("qkv", _Weight), ("o", _Weight), ("post_norm", _P), ("gate_up", _Weight),
+                ("down", _Weight),
+                *((name, _P) for name in ("qkv_bias", "o_bias", "gate_up_bias", "down_bias", "q_norm", "k_norm",
+                                          "pre_ff_norm", "post_ff_norm", "k_cache", "v_cache")),
                 ("group", _N), ("rope", _N)]
+
+
+def _weight(w: torch.Tensor | GgufRuns, name: str, shape: tuple[int, int]) -> _Weight:
+    """A linear's weight as the kernel takes it: a float32 [out, in] matrix (one run), or GGUF runs of the block
+    formats kernels/gguf_gemm.c decodes; ValueError for anything else."""
+    from kernels.gguf_cpu import TYPE_SIZES, TYPES
+    rows, depth = shape
+    if isinstance(w, torch.Tensor):
+        if tuple(w.shape) != shape or w.dtype != torch.float32 or not w.is_cpu or not w.is_contiguous():
+            raise ValueError(f"{name}: {tuple(w.shape)} {w.dtype} is not a contiguous float32 {shape}")
+        return _Weight(1, (_Run * MAX_RUNS)(_Run(-1, w.data_ptr(), rows, 4 * depth)))
+    runs = []
+    for ggml_type, blocks in w:
+        if ggml_type not in TYPES or depth % TYPES[ggml_type] or blocks.dtype != torch.uint8 or not blocks.is_cpu \
+                or not blocks.is_contiguous() or blocks.dim() != 2 \
+                or blocks.shape[1] != depth // TYPES[ggml_type] * TYPE_SIZES[ggml_type]:
+            raise ValueError(f"{name}: a GGUF run of type {ggml_type}, {tuple(blocks.shape)} is not one it decodes")
+        runs.append(_Run(ggml_type, blocks.data_ptr(), blocks.shape[0], blocks.shape[1]))
+    if not 0 < len(runs) <= MAX_RUNS or sum(run.rows for run in runs) != rows:
+        raise ValueError(f"{name}: {len(runs)} GGUF runs of {sum(run.rows for run in runs)} rows for {rows}")
+    return _Weight(len(runs), (_Run * MAX_RUNS)(*runs))
 
 
 class _Spec(ctypes.Structure):
@@ -55,15 +89,15 @@ class _Step(ctypes.Structure):
 
 
 class LayerTensors(NamedTuple):
-    """One layer's float32 weights ([out, in] for the linears: QKV stacked q | k | v, gate/up stacked gate | up),
-    the linears' biases, the per-head q/k norms' and Gemma's pre- and post-MLP norms' weights (None: none), and its
-    KV caches [blocks, block_size, kv_heads, head_dim]."""
+    """One layer's weights: the linears' float32 [out, in] (QKV stacked q | k | v, gate/up stacked gate | up) or a
+    GGUF file's runs of blocks, the norms' float32, the linears' biases, the per-head q/k norms' and Gemma's pre- and
+    post-MLP norms' weights (None: none), and its KV caches [blocks, block_size, kv_heads, head_dim]."""
     input_norm: torch.Tensor
-    qkv: torch.Tensor
-    o: torch.Tensor
+    qkv: torch.Tensor | GgufRuns
+    o: torch.Tensor | GgufRuns
     post_norm: torch.Tensor
-    gate_up: torch.Tensor
-    down: torch.Tensor
+    gate_up: torch.Tensor | GgufRuns
+    down: torch.Tensor | GgufRuns
     qkv_bias: torch.Tensor | None
     o_bias: torch.Tensor | None
     gate_up_bias: torch.Tensor | None
@@ -81,8 +115,8 @@ class DecoderLayers:
                  kv_heads: int, head_dim: int, rotary_dims: Sequence[int], windows: Sequence[int | None],
                  eps: float, norm_offset: float, scale: float, soft_cap: float | None, gelu: bool) -> None:
         """`groups[i]` and `ropes[i]`: layer i's KV cache group and RoPE table (indices into `windows`, each group's
-        sliding window or None, and `rotary_dims`, each table's rotated dims; -1: a layer without RoPE). Raises ValueError where a tensor is not
-        what the kernel reads (the caller keeps the module path)."""
+        sliding window or None, and `rotary_dims`, each table's rotated dims; -1: a layer without RoPE). Raises
+        ValueError where a tensor is not what the kernel reads (the caller keeps the module path)."""
         native = library()
         if native is None or not layers:
             raise ValueError("no native build of the decoder kernel")
@@ -96,20 +130,24 @@ class DecoderLayers:
         self._run = native.pagedesk_decoder_layers
         self._decode_plan, self._heads_per_item = attention_cpu.decode_plan, attention_cpu.heads_per_item
         self._pool_threads = attention_cpu.pool_threads
-        hidden, intermediate = layers[0].qkv.shape[1], layers[0].down.shape[1]
-        shapes = {"input_norm": (hidden,), "qkv": ((heads + 2 * kv_heads) * head_dim, hidden),
-                  "o": (hidden, heads * head_dim), "post_norm": (hidden,), "gate_up": (2 * intermediate, hidden),
-                  "down": (hidden, intermediate)}
-        shapes.update({f"{name}_bias": (shapes[name][0],) for name in ("qkv", "o", "gate_up", "down")},
-                      q_norm=(head_dim,), k_norm=(head_dim,), pre_ff_norm=(hidden,), post_ff_norm=(hidden,))
+        hidden = layers[0].input_norm.shape[0]
+        gate_up = layers[0].gate_up
+        gate_up_rows = gate_up.shape[0] if isinstance(gate_up, torch.Tensor) else sum(b.shape[0] for _, b in gate_up)
+        intermediate = gate_up_rows // 2
+        linears = {"qkv": ((heads + 2 * kv_heads) * head_dim, hidden), "o": (hidden, heads * head_dim),
+                   "gate_up": (2 * intermediate, hidden), "down": (hidden, intermediate)}
+        vectors = {"input_norm": hidden, "post_norm": hidden, **{f"{name}_bias": linears[name][0] for name in LINEARS},
+                   "q_norm": head_dim, "k_norm": head_dim, "pre_ff_norm": hidden, "post_ff_norm": hidden}
         cache = layers[0].k_cache
+        weights = []
         for layer in layers:
-            for name, shape in shapes.items():
+            weights.append({name: _weight(getattr(layer, name), name, shape) for name, shape in linears.items()})
+            for name, size in vectors.items():
                 t = getattr(layer, name)
-                if t is None and name not in LayerTensors._fields[:6]:
+                if t is None and name not in ("input_norm", "post_norm"):
                     continue
-                if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous():
-                    raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not a contiguous float32 {shape}")
+                if tuple(t.shape) != (size,) or t.dtype != torch.float32 or not t.is_cpu or not t.is_contiguous():
+                    raise ValueError(f"{name}: {tuple(t.shape)} {t.dtype} is not a contiguous float32 ({size},)")
             for c in (layer.k_cache, layer.v_cache):
                 if c.dtype != torch.float32 or not c.is_cpu or c.dim() != 4 or c.stride() != cache.stride() \
                         or c.stride(3) != 1 or tuple(c.shape[1:]) != (cache.shape[1], kv_heads, head_dim):
@@ -124,9 +162,11 @@ class DecoderLayers:
         self.weights = tuple(layer[:-2] for layer in layers)
         self.heads, self.kv_heads, self.head_dim, self.windows = heads, kv_heads, head_dim, tuple(windows)
         self.row_floats = hidden + (2 * heads + 2 * kv_heads) * head_dim + 3 * intermediate  # scratch per row
+        pointer = lambda t: None if t is None else t.data_ptr()  # noqa: E731
         self._layers = (_Layer * len(layers))(*(
-            _Layer(*(None if t is None else t.data_ptr() for t in layer), group, rope)
-            for layer, group, rope in zip(layers, groups, ropes)))
+            _Layer(**weight, **{name: pointer(getattr(layer, name)) for name in vectors},
+                   k_cache=pointer(layer.k_cache), v_cache=pointer(layer.v_cache), group=group, rope=rope)
+            for layer, weight, group, rope in zip(layers, weights, groups, ropes)))
         self._spec = _Spec(len(layers), hidden, heads, kv_heads, head_dim, intermediate, cache.shape[1],
                            *cache.stride()[:3], eps, norm_offset, scale, soft_cap or 0.0, int(gelu),
                            cpu_linear.PARALLEL_MIN_WORK, CHUNKS_PER_THREAD, (_N * MAX_ROPES)(*rotary_dims),

@@ -22,6 +22,8 @@ void pagedesk_rms_norm(const float *x, const float *residual, const float *weigh
                        long rows, long n, float *out, float *sum_out);
 void pagedesk_silu_mul(const float *gate_up, long rows, long width, float *out);
 void pagedesk_gelu_tanh_mul(const float *gate_up, long rows, long width, float *out);
+void pagedesk_gguf_gemm(long type, const float *x, long M, long K, const uint8_t *w, long row_bytes, long N,
+                        float *out, long out_stride, long chunks_per_thread, long threads);
 void pagedesk_rope(float *x, long rows, long row_stride, long heads, long head_dim, long rotary_dim,
                    const float *cos, const float *sin);
 void pagedesk_decode_attention(const float *q, long q_stride, float *k_cache, float *v_cache, long num_heads,
@@ -32,11 +34,25 @@ void pagedesk_decode_attention(const float *q, long q_stride, float *k_cache, fl
                                const float *k_new, const float *v_new, long new_stride, const int64_t *slots,
                                long threads);
 
-enum { MAX_GROUPS = 16, MAX_ROPES = 4 };  /* kernels/cpu_decoder.py has the same */
+enum { MAX_GROUPS = 16, MAX_ROPES = 4, MAX_RUNS = 4 };  /* kernels/cpu_decoder.py has the same */
 
-typedef struct {  /* one layer's weights ([out, in], C-contiguous), the linears' biases, the per-head q/k norms' and the
-                   * sandwich norms' weights (NULL: none), its KV caches, its KV cache group and RoPE table */
-    const float *input_norm, *qkv, *o, *post_norm, *gate_up, *down;
+typedef struct {  /* consecutive output features of a linear in one format */
+    long type;          /* -1: float32 [rows, in]; else a ggml type of kernels/gguf_gemm.c */
+    const void *w;
+    long rows, row_bytes;
+} weight_run;
+
+typedef struct {  /* a linear's weight: one float32 run, or a GGUF file's runs (a Q4_K_M QKV: Q4_K q, k, Q6_K v) */
+    long runs;
+    weight_run run[MAX_RUNS];
+} weight;
+
+typedef struct {  /* one layer's weights, the linears' biases, the per-head q/k norms' and the sandwich norms'
+                   * weights (NULL: none), its KV caches, its KV cache group and RoPE table */
+    const float *input_norm;
+    weight qkv, o;
+    const float *post_norm;
+    weight gate_up, down;
     const float *qkv_bias, *o_bias, *gate_up_bias, *down_bias, *q_norm, *k_norm, *pre_ff_norm, *post_ff_norm;
     float *k_cache, *v_cache;
     long group, rope;  /* rope -1: none */
@@ -67,13 +83,23 @@ typedef struct {  /* the step: sequence i is row rows[i] (one decode each); each
     const float *cos[MAX_ROPES], *sin[MAX_ROPES];
 } decoder_step;
 
-/* out = x w^T (+ bias, added after the sum as the module's `out += bias`). */
-static void linear(const decoder_spec *s, const float *x, long M, long K, const float *w, const float *bias, long N,
+/* out = x w^T (+ bias, added after the sum as the module's `out += bias`): a float32 weight through the row GEMM,
+ * each GGUF run through the block GEMM into its columns of out. */
+static void linear(const decoder_spec *s, const float *x, long M, long K, const weight *w, const float *bias, long N,
                    float *out, long threads) {
-    if (threads > 1 && M * N * K >= s->linear_min_work)
-        pagedesk_rows_gemm_parallel(x, M, K, w, N, out, s->chunks_per_thread, threads);
-    else
-        pagedesk_rows_gemm(x, M, K, w, N, out, 0, N);
+    long column = 0;
+    for (long r = 0; r < w->runs; r++) {
+        const weight_run *run = w->run + r;
+        long t = threads > 1 && M * run->rows * K >= s->linear_min_work ? threads : 1;
+        if (run->type < 0 && t > 1)  /* a float32 weight is one run: the whole of out */
+            pagedesk_rows_gemm_parallel(x, M, K, run->w, N, out, s->chunks_per_thread, t);
+        else if (run->type < 0)
+            pagedesk_rows_gemm(x, M, K, run->w, N, out, 0, N);
+        else
+            pagedesk_gguf_gemm(run->type, x, M, K, run->w, run->row_bytes, run->rows, out + column, N,
+                               s->chunks_per_thread, t);
+        column += run->rows;
+    }
     if (bias)
         for (long m = 0; m < M; m++)
             for (long n = 0; n < N; n++) out[m * N + n] += bias[n];
@@ -101,7 +127,7 @@ void pagedesk_decoder_layers(const decoder_spec *s, long M, float *x, float *res
         } else {
             norm(s, x, residual, layer->input_norm, M, H, normed, residual);
         }
-        linear(s, normed, M, H, layer->qkv, layer->qkv_bias, qkv_width, qkv, threads);
+        linear(s, normed, M, H, &layer->qkv, layer->qkv_bias, qkv_width, qkv, threads);
         if (layer->q_norm)  /* Qwen3, Gemma 3: each head of q and k normed, in place, before RoPE */
             for (long m = 0; m < M; m++) {
                 float *q = qkv + m * qkv_width, *k = q + q_width;
@@ -116,16 +142,16 @@ void pagedesk_decoder_layers(const decoder_spec *s, long M, float *x, float *res
                                   g->table_width, step->seq_lens, step->rows, step->num_seqs, s->scale, g->window,
                                   s->soft_cap, NULL, g->heads_per_item, attended, qkv + q_width,
                                   qkv + q_width + kv_width, qkv_width, g->slots, g->attention_threads);
-        linear(s, attended, M, q_width, layer->o, layer->o_bias, H, x, threads);
+        linear(s, attended, M, q_width, &layer->o, layer->o_bias, H, x, threads);
         if (layer->pre_ff_norm) {  /* Gemma's sandwich: the attention's output normed, then added */
             norm(s, x, NULL, layer->post_norm, M, H, x, NULL);
             norm(s, x, residual, layer->pre_ff_norm, M, H, normed, residual);
         } else {
             norm(s, x, residual, layer->post_norm, M, H, normed, residual);
         }
-        linear(s, normed, M, H, layer->gate_up, layer->gate_up_bias, 2 * I, gate_up, threads);
+        linear(s, normed, M, H, &layer->gate_up, layer->gate_up_bias, 2 * I, gate_up, threads);
         (s->gelu ? pagedesk_gelu_tanh_mul : pagedesk_silu_mul)(gate_up, M, I, act);
-        linear(s, act, M, I, layer->down, layer->down_bias, H, x, threads);
+        linear(s, act, M, I, &layer->down, layer->down_bias, H, x, threads);
         if (layer->post_ff_norm) norm(s, x, NULL, layer->post_ff_norm, M, H, x, NULL);
     }
 }

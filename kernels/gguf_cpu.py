@@ -41,5 +41,5 @@ def gguf_linear(x: torch.Tensor, weight: torch.Tensor, ggml_type: int) -> torch.
     threads = cpu_linear.threads() if rows.shape[0] * n_out * depth >= cpu_linear.PARALLEL_MIN_WORK else 1
     from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD  # numba's module: where the native backend runs only
     native.pagedesk_gguf_gemm(ggml_type, rows.data_ptr(), rows.shape[0], depth, weight.data_ptr(), weight.shape[1],
-                              n_out, out.data_ptr(), CHUNKS_PER_THREAD, threads)
+                              n_out, out.data_ptr(), n_out, CHUNKS_PER_THREAD, threads)
     return out.view(*x.shape[:-1], n_out)

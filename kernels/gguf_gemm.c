@@ -88,6 +88,7 @@ typedef struct {
     const uint8_t *w;
     long row_bytes, N, chunk_rows;
     float *out;
+    long out_stride;
 } gguf_job;
 
 static void gguf_chunk(const void *args, long chunk) {
@@ -117,16 +118,17 @@ static void gguf_chunk(const void *args, long chunk) {
         }
         for (long m = 0; m < j->M; m++) {
             v8 a = (acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]);
-            j->out[(size_t)m * j->N + n] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+            j->out[(size_t)m * j->out_stride + n] = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
         }
     }
 }
 
-/* type: a ggml type id (8 Q8_0, 12 Q4_K, 14 Q6_K); x [M, K] float32, M <= 64; w [N, row_bytes]; out [M, N]. The
- * caller checks the type, M and that K is whole blocks. */
+/* type: a ggml type id (8 Q8_0, 12 Q4_K, 14 Q6_K); x [M, K] float32, M <= 64; w [N, row_bytes]; out [M, N] with
+ * rows out_stride floats apart (a run of a wider linear's output features). The caller checks the type, M and that
+ * K is whole blocks. */
 void pagedesk_gguf_gemm(long type, const float *x, long M, long K, const uint8_t *w, long row_bytes, long N,
-                        float *out, long chunks_per_thread, long threads) {
+                        float *out, long out_stride, long chunks_per_thread, long threads) {
     long chunk_rows = (N + chunks_per_thread * threads - 1) / (chunks_per_thread * threads);
-    gguf_job job = {(int)type, x, M, K, w, row_bytes, N, chunk_rows < 1 ? 1 : chunk_rows, out};
+    gguf_job job = {(int)type, x, M, K, w, row_bytes, N, chunk_rows < 1 ? 1 : chunk_rows, out, out_stride};
     pagedesk_pool_run(gguf_chunk, &job, (N + job.chunk_rows - 1) / job.chunk_rows, threads);
 }

@@ -26,8 +26,8 @@ FUNCTIONS = {
                                   _P, _P, _P, _N, _P, _N],
     # the model's spec, rows, x, residual, scratch, the step, threads
     "pagedesk_decoder_layers": [_P, _N, _P, _P, _P, _P, _N],
-    # ggml type, x, rows, depth, blocks, row bytes, output features, out, chunks per thread, threads
-    "pagedesk_gguf_gemm": [_N, _P, _N, _N, _P, _N, _N, _P, _N, _N],
+    # ggml type, x, rows, depth, blocks, row bytes, output features, out, its row stride, chunks per thread, threads
+    "pagedesk_gguf_gemm": [_N, _P, _N, _N, _P, _N, _N, _P, _N, _N, _N],
 }
 
 

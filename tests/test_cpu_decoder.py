@@ -214,14 +214,14 @@ def test_engine_greedy_equals_hf_through_the_one_call(reference, counted, arch):
 
 
 def test_quantized_weights_take_the_call_through_their_float_copies(tmp_path, counted):
-    """A Q8_0 GGUF model decodes its blocks per call on the modules; with `--cpu-dequant-cache` covering every layer
-    the float copies go through the one call, with the same greedy ids."""
+    """A Q4_0 GGUF model (blocks the native GEMM does not decode) keeps its modules; with `--cpu-dequant-cache`
+    covering every layer its float copies go through the one call, with the same greedy ids."""
     from gguf_files import make_tiny_gguf
 
     from engine import LLM, SamplingParams
     from hf_reference import make_prompts
 
-    path = make_tiny_gguf(tmp_path, "llama", "Q8_0", initializer_range=0.2)
+    path = make_tiny_gguf(tmp_path, "llama", "Q4_0", initializer_range=0.2)
     prompts, params = make_prompts(400)[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     runs = []
     for gib in (0.0, 1.0):
@@ -229,3 +229,21 @@ def test_quantized_weights_take_the_call_through_their_float_copies(tmp_path, co
         runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 2, use_tqdm=False)])
         assert (len(counted) > 0) == (gib > 0)
     assert runs[0] == runs[1]
+
+
+def test_gguf_blocks_take_the_call_with_the_modules_ids(tmp_path, counted):
+    """A Q4_K_M-like GGUF (Q4_K matrices, a Q6_K attn_v: the QKV linear is two runs of two types): its blocks go
+    through the one call (kernels/gguf_gemm.c per run), and the greedy ids equal the layer modules'."""
+    from gguf_files import make_tiny_gguf
+
+    from engine import LLM, SamplingParams
+    from hf_reference import make_prompts
+
+    path = make_tiny_gguf(tmp_path, "llama", "Q4_K", big=True, initializer_range=0.2, types={"attn_v": "Q6_K"})
+    prompts, params = make_prompts(400)[:3], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm = LLM(str(path), device="cpu", max_model_len=256)
+    fused = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)]
+    runs = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.method.runs
+    assert len(counted) > 0 and [run.type_id for run in runs] == [12, 14]
+    llm.engine.runner.model.model.fused = False
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)] == fused

@@ -3,13 +3,14 @@
 A model qualifies as a whole, once: every layer a `DecoderLayer` with self-attention (pre-norm, or Gemma's sandwich
 norms), no output gate or sinks (biases, RMSNorm q/k norms, a soft cap are fine), RoPE (not mRoPE) from up to
 `MAX_ROPES` tables or none (NoPE layers), up to `MAX_GROUPS` KV cache groups of one sliding window (or none) each, a
-SiLU or GELU-tanh `GatedMLP`, float32 weights (a quantized layer's `--cpu-dequant-cache` copy counts), one
-tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 2 and
-Gemma 3 do; Gemma 4, the MoE and hybrid families keep the modules. A step qualifies when it is decodes only (one token per
-sequence, no padding slot), up to the row GEMM's `NATIVE_MAX_ROWS`, in a process whose CPU backends are the native
-ones (`--cpu-linear rows` with a C compiler), with no image embeddings and no per-token key limits; any other step,
-and every step on a card or under a trace, runs the modules, whose outputs the fused call equals bit for bit (to
-float32 rounding with q/k norms, which the modules leave to torch).
+SiLU or GELU-tanh `GatedMLP`, float32 weights or a GGUF file's Q8_0 / Q4_K / Q6_K blocks (a quantized layer's
+`--cpu-dequant-cache` copy counts too), one tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral,
+Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 2 and Gemma 3 do; Gemma 4, the MoE and hybrid families keep the modules. A step
+qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
+`NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler), with
+no image embeddings and no per-token key limits; any other step, and every step on a card or under a trace, runs
+the modules, whose outputs the fused call equals bit for bit (to float32 rounding with q/k norms, which the modules
+leave to torch).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from engine.distributed.parallel_state import get_tp_size
 from engine.layers.attention import AttentionMetadata
 from engine.layers.attention_block import SelfAttention
 from engine.layers.norm import RMSNorm
+from engine.quantization.gguf.method import FLOAT, GgufLinearMethod
 from kernels import cpu_host_ops, cpu_linear
 from kernels.cpu_decoder import MAX_GROUPS, MAX_ROPES, DecoderLayers, LayerTensors
 from kernels.native_kernels import attention_enabled
@@ -29,10 +31,16 @@ GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # what kernels/decoder_layers
 
 
 def _weight(linear):
-    """A linear's float32 weight as the kernel reads it, or None (quantized codes without a float copy)."""
+    """A linear's weight as the kernel reads it: float32, or a GGUF file's runs of blocks; None for other quantized
+    codes without a float copy (and GGUF runs of types or floats it does not decode, which it then refuses)."""
     if linear.dequantized is not None:
         return linear.dequantized
-    return None if linear.is_quantized() else linear.weight
+    if not linear.is_quantized():
+        return linear.weight
+    method = linear.method
+    if isinstance(method, GgufLinearMethod) and method.runs and all(run.type_id != FLOAT for run in method.runs):
+        return tuple((run.type_id, method.run_weight(linear, run)) for run in method.runs)
+    return None
 
 
 def _plain_norm(norm) -> bool:
