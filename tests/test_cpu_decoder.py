@@ -231,19 +231,28 @@ def test_quantized_weights_take_the_call_through_their_float_copies(tmp_path, co
     assert runs[0] == runs[1]
 
 
-def test_gguf_blocks_take_the_call_with_the_modules_ids(tmp_path, counted):
+@pytest.mark.parametrize("quant", ["Q4_K", "F16"])
+def test_gguf_blocks_take_the_call_with_the_modules_ids(tmp_path, counted, quant):
     """A Q4_K_M-like GGUF (Q4_K matrices, a Q6_K attn_v: the QKV linear is two runs of two types): its blocks go
-    through the one call (kernels/gguf_gemm.c per run), and the greedy ids equal the layer modules'."""
+    through the one call (kernels/gguf_gemm.c per run), and the greedy ids equal the layer modules'. An F16 GGUF's
+    matrices are floats in the model's dtype: the one call reads them as any float32 weight."""
     from gguf_files import make_tiny_gguf
 
     from engine import LLM, SamplingParams
     from hf_reference import make_prompts
 
-    path = make_tiny_gguf(tmp_path, "llama", "Q4_K", big=True, initializer_range=0.2, types={"attn_v": "Q6_K"})
+    path = make_tiny_gguf(tmp_path, "llama", quant, big=True, initializer_range=0.2, types={"attn_v": "Q6_K"})
     prompts, params = make_prompts(400)[:3], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm = LLM(str(path), device="cpu", max_model_len=256)
     fused = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)]
     runs = llm.engine.runner.model.model.layers[0].self_attn.qkv_proj.method.runs
-    assert len(counted) > 0 and [run.type_id for run in runs] == [12, 14]
+    if quant == "F16":  # the Q6_K v beside float q and k: a mix it refuses (the modules ran); then plain floats
+        assert [run.type_id for run in runs] == [-1, 14] and not counted
+        path = make_tiny_gguf(tmp_path / "plain", "llama", quant, big=True, initializer_range=0.2)
+        llm = LLM(str(path), device="cpu", max_model_len=256)
+        fused = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)]
+    assert len(counted) > 0
+    if quant == "Q4_K":
+        assert [run.type_id for run in runs] == [12, 14]
     llm.engine.runner.model.model.fused = False
     assert [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)] == fused

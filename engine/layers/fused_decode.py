@@ -31,14 +31,19 @@ GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")  # what kernels/decoder_layers
 
 
 def _weight(linear):
-    """A linear's weight as the kernel reads it: float32, or a GGUF file's runs of blocks; None for other quantized
-    codes without a float copy (and GGUF runs of types or floats it does not decode, which it then refuses)."""
+    """A linear's weight as the kernel reads it: float32 (a GGUF file's float matrix too), or a GGUF file's runs of
+    blocks; None for other quantized codes without a float copy (and GGUF runs of types it does not decode, which it
+    then refuses)."""
     if linear.dequantized is not None:
         return linear.dequantized
     if not linear.is_quantized():
         return linear.weight
     method = linear.method
-    if isinstance(method, GgufLinearMethod) and method.runs and all(run.type_id != FLOAT for run in method.runs):
+    if not isinstance(method, GgufLinearMethod) or not method.runs:
+        return None
+    if [run.type_id for run in method.runs] == [FLOAT]:  # an F32 / F16 / BF16 matrix, in the model's dtype
+        return method.run_weight(linear, method.runs[0])
+    if all(run.type_id != FLOAT for run in method.runs):
         return tuple((run.type_id, method.run_weight(linear, run)) for run in method.runs)
     return None
 
