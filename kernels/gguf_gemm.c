@@ -1,9 +1,9 @@
-/* out[m, n] = sum_k x[m, k] * w[n, k] for a GGUF weight whose rows are ggml blocks (Q8_0, Q4_K, Q6_K), on the CPU:
- * a decode step's few rows against weights that stay in their blocks. Each output feature's row is decoded one
- * block at a time into floats on the stack, and the block is used by every input row before the next is decoded,
- * so a step reads 4.5-8.5 bits per weight instead of a float copy's 32 and writes no dequantized matrix (the torch
- * path, kernels/gguf_torch.py, dequantizes chunks of rows into float temporaries and calls F.linear on them). The
- * blocks are decoded as kernels/gguf_torch.py decodes them (its DECODERS, the oracle in tests/test_gguf_cpu.py);
+/* out[m, n] = sum_k x[m, k] * w[n, k] for a GGUF weight whose rows are ggml blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K),
+ * on the CPU: a decode step's few rows against weights that stay in their blocks. Each output feature's row is
+ * decoded one block at a time into floats on the stack, and the block is used by every input row before the next is
+ * decoded, so a step reads 4.5-8.5 bits per weight instead of a float copy's 32 and writes no dequantized matrix (the
+ * torch path, kernels/gguf_torch.py, dequantizes chunks of rows into float temporaries and calls F.linear on them).
+ * The blocks are decoded as kernels/gguf_torch.py decodes them (its DECODERS, the oracle in tests/test_gguf_cpu.py);
  * sums run in another order: results agree to float32 rounding. Parallel over output features on the library's
  * pool (kernels/native_pool.c); built into the native library by kernels/native_kernels.py. */
 #include <stdint.h>
@@ -11,7 +11,7 @@
 
 void pagedesk_pool_run(void (*run)(const void *args, long chunk), const void *args, long chunks, long threads);
 
-enum { Q8_0 = 8, Q4_K = 12, Q6_K = 14, MAX_ROWS = 64 };
+enum { Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MAX_ROWS = 64 };
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -38,21 +38,53 @@ static void decode_q8_0(const uint8_t *b, float *out) {
     for (int j = 0; j < 32; j++) out[j] = (float)q[j] * d;
 }
 
-/* Q4_K: 144 bytes for 256 values: d, dmin (float16), twelve bytes of eight 6-bit scales and mins, 128 bytes of
- * nibbles; sub-block 2i is the low nibbles of bytes 32i..32i+31, sub-block 2i+1 their high nibbles. */
-static void decode_q4_k(const uint8_t *b, float *out) {
-    float d = f16(b), dmin = f16(b + 2), scale[8], shift[8];
-    const uint8_t *s = b + 4, *qs = b + 16;
+/* Q4_0: 18 bytes, a float16 scale then 16 bytes of nibbles: the low nibbles are values 0-15, the high ones 16-31,
+ * each (nibble - 8) times the scale. */
+static void decode_q4_0(const uint8_t *b, float *out) {
+    float d = f16(b);
+    const uint8_t *q = b + 2;
+    for (int j = 0; j < 16; j++) out[j] = d * (float)((q[j] & 0x0F) - 8);
+    for (int j = 0; j < 16; j++) out[16 + j] = d * (float)((q[j] >> 4) - 8);
+}
+
+/* The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes), times d and dmin. */
+static void k_scales(const uint8_t *s, float d, float dmin, float *scale, float *shift) {
     for (int i = 0; i < 8; i++) {
         int sc = i < 4 ? s[i] & 0x3F : (s[8 + i - 4] & 0x0F) | ((s[i - 4] >> 2) & 0x30);
         int mn = i < 4 ? s[4 + i] & 0x3F : (s[8 + i - 4] >> 4) | ((s[4 + i - 4] >> 2) & 0x30);
         scale[i] = d * (float)sc, shift[i] = dmin * (float)mn;
     }
+}
+
+/* Q4_K: 144 bytes for 256 values: d, dmin (float16), twelve bytes of eight 6-bit scales and mins, 128 bytes of
+ * nibbles; sub-block 2i is the low nibbles of bytes 32i..32i+31, sub-block 2i+1 their high nibbles. */
+static void decode_q4_k(const uint8_t *b, float *out) {
+    float scale[8], shift[8];
+    const uint8_t *qs = b + 16;
+    k_scales(b + 4, f16(b), f16(b + 2), scale, shift);
     for (int p = 0; p < 4; p++) {  /* constant shifts: a variable one kept the loop scalar */
         const uint8_t *q = qs + p * 32;
         float *lo = out + 64 * p, *hi = lo + 32;
         for (int j = 0; j < 32; j++) lo[j] = scale[2 * p] * (float)(q[j] & 0x0F) - shift[2 * p];
         for (int j = 0; j < 32; j++) hi[j] = scale[2 * p + 1] * (float)(q[j] >> 4) - shift[2 * p + 1];
+    }
+}
+
+/* Q5_K: 176 bytes for 256 values: Q4_K's d, dmin and scales, 32 bytes of fifth bits (sub-block s takes bit s of each
+ * byte), then Q4_K's 128 bytes of nibbles. The bit is tested with a mask, not shifted out (a variable shift of
+ * bytes kept the loop scalar). */
+static void decode_q5_k(const uint8_t *b, float *out) {
+    float scale[8], shift[8];
+    const uint8_t *qh = b + 16, *qs = b + 48;
+    k_scales(b + 4, f16(b), f16(b + 2), scale, shift);
+    for (int p = 0; p < 4; p++) {
+        const uint8_t *q = qs + p * 32;
+        float *lo = out + 64 * p, *hi = lo + 32;
+        int lo_bit = 1 << (2 * p), hi_bit = 2 << (2 * p);
+        for (int j = 0; j < 32; j++)
+            lo[j] = scale[2 * p] * (float)((q[j] & 0x0F) | (qh[j] & lo_bit ? 16 : 0)) - shift[2 * p];
+        for (int j = 0; j < 32; j++)
+            hi[j] = scale[2 * p + 1] * (float)((q[j] >> 4) | (qh[j] & hi_bit ? 16 : 0)) - shift[2 * p + 1];
     }
 }
 
@@ -93,7 +125,8 @@ typedef struct {
 
 static void gguf_chunk(const void *args, long chunk) {
     const gguf_job *j = args;
-    int values = j->type == Q8_0 ? 32 : 256, bytes = j->type == Q8_0 ? 34 : j->type == Q4_K ? 144 : 210;
+    int values = j->type == Q8_0 || j->type == Q4_0 ? 32 : 256;
+    int bytes = j->type == Q4_0 ? 18 : j->type == Q8_0 ? 34 : j->type == Q4_K ? 144 : j->type == Q5_K ? 176 : 210;
     long n0 = chunk * j->chunk_rows, n1 = n0 + j->chunk_rows < j->N ? n0 + j->chunk_rows : j->N;
     float block[256];
     v8 acc[MAX_ROWS][4];  /* four independent sums per row: one would wait on each multiply-add's latency */
@@ -101,9 +134,13 @@ static void gguf_chunk(const void *args, long chunk) {
         const uint8_t *row = j->w + (size_t)n * j->row_bytes;
         for (long m = 0; m < j->M; m++) acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = (v8){0};
         for (long k = 0; k < j->K; k += values, row += bytes) {
-            if (j->type == Q8_0) decode_q8_0(row, block);
-            else if (j->type == Q4_K) decode_q4_k(row, block);
-            else decode_q6_k(row, block);
+            switch (j->type) {
+                case Q4_0: decode_q4_0(row, block); break;
+                case Q8_0: decode_q8_0(row, block); break;
+                case Q4_K: decode_q4_k(row, block); break;
+                case Q5_K: decode_q5_k(row, block); break;
+                default: decode_q6_k(row, block);
+            }
             for (long m = 0; m < j->M; m++) {  /* the block against every row: decoded once, read M times */
                 const float *xm = j->x + (size_t)m * j->K + k;
                 v8 a0 = acc[m][0], a1 = acc[m][1], a2 = acc[m][2], a3 = acc[m][3];
@@ -123,9 +160,9 @@ static void gguf_chunk(const void *args, long chunk) {
     }
 }
 
-/* type: a ggml type id (8 Q8_0, 12 Q4_K, 14 Q6_K); x [M, K] float32, M <= 64; w [N, row_bytes]; out [M, N] with
- * rows out_stride floats apart (a run of a wider linear's output features). The caller checks the type, M and that
- * K is whole blocks. */
+/* type: a ggml type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K); x [M, K] float32, M <= 64; w [N, row_bytes];
+ * out [M, N] with rows out_stride floats apart (a run of a wider linear's output features). The caller checks the
+ * type, M and that K is whole blocks. */
 void pagedesk_gguf_gemm(long type, const float *x, long M, long K, const uint8_t *w, long row_bytes, long N,
                         float *out, long out_stride, long chunks_per_thread, long threads) {
     long chunk_rows = (N + chunks_per_thread * threads - 1) / (chunks_per_thread * threads);

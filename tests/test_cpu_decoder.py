@@ -214,14 +214,14 @@ def test_engine_greedy_equals_hf_through_the_one_call(reference, counted, arch):
 
 
 def test_quantized_weights_take_the_call_through_their_float_copies(tmp_path, counted):
-    """A Q4_0 GGUF model (blocks the native GEMM does not decode) keeps its modules; with `--cpu-dequant-cache`
+    """An IQ4_NL GGUF model (blocks the native GEMM does not decode) keeps its modules; with `--cpu-dequant-cache`
     covering every layer its float copies go through the one call, with the same greedy ids."""
     from gguf_files import make_tiny_gguf
 
     from engine import LLM, SamplingParams
     from hf_reference import make_prompts
 
-    path = make_tiny_gguf(tmp_path, "llama", "Q4_0", initializer_range=0.2)
+    path = make_tiny_gguf(tmp_path, "llama", "IQ4_NL", initializer_range=0.2)
     prompts, params = make_prompts(400)[:2], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     runs = []
     for gib in (0.0, 1.0):

@@ -3,8 +3,8 @@
 A model qualifies as a whole, once: every layer a `DecoderLayer` with self-attention (pre-norm, or Gemma's sandwich
 norms), no output gate or sinks (biases, RMSNorm q/k norms, a soft cap are fine), RoPE (not mRoPE) from up to
 `MAX_ROPES` tables or none (NoPE layers), up to `MAX_GROUPS` KV cache groups of one sliding window (or none) each, a
-SiLU or GELU-tanh `GatedMLP`, float32 weights or a GGUF file's Q8_0 / Q4_K / Q6_K blocks (a quantized layer's
-`--cpu-dequant-cache` copy counts too), one tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral,
+SiLU or GELU-tanh `GatedMLP`, float32 weights or a GGUF file's blocks of the types kernels/gguf_gemm.c decodes (a
+quantized layer's `--cpu-dequant-cache` copy counts too), one tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral,
 Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 2 and Gemma 3 do; Gemma 4, the MoE and hybrid families keep the modules. A step
 qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
 `NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler), with
