@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from kernels import cpu_linear
+from kernels.gguf_cpu import gguf_linear
 from kernels.gguf_torch import block_format, dequantize_gguf
 from kernels.quant_torch import MXFP4_BLOCK, dequantize_fp8, dequantize_int, dequantize_mxfp4
 
@@ -60,6 +61,15 @@ class PackedExperts:
             return e, a, b // fmt.type_size * fmt.block_size
         return {"int": (e, b, a * (32 // self.bits)), "fp8": (e, a, b), "mxfp4": (e, a, b * 2)}[self.format]
 
+    def linear(self, e: int, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ expert e's matrix.T (+ bias): GGUF blocks of a CPU decode batch through the native block GEMM
+        (kernels/gguf_cpu.py), anything else dequantized first."""
+        if self.format == "gguf":
+            out = gguf_linear(x, self.weight[e], self.ggml_type)
+            if out is not None:
+                return out if bias is None else out + bias
+        return cpu_linear.linear(x, self[e], bias)
+
     def __getitem__(self, e: int) -> torch.Tensor:
         if self.format == "gguf":
             return dequantize_gguf(self.weight[e], self.ggml_type, self.dtype)
@@ -84,6 +94,10 @@ def moe_activation(gate_up: torch.Tensor, activation: str, alpha: float = SWIGLU
     raise ValueError(f"unknown MoE activation {activation!r}; choose one of {', '.join(ACTIVATIONS)}")
 
 
+def _expert_linear(w, e: int, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return w.linear(e, x, bias) if isinstance(w, PackedExperts) else cpu_linear.linear(x, w[e], bias)
+
+
 def fused_moe_torch(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                     activation: str = "silu", w13_bias: torch.Tensor | None = None,
                     w2_bias: torch.Tensor | None = None, alpha: float = SWIGLU_ALPHA,
@@ -100,9 +114,9 @@ def fused_moe_torch(x: torch.Tensor, w13, w2, topk_weights: torch.Tensor, topk_i
         entries = order[start:start + count]  # positions in the flattened [T * k] routing table
         start += count
         tokens = entries // topk_ids.shape[1]
-        gate_up = cpu_linear.linear(x[tokens], w13[expert], None if w13_bias is None else w13_bias[expert])
-        hidden = cpu_linear.linear(moe_activation(gate_up, activation, alpha, limit), w2[expert],
-                          None if w2_bias is None else w2_bias[expert])
+        gate_up = _expert_linear(w13, expert, x[tokens], None if w13_bias is None else w13_bias[expert])
+        hidden = _expert_linear(w2, expert, moe_activation(gate_up, activation, alpha, limit),
+                                None if w2_bias is None else w2_bias[expert])
         weights = topk_weights.reshape(-1)[entries].unsqueeze(1)
         out.index_add_(0, tokens, (hidden * weights).to(out.dtype))
     return out

@@ -53,26 +53,38 @@ def test_everything_else_is_left_to_torch(case):
         cpu_linear.set_backend("rows")
 
 
-@pytest.mark.parametrize("quant", ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"])
-def test_a_gguf_model_decodes_through_it_with_the_torch_paths_ids(tmp_path, quant, monkeypatch):
-    """Greedy ids of a GGUF Llama with the native GEMM (the default backend) and with numba's backend (the torch
-    path for every GGUF linear): the same, and the decode steps' linears went through the native GEMM."""
+@pytest.mark.parametrize("arch,quant", [("llama", "Q4_0"), ("llama", "Q8_0"), ("llama", "Q4_K"), ("llama", "Q5_K"),
+                                        ("llama", "Q6_K"), ("qwen3_moe", "Q4_K")])
+def test_a_gguf_model_decodes_through_it_with_the_torch_paths_ids(tmp_path, arch, quant, monkeypatch):
+    """Greedy ids of a GGUF model with the native GEMM (the default backend) and with numba's backend (the torch
+    path for every GGUF linear): the same, and the decode steps' linears, its LM head (untied) and a MoE model's
+    experts went through the native GEMM."""
     from gguf_files import make_tiny_gguf
 
+    import engine.layers.embedding as embedding
+    import engine.quantization.gguf.method as method
+    import kernels.moe_torch as moe_torch
     from engine import LLM, SamplingParams
     from hf_reference import make_prompts
 
-    path = make_tiny_gguf(tmp_path, "llama", quant, big=True, initializer_range=0.2)
+    path = make_tiny_gguf(tmp_path, arch, quant, big=True, initializer_range=0.2, tie_word_embeddings=False)
     prompts, params = make_prompts(400)[:3], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    calls, native = [], gguf_cpu.gguf_linear
-    monkeypatch.setattr(gguf_cpu, "gguf_linear", lambda *a: calls.append(native(*a)) or calls[-1])
-    import engine.quantization.gguf.method as method
-    monkeypatch.setattr(method, "gguf_linear", gguf_cpu.gguf_linear)
+    calls = {}
+
+    def counted(where):
+        def run(*args):
+            out = gguf_cpu.gguf_linear(*args)
+            calls.setdefault(where, []).append(out is not None)
+            return out
+        return run
+
+    for where, module in (("linears", method), ("lm head", embedding), ("experts", moe_torch)):
+        monkeypatch.setattr(module, "gguf_linear", counted(where))
     runs = {}
     for backend in ("rows", "numba"):
         llm = LLM(str(path), device="cpu", max_model_len=256, cpu_linear=backend)
         runs[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, [params] * 3, use_tqdm=False)]
         if backend == "rows":
-            assert any(c is not None for c in calls)
+            assert any(calls["linears"]) and any(calls["lm head"]) and (arch != "qwen3_moe" or any(calls["experts"]))
     cpu_linear.set_backend("rows")
     assert runs["rows"] == runs["numba"]

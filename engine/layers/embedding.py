@@ -15,6 +15,7 @@ from torch import nn
 from engine.distributed.parallel_state import all_gather_last_dim, all_reduce, get_tp_rank, get_tp_size
 from engine.quantization.gguf.weight import GgufWeight
 from kernels import cpu_linear
+from kernels.gguf_cpu import gguf_linear
 from kernels.gguf_torch import dequantize_gguf, gguf_linear_torch
 
 
@@ -81,6 +82,8 @@ class ParallelLMHead(VocabParallelEmbedding):
         elif hidden.is_cuda:
             from kernels.triton_gguf import gguf_linear_triton
             logits = gguf_linear_triton(hidden, self.weight, self.weight.gguf_type)
-        else:
-            logits = gguf_linear_torch(hidden, self.weight, self.weight.gguf_type)
+        else:  # a CPU decode batch of the block types it decodes: the native block GEMM (kernels/gguf_cpu.py)
+            logits = gguf_linear(hidden, self.weight, self.weight.gguf_type)
+            if logits is None:
+                logits = gguf_linear_torch(hidden, self.weight, self.weight.gguf_type)
         return all_gather_last_dim(logits)[..., :self.vocab_size]
