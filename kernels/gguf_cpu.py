@@ -1,6 +1,6 @@
 """A decode step's linears over GGUF blocks on the CPU, decoded block by block inside a native GEMM
-(kernels/gguf_gemm.c): Q4_0, Q8_0, Q4_K, Q5_K and Q6_K (a Q4_K_M file is Q4_K and Q6_K, a Q5_K_M Q5_K and Q6_K), up
-to `MAX_ROWS` float32 rows.
+(kernels/gguf_gemm.c): Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS (a Q4_K_M file is Q4_K and Q6_K, a Q5_K_M
+Q5_K and Q6_K), up to `MAX_ROWS` float32 rows; MXFP4 keeps the torch path.
 
 The torch path (kernels/gguf_torch.py `gguf_linear_torch`, the oracle) dequantizes chunks of rows into float
 temporaries and multiplies them with F.linear: a Q4_K decode step wrote and read ~7x the bytes of its blocks. Here
@@ -17,8 +17,9 @@ from kernels import cpu_linear
 from kernels.host_gate import eager_cpu_float32
 from kernels.native_kernels import library
 
-TYPES = {2: 32, 8: 32, 12: 256, 13: 256, 14: 256}  # ggml type id -> values per block (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K)
-TYPE_SIZES = {2: 18, 8: 34, 12: 144, 13: 176, 14: 210}
+# ggml type id -> values per block and bytes per block: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
+TYPES = {2: 32, 8: 32, 12: 256, 13: 256, 14: 256, 20: 32, 23: 256}
+TYPE_SIZES = {2: 18, 8: 34, 12: 144, 13: 176, 14: 210, 20: 18, 23: 136}
 MAX_ROWS = cpu_linear.NATIVE_MAX_ROWS  # a decode batch; a prefill chunk dequantizes once and takes the BLAS
 
 

@@ -1,5 +1,5 @@
-/* out[m, n] = sum_k x[m, k] * w[n, k] for a GGUF weight whose rows are ggml blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K),
- * on the CPU: a decode step's few rows against weights that stay in their blocks. Each output feature's row is
+/* out[m, n] = sum_k x[m, k] * w[n, k] for a GGUF weight whose rows are ggml blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL, IQ4_XS), on the CPU: a decode step's few rows against weights that stay in their blocks. Each output feature's row is
  * decoded one block at a time into floats on the stack, and the block is used by every input row before the next is
  * decoded, so a step reads 4.5-8.5 bits per weight instead of a float copy's 32 and writes no dequantized matrix (the
  * torch path, kernels/gguf_torch.py, dequantizes chunks of rows into float temporaries and calls F.linear on them).
@@ -11,7 +11,11 @@
 
 void pagedesk_pool_run(void (*run)(const void *args, long chunk), const void *args, long chunks, long threads);
 
-enum { Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, MAX_ROWS = 64 };
+enum { Q4_0 = 2, Q8_0 = 8, Q4_K = 12, Q5_K = 13, Q6_K = 14, IQ4_NL = 20, IQ4_XS = 23, MAX_ROWS = 64 };
+
+/* IQ4_NL / IQ4_XS: a 4-bit code indexes this non-linear table (llama.cpp's kvalues_iq4nl; kernels/gguf_torch.py's
+ * IQ4_VALUES). */
+static const float IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -45,6 +49,29 @@ static void decode_q4_0(const uint8_t *b, float *out) {
     const uint8_t *q = b + 2;
     for (int j = 0; j < 16; j++) out[j] = d * (float)((q[j] & 0x0F) - 8);
     for (int j = 0; j < 16; j++) out[16 + j] = d * (float)((q[j] >> 4) - 8);
+}
+
+/* IQ4_NL: Q4_0's layout, each nibble a table entry times the scale. */
+static void decode_iq4_nl(const uint8_t *b, float *out) {
+    float d = f16(b);
+    const uint8_t *q = b + 2;
+    for (int j = 0; j < 16; j++) out[j] = d * IQ4_VALUES[q[j] & 0x0F];
+    for (int j = 0; j < 16; j++) out[16 + j] = d * IQ4_VALUES[q[j] >> 4];
+}
+
+/* IQ4_XS: 136 bytes for 256 values: d (float16), 16 bits of scales' high bits (two per sub-block), 4 bytes of their
+ * low nibbles (sub-block 2j: byte j's low nibble, 2j + 1: its high one), 128 bytes of codes: sub-block s is IQ4_NL's
+ * 16 bytes at 16 s under d * (6-bit scale - 32). */
+static void decode_iq4_xs(const uint8_t *b, float *out) {
+    float d = f16(b);
+    int high_bits = b[2] | (b[3] << 8);
+    for (int s = 0; s < 8; s++) {
+        int low = s % 2 ? b[4 + s / 2] >> 4 : b[4 + s / 2] & 0x0F;
+        float dl = d * (float)((low | (((high_bits >> (2 * s)) & 0x03) << 4)) - 32);
+        const uint8_t *q = b + 8 + 16 * s;
+        for (int j = 0; j < 16; j++) out[32 * s + j] = dl * IQ4_VALUES[q[j] & 0x0F];
+        for (int j = 0; j < 16; j++) out[32 * s + 16 + j] = dl * IQ4_VALUES[q[j] >> 4];
+    }
 }
 
 /* The eight 6-bit scales and mins of a Q4_K / Q5_K super-block (12 bytes), times d and dmin. */
@@ -125,8 +152,9 @@ typedef struct {
 
 static void gguf_chunk(const void *args, long chunk) {
     const gguf_job *j = args;
-    int values = j->type == Q8_0 || j->type == Q4_0 ? 32 : 256;
-    int bytes = j->type == Q4_0 ? 18 : j->type == Q8_0 ? 34 : j->type == Q4_K ? 144 : j->type == Q5_K ? 176 : 210;
+    int values = j->type == Q8_0 || j->type == Q4_0 || j->type == IQ4_NL ? 32 : 256;
+    int bytes = j->type == Q4_0 || j->type == IQ4_NL ? 18 : j->type == Q8_0 ? 34 : j->type == Q4_K ? 144
+              : j->type == Q5_K ? 176 : j->type == IQ4_XS ? 136 : 210;
     long n0 = chunk * j->chunk_rows, n1 = n0 + j->chunk_rows < j->N ? n0 + j->chunk_rows : j->N;
     float block[256];
     v8 acc[MAX_ROWS][4];  /* four independent sums per row: one would wait on each multiply-add's latency */
@@ -139,6 +167,8 @@ static void gguf_chunk(const void *args, long chunk) {
                 case Q8_0: decode_q8_0(row, block); break;
                 case Q4_K: decode_q4_k(row, block); break;
                 case Q5_K: decode_q5_k(row, block); break;
+                case IQ4_NL: decode_iq4_nl(row, block); break;
+                case IQ4_XS: decode_iq4_xs(row, block); break;
                 default: decode_q6_k(row, block);
             }
             for (long m = 0; m < j->M; m++) {  /* the block against every row: decoded once, read M times */
@@ -160,7 +190,7 @@ static void gguf_chunk(const void *args, long chunk) {
     }
 }
 
-/* type: a ggml type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K); x [M, K] float32, M <= 64; w [N, row_bytes];
+/* type: a ggml type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS); x [M, K] float32, M <= 64; w [N, row_bytes];
  * out [M, N] with rows out_stride floats apart (a run of a wider linear's output features). The caller checks the
  * type, M and that K is whole blocks. */
 void pagedesk_gguf_gemm(long type, const float *x, long M, long K, const uint8_t *w, long row_bytes, long N,

@@ -10,7 +10,7 @@ from kernels import cpu_linear, gguf_cpu, native_kernels
 from kernels.bench_gguf import random_blocks
 from kernels.gguf_torch import gguf_linear_torch
 
-NAMES = {2: "Q4_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+NAMES = {2: "Q4_0", 8: "Q8_0", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K", 20: "IQ4_NL", 23: "IQ4_XS"}
 
 
 @pytest.fixture(autouse=True)
@@ -34,13 +34,13 @@ def test_matches_the_dequantizing_torch_path(ggml_type, rows):
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-3 * want.abs().max().item())
 
 
-@pytest.mark.parametrize("case", ["IQ4_XS", "prefill-sized", "bfloat16", "torch backend"])
+@pytest.mark.parametrize("case", ["MXFP4", "prefill-sized", "bfloat16", "torch backend"])
 def test_everything_else_is_left_to_torch(case):
     torch.manual_seed(7)
     cpu = torch.device("cpu")
     (ggml_type, weight), x = random_blocks("Q4_K", 8, 256, cpu), torch.randn(2, 256)
-    if case == "IQ4_XS":
-        ggml_type, weight = random_blocks("IQ4_XS", 8, 256, cpu)
+    if case == "MXFP4":
+        ggml_type, weight = random_blocks("MXFP4", 8, 256, cpu)
     elif case == "prefill-sized":
         x = torch.randn(gguf_cpu.MAX_ROWS + 1, 256)
     elif case == "bfloat16":
@@ -54,7 +54,7 @@ def test_everything_else_is_left_to_torch(case):
 
 
 @pytest.mark.parametrize("arch,quant", [("llama", "Q4_0"), ("llama", "Q8_0"), ("llama", "Q4_K"), ("llama", "Q5_K"),
-                                        ("llama", "Q6_K"), ("qwen3_moe", "Q4_K")])
+                                        ("llama", "Q6_K"), ("llama", "IQ4_NL"), ("qwen3_moe", "Q4_K")])
 def test_a_gguf_model_decodes_through_it_with_the_torch_paths_ids(tmp_path, arch, quant, monkeypatch):
     """Greedy ids of a GGUF model with the native GEMM (the default backend) and with numba's backend (the torch
     path for every GGUF linear): the same, and the decode steps' linears, its LM head (untied) and a MoE model's
