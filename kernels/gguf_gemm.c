@@ -19,10 +19,22 @@ static const float IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1
 
 typedef float v8 __attribute__((vector_size(32)));
 
+/* A little-endian IEEE half at p, exactly, from its bits (no _Float16: GCC before 12 has none on x86, and a build
+ * that fails loses the whole native library). */
 static inline float f16(const uint8_t *p) {
-    _Float16 h;
-    memcpy(&h, p, sizeof h);
-    return (float)h;
+    uint32_t h = (uint32_t)p[0] | (uint32_t)p[1] << 8;
+    uint32_t sign = (h & 0x8000u) << 16, exponent = (h >> 10) & 0x1F, mantissa = h & 0x3FF, bits;
+    if (exponent == 0x1F) {
+        bits = sign | 0x7F800000u | mantissa << 13;  /* inf, NaN */
+    } else if (exponent) {
+        bits = sign | (exponent + 112) << 23 | mantissa << 13;  /* normal: 2^(e - 15) as 2^(e + 112 - 127) */
+    } else {
+        float f = (float)mantissa * 5.9604644775390625e-08f;  /* zero or subnormal: mantissa * 2^-24 */
+        return sign ? -f : f;
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
 }
 
 static inline v8 load8(const float *p) {

@@ -88,3 +88,14 @@ def test_a_gguf_model_decodes_through_it_with_the_torch_paths_ids(tmp_path, arch
             assert any(calls["linears"]) and any(calls["lm head"]) and (arch != "qwen3_moe" or any(calls["experts"]))
     cpu_linear.set_backend("rows")
     assert runs["rows"] == runs["numba"]
+
+
+def test_every_finite_half_scale_reads_exactly():
+    """The block scales are IEEE halves read from their bits (kernels/gguf_gemm.c's f16): every finite one, the
+    subnormals and the largest included, as a Q8_0 block of codes 1 against a row of ones (32 x scale, exact)."""
+    halves = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
+    halves = halves[torch.isfinite(halves)]
+    blocks = torch.ones(len(halves), 34, dtype=torch.uint8)
+    blocks[:, :2] = halves.view(torch.uint8).view(-1, 2)
+    got = gguf_cpu.gguf_linear(torch.ones(1, 32), blocks, 8)
+    assert got is not None and torch.equal(got[0], 32 * halves.float())
