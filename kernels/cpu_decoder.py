@@ -20,7 +20,9 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import torch
 
 from kernels import cpu_linear
-from kernels.native_kernels import library
+from kernels.gguf_cpu import decodes
+from kernels.gguf_torch import row_bytes
+from kernels.native_kernels import CHUNKS_PER_THREAD, library
 
 if TYPE_CHECKING:
     from kernels.attention_cpu import StepLayout
@@ -52,7 +54,6 @@ class _Layer(ctypes.Structure):
 def _weight(w: torch.Tensor | GgufRuns, name: str, shape: tuple[int, int]) -> _Weight:
     """A linear's weight as the kernel takes it: a float32 [out, in] matrix (one run), or GGUF runs of the block
     formats kernels/gguf_gemm.c decodes; ValueError for anything else."""
-    from kernels.gguf_cpu import TYPE_SIZES, TYPES
     rows, depth = shape
     if isinstance(w, torch.Tensor):
         if tuple(w.shape) != shape or w.dtype != torch.float32 or not w.is_cpu or not w.is_contiguous():
@@ -60,9 +61,8 @@ def _weight(w: torch.Tensor | GgufRuns, name: str, shape: tuple[int, int]) -> _W
         return _Weight(1, (_Run * MAX_RUNS)(_Run(-1, w.data_ptr(), rows, 4 * depth)))
     runs = []
     for ggml_type, blocks in w:
-        if ggml_type not in TYPES or depth % TYPES[ggml_type] or blocks.dtype != torch.uint8 or not blocks.is_cpu \
-                or not blocks.is_contiguous() or blocks.dim() != 2 \
-                or blocks.shape[1] != depth // TYPES[ggml_type] * TYPE_SIZES[ggml_type]:
+        if not decodes(ggml_type, depth) or blocks.dtype != torch.uint8 or not blocks.is_cpu \
+                or not blocks.is_contiguous() or blocks.dim() != 2 or blocks.shape[1] != row_bytes(ggml_type, depth):
             raise ValueError(f"{name}: a GGUF run of type {ggml_type}, {tuple(blocks.shape)} is not one it decodes")
         runs.append(_Run(ggml_type, blocks.data_ptr(), blocks.shape[0], blocks.shape[1]))
     if not 0 < len(runs) <= MAX_RUNS or sum(run.rows for run in runs) != rows:
@@ -126,7 +126,6 @@ class DecoderLayers:
             raise ValueError(f"{len(windows)} KV cache groups, {len(rotary_dims)} RoPE tables")
         # numba's modules, imported here, not above: a GPU machine's bare environment has no numba and never gets here
         from kernels import attention_cpu
-        from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD
         self._run = native.pagedesk_decoder_layers
         self._decode_plan, self._heads_per_item = attention_cpu.decode_plan, attention_cpu.heads_per_item
         self._pool_threads = attention_cpu.pool_threads

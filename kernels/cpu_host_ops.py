@@ -1,7 +1,7 @@
 """A decode step's small float32 ops on the CPU in one native call each (kernels/host_ops.c): the residual add fused
-into RMSNorm, SiLU(gate) or GELU-tanh(gate) times up, and the rotary embedding of q and k in place. At a few rows torch runs each as
-several ops whose dispatch costs more than their arithmetic, and more again once the step's weights have streamed
-through the cache (BENCHMARKS.md).
+into RMSNorm, SiLU(gate) or GELU-tanh(gate) times up, and the rotary embedding of q and k in place. At a few rows torch
+runs each as several ops whose dispatch costs more than their arithmetic, and more again once the step's weights have
+streamed through the cache (BENCHMARKS.md).
 
 Each function returns None where it does not apply, and the caller runs torch's ops: anything
 `host_gate.eager_cpu_float32` refuses (asked first: a card's tensors and a compile's trace leave at once), more

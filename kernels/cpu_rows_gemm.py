@@ -18,7 +18,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from kernels.native_kernels import SOURCES, library as native_library
+from kernels.native_kernels import CHUNKS_PER_THREAD, SOURCES, library as native_library
 from kernels.numba_pool import renamed  # also picks the pool numba's parallel kernels run on
 
 _FASTMATH = {"reassoc", "contract", "nsz", "arcp"}
@@ -70,7 +70,6 @@ rows_gemm_serial = numba.njit(cache=True, fastmath=_FASTMATH)(renamed(_rows_gemm
 
 
 NATIVE_SOURCE = SOURCES  # the GEMM with the pool (and the attention) it shares
-CHUNKS_PER_THREAD = 8  # chunks a parallel call's features are cut into, per thread, taken first come first served
 _native = None  # (parallel, serial) once built; False where it cannot be
 
 

@@ -14,34 +14,34 @@ from __future__ import annotations
 import torch
 
 from kernels import cpu_linear
+from kernels.gguf_torch import block_format, row_bytes
 from kernels.host_gate import eager_cpu_float32
-from kernels.native_kernels import library
+from kernels.native_kernels import CHUNKS_PER_THREAD, library
 
-# ggml type id -> values per block and bytes per block: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS
-TYPES = {2: 32, 8: 32, 12: 256, 13: 256, 14: 256, 20: 32, 23: 256}
-TYPE_SIZES = {2: 18, 8: 34, 12: 144, 13: 176, 14: 210, 20: 18, 23: 136}
+NATIVE_TYPES = frozenset({2, 8, 12, 13, 14, 20, 23})  # the ggml types kernels/gguf_gemm.c decodes (names above)
 MAX_ROWS = cpu_linear.NATIVE_MAX_ROWS  # a decode batch; a prefill chunk dequantizes once and takes the BLAS
+
+
+def decodes(ggml_type: int, depth: int) -> bool:
+    """Whether the native GEMM decodes rows of `depth` weights of this type (whole blocks of a type it knows)."""
+    return ggml_type in NATIVE_TYPES and depth % block_format(ggml_type).block_size == 0
 
 
 def gguf_linear(x: torch.Tensor, weight: torch.Tensor, ggml_type: int) -> torch.Tensor | None:
     """x [..., K] @ W.T for GGUF blocks `weight` [N, K / block * type size] (uint8), or None."""
-    values = TYPES.get(ggml_type)
-    if values is None or not eager_cpu_float32(x) or weight.dtype != torch.uint8 or not weight.is_cpu \
-            or weight.dim() != 2 or not weight.is_contiguous() or cpu_linear.implementation() != "native":
-        return None
     depth = x.shape[-1]
-    rows = x.reshape(-1, depth)
-    if not 0 < rows.shape[0] <= MAX_ROWS or depth % values or weight.shape[1] != depth // values * TYPE_SIZES[
-            ggml_type]:
+    if not decodes(ggml_type, depth) or not eager_cpu_float32(x) or weight.dtype != torch.uint8 or not weight.is_cpu \
+            or weight.dim() != 2 or not weight.is_contiguous() or weight.shape[1] != row_bytes(ggml_type, depth) \
+            or cpu_linear.implementation() != "native":
         return None
+    rows = x.reshape(-1, depth)
     native = library()
-    if native is None:
+    if not 0 < rows.shape[0] <= MAX_ROWS or native is None:
         return None
     rows = rows.contiguous()
     n_out = weight.shape[0]
     out = torch.empty((rows.shape[0], n_out), dtype=torch.float32)
     threads = cpu_linear.threads() if rows.shape[0] * n_out * depth >= cpu_linear.PARALLEL_MIN_WORK else 1
-    from kernels.cpu_rows_gemm import CHUNKS_PER_THREAD  # numba's module: where the native backend runs only
     native.pagedesk_gguf_gemm(ggml_type, rows.data_ptr(), rows.shape[0], depth, weight.data_ptr(), weight.shape[1],
                               n_out, out.data_ptr(), n_out, CHUNKS_PER_THREAD, threads)
     return out.view(*x.shape[:-1], n_out)

@@ -1,11 +1,11 @@
 /* out[m, n] = sum_k x[m, k] * w[n, k] for a GGUF weight whose rows are ggml blocks (Q4_0, Q8_0, Q4_K, Q5_K, Q6_K,
- * IQ4_NL, IQ4_XS), on the CPU: a decode step's few rows against weights that stay in their blocks. Each output feature's row is
- * decoded one block at a time into floats on the stack, and the block is used by every input row before the next is
- * decoded, so a step reads 4.5-8.5 bits per weight instead of a float copy's 32 and writes no dequantized matrix (the
- * torch path, kernels/gguf_torch.py, dequantizes chunks of rows into float temporaries and calls F.linear on them).
- * The blocks are decoded as kernels/gguf_torch.py decodes them (its DECODERS, the oracle in tests/test_gguf_cpu.py);
- * sums run in another order: results agree to float32 rounding. Parallel over output features on the library's
- * pool (kernels/native_pool.c); built into the native library by kernels/native_kernels.py. */
+ * IQ4_NL, IQ4_XS), on the CPU: a decode step's few rows against weights that stay in their blocks. Each output
+ * feature's row is decoded one block at a time into floats on the stack, and the block is used by every input row
+ * before the next is decoded, so a step reads 4.5-8.5 bits per weight instead of a float copy's 32 and writes no
+ * dequantized matrix (the torch path, kernels/gguf_torch.py, dequantizes chunks of rows into float temporaries and
+ * calls F.linear on them). The blocks are decoded as kernels/gguf_torch.py decodes them (its DECODERS, the oracle in
+ * tests/test_gguf_cpu.py); sums run in another order: results agree to float32 rounding. Parallel over output features
+ * on the library's pool (kernels/native_pool.c); built into the native library by kernels/native_kernels.py. */
 #include <stdint.h>
 #include <string.h>
 
@@ -202,9 +202,9 @@ static void gguf_chunk(const void *args, long chunk) {
     }
 }
 
-/* type: a ggml type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS); x [M, K] float32, M <= 64; w [N, row_bytes];
- * out [M, N] with rows out_stride floats apart (a run of a wider linear's output features). The caller checks the
- * type, M and that K is whole blocks. */
+/* type: a ggml type id (2 Q4_0, 8 Q8_0, 12 Q4_K, 13 Q5_K, 14 Q6_K, 20 IQ4_NL, 23 IQ4_XS); x [M, K] float32, M <= 64; w
+ * [N, row_bytes]; out [M, N] with rows out_stride floats apart (a run of a wider linear's output features). The caller
+ * checks the type, M and that K is whole blocks. */
 void pagedesk_gguf_gemm(long type, const float *x, long M, long K, const uint8_t *w, long row_bytes, long N,
                         float *out, long out_stride, long chunks_per_thread, long threads) {
     long chunk_rows = (N + chunks_per_thread * threads - 1) / (chunks_per_thread * threads);

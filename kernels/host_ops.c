@@ -1,9 +1,9 @@
-/* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, SiLU(gate)
- * or GELU-tanh(gate) times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add, pow, mean,
- * add, rsqrt, mul, mul), microseconds of dispatch apiece at a few rows, more once the step's weights have streamed
- * through the cache. Compiled on the user's machine by kernels/native_build.py and called by kernels/cpu_host_ops.py;
- * the oracles are torch's ops (tests/test_cpu_host_ops.py): the same formulas in the same order, the sums of squares
- * in another order. */
+/* A decode step's small float32 ops on the CPU in one call each: the residual add fused into RMSNorm, SiLU(gate) or
+ * GELU-tanh(gate) times up, and the rotary embedding of q and k in place. Torch runs each as several ops (RMSNorm: add,
+ * pow, mean, add, rsqrt, mul, mul), microseconds of dispatch apiece at a few rows, more once the step's weights have
+ * streamed through the cache. Compiled on the user's machine by kernels/native_build.py and called by
+ * kernels/cpu_host_ops.py; the oracles are torch's ops (tests/test_cpu_host_ops.py): the same formulas in the same
+ * order, the sums of squares in another order. */
 #include <math.h>
 #include <stdint.h>
 #include <stddef.h>

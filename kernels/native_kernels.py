@@ -31,6 +31,7 @@ FUNCTIONS = {
 }
 
 
+CHUNKS_PER_THREAD = 8  # chunks a parallel GEMM's features are cut into, per thread, taken first come first served
 _attention = True  # whether float32 decode attention takes this library's kernel (the engine's --cpu-linear rows)
 
 

@@ -152,7 +152,7 @@ class DecoderModel(nn.Module):
     def takes_one_call(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata | None) -> bool:
         """Whether the eager forward of this step would run its layers as one native call: the compiled CPU forward
         (engine/worker/graphs/cpu_compile.py) leaves such steps to it, which it does not beat."""
-        weight = self.embed_tokens.weight
+        weight = self.norm.weight  # the model's dtype (a GGUF embedding's weight holds blocks)
         if torch.compiler.is_compiling() or not (input_ids.is_cpu and weight.is_cpu and weight.dtype == torch.float32):
             return False
         fused = self.one_call()

@@ -4,13 +4,13 @@ A model qualifies as a whole, once: every layer a `DecoderLayer` with self-atten
 norms), no output gate or sinks (biases, RMSNorm q/k norms, a soft cap are fine), RoPE (not mRoPE) from up to
 `MAX_ROPES` tables or none (NoPE layers), up to `MAX_GROUPS` KV cache groups of one sliding window (or none) each, a
 SiLU or GELU-tanh `GatedMLP`, float32 weights or a GGUF file's blocks of the types kernels/gguf_gemm.c decodes (a
-quantized layer's `--cpu-dequant-cache` copy counts too), one tensor-parallel rank, the float32 CPU attention kernel: Llama, Mistral,
-Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 2 and Gemma 3 do; Gemma 4, the MoE and hybrid families keep the modules. A step
-qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
-`NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler), with
-no image embeddings and no per-token key limits; any other step, and every step on a card or under a trace, runs
-the modules, whose outputs the fused call equals bit for bit (to float32 rounding with q/k norms, which the modules
-leave to torch).
+quantized layer's `--cpu-dequant-cache` copy counts too), one tensor-parallel rank, the float32 CPU attention kernel:
+Llama, Mistral, Qwen2, Qwen3, Phi-3, SmolLM3, Gemma 2 and Gemma 3 do; Gemma 4, the MoE and hybrid families keep the
+modules. A step qualifies when it is decodes only (one token per sequence, no padding slot), up to the row GEMM's
+`NATIVE_MAX_ROWS`, in a process whose CPU backends are the native ones (`--cpu-linear rows` with a C compiler), with no
+image embeddings and no per-token key limits; any other step, and every step on a card or under a trace, runs the
+modules, whose outputs the fused call equals bit for bit (to float32 rounding with q/k norms, which the modules leave to
+torch).
 """
 from __future__ import annotations
 
@@ -116,8 +116,8 @@ class FusedDecode:
             return DecoderLayers(
                 tensors, groups=[a.attn.kv_group for a in self.attentions],
                 ropes=[-1 if a.rotary_emb is None else self.ropes.index(a.rotary_emb) for a in self.attentions],
-                heads=first.num_heads,
-                kv_heads=first.num_kv_heads, head_dim=first.head_dim, rotary_dims=[r.rotary_dim for r in self.ropes],
+                heads=first.num_heads, kv_heads=first.num_kv_heads, head_dim=first.head_dim,
+                rotary_dims=[r.rotary_dim for r in self.ropes],
                 windows=[a.sliding_window for a in self.group_layers], eps=norm.eps, norm_offset=norm.weight_offset,
                 scale=first.attn.scale, soft_cap=first.attn.soft_cap,
                 gelu=self.modules[0].mlp.act_name == "gelu_pytorch_tanh")

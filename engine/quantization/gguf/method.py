@@ -113,7 +113,7 @@ class GgufLinearMethod:
         if x.is_cuda:
             from kernels.triton_gguf import gguf_linear_triton
             return gguf_linear_triton(x, w, run.type_id)
-        native = gguf_linear(x, w, run.type_id)  # a CPU decode batch of Q4_0 / Q8_0 / Q4_K / Q5_K / Q6_K blocks
+        native = gguf_linear(x, w, run.type_id)  # a CPU decode batch of blocks kernels/gguf_gemm.c decodes
         return gguf_linear_torch(x, w, run.type_id) if native is None else native
 
     def describe(self) -> str:
