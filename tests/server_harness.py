@@ -103,3 +103,18 @@ def access_records() -> Iterator[list[AccessRecord]]:
         logger.removeHandler(handler)
         logger.setLevel(level)
 
+
+
+@contextmanager
+def token_by_token() -> Iterator[None]:
+    """Every streamed token its own chunk: the engine steps a request only once its reader took the previous output
+    (AsyncEngine's unread-output pause at 1 instead of MAX_UNREAD_OUTPUTS). Outputs are cumulative, so an engine
+    that outruns the event loop hands several tokens in one chunk; a test that measures the gaps between chunks
+    (inter-token latencies) forces one per token this way, on any machine, instead of hoping the engine is slow."""
+    from engine.entrypoints import async_engine
+    kept = async_engine.MAX_UNREAD_OUTPUTS
+    async_engine.MAX_UNREAD_OUTPUTS = 1
+    try:
+        yield
+    finally:
+        async_engine.MAX_UNREAD_OUTPUTS = kept

@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from server_harness import start_server
+from server_harness import start_server, token_by_token
 from app.bench_store import BenchStore
 from app.benchmark_panel import BenchmarkPanel
 
 
 @pytest.fixture(scope="module")
 def server(llama_dir):
-    srv = start_server(llama_dir, num_gpu_blocks_override=256, max_num_seqs=16)
-    yield srv
-    srv.stop()
+    with token_by_token():  # the inter-token latencies below need one chunk per token, however fast the engine
+        srv = start_server(llama_dir, num_gpu_blocks_override=256, max_num_seqs=16)
+        yield srv
+        srv.stop()
 
 
 @pytest.fixture

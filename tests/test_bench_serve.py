@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from server_harness import start_server
+from server_harness import start_server, token_by_token
 from engine.bench.serve import main as serve_main
 from engine.bench.serve_client import RequestOutcome
 from engine.bench.serve_dataset import jsonl_requests, synthetic_requests
@@ -19,9 +19,10 @@ from engine.bench.serve_metrics import summarize
 
 @pytest.fixture(scope="module")
 def server(llama_dir):
-    srv = start_server(llama_dir, num_gpu_blocks_override=256, max_num_seqs=16)
-    yield srv
-    srv.stop()
+    with token_by_token():  # the inter-token latencies below need one chunk per token, however fast the engine
+        srv = start_server(llama_dir, num_gpu_blocks_override=256, max_num_seqs=16)
+        yield srv
+        srv.stop()
 
 
 @pytest.fixture(scope="module")
